@@ -1,0 +1,69 @@
+//! Errors of the page store. Every variant names what the user needs to find the problem:
+//! the device path, the slot, the page id.
+
+use std::path::PathBuf;
+
+/// Result alias for the page store.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Everything that can go wrong between a page buffer and a device.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("device {path} is full: writing slot {slot} failed: {source}")]
+    DeviceFull {
+        path: PathBuf,
+        slot: u64,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("page store is full: all {capacity} page slots are in use")]
+    StoreFull { capacity: u64 },
+    #[error(
+        "checksum mismatch for page {pid:#x} (slot {slot}) on {path}: stored {stored:#010x}, computed {computed:#010x}; the page is corrupt"
+    )]
+    Checksum {
+        pid: u64,
+        slot: u64,
+        path: PathBuf,
+        stored: u32,
+        computed: u32,
+    },
+    #[error(
+        "page {expected:#x} (slot {slot}) on {path} holds page {found:#x}: misdirected write or corrupt slot"
+    )]
+    WrongPage {
+        expected: u64,
+        found: u64,
+        slot: u64,
+        path: PathBuf,
+    },
+    #[error("page {pid:#x} (slot {slot}) was never written to {path} (short read of {got} bytes)")]
+    NeverWritten {
+        pid: u64,
+        slot: u64,
+        path: PathBuf,
+        got: usize,
+    },
+    #[error("no Shoal page store at {path}: {why}")]
+    NotAStore { path: PathBuf, why: String },
+    #[error("{path} already holds a Shoal page store; refusing to overwrite it")]
+    AlreadyExists { path: PathBuf },
+    #[error("corrupt superblock on {path}: {why}")]
+    BadSuperblock { path: PathBuf, why: String },
+    #[error("device set mismatch: {0}")]
+    DeviceMismatch(String),
+    #[error(
+        "the store at {path} was not shut down cleanly; Shoal has no write-ahead log yet, so pages written since the last clean shutdown may be missing. Open with allow_unclean (`--allow-unclean`) to use it anyway"
+    )]
+    Unclean { path: PathBuf },
+    #[error("invalid store configuration: {0}")]
+    Config(String),
+    #[error("slot {slot} is out of range (store has {limit} slots allocated)")]
+    SlotOutOfRange { slot: u64, limit: u64 },
+}

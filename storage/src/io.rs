@@ -1,0 +1,216 @@
+//! I/O backends: io_uring (default) and pread/pwrite (fallback).
+//!
+//! Both execute a *batch* of page-sized operations and report one result per operation
+//! (bytes transferred, or a negative errno). io_uring keeps the whole batch in flight at once
+//! (up to [`RING_ENTRIES`] requests per thread); the fallback runs it one request at a time.
+//!
+//! Rings are per thread (`thread_local!`), created on a thread's first I/O, because a ring's
+//! submission queue is single-producer. Files are not registered with the ring, so one ring
+//! serves every store a thread touches.
+
+use std::cell::RefCell;
+use std::os::fd::RawFd;
+
+/// Submission-queue size of each thread's ring: the most requests one thread keeps in flight.
+pub const RING_ENTRIES: u32 = 256;
+
+/// Which backend a store should use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendChoice {
+    /// io_uring if it can be set up here, else pread/pwrite with a log line saying why.
+    #[default]
+    Auto,
+    /// io_uring or an error.
+    Uring,
+    /// pread/pwrite, always.
+    Pread,
+}
+
+/// The backend a store actually runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Uring,
+    Pread,
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Uring => "io_uring",
+            Backend::Pread => "pread/pwrite",
+        })
+    }
+}
+
+/// Pick a backend: probe io_uring by building a small ring.
+pub fn choose(choice: BackendChoice) -> std::io::Result<Backend> {
+    match choice {
+        BackendChoice::Pread => Ok(Backend::Pread),
+        BackendChoice::Uring => io_uring::IoUring::new(8).map(|_| Backend::Uring),
+        BackendChoice::Auto => match io_uring::IoUring::new(8) {
+            Ok(_) => Ok(Backend::Uring),
+            Err(e) => {
+                log::warn!("io_uring cannot be set up here ({e}); using the pread/pwrite backend");
+                Ok(Backend::Pread)
+            }
+        },
+    }
+}
+
+/// One page-sized read or write.
+#[derive(Debug, Clone, Copy)]
+pub struct IoOp {
+    pub fd: RawFd,
+    pub offset: u64,
+    pub buf: *mut u8,
+    pub len: u32,
+    pub write: bool,
+}
+
+thread_local! {
+    static RING: RefCell<Option<io_uring::IoUring>> = const { RefCell::new(None) };
+}
+
+/// Execute `ops`; `results[i]` receives bytes transferred or `-errno` for `ops[i]`.
+///
+/// # Safety
+/// Every `op.buf` must be valid for `op.len` bytes (reads: writable, no other access to those
+/// bytes from Rust code that could conflict with the kernel writing them; writes: readable and
+/// unchanged) until this function returns, and aligned as the file's open mode requires.
+pub unsafe fn run_batch(backend: Backend, ops: &[IoOp], results: &mut [i64]) {
+    assert_eq!(ops.len(), results.len());
+    match backend {
+        Backend::Pread => {
+            for (op, r) in ops.iter().zip(results.iter_mut()) {
+                // SAFETY: forwarded from the caller's contract on op.buf.
+                *r = unsafe { pread_pwrite(op) };
+            }
+        }
+        Backend::Uring => {
+            let fallback = RING.with(|cell| {
+                let mut slot = cell.borrow_mut();
+                if slot.is_none() {
+                    match io_uring::IoUring::new(RING_ENTRIES) {
+                        Ok(r) => *slot = Some(r),
+                        Err(e) => {
+                            log::warn!("io_uring ring for this thread failed ({e}); using pread");
+                            return true;
+                        }
+                    }
+                }
+                let ring = slot.as_mut().expect("ring set above");
+                // SAFETY: forwarded from the caller's contract.
+                unsafe { uring_batch(ring, ops, results) };
+                false
+            });
+            if fallback {
+                // SAFETY: forwarded from the caller's contract.
+                unsafe { run_batch(Backend::Pread, ops, results) }
+            }
+        }
+    }
+}
+
+/// # Safety
+/// See [`run_batch`].
+unsafe fn pread_pwrite(op: &IoOp) -> i64 {
+    let mut done = 0usize;
+    while done < op.len as usize {
+        // SAFETY: buf + done stays inside the caller's buffer of op.len bytes.
+        let p = unsafe { op.buf.add(done) };
+        let rest = op.len as usize - done;
+        let off = (op.offset + done as u64) as libc::off_t;
+        // SAFETY: p is valid for `rest` bytes per the caller's contract; fd is an open file.
+        let n = unsafe {
+            if op.write {
+                libc::pwrite(op.fd, p as *const libc::c_void, rest, off)
+            } else {
+                libc::pread(op.fd, p as *mut libc::c_void, rest, off)
+            }
+        };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return -(err.raw_os_error().unwrap_or(libc::EIO) as i64);
+        }
+        if n == 0 {
+            break; // end of file on read
+        }
+        done += n as usize;
+    }
+    done as i64
+}
+
+/// # Safety
+/// See [`run_batch`].
+unsafe fn uring_batch(ring: &mut io_uring::IoUring, ops: &[IoOp], results: &mut [i64]) {
+    use io_uring::{opcode, types};
+    let mut next = 0usize;
+    let mut inflight = 0usize;
+    while next < ops.len() || inflight > 0 {
+        {
+            let mut sq = ring.submission();
+            while next < ops.len() && !sq.is_full() {
+                let op = &ops[next];
+                let e = if op.write {
+                    opcode::Write::new(types::Fd(op.fd), op.buf as *const u8, op.len)
+                        .offset(op.offset)
+                        .build()
+                } else {
+                    opcode::Read::new(types::Fd(op.fd), op.buf, op.len)
+                        .offset(op.offset)
+                        .build()
+                };
+                // SAFETY: the buffer stays valid until we reap this entry's completion below,
+                // which happens before this function returns (caller's contract).
+                unsafe { sq.push(&e.user_data(next as u64)) }.expect("checked not full");
+                next += 1;
+                inflight += 1;
+            }
+        }
+        let mut tries = 0;
+        loop {
+            match ring.submit_and_wait(1) {
+                Ok(_) => break,
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+                    ) && tries < 1_000_000 =>
+                {
+                    tries += 1;
+                    std::thread::yield_now();
+                }
+                Err(e) => {
+                    // Requests already handed to the kernel may still write into caller
+                    // buffers; returning now would let the caller reuse them. There is no safe
+                    // way forward.
+                    log::error!("io_uring_enter failed with {inflight} requests in flight: {e}");
+                    std::process::abort();
+                }
+            }
+        }
+        for cqe in ring.completion() {
+            let i = cqe.user_data() as usize;
+            results[i] = cqe.result() as i64;
+            inflight -= 1;
+        }
+    }
+    // Short transfers (rare with O_DIRECT, possible at end of file): finish them synchronously.
+    for (op, r) in ops.iter().zip(results.iter_mut()) {
+        if *r > 0 && (*r as u32) < op.len {
+            let rest = IoOp {
+                // SAFETY: *r < op.len, so the offset stays within the buffer.
+                buf: unsafe { op.buf.add(*r as usize) },
+                offset: op.offset + *r as u64,
+                len: op.len - *r as u32,
+                ..*op
+            };
+            // SAFETY: a sub-range of the caller's buffer.
+            let more = unsafe { pread_pwrite(&rest) };
+            *r = if more < 0 { more } else { *r + more };
+        }
+    }
+}

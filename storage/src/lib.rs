@@ -1,0 +1,30 @@
+//! # shoal-storage: pages on NVMe
+//!
+//! This crate owns everything between a 4 KiB page in memory and the bytes on a device:
+//!
+//! - [`page`]: the on-disk page format (data area plus a 16-byte trailer holding the page id and
+//!   a CRC-32C-style checksum) and [`AlignedPage`], a 4 KiB-aligned buffer for O_DIRECT I/O.
+//! - [`superblock`]: the first page of every device: format version, cluster and node id, page
+//!   size, device list, allocator state, clean-shutdown flag.
+//! - [`allocator`]: the persistent slot allocator (high-water mark plus a free list that is
+//!   stored, at clean shutdown, inside the free slots themselves).
+//! - [`io`]: the I/O backends: io_uring (per-thread rings, batches with many requests in flight)
+//!   and a portable pread/pwrite fallback.
+//! - [`store`]: [`PageStore`], which stripes slots RAID-0 style over one or more files or block
+//!   devices and ties the above together.
+//!
+//! It must not know about buffer frames, nodes, latches or messages: it moves sealed pages
+//! between aligned buffers and slots, verifies them, and nothing else. The engine maps its
+//! page ids to slots of its own node's store.
+
+pub mod allocator;
+pub mod error;
+pub mod io;
+pub mod page;
+pub mod store;
+pub mod superblock;
+
+pub use error::{StoreError, StoreResult};
+pub use io::BackendChoice;
+pub use page::{AlignedPage, PAGE_DATA_SIZE, PAGE_SIZE, TRAILER_SIZE};
+pub use store::{OpenMode, PageStore, StoreConfig, StoreStats, WriteRequest};

@@ -1,0 +1,786 @@
+//! [`PageStore`]: page slots striped over one or more devices.
+//!
+//! Slot `s` lives on device `s % n` at byte offset `(1 + s / n) * PAGE_SIZE`; page 0 of every
+//! device is its superblock. Files are opened with O_DIRECT (falling back to buffered I/O with a
+//! warning where the file system refuses it).
+
+use crate::allocator::{decode_chain_page, encode_chain_page, Allocator, NO_SLOT};
+use crate::error::{StoreError, StoreResult};
+use crate::io::{self, Backend, BackendChoice, IoOp};
+use crate::page::{seal, verify, AlignedPage, PAGE_SIZE};
+use crate::superblock::{Superblock, FORMAT_VERSION, FREELIST_PID};
+use parking_lot::Mutex;
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// How to treat existing devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OpenMode {
+    /// Make a new store; fail if any device already holds one.
+    Create,
+    /// Open an existing store; fail if there is none.
+    Open,
+    /// Open if device 0 holds a store, else create.
+    #[default]
+    OpenOrCreate,
+}
+
+/// Configuration of one node's page store.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Files or block devices, in stripe order. At most 64.
+    pub devices: Vec<PathBuf>,
+    pub mode: OpenMode,
+    pub backend: BackendChoice,
+    /// Node that owns this store (checked against the superblock at open).
+    pub node_id: u32,
+    /// Cluster the store belongs to (checked against the superblock at open).
+    pub cluster_id: u64,
+    /// Maximum number of page slots, 0 = unlimited (bounded by the devices).
+    pub capacity_pages: u64,
+    /// Open a store that was not closed cleanly (no WAL exists: data since the last clean
+    /// shutdown may be missing).
+    pub allow_unclean: bool,
+}
+
+impl StoreConfig {
+    pub fn new(devices: Vec<PathBuf>) -> Self {
+        StoreConfig {
+            devices,
+            mode: OpenMode::default(),
+            backend: BackendChoice::default(),
+            node_id: 0,
+            cluster_id: 0,
+            capacity_pages: 0,
+            allow_unclean: false,
+        }
+    }
+}
+
+/// A write of one page image into a slot. The store seals the image (trailer) before writing.
+pub struct WriteRequest<'a> {
+    pub slot: u64,
+    pub pid: u64,
+    pub page: &'a mut AlignedPage,
+}
+
+/// Counters of one store (monotonic).
+#[derive(Debug, Default)]
+pub struct StoreStats {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub read_errors: AtomicU64,
+    pub write_errors: AtomicU64,
+}
+
+struct Device {
+    path: PathBuf,
+    file: File,
+    direct: bool,
+}
+
+/// One node's page store.
+pub struct PageStore {
+    devices: Vec<Device>,
+    backend: Backend,
+    alloc: Mutex<Allocator>,
+    sb: Mutex<Superblock>,
+    stats: StoreStats,
+    closed: AtomicBool,
+}
+
+/// Most devices one store stripes over.
+pub const MAX_DEVICES: usize = 64;
+
+impl PageStore {
+    /// Open or create a store as `cfg` says.
+    pub fn open(cfg: &StoreConfig) -> StoreResult<PageStore> {
+        if cfg.devices.is_empty() || cfg.devices.len() > MAX_DEVICES {
+            return Err(StoreError::Config(format!(
+                "a store needs 1 to {MAX_DEVICES} devices, got {}",
+                cfg.devices.len()
+            )));
+        }
+        let backend = io::choose(cfg.backend).map_err(|e| {
+            StoreError::Config(format!("io_uring was required but cannot be set up: {e}"))
+        })?;
+        let first = &cfg.devices[0];
+        let has_store = match std::fs::metadata(first) {
+            Ok(m) => m.file_type().is_block_device() || m.len() > 0,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(io_err(first, e)),
+        };
+        let create = match cfg.mode {
+            OpenMode::Create => true,
+            OpenMode::Open => false,
+            OpenMode::OpenOrCreate => !has_store,
+        };
+        if !create && !has_store {
+            return Err(StoreError::NotAStore {
+                path: first.clone(),
+                why: "the device does not exist or is empty".into(),
+            });
+        }
+        let mut devices = Vec::with_capacity(cfg.devices.len());
+        for p in &cfg.devices {
+            devices.push(open_device(p, create)?);
+        }
+        let names: Vec<String> = cfg
+            .devices
+            .iter()
+            .map(|p| {
+                p.file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| p.display().to_string())
+            })
+            .collect();
+        let store = if create {
+            Self::format(devices, backend, cfg, names)?
+        } else {
+            Self::load(devices, backend, cfg)?
+        };
+        log::info!(
+            "page store on {} device(s) via {}: {} slots allocated, {} free",
+            store.devices.len(),
+            store.backend,
+            store.alloc.lock().next_slot(),
+            store.alloc.lock().free_slots().len()
+        );
+        Ok(store)
+    }
+
+    fn format(
+        devices: Vec<Device>,
+        backend: Backend,
+        cfg: &StoreConfig,
+        names: Vec<String>,
+    ) -> StoreResult<PageStore> {
+        let mut buf = AlignedPage::new();
+        for d in &devices {
+            if d.file.metadata().map(|m| m.len()).unwrap_or(0) > 0 {
+                // Refuse to format over data that looks like a store.
+                if read_raw(backend, d, 0, &mut buf).is_ok()
+                    && buf[0..8] == crate::superblock::MAGIC
+                {
+                    return Err(StoreError::AlreadyExists {
+                        path: d.path.clone(),
+                    });
+                }
+            }
+        }
+        let sb = Superblock {
+            format_version: FORMAT_VERSION,
+            page_size: PAGE_SIZE as u32,
+            cluster_id: cfg.cluster_id,
+            node_id: cfg.node_id,
+            device_count: devices.len() as u32,
+            device_index: 0,
+            clean: false,
+            next_slot: 0,
+            freelist_head: NO_SLOT,
+            freelist_len: 0,
+            capacity: cfg.capacity_pages,
+            device_names: names,
+        };
+        let store = PageStore {
+            alloc: Mutex::new(Allocator::new(0, Vec::new(), cfg.capacity_pages)),
+            devices,
+            backend,
+            sb: Mutex::new(sb),
+            stats: StoreStats::default(),
+            closed: AtomicBool::new(false),
+        };
+        store.write_superblocks()?;
+        Ok(store)
+    }
+
+    fn load(devices: Vec<Device>, backend: Backend, cfg: &StoreConfig) -> StoreResult<PageStore> {
+        let mut buf = AlignedPage::new();
+        let mut sbs = Vec::new();
+        for d in &devices {
+            read_raw(backend, d, 0, &mut buf)?;
+            sbs.push(Superblock::decode(&buf, &d.path)?);
+        }
+        let sb0 = sbs[0].clone();
+        if sb0.device_count as usize != devices.len() {
+            return Err(StoreError::DeviceMismatch(format!(
+                "the store on {} has {} device(s) ({}), the configuration lists {}",
+                devices[0].path.display(),
+                sb0.device_count,
+                sb0.device_names.join(", "),
+                devices.len()
+            )));
+        }
+        for (i, (sb, d)) in sbs.iter().zip(&devices).enumerate() {
+            if sb.cluster_id != sb0.cluster_id
+                || sb.node_id != sb0.node_id
+                || sb.device_count != sb0.device_count
+            {
+                return Err(StoreError::DeviceMismatch(format!(
+                    "{} belongs to another store (cluster {}, node {}) than {} (cluster {}, node {})",
+                    d.path.display(),
+                    sb.cluster_id,
+                    sb.node_id,
+                    devices[0].path.display(),
+                    sb0.cluster_id,
+                    sb0.node_id
+                )));
+            }
+            if sb.device_index as usize != i {
+                return Err(StoreError::DeviceMismatch(format!(
+                    "{} is device #{} of its store but is configured as device #{i}",
+                    d.path.display(),
+                    sb.device_index
+                )));
+            }
+        }
+        if sb0.node_id != cfg.node_id || sb0.cluster_id != cfg.cluster_id {
+            return Err(StoreError::DeviceMismatch(format!(
+                "{} holds the store of node {} in cluster {}, but this is node {} of cluster {}",
+                devices[0].path.display(),
+                sb0.node_id,
+                sb0.cluster_id,
+                cfg.node_id,
+                cfg.cluster_id
+            )));
+        }
+        let mut store = PageStore {
+            alloc: Mutex::new(Allocator::default()),
+            devices,
+            backend,
+            sb: Mutex::new(sb0.clone()),
+            stats: StoreStats::default(),
+            closed: AtomicBool::new(false),
+        };
+        let alloc = if sb0.clean {
+            let free = store.read_freelist(sb0.freelist_head, sb0.freelist_len)?;
+            Allocator::new(sb0.next_slot, free, sb0.capacity)
+        } else if cfg.allow_unclean {
+            // Slots beyond the recorded high-water mark may have been written since; derive the
+            // mark from the device sizes so no written slot is handed out again. Freed slots of
+            // the lost session are leaked, never double-allocated.
+            let mut next = sb0.next_slot;
+            let n = store.devices.len() as u64;
+            for (i, d) in store.devices.iter().enumerate() {
+                let len = d.file.metadata().map(|m| m.len()).unwrap_or(0);
+                let pages = (len / PAGE_SIZE as u64).saturating_sub(1);
+                if pages > 0 {
+                    next = next.max((pages - 1) * n + i as u64 + 1);
+                }
+            }
+            log::warn!(
+                "{} was not shut down cleanly; opening anyway (allocator mark {} -> {next}, free list dropped)",
+                store.devices[0].path.display(),
+                sb0.next_slot
+            );
+            Allocator::new(next, Vec::new(), sb0.capacity)
+        } else {
+            return Err(StoreError::Unclean {
+                path: store.devices[0].path.clone(),
+            });
+        };
+        *store.alloc.get_mut() = alloc;
+        // Mark the store open (unclean) until close.
+        store.sb.get_mut().clean = false;
+        store.write_superblocks()?;
+        Ok(store)
+    }
+
+    fn read_freelist(&self, head: u64, len: u64) -> StoreResult<Vec<u64>> {
+        let mut out = Vec::with_capacity(len as usize);
+        let mut buf = AlignedPage::new();
+        let mut at = head;
+        let mut hops = 0u64;
+        while at != NO_SLOT {
+            // SAFETY: buf is an exclusively owned aligned page.
+            unsafe { self.read_into(at, FREELIST_PID, buf.as_mut_ptr())? };
+            let (next, entries) = decode_chain_page(&buf[..]).map_err(|why| {
+                StoreError::BadSuperblock {
+                    path: self.devices[0].path.clone(),
+                    why: format!("free-list page in slot {at}: {why}"),
+                }
+            })?;
+            out.extend(entries);
+            at = next;
+            hops += 1;
+            if hops > len + 1 {
+                return Err(StoreError::BadSuperblock {
+                    path: self.devices[0].path.clone(),
+                    why: "free-list chain loops".into(),
+                });
+            }
+        }
+        if out.len() as u64 != len {
+            return Err(StoreError::BadSuperblock {
+                path: self.devices[0].path.clone(),
+                why: format!("free list holds {} slots, superblock says {len}", out.len()),
+            });
+        }
+        Ok(out)
+    }
+
+    fn write_superblocks(&self) -> StoreResult<()> {
+        let mut buf = AlignedPage::new();
+        let mut sb = self.sb.lock().clone();
+        for (i, d) in self.devices.iter().enumerate() {
+            sb.device_index = i as u32;
+            sb.encode(&mut buf)?;
+            write_raw(self.backend, d, 0, &mut buf, 0)?;
+            d.file.sync_data().map_err(|e| io_err(&d.path, e))?;
+        }
+        Ok(())
+    }
+
+    /// Which device and byte offset hold `slot`.
+    pub fn slot_location(&self, slot: u64) -> (usize, u64) {
+        let n = self.devices.len() as u64;
+        ((slot % n) as usize, (1 + slot / n) * PAGE_SIZE as u64)
+    }
+
+    /// Paths of the devices, in stripe order.
+    pub fn device_paths(&self) -> Vec<&Path> {
+        self.devices.iter().map(|d| d.path.as_path()).collect()
+    }
+
+    /// Whether every device is open with O_DIRECT.
+    pub fn direct_io(&self) -> bool {
+        self.devices.iter().all(|d| d.direct)
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    pub fn stats(&self) -> &StoreStats {
+        &self.stats
+    }
+
+    /// Allocate a page slot.
+    pub fn allocate(&self) -> StoreResult<u64> {
+        self.alloc.lock().allocate()
+    }
+
+    /// Take slot `slot`, which must be the next fresh one (well-known pages at format time).
+    pub fn reserve(&self, slot: u64) -> StoreResult<()> {
+        self.alloc.lock().reserve_next(slot)
+    }
+
+    /// Return a slot to the allocator.
+    pub fn free(&self, slot: u64) -> StoreResult<()> {
+        self.alloc.lock().free(slot)
+    }
+
+    /// Slots allocated at least once (the high-water mark).
+    pub fn high_water(&self) -> u64 {
+        self.alloc.lock().next_slot()
+    }
+
+    /// Slots currently in use.
+    pub fn slots_in_use(&self) -> u64 {
+        self.alloc.lock().in_use()
+    }
+
+    /// Read the page in `slot` into `dst` and verify that it is intact and holds `pid`.
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of [`PAGE_SIZE`] bytes, aligned to [`PAGE_SIZE`], and no
+    /// Rust code may write those bytes until this returns (the kernel writes them).
+    pub unsafe fn read_into(&self, slot: u64, pid: u64, dst: *mut u8) -> StoreResult<()> {
+        let (dev, off) = self.slot_location(slot);
+        let d = &self.devices[dev];
+        let op = IoOp {
+            fd: d.file.as_raw_fd(),
+            offset: off,
+            buf: dst,
+            len: PAGE_SIZE as u32,
+            write: false,
+        };
+        let mut res = [0i64];
+        // SAFETY: forwarded from this function's contract.
+        unsafe { io::run_batch(self.backend, std::slice::from_ref(&op), &mut res) };
+        self.stats.reads.fetch_add(1, Ordering::Relaxed);
+        let r = res[0];
+        let out = if r < 0 {
+            Err(io_err(&d.path, std::io::Error::from_raw_os_error(-r as i32)))
+        } else if (r as usize) < PAGE_SIZE {
+            Err(StoreError::NeverWritten {
+                pid,
+                slot,
+                path: d.path.clone(),
+                got: r as usize,
+            })
+        } else {
+            // SAFETY: the read filled all PAGE_SIZE bytes of dst; nothing writes them now.
+            let page = unsafe { &*(dst as *const [u8; PAGE_SIZE]) };
+            verify(page, pid, slot, &d.path)
+        };
+        if out.is_err() {
+            self.stats.read_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        out
+    }
+
+    /// Seal and write a batch of pages, all in flight together. One result per request.
+    pub fn write_batch(&self, reqs: &mut [WriteRequest<'_>]) -> Vec<StoreResult<()>> {
+        let mut ops = Vec::with_capacity(reqs.len());
+        for r in reqs.iter_mut() {
+            seal(r.page, r.pid);
+            let (dev, off) = self.slot_location(r.slot);
+            ops.push(IoOp {
+                fd: self.devices[dev].file.as_raw_fd(),
+                offset: off,
+                buf: r.page.as_mut_ptr(),
+                len: PAGE_SIZE as u32,
+                write: true,
+            });
+        }
+        let mut res = vec![0i64; ops.len()];
+        // SAFETY: each buffer is an AlignedPage borrowed mutably by `reqs` for this call.
+        unsafe { io::run_batch(self.backend, &ops, &mut res) };
+        self.stats
+            .writes
+            .fetch_add(reqs.len() as u64, Ordering::Relaxed);
+        reqs.iter()
+            .zip(res)
+            .map(|(r, n)| {
+                let (dev, _) = self.slot_location(r.slot);
+                let path = &self.devices[dev].path;
+                if n == PAGE_SIZE as i64 {
+                    return Ok(());
+                }
+                self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+                let e = if n < 0 {
+                    std::io::Error::from_raw_os_error(-n as i32)
+                } else {
+                    std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write ({n} bytes)"))
+                };
+                Err(classify_write_error(path, r.slot, e))
+            })
+            .collect()
+    }
+
+    /// Make all completed writes durable.
+    pub fn sync(&self) -> StoreResult<()> {
+        for d in &self.devices {
+            d.file.sync_data().map_err(|e| io_err(&d.path, e))?;
+        }
+        Ok(())
+    }
+
+    /// Persist the allocator and mark the store cleanly closed. The caller must have written
+    /// every dirty page first. Idempotent.
+    pub fn close(&self) -> StoreResult<()> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let alloc = self.alloc.lock().clone();
+        let chain = alloc.chain_pages();
+        let mut bufs: Vec<AlignedPage> = chain.iter().map(|_| AlignedPage::new()).collect();
+        for ((_, next, entries), b) in chain.iter().zip(bufs.iter_mut()) {
+            encode_chain_page(&mut b[..], *next, entries);
+        }
+        let mut reqs: Vec<WriteRequest<'_>> = chain
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|((home, _, _), page)| WriteRequest {
+                slot: *home,
+                pid: FREELIST_PID,
+                page,
+            })
+            .collect();
+        let r = self.write_batch(&mut reqs).into_iter().collect::<StoreResult<Vec<()>>>();
+        if let Err(e) = r {
+            self.closed.store(false, Ordering::Release);
+            return Err(e);
+        }
+        self.sync()?;
+        {
+            let mut sb = self.sb.lock();
+            sb.next_slot = alloc.next_slot();
+            sb.freelist_head = chain.first().map(|c| c.0).unwrap_or(NO_SLOT);
+            sb.freelist_len = alloc.free_slots().len() as u64;
+            sb.clean = true;
+        }
+        self.write_superblocks()
+    }
+}
+
+fn io_err(path: &Path, source: std::io::Error) -> StoreError {
+    StoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn classify_write_error(path: &Path, slot: u64, e: std::io::Error) -> StoreError {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EFBIG) | Some(libc::EDQUOT) => StoreError::DeviceFull {
+            path: path.to_path_buf(),
+            slot,
+            source: e,
+        },
+        _ => io_err(path, e),
+    }
+}
+
+fn open_device(path: &Path, create: bool) -> StoreResult<Device> {
+    if let Some(parent) = path.parent() {
+        if !parent.as_os_str().is_empty() && !parent.is_dir() {
+            return Err(StoreError::Config(format!(
+                "directory {} of device {} does not exist or is not a directory",
+                parent.display(),
+                path.display()
+            )));
+        }
+    }
+    if path.is_dir() {
+        return Err(StoreError::Config(format!(
+            "device {} is a directory, not a file or block device",
+            path.display()
+        )));
+    }
+    let open = |direct: bool| {
+        let mut o = OpenOptions::new();
+        o.read(true).write(true).create(create);
+        if direct {
+            o.custom_flags(libc::O_DIRECT);
+        }
+        o.open(path)
+    };
+    match open(true) {
+        Ok(file) => Ok(Device {
+            path: path.to_path_buf(),
+            file,
+            direct: true,
+        }),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            log::warn!(
+                "{}: the file system refuses O_DIRECT; using buffered I/O (page cache in use)",
+                path.display()
+            );
+            let file = open(false).map_err(|e| io_err(path, e))?;
+            Ok(Device {
+                path: path.to_path_buf(),
+                file,
+                direct: false,
+            })
+        }
+        Err(e) => Err(io_err(path, e)),
+    }
+}
+
+fn read_raw(backend: Backend, d: &Device, offset: u64, buf: &mut AlignedPage) -> StoreResult<()> {
+    let op = IoOp {
+        fd: d.file.as_raw_fd(),
+        offset,
+        buf: buf.as_mut_ptr(),
+        len: PAGE_SIZE as u32,
+        write: false,
+    };
+    let mut res = [0i64];
+    // SAFETY: buf is an exclusively borrowed aligned page.
+    unsafe { io::run_batch(backend, std::slice::from_ref(&op), &mut res) };
+    match res[0] {
+        n if n < 0 => Err(io_err(&d.path, std::io::Error::from_raw_os_error(-n as i32))),
+        n if (n as usize) < PAGE_SIZE => Err(StoreError::NotAStore {
+            path: d.path.clone(),
+            why: format!("the device is too short for a superblock ({n} bytes)"),
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn write_raw(
+    backend: Backend,
+    d: &Device,
+    offset: u64,
+    buf: &mut AlignedPage,
+    slot: u64,
+) -> StoreResult<()> {
+    let op = IoOp {
+        fd: d.file.as_raw_fd(),
+        offset,
+        buf: buf.as_mut_ptr(),
+        len: PAGE_SIZE as u32,
+        write: true,
+    };
+    let mut res = [0i64];
+    // SAFETY: buf is an exclusively borrowed aligned page.
+    unsafe { io::run_batch(backend, std::slice::from_ref(&op), &mut res) };
+    match res[0] {
+        n if n == PAGE_SIZE as i64 => Ok(()),
+        n if n < 0 => Err(classify_write_error(
+            &d.path,
+            slot,
+            std::io::Error::from_raw_os_error(-n as i32),
+        )),
+        n => Err(classify_write_error(
+            &d.path,
+            slot,
+            std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write ({n} bytes)")),
+        )),
+    }
+}
+
+impl Drop for PageStore {
+    fn drop(&mut self) {
+        if !self.closed.load(Ordering::Acquire) {
+            log::debug!(
+                "page store on {} dropped without close(): it will open as unclean",
+                self.devices[0].path.display()
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(dir: &Path, n: usize) -> StoreConfig {
+        StoreConfig::new((0..n).map(|i| dir.join(format!("d{i}.dat"))).collect())
+    }
+
+    fn write_one(s: &PageStore, slot: u64, pid: u64, fill: u8) {
+        let mut p = AlignedPage::new();
+        p[..100].fill(fill);
+        let r = s.write_batch(&mut [WriteRequest { slot, pid, page: &mut p }]);
+        r.into_iter().for_each(|r| r.unwrap());
+    }
+
+    fn read_one(s: &PageStore, slot: u64, pid: u64) -> StoreResult<AlignedPage> {
+        let mut p = AlignedPage::new();
+        // SAFETY: p is exclusively owned and aligned.
+        unsafe { s.read_into(slot, pid, p.as_mut_ptr())? };
+        Ok(p)
+    }
+
+    #[test]
+    fn write_read_reopen_with_freelist() {
+        for backend in [BackendChoice::Auto, BackendChoice::Pread] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut c = cfg(dir.path(), 2);
+            c.backend = backend;
+            let s = PageStore::open(&c).unwrap();
+            let slots: Vec<u64> = (0..10).map(|_| s.allocate().unwrap()).collect();
+            for &sl in &slots {
+                write_one(&s, sl, 1000 + sl, sl as u8);
+            }
+            s.free(3).unwrap();
+            s.free(7).unwrap();
+            s.close().unwrap();
+            drop(s);
+            c.mode = OpenMode::Open;
+            let s = PageStore::open(&c).unwrap();
+            assert_eq!(s.high_water(), 10);
+            assert_eq!(s.slots_in_use(), 8);
+            for &sl in &slots {
+                if sl == 3 || sl == 7 {
+                    continue;
+                }
+                let p = read_one(&s, sl, 1000 + sl).unwrap();
+                assert!(p[..100].iter().all(|&b| b == sl as u8));
+            }
+            let mut again = [s.allocate().unwrap(), s.allocate().unwrap()];
+            again.sort();
+            assert_eq!(again, [3, 7]);
+            assert_eq!(s.allocate().unwrap(), 10);
+            s.close().unwrap();
+        }
+    }
+
+    #[test]
+    fn unclean_store_is_refused_unless_allowed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = cfg(dir.path(), 1);
+        let s = PageStore::open(&c).unwrap();
+        for _ in 0..5 {
+            let sl = s.allocate().unwrap();
+            write_one(&s, sl, sl, 1);
+        }
+        drop(s); // no close
+        c.mode = OpenMode::Open;
+        let e = PageStore::open(&c).err().unwrap();
+        assert!(matches!(e, StoreError::Unclean { .. }), "{e}");
+        c.allow_unclean = true;
+        let s = PageStore::open(&c).unwrap();
+        assert_eq!(s.allocate().unwrap(), 5, "written slots are never handed out again");
+        s.close().unwrap();
+    }
+
+    #[test]
+    fn create_refuses_existing_store_and_open_refuses_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = cfg(dir.path(), 1);
+        c.mode = OpenMode::Open;
+        assert!(matches!(PageStore::open(&c), Err(StoreError::NotAStore { .. })));
+        c.mode = OpenMode::Create;
+        PageStore::open(&c).unwrap().close().unwrap();
+        assert!(matches!(PageStore::open(&c), Err(StoreError::AlreadyExists { .. })));
+    }
+
+    #[test]
+    fn reordered_or_missing_devices_are_detected() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cfg(dir.path(), 2);
+        PageStore::open(&c).unwrap().close().unwrap();
+        let mut swapped = c.clone();
+        swapped.devices.reverse();
+        swapped.mode = OpenMode::Open;
+        let e = PageStore::open(&swapped).err().unwrap();
+        assert!(e.to_string().contains("configured as device #0"), "{e}");
+        let mut one = c.clone();
+        one.devices.pop();
+        let e = PageStore::open(&one).err().unwrap();
+        assert!(e.to_string().contains("has 2 device(s)"), "{e}");
+        let mut other_node = c.clone();
+        other_node.node_id = 4;
+        let e = PageStore::open(&other_node).err().unwrap();
+        assert!(e.to_string().contains("this is node 4"), "{e}");
+    }
+
+    #[test]
+    fn capacity_limit_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = cfg(dir.path(), 1);
+        c.capacity_pages = 2;
+        let s = PageStore::open(&c).unwrap();
+        s.allocate().unwrap();
+        s.allocate().unwrap();
+        let e = s.allocate().unwrap_err();
+        assert!(e.to_string().contains("store is full"), "{e}");
+    }
+
+    #[test]
+    fn never_written_slot_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = PageStore::open(&cfg(dir.path(), 1)).unwrap();
+        let sl = s.allocate().unwrap();
+        assert!(matches!(read_one(&s, sl, 5), Err(StoreError::NeverWritten { pid: 5, .. })));
+    }
+
+    #[test]
+    fn big_batch_larger_than_ring() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = PageStore::open(&cfg(dir.path(), 3)).unwrap();
+        let n = io::RING_ENTRIES as usize * 2 + 7;
+        let mut pages: Vec<AlignedPage> = (0..n).map(|_| AlignedPage::new()).collect();
+        let slots: Vec<u64> = (0..n).map(|_| s.allocate().unwrap()).collect();
+        for (i, p) in pages.iter_mut().enumerate() {
+            p[0..8].copy_from_slice(&(i as u64).to_le_bytes());
+        }
+        let mut reqs: Vec<WriteRequest<'_>> = pages
+            .iter_mut()
+            .zip(&slots)
+            .map(|(page, &slot)| WriteRequest { slot, pid: slot + 1, page })
+            .collect();
+        assert!(s.write_batch(&mut reqs).iter().all(|r| r.is_ok()));
+        for (i, &sl) in slots.iter().enumerate() {
+            let p = read_one(&s, sl, sl + 1).unwrap();
+            assert_eq!(u64::from_le_bytes(p[0..8].try_into().unwrap()), i as u64);
+        }
+    }
+}
