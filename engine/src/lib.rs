@@ -1,1 +1,54 @@
-//! placeholder
+//! # shoal-engine: the buffer manager
+//!
+//! This crate owns a node's view of pages: buffer frames and their pool ([`frame`]), the
+//! translation table from page id to frame ([`table`]), the hybrid latch ([`latch`]), race-free
+//! page byte access ([`page`]), the guards and workers that are the public API ([`guard`]), the
+//! page provider that evicts cold pages to NVMe ([`provider`]), the catalog page ([`catalog`]),
+//! configuration ([`config`]) and the engine itself ([`engine`]).
+//!
+//! Still to come here (see DESIGN.md): the coherence protocol (directory, possession,
+//! anticipatory chaining), message handlers, and cluster bootstrap. Today every page is homed on
+//! this node; touching a page homed elsewhere is an error.
+//!
+//! It must not know about B-tree layouts or workloads: it hands out latched pages by id.
+//!
+//! ```no_run
+//! use shoal_engine::{Engine, EngineConfig, OpResult};
+//! let engine = Engine::open(EngineConfig::new("/tmp/shoal-doc", 64 << 20)).unwrap();
+//! let w = engine.worker();
+//! let pid = {
+//!     let mut g = w.allocate().unwrap();
+//!     g.page_mut().set_u64(0, 42);
+//!     g.pid()
+//! };
+//! let v = w.run(|w| -> OpResult<u64> {
+//!     let g = w.optimistic(pid)?;
+//!     let v = g.page().u64(0);
+//!     g.validate()?;
+//!     Ok(v)
+//! }).unwrap();
+//! assert_eq!(v, 42);
+//! engine.close().unwrap();
+//! ```
+
+pub mod catalog;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod frame;
+pub mod guard;
+pub mod latch;
+pub mod page;
+pub mod pid;
+pub mod provider;
+pub mod stats;
+pub mod table;
+
+pub use config::{format_bytes, parse_bytes, EngineConfig, MIN_CACHE_FRAMES};
+pub use engine::Engine;
+pub use error::{EngineError, OpResult, Restart};
+pub use guard::{ExclusiveGuard, OptimisticGuard, SharedGuard, Worker};
+pub use page::{PageMut, PageRef};
+pub use pid::{Pid, MAX_NODES};
+pub use shoal_storage::{BackendChoice, OpenMode, PAGE_DATA_SIZE, PAGE_SIZE};
+pub use stats::StatsSnapshot;

@@ -1,0 +1,91 @@
+//! The catalog: page [`Pid::CATALOG`] maps names (of trees, tables) to root page ids, so a
+//! reopened engine finds its data structures.
+//!
+//! Layout of the page's data area:
+//!
+//! ```text
+//! 0   count  u16
+//! 8   entries, packed: name_len u8, name bytes, pid u64 (little endian)
+//! ```
+
+use crate::error::{EngineError, OpResult, Restart};
+use crate::guard::Worker;
+use crate::pid::Pid;
+use shoal_storage::PAGE_DATA_SIZE;
+
+/// Longest catalog name.
+pub const MAX_NAME: usize = 255;
+const HEADER: usize = 8;
+
+fn parse(data: &[u8]) -> Result<Vec<(String, Pid)>, EngineError> {
+    let count = u16::from_le_bytes([data[0], data[1]]) as usize;
+    let mut out = Vec::with_capacity(count);
+    let mut off = HEADER;
+    for _ in 0..count {
+        let corrupt = || EngineError::Catalog("the catalog page is corrupt".into());
+        let len = *data.get(off).ok_or_else(corrupt)? as usize;
+        let name = data.get(off + 1..off + 1 + len).ok_or_else(corrupt)?;
+        let pid = data.get(off + 1 + len..off + 9 + len).ok_or_else(corrupt)?;
+        out.push((
+            String::from_utf8_lossy(name).into_owned(),
+            Pid(u64::from_le_bytes(pid.try_into().expect("8 bytes"))),
+        ));
+        off += 9 + len;
+    }
+    Ok(out)
+}
+
+fn used(entries: &[(String, Pid)]) -> usize {
+    HEADER + entries.iter().map(|(n, _)| 9 + n.len()).sum::<usize>()
+}
+
+impl Worker {
+    /// All catalog entries.
+    pub fn catalog_list(&self) -> Result<Vec<(String, Pid)>, EngineError> {
+        self.run(|w| {
+            let g = w.shared(Pid::CATALOG)?;
+            parse(g.data()).map_err(Restart::Fail)
+        })
+    }
+
+    /// The page registered under `name`, if any.
+    pub fn catalog_lookup(&self, name: &str) -> Result<Option<Pid>, EngineError> {
+        Ok(self
+            .catalog_list()?
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, p)| p))
+    }
+
+    /// Register `name` -> `pid`. Fails if the name exists or the catalog page is full.
+    pub fn catalog_insert(&self, name: &str, pid: Pid) -> Result<(), EngineError> {
+        if name.is_empty() || name.len() > MAX_NAME {
+            return Err(EngineError::Catalog(format!(
+                "name must be 1..={MAX_NAME} bytes, got {}",
+                name.len()
+            )));
+        }
+        self.run(|w| -> OpResult<()> {
+            let mut g = w.exclusive(Pid::CATALOG)?;
+            let entries = parse(g.data())?;
+            if entries.iter().any(|(n, _)| n == name) {
+                return Err(Restart::Fail(EngineError::Catalog(format!(
+                    "'{name}' is already registered"
+                ))));
+            }
+            let off = used(&entries);
+            if off + 9 + name.len() > PAGE_DATA_SIZE {
+                return Err(Restart::Fail(EngineError::Catalog(format!(
+                    "the catalog page is full ({} entries)",
+                    entries.len()
+                ))));
+            }
+            let mut m = g.page_mut();
+            m.set_u8(off, name.len() as u8);
+            m.write(off + 1, name.as_bytes());
+            m.set_u64(off + 1 + name.len(), pid.raw());
+            m.set_u16(0, entries.len() as u16 + 1);
+            Ok(())
+        })
+    }
+}

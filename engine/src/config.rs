@@ -1,0 +1,178 @@
+//! Engine configuration, its defaults and its validation.
+
+use crate::error::EngineError;
+use shoal_storage::{BackendChoice, OpenMode, PAGE_SIZE};
+use std::path::PathBuf;
+
+/// Fewest frames a node's cache may have: the provider needs room to work and every worker may
+/// fix a handful of pages at once (a B-tree split fixes up to three).
+pub const MIN_CACHE_FRAMES: usize = 256;
+
+/// Configuration of one node's engine.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Directory holding the node's device files (`node<N>-<i>.dat`) and its lock file.
+    pub data_dir: PathBuf,
+    /// Number of device files to stripe over inside `data_dir` (ignored if `device_paths` set).
+    pub devices: usize,
+    /// Explicit files or block devices to stripe over, instead of files in `data_dir`.
+    pub device_paths: Vec<PathBuf>,
+    /// Bytes of DRAM for page frames.
+    pub cache_bytes: usize,
+    pub node_id: u8,
+    pub cluster_id: u64,
+    pub mode: OpenMode,
+    pub backend: BackendChoice,
+    /// Open a store that was not shut down cleanly (see `StoreError::Unclean`).
+    pub allow_unclean: bool,
+    /// Most page slots the node's store may hold, 0 = unlimited.
+    pub capacity_pages: u64,
+    /// The page provider keeps at least this share of frames free (percent, 1..=50).
+    pub free_target_percent: u32,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            data_dir: PathBuf::from("shoal-data"),
+            devices: 1,
+            device_paths: Vec::new(),
+            cache_bytes: 1 << 30,
+            node_id: 0,
+            cluster_id: 0,
+            mode: OpenMode::OpenOrCreate,
+            backend: BackendChoice::Auto,
+            allow_unclean: false,
+            capacity_pages: 0,
+            free_target_percent: 5,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// A configuration for `data_dir` with `cache_bytes` of cache; everything else default.
+    pub fn new(data_dir: impl Into<PathBuf>, cache_bytes: usize) -> Self {
+        EngineConfig {
+            data_dir: data_dir.into(),
+            cache_bytes,
+            ..Default::default()
+        }
+    }
+
+    /// Number of frames the cache holds.
+    pub fn frames(&self) -> usize {
+        self.cache_bytes / PAGE_SIZE
+    }
+
+    /// Check the configuration; errors say what to change.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        let min = MIN_CACHE_FRAMES * PAGE_SIZE;
+        if self.cache_bytes < min {
+            return Err(EngineError::Config(format!(
+                "cache of {} is smaller than the minimum {} ({MIN_CACHE_FRAMES} pages of {PAGE_SIZE} bytes)",
+                format_bytes(self.cache_bytes as u64),
+                format_bytes(min as u64)
+            )));
+        }
+        if self.frames() > u32::MAX as usize - 1 {
+            return Err(EngineError::Config("cache larger than 16 TiB".into()));
+        }
+        if self.node_id as usize >= crate::pid::MAX_NODES {
+            return Err(EngineError::Config(format!(
+                "node id {} is out of range: a cluster has at most {} nodes (ids 0..{})",
+                self.node_id,
+                crate::pid::MAX_NODES,
+                crate::pid::MAX_NODES - 1
+            )));
+        }
+        if self.device_paths.is_empty() && !(1..=64).contains(&self.devices) {
+            return Err(EngineError::Config(format!(
+                "devices must be 1..=64, got {}",
+                self.devices
+            )));
+        }
+        if !(1..=50).contains(&self.free_target_percent) {
+            return Err(EngineError::Config(format!(
+                "free_target_percent must be 1..=50, got {}",
+                self.free_target_percent
+            )));
+        }
+        Ok(())
+    }
+
+    /// The device files of this node.
+    pub fn device_list(&self) -> Vec<PathBuf> {
+        if !self.device_paths.is_empty() {
+            return self.device_paths.clone();
+        }
+        (0..self.devices)
+            .map(|i| self.data_dir.join(format!("node{}-{i}.dat", self.node_id)))
+            .collect()
+    }
+}
+
+/// Parse a size such as `4096`, `64MiB`, `1GiB`, `512k`, `2G` (binary units).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (examples: 512MiB, 2GiB, 4096)"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        u => return Err(format!("unknown size unit '{u}' in '{s}' (use KiB, MiB, GiB, TiB)")),
+    };
+    if n < 0.0 || !n.is_finite() {
+        return Err(format!("'{s}' is not a size"));
+    }
+    Ok((n * mult as f64) as u64)
+}
+
+/// Human-readable binary size.
+pub fn format_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        assert_eq!(parse_bytes("64MiB").unwrap(), 64 << 20);
+        assert_eq!(parse_bytes("1.5GiB").unwrap(), 3 << 29);
+        assert_eq!(parse_bytes("2g").unwrap(), 2 << 30);
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("3parsecs").is_err());
+        assert_eq!(format_bytes(1 << 30), "1.0 GiB");
+    }
+
+    #[test]
+    fn validation_messages() {
+        let c = EngineConfig::new("x", 4096);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("smaller than the minimum 1.0 MiB"), "{e}");
+        let mut c = EngineConfig::new("x", 8 << 20);
+        c.node_id = 64;
+        assert!(c.validate().unwrap_err().to_string().contains("at most 64 nodes"));
+    }
+}

@@ -1,0 +1,402 @@
+//! [`Engine`]: one node's buffer manager. Owns the frame pool, translation table, page store,
+//! free-frame queue, global epoch and page provider; hands out [`Worker`]s.
+//!
+//! The fault path (a page that is not resident) lives here; the hit paths are in
+//! [`crate::guard`].
+
+use crate::config::EngineConfig;
+use crate::error::EngineError;
+use crate::frame::{FramePool, FREE, LOADING, RESIDENT};
+use crate::guard::Worker;
+use crate::latch::Backoff;
+use crate::page::PageMut;
+use crate::pid::Pid;
+use crate::provider;
+use crate::stats::{EngineCounters, StatsSnapshot, WorkerStats};
+use crate::table::TranslationTable;
+use crossbeam_queue::ArrayQueue;
+use parking_lot::{Condvar, Mutex};
+use shoal_storage::{PageStore, StoreConfig, PAGE_DATA_SIZE};
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a fault waits for a free frame before reporting [`EngineError::NoFreeFrame`].
+pub const FREE_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// State shared by the engine, its workers and its provider.
+pub(crate) struct Inner {
+    pub cfg: EngineConfig,
+    pub node: u8,
+    pub pool: FramePool,
+    pub table: TranslationTable,
+    pub store: PageStore,
+    pub free: ArrayQueue<u32>,
+    /// Global access epoch (advanced by the provider).
+    pub epoch: AtomicU32,
+    /// The provider keeps at least this many frames free.
+    pub free_target: usize,
+    pub shutdown: AtomicBool,
+    pub provider_wake: Condvar,
+    pub provider_mx: Mutex<()>,
+    pub frames_freed: Condvar,
+    pub frames_mx: Mutex<()>,
+    /// Last error the provider hit (reported by faults that starve).
+    pub provider_error: Mutex<Option<String>>,
+    pub counters: EngineCounters,
+    pub workers: Mutex<Vec<Arc<WorkerStats>>>,
+    _lock: File,
+}
+
+/// One node's buffer manager.
+pub struct Engine {
+    inner: Arc<Inner>,
+    provider: Mutex<Option<JoinHandle<()>>>,
+    closed: AtomicBool,
+}
+
+impl Engine {
+    /// Open (or create, per `cfg.mode`) the node's store and start its page provider.
+    pub fn open(cfg: EngineConfig) -> Result<Engine, EngineError> {
+        cfg.validate()?;
+        let lock = prepare_data_dir(&cfg)?;
+        let store = PageStore::open(&StoreConfig {
+            devices: cfg.device_list(),
+            mode: cfg.mode,
+            backend: cfg.backend,
+            node_id: cfg.node_id as u32,
+            cluster_id: cfg.cluster_id,
+            capacity_pages: cfg.capacity_pages,
+            allow_unclean: cfg.allow_unclean,
+        })?;
+        let frames = cfg.frames();
+        let pool = FramePool::new(frames).map_err(|e| {
+            EngineError::Config(format!("cannot map {frames} frames of page memory: {e}"))
+        })?;
+        let free = ArrayQueue::new(frames);
+        for i in 0..frames as u32 {
+            free.push(i).expect("queue sized for every frame");
+        }
+        let free_target = (frames * cfg.free_target_percent as usize / 100).max(16);
+        let inner = Arc::new(Inner {
+            node: cfg.node_id,
+            table: TranslationTable::new(frames),
+            pool,
+            store,
+            free,
+            epoch: AtomicU32::new(1),
+            free_target,
+            shutdown: AtomicBool::new(false),
+            provider_wake: Condvar::new(),
+            provider_mx: Mutex::new(()),
+            frames_freed: Condvar::new(),
+            frames_mx: Mutex::new(()),
+            provider_error: Mutex::new(None),
+            counters: EngineCounters::default(),
+            workers: Mutex::new(Vec::new()),
+            _lock: lock,
+            cfg,
+        });
+        if inner.node == 0 && inner.store.high_water() == 0 {
+            // A fresh node-0 store: slot 0 is the catalog page, empty.
+            inner.store.reserve(Pid::CATALOG.slot())?;
+            let idx = inner.install_new_page(Pid::CATALOG)?;
+            inner.pool.frame(idx).latch.unlock_exclusive();
+        }
+        let p = Arc::clone(&inner);
+        let handle = std::thread::Builder::new()
+            .name(format!("shoal-provider-{}", inner.node))
+            .spawn(move || provider::run(p))
+            .map_err(|e| EngineError::Config(format!("cannot start the page provider: {e}")))?;
+        log::info!(
+            "node {} engine: {} frames ({}), free target {}, store {}",
+            inner.node,
+            frames,
+            crate::config::format_bytes(inner.cfg.cache_bytes as u64),
+            free_target,
+            inner.store.backend()
+        );
+        Ok(Engine {
+            inner,
+            provider: Mutex::new(Some(handle)),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// Register a worker: the handle a thread uses to take guards.
+    pub fn worker(&self) -> Worker {
+        let stats = Arc::new(WorkerStats::default());
+        self.inner.workers.lock().push(Arc::clone(&stats));
+        Worker::new(Arc::clone(&self.inner), stats)
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> u8 {
+        self.inner.node
+    }
+
+    /// Number of frames in the cache.
+    pub fn frames(&self) -> usize {
+        self.inner.pool.len()
+    }
+
+    /// The node's page store (read-only use: counters, device paths).
+    pub fn store(&self) -> &PageStore {
+        &self.inner.store
+    }
+
+    /// Sum of all counters.
+    pub fn stats(&self) -> StatsSnapshot {
+        let i = &self.inner;
+        let mut s = StatsSnapshot::default();
+        for w in i.workers.lock().iter() {
+            s.hits += w.hits.load(Ordering::Relaxed);
+            s.faults += w.faults.load(Ordering::Relaxed);
+            s.restarts += w.restarts.load(Ordering::Relaxed);
+        }
+        s.evictions = i.counters.evictions.load(Ordering::Relaxed);
+        s.writebacks = i.counters.writebacks.load(Ordering::Relaxed);
+        s.write_errors = i.counters.write_errors.load(Ordering::Relaxed);
+        s.store_reads = i.store.stats().reads.load(Ordering::Relaxed);
+        s.store_writes = i.store.stats().writes.load(Ordering::Relaxed);
+        s.frames = i.pool.len() as u64;
+        s.free_frames = i.free.len() as u64;
+        s.epoch = i.epoch.load(Ordering::Relaxed) as u64;
+        s
+    }
+
+    /// Clean shutdown: stop the provider, write every dirty page, persist the allocator and mark
+    /// the store clean. Workers must have dropped their guards; operations started afterwards
+    /// fail with [`EngineError::Shutdown`]. Calling it twice is harmless.
+    pub fn close(&self) -> Result<(), EngineError> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.inner.shutdown.store(true, Ordering::Release);
+        {
+            let _g = self.inner.provider_mx.lock();
+            self.inner.provider_wake.notify_all();
+        }
+        if let Some(h) = self.provider.lock().take() {
+            if h.join().is_err() {
+                log::error!("the page provider thread panicked");
+            }
+        }
+        // With the provider stopped, this thread is the only writer of pages to the store.
+        let written = provider::flush_all(&self.inner)?;
+        self.inner.store.sync()?;
+        self.inner.store.close()?;
+        log::info!("node {} closed cleanly ({written} dirty pages written)", self.inner.node);
+        Ok(())
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Err(e) = self.close() {
+            log::error!("closing node {} failed: {e}", self.inner.node);
+        }
+    }
+}
+
+fn prepare_data_dir(cfg: &EngineConfig) -> Result<File, EngineError> {
+    let dir = &cfg.data_dir;
+    let err = |why: String| EngineError::DataDir {
+        path: dir.clone(),
+        why,
+    };
+    match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => return Err(err("exists but is not a directory".into())),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if cfg.mode == shoal_storage::OpenMode::Open {
+                return Err(err("does not exist (open mode needs an existing store)".into()));
+            }
+            std::fs::create_dir_all(dir).map_err(|e| err(format!("cannot create it: {e}")))?;
+        }
+        Err(e) => return Err(err(e.to_string())),
+    }
+    let path = dir.join(format!("node{}.lock", cfg.node_id));
+    let f = File::create(&path).map_err(|e| err(format!("cannot create lock file: {e}")))?;
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(err(format!(
+            "node {} store is in use by another process (lock {})",
+            cfg.node_id,
+            path.display()
+        )));
+    }
+    Ok(f)
+}
+
+impl Inner {
+    /// Read-mostly: the global epoch for access tracking.
+    #[inline]
+    pub fn current_epoch(&self) -> u32 {
+        self.epoch.load(Ordering::Relaxed)
+    }
+
+    pub fn is_shutdown(&self) -> bool {
+        self.shutdown.load(Ordering::Acquire)
+    }
+
+    /// Take a free frame, waking the provider and waiting for it if none is free.
+    pub fn take_free_frame(&self) -> Result<u32, EngineError> {
+        let mut started: Option<Instant> = None;
+        loop {
+            if let Some(i) = self.free.pop() {
+                if self.free.len() < self.free_target {
+                    self.provider_wake.notify_one();
+                }
+                return Ok(i);
+            }
+            if self.is_shutdown() {
+                return Err(EngineError::Shutdown);
+            }
+            self.provider_wake.notify_one();
+            let t0 = *started.get_or_insert_with(Instant::now);
+            if t0.elapsed() > FREE_FRAME_TIMEOUT {
+                let why = self.provider_error.lock().clone().unwrap_or_else(|| {
+                    format!(
+                        "all {} frames are in use and none could be evicted (too many pages fixed by guards?)",
+                        self.pool.len()
+                    )
+                });
+                return Err(EngineError::NoFreeFrame {
+                    waited_ms: t0.elapsed().as_millis() as u64,
+                    why,
+                });
+            }
+            let mut g = self.frames_mx.lock();
+            if self.free.is_empty() {
+                self.frames_freed.wait_for(&mut g, Duration::from_millis(1));
+            }
+        }
+    }
+
+    /// Give a frame (unlatched, FREE, unlinked) back to the free queue.
+    pub fn release_frame(&self, idx: u32) {
+        self.free
+            .push(idx)
+            .expect("free queue has room for every frame");
+    }
+
+    /// Load `pid` into a frame (or find that another thread did). Returns the frame index; the
+    /// caller re-checks the frame under its latch, since it may be evicted again at once.
+    pub fn fault(&self, pid: Pid) -> Result<u32, EngineError> {
+        if pid.node() != self.node {
+            return Err(EngineError::RemotePage(pid, pid.node(), self.node));
+        }
+        if pid.slot() >= self.store.high_water() {
+            return Err(EngineError::NoSuchPage(pid));
+        }
+        let idx = self.take_free_frame()?;
+        let part = self.table.lock(pid);
+        if let Some(found) = self.table.lookup_locked(&self.pool, &part, pid) {
+            drop(part);
+            self.release_frame(idx);
+            return Ok(found);
+        }
+        let f = self.pool.frame(idx);
+        lock_free_frame(f);
+        f.set_pid(pid);
+        f.set_state(LOADING);
+        f.set_dirty(false);
+        self.table.insert(&self.pool, &part, idx);
+        drop(part);
+        // SAFETY: the frame's page memory is valid and aligned; we hold its exclusive latch, so no
+        // Rust code writes it until we release. Stale optimistic readers may load from it while
+        // the kernel fills it; their validation fails because we bump the version on release.
+        let r = unsafe {
+            self.store
+                .read_into(pid.slot(), pid.raw(), self.pool.page_ptr(idx))
+        };
+        match r {
+            Ok(()) => {
+                f.set_state(RESIDENT);
+                f.touch(self.current_epoch());
+                f.latch.unlock_exclusive();
+                Ok(idx)
+            }
+            Err(e) => {
+                let part = self.table.lock(pid);
+                self.table.remove(&self.pool, &part, idx);
+                drop(part);
+                f.set_pid(Pid::NONE);
+                f.set_state(FREE);
+                f.latch.unlock_exclusive();
+                self.release_frame(idx);
+                Err(EngineError::PageRead {
+                    pid,
+                    source: Arc::new(e),
+                })
+            }
+        }
+    }
+
+    /// Put a brand-new, zeroed page `pid` into a frame. Returns the frame, exclusively latched.
+    pub fn install_new_page(&self, pid: Pid) -> Result<u32, EngineError> {
+        let idx = self.take_free_frame()?;
+        let f = self.pool.frame(idx);
+        let part = self.table.lock(pid);
+        debug_assert!(self.table.lookup_locked(&self.pool, &part, pid).is_none());
+        lock_free_frame(f);
+        f.set_pid(pid);
+        f.set_state(RESIDENT);
+        f.set_dirty(true);
+        // SAFETY: we hold the frame's exclusive latch: we are its only writer.
+        let mut page = unsafe { PageMut::from_ptr(self.pool.page_ptr(idx)) };
+        page.fill(0, PAGE_DATA_SIZE, 0);
+        self.table.insert(&self.pool, &part, idx);
+        drop(part);
+        f.touch(self.current_epoch());
+        Ok(idx)
+    }
+
+    /// Allocate a new page homed here. Returns its frame, exclusively latched.
+    pub fn allocate_page(&self) -> Result<(Pid, u32), EngineError> {
+        if self.is_shutdown() {
+            return Err(EngineError::Shutdown);
+        }
+        let slot = self.store.allocate()?;
+        let pid = Pid::new(self.node, slot);
+        match self.install_new_page(pid) {
+            Ok(idx) => Ok((pid, idx)),
+            Err(e) => {
+                // Give the slot back; it was never used.
+                let _ = self.store.free(slot);
+                Err(e)
+            }
+        }
+    }
+
+    /// Drop page `pid` held exclusively in frame `idx` and return its slot to the allocator.
+    pub fn free_page(&self, pid: Pid, idx: u32) -> Result<(), EngineError> {
+        let f = self.pool.frame(idx);
+        debug_assert!(f.latch.is_exclusive() && f.pid() == pid);
+        let part = self.table.lock(pid);
+        self.table.remove(&self.pool, &part, idx);
+        drop(part);
+        f.set_pid(Pid::NONE);
+        f.set_state(FREE);
+        f.set_dirty(false);
+        f.latch.unlock_exclusive();
+        self.release_frame(idx);
+        // The provider is the only writer of pages and issues its writes one batch at a time, so
+        // any write of the old page completes before a write of the slot's next owner is issued.
+        self.store.free(pid.slot())?;
+        Ok(())
+    }
+}
+
+/// Latch a frame taken from the free queue. It is normally unlatched; a thread that reached it
+/// through a stale table hint may hold it shared for an instant before noticing the pid changed.
+fn lock_free_frame(f: &crate::frame::Frame) {
+    let mut b = Backoff::new();
+    while !f.latch.try_lock_exclusive(None) {
+        b.snooze();
+    }
+}

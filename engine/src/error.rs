@@ -1,0 +1,57 @@
+//! Engine errors and the restart signal of optimistic code.
+
+use crate::pid::Pid;
+use shoal_storage::StoreError;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Errors an engine operation reports to its caller.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EngineError {
+    #[error("page store: {0}")]
+    Store(Arc<StoreError>),
+    #[error("reading page {pid} failed: {source}")]
+    PageRead {
+        pid: Pid,
+        #[source]
+        source: Arc<StoreError>,
+    },
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("data directory {path}: {why}")]
+    DataDir { path: PathBuf, why: String },
+    #[error("no free buffer frame after {waited_ms} ms: {why}")]
+    NoFreeFrame { waited_ms: u64, why: String },
+    #[error("page {0} is homed on node {1}; this node is {2} and remote pages need the coherence protocol")]
+    RemotePage(Pid, u8, u8),
+    #[error("page {0} does not exist (slot beyond the store's allocated range)")]
+    NoSuchPage(Pid),
+    #[error("catalog: {0}")]
+    Catalog(String),
+    #[error("the engine is shut down")]
+    Shutdown,
+}
+
+impl From<StoreError> for EngineError {
+    fn from(e: StoreError) -> Self {
+        EngineError::Store(Arc::new(e))
+    }
+}
+
+/// Why an optimistic operation must stop: try again from the top, or give up with an error.
+#[derive(Debug, Clone)]
+pub enum Restart {
+    /// Something changed under an optimistic read (or a latch was contended): retry.
+    Retry,
+    /// A real error (I/O, corrupt page, shutdown): retrying will not help.
+    Fail(EngineError),
+}
+
+impl From<EngineError> for Restart {
+    fn from(e: EngineError) -> Self {
+        Restart::Fail(e)
+    }
+}
+
+/// Result of one attempt of an optimistic operation.
+pub type OpResult<T> = Result<T, Restart>;

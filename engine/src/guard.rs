@@ -1,0 +1,352 @@
+//! [`Worker`] and the three page guards: the engine's public access API.
+//!
+//! | guard | page fixed? | others may | how it ends |
+//! |---|---|---|---|
+//! | [`OptimisticGuard`] | no (may be evicted or changed) | do anything | `validate()` (restart if it fails) |
+//! | [`SharedGuard`] | yes | read (shared or optimistic) | drop |
+//! | [`ExclusiveGuard`] | yes | read optimistically (and fail validation) | drop (bumps the version) |
+//!
+//! Conversions: optimistic -> shared / exclusive (only if nothing changed since the guard was
+//! taken), shared -> exclusive (only if no other sharer; else [`Restart::Retry`], since two
+//! sharers waiting for each other to leave would deadlock), exclusive -> shared.
+//!
+//! Acquisitions wait (spin, then yield, then nap; see [`Backoff`]) for conflicting holders; a
+//! non-resident page is read from the store first. Operations are written as closures returning
+//! [`OpResult`] and run by [`Worker::run`], which retries on [`Restart::Retry`].
+
+use crate::engine::Inner;
+use crate::error::{EngineError, OpResult, Restart};
+use crate::frame::{Frame, RESIDENT};
+use crate::latch::Backoff;
+use crate::page::{PageMut, PageRef};
+use crate::pid::Pid;
+use crate::stats::{bump, WorkerStats};
+use shoal_storage::PAGE_DATA_SIZE;
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
+use std::sync::Arc;
+
+/// A thread's registration with its node: the handle that takes guards. Not `Sync`: one thread
+/// uses it at a time (it owns per-thread counters, and will own mailbox slots).
+pub struct Worker {
+    inner: Arc<Inner>,
+    stats: Arc<WorkerStats>,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+impl Worker {
+    pub(crate) fn new(inner: Arc<Inner>, stats: Arc<WorkerStats>) -> Worker {
+        Worker {
+            inner,
+            stats,
+            _not_sync: PhantomData,
+        }
+    }
+
+    /// The node this worker belongs to.
+    pub fn node_id(&self) -> u8 {
+        self.inner.node
+    }
+
+    /// Frame index of `pid`, faulting it in if needed (a hint: re-check under the latch).
+    #[inline]
+    fn resolve(&self, pid: Pid) -> Result<u32, EngineError> {
+        match self.inner.table.lookup(&self.inner.pool, pid) {
+            Some(i) => Ok(i),
+            None => {
+                bump(&self.stats.faults);
+                self.inner.fault(pid)
+            }
+        }
+    }
+
+    #[inline]
+    fn frame(&self, idx: u32) -> &Frame {
+        self.inner.pool.frame(idx)
+    }
+
+    /// Take an optimistic guard on `pid`. Waits while an exclusive holder is in.
+    #[inline]
+    pub fn optimistic(&self, pid: Pid) -> OpResult<OptimisticGuard<'_>> {
+        let mut backoff = Backoff::new();
+        loop {
+            let idx = self.resolve(pid)?;
+            let f = self.frame(idx);
+            match f.latch.optimistic_begin() {
+                Some(version) if f.pid() == pid && f.state() == RESIDENT => {
+                    f.touch(self.inner.current_epoch());
+                    bump(&self.stats.hits);
+                    return Ok(OptimisticGuard {
+                        w: self,
+                        idx,
+                        pid,
+                        version,
+                    });
+                }
+                Some(_) => {} // the frame moved on to another page: look up again
+                None => backoff.snooze(),
+            }
+        }
+    }
+
+    /// Take a shared guard on `pid` (the page is fixed while it is held).
+    pub fn shared(&self, pid: Pid) -> OpResult<SharedGuard<'_>> {
+        let mut backoff = Backoff::new();
+        loop {
+            let idx = self.resolve(pid)?;
+            let f = self.frame(idx);
+            if f.latch.try_lock_shared(None) {
+                if f.pid() == pid && f.state() == RESIDENT {
+                    f.touch(self.inner.current_epoch());
+                    bump(&self.stats.hits);
+                    return Ok(SharedGuard { w: self, idx, pid });
+                }
+                f.latch.unlock_shared();
+            } else {
+                backoff.snooze();
+            }
+        }
+    }
+
+    /// Take an exclusive guard on `pid` (the page is fixed and marked dirty).
+    pub fn exclusive(&self, pid: Pid) -> OpResult<ExclusiveGuard<'_>> {
+        let mut backoff = Backoff::new();
+        loop {
+            let idx = self.resolve(pid)?;
+            let f = self.frame(idx);
+            if f.latch.try_lock_exclusive(None) {
+                if f.pid() == pid && f.state() == RESIDENT {
+                    bump(&self.stats.hits);
+                    return ExclusiveGuard::start(self, idx, pid);
+                }
+                f.latch.unlock_exclusive_unchanged();
+            } else {
+                backoff.snooze();
+            }
+        }
+    }
+
+    /// Allocate a new, zeroed page on this node; returns it exclusively latched.
+    pub fn allocate(&self) -> Result<ExclusiveGuard<'_>, EngineError> {
+        let (pid, idx) = self.inner.allocate_page()?;
+        Ok(ExclusiveGuard {
+            w: self,
+            idx,
+            pid,
+        })
+    }
+
+    /// Run an optimistic operation to completion: retry on [`Restart::Retry`], return errors.
+    pub fn run<T>(&self, mut op: impl FnMut(&Worker) -> OpResult<T>) -> Result<T, EngineError> {
+        let mut backoff = Backoff::new();
+        loop {
+            match op(self) {
+                Ok(v) => return Ok(v),
+                Err(Restart::Retry) => {
+                    bump(&self.stats.restarts);
+                    backoff.snooze();
+                }
+                Err(Restart::Fail(e)) => return Err(e),
+            }
+        }
+    }
+}
+
+/// Optimistic access: read, then [`validate`](Self::validate). Reads may return garbage if the
+/// page changed; nothing read may be trusted (or used to index memory) before validation.
+pub struct OptimisticGuard<'w> {
+    w: &'w Worker,
+    idx: u32,
+    pid: Pid,
+    version: u64,
+}
+
+impl<'w> OptimisticGuard<'w> {
+    pub fn pid(&self) -> Pid {
+        self.pid
+    }
+
+    /// The page's bytes (atomic, total reads; see [`crate::page`]).
+    #[inline]
+    pub fn page(&self) -> PageRef<'w> {
+        // SAFETY: the pool's page memory lives as long as the engine (which `w` keeps alive) and
+        // is only accessed through atomics while others may write it.
+        unsafe { PageRef::from_ptr(self.w.inner.pool.page_ptr(self.idx)) }
+    }
+
+    /// Whether the page is unchanged (and still this page) since the guard was taken.
+    #[inline]
+    pub fn is_valid(&self) -> bool {
+        self.w.frame(self.idx).latch.validate(self.version)
+    }
+
+    /// `Ok` if nothing changed since the guard was taken, else [`Restart::Retry`].
+    #[inline]
+    pub fn validate(&self) -> OpResult<()> {
+        if self.is_valid() {
+            Ok(())
+        } else {
+            Err(Restart::Retry)
+        }
+    }
+
+    /// Become a shared guard, if the page is unchanged.
+    pub fn to_shared(self) -> OpResult<SharedGuard<'w>> {
+        let f = self.w.frame(self.idx);
+        let mut backoff = Backoff::new();
+        loop {
+            if f.latch.try_lock_shared(Some(self.version)) {
+                return Ok(SharedGuard {
+                    w: self.w,
+                    idx: self.idx,
+                    pid: self.pid,
+                });
+            }
+            if !self.is_valid() {
+                return Err(Restart::Retry);
+            }
+            backoff.snooze(); // CAS lost to another sharer; the version is unchanged
+        }
+    }
+
+    /// Become an exclusive guard, if the page is unchanged. Waits for shared holders to leave.
+    pub fn to_exclusive(self) -> OpResult<ExclusiveGuard<'w>> {
+        let f = self.w.frame(self.idx);
+        let mut backoff = Backoff::new();
+        loop {
+            if f.latch.try_lock_exclusive(Some(self.version)) {
+                return ExclusiveGuard::start(self.w, self.idx, self.pid);
+            }
+            if !self.is_valid() {
+                return Err(Restart::Retry);
+            }
+            backoff.snooze(); // shared holders present; they do not change the version
+        }
+    }
+}
+
+/// Shared access: the page is fixed and nobody writes it while this guard lives.
+pub struct SharedGuard<'w> {
+    w: &'w Worker,
+    idx: u32,
+    pid: Pid,
+}
+
+impl<'w> SharedGuard<'w> {
+    pub fn pid(&self) -> Pid {
+        self.pid
+    }
+
+    /// The page's data area as plain bytes.
+    pub fn data(&self) -> &[u8] {
+        // SAFETY: we hold the latch shared, so no thread writes this memory until we release
+        // (exclusive holders are excluded; the provider only reads). Concurrent optimistic
+        // readers only load. The memory lives as long as the engine.
+        unsafe { std::slice::from_raw_parts(self.w.inner.pool.page_ptr(self.idx), PAGE_DATA_SIZE) }
+    }
+
+    /// The page's bytes through the same accessors optimistic readers use.
+    pub fn page(&self) -> PageRef<'_> {
+        // SAFETY: see `OptimisticGuard::page`.
+        unsafe { PageRef::from_ptr(self.w.inner.pool.page_ptr(self.idx)) }
+    }
+
+    /// Become exclusive if we are the only sharer; otherwise release and [`Restart::Retry`].
+    pub fn to_exclusive(self) -> OpResult<ExclusiveGuard<'w>> {
+        let me = ManuallyDrop::new(self);
+        let f = me.w.frame(me.idx);
+        if f.latch.try_upgrade_shared() {
+            ExclusiveGuard::start(me.w, me.idx, me.pid)
+        } else {
+            f.latch.unlock_shared();
+            Err(Restart::Retry)
+        }
+    }
+}
+
+impl Drop for SharedGuard<'_> {
+    fn drop(&mut self) {
+        self.w.frame(self.idx).latch.unlock_shared();
+    }
+}
+
+/// Exclusive access: the only writer; the page is fixed and will be written back.
+pub struct ExclusiveGuard<'w> {
+    w: &'w Worker,
+    idx: u32,
+    pid: Pid,
+}
+
+impl<'w> ExclusiveGuard<'w> {
+    /// Finish acquiring: refuse new writes after shutdown, mark the page dirty.
+    fn start(w: &'w Worker, idx: u32, pid: Pid) -> OpResult<ExclusiveGuard<'w>> {
+        let f = w.frame(idx);
+        if w.inner.is_shutdown() {
+            f.latch.unlock_exclusive_unchanged();
+            return Err(Restart::Fail(EngineError::Shutdown));
+        }
+        f.set_dirty(true);
+        f.touch(w.inner.current_epoch());
+        Ok(ExclusiveGuard { w, idx, pid })
+    }
+
+    pub fn pid(&self) -> Pid {
+        self.pid
+    }
+
+    /// The page's data area as plain bytes (no writer but us, and we cannot write while this
+    /// borrow lives).
+    pub fn data(&self) -> &[u8] {
+        // SAFETY: we hold the latch exclusively, so only this guard writes the memory, and only
+        // through `&mut self`, which cannot coexist with this borrow. Concurrent optimistic
+        // readers only load.
+        unsafe { std::slice::from_raw_parts(self.w.inner.pool.page_ptr(self.idx), PAGE_DATA_SIZE) }
+    }
+
+    /// Read accessors.
+    pub fn page(&self) -> PageRef<'_> {
+        // SAFETY: see `OptimisticGuard::page`.
+        unsafe { PageRef::from_ptr(self.w.inner.pool.page_ptr(self.idx)) }
+    }
+
+    /// Write accessors (atomic word stores, so optimistic readers never race non-atomically).
+    pub fn page_mut(&mut self) -> PageMut<'_> {
+        // SAFETY: we hold the exclusive latch: the only writer of this page; `&mut self` makes
+        // the returned writer unique.
+        unsafe { PageMut::from_ptr(self.w.inner.pool.page_ptr(self.idx)) }
+    }
+
+    /// Edit a private copy of the page with ordinary Rust code, then store it back. Convenient
+    /// for structural changes (splits, compaction); costs two 4 KiB copies.
+    pub fn modify<T>(&mut self, f: impl FnOnce(&mut [u8; PAGE_DATA_SIZE]) -> T) -> T {
+        let mut copy = Box::new([0u8; PAGE_DATA_SIZE]);
+        copy.copy_from_slice(self.data());
+        let r = f(&mut copy);
+        self.page_mut().copy_in(&copy);
+        r
+    }
+
+    /// Become a shared guard (bumps the version: optimistic readers of the old state restart).
+    pub fn to_shared(self) -> SharedGuard<'w> {
+        let me = ManuallyDrop::new(self);
+        me.w.frame(me.idx).latch.downgrade();
+        SharedGuard {
+            w: me.w,
+            idx: me.idx,
+            pid: me.pid,
+        }
+    }
+
+    /// Delete the page: its frame and its slot are freed.
+    pub fn free(self) -> Result<(), EngineError> {
+        let me = ManuallyDrop::new(self);
+        me.w.inner.free_page(me.pid, me.idx)
+    }
+}
+
+impl Drop for ExclusiveGuard<'_> {
+    fn drop(&mut self) {
+        self.w.frame(self.idx).latch.unlock_exclusive();
+    }
+}

@@ -1,0 +1,281 @@
+//! Race-free access to page bytes.
+//!
+//! A frame's page may be read by optimistic readers while an exclusive holder writes it. In
+//! Rust's memory model a plain read racing with a write is undefined behaviour, and so are racing
+//! atomic accesses of *different sizes*. Shoal therefore accesses page memory in exactly one way
+//! whenever a race is possible: as an array of `AtomicU64` words with `Relaxed` loads and stores.
+//! Byte-level reads load the covering words and extract bytes; byte-level writes (only ever done
+//! by the single exclusive holder) load, merge and store whole words. The latch's fences (see
+//! [`crate::latch`]) provide the ordering; validation rejects anything torn.
+//!
+//! [`PageRef`] is *total*: every offset and length is accepted and out-of-range bytes read as
+//! zero, because an optimistic reader may compute offsets from a page that is changing under it.
+//! Such reads return garbage, never fault; the caller must validate before trusting anything.
+//!
+//! Only the first [`PAGE_DATA_SIZE`] bytes are visible; the trailer belongs to the store.
+
+use shoal_storage::PAGE_DATA_SIZE;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const WORDS: usize = PAGE_DATA_SIZE / 8;
+const _: () = assert!(PAGE_DATA_SIZE % 8 == 0);
+
+/// Read access to one page's data area.
+#[derive(Clone, Copy)]
+pub struct PageRef<'a> {
+    words: &'a [AtomicU64; WORDS],
+}
+
+/// Write access to one page's data area (held only by the exclusive latch holder).
+pub struct PageMut<'a> {
+    words: &'a [AtomicU64; WORDS],
+}
+
+impl<'a> PageRef<'a> {
+    /// # Safety
+    /// `ptr` must point to 8-aligned memory of at least [`PAGE_DATA_SIZE`] bytes that lives for
+    /// `'a` and that is only accessed through atomics (or by the kernel for I/O) while shared.
+    pub(crate) unsafe fn from_ptr(ptr: *const u8) -> Self {
+        debug_assert_eq!(ptr as usize % 8, 0);
+        // SAFETY: AtomicU64 has the size and alignment of u64; the caller guarantees validity.
+        PageRef {
+            words: unsafe { &*(ptr as *const [AtomicU64; WORDS]) },
+        }
+    }
+
+    #[inline]
+    fn word(&self, i: usize) -> u64 {
+        match self.words.get(i) {
+            Some(w) => w.load(Ordering::Relaxed),
+            None => 0,
+        }
+    }
+
+    /// Read `dst.len()` bytes starting at `off` (out of range -> zeros).
+    #[inline]
+    pub fn read(&self, off: usize, dst: &mut [u8]) {
+        let mut i = 0;
+        let mut pos = off;
+        while i < dst.len() {
+            let wi = pos / 8;
+            let within = pos % 8;
+            let bytes = self.word(wi).to_le_bytes();
+            let n = (8 - within).min(dst.len() - i);
+            dst[i..i + n].copy_from_slice(&bytes[within..within + n]);
+            i += n;
+            pos = pos.saturating_add(n);
+        }
+    }
+
+    /// Little-endian u64 at `off` (any alignment).
+    #[inline]
+    pub fn u64(&self, off: usize) -> u64 {
+        if off % 8 == 0 {
+            return self.word(off / 8);
+        }
+        let mut b = [0u8; 8];
+        self.read(off, &mut b);
+        u64::from_le_bytes(b)
+    }
+
+    /// Little-endian u32 at `off`.
+    #[inline]
+    pub fn u32(&self, off: usize) -> u32 {
+        if off % 8 <= 4 {
+            return (self.word(off / 8) >> ((off % 8) * 8)) as u32;
+        }
+        let mut b = [0u8; 4];
+        self.read(off, &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    /// Little-endian u16 at `off`.
+    #[inline]
+    pub fn u16(&self, off: usize) -> u16 {
+        if off % 8 <= 6 {
+            return (self.word(off / 8) >> ((off % 8) * 8)) as u16;
+        }
+        let mut b = [0u8; 2];
+        self.read(off, &mut b);
+        u16::from_le_bytes(b)
+    }
+
+    /// Byte at `off`.
+    #[inline]
+    pub fn u8(&self, off: usize) -> u8 {
+        (self.word(off / 8) >> ((off % 8) * 8)) as u8
+    }
+
+    /// Copy the whole data area out.
+    pub fn copy_out(&self, dst: &mut [u8; PAGE_DATA_SIZE]) {
+        for (i, w) in self.words.iter().enumerate() {
+            dst[i * 8..i * 8 + 8].copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+        }
+    }
+
+    /// Compare `len` bytes at `off` with `other` (lexicographic, like `[u8]::cmp`).
+    pub fn compare(&self, off: usize, len: usize, other: &[u8]) -> std::cmp::Ordering {
+        let mut buf = [0u8; 64];
+        let mut done = 0;
+        while done < len && done < other.len() {
+            let n = (len - done).min(other.len() - done).min(buf.len());
+            self.read(off.saturating_add(done), &mut buf[..n]);
+            match buf[..n].cmp(&other[done..done + n]) {
+                std::cmp::Ordering::Equal => done += n,
+                o => return o,
+            }
+        }
+        len.cmp(&other.len())
+    }
+}
+
+impl<'a> PageMut<'a> {
+    /// # Safety
+    /// As [`PageRef::from_ptr`], and the caller must be the only writer of this memory for `'a`.
+    pub(crate) unsafe fn from_ptr(ptr: *mut u8) -> Self {
+        debug_assert_eq!(ptr as usize % 8, 0);
+        // SAFETY: see PageRef::from_ptr.
+        PageMut {
+            words: unsafe { &*(ptr as *const [AtomicU64; WORDS]) },
+        }
+    }
+
+    /// Read view of the same page.
+    #[inline]
+    pub fn as_ref(&self) -> PageRef<'_> {
+        PageRef { words: self.words }
+    }
+
+    fn check(off: usize, len: usize) {
+        assert!(
+            off.checked_add(len).is_some_and(|e| e <= PAGE_DATA_SIZE),
+            "page write out of range: {off}+{len} > {PAGE_DATA_SIZE}"
+        );
+    }
+
+    /// Write `src` at `off`. Panics if the range leaves the data area (a programming error: the
+    /// exclusive holder sees a consistent page).
+    #[inline]
+    pub fn write(&mut self, off: usize, src: &[u8]) {
+        Self::check(off, src.len());
+        let mut i = 0;
+        let mut pos = off;
+        while i < src.len() {
+            let wi = pos / 8;
+            let within = pos % 8;
+            let n = (8 - within).min(src.len() - i);
+            let w = &self.words[wi];
+            let new = if n == 8 {
+                u64::from_le_bytes(src[i..i + 8].try_into().expect("8 bytes"))
+            } else {
+                // Only the exclusive holder writes, so load-merge-store loses nothing.
+                let mut b = w.load(Ordering::Relaxed).to_le_bytes();
+                b[within..within + n].copy_from_slice(&src[i..i + n]);
+                u64::from_le_bytes(b)
+            };
+            w.store(new, Ordering::Relaxed);
+            i += n;
+            pos += n;
+        }
+    }
+
+    pub fn set_u64(&mut self, off: usize, v: u64) {
+        self.write(off, &v.to_le_bytes())
+    }
+    pub fn set_u32(&mut self, off: usize, v: u32) {
+        self.write(off, &v.to_le_bytes())
+    }
+    pub fn set_u16(&mut self, off: usize, v: u16) {
+        self.write(off, &v.to_le_bytes())
+    }
+    pub fn set_u8(&mut self, off: usize, v: u8) {
+        self.write(off, &[v])
+    }
+
+    /// Fill `len` bytes at `off` with `byte`.
+    pub fn fill(&mut self, off: usize, len: usize, byte: u8) {
+        Self::check(off, len);
+        let chunk = [byte; 64];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(64);
+            self.write(off + done, &chunk[..n]);
+            done += n;
+        }
+    }
+
+    /// Move `len` bytes from `src` to `dst` within the page (ranges may overlap).
+    pub fn copy_within(&mut self, src: usize, dst: usize, len: usize) {
+        Self::check(src, len);
+        Self::check(dst, len);
+        let mut tmp = [0u8; PAGE_DATA_SIZE];
+        self.as_ref().read(src, &mut tmp[..len]);
+        self.write(dst, &tmp[..len]);
+    }
+
+    /// Replace the whole data area.
+    pub fn copy_in(&mut self, src: &[u8; PAGE_DATA_SIZE]) {
+        for (i, w) in self.words.iter().enumerate() {
+            w.store(
+                u64::from_le_bytes(src[i * 8..i * 8 + 8].try_into().expect("8 bytes")),
+                Ordering::Relaxed,
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_storage::AlignedPage;
+
+    #[test]
+    fn unaligned_reads_and_writes_roundtrip() {
+        let mut buf = AlignedPage::new();
+        let p = buf.as_mut_ptr();
+        // SAFETY: buf is a live aligned page used by this thread only.
+        let mut m = unsafe { PageMut::from_ptr(p) };
+        m.write(3, b"hello, shoal pages!");
+        m.set_u64(29, 0x0102_0304_0506_0708);
+        m.set_u16(7, 0xBEEF);
+        m.set_u32(4090 - 16 - 4, 77);
+        let r = m.as_ref();
+        let mut out = [0u8; 19];
+        r.read(3, &mut out);
+        assert_eq!(&out[..4], b"hell");
+        assert_eq!(out[4], 0xEF, "byte 7 was overwritten by the u16");
+        assert_eq!(r.u16(7), 0xBEEF);
+        assert_eq!(r.u64(29), 0x0102_0304_0506_0708);
+        assert_eq!(r.u32(4090 - 16 - 4), 77);
+        assert_eq!(r.u8(29), 8);
+        m.copy_within(29, 30, 8);
+        assert_eq!(m.as_ref().u64(30), 0x0102_0304_0506_0708);
+        m.copy_within(30, 2, 8);
+        assert_eq!(m.as_ref().u64(2), 0x0102_0304_0506_0708);
+        assert_eq!(m.as_ref().compare(2, 8, &0x0102_0304_0506_0708u64.to_le_bytes()), std::cmp::Ordering::Equal);
+    }
+
+    #[test]
+    fn out_of_range_reads_are_zero_not_faults() {
+        let mut buf = AlignedPage::new();
+        buf[..PAGE_DATA_SIZE].fill(0xAA);
+        // SAFETY: as above.
+        let r = unsafe { PageRef::from_ptr(buf.as_mut_ptr()) };
+        let mut out = [1u8; 16];
+        r.read(PAGE_DATA_SIZE - 4, &mut out);
+        assert_eq!(&out[..4], &[0xAA; 4]);
+        assert_eq!(&out[4..], &[0u8; 12]);
+        assert_eq!(r.u64(usize::MAX - 3), 0);
+        r.read(usize::MAX - 2, &mut out);
+        assert_eq!(out, [0u8; 16]);
+    }
+
+    #[test]
+    #[should_panic(expected = "out of range")]
+    fn out_of_range_write_panics() {
+        let mut buf = AlignedPage::new();
+        // SAFETY: as above.
+        let mut m = unsafe { PageMut::from_ptr(buf.as_mut_ptr()) };
+        m.write(PAGE_DATA_SIZE - 2, b"abc");
+    }
+}

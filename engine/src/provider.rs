@@ -1,0 +1,269 @@
+//! The page provider: keeps free frames available by evicting cold pages (epoch LRU).
+//!
+//! One provider thread per node. Each round, while fewer than `free_target` frames are free:
+//!
+//! 1. **Sample** up to [`SAMPLE`] random resident frames and take the 10th-percentile access
+//!    epoch as the cut-off: frames last touched at or before it are cold.
+//! 2. **Scan** frames from a clock hand for unlatched cold frames, up to a batch of [`BATCH`].
+//! 3. **Write back** dirty candidates: under the shared latch (no writer can be active) copy the
+//!    page into an aligned buffer and clear the dirty flag; write the whole batch through
+//!    io_uring with every request in flight; on failure set the page dirty again (it stays in
+//!    memory: nothing is lost) and remember the error for starving faults to report.
+//! 4. **Evict**: try the exclusive latch (never wait); if the page was dirtied again meanwhile, or
+//!    someone holds it, skip it; else unlink it from the table, bump the version and queue the
+//!    frame as free.
+//! 5. Advance the global epoch every `frames / 128` evictions, so access recency keeps its
+//!    resolution as pages cycle through the cache.
+//!
+//! Fixed pages (shared or exclusive guard held) are never evicted: step 2 skips latched frames
+//! and step 4 only uses `try` latches.
+//!
+//! **Write ordering invariant**: all page writes of a node are issued by this thread, one batch
+//! at a time, or by [`flush_all`] after this thread has stopped. So two writes of the same slot
+//! can never be in flight together, and a later write of a slot is issued only after an earlier
+//! one completed.
+
+use crate::engine::Inner;
+use crate::error::EngineError;
+use crate::frame::{FREE, RESIDENT};
+use crate::latch::Backoff;
+use crate::pid::Pid;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use shoal_storage::{AlignedPage, WriteRequest, PAGE_SIZE};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Frames sampled per round to find the epoch cut-off.
+pub const SAMPLE: usize = 64;
+/// Most pages evicted (and written) per round.
+pub const BATCH: usize = 128;
+
+/// The provider thread's main loop.
+pub(crate) fn run(inner: Arc<Inner>) {
+    let mut p = Provider {
+        rng: SmallRng::seed_from_u64(0x5EED ^ inner.node as u64),
+        hand: 0,
+        bufs: (0..BATCH).map(|_| AlignedPage::new()).collect(),
+        since_epoch: 0,
+    };
+    while !inner.is_shutdown() {
+        if inner.free.len() >= inner.free_target {
+            let mut g = inner.provider_mx.lock();
+            if !inner.is_shutdown() && inner.free.len() >= inner.free_target {
+                inner
+                    .provider_wake
+                    .wait_for(&mut g, Duration::from_millis(10));
+            }
+            continue;
+        }
+        let freed = p.round(&inner);
+        inner.counters.provider_rounds.fetch_add(1, Ordering::Relaxed);
+        if freed > 0 {
+            let _g = inner.frames_mx.lock();
+            inner.frames_freed.notify_all();
+        } else {
+            // Nothing evictable right now (all fixed, or writes failing): do not spin.
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+struct Provider {
+    rng: SmallRng,
+    hand: usize,
+    bufs: Vec<AlignedPage>,
+    since_epoch: usize,
+}
+
+impl Provider {
+    fn round(&mut self, inner: &Inner) -> usize {
+        let n = inner.pool.len();
+        // 1. sample
+        let mut sample = Vec::with_capacity(SAMPLE);
+        for _ in 0..SAMPLE * 4 {
+            let f = inner.pool.frame(self.rng.random_range(0..n) as u32);
+            if f.state() == RESIDENT {
+                sample.push(f.epoch());
+                if sample.len() == SAMPLE {
+                    break;
+                }
+            }
+        }
+        if sample.is_empty() {
+            return 0;
+        }
+        sample.sort_unstable();
+        let cutoff = sample[sample.len() / 10];
+
+        // 2. scan
+        let want = (inner.free_target * 2)
+            .saturating_sub(inner.free.len())
+            .clamp(1, BATCH);
+        let mut cands: Vec<u32> = Vec::with_capacity(want);
+        let mut scanned = 0;
+        while cands.len() < want && scanned < n {
+            let i = self.hand as u32;
+            self.hand = (self.hand + 1) % n;
+            scanned += 1;
+            let f = inner.pool.frame(i);
+            if f.state() == RESIDENT && !f.latch.is_latched() && f.epoch() <= cutoff {
+                cands.push(i);
+            }
+        }
+
+        // 3. write back dirty candidates
+        let mut pending: Vec<(u32, Pid)> = Vec::new();
+        for &i in &cands {
+            let f = inner.pool.frame(i);
+            if !f.is_dirty() || !f.latch.try_lock_shared(None) {
+                continue;
+            }
+            if f.state() == RESIDENT && f.is_dirty() {
+                let k = pending.len();
+                copy_page(inner, i, &mut self.bufs[k]);
+                f.set_dirty(false);
+                pending.push((i, f.pid()));
+            }
+            f.latch.unlock_shared();
+        }
+        let mut failed = vec![false; cands.len()];
+        if !pending.is_empty() {
+            let results = write_pages(inner, &pending, &mut self.bufs);
+            for ((i, pid), r) in pending.iter().zip(results) {
+                if let Err(e) = r {
+                    let f = inner.pool.frame(*i);
+                    if f.pid() == *pid {
+                        f.set_dirty(true);
+                    }
+                    if let Some(pos) = cands.iter().position(|c| c == i) {
+                        failed[pos] = true;
+                    }
+                    inner.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+                    let msg = format!("writing back page {pid} failed: {e}");
+                    log::error!("{msg}");
+                    *inner.provider_error.lock() = Some(msg);
+                }
+            }
+        }
+
+        // 4. evict
+        let mut freed = 0;
+        for (k, &i) in cands.iter().enumerate() {
+            if failed[k] {
+                continue;
+            }
+            let f = inner.pool.frame(i);
+            if !f.latch.try_lock_exclusive(None) {
+                continue;
+            }
+            if f.state() != RESIDENT || f.is_dirty() {
+                f.latch.unlock_exclusive_unchanged();
+                continue;
+            }
+            let pid = f.pid();
+            let part = inner.table.lock(pid);
+            inner.table.remove(&inner.pool, &part, i);
+            drop(part);
+            f.set_pid(Pid::NONE);
+            f.set_state(FREE);
+            f.latch.unlock_exclusive();
+            inner.release_frame(i);
+            freed += 1;
+        }
+        inner
+            .counters
+            .evictions
+            .fetch_add(freed as u64, Ordering::Relaxed);
+
+        // 5. epoch
+        self.since_epoch += freed;
+        if self.since_epoch >= (n / 128).max(1) {
+            self.since_epoch = 0;
+            inner.epoch.fetch_add(1, Ordering::Relaxed);
+        }
+        if freed > 0 && inner.free.len() >= inner.free_target {
+            *inner.provider_error.lock() = None;
+        }
+        freed
+    }
+}
+
+/// Copy frame `idx`'s page into `buf`. The caller holds the frame's latch (shared or exclusive),
+/// so nobody writes the page meanwhile.
+fn copy_page(inner: &Inner, idx: u32, buf: &mut AlignedPage) {
+    // SAFETY: the frame's page is PAGE_SIZE valid bytes; the caller's latch excludes writers, so
+    // this plain read races only with other reads; buf is a distinct allocation.
+    unsafe {
+        std::ptr::copy_nonoverlapping(inner.pool.page_ptr(idx), buf.as_mut_ptr(), PAGE_SIZE);
+    }
+}
+
+fn write_pages(
+    inner: &Inner,
+    pending: &[(u32, Pid)],
+    bufs: &mut [AlignedPage],
+) -> Vec<Result<(), shoal_storage::StoreError>> {
+    let mut reqs: Vec<WriteRequest<'_>> = pending
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|((_, pid), page)| WriteRequest {
+            slot: pid.slot(),
+            pid: pid.raw(),
+            page,
+        })
+        .collect();
+    let r = inner.store.write_batch(&mut reqs);
+    let ok = r.iter().filter(|r| r.is_ok()).count() as u64;
+    inner.counters.writebacks.fetch_add(ok, Ordering::Relaxed);
+    r
+}
+
+/// Write every dirty page (shutdown; the provider thread must have stopped). Returns how many
+/// pages were written, or the first error (pages that failed stay dirty).
+pub(crate) fn flush_all(inner: &Inner) -> Result<usize, EngineError> {
+    let mut bufs: Vec<AlignedPage> = (0..BATCH).map(|_| AlignedPage::new()).collect();
+    let mut written = 0;
+    let mut first_err: Option<EngineError> = None;
+    let n = inner.pool.len() as u32;
+    let mut i = 0;
+    while i < n {
+        let mut pending: Vec<(u32, Pid)> = Vec::with_capacity(BATCH);
+        while i < n && pending.len() < BATCH {
+            let f = inner.pool.frame(i);
+            if f.state() == RESIDENT && f.is_dirty() {
+                let mut b = Backoff::new();
+                while !f.latch.try_lock_shared(None) {
+                    b.snooze();
+                }
+                if f.state() == RESIDENT && f.is_dirty() {
+                    let k = pending.len();
+                    copy_page(inner, i, &mut bufs[k]);
+                    f.set_dirty(false);
+                    pending.push((i, f.pid()));
+                }
+                f.latch.unlock_shared();
+            }
+            i += 1;
+        }
+        if pending.is_empty() {
+            continue;
+        }
+        for ((idx, pid), r) in pending.iter().zip(write_pages(inner, &pending, &mut bufs)) {
+            match r {
+                Ok(()) => written += 1,
+                Err(e) => {
+                    inner.pool.frame(*idx).set_dirty(true);
+                    inner.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+                    log::error!("flushing page {pid} failed: {e}");
+                    first_err.get_or_insert(e.into());
+                }
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(written),
+    }
+}

@@ -1,0 +1,49 @@
+//! Counters. Each worker owns a cache-line-aligned block that only its thread writes (so
+//! increments are plain relaxed load+store, no locked instruction); readers sum all blocks.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Per-worker counters (written by the owning thread only).
+#[repr(align(64))]
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    pub hits: AtomicU64,
+    pub faults: AtomicU64,
+    pub restarts: AtomicU64,
+}
+
+/// Add one to a counter that only the calling thread writes.
+#[inline]
+pub fn bump(c: &AtomicU64) {
+    // Relaxed load+store: single writer, readers only need an eventually-consistent sum.
+    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+}
+
+/// Engine-wide counters written by the page provider (and faults, rarely).
+#[derive(Debug, Default)]
+pub struct EngineCounters {
+    pub evictions: AtomicU64,
+    pub writebacks: AtomicU64,
+    pub write_errors: AtomicU64,
+    pub provider_rounds: AtomicU64,
+}
+
+/// A point-in-time sum of all counters of a node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Page accesses served from a resident frame.
+    pub hits: u64,
+    /// Page accesses that had to read the page from the store.
+    pub faults: u64,
+    /// Optimistic operations restarted.
+    pub restarts: u64,
+    pub evictions: u64,
+    /// Dirty pages written back by the provider or at shutdown.
+    pub writebacks: u64,
+    pub write_errors: u64,
+    pub store_reads: u64,
+    pub store_writes: u64,
+    pub frames: u64,
+    pub free_frames: u64,
+    pub epoch: u64,
+}
