@@ -29,6 +29,9 @@ pub struct EngineConfig {
     pub capacity_pages: u64,
     /// The page provider keeps at least this share of frames free (percent, 1..=50).
     pub free_target_percent: u32,
+    /// How long a page fault waits for a free frame before failing with `NoFreeFrame` (the
+    /// provider cannot evict: pages fixed by guards, or write-back failing).
+    pub free_frame_timeout: std::time::Duration,
 }
 
 impl Default for EngineConfig {
@@ -45,6 +48,7 @@ impl Default for EngineConfig {
             allow_unclean: false,
             capacity_pages: 0,
             free_target_percent: 5,
+            free_frame_timeout: std::time::Duration::from_secs(10),
         }
     }
 }

@@ -24,9 +24,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How long a fault waits for a free frame before reporting [`EngineError::NoFreeFrame`].
-pub const FREE_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// State shared by the engine, its workers and its provider.
 pub(crate) struct Inner {
     pub cfg: EngineConfig,
@@ -148,6 +145,15 @@ impl Engine {
         &self.inner.store
     }
 
+    /// Whether `pid` is in this node's cache right now (a racy snapshot, for tests and tools).
+    pub fn is_resident(&self, pid: Pid) -> bool {
+        let part = self.inner.table.lock(pid);
+        self.inner
+            .table
+            .lookup_locked(&self.inner.pool, &part, pid)
+            .is_some()
+    }
+
     /// Sum of all counters.
     pub fn stats(&self) -> StatsSnapshot {
         let i = &self.inner;
@@ -258,7 +264,7 @@ impl Inner {
             }
             self.provider_wake.notify_one();
             let t0 = *started.get_or_insert_with(Instant::now);
-            if t0.elapsed() > FREE_FRAME_TIMEOUT {
+            if t0.elapsed() > self.cfg.free_frame_timeout {
                 let why = self.provider_error.lock().clone().unwrap_or_else(|| {
                     format!(
                         "all {} frames are in use and none could be evicted (too many pages fixed by guards?)",

@@ -138,7 +138,11 @@ impl Worker {
     }
 
     /// Run an optimistic operation to completion: retry on [`Restart::Retry`], return errors.
-    pub fn run<T>(&self, mut op: impl FnMut(&Worker) -> OpResult<T>) -> Result<T, EngineError> {
+    /// The closure gets the worker with the caller's lifetime, so it may return a guard.
+    pub fn run<'w, T>(
+        &'w self,
+        mut op: impl FnMut(&'w Worker) -> OpResult<T>,
+    ) -> Result<T, EngineError> {
         let mut backoff = Backoff::new();
         loop {
             match op(self) {

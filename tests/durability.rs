@@ -1,0 +1,141 @@
+//! Reopen after clean shutdown, corruption detection, striping, and configuration errors.
+
+use shoal_engine::{Engine, EngineConfig, EngineError, OpenMode, Pid, PAGE_SIZE};
+use shoal_tests::{check_stamp, config, engine, stamp};
+use std::io::{Read, Seek, SeekFrom, Write};
+
+fn fill(e: &Engine, n: usize) -> Vec<Pid> {
+    let w = e.worker();
+    (0..n)
+        .map(|i| {
+            let mut g = w.allocate().unwrap();
+            let pid = g.pid();
+            stamp(&mut g.page_mut(), pid, i as u64);
+            pid
+        })
+        .collect()
+}
+
+fn version(e: &Engine, pid: Pid) -> Result<u64, EngineError> {
+    let w = e.worker();
+    w.run(|w| {
+        let g = w.shared(pid)?;
+        Ok(check_stamp(g.data(), pid).expect("intact"))
+    })
+}
+
+#[test]
+fn reopen_after_clean_shutdown_restores_every_page_and_the_catalog() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path(), 256);
+    let pids = fill(&e, 2000); // 8x the cache: most pages are already on disk
+    e.worker().catalog_insert("first", pids[0]).unwrap();
+    e.close().unwrap();
+    drop(e);
+    let mut cfg = config(dir.path(), 256);
+    cfg.mode = OpenMode::Open;
+    let e = Engine::open(cfg).unwrap();
+    for (i, &pid) in pids.iter().enumerate() {
+        assert_eq!(version(&e, pid).unwrap(), i as u64);
+    }
+    assert_eq!(e.worker().catalog_lookup("first").unwrap(), Some(pids[0]));
+    // new allocations never reuse live slots
+    let fresh = fill(&e, 1)[0];
+    assert!(!pids.contains(&fresh));
+}
+
+#[test]
+fn a_corrupted_page_is_an_error_naming_its_pid() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path(), 256);
+    let pids = fill(&e, 10);
+    let victim = pids[7];
+    let devices = e.store().device_paths().iter().map(|p| p.to_path_buf()).collect::<Vec<_>>();
+    let (dev, off) = e.store().slot_location(victim.slot());
+    e.close().unwrap();
+    drop(e);
+    let mut f = std::fs::OpenOptions::new().read(true).write(true).open(&devices[dev]).unwrap();
+    f.seek(SeekFrom::Start(off + 100)).unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact(&mut b).unwrap();
+    f.seek(SeekFrom::Start(off + 100)).unwrap();
+    f.write_all(&[b[0] ^ 0x40]).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+
+    let e = engine(dir.path(), 256);
+    let err = version(&e, victim).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, EngineError::PageRead { pid, .. } if pid == victim), "{msg}");
+    assert!(msg.contains(&format!("{:#x}", victim.raw())), "message names the pid: {msg}");
+    assert!(msg.contains("checksum"), "{msg}");
+    // the other pages are unaffected
+    assert_eq!(version(&e, pids[6]).unwrap(), 6);
+    // and the bad page still fails the next time (no bad data was cached)
+    assert!(version(&e, victim).is_err());
+}
+
+#[test]
+fn a_store_on_three_files_stripes_across_all_of_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), 256);
+    cfg.devices = 3;
+    let e = Engine::open(cfg.clone()).unwrap();
+    let pids = fill(&e, 300);
+    let paths: Vec<_> = e.store().device_paths().iter().map(|p| p.to_path_buf()).collect();
+    e.close().unwrap();
+    drop(e);
+    assert_eq!(paths.len(), 3);
+    for (d, p) in paths.iter().enumerate() {
+        let data = std::fs::read(p).unwrap();
+        // every slot s with s % 3 == d lives here, with its pid in the trailer
+        let mine: Vec<&Pid> = pids.iter().filter(|p| p.slot() % 3 == d as u64).collect();
+        assert!(mine.len() >= 99, "device {d} holds {} pages", mine.len());
+        for pid in mine {
+            let off = (1 + pid.slot() as usize / 3) * PAGE_SIZE;
+            let page = &data[off..off + PAGE_SIZE];
+            let trailer_pid = u64::from_le_bytes(page[PAGE_SIZE - 16..PAGE_SIZE - 8].try_into().unwrap());
+            assert_eq!(trailer_pid, pid.raw(), "slot {} on device {d}", pid.slot());
+            assert!(check_stamp(&page[..PAGE_SIZE - 16], *pid).is_ok());
+        }
+    }
+    let e = Engine::open(cfg).unwrap();
+    assert_eq!(version(&e, pids[299]).unwrap(), 299);
+}
+
+#[test]
+fn configuration_errors_are_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    // cache too small
+    let err = Engine::open(EngineConfig::new(dir.path(), 64 * 1024)).err().unwrap();
+    assert!(err.to_string().contains("smaller than the minimum"), "{err}");
+    // data dir is a file
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, b"hello").unwrap();
+    let err = Engine::open(config(&file, 256)).err().unwrap();
+    assert!(err.to_string().contains("not a directory"), "{err}");
+    // missing data dir in open mode
+    let mut c = config(&dir.path().join("missing"), 256);
+    c.mode = OpenMode::Open;
+    let err = Engine::open(c).err().unwrap();
+    assert!(err.to_string().contains("does not exist"), "{err}");
+    // existing dir without a store in open mode
+    let mut c = config(dir.path(), 256);
+    c.mode = OpenMode::Open;
+    let err = Engine::open(c).err().unwrap();
+    assert!(err.to_string().contains("no Shoal page store"), "{err}");
+    // a data dir holding some other file as its device
+    let other = tempfile::tempdir().unwrap();
+    std::fs::write(other.path().join("node0-0.dat"), vec![7u8; 8192]).unwrap();
+    let err = Engine::open(config(other.path(), 256)).err().unwrap();
+    assert!(err.to_string().contains("no Shoal superblock"), "{err}");
+    // the same store opened twice
+    let e = engine(dir.path(), 256);
+    let err = Engine::open(config(dir.path(), 256)).err().unwrap();
+    assert!(err.to_string().contains("in use by another process"), "{err}");
+    drop(e);
+    // node id out of range
+    let mut c = config(dir.path(), 256);
+    c.node_id = 70;
+    assert!(Engine::open(c).err().unwrap().to_string().contains("at most 64 nodes"));
+}

@@ -1,0 +1,94 @@
+//! A full device: write-back fails, the error is clear, and nothing is lost.
+//!
+//! The "disk" fills up through RLIMIT_FSIZE (writes past the limit fail with EFBIG, reported as
+//! a full device). This file is its own test binary, so the process-wide limit touches no other
+//! test.
+
+use shoal_engine::{Engine, EngineError, OpResult, Pid};
+use shoal_tests::{check_stamp, config, stamp};
+
+fn set_fsize_limit(bytes: u64) {
+    let lim = libc::rlimit {
+        rlim_cur: bytes,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: plain syscalls with valid arguments; ignoring SIGXFSZ makes an over-limit write
+    // fail with EFBIG instead of killing the process.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+        assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &lim), 0);
+    }
+}
+
+#[test]
+fn full_disk_is_a_clear_error_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), 256);
+    cfg.free_frame_timeout = std::time::Duration::from_secs(2);
+    let e = Engine::open(cfg.clone()).unwrap();
+    // Room for the superblock and ~100 pages only.
+    set_fsize_limit(101 * 4096);
+    let w = e.worker();
+    let mut pids: Vec<Pid> = Vec::new();
+    let err = loop {
+        match w.allocate() {
+            Ok(mut g) => {
+                let pid = g.pid();
+                stamp(&mut g.page_mut(), pid, 1);
+                pids.push(pid);
+            }
+            Err(e) => break e,
+        }
+        assert!(pids.len() < 10_000, "allocation never failed");
+    };
+    let msg = err.to_string();
+    assert!(matches!(err, EngineError::NoFreeFrame { .. }), "{msg}");
+    assert!(msg.contains("is full"), "the error says the device is full: {msg}");
+    assert!(msg.contains("node0-0.dat"), "the error names the device: {msg}");
+    assert!(e.stats().write_errors > 0);
+
+    // While the device is full: resident pages read fine; a page that must be read back in
+    // needs a frame, every frame holds an unwritable dirty page, so the read fails with the
+    // same clear reason (never with wrong data, never a hang).
+    let resident: Vec<Pid> = pids.iter().copied().filter(|&p| e.is_resident(p)).collect();
+    assert!(!resident.is_empty());
+    for &pid in &resident {
+        let v = w
+            .run(|w| -> OpResult<u64> {
+                let g = w.shared(pid)?;
+                Ok(check_stamp(g.data(), pid).expect("intact"))
+            })
+            .unwrap();
+        assert_eq!(v, 1);
+    }
+    if let Some(&gone) = pids.iter().find(|&&p| !e.is_resident(p)) {
+        let err = w.run(|w| w.shared(gone).map(|_| ())).unwrap_err();
+        assert!(err.to_string().contains("is full"), "{err}");
+    }
+    // Space comes back: the provider's retried write-backs succeed and every page is readable.
+    set_fsize_limit(libc::RLIM_INFINITY);
+    for &pid in &pids {
+        let v = w
+            .run(|w| -> OpResult<u64> {
+                let g = w.shared(pid)?;
+                Ok(check_stamp(g.data(), pid).expect("intact"))
+            })
+            .unwrap();
+        assert_eq!(v, 1);
+    }
+    // Shutdown writes everything, and a reopen finds every page.
+    drop(w);
+    e.close().unwrap();
+    drop(e);
+    let e = Engine::open(cfg).unwrap();
+    let w = e.worker();
+    for &pid in &pids {
+        let v = w
+            .run(|w| -> OpResult<u64> {
+                let g = w.shared(pid)?;
+                Ok(check_stamp(g.data(), pid).expect("intact after reopen"))
+            })
+            .unwrap();
+        assert_eq!(v, 1);
+    }
+}
