@@ -1,7 +1,20 @@
-//! # shoal-btree: a B-link tree on the engine's guards (not built yet)
+//! # shoal-btree: a B-link tree on the engine's guards
 //!
-//! This crate will own the tree's page layout (slotted pages, fence keys, right-sibling links),
-//! order-preserving key encodings, and optimistic lock coupling over
-//! `shoal_engine::{OptimisticGuard, SharedGuard, ExclusiveGuard}`.
+//! This crate owns the tree's page layout ([`node`]: slotted pages with fence keys and
+//! right-sibling links), order-preserving key encodings ([`key`]) and the tree operations with
+//! optimistic lock coupling ([`tree`]): lookup, insert, upsert, update in place, remove, scans in
+//! both directions, count, and a structural verifier. Trees are named in the engine's catalog so
+//! that a reopened engine finds them.
 //!
-//! It must not know how pages move between memory, nodes and NVMe: it only uses guards.
+//! It must not know how pages move between memory, nodes and NVMe: it only takes guards from a
+//! [`shoal_engine::Worker`].
+
+pub mod error;
+pub mod key;
+pub mod node;
+pub mod tree;
+
+pub use error::TreeError;
+pub use key::{decode_u64, u64_key, KeyBuilder};
+pub use node::{MAX_KEY, MAX_RECORD};
+pub use tree::{BTree, Direction, Put};

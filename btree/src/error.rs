@@ -1,0 +1,19 @@
+//! Errors of tree operations.
+
+use shoal_engine::{EngineError, Pid};
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TreeError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("key of {len} bytes is too large (at most {max})")]
+    KeyTooLarge { len: usize, max: usize },
+    #[error("key plus value of {len} bytes is too large (at most {max})")]
+    RecordTooLarge { len: usize, max: usize },
+    #[error("a tree named '{0}' already exists")]
+    Exists(String),
+    #[error("no tree named '{0}' in the catalog")]
+    NotFound(String),
+    #[error("catalog entry '{0}' points at page {1}, which is not a B-tree node")]
+    NotATree(String, Pid),
+}

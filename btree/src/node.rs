@@ -1,0 +1,400 @@
+//! The B-link tree's node format: a slotted page with fence keys and a right-sibling link.
+//!
+//! ```text
+//! header (40 bytes)
+//!  0 kind      u8    1 = leaf, 2 = inner (0 = not a node: fresh or foreign page)
+//!  2 count     u16   number of slots
+//!  4 heap      u16   lowest heap offset in use (the heap grows down from PAGE_DATA_SIZE)
+//!  6 dead      u16   heap bytes freed by removals (reclaimed by compaction)
+//!  8 right     u64   right sibling's pid (B-link), u64::MAX = none
+//! 16 upper     u64   inner: child for keys greater than every separator
+//! 24 lower fence: off u16, len u16     keys in this node are  > lower fence (if present)
+//! 28 upper fence: off u16, len u16     keys in this node are <= upper fence (if present)
+//! 32 flags     u8    bit 0: has lower fence, bit 1: has upper fence
+//! 34 level     u16   0 for leaves
+//! slots (16 bytes each, sorted by key), from offset 40
+//!  0 head      u64   first 8 key bytes, big endian, zero padded: most comparisons end here
+//!  8 off       u16   heap offset of key bytes, followed by value bytes
+//! 10 klen      u16
+//! 12 vlen      u16   inner nodes: 8 (the child pid)
+//! ```
+//!
+//! Inner node semantics: slot i's child holds keys in (key[i-1], key[i]]; `upper` holds keys
+//! greater than the last separator.
+//!
+//! Reading functions take a [`PageRef`] and are *total*: on a page that changes under an
+//! optimistic reader they return garbage (counts are clamped, reads out of range are zero)
+//! but never fault or loop unboundedly; callers validate before trusting results. Writing
+//! functions work on a private copy of the page (`ExclusiveGuard::modify`).
+
+use shoal_engine::{PageRef, PAGE_DATA_SIZE};
+use std::cmp::Ordering;
+
+pub const KIND_LEAF: u8 = 1;
+pub const KIND_INNER: u8 = 2;
+pub const NO_PAGE: u64 = u64::MAX;
+
+const KIND: usize = 0;
+const COUNT: usize = 2;
+const HEAP: usize = 4;
+const DEAD: usize = 6;
+const RIGHT: usize = 8;
+const UPPER: usize = 16;
+const LOW_OFF: usize = 24;
+const LOW_LEN: usize = 26;
+const UP_OFF: usize = 28;
+const UP_LEN: usize = 30;
+const FLAGS: usize = 32;
+const LEVEL: usize = 34;
+pub const HEADER: usize = 40;
+pub const SLOT: usize = 16;
+const MAX_SLOTS: usize = (PAGE_DATA_SIZE - HEADER) / SLOT;
+
+/// Longest key the tree accepts.
+pub const MAX_KEY: usize = 256;
+/// Longest key + value the tree accepts (so that any split leaves room for the new entry and
+/// both fences).
+pub const MAX_RECORD: usize = 1000;
+
+/// The 8-byte big-endian head of a key, zero padded.
+#[inline]
+pub fn head(key: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = key.len().min(8);
+    b[..n].copy_from_slice(&key[..n]);
+    u64::from_be_bytes(b)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading (any guard; total on garbage)
+
+#[inline]
+pub fn kind(p: PageRef<'_>) -> u8 {
+    p.u8(KIND)
+}
+#[inline]
+pub fn count(p: PageRef<'_>) -> usize {
+    (p.u16(COUNT) as usize).min(MAX_SLOTS)
+}
+#[inline]
+pub fn right(p: PageRef<'_>) -> u64 {
+    p.u64(RIGHT)
+}
+#[inline]
+pub fn level(p: PageRef<'_>) -> u16 {
+    p.u16(LEVEL)
+}
+#[inline]
+fn slot(i: usize) -> usize {
+    HEADER + i * SLOT
+}
+#[inline]
+pub fn key_len(p: PageRef<'_>, i: usize) -> usize {
+    p.u16(slot(i) + 10) as usize
+}
+#[inline]
+pub fn val_len(p: PageRef<'_>, i: usize) -> usize {
+    p.u16(slot(i) + 12) as usize
+}
+#[inline]
+fn rec_off(p: PageRef<'_>, i: usize) -> usize {
+    p.u16(slot(i) + 8) as usize
+}
+
+/// Copy key `i` into `out`.
+pub fn key_into(p: PageRef<'_>, i: usize, out: &mut Vec<u8>) {
+    let n = key_len(p, i).min(MAX_KEY);
+    out.resize(n, 0);
+    p.read(rec_off(p, i), out);
+}
+
+/// Copy value `i` into `out`.
+pub fn value_into(p: PageRef<'_>, i: usize, out: &mut Vec<u8>) {
+    let n = val_len(p, i).min(PAGE_DATA_SIZE);
+    out.resize(n, 0);
+    p.read(rec_off(p, i) + key_len(p, i), out);
+}
+
+/// Child pid of inner slot `i`, or the upper child for `i == count`.
+#[inline]
+pub fn child(p: PageRef<'_>, i: usize) -> u64 {
+    if i >= count(p) {
+        p.u64(UPPER)
+    } else {
+        p.u64(rec_off(p, i) + key_len(p, i))
+    }
+}
+
+/// Compare key `i` with `key` (whose head is `h`).
+#[inline]
+fn cmp_slot(p: PageRef<'_>, i: usize, key: &[u8], h: u64) -> Ordering {
+    let sh = p.u64(slot(i));
+    match sh.cmp(&h) {
+        Ordering::Equal => {
+            let kl = key_len(p, i);
+            if kl <= 8 && key.len() <= 8 {
+                kl.cmp(&key.len())
+            } else {
+                p.compare(rec_off(p, i), kl.min(MAX_KEY), key)
+            }
+        }
+        o => o,
+    }
+}
+
+/// First slot whose key is >= `key`, and whether it is equal.
+pub fn lower_bound(p: PageRef<'_>, key: &[u8]) -> (usize, bool) {
+    let h = head(key);
+    let (mut lo, mut hi) = (0usize, count(p));
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        match cmp_slot(p, mid, key, h) {
+            Ordering::Less => lo = mid + 1,
+            Ordering::Equal => return (mid, true),
+            Ordering::Greater => hi = mid,
+        }
+    }
+    (lo, false)
+}
+
+/// The lower (`upper == false`) or upper fence key, if the node has one.
+pub fn fence(p: PageRef<'_>, upper: bool) -> Option<Vec<u8>> {
+    let bit = if upper { 2 } else { 1 };
+    if p.u8(FLAGS) & bit == 0 {
+        return None;
+    }
+    let (o, l) = if upper { (UP_OFF, UP_LEN) } else { (LOW_OFF, LOW_LEN) };
+    let mut v = vec![0u8; (p.u16(l) as usize).min(MAX_KEY)];
+    p.read(p.u16(o) as usize, &mut v);
+    Some(v)
+}
+
+/// Free bytes available for new slots and records (after compaction).
+pub fn free_space(p: PageRef<'_>) -> usize {
+    let used_slots = HEADER + count(p) * SLOT;
+    (p.u16(HEAP) as usize).saturating_sub(used_slots) + p.u16(DEAD) as usize
+}
+
+/// Bytes an entry needs.
+pub fn entry_space(klen: usize, vlen: usize) -> usize {
+    SLOT + klen + vlen
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing (a private copy of the page, from `ExclusiveGuard::modify`)
+
+/// A node being edited in plain memory.
+pub struct NodeMut<'a> {
+    b: &'a mut [u8; PAGE_DATA_SIZE],
+}
+
+fn g16(b: &[u8], o: usize) -> usize {
+    u16::from_le_bytes([b[o], b[o + 1]]) as usize
+}
+fn s16(b: &mut [u8], o: usize, v: usize) {
+    debug_assert!(v <= u16::MAX as usize);
+    b[o..o + 2].copy_from_slice(&(v as u16).to_le_bytes());
+}
+fn g64(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
+}
+fn s64(b: &mut [u8], o: usize, v: u64) {
+    b[o..o + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+/// An owned entry (used when redistributing entries in splits).
+pub type Entry = (Vec<u8>, Vec<u8>);
+
+impl<'a> NodeMut<'a> {
+    pub fn new(b: &'a mut [u8; PAGE_DATA_SIZE]) -> Self {
+        NodeMut { b }
+    }
+
+    /// Reset to an empty node.
+    pub fn init(&mut self, kind: u8, level: u16, lower: Option<&[u8]>, upper: Option<&[u8]>) {
+        self.b[..HEADER].fill(0);
+        self.b[KIND] = kind;
+        s16(self.b, HEAP, PAGE_DATA_SIZE);
+        s64(self.b, RIGHT, NO_PAGE);
+        s64(self.b, UPPER, NO_PAGE);
+        s16(self.b, LEVEL, level as usize);
+        let mut flags = 0u8;
+        if let Some(l) = lower {
+            let o = self.heap_alloc(l.len());
+            self.b[o..o + l.len()].copy_from_slice(l);
+            s16(self.b, LOW_OFF, o);
+            s16(self.b, LOW_LEN, l.len());
+            flags |= 1;
+        }
+        if let Some(u) = upper {
+            let o = self.heap_alloc(u.len());
+            self.b[o..o + u.len()].copy_from_slice(u);
+            s16(self.b, UP_OFF, o);
+            s16(self.b, UP_LEN, u.len());
+            flags |= 2;
+        }
+        self.b[FLAGS] = flags;
+    }
+
+    fn heap_alloc(&mut self, n: usize) -> usize {
+        let o = g16(self.b, HEAP) - n;
+        assert!(o >= HEADER + self.count() * SLOT, "node heap overflow");
+        s16(self.b, HEAP, o);
+        o
+    }
+
+    pub fn count(&self) -> usize {
+        g16(self.b, COUNT)
+    }
+    pub fn kind(&self) -> u8 {
+        self.b[KIND]
+    }
+    pub fn level(&self) -> u16 {
+        g16(self.b, LEVEL) as u16
+    }
+    pub fn right(&self) -> u64 {
+        g64(self.b, RIGHT)
+    }
+    pub fn set_right(&mut self, pid: u64) {
+        s64(self.b, RIGHT, pid)
+    }
+    pub fn upper_child(&self) -> u64 {
+        g64(self.b, UPPER)
+    }
+    pub fn set_upper_child(&mut self, pid: u64) {
+        s64(self.b, UPPER, pid)
+    }
+    fn fence(&self, upper: bool) -> Option<Vec<u8>> {
+        let bit = if upper { 2 } else { 1 };
+        if self.b[FLAGS] & bit == 0 {
+            return None;
+        }
+        let (o, l) = if upper { (UP_OFF, UP_LEN) } else { (LOW_OFF, LOW_LEN) };
+        let (o, l) = (g16(self.b, o), g16(self.b, l));
+        Some(self.b[o..o + l].to_vec())
+    }
+    pub fn key(&self, i: usize) -> &[u8] {
+        let s = slot(i);
+        let o = g16(self.b, s + 8);
+        &self.b[o..o + g16(self.b, s + 10)]
+    }
+    pub fn value(&self, i: usize) -> &[u8] {
+        let s = slot(i);
+        let o = g16(self.b, s + 8) + g16(self.b, s + 10);
+        &self.b[o..o + g16(self.b, s + 12)]
+    }
+    pub fn value_mut(&mut self, i: usize) -> &mut [u8] {
+        let s = slot(i);
+        let o = g16(self.b, s + 8) + g16(self.b, s + 10);
+        let n = g16(self.b, s + 12);
+        &mut self.b[o..o + n]
+    }
+    pub fn entries(&self) -> Vec<Entry> {
+        (0..self.count())
+            .map(|i| (self.key(i).to_vec(), self.value(i).to_vec()))
+            .collect()
+    }
+    fn free_contiguous(&self) -> usize {
+        g16(self.b, HEAP) - (HEADER + self.count() * SLOT)
+    }
+    pub fn free_space(&self) -> usize {
+        self.free_contiguous() + g16(self.b, DEAD)
+    }
+    /// Position of the first key >= `key`, and whether it is equal.
+    pub fn lower_bound(&self, key: &[u8]) -> (usize, bool) {
+        let (mut lo, mut hi) = (0, self.count());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match self.key(mid).cmp(key) {
+                Ordering::Less => lo = mid + 1,
+                Ordering::Equal => return (mid, true),
+                Ordering::Greater => hi = mid,
+            }
+        }
+        (lo, false)
+    }
+
+    /// Rewrite the heap without dead bytes.
+    pub fn compact(&mut self) {
+        let entries = self.entries();
+        let (lower, upper) = (self.fence(false), self.fence(true));
+        let (kind, level, right, up) = (self.kind(), self.level(), self.right(), self.upper_child());
+        self.init(kind, level, lower.as_deref(), upper.as_deref());
+        self.set_right(right);
+        self.set_upper_child(up);
+        for (k, v) in &entries {
+            let n = self.count();
+            self.insert_at(n, k, v);
+        }
+    }
+
+    /// Whether an entry of this size fits (possibly after compaction).
+    pub fn fits(&self, klen: usize, vlen: usize) -> bool {
+        self.free_space() >= entry_space(klen, vlen)
+    }
+
+    /// Insert at position `i`. The caller checked `fits`.
+    pub fn insert_at(&mut self, i: usize, key: &[u8], val: &[u8]) {
+        let need = entry_space(key.len(), val.len());
+        assert!(self.free_space() >= need, "insert into a full node");
+        if self.free_contiguous() < need {
+            self.compact();
+        }
+        let n = self.count();
+        assert!(i <= n);
+        let o = self.heap_alloc(key.len() + val.len());
+        self.b[o..o + key.len()].copy_from_slice(key);
+        self.b[o + key.len()..o + key.len() + val.len()].copy_from_slice(val);
+        self.b.copy_within(slot(i)..slot(n), slot(i + 1));
+        let s = slot(i);
+        s64(self.b, s, head(key));
+        s16(self.b, s + 8, o);
+        s16(self.b, s + 10, key.len());
+        s16(self.b, s + 12, val.len());
+        s16(self.b, s + 14, 0);
+        s16(self.b, COUNT, n + 1);
+    }
+
+    /// Remove slot `i`.
+    pub fn remove_at(&mut self, i: usize) {
+        let n = self.count();
+        assert!(i < n);
+        let freed = g16(self.b, slot(i) + 10) + g16(self.b, slot(i) + 12);
+        self.b.copy_within(slot(i + 1)..slot(n), slot(i));
+        s16(self.b, COUNT, n - 1);
+        let dead = g16(self.b, DEAD) + freed;
+        s16(self.b, DEAD, dead);
+    }
+
+    /// Replace slot `i`'s value with one of possibly different length. The caller checked
+    /// that the new value fits (`free_space() + old len >= new len`).
+    pub fn replace_value(&mut self, i: usize, val: &[u8]) {
+        if self.value(i).len() == val.len() {
+            self.value_mut(i).copy_from_slice(val);
+            return;
+        }
+        let key = self.key(i).to_vec();
+        self.remove_at(i);
+        self.insert_at(i, &key, val);
+    }
+
+    /// Set the child pointer of inner slot `i` (or the upper child for `i == count`).
+    pub fn set_child(&mut self, i: usize, pid: u64) {
+        if i == self.count() {
+            self.set_upper_child(pid);
+        } else {
+            self.value_mut(i).copy_from_slice(&pid.to_le_bytes());
+        }
+    }
+    pub fn child(&self, i: usize) -> u64 {
+        if i == self.count() {
+            self.upper_child()
+        } else {
+            g64(self.value(i), 0)
+        }
+    }
+
+    pub fn fences(&self) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+        (self.fence(false), self.fence(true))
+    }
+}

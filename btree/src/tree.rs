@@ -1,0 +1,555 @@
+//! The B-link tree: operations over nodes ([`crate::node`]) with optimistic lock coupling.
+//!
+//! - **Descent** (`find_leaf`): optimistic guards only. At each inner node the child pointer is
+//!   read, the node validated (so the pointer is a real pid), the child latched optimistically,
+//!   and the node validated again (so the child is still the right one). No latch is written.
+//! - **Point reads** copy the value out of the leaf and validate.
+//! - **Writes** upgrade the leaf to exclusive (version-checked: the leaf is unchanged since the
+//!   descent validated it) and edit it. A full leaf is split first (`try_split`): descend again
+//!   to the node, upgrade its parent and then the node (top-down, so lockers never wait in a
+//!   cycle), split, restart the write. A full parent is split first, recursively.
+//! - **Splits** keep the left half in the node and move the right half to a new right sibling
+//!   (so the B-link chain stays intact: `node.right = new`, `new.right = old right`). The root
+//!   never moves: a root split moves both halves into two new children.
+//! - **Scans** hold a shared guard on one leaf at a time; forward scans follow right links
+//!   (latching the next leaf before releasing the current one: always left to right, so no
+//!   deadlock with splits, which never latch right to left); backward scans re-descend to the
+//!   lower fence key.
+//!
+//! Deletes remove entries but never merge nodes: pages emptied by deletes stay in the tree
+//! (their space is reused by later inserts into the same key range). See docs/btree.md.
+
+use crate::error::TreeError;
+use crate::node::{self, Entry, NodeMut, KIND_INNER, KIND_LEAF, MAX_KEY, MAX_RECORD, NO_PAGE};
+use shoal_engine::{
+    EngineError, ExclusiveGuard, OpResult, OptimisticGuard, PageRef, Pid, Restart, SharedGuard,
+    Worker,
+};
+
+/// A B-link tree identified by its root page (which never changes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BTree {
+    root: Pid,
+}
+
+/// What an insert did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Put {
+    Inserted,
+    Replaced,
+    Exists,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Insert,
+    Upsert,
+}
+
+enum Step<T> {
+    Done(T),
+    Split(Pid, usize),
+}
+
+/// Direction of a scan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    Ascending,
+    Descending,
+}
+
+fn not_a_node(pid: Pid) -> Restart {
+    Restart::Fail(EngineError::Catalog(format!(
+        "page {pid} is not a B-tree node (corrupt tree or wrong root)"
+    )))
+}
+
+impl BTree {
+    /// Create an empty tree registered in the catalog as `name`.
+    pub fn create(w: &Worker, name: &str) -> Result<BTree, TreeError> {
+        if w.catalog_lookup(name)?.is_some() {
+            return Err(TreeError::Exists(name.to_string()));
+        }
+        let mut g = w.allocate()?;
+        g.modify(|b| NodeMut::new(b).init(KIND_LEAF, 0, None, None));
+        let root = g.pid();
+        drop(g);
+        w.catalog_insert(name, root)?;
+        Ok(BTree { root })
+    }
+
+    /// Open the tree registered as `name`.
+    pub fn open(w: &Worker, name: &str) -> Result<BTree, TreeError> {
+        let root = w
+            .catalog_lookup(name)?
+            .ok_or_else(|| TreeError::NotFound(name.to_string()))?;
+        let t = BTree { root };
+        let kind = w.run(|w| {
+            let g = w.optimistic(root)?;
+            let k = node::kind(g.page());
+            g.validate()?;
+            Ok(k)
+        })?;
+        if kind != KIND_LEAF && kind != KIND_INNER {
+            return Err(TreeError::NotATree(name.to_string(), root));
+        }
+        Ok(t)
+    }
+
+    /// Open `name`, creating it if it does not exist.
+    pub fn open_or_create(w: &Worker, name: &str) -> Result<BTree, TreeError> {
+        match Self::open(w, name) {
+            Err(TreeError::NotFound(_)) => Self::create(w, name),
+            r => r,
+        }
+    }
+
+    /// The root page (fixed for the tree's life).
+    pub fn root(&self) -> Pid {
+        self.root
+    }
+
+    fn check_sizes(key: &[u8], vlen: usize) -> Result<(), TreeError> {
+        if key.len() > MAX_KEY {
+            return Err(TreeError::KeyTooLarge { len: key.len(), max: MAX_KEY });
+        }
+        if key.len() + vlen > MAX_RECORD {
+            return Err(TreeError::RecordTooLarge {
+                len: key.len() + vlen,
+                max: MAX_RECORD,
+            });
+        }
+        Ok(())
+    }
+
+    /// Optimistic descent to the leaf whose range holds `key`.
+    fn find_leaf<'w>(&self, w: &'w Worker, key: &[u8]) -> OpResult<OptimisticGuard<'w>> {
+        let mut g = w.optimistic(self.root)?;
+        loop {
+            let p = g.page();
+            match node::kind(p) {
+                KIND_LEAF => return Ok(g),
+                KIND_INNER => {
+                    let (i, _) = node::lower_bound(p, key);
+                    let c = node::child(p, i);
+                    g.validate()?;
+                    let child = w.optimistic(Pid(c))?;
+                    g.validate()?;
+                    g = child;
+                }
+                _ => {
+                    g.validate()?;
+                    return Err(not_a_node(g.pid()));
+                }
+            }
+        }
+    }
+
+    /// Copy the value of `key` into `out`. Returns whether the key exists.
+    pub fn lookup(&self, w: &Worker, key: &[u8], out: &mut Vec<u8>) -> Result<bool, TreeError> {
+        Ok(w.run(|w| {
+            let g = self.find_leaf(w, key)?;
+            let p = g.page();
+            let (i, found) = node::lower_bound(p, key);
+            if found {
+                node::value_into(p, i, out);
+            }
+            g.validate()?;
+            Ok(found)
+        })?)
+    }
+
+    /// The value of `key`, if present.
+    pub fn get(&self, w: &Worker, key: &[u8]) -> Result<Option<Vec<u8>>, TreeError> {
+        let mut v = Vec::new();
+        Ok(self.lookup(w, key, &mut v)?.then_some(v))
+    }
+
+    /// Insert `key` -> `value` if `key` is absent. Returns `false` (and changes nothing) if
+    /// it exists.
+    pub fn insert(&self, w: &Worker, key: &[u8], value: &[u8]) -> Result<bool, TreeError> {
+        Ok(self.put(w, key, value, Mode::Insert)? == Put::Inserted)
+    }
+
+    /// Insert or replace.
+    pub fn upsert(&self, w: &Worker, key: &[u8], value: &[u8]) -> Result<Put, TreeError> {
+        self.put(w, key, value, Mode::Upsert)
+    }
+
+    fn put(&self, w: &Worker, key: &[u8], value: &[u8], mode: Mode) -> Result<Put, TreeError> {
+        Self::check_sizes(key, value.len())?;
+        let need = node::entry_space(key.len(), value.len());
+        loop {
+            let step = w.run(|w| {
+                let leaf = self.find_leaf(w, key)?;
+                let mut x = leaf.to_exclusive()?;
+                let pid = x.pid();
+                Ok(x.modify(|b| {
+                    let mut n = NodeMut::new(b);
+                    let (i, exact) = n.lower_bound(key);
+                    if exact {
+                        if mode == Mode::Insert {
+                            return Step::Done(Put::Exists);
+                        }
+                        if n.free_space() + n.value(i).len() >= value.len() {
+                            n.replace_value(i, value);
+                            return Step::Done(Put::Replaced);
+                        }
+                        Step::Split(pid, need)
+                    } else if n.fits(key.len(), value.len()) {
+                        n.insert_at(i, key, value);
+                        Step::Done(Put::Inserted)
+                    } else {
+                        Step::Split(pid, need)
+                    }
+                }))
+            })?;
+            match step {
+                Step::Done(p) => return Ok(p),
+                Step::Split(pid, need) => w.run(|w| self.try_split(w, key, pid, need))?,
+            }
+        }
+    }
+
+    /// Change the value of `key` in place (same length). Returns whether the key exists.
+    pub fn update(
+        &self,
+        w: &Worker,
+        key: &[u8],
+        mut f: impl FnMut(&mut [u8]),
+    ) -> Result<bool, TreeError> {
+        Ok(w.run(|w| {
+            let leaf = self.find_leaf(w, key)?;
+            let (i, found) = node::lower_bound(leaf.page(), key);
+            leaf.validate()?;
+            if !found {
+                return Ok(false);
+            }
+            let mut x: ExclusiveGuard<'_> = leaf.to_exclusive()?;
+            let p = x.page();
+            let off = node_value_offset(p, i);
+            let mut v = Vec::new();
+            node::value_into(p, i, &mut v);
+            f(&mut v);
+            x.page_mut().write(off, &v);
+            Ok(true)
+        })?)
+    }
+
+    /// Remove `key`. Returns whether it existed.
+    pub fn remove(&self, w: &Worker, key: &[u8]) -> Result<bool, TreeError> {
+        Ok(w.run(|w| {
+            let leaf = self.find_leaf(w, key)?;
+            let (_, found) = node::lower_bound(leaf.page(), key);
+            leaf.validate()?;
+            if !found {
+                return Ok(false);
+            }
+            let mut x = leaf.to_exclusive()?;
+            x.modify(|b| {
+                let mut n = NodeMut::new(b);
+                let (i, exact) = n.lower_bound(key);
+                debug_assert!(exact, "leaf unchanged since validation");
+                if exact {
+                    n.remove_at(i);
+                }
+                Ok(exact)
+            })
+        })?)
+    }
+
+    /// Split the node `target` on `key`'s path unless it already has `need` free bytes.
+    fn try_split(&self, w: &Worker, key: &[u8], target: Pid, need: usize) -> OpResult<()> {
+        let mut parent: Option<OptimisticGuard<'_>> = None;
+        let mut g = w.optimistic(self.root)?;
+        while g.pid() != target {
+            let p = g.page();
+            if node::kind(p) != KIND_INNER {
+                g.validate()?;
+                return Ok(()); // target is no longer on the path: it was split already
+            }
+            let (i, _) = node::lower_bound(p, key);
+            let c = node::child(p, i);
+            g.validate()?;
+            let child = w.optimistic(Pid(c))?;
+            g.validate()?;
+            parent = Some(g);
+            g = child;
+        }
+        let mut px = match parent {
+            Some(pg) => Some(pg.to_exclusive()?),
+            None => None,
+        };
+        let mut x = g.to_exclusive()?;
+        if node::free_space(x.page()) >= need {
+            return Ok(()); // someone split it meanwhile
+        }
+        match px.as_mut() {
+            None => self.split_root(w, &mut x),
+            Some(pxg) => {
+                let sep_need = node::entry_space(MAX_KEY, 8);
+                if node::free_space(pxg.page()) < sep_need {
+                    let ppid = pxg.pid();
+                    drop(x);
+                    drop(px);
+                    self.try_split(w, key, ppid, sep_need)?;
+                    return Err(Restart::Retry);
+                }
+                split_child(w, pxg, &mut x)
+            }
+        }
+    }
+
+    fn split_root(&self, w: &Worker, root: &mut ExclusiveGuard<'_>) -> OpResult<()> {
+        let (kind, level, entries, upper) = root.modify(|b| {
+            let n = NodeMut::new(b);
+            (n.kind(), n.level(), n.entries(), n.upper_child())
+        });
+        let mut lg = w.allocate()?;
+        let mut rg = w.allocate()?;
+        let (left, sep, right, left_upper) = halves(kind, &entries);
+        let (lpid, rpid) = (lg.pid(), rg.pid());
+        lg.modify(|b| {
+            let mut n = NodeMut::new(b);
+            n.init(kind, level, None, Some(&sep));
+            fill(&mut n, left);
+            n.set_right(rpid.raw());
+            n.set_upper_child(left_upper);
+        });
+        rg.modify(|b| {
+            let mut n = NodeMut::new(b);
+            n.init(kind, level, Some(&sep), None);
+            fill(&mut n, right);
+            n.set_right(NO_PAGE);
+            n.set_upper_child(upper);
+        });
+        root.modify(|b| {
+            let mut n = NodeMut::new(b);
+            n.init(KIND_INNER, level + 1, None, None);
+            n.insert_at(0, &sep, &lpid.raw().to_le_bytes());
+            n.set_upper_child(rpid.raw());
+        });
+        Ok(())
+    }
+
+    /// Visit entries from `start` in `dir` order (ascending: keys >= start; descending: keys
+    /// <= start) until `f` returns `false`. `f` runs while a shared latch is held: it must not
+    /// write to this tree.
+    pub fn scan(
+        &self,
+        w: &Worker,
+        start: &[u8],
+        dir: Direction,
+        mut f: impl FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), TreeError> {
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        match dir {
+            Direction::Ascending => {
+                let mut g: SharedGuard<'_> = w.run(|w| self.find_leaf(w, start)?.to_shared())?;
+                let mut i = node::lower_bound(g.page(), start).0;
+                loop {
+                    let p = g.page();
+                    while i < node::count(p) {
+                        node::key_into(p, i, &mut k);
+                        node::value_into(p, i, &mut v);
+                        if !f(&k, &v) {
+                            return Ok(());
+                        }
+                        i += 1;
+                    }
+                    let r = node::right(p);
+                    if r == NO_PAGE {
+                        return Ok(());
+                    }
+                    g = w.run(|w| w.shared(Pid(r)))?;
+                    i = 0;
+                }
+            }
+            Direction::Descending => {
+                let mut bound = start.to_vec();
+                loop {
+                    let g = w.run(|w| self.find_leaf(w, &bound)?.to_shared())?;
+                    let p = g.page();
+                    let (i, exact) = node::lower_bound(p, &bound);
+                    let mut j = if exact { i + 1 } else { i };
+                    while j > 0 {
+                        j -= 1;
+                        node::key_into(p, j, &mut k);
+                        node::value_into(p, j, &mut v);
+                        if !f(&k, &v) {
+                            return Ok(());
+                        }
+                    }
+                    match node::fence(p, false) {
+                        None => return Ok(()),
+                        Some(lower) => bound = lower,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Number of entries (a full scan).
+    pub fn count(&self, w: &Worker) -> Result<u64, TreeError> {
+        let mut n = 0u64;
+        self.scan(w, &[], Direction::Ascending, |_, _| {
+            n += 1;
+            true
+        })?;
+        Ok(n)
+    }
+
+    /// Check the whole tree's structure (sorted keys, keys inside fences, levels, sibling
+    /// chain). For tests and `shoal inspect`; takes shared latches node by node, so run it
+    /// while the tree is quiet. Returns (entries, height).
+    pub fn verify(&self, w: &Worker) -> Result<(u64, u16), String> {
+        let mut leaves = Vec::new();
+        let (entries, height) = self.verify_node(w, self.root, None, None, None, &mut leaves)?;
+        for pair in leaves.windows(2) {
+            if pair[0].1 != pair[1].0.raw() {
+                return Err(format!(
+                    "leaf {} links to {:#x}, expected the next leaf {}",
+                    pair[0].0, pair[0].1, pair[1].0
+                ));
+            }
+        }
+        if let Some(last) = leaves.last() {
+            if last.1 != NO_PAGE {
+                return Err(format!("last leaf {} has a right link", last.0));
+            }
+        }
+        Ok((entries, height))
+    }
+
+    fn verify_node(
+        &self,
+        w: &Worker,
+        pid: Pid,
+        lower: Option<&[u8]>,
+        upper: Option<&[u8]>,
+        level: Option<u16>,
+        leaves: &mut Vec<(Pid, u64)>,
+    ) -> Result<(u64, u16), String> {
+        let (kind, lvl, entries, up, right, fences) = w
+            .run(|w| {
+                let g = w.shared(pid)?;
+                let mut copy = Box::new([0u8; shoal_engine::PAGE_DATA_SIZE]);
+                copy.copy_from_slice(g.data());
+                let n = NodeMut::new(&mut copy);
+                Ok((n.kind(), n.level(), n.entries(), n.upper_child(), n.right(), n.fences()))
+            })
+            .map_err(|e| e.to_string())?;
+        if let Some(l) = level {
+            if l != lvl {
+                return Err(format!("node {pid} has level {lvl}, expected {l}"));
+            }
+        }
+        if fences.0.as_deref() != lower || fences.1.as_deref() != upper {
+            return Err(format!("node {pid} fences {fences:?} != ({lower:?}, {upper:?})"));
+        }
+        for (i, (k, _)) in entries.iter().enumerate() {
+            if i > 0 && entries[i - 1].0 >= *k {
+                return Err(format!("node {pid}: keys out of order at {i}"));
+            }
+            if lower.is_some_and(|l| k.as_slice() <= l) || upper.is_some_and(|u| k.as_slice() > u) {
+                return Err(format!("node {pid}: key {i} outside its fences"));
+            }
+        }
+        match kind {
+            KIND_LEAF => {
+                if lvl != 0 {
+                    return Err(format!("leaf {pid} at level {lvl}"));
+                }
+                leaves.push((pid, right));
+                Ok((entries.len() as u64, 1))
+            }
+            KIND_INNER => {
+                let mut total = 0;
+                let mut lo = lower.map(|l| l.to_vec());
+                for (k, v) in &entries {
+                    let c = Pid(u64::from_le_bytes(v[..8].try_into().map_err(|_| "bad child")?));
+                    let (n, _) = self.verify_node(w, c, lo.as_deref(), Some(k), Some(lvl - 1), leaves)?;
+                    total += n;
+                    lo = Some(k.clone());
+                }
+                let (n, _) = self.verify_node(w, Pid(up), lo.as_deref(), upper, Some(lvl - 1), leaves)?;
+                Ok((total + n, lvl + 1))
+            }
+            k => Err(format!("page {pid} has node kind {k}")),
+        }
+    }
+}
+
+fn node_value_offset(p: PageRef<'_>, i: usize) -> usize {
+    // value bytes follow the key in the heap
+    let slot = node::HEADER + i * node::SLOT;
+    p.u16(slot + 8) as usize + p.u16(slot + 10) as usize
+}
+
+/// Split `entries` of a node of `kind` into (left, separator, right, left's upper child).
+fn halves(kind: u8, entries: &[Entry]) -> (&[Entry], Vec<u8>, &[Entry], u64) {
+    let n = entries.len();
+    assert!(n >= 2, "splitting a node with {n} entries");
+    // split by bytes, so nodes with mixed record sizes divide their space evenly
+    let total: usize = entries.iter().map(|(k, v)| k.len() + v.len() + node::SLOT).sum();
+    let mut acc = 0;
+    let mut m = 1;
+    for (i, (k, v)) in entries.iter().enumerate() {
+        acc += k.len() + v.len() + node::SLOT;
+        if acc * 2 >= total {
+            m = (i + 1).clamp(1, n - 1);
+            break;
+        }
+    }
+    if kind == KIND_LEAF {
+        // left keeps entries[..m]; the separator is its last key (upper fence, inclusive)
+        (&entries[..m], entries[m - 1].0.clone(), &entries[m..], NO_PAGE)
+    } else {
+        // entries[m-1]'s key moves up; its child becomes left's upper child
+        let (k, v) = &entries[m - 1];
+        let child = u64::from_le_bytes(v[..8].try_into().expect("inner values are pids"));
+        (&entries[..m - 1], k.clone(), &entries[m..], child)
+    }
+}
+
+fn fill(n: &mut NodeMut<'_>, entries: &[Entry]) {
+    for (k, v) in entries {
+        let c = n.count();
+        n.insert_at(c, k, v);
+    }
+}
+
+/// Split non-root node `x` (child of `px`, both exclusively latched) into itself and a new
+/// right sibling, and post the separator to the parent.
+fn split_child(w: &Worker, px: &mut ExclusiveGuard<'_>, x: &mut ExclusiveGuard<'_>) -> OpResult<()> {
+    let (kind, level, entries, upper, right, (lower_fence, upper_fence)) = x.modify(|b| {
+        let n = NodeMut::new(b);
+        (n.kind(), n.level(), n.entries(), n.upper_child(), n.right(), n.fences())
+    });
+    let (left, sep, rest, left_upper) = halves(kind, &entries);
+    let mut rg = w.allocate()?;
+    let rpid = rg.pid();
+    rg.modify(|b| {
+        let mut n = NodeMut::new(b);
+        n.init(kind, level, Some(&sep), upper_fence.as_deref());
+        fill(&mut n, rest);
+        n.set_right(right);
+        n.set_upper_child(upper);
+    });
+    let xpid = x.pid();
+    x.modify(|b| {
+        let mut n = NodeMut::new(b);
+        n.init(kind, level, lower_fence.as_deref(), Some(&sep));
+        fill(&mut n, left);
+        n.set_right(rpid.raw());
+        n.set_upper_child(left_upper);
+    });
+    px.modify(|b| {
+        let mut n = NodeMut::new(b);
+        let (j, _) = n.lower_bound(&sep);
+        assert_eq!(n.child(j), xpid.raw(), "parent does not point at the split node");
+        n.set_child(j, rpid.raw());
+        n.insert_at(j, &sep, &xpid.raw().to_le_bytes());
+    });
+    Ok(())
+}

@@ -1,0 +1,133 @@
+//! Concurrent stress: inserts, removes, lookups and scans together. Every scan is sorted, every
+//! acknowledged insert is found, every remove sticks. Run in memory and with the tree 4x larger
+//! than the cache (eviction running). Then reopen and find everything again.
+
+use rand::{Rng, SeedableRng};
+use shoal_btree::{BTree, Direction, KeyBuilder};
+use shoal_engine::{Engine, EngineConfig, OpenMode};
+use std::collections::BTreeSet;
+
+const THREADS: u32 = 4;
+
+fn key(t: u32, i: u32) -> Vec<u8> {
+    // interleave threads in key space so they contend for the same leaves
+    KeyBuilder::new().u32(i).u32(t).finish()
+}
+
+fn value(t: u32, i: u32) -> Vec<u8> {
+    let mut v = vec![0u8; 100];
+    v[..4].copy_from_slice(&t.to_le_bytes());
+    v[4..8].copy_from_slice(&i.to_le_bytes());
+    v[8..].fill((i ^ t) as u8);
+    v
+}
+
+fn check_value(k: &[u8], v: &[u8]) {
+    let i = u32::from_be_bytes(k[..4].try_into().unwrap());
+    let t = u32::from_be_bytes(k[4..8].try_into().unwrap());
+    assert_eq!(v, value(t, i).as_slice(), "value does not belong to its key");
+}
+
+fn stress(cache: usize, per_thread: u32, ops: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = EngineConfig::new(dir.path(), cache);
+    let e = Engine::open(cfg.clone()).unwrap();
+    let tree = BTree::create(&e.worker(), "stress").unwrap();
+    let finals: Vec<BTreeSet<u32>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let e = &e;
+                s.spawn(move || {
+                    let w = e.worker();
+                    let mut rng = rand::rngs::SmallRng::seed_from_u64(t as u64);
+                    let mut mine = BTreeSet::new();
+                    let mut buf = Vec::new();
+                    for _ in 0..ops {
+                        let i = rng.random_range(0..per_thread);
+                        let k = key(t, i);
+                        match rng.random_range(0..10) {
+                            0..=4 => {
+                                let fresh = tree.insert(&w, &k, &value(t, i)).unwrap();
+                                assert_eq!(fresh, mine.insert(i), "insert of an owned key");
+                                assert!(tree.lookup(&w, &k, &mut buf).unwrap(), "acknowledged insert not found");
+                                check_value(&k, &buf);
+                            }
+                            5..=6 => {
+                                assert_eq!(tree.remove(&w, &k).unwrap(), mine.remove(&i));
+                                assert!(!tree.lookup(&w, &k, &mut buf).unwrap(), "removed key still found");
+                            }
+                            7..=8 => {
+                                // someone else's key: must be well-formed if present
+                                let other = key(rng.random_range(0..THREADS), i);
+                                if tree.lookup(&w, &other, &mut buf).unwrap() {
+                                    check_value(&other, &buf);
+                                }
+                            }
+                            _ => {
+                                let mut prev: Option<Vec<u8>> = None;
+                                let n = rng.random_range(1..200);
+                                let mut seen = 0;
+                                let dir = if rng.random_bool(0.5) { Direction::Ascending } else { Direction::Descending };
+                                tree.scan(&w, &k, dir, |k, v| {
+                                    if let Some(p) = &prev {
+                                        match dir {
+                                            Direction::Ascending => assert!(p.as_slice() < k, "scan not sorted"),
+                                            Direction::Descending => assert!(p.as_slice() > k, "scan not sorted"),
+                                        }
+                                    }
+                                    check_value(k, v);
+                                    prev = Some(k.to_vec());
+                                    seen += 1;
+                                    seen < n
+                                })
+                                .unwrap();
+                            }
+                        }
+                    }
+                    mine
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let check_all = |e: &Engine, tree: &BTree| {
+        let w = e.worker();
+        let mut buf = Vec::new();
+        let total: usize = finals.iter().map(|s| s.len()).sum();
+        for (t, set) in finals.iter().enumerate() {
+            for i in 0..per_thread {
+                let found = tree.lookup(&w, &key(t as u32, i), &mut buf).unwrap();
+                assert_eq!(found, set.contains(&i), "thread {t} key {i}");
+            }
+        }
+        let (n, height) = tree.verify(&w).unwrap();
+        assert_eq!(n, total as u64);
+        assert_eq!(tree.count(&w).unwrap(), total as u64);
+        height
+    };
+    let height = check_all(&e, &tree);
+    assert!(height >= 2, "the stress must split nodes");
+    let evictions = e.stats().evictions;
+    e.close().unwrap();
+    drop(e);
+    let mut cfg = cfg;
+    cfg.mode = OpenMode::Open;
+    let e = Engine::open(cfg).unwrap();
+    let reopened = BTree::open(&e.worker(), "stress").unwrap();
+    assert_eq!(reopened, tree);
+    check_all(&e, &reopened);
+    eprintln!("cache {cache}: height {height}, evictions {evictions}");
+}
+
+#[test]
+fn concurrent_ops_in_memory() {
+    stress(64 << 20, 20_000, 40_000);
+}
+
+#[test]
+fn concurrent_ops_tree_four_times_the_cache() {
+    // ~60K live entries of ~120 bytes in 4 KiB leaves at ~70% fill is ~10 MiB of leaves; a 2 MiB
+    // cache holds about a fifth of it.
+    let cache = 2 << 20;
+    stress(cache, 30_000, 60_000);
+}

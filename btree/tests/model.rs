@@ -1,0 +1,133 @@
+//! Property test: random operation sequences on the tree and on `std::collections::BTreeMap`
+//! give the same results, including scans in both directions; the tree's structure verifies.
+
+use proptest::prelude::*;
+use shoal_btree::{BTree, Direction, Put};
+use shoal_engine::{Engine, EngineConfig};
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Insert(Vec<u8>, Vec<u8>),
+    Upsert(Vec<u8>, Vec<u8>),
+    Remove(Vec<u8>),
+    Get(Vec<u8>),
+    Update(Vec<u8>, u8),
+    ScanAsc(Vec<u8>, usize),
+    ScanDesc(Vec<u8>, usize),
+}
+
+fn key() -> impl Strategy<Value = Vec<u8>> {
+    // small alphabet and lengths: many collisions, shared prefixes, keys longer and shorter
+    // than the 8-byte slot head
+    prop::collection::vec(prop::sample::select(vec![0u8, 1, 2, b'a', b'b', 255]), 0..14)
+}
+
+fn value() -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(any::<u8>(), 0..300)
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (key(), value()).prop_map(|(k, v)| Op::Insert(k, v)),
+        2 => (key(), value()).prop_map(|(k, v)| Op::Upsert(k, v)),
+        2 => key().prop_map(Op::Remove),
+        2 => key().prop_map(Op::Get),
+        1 => (key(), any::<u8>()).prop_map(|(k, b)| Op::Update(k, b)),
+        1 => (key(), 0..40usize).prop_map(|(k, n)| Op::ScanAsc(k, n)),
+        1 => (key(), 0..40usize).prop_map(|(k, n)| Op::ScanDesc(k, n)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #[test]
+    fn tree_matches_btreemap(ops in prop::collection::vec(op(), 1..1500)) {
+        let dir = tempfile::tempdir().unwrap();
+        // 1 MiB cache: larger runs evict tree pages as they go
+        let e = Engine::open(EngineConfig::new(dir.path(), 1 << 20)).unwrap();
+        let w = e.worker();
+        let t = BTree::create(&w, "t").unwrap();
+        let mut m: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        for op in &ops {
+            match op {
+                Op::Insert(k, v) => {
+                    let expect = !m.contains_key(k);
+                    if expect { m.insert(k.clone(), v.clone()); }
+                    prop_assert_eq!(t.insert(&w, k, v).unwrap(), expect);
+                }
+                Op::Upsert(k, v) => {
+                    let expect = if m.insert(k.clone(), v.clone()).is_some() { Put::Replaced } else { Put::Inserted };
+                    prop_assert_eq!(t.upsert(&w, k, v).unwrap(), expect);
+                }
+                Op::Remove(k) => prop_assert_eq!(t.remove(&w, k).unwrap(), m.remove(k).is_some()),
+                Op::Get(k) => prop_assert_eq!(t.get(&w, k).unwrap(), m.get(k).cloned()),
+                Op::Update(k, b) => {
+                    let found = t.update(&w, k, |v| v.iter_mut().for_each(|x| *x ^= *b)).unwrap();
+                    prop_assert_eq!(found, m.contains_key(k));
+                    if let Some(v) = m.get_mut(k) { v.iter_mut().for_each(|x| *x ^= *b); }
+                }
+                Op::ScanAsc(k, n) => {
+                    let mut got = Vec::new();
+                    t.scan(&w, k, Direction::Ascending, |k, v| { got.push((k.to_vec(), v.to_vec())); got.len() < *n }).unwrap();
+                    let want: Vec<_> = m.range(k.clone()..).take((*n).max(1)).map(|(k, v)| (k.clone(), v.clone())).collect();
+                    prop_assert_eq!(got, want);
+                }
+                Op::ScanDesc(k, n) => {
+                    let mut got = Vec::new();
+                    t.scan(&w, k, Direction::Descending, |k, v| { got.push((k.to_vec(), v.to_vec())); got.len() < *n }).unwrap();
+                    let want: Vec<_> = m.range(..=k.clone()).rev().take((*n).max(1)).map(|(k, v)| (k.clone(), v.clone())).collect();
+                    prop_assert_eq!(got, want);
+                }
+            }
+        }
+        prop_assert_eq!(t.count(&w).unwrap(), m.len() as u64);
+        let (n, _) = t.verify(&w).map_err(TestCaseError::fail)?;
+        prop_assert_eq!(n, m.len() as u64);
+        let mut all = Vec::new();
+        t.scan(&w, &[], Direction::Ascending, |k, v| { all.push((k.to_vec(), v.to_vec())); true }).unwrap();
+        prop_assert_eq!(all, m.into_iter().collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn oversized_keys_and_values_are_refused_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(EngineConfig::new(dir.path(), 4 << 20)).unwrap();
+    let w = e.worker();
+    let t = BTree::create(&w, "t").unwrap();
+    let err = t.insert(&w, &[1u8; 300], b"v").unwrap_err();
+    assert!(err.to_string().contains("key of 300 bytes is too large"), "{err}");
+    let err = t.upsert(&w, b"k", &[0u8; 2000]).unwrap_err();
+    assert!(err.to_string().contains("too large"), "{err}");
+    // the tree is untouched and still works with the largest allowed sizes
+    assert_eq!(t.count(&w).unwrap(), 0);
+    for i in 0..50u32 {
+        let k = [&i.to_be_bytes()[..], &[7u8; 252]].concat();
+        assert!(t.insert(&w, &k, &vec![i as u8; shoal_btree::MAX_RECORD - 256]).unwrap());
+    }
+    assert_eq!(t.verify(&w).unwrap().0, 50);
+    assert!(matches!(BTree::create(&w, "t"), Err(shoal_btree::TreeError::Exists(_))));
+    assert!(matches!(BTree::open(&w, "nope"), Err(shoal_btree::TreeError::NotFound(_))));
+}
+
+#[test]
+fn model_sized_runs_split_and_evict() {
+    // The property test's largest runs must reach a multi-level tree on a cache that evicts;
+    // this checks that claim directly with the same key/value shapes.
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(EngineConfig::new(dir.path(), 1 << 20)).unwrap();
+    let w = e.worker();
+    let t = BTree::create(&w, "t").unwrap();
+    for i in 0..1500u32 {
+        t.upsert(&w, &i.to_be_bytes(), &[i as u8; 299]).unwrap();
+    }
+    let (n, height) = t.verify(&w).unwrap();
+    assert_eq!(n, 1500);
+    assert!(height >= 2, "height {height}");
+    for i in 0..20_000u32 {
+        t.upsert(&w, &(i + 10_000).to_be_bytes(), &[1u8; 200]).unwrap();
+    }
+    assert!(e.stats().evictions > 0, "a 1 MiB cache must evict: {:?}", e.stats());
+    assert_eq!(t.verify(&w).unwrap().0, 21_500);
+}
