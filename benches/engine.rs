@@ -38,9 +38,14 @@ fn optimistic_hit() {
         })
         .collect();
     let n = 20_000_000u64;
-    for (label, set) in [("one hot page", &pids[..1]), ("4096 resident pages", &pids[..])] {
+    for (label, set) in [
+        ("one hot page", &pids[..1]),
+        ("4096 resident pages", &pids[..]),
+    ] {
         let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
-        let order: Vec<Pid> = (0..1 << 16).map(|_| set[rng.random_range(0..set.len())]).collect();
+        let order: Vec<Pid> = (0..1 << 16)
+            .map(|_| set[rng.random_range(0..set.len())])
+            .collect();
         let mut sum = 0u64;
         let t = Instant::now();
         for i in 0..n {
@@ -58,9 +63,7 @@ fn optimistic_hit() {
         let ns = t.elapsed().as_nanos() as f64 / n as f64;
         black_box(sum);
         println!("optimistic hit, {label}: {ns:.1} ns/access ({n} accesses, 1 thread)");
-        println!(
-            "{{\"bench\":\"optimistic_hit\",\"set\":\"{label}\",\"ns_per_access\":{ns:.2}}}"
-        );
+        println!("{{\"bench\":\"optimistic_hit\",\"set\":\"{label}\",\"ns_per_access\":{ns:.2}}}");
     }
     drop(w);
     e.close().unwrap();
@@ -85,8 +88,8 @@ fn random_reads() {
     cfg.mode = shoal_engine::OpenMode::Open;
     println!(
         "\nrandom page reads: {pages} pages ({} MiB), cache {} MiB ({}% resident), {}s per point",
-        pages * 4096 >> 20,
-        cache_frames * 4096 >> 20,
+        (pages * 4096) >> 20,
+        (cache_frames * 4096) >> 20,
         cache_frames as u64 * 100 / pages,
         secs.as_secs()
     );

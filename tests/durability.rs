@@ -50,11 +50,20 @@ fn a_corrupted_page_is_an_error_naming_its_pid() {
     let e = engine(dir.path(), 256);
     let pids = fill(&e, 10);
     let victim = pids[7];
-    let devices = e.store().device_paths().iter().map(|p| p.to_path_buf()).collect::<Vec<_>>();
+    let devices = e
+        .store()
+        .device_paths()
+        .iter()
+        .map(|p| p.to_path_buf())
+        .collect::<Vec<_>>();
     let (dev, off) = e.store().slot_location(victim.slot());
     e.close().unwrap();
     drop(e);
-    let mut f = std::fs::OpenOptions::new().read(true).write(true).open(&devices[dev]).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&devices[dev])
+        .unwrap();
     f.seek(SeekFrom::Start(off + 100)).unwrap();
     let mut b = [0u8; 1];
     f.read_exact(&mut b).unwrap();
@@ -66,8 +75,14 @@ fn a_corrupted_page_is_an_error_naming_its_pid() {
     let e = engine(dir.path(), 256);
     let err = version(&e, victim).unwrap_err();
     let msg = err.to_string();
-    assert!(matches!(err, EngineError::PageRead { pid, .. } if pid == victim), "{msg}");
-    assert!(msg.contains(&format!("{:#x}", victim.raw())), "message names the pid: {msg}");
+    assert!(
+        matches!(err, EngineError::PageRead { pid, .. } if pid == victim),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(&format!("{:#x}", victim.raw())),
+        "message names the pid: {msg}"
+    );
     assert!(msg.contains("checksum"), "{msg}");
     // the other pages are unaffected
     assert_eq!(version(&e, pids[6]).unwrap(), 6);
@@ -82,7 +97,12 @@ fn a_store_on_three_files_stripes_across_all_of_them() {
     cfg.devices = 3;
     let e = Engine::open(cfg.clone()).unwrap();
     let pids = fill(&e, 300);
-    let paths: Vec<_> = e.store().device_paths().iter().map(|p| p.to_path_buf()).collect();
+    let paths: Vec<_> = e
+        .store()
+        .device_paths()
+        .iter()
+        .map(|p| p.to_path_buf())
+        .collect();
     e.close().unwrap();
     drop(e);
     assert_eq!(paths.len(), 3);
@@ -94,7 +114,8 @@ fn a_store_on_three_files_stripes_across_all_of_them() {
         for pid in mine {
             let off = (1 + pid.slot() as usize / 3) * PAGE_SIZE;
             let page = &data[off..off + PAGE_SIZE];
-            let trailer_pid = u64::from_le_bytes(page[PAGE_SIZE - 16..PAGE_SIZE - 8].try_into().unwrap());
+            let trailer_pid =
+                u64::from_le_bytes(page[PAGE_SIZE - 16..PAGE_SIZE - 8].try_into().unwrap());
             assert_eq!(trailer_pid, pid.raw(), "slot {} on device {d}", pid.slot());
             assert!(check_stamp(&page[..PAGE_SIZE - 16], *pid).is_ok());
         }
@@ -107,8 +128,13 @@ fn a_store_on_three_files_stripes_across_all_of_them() {
 fn configuration_errors_are_clear() {
     let dir = tempfile::tempdir().unwrap();
     // cache too small
-    let err = Engine::open(EngineConfig::new(dir.path(), 64 * 1024)).err().unwrap();
-    assert!(err.to_string().contains("smaller than the minimum"), "{err}");
+    let err = Engine::open(EngineConfig::new(dir.path(), 64 * 1024))
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("smaller than the minimum"),
+        "{err}"
+    );
     // data dir is a file
     let file = dir.path().join("plain-file");
     std::fs::write(&file, b"hello").unwrap();
@@ -132,10 +158,17 @@ fn configuration_errors_are_clear() {
     // the same store opened twice
     let e = engine(dir.path(), 256);
     let err = Engine::open(config(dir.path(), 256)).err().unwrap();
-    assert!(err.to_string().contains("in use by another process"), "{err}");
+    assert!(
+        err.to_string().contains("in use by another process"),
+        "{err}"
+    );
     drop(e);
     // node id out of range
     let mut c = config(dir.path(), 256);
     c.node_id = 70;
-    assert!(Engine::open(c).err().unwrap().to_string().contains("at most 64 nodes"));
+    assert!(Engine::open(c)
+        .err()
+        .unwrap()
+        .to_string()
+        .contains("at most 64 nodes"));
 }

@@ -78,13 +78,20 @@ fn stamped_pages_survive_eviction_and_reopen() {
         }
     });
 
-    assert_eq!(torn_accepted.load(Ordering::Relaxed), 0, "a validated read was torn");
+    assert_eq!(
+        torn_accepted.load(Ordering::Relaxed),
+        0,
+        "a validated read was torn"
+    );
     assert_eq!(
         validated_reads.load(Ordering::Relaxed),
         (READERS * READS_PER_THREAD) as u64
     );
     let st = e.stats();
-    assert!(st.evictions > PAGES as u64, "provider must evict constantly: {st:?}");
+    assert!(
+        st.evictions > PAGES as u64,
+        "provider must evict constantly: {st:?}"
+    );
     assert!(st.writebacks > 0 && st.faults > 0, "{st:?}");
 
     let verify = |e: &shoal_engine::Engine| {
@@ -97,7 +104,11 @@ fn stamped_pages_survive_eviction_and_reopen() {
                 })
                 .map_err(|e: shoal_engine::EngineError| e)
                 .unwrap();
-            assert_eq!(v, updates[i].load(Ordering::Relaxed), "page {pid} lost updates");
+            assert_eq!(
+                v,
+                updates[i].load(Ordering::Relaxed),
+                "page {pid} lost updates"
+            );
         }
     };
     verify(&e);

@@ -43,8 +43,14 @@ fn full_disk_is_a_clear_error_and_loses_nothing() {
     };
     let msg = err.to_string();
     assert!(matches!(err, EngineError::NoFreeFrame { .. }), "{msg}");
-    assert!(msg.contains("is full"), "the error says the device is full: {msg}");
-    assert!(msg.contains("node0-0.dat"), "the error names the device: {msg}");
+    assert!(
+        msg.contains("is full"),
+        "the error says the device is full: {msg}"
+    );
+    assert!(
+        msg.contains("node0-0.dat"),
+        "the error names the device: {msg}"
+    );
     assert!(e.stats().write_errors > 0);
 
     // While the device is full: resident pages read fine; a page that must be read back in

@@ -29,7 +29,10 @@ fn exclusive_excludes_other_holders() {
             sg.page().u64(0)
         });
         std::thread::sleep(std::time::Duration::from_millis(100));
-        assert!(!got.load(Ordering::SeqCst), "shared guard granted while exclusive held");
+        assert!(
+            !got.load(Ordering::SeqCst),
+            "shared guard granted while exclusive held"
+        );
         let mut g = g;
         g.page_mut().set_u64(0, 99);
         drop(g);
@@ -109,7 +112,10 @@ fn optimistic_validation_fails_after_eviction() {
         n += 1;
         assert!(n < 100_000, "page never evicted");
     }
-    assert!(!o.is_valid(), "validation must fail once the page left its frame");
+    assert!(
+        !o.is_valid(),
+        "validation must fail once the page left its frame"
+    );
     // and the page comes back intact
     let v = w.run(|w| {
         let o = w.optimistic(pid)?;
@@ -180,7 +186,10 @@ fn freed_pages_are_reused_and_catalog_persists_names() {
     let b = new_page(&w, 2);
     assert_eq!(a, b, "the freed slot is handed out again");
     w.catalog_insert("tree", b).unwrap();
-    assert!(w.catalog_insert("tree", a).is_err(), "duplicate names are refused");
+    assert!(
+        w.catalog_insert("tree", a).is_err(),
+        "duplicate names are refused"
+    );
     assert_eq!(w.catalog_lookup("tree").unwrap(), Some(b));
     assert_eq!(w.catalog_lookup("nope").unwrap(), None);
 }
@@ -190,8 +199,12 @@ fn pages_of_other_nodes_and_unallocated_pages_are_errors() {
     let dir = tempfile::tempdir().unwrap();
     let e = engine(dir.path(), 512);
     let w = e.worker();
-    let err = w.run(|w| w.optimistic(Pid::new(3, 1)).map(|_| ())).unwrap_err();
+    let err = w
+        .run(|w| w.optimistic(Pid::new(3, 1)).map(|_| ()))
+        .unwrap_err();
     assert!(err.to_string().contains("homed on node 3"), "{err}");
-    let err = w.run(|w| w.shared(Pid::new(0, 1 << 40)).map(|_| ())).unwrap_err();
+    let err = w
+        .run(|w| w.shared(Pid::new(0, 1 << 40)).map(|_| ()))
+        .unwrap_err();
     assert!(err.to_string().contains("does not exist"), "{err}");
 }

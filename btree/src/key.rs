@@ -16,7 +16,9 @@ pub struct KeyBuilder {
 
 impl KeyBuilder {
     pub fn new() -> Self {
-        KeyBuilder { buf: Vec::with_capacity(32) }
+        KeyBuilder {
+            buf: Vec::with_capacity(32),
+        }
     }
     pub fn u8(mut self, v: u8) -> Self {
         self.buf.push(v);
@@ -81,7 +83,10 @@ mod tests {
     #[test]
     fn order_is_preserved() {
         let ints = [i64::MIN, -5, -1, 0, 1, 7, i64::MAX];
-        let enc: Vec<Vec<u8>> = ints.iter().map(|&v| KeyBuilder::new().i64(v).finish()).collect();
+        let enc: Vec<Vec<u8>> = ints
+            .iter()
+            .map(|&v| KeyBuilder::new().i64(v).finish())
+            .collect();
         assert!(enc.windows(2).all(|w| w[0] < w[1]));
         let strs: [&[u8]; 5] = [b"", b"\0", b"\0\0", b"a", b"a\0b"];
         let enc: Vec<Vec<u8>> = strs
@@ -95,7 +100,10 @@ mod tests {
         assert!(a < b);
         let a = KeyBuilder::new().str("ab").u32(9).finish();
         let b = KeyBuilder::new().str("abc").u32(0).finish();
-        assert!(a < b, "a prefix string sorts first regardless of what follows");
+        assert!(
+            a < b,
+            "a prefix string sorts first regardless of what follows"
+        );
         assert_eq!(decode_u64(&u64_key(99)), Some(99));
     }
 }

@@ -163,7 +163,11 @@ pub fn fence(p: PageRef<'_>, upper: bool) -> Option<Vec<u8>> {
     if p.u8(FLAGS) & bit == 0 {
         return None;
     }
-    let (o, l) = if upper { (UP_OFF, UP_LEN) } else { (LOW_OFF, LOW_LEN) };
+    let (o, l) = if upper {
+        (UP_OFF, UP_LEN)
+    } else {
+        (LOW_OFF, LOW_LEN)
+    };
     let mut v = vec![0u8; (p.u16(l) as usize).min(MAX_KEY)];
     p.read(p.u16(o) as usize, &mut v);
     Some(v)
@@ -269,7 +273,11 @@ impl<'a> NodeMut<'a> {
         if self.b[FLAGS] & bit == 0 {
             return None;
         }
-        let (o, l) = if upper { (UP_OFF, UP_LEN) } else { (LOW_OFF, LOW_LEN) };
+        let (o, l) = if upper {
+            (UP_OFF, UP_LEN)
+        } else {
+            (LOW_OFF, LOW_LEN)
+        };
         let (o, l) = (g16(self.b, o), g16(self.b, l));
         Some(self.b[o..o + l].to_vec())
     }
@@ -318,7 +326,8 @@ impl<'a> NodeMut<'a> {
     pub fn compact(&mut self) {
         let entries = self.entries();
         let (lower, upper) = (self.fence(false), self.fence(true));
-        let (kind, level, right, up) = (self.kind(), self.level(), self.right(), self.upper_child());
+        let (kind, level, right, up) =
+            (self.kind(), self.level(), self.right(), self.upper_child());
         self.init(kind, level, lower.as_deref(), upper.as_deref());
         self.set_right(right);
         self.set_upper_child(up);

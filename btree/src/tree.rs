@@ -111,7 +111,10 @@ impl BTree {
 
     fn check_sizes(key: &[u8], vlen: usize) -> Result<(), TreeError> {
         if key.len() > MAX_KEY {
-            return Err(TreeError::KeyTooLarge { len: key.len(), max: MAX_KEY });
+            return Err(TreeError::KeyTooLarge {
+                len: key.len(),
+                max: MAX_KEY,
+            });
         }
         if key.len() + vlen > MAX_RECORD {
             return Err(TreeError::RecordTooLarge {
@@ -436,7 +439,14 @@ impl BTree {
                 let mut copy = Box::new([0u8; shoal_engine::PAGE_DATA_SIZE]);
                 copy.copy_from_slice(g.data());
                 let n = NodeMut::new(&mut copy);
-                Ok((n.kind(), n.level(), n.entries(), n.upper_child(), n.right(), n.fences()))
+                Ok((
+                    n.kind(),
+                    n.level(),
+                    n.entries(),
+                    n.upper_child(),
+                    n.right(),
+                    n.fences(),
+                ))
             })
             .map_err(|e| e.to_string())?;
         if let Some(l) = level {
@@ -445,7 +455,9 @@ impl BTree {
             }
         }
         if fences.0.as_deref() != lower || fences.1.as_deref() != upper {
-            return Err(format!("node {pid} fences {fences:?} != ({lower:?}, {upper:?})"));
+            return Err(format!(
+                "node {pid} fences {fences:?} != ({lower:?}, {upper:?})"
+            ));
         }
         for (i, (k, _)) in entries.iter().enumerate() {
             if i > 0 && entries[i - 1].0 >= *k {
@@ -467,12 +479,16 @@ impl BTree {
                 let mut total = 0;
                 let mut lo = lower.map(|l| l.to_vec());
                 for (k, v) in &entries {
-                    let c = Pid(u64::from_le_bytes(v[..8].try_into().map_err(|_| "bad child")?));
-                    let (n, _) = self.verify_node(w, c, lo.as_deref(), Some(k), Some(lvl - 1), leaves)?;
+                    let c = Pid(u64::from_le_bytes(
+                        v[..8].try_into().map_err(|_| "bad child")?,
+                    ));
+                    let (n, _) =
+                        self.verify_node(w, c, lo.as_deref(), Some(k), Some(lvl - 1), leaves)?;
                     total += n;
                     lo = Some(k.clone());
                 }
-                let (n, _) = self.verify_node(w, Pid(up), lo.as_deref(), upper, Some(lvl - 1), leaves)?;
+                let (n, _) =
+                    self.verify_node(w, Pid(up), lo.as_deref(), upper, Some(lvl - 1), leaves)?;
                 Ok((total + n, lvl + 1))
             }
             k => Err(format!("page {pid} has node kind {k}")),
@@ -491,7 +507,10 @@ fn halves(kind: u8, entries: &[Entry]) -> (&[Entry], Vec<u8>, &[Entry], u64) {
     let n = entries.len();
     assert!(n >= 2, "splitting a node with {n} entries");
     // split by bytes, so nodes with mixed record sizes divide their space evenly
-    let total: usize = entries.iter().map(|(k, v)| k.len() + v.len() + node::SLOT).sum();
+    let total: usize = entries
+        .iter()
+        .map(|(k, v)| k.len() + v.len() + node::SLOT)
+        .sum();
     let mut acc = 0;
     let mut m = 1;
     for (i, (k, v)) in entries.iter().enumerate() {
@@ -503,7 +522,12 @@ fn halves(kind: u8, entries: &[Entry]) -> (&[Entry], Vec<u8>, &[Entry], u64) {
     }
     if kind == KIND_LEAF {
         // left keeps entries[..m]; the separator is its last key (upper fence, inclusive)
-        (&entries[..m], entries[m - 1].0.clone(), &entries[m..], NO_PAGE)
+        (
+            &entries[..m],
+            entries[m - 1].0.clone(),
+            &entries[m..],
+            NO_PAGE,
+        )
     } else {
         // entries[m-1]'s key moves up; its child becomes left's upper child
         let (k, v) = &entries[m - 1];
@@ -521,10 +545,21 @@ fn fill(n: &mut NodeMut<'_>, entries: &[Entry]) {
 
 /// Split non-root node `x` (child of `px`, both exclusively latched) into itself and a new
 /// right sibling, and post the separator to the parent.
-fn split_child(w: &Worker, px: &mut ExclusiveGuard<'_>, x: &mut ExclusiveGuard<'_>) -> OpResult<()> {
+fn split_child(
+    w: &Worker,
+    px: &mut ExclusiveGuard<'_>,
+    x: &mut ExclusiveGuard<'_>,
+) -> OpResult<()> {
     let (kind, level, entries, upper, right, (lower_fence, upper_fence)) = x.modify(|b| {
         let n = NodeMut::new(b);
-        (n.kind(), n.level(), n.entries(), n.upper_child(), n.right(), n.fences())
+        (
+            n.kind(),
+            n.level(),
+            n.entries(),
+            n.upper_child(),
+            n.right(),
+            n.fences(),
+        )
     });
     let (left, sep, rest, left_upper) = halves(kind, &entries);
     let mut rg = w.allocate()?;
@@ -547,7 +582,11 @@ fn split_child(w: &Worker, px: &mut ExclusiveGuard<'_>, x: &mut ExclusiveGuard<'
     px.modify(|b| {
         let mut n = NodeMut::new(b);
         let (j, _) = n.lower_bound(&sep);
-        assert_eq!(n.child(j), xpid.raw(), "parent does not point at the split node");
+        assert_eq!(
+            n.child(j),
+            xpid.raw(),
+            "parent does not point at the split node"
+        );
         n.set_child(j, rpid.raw());
         n.insert_at(j, &sep, &xpid.raw().to_le_bytes());
     });

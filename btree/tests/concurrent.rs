@@ -25,7 +25,11 @@ fn value(t: u32, i: u32) -> Vec<u8> {
 fn check_value(k: &[u8], v: &[u8]) {
     let i = u32::from_be_bytes(k[..4].try_into().unwrap());
     let t = u32::from_be_bytes(k[4..8].try_into().unwrap());
-    assert_eq!(v, value(t, i).as_slice(), "value does not belong to its key");
+    assert_eq!(
+        v,
+        value(t, i).as_slice(),
+        "value does not belong to its key"
+    );
 }
 
 fn stress(cache: usize, per_thread: u32, ops: usize) {
@@ -49,12 +53,18 @@ fn stress(cache: usize, per_thread: u32, ops: usize) {
                             0..=4 => {
                                 let fresh = tree.insert(&w, &k, &value(t, i)).unwrap();
                                 assert_eq!(fresh, mine.insert(i), "insert of an owned key");
-                                assert!(tree.lookup(&w, &k, &mut buf).unwrap(), "acknowledged insert not found");
+                                assert!(
+                                    tree.lookup(&w, &k, &mut buf).unwrap(),
+                                    "acknowledged insert not found"
+                                );
                                 check_value(&k, &buf);
                             }
                             5..=6 => {
                                 assert_eq!(tree.remove(&w, &k).unwrap(), mine.remove(&i));
-                                assert!(!tree.lookup(&w, &k, &mut buf).unwrap(), "removed key still found");
+                                assert!(
+                                    !tree.lookup(&w, &k, &mut buf).unwrap(),
+                                    "removed key still found"
+                                );
                             }
                             7..=8 => {
                                 // someone else's key: must be well-formed if present
@@ -67,12 +77,20 @@ fn stress(cache: usize, per_thread: u32, ops: usize) {
                                 let mut prev: Option<Vec<u8>> = None;
                                 let n = rng.random_range(1..200);
                                 let mut seen = 0;
-                                let dir = if rng.random_bool(0.5) { Direction::Ascending } else { Direction::Descending };
+                                let dir = if rng.random_bool(0.5) {
+                                    Direction::Ascending
+                                } else {
+                                    Direction::Descending
+                                };
                                 tree.scan(&w, &k, dir, |k, v| {
                                     if let Some(p) = &prev {
                                         match dir {
-                                            Direction::Ascending => assert!(p.as_slice() < k, "scan not sorted"),
-                                            Direction::Descending => assert!(p.as_slice() > k, "scan not sorted"),
+                                            Direction::Ascending => {
+                                                assert!(p.as_slice() < k, "scan not sorted")
+                                            }
+                                            Direction::Descending => {
+                                                assert!(p.as_slice() > k, "scan not sorted")
+                                            }
                                         }
                                     }
                                     check_value(k, v);

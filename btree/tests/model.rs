@@ -20,7 +20,10 @@ enum Op {
 fn key() -> impl Strategy<Value = Vec<u8>> {
     // small alphabet and lengths: many collisions, shared prefixes, keys longer and shorter
     // than the 8-byte slot head
-    prop::collection::vec(prop::sample::select(vec![0u8, 1, 2, b'a', b'b', 255]), 0..14)
+    prop::collection::vec(
+        prop::sample::select(vec![0u8, 1, 2, b'a', b'b', 255]),
+        0..14,
+    )
 }
 
 fn value() -> impl Strategy<Value = Vec<u8>> {
@@ -97,18 +100,29 @@ fn oversized_keys_and_values_are_refused_cleanly() {
     let w = e.worker();
     let t = BTree::create(&w, "t").unwrap();
     let err = t.insert(&w, &[1u8; 300], b"v").unwrap_err();
-    assert!(err.to_string().contains("key of 300 bytes is too large"), "{err}");
+    assert!(
+        err.to_string().contains("key of 300 bytes is too large"),
+        "{err}"
+    );
     let err = t.upsert(&w, b"k", &[0u8; 2000]).unwrap_err();
     assert!(err.to_string().contains("too large"), "{err}");
     // the tree is untouched and still works with the largest allowed sizes
     assert_eq!(t.count(&w).unwrap(), 0);
     for i in 0..50u32 {
         let k = [&i.to_be_bytes()[..], &[7u8; 252]].concat();
-        assert!(t.insert(&w, &k, &vec![i as u8; shoal_btree::MAX_RECORD - 256]).unwrap());
+        assert!(t
+            .insert(&w, &k, &vec![i as u8; shoal_btree::MAX_RECORD - 256])
+            .unwrap());
     }
     assert_eq!(t.verify(&w).unwrap().0, 50);
-    assert!(matches!(BTree::create(&w, "t"), Err(shoal_btree::TreeError::Exists(_))));
-    assert!(matches!(BTree::open(&w, "nope"), Err(shoal_btree::TreeError::NotFound(_))));
+    assert!(matches!(
+        BTree::create(&w, "t"),
+        Err(shoal_btree::TreeError::Exists(_))
+    ));
+    assert!(matches!(
+        BTree::open(&w, "nope"),
+        Err(shoal_btree::TreeError::NotFound(_))
+    ));
 }
 
 #[test]
@@ -126,8 +140,13 @@ fn model_sized_runs_split_and_evict() {
     assert_eq!(n, 1500);
     assert!(height >= 2, "height {height}");
     for i in 0..20_000u32 {
-        t.upsert(&w, &(i + 10_000).to_be_bytes(), &[1u8; 200]).unwrap();
+        t.upsert(&w, &(i + 10_000).to_be_bytes(), &[1u8; 200])
+            .unwrap();
     }
-    assert!(e.stats().evictions > 0, "a 1 MiB cache must evict: {:?}", e.stats());
+    assert!(
+        e.stats().evictions > 0,
+        "a 1 MiB cache must evict: {:?}",
+        e.stats()
+    );
     assert_eq!(t.verify(&w).unwrap().0, 21_500);
 }

@@ -131,7 +131,11 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
         "t" | "tb" | "tib" => 1 << 40,
-        u => return Err(format!("unknown size unit '{u}' in '{s}' (use KiB, MiB, GiB, TiB)")),
+        u => {
+            return Err(format!(
+                "unknown size unit '{u}' in '{s}' (use KiB, MiB, GiB, TiB)"
+            ))
+        }
     };
     if n < 0.0 || !n.is_finite() {
         return Err(format!("'{s}' is not a size"));
@@ -177,6 +181,10 @@ mod tests {
         assert!(e.contains("smaller than the minimum 1.0 MiB"), "{e}");
         let mut c = EngineConfig::new("x", 8 << 20);
         c.node_id = 64;
-        assert!(c.validate().unwrap_err().to_string().contains("at most 64 nodes"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("at most 64 nodes"));
     }
 }

@@ -195,7 +195,10 @@ impl Engine {
         let written = provider::flush_all(&self.inner)?;
         self.inner.store.sync()?;
         self.inner.store.close()?;
-        log::info!("node {} closed cleanly ({written} dirty pages written)", self.inner.node);
+        log::info!(
+            "node {} closed cleanly ({written} dirty pages written)",
+            self.inner.node
+        );
         Ok(())
     }
 }
@@ -219,7 +222,9 @@ fn prepare_data_dir(cfg: &EngineConfig) -> Result<File, EngineError> {
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if cfg.mode == shoal_storage::OpenMode::Open {
-                return Err(err("does not exist (open mode needs an existing store)".into()));
+                return Err(err(
+                    "does not exist (open mode needs an existing store)".into()
+                ));
             }
             std::fs::create_dir_all(dir).map_err(|e| err(format!("cannot create it: {e}")))?;
         }

@@ -130,11 +130,7 @@ impl Worker {
     /// Allocate a new, zeroed page on this node; returns it exclusively latched.
     pub fn allocate(&self) -> Result<ExclusiveGuard<'_>, EngineError> {
         let (pid, idx) = self.inner.allocate_page()?;
-        Ok(ExclusiveGuard {
-            w: self,
-            idx,
-            pid,
-        })
+        Ok(ExclusiveGuard { w: self, idx, pid })
     }
 
     /// Run an optimistic operation to completion: retry on [`Restart::Retry`], return errors.

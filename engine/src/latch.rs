@@ -112,7 +112,10 @@ impl HybridLatch {
     pub fn unlock_shared(&self) {
         // Release: our reads happen before a later exclusive holder's writes.
         let prev = self.word.fetch_sub(ONE_SHARED, Ordering::Release);
-        debug_assert!(state(prev) >= 1 && state(prev) != EXCLUSIVE, "unlock_shared on {prev:#x}");
+        debug_assert!(
+            state(prev) >= 1 && state(prev) != EXCLUSIVE,
+            "unlock_shared on {prev:#x}"
+        );
     }
 
     /// Try to become the exclusive holder, optionally only if the version is still `expect`.

@@ -18,7 +18,7 @@ use shoal_storage::PAGE_DATA_SIZE;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 const WORDS: usize = PAGE_DATA_SIZE / 8;
-const _: () = assert!(PAGE_DATA_SIZE % 8 == 0);
+const _: () = assert!(PAGE_DATA_SIZE.is_multiple_of(8));
 
 /// Read access to one page's data area.
 #[derive(Clone, Copy)]
@@ -70,7 +70,7 @@ impl<'a> PageRef<'a> {
     /// Little-endian u64 at `off` (any alignment).
     #[inline]
     pub fn u64(&self, off: usize) -> u64 {
-        if off % 8 == 0 {
+        if off.is_multiple_of(8) {
             return self.word(off / 8);
         }
         let mut b = [0u8; 8];
@@ -252,7 +252,11 @@ mod tests {
         assert_eq!(m.as_ref().u64(30), 0x0102_0304_0506_0708);
         m.copy_within(30, 2, 8);
         assert_eq!(m.as_ref().u64(2), 0x0102_0304_0506_0708);
-        assert_eq!(m.as_ref().compare(2, 8, &0x0102_0304_0506_0708u64.to_le_bytes()), std::cmp::Ordering::Equal);
+        assert_eq!(
+            m.as_ref()
+                .compare(2, 8, &0x0102_0304_0506_0708u64.to_le_bytes()),
+            std::cmp::Ordering::Equal
+        );
     }
 
     #[test]

@@ -59,7 +59,10 @@ pub(crate) fn run(inner: Arc<Inner>) {
             continue;
         }
         let freed = p.round(&inner);
-        inner.counters.provider_rounds.fetch_add(1, Ordering::Relaxed);
+        inner
+            .counters
+            .provider_rounds
+            .fetch_add(1, Ordering::Relaxed);
         if freed > 0 {
             let _g = inner.frames_mx.lock();
             inner.frames_freed.notify_all();

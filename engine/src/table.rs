@@ -79,7 +79,12 @@ impl TranslationTable {
     }
 
     /// Exact lookup under the partition lock.
-    pub fn lookup_locked(&self, pool: &FramePool, lock: &PartitionLock<'_>, pid: Pid) -> Option<u32> {
+    pub fn lookup_locked(
+        &self,
+        pool: &FramePool,
+        lock: &PartitionLock<'_>,
+        pid: Pid,
+    ) -> Option<u32> {
         let mut at = self.heads[lock.bucket].load(Ordering::Relaxed);
         while at != 0 {
             let f = pool.frame(at - 1);

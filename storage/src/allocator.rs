@@ -119,7 +119,9 @@ pub fn decode_chain_page(buf: &[u8]) -> Result<(u64, Vec<u64>), String> {
     let next = u64::from_le_bytes(buf[0..8].try_into().expect("8 bytes"));
     let n = u32::from_le_bytes(buf[8..12].try_into().expect("4 bytes")) as usize;
     if n > ENTRIES_PER_PAGE {
-        return Err(format!("free-list page claims {n} entries (max {ENTRIES_PER_PAGE})"));
+        return Err(format!(
+            "free-list page claims {n} entries (max {ENTRIES_PER_PAGE})"
+        ));
     }
     let entries = (0..n)
         .map(|i| u64::from_le_bytes(buf[16 + i * 8..24 + i * 8].try_into().expect("8 bytes")))
@@ -139,7 +141,10 @@ mod tests {
         a.free(0).unwrap();
         assert_eq!(a.allocate().unwrap(), 0);
         assert_eq!(a.allocate().unwrap(), 2);
-        assert!(matches!(a.allocate(), Err(StoreError::StoreFull { capacity: 3 })));
+        assert!(matches!(
+            a.allocate(),
+            Err(StoreError::StoreFull { capacity: 3 })
+        ));
         assert!(matches!(a.free(9), Err(StoreError::SlotOutOfRange { .. })));
     }
 

@@ -43,7 +43,12 @@ pub fn seal(page: &mut [u8; PAGE_SIZE], pid: u64) {
 }
 
 /// Check a page image read from `slot` of `path` against the page id it should hold.
-pub fn verify(page: &[u8; PAGE_SIZE], expected_pid: u64, slot: u64, path: &Path) -> StoreResult<()> {
+pub fn verify(
+    page: &[u8; PAGE_SIZE],
+    expected_pid: u64,
+    slot: u64,
+    path: &Path,
+) -> StoreResult<()> {
     let stored = u32::from_le_bytes(page[SUM_OFF..SUM_OFF + 4].try_into().expect("4 bytes"));
     let magic = u32::from_le_bytes(page[MAGIC_OFF..MAGIC_OFF + 4].try_into().expect("4 bytes"));
     let computed = checksum(page);
@@ -140,7 +145,11 @@ mod tests {
         verify(&p, 42, 3, Path::new("x")).unwrap();
         assert!(matches!(
             verify(&p, 43, 3, Path::new("x")),
-            Err(StoreError::WrongPage { expected: 43, found: 42, .. })
+            Err(StoreError::WrongPage {
+                expected: 43,
+                found: 42,
+                ..
+            })
         ));
         p[100] ^= 1;
         let err = verify(&p, 42, 3, Path::new("x")).unwrap_err();

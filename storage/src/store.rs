@@ -297,12 +297,11 @@ impl PageStore {
         while at != NO_SLOT {
             // SAFETY: buf is an exclusively owned aligned page.
             unsafe { self.read_into(at, FREELIST_PID, buf.as_mut_ptr())? };
-            let (next, entries) = decode_chain_page(&buf[..]).map_err(|why| {
-                StoreError::BadSuperblock {
+            let (next, entries) =
+                decode_chain_page(&buf[..]).map_err(|why| StoreError::BadSuperblock {
                     path: self.devices[0].path.clone(),
                     why: format!("free-list page in slot {at}: {why}"),
-                }
-            })?;
+                })?;
             out.extend(entries);
             at = next;
             hops += 1;
@@ -404,7 +403,10 @@ impl PageStore {
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
         let r = res[0];
         let out = if r < 0 {
-            Err(io_err(&d.path, std::io::Error::from_raw_os_error(-r as i32)))
+            Err(io_err(
+                &d.path,
+                std::io::Error::from_raw_os_error(-r as i32),
+            ))
         } else if (r as usize) < PAGE_SIZE {
             Err(StoreError::NeverWritten {
                 pid,
@@ -455,7 +457,10 @@ impl PageStore {
                 let e = if n < 0 {
                     std::io::Error::from_raw_os_error(-n as i32)
                 } else {
-                    std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write ({n} bytes)"))
+                    std::io::Error::new(
+                        std::io::ErrorKind::WriteZero,
+                        format!("short write ({n} bytes)"),
+                    )
                 };
                 Err(classify_write_error(path, r.slot, e))
             })
@@ -491,7 +496,10 @@ impl PageStore {
                 page,
             })
             .collect();
-        let r = self.write_batch(&mut reqs).into_iter().collect::<StoreResult<Vec<()>>>();
+        let r = self
+            .write_batch(&mut reqs)
+            .into_iter()
+            .collect::<StoreResult<Vec<()>>>();
         if let Err(e) = r {
             self.closed.store(false, Ordering::Release);
             return Err(e);
@@ -584,7 +592,10 @@ fn read_raw(backend: Backend, d: &Device, offset: u64, buf: &mut AlignedPage) ->
     // SAFETY: buf is an exclusively borrowed aligned page.
     unsafe { io::run_batch(backend, std::slice::from_ref(&op), &mut res) };
     match res[0] {
-        n if n < 0 => Err(io_err(&d.path, std::io::Error::from_raw_os_error(-n as i32))),
+        n if n < 0 => Err(io_err(
+            &d.path,
+            std::io::Error::from_raw_os_error(-n as i32),
+        )),
         n if (n as usize) < PAGE_SIZE => Err(StoreError::NotAStore {
             path: d.path.clone(),
             why: format!("the device is too short for a superblock ({n} bytes)"),
@@ -620,7 +631,10 @@ fn write_raw(
         n => Err(classify_write_error(
             &d.path,
             slot,
-            std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write ({n} bytes)")),
+            std::io::Error::new(
+                std::io::ErrorKind::WriteZero,
+                format!("short write ({n} bytes)"),
+            ),
         )),
     }
 }
@@ -647,7 +661,11 @@ mod tests {
     fn write_one(s: &PageStore, slot: u64, pid: u64, fill: u8) {
         let mut p = AlignedPage::new();
         p[..100].fill(fill);
-        let r = s.write_batch(&mut [WriteRequest { slot, pid, page: &mut p }]);
+        let r = s.write_batch(&mut [WriteRequest {
+            slot,
+            pid,
+            page: &mut p,
+        }]);
         r.into_iter().for_each(|r| r.unwrap());
     }
 
@@ -707,7 +725,11 @@ mod tests {
         assert!(matches!(e, StoreError::Unclean { .. }), "{e}");
         c.allow_unclean = true;
         let s = PageStore::open(&c).unwrap();
-        assert_eq!(s.allocate().unwrap(), 5, "written slots are never handed out again");
+        assert_eq!(
+            s.allocate().unwrap(),
+            5,
+            "written slots are never handed out again"
+        );
         s.close().unwrap();
     }
 
@@ -716,10 +738,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut c = cfg(dir.path(), 1);
         c.mode = OpenMode::Open;
-        assert!(matches!(PageStore::open(&c), Err(StoreError::NotAStore { .. })));
+        assert!(matches!(
+            PageStore::open(&c),
+            Err(StoreError::NotAStore { .. })
+        ));
         c.mode = OpenMode::Create;
         PageStore::open(&c).unwrap().close().unwrap();
-        assert!(matches!(PageStore::open(&c), Err(StoreError::AlreadyExists { .. })));
+        assert!(matches!(
+            PageStore::open(&c),
+            Err(StoreError::AlreadyExists { .. })
+        ));
     }
 
     #[test]
@@ -759,7 +787,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = PageStore::open(&cfg(dir.path(), 1)).unwrap();
         let sl = s.allocate().unwrap();
-        assert!(matches!(read_one(&s, sl, 5), Err(StoreError::NeverWritten { pid: 5, .. })));
+        assert!(matches!(
+            read_one(&s, sl, 5),
+            Err(StoreError::NeverWritten { pid: 5, .. })
+        ));
     }
 
     #[test]
@@ -775,7 +806,11 @@ mod tests {
         let mut reqs: Vec<WriteRequest<'_>> = pages
             .iter_mut()
             .zip(&slots)
-            .map(|(page, &slot)| WriteRequest { slot, pid: slot + 1, page })
+            .map(|(page, &slot)| WriteRequest {
+                slot,
+                pid: slot + 1,
+                page,
+            })
             .collect();
         assert!(s.write_batch(&mut reqs).iter().all(|r| r.is_ok()));
         for (i, &sl) in slots.iter().enumerate() {
