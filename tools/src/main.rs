@@ -1,1 +1,40 @@
-fn main() {}
+//! # shoal: the command line
+//!
+//! This crate owns the `shoal` binary and its workload drivers. Today: `shoal ycsb` on one
+//! node. It uses only the public APIs of shoal-engine and shoal-btree; it must not reach into
+//! engine internals.
+
+mod value;
+mod workload;
+mod ycsb;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "shoal", version, about = "Shoal: a buffer pool of DRAM and NVMe pages, with a B-link tree and workload drivers")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Load a YCSB table, then run a workload and report throughput and latency.
+    Ycsb(ycsb::Args),
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Ycsb(a) => ycsb::run(a),
+    };
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

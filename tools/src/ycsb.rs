@@ -1,0 +1,602 @@
+//! `shoal ycsb`: load a table of `--records` keys, then run a YCSB core workload for
+//! `--duration` seconds after `--warmup`, printing one line per second and a summary (and JSON
+//! with `--json`). Every value read is checked (see [`crate::value`]); a run with value errors
+//! exits with status 1.
+
+use crate::value;
+use crate::workload::{Dist, KeyChooser, Mix, Op};
+use hdrhistogram::Histogram;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+use shoal_btree::{decode_u64, u64_key, BTree, Direction, TreeError, MAX_RECORD};
+use shoal_engine::{format_bytes, parse_bytes, Engine, EngineConfig, StatsSnapshot, MAX_NODES};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+const TABLE: &str = "usertable";
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Distribution {
+    Uniform,
+    Zipf,
+    Latest,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Random,
+    Partitioned,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    Mem,
+    Tcp,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Nodes in the cluster (1 until the coherence protocol exists).
+    #[arg(long, default_value_t = 1)]
+    pub nodes: usize,
+    /// Transport between nodes.
+    #[arg(long, value_enum, default_value = "mem")]
+    pub transport: Transport,
+    /// Worker threads per node.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Records loaded before the run.
+    #[arg(long, default_value_t = 200_000)]
+    pub records: u64,
+    /// Value size in bytes (keys are 8 bytes).
+    #[arg(long, default_value_t = 128)]
+    pub value_size: usize,
+    /// YCSB core workload: a (50/50 read/update), b (95/5), c (read only), d (read latest, 5%
+    /// inserts), e (short scans, 5% inserts), f (read-modify-write).
+    #[arg(long, default_value = "a")]
+    pub workload: String,
+    /// Fraction of reads (the rest are updates); overrides the workload's mix.
+    #[arg(long)]
+    pub read_ratio: Option<f64>,
+    /// Request distribution (workload d defaults to latest).
+    #[arg(long, value_enum)]
+    pub distribution: Option<Distribution>,
+    /// Zipfian skew (YCSB's default is 0.99).
+    #[arg(long, default_value_t = 0.99)]
+    pub zipf_theta: f64,
+    /// Which keys a node's workers touch: random (all keys) or partitioned (the node's share).
+    #[arg(long, value_enum, default_value = "random")]
+    pub access: Access,
+    /// Page cache per node, e.g. 64MiB, 1GiB.
+    #[arg(long, default_value = "256MiB")]
+    pub cache: String,
+    /// Data directory (default: a temporary directory, removed after the run).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Device files to stripe each node's store over.
+    #[arg(long, default_value_t = 1)]
+    pub devices: usize,
+    /// Seconds to run before measuring.
+    #[arg(long, default_value_t = 2.0)]
+    pub warmup: f64,
+    /// Seconds to measure.
+    #[arg(long, default_value_t = 10.0)]
+    pub duration: f64,
+    /// Longest scan of workload e.
+    #[arg(long, default_value_t = 100)]
+    pub max_scan: usize,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// No per-second lines and no progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+struct Plan {
+    mix: Mix,
+    dist: Dist,
+    cache: usize,
+    label: String,
+}
+
+fn validate(a: &Args) -> Result<Plan, String> {
+    if a.nodes == 0 || a.nodes > MAX_NODES {
+        return Err(format!("--nodes {}: a cluster has 1 to {MAX_NODES} nodes", a.nodes));
+    }
+    if a.nodes > 1 || a.transport == Transport::Tcp {
+        return Err(format!(
+            "--nodes {} --transport {:?}: multi-node clusters need the coherence protocol, which Shoal does not have yet; run with --nodes 1",
+            a.nodes, a.transport
+        )
+        .to_lowercase());
+    }
+    if a.records == 0 {
+        return Err("--records must be at least 1".into());
+    }
+    if a.workers == 0 || a.workers > 1024 {
+        return Err(format!("--workers {}: use 1 to 1024", a.workers));
+    }
+    let max_value = MAX_RECORD - 8;
+    if a.value_size < value::MIN_VALUE || a.value_size > max_value {
+        return Err(format!(
+            "--value-size {}: values hold their key and a checksum, so use {} to {max_value} bytes",
+            a.value_size,
+            value::MIN_VALUE
+        ));
+    }
+    if !(a.zipf_theta > 0.0 && a.zipf_theta <= 3.0) {
+        return Err(format!("--zipf-theta {}: use a value in (0, 3]", a.zipf_theta));
+    }
+    if !(a.duration > 0.0) || !(a.warmup >= 0.0) {
+        return Err("--duration must be > 0 and --warmup >= 0".into());
+    }
+    if a.max_scan == 0 {
+        return Err("--max-scan must be at least 1".into());
+    }
+    let wl = a.workload.to_ascii_lowercase();
+    let wc = wl.chars().next().filter(|_| wl.len() == 1);
+    let mut mix = wc
+        .and_then(Mix::of)
+        .ok_or_else(|| format!("--workload {}: use one of a, b, c, d, e, f", a.workload))?;
+    let mut label = format!("workload {wl}");
+    if let Some(r) = a.read_ratio {
+        if !(0.0..=1.0).contains(&r) {
+            return Err(format!("--read-ratio {r}: use a fraction in [0, 1]"));
+        }
+        mix = Mix::read_ratio(r);
+        label = format!("read ratio {r}");
+    }
+    let dist = match a.distribution {
+        Some(Distribution::Uniform) => Dist::Uniform,
+        Some(Distribution::Zipf) => Dist::Zipf(a.zipf_theta),
+        Some(Distribution::Latest) => Dist::Latest(a.zipf_theta),
+        None if wc == Some('d') => Dist::Latest(a.zipf_theta),
+        None => Dist::Uniform,
+    };
+    let cache = parse_bytes(&a.cache).map_err(|e| format!("--cache: {e}"))? as usize;
+    Ok(Plan {
+        mix,
+        dist,
+        cache,
+        label,
+    })
+}
+
+#[repr(align(64))]
+#[derive(Default)]
+struct Counter(AtomicU64);
+
+const WARMUP: u8 = 0;
+const MEASURE: u8 = 1;
+const STOP: u8 = 2;
+
+#[derive(Default)]
+struct WorkerResult {
+    hist: Option<Histogram<u64>>,
+    ops: [u64; 5],
+    errors: u64,
+    misses: u64,
+    first_error: Option<String>,
+}
+
+fn op_index(op: Op) -> usize {
+    match op {
+        Op::Read => 0,
+        Op::Update => 1,
+        Op::Insert => 2,
+        Op::Scan => 3,
+        Op::ReadModifyWrite => 4,
+    }
+}
+const OP_NAMES: [&str; 5] = ["read", "update", "insert", "scan", "rmw"];
+
+/// Run `shoal ycsb`.
+pub fn run(a: Args) -> Result<ExitCode, String> {
+    let plan = validate(&a)?;
+    let tmp;
+    let dir = match &a.data_dir {
+        Some(d) => d.clone(),
+        None => {
+            tmp = tempfile::Builder::new()
+                .prefix("shoal-ycsb-")
+                .tempdir()
+                .map_err(|e| format!("cannot create a temporary data directory: {e}"))?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let mut cfg = EngineConfig::new(&dir, plan.cache);
+    cfg.devices = a.devices;
+    let engine = Engine::open(cfg).map_err(|e| e.to_string())?;
+    let w0 = engine.worker();
+    if BTree::open(&w0, TABLE).is_ok() {
+        return Err(format!(
+            "{} already holds a YCSB table; use an empty --data-dir",
+            dir.display()
+        ));
+    }
+    let tree = BTree::create(&w0, TABLE).map_err(|e| e.to_string())?;
+    drop(w0);
+    println!(
+        "shoal ycsb: {} ({}), {:?}, {} records x {} B, {} node, {} workers/node, cache {}/node",
+        plan.label,
+        mix_text(&plan.mix),
+        plan.dist,
+        a.records,
+        a.value_size,
+        a.nodes,
+        a.workers,
+        format_bytes(plan.cache as u64)
+    );
+
+    let load_s = load(&engine, &tree, &a)?;
+    let (results, secs, before, after) = run_phase(&engine, &tree, &a, &plan)?;
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("bounds");
+    let mut ops = [0u64; 5];
+    let (mut errors, mut misses) = (0, 0);
+    let mut first_error = None;
+    for r in &results {
+        if let Some(h) = &r.hist {
+            hist.add(h).expect("same bounds");
+        }
+        for i in 0..5 {
+            ops[i] += r.ops[i];
+        }
+        errors += r.errors;
+        misses += r.misses;
+        if first_error.is_none() {
+            first_error = r.first_error.clone();
+        }
+    }
+    let total: u64 = ops.iter().sum();
+    let tput = total as f64 / secs;
+    let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    let d = delta(&before, &after);
+    let hit_ratio = if d.hits > 0 {
+        (d.hits.saturating_sub(d.faults)) as f64 / d.hits as f64
+    } else {
+        1.0
+    };
+    println!("run: {secs:.1} s measured after {:.1} s warmup", a.warmup);
+    println!("  throughput    {:.0} ops/s ({total} ops)", tput);
+    println!(
+        "  latency       p50 {:.1} us  p99 {:.1} us  p99.9 {:.1} us  max {:.1} us",
+        us(0.5),
+        us(0.99),
+        us(0.999),
+        hist.max() as f64 / 1000.0
+    );
+    let per_type: Vec<String> = (0..5)
+        .filter(|&i| ops[i] > 0)
+        .map(|i| format!("{} {:.0}/s", OP_NAMES[i], ops[i] as f64 / secs))
+        .collect();
+    println!("  by type       {}", per_type.join(", "));
+    println!(
+        "  node 0        page hit ratio {:.2}%  remote fetches 0  nvme reads {:.0}/s  writes {:.0}/s  evictions {:.0}/s",
+        hit_ratio * 100.0,
+        d.store_reads as f64 / secs,
+        d.store_writes as f64 / secs,
+        d.evictions as f64 / secs
+    );
+    println!("  value errors  {errors}  (reads of keys inserted during the run and not yet visible: {misses})");
+    if let Some(e) = &first_error {
+        println!("  first error   {e}");
+    }
+    if let Some(path) = &a.json {
+        let doc = json!({
+            "command": "ycsb",
+            "workload": plan.label,
+            "mix": plan.mix,
+            "distribution": format!("{:?}", plan.dist),
+            "records": a.records,
+            "value_size": a.value_size,
+            "nodes": a.nodes,
+            "workers_per_node": a.workers,
+            "cache_bytes_per_node": plan.cache,
+            "load_s": load_s,
+            "warmup_s": a.warmup,
+            "duration_s": secs,
+            "ops": total,
+            "throughput_ops_per_s": tput,
+            "p50_us": us(0.5),
+            "p99_us": us(0.99),
+            "p999_us": us(0.999),
+            "max_us": hist.max() as f64 / 1000.0,
+            "ops_by_type": (0..5).map(|i| (OP_NAMES[i].to_string(), json!(ops[i]))).collect::<serde_json::Map<_, _>>(),
+            "value_errors": errors,
+            "read_misses_of_new_keys": misses,
+            "per_node": [{
+                "node": 0,
+                "page_hits": d.hits,
+                "page_faults": d.faults,
+                "hit_ratio": hit_ratio,
+                "remote_fetches": 0,
+                "nvme_reads": d.store_reads,
+                "nvme_writes": d.store_writes,
+                "evictions": d.evictions,
+                "restarts": d.restarts,
+            }],
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc).expect("json") + "\n")
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
+    engine.close().map_err(|e| e.to_string())?;
+    Ok(if errors > 0 {
+        eprintln!("error: {errors} values failed their check");
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn mix_text(m: &Mix) -> String {
+    let parts = [
+        ("read", m.read),
+        ("update", m.update),
+        ("insert", m.insert),
+        ("scan", m.scan),
+        ("rmw", m.rmw),
+    ];
+    parts
+        .iter()
+        .filter(|(_, f)| *f > 0.0)
+        .map(|(n, f)| format!("{n} {:.0}%", f * 100.0))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn delta(a: &StatsSnapshot, b: &StatsSnapshot) -> StatsSnapshot {
+    StatsSnapshot {
+        hits: b.hits - a.hits,
+        faults: b.faults - a.faults,
+        restarts: b.restarts - a.restarts,
+        evictions: b.evictions - a.evictions,
+        writebacks: b.writebacks - a.writebacks,
+        write_errors: b.write_errors - a.write_errors,
+        store_reads: b.store_reads - a.store_reads,
+        store_writes: b.store_writes - a.store_writes,
+        ..b.clone()
+    }
+}
+
+fn load(engine: &Engine, tree: &BTree, a: &Args) -> Result<f64, String> {
+    let done = AtomicU64::new(0);
+    let t0 = Instant::now();
+    let bar = if a.quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        let b = indicatif::ProgressBar::new(a.records);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "load {bar:40} {pos}/{len} records ({per_sec}, eta {eta})",
+            )
+            .expect("template"),
+        );
+        b
+    };
+    let workers = a.workers.min(a.records as usize).max(1);
+    let r: Result<(), String> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..workers)
+            .map(|t| {
+                let done = &done;
+                s.spawn(move || -> Result<(), TreeError> {
+                    let w = engine.worker();
+                    let lo = a.records * t as u64 / workers as u64;
+                    let hi = a.records * (t as u64 + 1) / workers as u64;
+                    let mut v = vec![0u8; a.value_size];
+                    for k in lo..hi {
+                        value::fill(&mut v, k, 0);
+                        tree.insert(&w, &u64_key(k), &v)?;
+                        if k % 1024 == 0 {
+                            done.fetch_add(1024.min(hi - k), Ordering::Relaxed);
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        while !hs.iter().all(|h| h.is_finished()) {
+            bar.set_position(done.load(Ordering::Relaxed).min(a.records));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for h in hs {
+            h.join()
+                .map_err(|_| "a loader thread panicked".to_string())?
+                .map_err(|e| format!("loading failed: {e}"))?;
+        }
+        Ok(())
+    });
+    r?;
+    bar.finish_and_clear();
+    let secs = t0.elapsed().as_secs_f64();
+    println!(
+        "load: {} records in {secs:.2} s ({:.0} records/s)",
+        a.records,
+        a.records as f64 / secs
+    );
+    Ok(secs)
+}
+
+type RunOutput = (Vec<WorkerResult>, f64, StatsSnapshot, StatsSnapshot);
+
+fn run_phase(engine: &Engine, tree: &BTree, a: &Args, plan: &Plan) -> Result<RunOutput, String> {
+    let phase = AtomicU8::new(WARMUP);
+    let counters: Vec<Counter> = (0..a.workers).map(|_| Counter::default()).collect();
+    let next_insert = AtomicU64::new(a.records);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..a.workers)
+            .map(|t| {
+                let (phase, counter, next_insert) = (&phase, &counters[t], &next_insert);
+                s.spawn(move || worker_loop(engine, tree, a, plan, t, phase, &counter.0, next_insert))
+            })
+            .collect();
+        let total_ops = || counters.iter().map(|c| c.0.load(Ordering::Relaxed)).sum::<u64>();
+        let start = Instant::now();
+        let warm = Duration::from_secs_f64(a.warmup);
+        let end = warm + Duration::from_secs_f64(a.duration);
+        let mut before = engine.stats();
+        let mut measure_start = start;
+        let mut last = (Instant::now(), total_ops(), engine.stats());
+        let mut tick = 1u64;
+        loop {
+            let next = start + Duration::from_secs(tick);
+            let stop_at = start + end;
+            let wake = next.min(stop_at);
+            if phase.load(Ordering::Relaxed) == WARMUP && start + warm <= wake {
+                std::thread::sleep((start + warm).saturating_duration_since(Instant::now()));
+                before = engine.stats();
+                measure_start = Instant::now();
+                phase.store(MEASURE, Ordering::Relaxed);
+            }
+            std::thread::sleep(wake.saturating_duration_since(Instant::now()));
+            if hs.iter().any(|h| h.is_finished()) {
+                break; // a worker stopped early: an error; collected below
+            }
+            if !a.quiet && wake == next {
+                let now = (Instant::now(), total_ops(), engine.stats());
+                let dt = now.0.duration_since(last.0).as_secs_f64();
+                let d = delta(&last.2, &now.2);
+                let hit = if d.hits > 0 {
+                    100.0 * (d.hits - d.faults.min(d.hits)) as f64 / d.hits as f64
+                } else {
+                    100.0
+                };
+                println!(
+                    "[{:>4}s{}] {:>10.0} ops/s  hit {:>6.2}%  remote 0/s  nvme r {:>7.0}/s w {:>7.0}/s",
+                    tick,
+                    if phase.load(Ordering::Relaxed) == WARMUP { " warm" } else { "" },
+                    (now.1 - last.1) as f64 / dt,
+                    hit,
+                    d.store_reads as f64 / dt,
+                    d.store_writes as f64 / dt
+                );
+                last = now;
+            }
+            if wake >= stop_at {
+                break;
+            }
+            tick += 1;
+        }
+        phase.store(STOP, Ordering::Relaxed);
+        let after = engine.stats();
+        let secs = measure_start.elapsed().as_secs_f64();
+        let mut out = Vec::new();
+        for h in hs {
+            out.push(
+                h.join()
+                    .map_err(|_| "a worker thread panicked".to_string())?
+                    .map_err(|e| format!("the run failed: {e}"))?,
+            );
+        }
+        Ok((out, secs, before, after))
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn worker_loop(
+    engine: &Engine,
+    tree: &BTree,
+    a: &Args,
+    plan: &Plan,
+    t: usize,
+    phase: &AtomicU8,
+    counter: &AtomicU64,
+    next_insert: &AtomicU64,
+) -> Result<WorkerResult, TreeError> {
+    let w = engine.worker();
+    let mut rng = SmallRng::seed_from_u64(0xC0FFEE + t as u64);
+    let mut chooser = KeyChooser::new(plan.dist);
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("bounds");
+    let mut res = WorkerResult::default();
+    let mut buf = Vec::with_capacity(a.value_size);
+    let mut val = vec![0u8; a.value_size];
+    let mut measuring = false;
+    let mut n_ops = 0u64;
+    let vs = a.value_size;
+    let note = |res: &mut WorkerResult, msg: String| {
+        res.errors += 1;
+        if res.first_error.is_none() {
+            res.first_error = Some(msg);
+        }
+    };
+    loop {
+        match phase.load(Ordering::Relaxed) {
+            STOP => break,
+            MEASURE if !measuring => {
+                measuring = true;
+                hist.reset();
+                res.ops = [0; 5];
+            }
+            _ => {}
+        }
+        let op = plan.mix.pick(&mut rng);
+        let live = next_insert.load(Ordering::Relaxed);
+        let t0 = Instant::now();
+        match op {
+            Op::Read => {
+                let k = chooser.next(live, &mut rng);
+                if tree.lookup(&w, &u64_key(k), &mut buf)? {
+                    if !value::check(&buf, k, vs) {
+                        note(&mut res, format!("read of key {k} returned a bad value"));
+                    }
+                } else if k < a.records {
+                    note(&mut res, format!("loaded key {k} not found"));
+                } else {
+                    res.misses += 1;
+                }
+            }
+            Op::Update | Op::ReadModifyWrite => {
+                let k = chooser.next(a.records, &mut rng);
+                let salt: u32 = rng.random();
+                let mut bad = false;
+                let rmw = op == Op::ReadModifyWrite;
+                let found = tree.update(&w, &u64_key(k), |v| {
+                    // updates check what they overwrite, too
+                    bad = !value::check(v, k, vs);
+                    let s = if rmw { value::salt(v).wrapping_add(1) } else { salt };
+                    value::fill(v, k, s);
+                })?;
+                if !found {
+                    note(&mut res, format!("update of loaded key {k}: not found"));
+                } else if bad {
+                    note(&mut res, format!("update of key {k} found a bad value"));
+                }
+            }
+            Op::Insert => {
+                let k = next_insert.fetch_add(1, Ordering::Relaxed);
+                value::fill(&mut val, k, 0);
+                if !tree.insert(&w, &u64_key(k), &val)? {
+                    note(&mut res, format!("insert of new key {k}: already present"));
+                }
+            }
+            Op::Scan => {
+                let k = chooser.next(live, &mut rng);
+                let len = rng.random_range(1..=a.max_scan);
+                let mut seen = 0;
+                let mut bad: Option<String> = None;
+                tree.scan(&w, &u64_key(k), Direction::Ascending, |key, v| {
+                    let kk = decode_u64(key).unwrap_or(u64::MAX);
+                    if bad.is_none() && (kk < k || !value::check(v, kk, vs)) {
+                        bad = Some(format!("scan from {k} returned a bad entry for key {kk}"));
+                    }
+                    seen += 1;
+                    seen < len
+                })?;
+                if let Some(m) = bad {
+                    note(&mut res, m);
+                }
+            }
+        }
+        if measuring {
+            let _ = hist.record(t0.elapsed().as_nanos().max(1) as u64);
+            res.ops[op_index(op)] += 1;
+        }
+        n_ops += 1;
+        counter.store(n_ops, Ordering::Relaxed);
+    }
+    res.hist = Some(hist);
+    Ok(res)
+}
