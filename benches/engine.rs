@@ -28,7 +28,7 @@ fn main() {
 
 fn optimistic_hit() {
     let dir = bench_dir();
-    let e = Engine::open(EngineConfig::new(dir.path(), 64 << 20)).unwrap();
+    let e = Engine::open(EngineConfig::new(dir.path(), 1 << 30)).unwrap();
     let w = e.worker();
     let pids: Vec<Pid> = (0..4096)
         .map(|i| {
@@ -38,9 +38,17 @@ fn optimistic_hit() {
         })
         .collect();
     let n = 20_000_000u64;
+    let big: Vec<Pid> = (0..100_000)
+        .map(|i| {
+            let mut g = w.allocate().unwrap();
+            g.page_mut().set_u64(0, i);
+            g.pid()
+        })
+        .collect();
     for (label, set) in [
         ("one hot page", &pids[..1]),
         ("4096 resident pages", &pids[..]),
+        ("100000 resident pages (400 MiB, beyond the CPU caches)", &big[..]),
     ] {
         let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
         let order: Vec<Pid> = (0..1 << 16)

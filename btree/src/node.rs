@@ -12,6 +12,7 @@
 //! 28 upper fence: off u16, len u16     keys in this node are <= upper fence (if present)
 //! 32 flags     u8    bit 0: has lower fence, bit 1: has upper fence
 //! 34 level     u16   0 for leaves
+//! 36 last      u16   slot of the last insert (sequential-insert detection for splits)
 //! slots (16 bytes each, sorted by key), from offset 40
 //!  0 head      u64   first 8 key bytes, big endian, zero padded: most comparisons end here
 //!  8 off       u16   heap offset of key bytes, followed by value bytes
@@ -46,6 +47,7 @@ const UP_OFF: usize = 28;
 const UP_LEN: usize = 30;
 const FLAGS: usize = 32;
 const LEVEL: usize = 34;
+const LAST_INSERT: usize = 36;
 pub const HEADER: usize = 40;
 pub const SLOT: usize = 16;
 const MAX_SLOTS: usize = (PAGE_DATA_SIZE - HEADER) / SLOT;
@@ -146,6 +148,9 @@ fn cmp_slot(p: PageRef<'_>, i: usize, key: &[u8], h: u64) -> Ordering {
 pub fn lower_bound(p: PageRef<'_>, key: &[u8]) -> (usize, bool) {
     let h = head(key);
     let (mut lo, mut hi) = (0usize, count(p));
+    // Binary search probes lines all over the slot array; load them all at once rather than
+    // one dependent miss per probe.
+    p.prefetch(HEADER, hi * SLOT);
     while lo < hi {
         let mid = (lo + hi) / 2;
         match cmp_slot(p, mid, key, h) {
@@ -362,6 +367,12 @@ impl<'a> NodeMut<'a> {
         s16(self.b, s + 12, val.len());
         s16(self.b, s + 14, 0);
         s16(self.b, COUNT, n + 1);
+        s16(self.b, LAST_INSERT, i);
+    }
+
+    /// Slot of the most recent insert.
+    pub fn last_insert(&self) -> usize {
+        g16(self.b, LAST_INSERT)
     }
 
     /// Remove slot `i`.

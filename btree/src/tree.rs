@@ -135,6 +135,7 @@ impl BTree {
                 KIND_INNER => {
                     let (i, _) = node::lower_bound(p, key);
                     let c = node::child(p, i);
+                    w.prefetch(Pid(c));
                     g.validate()?;
                     let child = w.optimistic(Pid(c))?;
                     g.validate()?;
@@ -288,7 +289,7 @@ impl BTree {
             return Ok(()); // someone split it meanwhile
         }
         match px.as_mut() {
-            None => self.split_root(w, &mut x),
+            None => self.split_root(w, &mut x, key),
             Some(pxg) => {
                 let sep_need = node::entry_space(MAX_KEY, 8);
                 if node::free_space(pxg.page()) < sep_need {
@@ -298,19 +299,19 @@ impl BTree {
                     self.try_split(w, key, ppid, sep_need)?;
                     return Err(Restart::Retry);
                 }
-                split_child(w, pxg, &mut x)
+                split_child(w, pxg, &mut x, key)
             }
         }
     }
 
-    fn split_root(&self, w: &Worker, root: &mut ExclusiveGuard<'_>) -> OpResult<()> {
-        let (kind, level, entries, upper) = root.modify(|b| {
+    fn split_root(&self, w: &Worker, root: &mut ExclusiveGuard<'_>, key: &[u8]) -> OpResult<()> {
+        let (kind, level, entries, upper, last) = root.modify(|b| {
             let n = NodeMut::new(b);
-            (n.kind(), n.level(), n.entries(), n.upper_child())
+            (n.kind(), n.level(), n.entries(), n.upper_child(), n.last_insert())
         });
         let mut lg = w.allocate()?;
         let mut rg = w.allocate()?;
-        let (left, sep, right, left_upper) = halves(kind, &entries);
+        let (left, sep, right, left_upper) = halves(kind, &entries, leaf_cut(&entries, last, key));
         let (lpid, rpid) = (lg.pid(), rg.pid());
         lg.modify(|b| {
             let mut n = NodeMut::new(b);
@@ -502,15 +503,24 @@ fn node_value_offset(p: PageRef<'_>, i: usize) -> usize {
     p.u16(slot + 8) as usize + p.u16(slot + 10) as usize
 }
 
+/// How to divide a full node: left keeps `entries[..m]`, and the separator (left's upper
+/// fence) is `sep`.
+struct Cut {
+    m: usize,
+    sep: Vec<u8>,
+}
+
 /// Split `entries` of a node of `kind` into (left, separator, right, left's upper child).
-fn halves(kind: u8, entries: &[Entry]) -> (&[Entry], Vec<u8>, &[Entry], u64) {
+fn halves<'e>(kind: u8, entries: &'e [Entry], cut: Option<Cut>) -> (&'e [Entry], Vec<u8>, &'e [Entry], u64) {
     let n = entries.len();
     assert!(n >= 2, "splitting a node with {n} entries");
+    if kind == KIND_LEAF {
+        if let Some(Cut { m, sep }) = cut {
+            return (&entries[..m], sep, &entries[m..], NO_PAGE);
+        }
+    }
     // split by bytes, so nodes with mixed record sizes divide their space evenly
-    let total: usize = entries
-        .iter()
-        .map(|(k, v)| k.len() + v.len() + node::SLOT)
-        .sum();
+    let total: usize = entries.iter().map(|(k, v)| k.len() + v.len() + node::SLOT).sum();
     let mut acc = 0;
     let mut m = 1;
     for (i, (k, v)) in entries.iter().enumerate() {
@@ -522,18 +532,47 @@ fn halves(kind: u8, entries: &[Entry]) -> (&[Entry], Vec<u8>, &[Entry], u64) {
     }
     if kind == KIND_LEAF {
         // left keeps entries[..m]; the separator is its last key (upper fence, inclusive)
-        (
-            &entries[..m],
-            entries[m - 1].0.clone(),
-            &entries[m..],
-            NO_PAGE,
-        )
+        (&entries[..m], entries[m - 1].0.clone(), &entries[m..], NO_PAGE)
     } else {
         // entries[m-1]'s key moves up; its child becomes left's upper child
         let (k, v) = &entries[m - 1];
         let child = u64::from_le_bytes(v[..8].try_into().expect("inner values are pids"));
         (&entries[..m - 1], k.clone(), &entries[m..], child)
     }
+}
+
+/// Sequential-insert detection for leaves. If the insert of `key` that needs the split goes
+/// right after the leaf's previous insert, the workload fills the key space in order (one
+/// ascending run, or several side by side, as parallel loaders of adjacent ranges do):
+///
+/// - past the last entry: left keeps all but the last entry (the run continues on the right);
+/// - before existing entries: cut at the insertion point with a separator just below the first
+///   entry on the right, so the run keeps going left and never touches the right node again.
+///
+/// Either way nodes are left full instead of half full. Otherwise: `None` (split in the middle).
+fn leaf_cut(entries: &[Entry], last_insert: usize, key: &[u8]) -> Option<Cut> {
+    let n = entries.len();
+    let pos = entries.partition_point(|(k, _)| k.as_slice() < key);
+    if pos != last_insert + 1 || pos == 0 {
+        return None;
+    }
+    if pos >= n {
+        return Some(Cut { m: n - 1, sep: entries[n - 2].0.clone() });
+    }
+    let next = &entries[pos].0;
+    let sep = below(next).filter(|s| s.as_slice() >= key)?;
+    Some(Cut { m: pos, sep })
+}
+
+/// A short key `s` with `s < b`, as close below `b` as a few extra bytes allow (or `None`).
+fn below(b: &[u8]) -> Option<Vec<u8>> {
+    let (last, head) = b.split_last()?;
+    let mut s = head.to_vec();
+    if *last > 0 {
+        s.push(last - 1);
+        s.extend_from_slice(&[0xFF; 8]);
+    }
+    (s.len() <= MAX_KEY && s.as_slice() < b).then_some(s)
 }
 
 fn fill(n: &mut NodeMut<'_>, entries: &[Entry]) {
@@ -549,19 +588,14 @@ fn split_child(
     w: &Worker,
     px: &mut ExclusiveGuard<'_>,
     x: &mut ExclusiveGuard<'_>,
+    key: &[u8],
 ) -> OpResult<()> {
-    let (kind, level, entries, upper, right, (lower_fence, upper_fence)) = x.modify(|b| {
+    let (kind, level, entries, upper, right, (lower_fence, upper_fence), last) = x.modify(|b| {
         let n = NodeMut::new(b);
-        (
-            n.kind(),
-            n.level(),
-            n.entries(),
-            n.upper_child(),
-            n.right(),
-            n.fences(),
-        )
+        let (k, l, e, u) = (n.kind(), n.level(), n.entries(), n.upper_child());
+        (k, l, e, u, n.right(), n.fences(), n.last_insert())
     });
-    let (left, sep, rest, left_upper) = halves(kind, &entries);
+    let (left, sep, rest, left_upper) = halves(kind, &entries, leaf_cut(&entries, last, key));
     let mut rg = w.allocate()?;
     let rpid = rg.pid();
     rg.modify(|b| {

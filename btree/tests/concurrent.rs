@@ -149,3 +149,33 @@ fn concurrent_ops_tree_four_times_the_cache() {
     let cache = 2 << 20;
     stress(cache, 30_000, 60_000);
 }
+
+#[test]
+fn parallel_ascending_loads_leave_full_leaves() {
+    // Two loaders of adjacent key ranges (as `shoal ycsb` loads): sequential-insert detection
+    // must keep leaves nearly full, not leave a trail of half-full ones at the range boundary.
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(EngineConfig::new(dir.path(), 256 << 20)).unwrap();
+    let t = BTree::create(&e.worker(), "t").unwrap();
+    let per = 200_000u64;
+    std::thread::scope(|s| {
+        for th in 0..2u64 {
+            let (e, t) = (&e, &t);
+            s.spawn(move || {
+                let w = e.worker();
+                for k in th * per..(th + 1) * per {
+                    t.insert(&w, &shoal_btree::u64_key(k), &[7u8; 128]).unwrap();
+                }
+            });
+        }
+    });
+    let w = e.worker();
+    assert_eq!(t.verify(&w).unwrap().0, 2 * per);
+    // a leaf holds (4080 - 40 - 16) / (16 + 8 + 128) = 26 such records
+    let ideal_leaves = 2 * per / 26;
+    let pages = e.store().high_water();
+    assert!(
+        pages < ideal_leaves * 110 / 100,
+        "{pages} pages for {ideal_leaves} full leaves' worth of records"
+    );
+}

@@ -80,7 +80,9 @@ impl Engine {
         let free_target = (frames * cfg.free_target_percent as usize / 100).max(16);
         let inner = Arc::new(Inner {
             node: cfg.node_id,
-            table: TranslationTable::new(frames),
+            table: TranslationTable::new(frames).map_err(|e| {
+                EngineError::Config(format!("cannot map the translation table: {e}"))
+            })?,
             pool,
             store,
             free,

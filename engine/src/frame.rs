@@ -15,6 +15,7 @@
 //! | `next` | translation-table inserts and removals | the table partition's lock |
 
 use crate::latch::HybridLatch;
+use crate::mapped::MappedSlice;
 use crate::pid::Pid;
 use shoal_storage::PAGE_SIZE;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -97,7 +98,7 @@ impl Frame {
 
 /// The frames of one node and their page memory.
 pub struct FramePool {
-    frames: Box<[Frame]>,
+    frames: MappedSlice<Frame>,
     memory: *mut u8,
     bytes: usize,
 }
@@ -130,7 +131,7 @@ impl FramePool {
         }
         // SAFETY: the range was just mapped by us. Transparent huge pages are only a hint.
         unsafe { libc::madvise(memory, bytes, libc::MADV_HUGEPAGE) };
-        let frames = (0..count).map(|_| Frame::new()).collect();
+        let frames = MappedSlice::new(count, |_| Frame::new())?;
         Ok(FramePool {
             frames,
             memory: memory.cast(),
@@ -159,6 +160,24 @@ impl FramePool {
         assert!((idx as usize) < self.frames.len());
         // SAFETY: idx < count, so the offset is inside the mapping of count * PAGE_SIZE bytes.
         unsafe { self.memory.add(idx as usize * PAGE_SIZE) }
+    }
+}
+
+impl FramePool {
+    /// Lines of a page prefetched when its frame is found: the header and, for B-tree nodes,
+    /// the start of the slot array.
+    pub const PREFETCH_LINES: usize = 8;
+
+    /// Hint: the first [`Self::PREFETCH_LINES`] cache lines of frame `idx`'s page are needed.
+    #[inline]
+    pub fn prefetch_page(&self, idx: u32) {
+        if (idx as usize) < self.frames.len() {
+            // idx < count: the addresses lie inside the mapping (and prefetch never faults).
+            let base = self.memory.wrapping_add(idx as usize * PAGE_SIZE);
+            for l in 0..Self::PREFETCH_LINES {
+                crate::mapped::prefetch(base.wrapping_add(l * 64));
+            }
+        }
     }
 }
 

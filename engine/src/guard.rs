@@ -66,6 +66,13 @@ impl Worker {
         self.inner.pool.frame(idx)
     }
 
+    /// Hint that `pid` will be latched soon: starts loading its translation-table bucket, so a
+    /// caller can overlap that cache miss with other work (e.g. validating a parent node).
+    #[inline]
+    pub fn prefetch(&self, pid: Pid) {
+        self.inner.table.prefetch(pid);
+    }
+
     /// Take an optimistic guard on `pid`. Waits while an exclusive holder is in.
     #[inline]
     pub fn optimistic(&self, pid: Pid) -> OpResult<OptimisticGuard<'_>> {

@@ -38,6 +38,7 @@ pub mod error;
 pub mod frame;
 pub mod guard;
 pub mod latch;
+pub mod mapped;
 pub mod page;
 pub mod pid;
 pub mod provider;

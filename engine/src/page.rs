@@ -106,6 +106,19 @@ impl<'a> PageRef<'a> {
         (self.word(off / 8) >> ((off % 8) * 8)) as u8
     }
 
+    /// Hint: bytes `off..off + len` will be read soon (starts loading their cache lines; a
+    /// garbage range from a changing page is harmless: prefetches never fault).
+    #[inline]
+    pub fn prefetch(&self, off: usize, len: usize) {
+        let base = self.words.as_ptr() as *const u8;
+        let end = off.saturating_add(len).min(PAGE_DATA_SIZE);
+        let mut o = off & !63;
+        while o < end {
+            crate::mapped::prefetch(base.wrapping_add(o));
+            o += 64;
+        }
+    }
+
     /// Copy the whole data area out.
     pub fn copy_out(&self, dst: &mut [u8; PAGE_DATA_SIZE]) {
         for (i, w) in self.words.iter().enumerate() {

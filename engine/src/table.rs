@@ -13,6 +13,7 @@
 //! [`MAX_WALK`] hops, so a walk that is sent in circles by concurrent relinking ends.
 
 use crate::frame::FramePool;
+use crate::mapped::MappedSlice;
 use crate::pid::Pid;
 use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -23,7 +24,7 @@ pub const PARTITIONS: usize = 256;
 pub const MAX_WALK: usize = 64;
 
 pub struct TranslationTable {
-    heads: Box<[AtomicU32]>,
+    heads: MappedSlice<AtomicU32>,
     shift: u32,
     locks: Box<[Mutex<()>]>,
 }
@@ -36,13 +37,13 @@ pub struct PartitionLock<'a> {
 
 impl TranslationTable {
     /// A table with at least two buckets per frame.
-    pub fn new(frames: usize) -> Self {
+    pub fn new(frames: usize) -> std::io::Result<Self> {
         let buckets = (frames * 2).next_power_of_two().max(PARTITIONS);
-        TranslationTable {
-            heads: (0..buckets).map(|_| AtomicU32::new(0)).collect(),
+        Ok(TranslationTable {
+            heads: MappedSlice::new(buckets, |_| AtomicU32::new(0))?,
             shift: 64 - buckets.trailing_zeros(),
             locks: (0..PARTITIONS).map(|_| Mutex::new(())).collect(),
-        }
+        })
     }
 
     #[inline]
@@ -60,6 +61,9 @@ impl TranslationTable {
             if at == 0 {
                 return None;
             }
+            // Start loading the page's first lines now, in parallel with the frame descriptor
+            // (its pid and latch are the next, dependent, cache miss).
+            pool.prefetch_page(at - 1);
             let f = pool.frame(at - 1);
             if f.pid() == pid {
                 return Some(at - 1);
@@ -67,6 +71,12 @@ impl TranslationTable {
             at = f.next.load(Ordering::Acquire);
         }
         None
+    }
+
+    /// Hint: `pid`'s bucket will be looked up soon.
+    #[inline]
+    pub fn prefetch(&self, pid: Pid) {
+        crate::mapped::prefetch(&self.heads[self.bucket(pid)] as *const AtomicU32 as *const u8);
     }
 
     /// Lock the partition of `pid`.

@@ -1,0 +1,84 @@
+//! [`MappedSlice`]: a fixed-size array in its own anonymous mapping, advised to use transparent
+//! huge pages. The frame descriptors and the translation table's buckets are read on every page
+//! access at random positions; with 4 KiB pages those reads miss the TLB as well as the caches.
+
+use std::ops::Deref;
+use std::ptr::NonNull;
+
+/// A fixed-length array of `T` in an anonymous mapping (huge-page advised).
+pub struct MappedSlice<T> {
+    ptr: NonNull<T>,
+    len: usize,
+    bytes: usize,
+}
+
+// SAFETY: MappedSlice owns its elements like Box<[T]> does.
+unsafe impl<T: Send> Send for MappedSlice<T> {}
+// SAFETY: shared access hands out only `&T`.
+unsafe impl<T: Sync> Sync for MappedSlice<T> {}
+
+impl<T> MappedSlice<T> {
+    /// `len` elements made by `init(i)`.
+    pub fn new(len: usize, mut init: impl FnMut(usize) -> T) -> std::io::Result<Self> {
+        let bytes = (len.max(1))
+            .checked_mul(std::mem::size_of::<T>().max(1))
+            .ok_or_else(|| std::io::Error::other("array size overflows"))?;
+        assert!(std::mem::align_of::<T>() <= 4096, "mapping is only page aligned");
+        // SAFETY: anonymous private mapping with valid arguments; the result is checked.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: the range was just mapped by us; the advice is only a hint.
+        unsafe { libc::madvise(raw, bytes, libc::MADV_HUGEPAGE) };
+        let ptr = NonNull::new(raw.cast::<T>()).expect("mmap returned a non-null address");
+        for i in 0..len {
+            // SAFETY: i < len, inside the mapping, page aligned base so `T` is aligned; each
+            // slot is written exactly once before any read.
+            unsafe { ptr.as_ptr().add(i).write(init(i)) };
+        }
+        Ok(MappedSlice { ptr, len, bytes })
+    }
+}
+
+impl<T> Deref for MappedSlice<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: `len` initialised elements live at `ptr` until drop.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T> Drop for MappedSlice<T> {
+    fn drop(&mut self) {
+        // SAFETY: the elements are initialised and dropped once; then the mapping created in
+        // `new` is unmapped; no borrow outlives `self`.
+        unsafe {
+            std::ptr::drop_in_place(std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len));
+            libc::munmap(self.ptr.as_ptr().cast(), self.bytes);
+        }
+    }
+}
+
+/// Ask the CPU to start loading the cache line holding `p` (a hint: never faults, no effect on
+/// program semantics).
+#[inline(always)]
+pub fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch instructions do not access memory architecturally and never fault, even
+    // for invalid addresses; `_mm_prefetch` only requires SSE, which x86_64 always has.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p.cast(), std::arch::x86_64::_MM_HINT_T0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}

@@ -1,0 +1,77 @@
+//! `shoal ycsb` end to end: short runs, JSON parsed, ops > 0, zero value errors; bad flags
+//! rejected with clear messages.
+
+use std::process::Command;
+
+fn shoal() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_shoal"))
+}
+
+fn run_json(args: &[&str]) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("out.json");
+    let out = shoal()
+        .arg("ycsb")
+        .args(args)
+        .args(["--quiet", "--warmup", "0.2", "--duration", "1", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "shoal ycsb {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("throughput") && stdout.contains("p99.9"), "{stdout}");
+    serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+}
+
+fn check(v: &serde_json::Value) {
+    assert!(v["ops"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["throughput_ops_per_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["value_errors"].as_u64().unwrap(), 0, "{v}");
+    for f in ["p50_us", "p99_us", "p999_us", "duration_s"] {
+        assert!(v[f].as_f64().unwrap() > 0.0, "{f} in {v}");
+    }
+    assert!(v["per_node"][0]["page_hits"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn every_workload_runs_clean_on_one_node() {
+    for wl in ["a", "b", "c", "d", "e", "f"] {
+        let v = run_json(&["--records", "20000", "--workload", wl]);
+        check(&v);
+    }
+}
+
+#[test]
+fn larger_than_cache_with_zipf_reads_from_nvme() {
+    // ~30K records of 200 B in 1 MiB of cache: most leaves live on disk
+    let v = run_json(&[
+        "--records", "30000", "--value-size", "200", "--cache", "1MiB",
+        "--distribution", "zipf", "--read-ratio", "0.5",
+    ]);
+    check(&v);
+    assert!(v["per_node"][0]["nvme_reads"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["per_node"][0]["evictions"].as_u64().unwrap() > 0, "{v}");
+}
+
+#[test]
+fn bad_flags_are_clear_errors() {
+    let cases: [(&[&str], &str); 6] = [
+        (&["--records", "0"], "--records must be at least 1"),
+        (&["--cache", "16KiB"], "smaller than the minimum"),
+        (&["--zipf-theta", "7"], "--zipf-theta 7"),
+        (&["--nodes", "65"], "1 to 64 nodes"),
+        (&["--workload", "z"], "use one of a, b, c, d, e, f"),
+        (&["--value-size", "4"], "--value-size 4"),
+    ];
+    for (args, msg) in cases {
+        let out = shoal().arg("ycsb").args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(msg), "{args:?}: {err}");
+    }
+}
