@@ -171,8 +171,8 @@ fn parallel_ascending_loads_leave_full_leaves() {
     });
     let w = e.worker();
     assert_eq!(t.verify(&w).unwrap().0, 2 * per);
-    // a leaf holds (4080 - 40 - 16) / (16 + 8 + 128) = 26 such records
-    let ideal_leaves = 2 * per / 26;
+    // a leaf holds (4080 - 40 - 16) / (24 + 8 + 128) = 25 such records
+    let ideal_leaves = 2 * per / 25;
     let pages = e.store().high_water();
     assert!(
         pages < ideal_leaves * 110 / 100,

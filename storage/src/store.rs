@@ -80,7 +80,15 @@ struct Device {
     path: PathBuf,
     file: File,
     direct: bool,
+    /// Bytes preallocated with fallocate (regular files only; 0 = not yet / not possible).
+    extent: AtomicU64,
+    regular: bool,
 }
+
+/// Device files grow in chunks of this many bytes, preallocated with `fallocate`: an O_DIRECT
+/// write that extends a file takes ext4's inode lock exclusively and is serialised, while a
+/// write inside the file's size runs in parallel with the others.
+pub const GROW_CHUNK: u64 = 64 << 20;
 
 /// One node's page store.
 pub struct PageStore {
@@ -90,6 +98,7 @@ pub struct PageStore {
     sb: Mutex<Superblock>,
     stats: StoreStats,
     closed: AtomicBool,
+    grow: Mutex<()>,
 }
 
 /// Most devices one store stripes over.
@@ -192,6 +201,7 @@ impl PageStore {
             sb: Mutex::new(sb),
             stats: StoreStats::default(),
             closed: AtomicBool::new(false),
+            grow: Mutex::new(()),
         };
         store.write_superblocks()?;
         Ok(store)
@@ -254,14 +264,16 @@ impl PageStore {
             sb: Mutex::new(sb0.clone()),
             stats: StoreStats::default(),
             closed: AtomicBool::new(false),
+            grow: Mutex::new(()),
         };
         let alloc = if sb0.clean {
             let free = store.read_freelist(sb0.freelist_head, sb0.freelist_len)?;
             Allocator::new(sb0.next_slot, free, sb0.capacity)
         } else if cfg.allow_unclean {
             // Slots beyond the recorded high-water mark may have been written since; derive the
-            // mark from the device sizes so no written slot is handed out again. Freed slots of
-            // the lost session are leaked, never double-allocated.
+            // mark from the device sizes so no written slot is handed out again (preallocated
+            // space counts too, which only leaks slots). Freed slots of the lost session are
+            // leaked, never double-allocated.
             let mut next = sb0.next_slot;
             let n = store.devices.len() as u64;
             for (i, d) in store.devices.iter().enumerate() {
@@ -359,7 +371,42 @@ impl PageStore {
 
     /// Allocate a page slot.
     pub fn allocate(&self) -> StoreResult<u64> {
-        self.alloc.lock().allocate()
+        let slot = self.alloc.lock().allocate()?;
+        self.ensure_space(slot);
+        Ok(slot)
+    }
+
+    /// Preallocate the device range holding `slot` if it lies beyond what was preallocated.
+    /// Best effort: without preallocation writes still work, only slower.
+    fn ensure_space(&self, slot: u64) {
+        let (dev, off) = self.slot_location(slot);
+        let d = &self.devices[dev];
+        let end = off + PAGE_SIZE as u64;
+        if !d.regular || end <= d.extent.load(Ordering::Acquire) {
+            return;
+        }
+        let _g = self.grow.lock();
+        let have = d.extent.load(Ordering::Acquire);
+        if end <= have {
+            return;
+        }
+        let target = end.div_ceil(GROW_CHUNK) * GROW_CHUNK;
+        // SAFETY: fallocate on a file descriptor we own; no memory is passed.
+        let r = unsafe {
+            libc::fallocate(
+                d.file.as_raw_fd(),
+                0,
+                have as libc::off_t,
+                (target - have) as libc::off_t,
+            )
+        };
+        if r == 0 {
+            d.extent.store(target, Ordering::Release);
+        } else {
+            let e = std::io::Error::last_os_error();
+            log::debug!("{}: fallocate failed ({e}); writes will extend the file", d.path.display());
+            d.extent.store(u64::MAX, Ordering::Release); // do not try again
+        }
     }
 
     /// Take slot `slot`, which must be the next fresh one (well-known pages at format time).
@@ -417,7 +464,19 @@ impl PageStore {
         } else {
             // SAFETY: the read filled all PAGE_SIZE bytes of dst; nothing writes them now.
             let page = unsafe { &*(dst as *const [u8; PAGE_SIZE]) };
-            verify(page, pid, slot, &d.path)
+            verify(page, pid, slot, &d.path).map_err(|e| {
+                if page.iter().all(|&b| b == 0) {
+                    // preallocated space that no write reached
+                    StoreError::NeverWritten {
+                        pid,
+                        slot,
+                        path: d.path.clone(),
+                        got: PAGE_SIZE,
+                    }
+                } else {
+                    e
+                }
+            })
         };
         if out.is_err() {
             self.stats.read_errors.fetch_add(1, Ordering::Relaxed);
@@ -558,23 +617,25 @@ fn open_device(path: &Path, create: bool) -> StoreResult<Device> {
         }
         o.open(path)
     };
-    match open(true) {
-        Ok(file) => Ok(Device {
+    let device = |file: File, direct: bool| {
+        let meta = file.metadata().map_err(|e| io_err(path, e))?;
+        Ok(Device {
             path: path.to_path_buf(),
+            extent: AtomicU64::new(meta.len()),
+            regular: meta.file_type().is_file(),
             file,
-            direct: true,
-        }),
+            direct,
+        })
+    };
+    match open(true) {
+        Ok(file) => device(file, true),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
             log::warn!(
                 "{}: the file system refuses O_DIRECT; using buffered I/O (page cache in use)",
                 path.display()
             );
             let file = open(false).map_err(|e| io_err(path, e))?;
-            Ok(Device {
-                path: path.to_path_buf(),
-                file,
-                direct: false,
-            })
+            device(file, false)
         }
         Err(e) => Err(io_err(path, e)),
     }
@@ -725,11 +786,9 @@ mod tests {
         assert!(matches!(e, StoreError::Unclean { .. }), "{e}");
         c.allow_unclean = true;
         let s = PageStore::open(&c).unwrap();
-        assert_eq!(
-            s.allocate().unwrap(),
-            5,
-            "written slots are never handed out again"
-        );
+        // Written slots (0..5) are never handed out again; preallocated space beyond them may
+        // be skipped (leaked), which costs disk space but never data.
+        assert!(s.allocate().unwrap() >= 5, "written slots are never handed out again");
         s.close().unwrap();
     }
 
