@@ -60,13 +60,15 @@ impl Engine {
     pub fn open(cfg: EngineConfig) -> Result<Engine, EngineError> {
         cfg.validate()?;
         let lock = prepare_data_dir(&cfg)?;
+        // The translation table addresses at most MAX_SLOTS_PER_NODE slots per node.
+        let max = crate::table::MAX_SLOTS_PER_NODE;
         let store = PageStore::open(&StoreConfig {
             devices: cfg.device_list(),
             mode: cfg.mode,
             backend: cfg.backend,
             node_id: cfg.node_id as u32,
             cluster_id: cfg.cluster_id,
-            capacity_pages: cfg.capacity_pages,
+            capacity_pages: if cfg.capacity_pages == 0 { max } else { cfg.capacity_pages.min(max) },
             allow_unclean: cfg.allow_unclean,
         })?;
         let frames = cfg.frames();
@@ -80,9 +82,7 @@ impl Engine {
         let free_target = (frames * cfg.free_target_percent as usize / 100).max(16);
         let inner = Arc::new(Inner {
             node: cfg.node_id,
-            table: TranslationTable::new(frames).map_err(|e| {
-                EngineError::Config(format!("cannot map the translation table: {e}"))
-            })?,
+            table: TranslationTable::new(),
             pool,
             store,
             free,
@@ -149,6 +149,11 @@ impl Engine {
 
     /// Whether `pid` is in this node's cache right now (a racy snapshot, for tests and tools).
     pub fn is_resident(&self, pid: Pid) -> bool {
+        if pid.node() as usize >= crate::pid::MAX_NODES
+            || pid.slot() >= crate::table::MAX_SLOTS_PER_NODE
+        {
+            return false;
+        }
         let part = self.inner.table.lock(pid);
         self.inner
             .table

@@ -12,7 +12,6 @@
 //! | `pid`, `state` | fault, eviction, free | exclusive latch |
 //! | `dirty` | set by exclusive guards; cleared by the provider when it copies the page out | exclusive / shared latch |
 //! | `epoch` | any accessor (only when it differs from the global epoch) | nothing (a hint) |
-//! | `next` | translation-table inserts and removals | the table partition's lock |
 
 use crate::latch::HybridLatch;
 use crate::mapped::MappedSlice;
@@ -36,8 +35,6 @@ pub struct Frame {
     state: AtomicU8,
     dirty: AtomicBool,
     epoch: AtomicU32,
-    /// Translation-table chain link: index + 1 of the next frame in this bucket, 0 = end.
-    pub(crate) next: AtomicU32,
 }
 
 impl Frame {
@@ -48,7 +45,6 @@ impl Frame {
             state: AtomicU8::new(FREE),
             dirty: AtomicBool::new(false),
             epoch: AtomicU32::new(0),
-            next: AtomicU32::new(0),
         }
     }
 

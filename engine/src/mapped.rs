@@ -50,6 +50,37 @@ impl<T> MappedSlice<T> {
     }
 }
 
+impl<T> MappedSlice<T> {
+    /// `len` elements of all-zero bytes, without touching the memory (the kernel supplies zero
+    /// pages on first access, so only the parts used are ever committed).
+    ///
+    /// # Safety
+    /// The all-zero bit pattern must be a valid `T`.
+    pub unsafe fn zeroed(len: usize) -> std::io::Result<Self> {
+        let bytes = (len.max(1))
+            .checked_mul(std::mem::size_of::<T>().max(1))
+            .ok_or_else(|| std::io::Error::other("array size overflows"))?;
+        // SAFETY: anonymous private mapping with valid arguments; the result is checked.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: our own fresh mapping; advice only.
+        unsafe { libc::madvise(raw, bytes, libc::MADV_HUGEPAGE) };
+        let ptr = NonNull::new(raw.cast::<T>()).expect("mmap returned a non-null address");
+        Ok(MappedSlice { ptr, len, bytes })
+    }
+}
+
 impl<T> Deref for MappedSlice<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {

@@ -1,137 +1,134 @@
 //! The translation table: page id -> frame index.
 //!
-//! A fixed array of bucket heads; each bucket is a chain threaded through the frames' `next`
-//! fields (frames carry their pid, so the table stores only indices). Lookups take no lock and
-//! write nothing: they walk the chain comparing pids. Inserts and removals take the lock of the
-//! bucket's partition (one of [`PARTITIONS`] mutexes), so writers on different partitions never
-//! contend and readers never wait.
+//! Page ids are dense: a node's pages are slots `0..high_water` of its store. So the table is
+//! a direct-mapped array per home node, indexed by slot, of `AtomicU32` entries (frame index +
+//! 1, 0 = not resident). Each array is one anonymous `MAP_NORESERVE` mapping of
+//! [`MAX_SLOTS_PER_NODE`] entries; the kernel materialises only the parts that are touched, so
+//! a node with N pages costs about 4N bytes, and those bytes are contiguous: the translation
+//! entries of a working set stay in the CPU caches where a hash table's scattered buckets did
+//! not (measured in docs/BENCHMARKS.md).
 //!
-//! A lock-free lookup is a *hint*: a frame may be unlinked and relinked into another chain while
-//! a reader walks it, so the reader can miss a page that is present (it then takes the fault
-//! path, which re-checks under the partition lock) or land on a frame that no longer holds the
-//! page (the caller re-checks the frame's pid under its latch). Walks are bounded by
-//! [`MAX_WALK`] hops, so a walk that is sent in circles by concurrent relinking ends.
+//! Lookups take no lock and write nothing: one atomic load. Inserts and removals of a pid take
+//! the lock of its partition (one of [`PARTITIONS`] mutexes), which also serialises a fault's
+//! "is it resident? no: claim a frame" decision for that pid.
+//!
+//! A lock-free lookup is a *hint*: the frame it names may be evicted and reused at any moment.
+//! Callers re-check the frame's pid under its latch (and validation catches the rest).
 
 use crate::frame::FramePool;
 use crate::mapped::MappedSlice;
-use crate::pid::Pid;
+use crate::pid::{Pid, MAX_NODES};
 use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
 
 /// Number of insert/remove partitions.
 pub const PARTITIONS: usize = 256;
-/// Longest chain walk before a lookup gives up (and the caller falls back to the locked path).
-pub const MAX_WALK: usize = 64;
+/// Most page slots one node's store may have (16 TiB of 4 KiB pages): the size of each
+/// node's direct-mapped array (4 bytes per slot, reserved but not committed).
+pub const MAX_SLOTS_PER_NODE: u64 = 1 << 32;
 
 pub struct TranslationTable {
-    heads: MappedSlice<AtomicU32>,
-    shift: u32,
+    nodes: Box<[OnceLock<MappedSlice<AtomicU32>>]>,
     locks: Box<[Mutex<()>]>,
 }
 
 /// Proof of holding the partition lock for one pid.
 pub struct PartitionLock<'a> {
     _g: MutexGuard<'a, ()>,
-    bucket: usize,
+    pid: Pid,
 }
 
 impl TranslationTable {
-    /// A table with at least two buckets per frame.
-    pub fn new(frames: usize) -> std::io::Result<Self> {
-        let buckets = (frames * 2).next_power_of_two().max(PARTITIONS);
-        Ok(TranslationTable {
-            heads: MappedSlice::new(buckets, |_| AtomicU32::new(0))?,
-            shift: 64 - buckets.trailing_zeros(),
+    pub fn new() -> Self {
+        TranslationTable {
+            nodes: (0..MAX_NODES).map(|_| OnceLock::new()).collect(),
             locks: (0..PARTITIONS).map(|_| Mutex::new(())).collect(),
-        })
+        }
     }
 
+    /// The entry of `pid`, if its node's array exists and the slot is in range.
     #[inline]
-    fn bucket(&self, pid: Pid) -> usize {
-        (pid.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
+    fn entry(&self, pid: Pid) -> Option<&AtomicU32> {
+        let arr = self.nodes.get(pid.node() as usize)?.get()?;
+        arr.get(pid.slot() as usize)
+    }
+
+    /// The entry of `pid`, creating its node's array if needed (insert path).
+    fn entry_or_map(&self, pid: Pid) -> &AtomicU32 {
+        let arr = self.nodes[pid.node() as usize].get_or_init(|| {
+            // SAFETY: all-zero bytes are a valid AtomicU32 (the value 0: "not resident").
+            unsafe { MappedSlice::zeroed(MAX_SLOTS_PER_NODE as usize) }
+                .expect("reserving address space for the translation table")
+        });
+        &arr[pid.slot() as usize]
     }
 
     /// Lock-free lookup (a hint, see module docs).
     #[inline]
     pub fn lookup(&self, pool: &FramePool, pid: Pid) -> Option<u32> {
-        // Acquire: pairs with the Release in `insert`, so the frame's pid and next written before
-        // linking are visible.
-        let mut at = self.heads[self.bucket(pid)].load(Ordering::Acquire);
-        for _ in 0..MAX_WALK {
-            if at == 0 {
-                return None;
-            }
-            // Start loading the page's first lines now, in parallel with the frame descriptor
-            // (its pid and latch are the next, dependent, cache miss).
-            pool.prefetch_page(at - 1);
-            let f = pool.frame(at - 1);
-            if f.pid() == pid {
-                return Some(at - 1);
-            }
-            at = f.next.load(Ordering::Acquire);
+        // Acquire: pairs with the Release in `insert`, so the frame's pid written before the
+        // entry is visible.
+        let at = self.entry(pid)?.load(Ordering::Acquire);
+        if at == 0 {
+            return None;
         }
-        None
+        // Start loading the page's first lines now, in parallel with the frame descriptor
+        // (its pid and latch are the next, dependent, cache miss).
+        pool.prefetch_page(at - 1);
+        Some(at - 1)
     }
 
-    /// Hint: `pid`'s bucket will be looked up soon.
+    /// Hint: `pid` will be looked up soon.
     #[inline]
     pub fn prefetch(&self, pid: Pid) {
-        crate::mapped::prefetch(&self.heads[self.bucket(pid)] as *const AtomicU32 as *const u8);
+        if let Some(e) = self.entry(pid) {
+            crate::mapped::prefetch(e as *const AtomicU32 as *const u8);
+        }
     }
 
-    /// Lock the partition of `pid`.
+    /// Lock the partition of `pid`. Panics for a pid whose slot is out of range (callers check
+    /// the slot against the store's high-water mark, which is below [`MAX_SLOTS_PER_NODE`]).
     pub fn lock(&self, pid: Pid) -> PartitionLock<'_> {
-        let bucket = self.bucket(pid);
+        assert!(
+            (pid.node() as usize) < MAX_NODES && pid.slot() < MAX_SLOTS_PER_NODE,
+            "pid {pid} outside the translation table"
+        );
+        let h = (pid.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as usize;
         PartitionLock {
-            _g: self.locks[bucket % PARTITIONS].lock(),
-            bucket,
+            _g: self.locks[h % PARTITIONS].lock(),
+            pid,
         }
     }
 
     /// Exact lookup under the partition lock.
-    pub fn lookup_locked(
-        &self,
-        pool: &FramePool,
-        lock: &PartitionLock<'_>,
-        pid: Pid,
-    ) -> Option<u32> {
-        let mut at = self.heads[lock.bucket].load(Ordering::Relaxed);
-        while at != 0 {
-            let f = pool.frame(at - 1);
-            if f.pid() == pid {
-                return Some(at - 1);
-            }
-            at = f.next.load(Ordering::Relaxed);
-        }
-        None
+    pub fn lookup_locked(&self, _pool: &FramePool, lock: &PartitionLock<'_>, pid: Pid) -> Option<u32> {
+        debug_assert_eq!(lock.pid, pid);
+        let at = self.entry(pid)?.load(Ordering::Relaxed);
+        (at != 0).then(|| at - 1)
     }
 
-    /// Link frame `idx` (whose pid is already set) into its bucket.
+    /// Point `lock`'s pid at frame `idx` (whose pid is already set).
     pub fn insert(&self, pool: &FramePool, lock: &PartitionLock<'_>, idx: u32) {
-        debug_assert_eq!(self.bucket(pool.frame(idx).pid()), lock.bucket);
-        let head = &self.heads[lock.bucket];
-        pool.frame(idx)
-            .next
-            .store(head.load(Ordering::Relaxed), Ordering::Relaxed);
-        // Release: publishes the frame's pid and next link to lock-free walkers.
-        head.store(idx + 1, Ordering::Release);
+        debug_assert_eq!(pool.frame(idx).pid(), lock.pid);
+        // Release: publishes the frame's pid to lock-free readers of the entry.
+        self.entry_or_map(lock.pid).store(idx + 1, Ordering::Release);
     }
 
-    /// Unlink frame `idx` from its bucket. Returns whether it was linked.
-    pub fn remove(&self, pool: &FramePool, lock: &PartitionLock<'_>, idx: u32) -> bool {
-        let mut link = &self.heads[lock.bucket];
-        loop {
-            let at = link.load(Ordering::Relaxed);
-            if at == 0 {
-                return false;
+    /// Remove `lock`'s pid if it points at frame `idx`. Returns whether it did.
+    pub fn remove(&self, _pool: &FramePool, lock: &PartitionLock<'_>, idx: u32) -> bool {
+        match self.entry(lock.pid) {
+            Some(e) if e.load(Ordering::Relaxed) == idx + 1 => {
+                e.store(0, Ordering::Release);
+                true
             }
-            if at - 1 == idx {
-                let next = pool.frame(idx).next.load(Ordering::Relaxed);
-                // Release: a walker that reads the new link sees a consistent successor.
-                link.store(next, Ordering::Release);
-                return true;
-            }
-            link = &pool.frame(at - 1).next;
+            _ => false,
         }
+    }
+}
+
+impl Default for TranslationTable {
+    fn default() -> Self {
+        Self::new()
     }
 }
