@@ -162,7 +162,7 @@ impl FramePool {
 impl FramePool {
     /// Lines of a page prefetched when its frame is found: the header and, for B-tree nodes,
     /// the start of the slot array.
-    pub const PREFETCH_LINES: usize = 8;
+    pub const PREFETCH_LINES: usize = 4;
 
     /// Hint: the first [`Self::PREFETCH_LINES`] cache lines of frame `idx`'s page are needed.
     #[inline]
