@@ -34,7 +34,10 @@ fn main() {
             s.spawn(move || {
                 let w = e.worker();
                 let v = [7u8; 128];
-                let (lo, hi) = (records * th / threads as u64, records * (th + 1) / threads as u64);
+                let (lo, hi) = (
+                    records * th / threads as u64,
+                    records * (th + 1) / threads as u64,
+                );
                 for k in lo..hi {
                     t.insert(&w, &u64_key(k), &v).unwrap();
                 }

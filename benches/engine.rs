@@ -48,7 +48,10 @@ fn optimistic_hit() {
     for (label, set) in [
         ("one hot page", &pids[..1]),
         ("4096 resident pages", &pids[..]),
-        ("100000 resident pages (400 MiB, beyond the CPU caches)", &big[..]),
+        (
+            "100000 resident pages (400 MiB, beyond the CPU caches)",
+            &big[..],
+        ),
     ] {
         let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
         let order: Vec<Pid> = (0..1 << 16)

@@ -208,3 +208,48 @@ fn pages_of_other_nodes_and_unallocated_pages_are_errors() {
         .unwrap_err();
     assert!(err.to_string().contains("does not exist"), "{err}");
 }
+
+#[test]
+fn dropped_workers_keep_their_counts_and_free_their_slots() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path(), 512);
+    let pid = new_page(&e.worker(), 1);
+    for _ in 0..1000 {
+        let w = e.worker();
+        w.run(|w| w.optimistic(pid).map(|_| ())).unwrap();
+    }
+    assert!(e.stats().hits >= 1000, "counts of dropped workers are kept");
+}
+
+#[test]
+fn reallocating_a_slot_replaces_a_stale_resident_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path(), 512);
+    let w = e.worker();
+    let pid = new_page(&w, 41);
+    // write it out so the slot holds the old image, then free it
+    drop(w);
+    e.close().unwrap();
+    drop(e);
+    let e = engine(dir.path(), 512);
+    let w = e.worker();
+    w.run(|w| w.exclusive(pid)).unwrap().free().unwrap();
+    // a stale pointer faults the freed slot's old image back in
+    let old = w.run(|w| Ok(w.shared(pid)?.page().u64(0))).unwrap();
+    assert_eq!(old, 41);
+    assert!(e.is_resident(pid));
+    // the slot is reallocated: the new page must be the only copy, zeroed
+    let g = w.allocate().unwrap();
+    assert_eq!(g.pid(), pid);
+    assert_eq!(g.page().u64(0), 0);
+    drop(g);
+    drop(w);
+    e.close().unwrap();
+    drop(e);
+    let e = engine(dir.path(), 512);
+    let v = e
+        .worker()
+        .run(|w| Ok(w.shared(pid)?.page().u64(0)))
+        .unwrap();
+    assert_eq!(v, 0, "the new (zeroed) page is what was persisted");
+}

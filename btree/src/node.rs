@@ -361,11 +361,7 @@ impl<'a> NodeMut<'a> {
     /// pid (8 bytes), stored in the slot.
     pub fn insert_at(&mut self, i: usize, key: &[u8], val: &[u8]) {
         let inner = self.kind() == KIND_INNER;
-        let (child, val): (u64, &[u8]) = if inner {
-            (g64(val, 0), &[])
-        } else {
-            (0, val)
-        };
+        let (child, val): (u64, &[u8]) = if inner { (g64(val, 0), &[]) } else { (0, val) };
         let need = entry_space(key.len(), val.len());
         assert!(self.free_space() >= need, "insert into a full node");
         if self.free_contiguous() < need {

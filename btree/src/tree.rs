@@ -307,7 +307,13 @@ impl BTree {
     fn split_root(&self, w: &Worker, root: &mut ExclusiveGuard<'_>, key: &[u8]) -> OpResult<()> {
         let (kind, level, entries, upper, last) = root.modify(|b| {
             let n = NodeMut::new(b);
-            (n.kind(), n.level(), n.entries(), n.upper_child(), n.last_insert())
+            (
+                n.kind(),
+                n.level(),
+                n.entries(),
+                n.upper_child(),
+                n.last_insert(),
+            )
         });
         let mut lg = w.allocate()?;
         let mut rg = w.allocate()?;
@@ -511,7 +517,7 @@ struct Cut {
 }
 
 /// Split `entries` of a node of `kind` into (left, separator, right, left's upper child).
-fn halves<'e>(kind: u8, entries: &'e [Entry], cut: Option<Cut>) -> (&'e [Entry], Vec<u8>, &'e [Entry], u64) {
+fn halves(kind: u8, entries: &[Entry], cut: Option<Cut>) -> (&[Entry], Vec<u8>, &[Entry], u64) {
     let n = entries.len();
     assert!(n >= 2, "splitting a node with {n} entries");
     if kind == KIND_LEAF {
@@ -520,7 +526,10 @@ fn halves<'e>(kind: u8, entries: &'e [Entry], cut: Option<Cut>) -> (&'e [Entry],
         }
     }
     // split by bytes, so nodes with mixed record sizes divide their space evenly
-    let total: usize = entries.iter().map(|(k, v)| k.len() + v.len() + node::SLOT).sum();
+    let total: usize = entries
+        .iter()
+        .map(|(k, v)| k.len() + v.len() + node::SLOT)
+        .sum();
     let mut acc = 0;
     let mut m = 1;
     for (i, (k, v)) in entries.iter().enumerate() {
@@ -532,7 +541,12 @@ fn halves<'e>(kind: u8, entries: &'e [Entry], cut: Option<Cut>) -> (&'e [Entry],
     }
     if kind == KIND_LEAF {
         // left keeps entries[..m]; the separator is its last key (upper fence, inclusive)
-        (&entries[..m], entries[m - 1].0.clone(), &entries[m..], NO_PAGE)
+        (
+            &entries[..m],
+            entries[m - 1].0.clone(),
+            &entries[m..],
+            NO_PAGE,
+        )
     } else {
         // entries[m-1]'s key moves up; its child becomes left's upper child
         let (k, v) = &entries[m - 1];
@@ -557,7 +571,10 @@ fn leaf_cut(entries: &[Entry], last_insert: usize, key: &[u8]) -> Option<Cut> {
         return None;
     }
     if pos >= n {
-        return Some(Cut { m: n - 1, sep: entries[n - 2].0.clone() });
+        return Some(Cut {
+            m: n - 1,
+            sep: entries[n - 2].0.clone(),
+        });
     }
     let next = &entries[pos].0;
     let sep = below(next).filter(|s| s.as_slice() >= key)?;

@@ -45,6 +45,8 @@ pub(crate) struct Inner {
     pub provider_error: Mutex<Option<String>>,
     pub counters: EngineCounters,
     pub workers: Mutex<Vec<Arc<WorkerStats>>>,
+    /// Counters of workers that were dropped (folded in so `workers` does not grow forever).
+    pub retired: WorkerStats,
     _lock: File,
 }
 
@@ -68,7 +70,11 @@ impl Engine {
             backend: cfg.backend,
             node_id: cfg.node_id as u32,
             cluster_id: cfg.cluster_id,
-            capacity_pages: if cfg.capacity_pages == 0 { max } else { cfg.capacity_pages.min(max) },
+            capacity_pages: if cfg.capacity_pages == 0 {
+                max
+            } else {
+                cfg.capacity_pages.min(max)
+            },
             allow_unclean: cfg.allow_unclean,
         })?;
         let frames = cfg.frames();
@@ -96,6 +102,7 @@ impl Engine {
             provider_error: Mutex::new(None),
             counters: EngineCounters::default(),
             workers: Mutex::new(Vec::new()),
+            retired: WorkerStats::default(),
             _lock: lock,
             cfg,
         });
@@ -165,11 +172,17 @@ impl Engine {
     pub fn stats(&self) -> StatsSnapshot {
         let i = &self.inner;
         let mut s = StatsSnapshot::default();
-        for w in i.workers.lock().iter() {
+        let workers = i.workers.lock();
+        for w in workers
+            .iter()
+            .map(|w| &**w)
+            .chain(std::iter::once(&i.retired))
+        {
             s.hits += w.hits.load(Ordering::Relaxed);
             s.faults += w.faults.load(Ordering::Relaxed);
             s.restarts += w.restarts.load(Ordering::Relaxed);
         }
+        drop(workers);
         s.evictions = i.counters.evictions.load(Ordering::Relaxed);
         s.writebacks = i.counters.writebacks.load(Ordering::Relaxed);
         s.write_errors = i.counters.write_errors.load(Ordering::Relaxed);
@@ -251,6 +264,22 @@ fn prepare_data_dir(cfg: &EngineConfig) -> Result<File, EngineError> {
 }
 
 impl Inner {
+    /// A worker is going away: keep its counts, forget its block.
+    pub fn retire_worker(&self, stats: &Arc<WorkerStats>) {
+        let mut ws = self.workers.lock();
+        if let Some(pos) = ws.iter().position(|w| Arc::ptr_eq(w, stats)) {
+            ws.swap_remove(pos);
+            // Relaxed: the counters are statistics; the mutex orders this against `stats()`.
+            for (from, to) in [
+                (&stats.hits, &self.retired.hits),
+                (&stats.faults, &self.retired.faults),
+                (&stats.restarts, &self.retired.restarts),
+            ] {
+                to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Read-mostly: the global epoch for access tracking.
     #[inline]
     pub fn current_epoch(&self) -> u32 {
@@ -357,11 +386,26 @@ impl Inner {
 
     /// Put a brand-new, zeroed page `pid` into a frame. Returns the frame, exclusively latched.
     pub fn install_new_page(&self, pid: Pid) -> Result<u32, EngineError> {
-        let idx = self.take_free_frame()?;
-        let f = self.pool.frame(idx);
+        let fresh = self.take_free_frame()?;
         let part = self.table.lock(pid);
-        debug_assert!(self.table.lookup_locked(&self.pool, &part, pid).is_none());
-        lock_free_frame(f);
+        // A freed slot's old page can still be resident, if some thread faulted it in through
+        // a stale pointer after the free. That copy must not survive next to the new page (a
+        // later write-back of it would overwrite the new page's slot): take over its frame.
+        let idx = match self.table.lookup_locked(&self.pool, &part, pid) {
+            Some(stale) => {
+                self.release_frame(fresh);
+                let mut b = Backoff::new();
+                while !self.pool.frame(stale).latch.try_lock_exclusive(None) {
+                    b.snooze();
+                }
+                stale
+            }
+            None => {
+                lock_free_frame(self.pool.frame(fresh));
+                fresh
+            }
+        };
+        let f = self.pool.frame(idx);
         f.set_pid(pid);
         f.set_state(RESIDENT);
         f.set_dirty(true);

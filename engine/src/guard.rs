@@ -66,7 +66,7 @@ impl Worker {
         self.inner.pool.frame(idx)
     }
 
-    /// Hint that `pid` will be latched soon: starts loading its translation-table bucket, so a
+    /// Hint that `pid` will be latched soon: starts loading its translation-table entry, so a
     /// caller can overlap that cache miss with other work (e.g. validating a parent node).
     #[inline]
     pub fn prefetch(&self, pid: Pid) {
@@ -157,6 +157,12 @@ impl Worker {
                 Err(Restart::Fail(e)) => return Err(e),
             }
         }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.inner.retire_worker(&self.stats);
     }
 }
 

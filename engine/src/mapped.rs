@@ -1,6 +1,8 @@
 //! [`MappedSlice`]: a fixed-size array in its own anonymous mapping, advised to use transparent
-//! huge pages. The frame descriptors and the translation table's buckets are read on every page
-//! access at random positions; with 4 KiB pages those reads miss the TLB as well as the caches.
+//! huge pages. The frame descriptors and the translation table's entries are read on every page
+//! access at random positions; with 4 KiB pages those reads would miss the TLB as well as the
+//! caches. [`MappedSlice::zeroed`] reserves address space without committing it (the
+//! translation table's per-node arrays).
 
 use std::ops::Deref;
 use std::ptr::NonNull;
@@ -23,7 +25,10 @@ impl<T> MappedSlice<T> {
         let bytes = (len.max(1))
             .checked_mul(std::mem::size_of::<T>().max(1))
             .ok_or_else(|| std::io::Error::other("array size overflows"))?;
-        assert!(std::mem::align_of::<T>() <= 4096, "mapping is only page aligned");
+        assert!(
+            std::mem::align_of::<T>() <= 4096,
+            "mapping is only page aligned"
+        );
         // SAFETY: anonymous private mapping with valid arguments; the result is checked.
         let raw = unsafe {
             libc::mmap(
@@ -94,7 +99,10 @@ impl<T> Drop for MappedSlice<T> {
         // SAFETY: the elements are initialised and dropped once; then the mapping created in
         // `new` is unmapped; no borrow outlives `self`.
         unsafe {
-            std::ptr::drop_in_place(std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len));
+            std::ptr::drop_in_place(std::ptr::slice_from_raw_parts_mut(
+                self.ptr.as_ptr(),
+                self.len,
+            ));
             libc::munmap(self.ptr.as_ptr().cast(), self.bytes);
         }
     }

@@ -102,7 +102,12 @@ impl TranslationTable {
     }
 
     /// Exact lookup under the partition lock.
-    pub fn lookup_locked(&self, _pool: &FramePool, lock: &PartitionLock<'_>, pid: Pid) -> Option<u32> {
+    pub fn lookup_locked(
+        &self,
+        _pool: &FramePool,
+        lock: &PartitionLock<'_>,
+        pid: Pid,
+    ) -> Option<u32> {
         debug_assert_eq!(lock.pid, pid);
         let at = self.entry(pid)?.load(Ordering::Relaxed);
         (at != 0).then(|| at - 1)
@@ -112,7 +117,8 @@ impl TranslationTable {
     pub fn insert(&self, pool: &FramePool, lock: &PartitionLock<'_>, idx: u32) {
         debug_assert_eq!(pool.frame(idx).pid(), lock.pid);
         // Release: publishes the frame's pid to lock-free readers of the entry.
-        self.entry_or_map(lock.pid).store(idx + 1, Ordering::Release);
+        self.entry_or_map(lock.pid)
+            .store(idx + 1, Ordering::Release);
     }
 
     /// Remove `lock`'s pid if it points at frame `idx`. Returns whether it did.

@@ -43,7 +43,9 @@ pub enum StoreError {
         slot: u64,
         path: PathBuf,
     },
-    #[error("page {pid:#x} (slot {slot}) was never written to {path} (read {got} bytes, no page image)")]
+    #[error(
+        "page {pid:#x} (slot {slot}) was never written to {path} (read {got} bytes, no page image)"
+    )]
     NeverWritten {
         pid: u64,
         slot: u64,

@@ -404,7 +404,10 @@ impl PageStore {
             d.extent.store(target, Ordering::Release);
         } else {
             let e = std::io::Error::last_os_error();
-            log::debug!("{}: fallocate failed ({e}); writes will extend the file", d.path.display());
+            log::debug!(
+                "{}: fallocate failed ({e}); writes will extend the file",
+                d.path.display()
+            );
             d.extent.store(u64::MAX, Ordering::Release); // do not try again
         }
     }
@@ -788,7 +791,10 @@ mod tests {
         let s = PageStore::open(&c).unwrap();
         // Written slots (0..5) are never handed out again; preallocated space beyond them may
         // be skipped (leaked), which costs disk space but never data.
-        assert!(s.allocate().unwrap() >= 5, "written slots are never handed out again");
+        assert!(
+            s.allocate().unwrap() >= 5,
+            "written slots are never handed out again"
+        );
         s.close().unwrap();
     }
 

@@ -12,7 +12,11 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "shoal", version, about = "Shoal: a buffer pool of DRAM and NVMe pages, with a B-link tree and workload drivers")]
+#[command(
+    name = "shoal",
+    version,
+    about = "Shoal: a buffer pool of DRAM and NVMe pages, with a B-link tree and workload drivers"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

@@ -105,7 +105,10 @@ struct Plan {
 
 fn validate(a: &Args) -> Result<Plan, String> {
     if a.nodes == 0 || a.nodes > MAX_NODES {
-        return Err(format!("--nodes {}: a cluster has 1 to {MAX_NODES} nodes", a.nodes));
+        return Err(format!(
+            "--nodes {}: a cluster has 1 to {MAX_NODES} nodes",
+            a.nodes
+        ));
     }
     if a.nodes > 1 || a.transport == Transport::Tcp {
         return Err(format!(
@@ -128,11 +131,16 @@ fn validate(a: &Args) -> Result<Plan, String> {
             value::MIN_VALUE
         ));
     }
-    if !(a.zipf_theta > 0.0 && a.zipf_theta <= 3.0) {
-        return Err(format!("--zipf-theta {}: use a value in (0, 3]", a.zipf_theta));
+    if a.zipf_theta.is_nan() || a.zipf_theta <= 0.0 || a.zipf_theta > 3.0 {
+        return Err(format!(
+            "--zipf-theta {}: use a value in (0, 3]",
+            a.zipf_theta
+        ));
     }
-    if !(a.duration > 0.0) || !(a.warmup >= 0.0) {
-        return Err("--duration must be > 0 and --warmup >= 0".into());
+    // (also rules out NaN and infinities, which Duration::from_secs_f64 would panic on)
+    let secs_ok = |s: f64| s.is_finite() && (0.0..=1e7).contains(&s);
+    if !secs_ok(a.duration) || a.duration == 0.0 || !secs_ok(a.warmup) {
+        return Err("--duration must be > 0 and --warmup >= 0 (seconds, at most 1e7)".into());
     }
     if a.max_scan == 0 {
         return Err("--max-scan must be at least 1".into());
@@ -242,8 +250,8 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
         if let Some(h) = &r.hist {
             hist.add(h).expect("same bounds");
         }
-        for i in 0..5 {
-            ops[i] += r.ops[i];
+        for (total, n) in ops.iter_mut().zip(r.ops) {
+            *total += n;
         }
         errors += r.errors;
         misses += r.misses;
@@ -320,8 +328,11 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
                 "restarts": d.restarts,
             }],
         });
-        std::fs::write(path, serde_json::to_string_pretty(&doc).expect("json") + "\n")
-            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&doc).expect("json") + "\n",
+        )
+        .map_err(|e| format!("writing {}: {e}", path.display()))?;
     }
     engine.close().map_err(|e| e.to_string())?;
     Ok(if errors > 0 {
@@ -430,10 +441,17 @@ fn run_phase(engine: &Engine, tree: &BTree, a: &Args, plan: &Plan) -> Result<Run
         let hs: Vec<_> = (0..a.workers)
             .map(|t| {
                 let (phase, counter, next_insert) = (&phase, &counters[t], &next_insert);
-                s.spawn(move || worker_loop(engine, tree, a, plan, t, phase, &counter.0, next_insert))
+                s.spawn(move || {
+                    worker_loop(engine, tree, a, plan, t, phase, &counter.0, next_insert)
+                })
             })
             .collect();
-        let total_ops = || counters.iter().map(|c| c.0.load(Ordering::Relaxed)).sum::<u64>();
+        let total_ops = || {
+            counters
+                .iter()
+                .map(|c| c.0.load(Ordering::Relaxed))
+                .sum::<u64>()
+        };
         let start = Instant::now();
         let warm = Duration::from_secs_f64(a.warmup);
         let end = warm + Duration::from_secs_f64(a.duration);
@@ -556,7 +574,11 @@ fn worker_loop(
                 let found = tree.update(&w, &u64_key(k), |v| {
                     // updates check what they overwrite, too
                     bad = !value::check(v, k, vs);
-                    let s = if rmw { value::salt(v).wrapping_add(1) } else { salt };
+                    let s = if rmw {
+                        value::salt(v).wrapping_add(1)
+                    } else {
+                        salt
+                    };
                     value::fill(v, k, s);
                 })?;
                 if !found {

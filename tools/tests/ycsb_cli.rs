@@ -24,7 +24,10 @@ fn run_json(args: &[&str]) -> serde_json::Value {
         String::from_utf8_lossy(&out.stderr)
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("throughput") && stdout.contains("p99.9"), "{stdout}");
+    assert!(
+        stdout.contains("throughput") && stdout.contains("p99.9"),
+        "{stdout}"
+    );
     serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
 }
 
@@ -50,8 +53,16 @@ fn every_workload_runs_clean_on_one_node() {
 fn larger_than_cache_with_zipf_reads_from_nvme() {
     // ~30K records of 200 B in 1 MiB of cache: most leaves live on disk
     let v = run_json(&[
-        "--records", "30000", "--value-size", "200", "--cache", "1MiB",
-        "--distribution", "zipf", "--read-ratio", "0.5",
+        "--records",
+        "30000",
+        "--value-size",
+        "200",
+        "--cache",
+        "1MiB",
+        "--distribution",
+        "zipf",
+        "--read-ratio",
+        "0.5",
     ]);
     check(&v);
     assert!(v["per_node"][0]["nvme_reads"].as_u64().unwrap() > 0, "{v}");
