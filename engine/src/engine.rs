@@ -324,6 +324,23 @@ impl Inner {
         }
     }
 
+    /// Forget page `pid` held in frame `idx` (whose exclusive latch the caller holds): unlink it
+    /// from the table, mark the frame free, release the latch with a version bump (optimistic
+    /// readers of the old page fail validation) and queue the frame as free. Whatever the page
+    /// held is dropped: the caller wrote it back, or it is being deleted or failed to load.
+    pub fn drop_frame(&self, pid: Pid, idx: u32) {
+        let f = self.pool.frame(idx);
+        debug_assert!(f.latch.is_exclusive() && f.pid() == pid);
+        let part = self.table.lock(pid);
+        self.table.remove(&self.pool, &part, idx);
+        drop(part);
+        f.set_pid(Pid::NONE);
+        f.set_state(FREE);
+        f.set_dirty(false);
+        f.latch.unlock_exclusive();
+        self.release_frame(idx);
+    }
+
     /// Give a frame (unlatched, FREE, unlinked) back to the free queue.
     pub fn release_frame(&self, idx: u32) {
         self.free
@@ -369,13 +386,7 @@ impl Inner {
                 Ok(idx)
             }
             Err(e) => {
-                let part = self.table.lock(pid);
-                self.table.remove(&self.pool, &part, idx);
-                drop(part);
-                f.set_pid(Pid::NONE);
-                f.set_state(FREE);
-                f.latch.unlock_exclusive();
-                self.release_frame(idx);
+                self.drop_frame(pid, idx);
                 Err(EngineError::PageRead {
                     pid,
                     source: Arc::new(e),
@@ -437,16 +448,7 @@ impl Inner {
 
     /// Drop page `pid` held exclusively in frame `idx` and return its slot to the allocator.
     pub fn free_page(&self, pid: Pid, idx: u32) -> Result<(), EngineError> {
-        let f = self.pool.frame(idx);
-        debug_assert!(f.latch.is_exclusive() && f.pid() == pid);
-        let part = self.table.lock(pid);
-        self.table.remove(&self.pool, &part, idx);
-        drop(part);
-        f.set_pid(Pid::NONE);
-        f.set_state(FREE);
-        f.set_dirty(false);
-        f.latch.unlock_exclusive();
-        self.release_frame(idx);
+        self.drop_frame(pid, idx);
         // The provider is the only writer of pages and issues its writes one batch at a time, so
         // any write of the old page completes before a write of the slot's next owner is issued.
         self.store.free(pid.slot())?;

@@ -111,26 +111,11 @@ impl FramePool {
         let bytes = count
             .checked_mul(PAGE_SIZE)
             .ok_or_else(|| std::io::Error::other("frame pool size overflows"))?;
-        // SAFETY: anonymous private mapping; arguments are valid; the result is checked.
-        let memory = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if memory == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: the range was just mapped by us. Transparent huge pages are only a hint.
-        unsafe { libc::madvise(memory, bytes, libc::MADV_HUGEPAGE) };
+        let memory = crate::mapped::map_anonymous(bytes)?;
         let frames = MappedSlice::new(count, |_| Frame::new())?;
         Ok(FramePool {
             frames,
-            memory: memory.cast(),
+            memory: memory.as_ptr(),
             bytes,
         })
     }

@@ -1,13 +1,36 @@
-//! [`MappedSlice`]: a fixed-size array in its own anonymous mapping, advised to use transparent
-//! huge pages. The frame descriptors and the translation table's entries are read on every page
-//! access at random positions; with 4 KiB pages those reads would miss the TLB as well as the
-//! caches. [`MappedSlice::zeroed`] reserves address space without committing it (the
-//! translation table's per-node arrays).
+//! Anonymous memory mappings for the engine's large arrays, advised to use transparent huge
+//! pages: page memory, frame descriptors ([`MappedSlice`]) and the translation table's per-node
+//! arrays ([`MappedSlice::zeroed`], which reserves address space without committing it). These
+//! are read on every page access at random positions; with 4 KiB pages those reads would miss
+//! the TLB as well as the caches.
 
 use std::ops::Deref;
 use std::ptr::NonNull;
 
-/// A fixed-length array of `T` in an anonymous mapping (huge-page advised).
+/// Map `bytes` of zeroed, private, anonymous memory (reserved; the kernel commits it on first
+/// touch), advised to use transparent huge pages. Release it with `libc::munmap(ptr, bytes)`.
+pub fn map_anonymous(bytes: usize) -> std::io::Result<NonNull<u8>> {
+    let bytes = bytes.max(1);
+    // SAFETY: anonymous private mapping with valid arguments; the result is checked.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the range was just mapped by us; the advice is only a hint.
+    unsafe { libc::madvise(raw, bytes, libc::MADV_HUGEPAGE) };
+    Ok(NonNull::new(raw.cast::<u8>()).expect("mmap returned a non-null address"))
+}
+
+/// A fixed-length array of `T` in its own anonymous mapping.
 pub struct MappedSlice<T> {
     ptr: NonNull<T>,
     len: usize,
@@ -20,68 +43,36 @@ unsafe impl<T: Send> Send for MappedSlice<T> {}
 unsafe impl<T: Sync> Sync for MappedSlice<T> {}
 
 impl<T> MappedSlice<T> {
-    /// `len` elements made by `init(i)`.
-    pub fn new(len: usize, mut init: impl FnMut(usize) -> T) -> std::io::Result<Self> {
-        let bytes = (len.max(1))
-            .checked_mul(std::mem::size_of::<T>().max(1))
-            .ok_or_else(|| std::io::Error::other("array size overflows"))?;
+    fn map(len: usize) -> std::io::Result<(NonNull<T>, usize)> {
         assert!(
             std::mem::align_of::<T>() <= 4096,
-            "mapping is only page aligned"
+            "mappings are only page aligned"
         );
-        // SAFETY: anonymous private mapping with valid arguments; the result is checked.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: the range was just mapped by us; the advice is only a hint.
-        unsafe { libc::madvise(raw, bytes, libc::MADV_HUGEPAGE) };
-        let ptr = NonNull::new(raw.cast::<T>()).expect("mmap returned a non-null address");
+        let bytes = len
+            .max(1)
+            .checked_mul(std::mem::size_of::<T>().max(1))
+            .ok_or_else(|| std::io::Error::other("array size overflows"))?;
+        Ok((map_anonymous(bytes)?.cast::<T>(), bytes))
+    }
+
+    /// `len` elements made by `init(i)`.
+    pub fn new(len: usize, mut init: impl FnMut(usize) -> T) -> std::io::Result<Self> {
+        let (ptr, bytes) = Self::map(len)?;
         for i in 0..len {
-            // SAFETY: i < len, inside the mapping, page aligned base so `T` is aligned; each
-            // slot is written exactly once before any read.
+            // SAFETY: i < len, inside the mapping, whose page-aligned base aligns every `T`;
+            // each slot is written exactly once before any read.
             unsafe { ptr.as_ptr().add(i).write(init(i)) };
         }
         Ok(MappedSlice { ptr, len, bytes })
     }
-}
 
-impl<T> MappedSlice<T> {
     /// `len` elements of all-zero bytes, without touching the memory (the kernel supplies zero
     /// pages on first access, so only the parts used are ever committed).
     ///
     /// # Safety
     /// The all-zero bit pattern must be a valid `T`.
     pub unsafe fn zeroed(len: usize) -> std::io::Result<Self> {
-        let bytes = (len.max(1))
-            .checked_mul(std::mem::size_of::<T>().max(1))
-            .ok_or_else(|| std::io::Error::other("array size overflows"))?;
-        // SAFETY: anonymous private mapping with valid arguments; the result is checked.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: our own fresh mapping; advice only.
-        unsafe { libc::madvise(raw, bytes, libc::MADV_HUGEPAGE) };
-        let ptr = NonNull::new(raw.cast::<T>()).expect("mmap returned a non-null address");
+        let (ptr, bytes) = Self::map(len)?;
         Ok(MappedSlice { ptr, len, bytes })
     }
 }
@@ -97,7 +88,7 @@ impl<T> Deref for MappedSlice<T> {
 impl<T> Drop for MappedSlice<T> {
     fn drop(&mut self) {
         // SAFETY: the elements are initialised and dropped once; then the mapping created in
-        // `new` is unmapped; no borrow outlives `self`.
+        // `map` is unmapped; no borrow outlives `self`.
         unsafe {
             std::ptr::drop_in_place(std::ptr::slice_from_raw_parts_mut(
                 self.ptr.as_ptr(),

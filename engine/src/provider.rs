@@ -25,7 +25,7 @@
 
 use crate::engine::Inner;
 use crate::error::EngineError;
-use crate::frame::{FREE, RESIDENT};
+use crate::frame::RESIDENT;
 use crate::latch::Backoff;
 use crate::pid::Pid;
 use rand::rngs::SmallRng;
@@ -165,14 +165,7 @@ impl Provider {
                 f.latch.unlock_exclusive_unchanged();
                 continue;
             }
-            let pid = f.pid();
-            let part = inner.table.lock(pid);
-            inner.table.remove(&inner.pool, &part, i);
-            drop(part);
-            f.set_pid(Pid::NONE);
-            f.set_state(FREE);
-            f.latch.unlock_exclusive();
-            inner.release_frame(i);
+            inner.drop_frame(f.pid(), i);
             freed += 1;
         }
         inner
