@@ -1,9 +1,29 @@
-//! # shoal-messaging: one-sided writes and mailboxes (not built yet)
+//! # shoal-messaging: one-sided writes and mailboxes
 //!
-//! This crate will own the transports with one-sided-write semantics (`mem`: in-process copy
-//! plus a release store; `tcp`: a framed stream per peer; `rdma` behind a cargo feature), the
-//! mailboxes of fixed 64-byte messages (one request slot per worker and peer at the peer's
-//! handler, one response slot at the worker, flag byte written last), and page pushes into a
-//! requester's frame. See DESIGN.md, "Messaging", and the messaging issue.
+//! This crate owns how bytes move between nodes:
+//!
+//! - [`region`]: the memory a node registers for peers to write into (atomic words; every
+//!   write's last word is published with Release, so a flag written last marks completion);
+//! - [`transport`]: the [`Transport`] trait (one-sided, per-peer-ordered writes) and the
+//!   in-process `mem` transport; [`tcp`]: one process per node over TCP;
+//! - [`message`]: fixed 64-byte messages with a validating encoding;
+//! - [`mailbox`]: request/response slots per (worker, peer), handler threads owning partitions
+//!   of request slots, page pushes into a requester's frame before the reply;
+//! - [`wait`]: spin-then-park waiting with writer wake-ups (busy-polling as an option).
 //!
 //! It must not know what pages contain or the coherence rules: it moves bytes and messages.
+
+pub mod error;
+pub mod mailbox;
+pub mod message;
+pub mod region;
+pub mod tcp;
+pub mod transport;
+pub mod wait;
+
+pub use error::MsgError;
+pub use mailbox::{Layout, Mailboxes, Responder, PAGE_BYTES};
+pub use message::{Echo, Envelope, Message, BODY_BYTES, MSG_BYTES};
+pub use region::Region;
+pub use transport::{mem_cluster, MemTransport, Transport};
+pub use wait::WaitMode;

@@ -1,0 +1,155 @@
+//! [`Region`]: the memory of one node that peers write into with one-sided writes.
+//!
+//! The region is an array of `AtomicU64` words. Every write is a whole number of aligned words
+//! and is applied by [`Region::apply`]: all words but the last with `Relaxed` stores, the last
+//! with a `Release` store. A reader that observes the last word with an `Acquire` load therefore
+//! sees the whole write. Mailbox messages put their "full" flag in the last byte of their last
+//! word, so "flag seen" implies "message complete" (the flag is written last). Because all
+//! accesses are word-sized atomics, a reader polling a slot while a writer fills it is never a
+//! data race.
+//!
+//! Each 64-byte slot of the mailbox area may be tied to a wait queue; after applying a write
+//! that ends in such a slot, the writer wakes the queue's parked thread (see [`crate::wait`]).
+
+use crate::error::MsgError;
+use crate::wait::WaitQueue;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Bytes of one mailbox slot (one message).
+pub const SLOT_BYTES: usize = 64;
+
+pub struct Region {
+    words: Box<[AtomicU64]>,
+    /// Wait queue of each slot of the mailbox area (`slot_queue[i]` for slot `i`), if any.
+    slot_queue: Box<[u32]>,
+    queues: Box<[WaitQueue]>,
+}
+
+/// Marks a slot that no queue waits on.
+pub const NO_QUEUE: u32 = u32::MAX;
+
+impl Region {
+    /// A zeroed region of `bytes` (a multiple of 8) whose first `slot_queue.len()` slots wake the
+    /// given queues (of `queues` in all).
+    pub fn new(bytes: usize, slot_queue: Vec<u32>, queues: usize) -> Result<Region, MsgError> {
+        if bytes % 8 != 0 || slot_queue.len() * SLOT_BYTES > bytes {
+            return Err(MsgError::Config(format!(
+                "region of {bytes} bytes cannot hold {} slots",
+                slot_queue.len()
+            )));
+        }
+        if slot_queue.iter().any(|&q| q != NO_QUEUE && q as usize >= queues) {
+            return Err(MsgError::Config("slot tied to a queue that does not exist".into()));
+        }
+        Ok(Region {
+            words: (0..bytes / 8).map(|_| AtomicU64::new(0)).collect(),
+            slot_queue: slot_queue.into_boxed_slice(),
+            queues: (0..queues).map(|_| WaitQueue::new()).collect(),
+        })
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.words.len() * 8
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.words.is_empty()
+    }
+
+    /// Check that a write of `len` bytes at `offset` is aligned and inside the region.
+    pub fn check(&self, offset: usize, len: usize) -> Result<(), MsgError> {
+        let ok = len > 0
+            && offset % 8 == 0
+            && len % 8 == 0
+            && offset.checked_add(len).is_some_and(|end| end <= self.len());
+        if ok {
+            Ok(())
+        } else {
+            Err(MsgError::OutOfBounds {
+                offset,
+                len,
+                region: self.len(),
+            })
+        }
+    }
+
+    /// Apply a one-sided write (see module docs) and wake whoever waits on the slot it ends in.
+    pub fn apply(&self, offset: usize, data: &[u8]) -> Result<(), MsgError> {
+        self.check(offset, data.len())?;
+        let first = offset / 8;
+        let n = data.len() / 8;
+        for (i, chunk) in data.chunks_exact(8).enumerate() {
+            let w = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+            // Relaxed for the body; Release for the last word publishes the whole write.
+            let order = if i + 1 == n {
+                Ordering::Release
+            } else {
+                Ordering::Relaxed
+            };
+            self.words[first + i].store(w, order);
+        }
+        let last_slot = (offset + data.len() - 1) / SLOT_BYTES;
+        if let Some(&q) = self.slot_queue.get(last_slot) {
+            if q != NO_QUEUE {
+                self.queues[q as usize].wake();
+            }
+        }
+        Ok(())
+    }
+
+    /// Load one word (Acquire: pairs with the Release of `apply`'s last word).
+    #[inline]
+    pub fn load(&self, offset: usize) -> u64 {
+        self.words[offset / 8].load(Ordering::Acquire)
+    }
+
+    /// Store one word locally (Release).
+    #[inline]
+    pub fn store(&self, offset: usize, v: u64) {
+        self.words[offset / 8].store(v, Ordering::Release)
+    }
+
+    /// Copy `out.len()` bytes (a multiple of 8) at `offset` out of the region.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), MsgError> {
+        self.check(offset, out.len())?;
+        for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
+            // Relaxed: callers first observe the write's last word with `load` (Acquire).
+            chunk.copy_from_slice(&self.words[offset / 8 + i].load(Ordering::Relaxed).to_le_bytes());
+        }
+        Ok(())
+    }
+
+    /// The wait queue `q`.
+    pub fn queue(&self, q: u32) -> &WaitQueue {
+        &self.queues[q as usize]
+    }
+
+    /// Wake every queue (a peer died: waiters must re-check and fail).
+    pub fn wake_all(&self) {
+        for q in self.queues.iter() {
+            q.wake();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_and_alignment_are_checked() {
+        let r = Region::new(256, vec![NO_QUEUE; 2], 0).unwrap();
+        assert!(r.apply(0, &[1u8; 64]).is_ok());
+        assert!(matches!(r.apply(3, &[1u8; 8]), Err(MsgError::OutOfBounds { .. })));
+        assert!(matches!(r.apply(8, &[1u8; 7]), Err(MsgError::OutOfBounds { .. })));
+        assert!(matches!(r.apply(256, &[1u8; 8]), Err(MsgError::OutOfBounds { .. })));
+        assert!(matches!(r.apply(usize::MAX - 7, &[1u8; 8]), Err(MsgError::OutOfBounds { .. })));
+        assert!(matches!(r.apply(0, &[]), Err(MsgError::OutOfBounds { .. })));
+        let mut out = [0u8; 16];
+        r.read(48, &mut out).unwrap();
+        assert_eq!(out, [1u8; 16]);
+        assert!(Region::new(100, vec![], 0).is_err());
+        assert!(Region::new(64, vec![0], 0).is_err());
+    }
+}

@@ -1,0 +1,90 @@
+//! The transport abstraction and the in-process `mem` transport.
+//!
+//! A transport's primitive is a **one-sided write**: bytes land in a region that a peer
+//! registered, with no action by the peer's threads; writes from one node to another are
+//! applied in the order they were issued. Each node registers one [`Region`].
+
+use crate::error::MsgError;
+use crate::region::Region;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// One node's view of the cluster's network.
+pub trait Transport: Send + Sync + 'static {
+    /// This node's id.
+    fn node(&self) -> u8;
+    /// Number of nodes in the cluster.
+    fn nodes(&self) -> u8;
+    /// This node's registered region (peers write into it).
+    fn region(&self) -> &Region;
+    /// Write `data` into `peer`'s region at `offset` (one-sided; ordered per peer).
+    fn write(&self, peer: u8, offset: usize, data: &[u8]) -> Result<(), MsgError>;
+    /// Whether `peer` is reachable (false once its connection closed or it died).
+    fn peer_alive(&self, peer: u8) -> bool;
+}
+
+/// `mem`: nodes are thread groups in one process; a write is a copy plus a release store.
+pub struct MemTransport {
+    node: u8,
+    regions: Arc<[Arc<Region>]>,
+    alive: Arc<[AtomicBool]>,
+}
+
+/// Build an in-process cluster of `regions.len()` nodes, one transport per node.
+pub fn mem_cluster(regions: Vec<Region>) -> Result<Vec<Arc<MemTransport>>, MsgError> {
+    let n = regions.len();
+    if n == 0 || n > 64 {
+        return Err(MsgError::Config(format!("a cluster has 1 to 64 nodes, got {n}")));
+    }
+    let regions: Arc<[Arc<Region>]> = regions.into_iter().map(Arc::new).collect();
+    let alive: Arc<[AtomicBool]> = (0..n).map(|_| AtomicBool::new(true)).collect();
+    Ok((0..n)
+        .map(|i| {
+            Arc::new(MemTransport {
+                node: i as u8,
+                regions: Arc::clone(&regions),
+                alive: Arc::clone(&alive),
+            })
+        })
+        .collect())
+}
+
+impl MemTransport {
+    /// Simulate the death of `node`: writes to it fail from now on and every waiter in the
+    /// cluster is woken to notice.
+    pub fn kill(&self, node: u8) {
+        if let Some(a) = self.alive.get(node as usize) {
+            a.store(false, Ordering::Release);
+        }
+        for r in self.regions.iter() {
+            r.wake_all();
+        }
+    }
+}
+
+impl Transport for MemTransport {
+    fn node(&self) -> u8 {
+        self.node
+    }
+    fn nodes(&self) -> u8 {
+        self.regions.len() as u8
+    }
+    fn region(&self) -> &Region {
+        &self.regions[self.node as usize]
+    }
+    fn write(&self, peer: u8, offset: usize, data: &[u8]) -> Result<(), MsgError> {
+        let r = self
+            .regions
+            .get(peer as usize)
+            .ok_or(MsgError::NoSuchPeer(peer, self.nodes()))?;
+        if !self.peer_alive(peer) || !self.peer_alive(self.node) {
+            return Err(MsgError::PeerDead(peer));
+        }
+        r.apply(offset, data)
+    }
+    fn peer_alive(&self, peer: u8) -> bool {
+        self.alive
+            .get(peer as usize)
+            .is_some_and(|a| a.load(Ordering::Acquire))
+    }
+}

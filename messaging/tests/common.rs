@@ -1,0 +1,30 @@
+//! Shared by the messaging tests: an echo/page server and a page pattern.
+#![allow(dead_code)]
+
+use shoal_messaging::{Echo, Envelope, Responder, Transport, PAGE_BYTES};
+
+/// The page a node serves for page number `page`: every byte derived from (node, page).
+pub fn page_image(node: u8, page: u64) -> Box<[u8; PAGE_BYTES]> {
+    let mut b = Box::new([0u8; PAGE_BYTES]);
+    let mut x = (page ^ 0x9E37_79B9_7F4A_7C15).wrapping_mul(node as u64 + 3);
+    for chunk in b.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes());
+    }
+    b
+}
+
+/// Serve `Echo`: pings are echoed, page fetches push `page_image` into the requester's frame.
+pub fn serve<T: Transport>(node: u8, env: &Envelope, r: &mut Responder<'_, T>) -> Envelope {
+    let reply = |m: &Echo| Envelope::new(m, 0, 0, 0);
+    match env.decode::<Echo>() {
+        Ok(Echo::Ping { n, len, data }) => reply(&Echo::Pong { n, len, data }),
+        Ok(Echo::FetchPage { page, frame }) => match r.push_page(frame, &page_image(node, page)) {
+            Ok(()) => reply(&Echo::PagePushed { page, frame }),
+            Err(_) => reply(&Echo::Refused { code: 2 }),
+        },
+        _ => reply(&Echo::Refused { code: 1 }),
+    }
+}
