@@ -1,1 +1,399 @@
-//! tcp (next)
+//! `tcp`: one process per node, on one host or many. One TCP connection per pair of nodes
+//! (the lower id dials, the higher accepts), used in both directions, with TCP_NODELAY.
+//!
+//! **Handshake** (16 bytes each way): magic `SHLM`, protocol version, sender node, receiver
+//! node, cluster id. The acceptor checks all of it (and that it expects that peer) before
+//! answering with its own; the dialer checks the answer. Anything else closes the connection
+//! with a logged error.
+//!
+//! **Frames**: `offset u64 | len u32 | reserved u32 | len bytes`, a one-sided write into the
+//! receiver's region. A receiver thread per peer applies frames in order. A frame that is too
+//! large, misaligned, or outside the region closes the connection with a logged error, before
+//! any byte of it is applied; so does a truncated frame (EOF mid-frame). Nothing a peer sends
+//! can make the receiver panic or write out of bounds.
+//!
+//! **Failure**: when a connection closes or errs, the peer is marked dead and every waiter of
+//! the local region is woken; pending and new requests to that peer fail with
+//! [`MsgError::PeerDead`]. A killed peer process closes its sockets at once (the kernel sends
+//! FIN/RST); a vanished host is caught by the caller's request timeout.
+
+use crate::error::MsgError;
+use crate::region::Region;
+use crate::transport::Transport;
+use parking_lot::Mutex;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const MAGIC: [u8; 4] = *b"SHLM";
+/// Wire protocol version; both sides must match.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Largest single write a peer may send (a page plus slack).
+pub const MAX_FRAME: usize = 1 << 20;
+const HELLO: usize = 16;
+const HEADER: usize = 16;
+
+/// Cluster membership and timing of a TCP node.
+#[derive(Debug, Clone)]
+pub struct TcpConfig {
+    pub node: u8,
+    pub cluster_id: u64,
+    /// Listening address of every node, indexed by node id.
+    pub addrs: Vec<SocketAddr>,
+    /// How long `start` waits for all peers to connect.
+    pub connect_timeout: Duration,
+}
+
+struct Peer {
+    addr: SocketAddr,
+    stream: TcpStream,
+    writer: Mutex<TcpStream>,
+    alive: AtomicBool,
+}
+
+/// One node's TCP transport.
+pub struct TcpTransport {
+    node: u8,
+    nodes: u8,
+    cluster_id: u64,
+    region: Arc<Region>,
+    peers: Vec<Option<Peer>>,
+    closed: AtomicBool,
+}
+
+fn hello(cluster_id: u64, from: u8, to: u8) -> [u8; HELLO] {
+    let mut b = [0u8; HELLO];
+    b[0..4].copy_from_slice(&MAGIC);
+    b[4..6].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    b[6] = from;
+    b[7] = to;
+    b[8..16].copy_from_slice(&cluster_id.to_le_bytes());
+    b
+}
+
+/// Check a peer's hello; returns the sender node.
+fn check_hello(b: &[u8; HELLO], cluster_id: u64, me: u8, nodes: u8) -> Result<u8, String> {
+    if b[0..4] != MAGIC {
+        return Err("not a Shoal peer (bad magic)".into());
+    }
+    let v = u16::from_le_bytes([b[4], b[5]]);
+    if v != PROTOCOL_VERSION {
+        return Err(format!("protocol version {v}, this node speaks {PROTOCOL_VERSION}"));
+    }
+    let c = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
+    if c != cluster_id {
+        return Err(format!("cluster id {c}, this node is in cluster {cluster_id}"));
+    }
+    if b[7] != me {
+        return Err(format!("addressed to node {}, this is node {me}", b[7]));
+    }
+    if b[6] >= nodes || b[6] == me {
+        return Err(format!("sender node {} is not a peer", b[6]));
+    }
+    Ok(b[6])
+}
+
+impl TcpTransport {
+    /// Connect to every peer (dial higher ids, accept lower ones on `listener`), then start a
+    /// receiver thread per peer. Blocks until the cluster is connected or the timeout passes.
+    pub fn start(cfg: TcpConfig, listener: TcpListener, region: Arc<Region>) -> Result<Arc<Self>, MsgError> {
+        let nodes = cfg.addrs.len();
+        if nodes == 0 || nodes > 64 || cfg.node as usize >= nodes {
+            return Err(MsgError::Config(format!(
+                "node {} in a cluster of {nodes} addresses (1 to 64 nodes)",
+                cfg.node
+            )));
+        }
+        let nodes = nodes as u8;
+        let deadline = Instant::now() + cfg.connect_timeout;
+        let mut streams: Vec<Option<TcpStream>> = (0..nodes).map(|_| None).collect();
+        // accept lower ids in the background while dialing higher ids
+        let expect_lower = cfg.node as usize;
+        let acceptor = {
+            let listener = listener.try_clone().map_err(io)?;
+            let (cluster, me) = (cfg.cluster_id, cfg.node);
+            std::thread::Builder::new()
+                .name(format!("shoal-tcp-accept-{me}"))
+                .spawn(move || accept_peers(listener, cluster, me, nodes, expect_lower, deadline))
+                .map_err(io)?
+        };
+        for peer in cfg.node + 1..nodes {
+            let addr = cfg.addrs[peer as usize];
+            let s = dial(addr, cfg.cluster_id, cfg.node, peer, nodes, deadline)?;
+            streams[peer as usize] = Some(s);
+        }
+        let accepted = acceptor
+            .join()
+            .map_err(|_| MsgError::Io("acceptor thread panicked".into()))??;
+        for (peer, s) in accepted {
+            streams[peer as usize] = Some(s);
+        }
+        // keep rejecting strangers on the listener for the life of the process
+        std::thread::Builder::new()
+            .name(format!("shoal-tcp-reject-{}", cfg.node))
+            .spawn(move || reject_strangers(listener))
+            .map_err(io)?;
+        let mut peers = Vec::with_capacity(nodes as usize);
+        for (i, s) in streams.into_iter().enumerate() {
+            peers.push(match s {
+                None if i == cfg.node as usize => None,
+                None => return Err(MsgError::PeerDead(i as u8)),
+                Some(s) => {
+                    s.set_read_timeout(None).map_err(io)?;
+                    Some(Peer {
+                        addr: cfg.addrs[i],
+                        writer: Mutex::new(s.try_clone().map_err(io)?),
+                        stream: s,
+                        alive: AtomicBool::new(true),
+                    })
+                }
+            });
+        }
+        let t = Arc::new(TcpTransport {
+            node: cfg.node,
+            nodes,
+            cluster_id: cfg.cluster_id,
+            region,
+            peers,
+            closed: AtomicBool::new(false),
+        });
+        for (i, p) in t.peers.iter().enumerate() {
+            if let Some(p) = p {
+                let reader = p.stream.try_clone().map_err(io)?;
+                let t2 = Arc::clone(&t);
+                std::thread::Builder::new()
+                    .name(format!("shoal-tcp-rx-{}-{i}", cfg.node))
+                    .spawn(move || t2.receive(i as u8, reader))
+                    .map_err(io)?;
+            }
+        }
+        Ok(t)
+    }
+
+    pub fn cluster_id(&self) -> u64 {
+        self.cluster_id
+    }
+
+    fn receive(&self, peer: u8, mut s: TcpStream) {
+        let mut head = [0u8; HEADER];
+        let mut buf = Vec::new();
+        let why = loop {
+            if let Err(e) = s.read_exact(&mut head) {
+                break format!("connection closed ({e})");
+            }
+            let offset = u64::from_le_bytes(head[0..8].try_into().expect("8 bytes"));
+            let len = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes")) as usize;
+            if len > MAX_FRAME {
+                break format!("frame of {len} bytes exceeds {MAX_FRAME}");
+            }
+            let offset = match usize::try_from(offset) {
+                Ok(o) => o,
+                Err(_) => break format!("frame offset {offset} out of range"),
+            };
+            if let Err(e) = self.region.check(offset, len) {
+                break e.to_string();
+            }
+            buf.resize(len, 0);
+            if let Err(e) = s.read_exact(&mut buf) {
+                break format!("truncated frame ({e})");
+            }
+            if let Err(e) = self.region.apply(offset, &buf) {
+                break e.to_string();
+            }
+        };
+        if !self.closed.load(Ordering::Acquire) {
+            log::error!("node {}: dropping node {peer}: {why}", self.node);
+        }
+        self.mark_dead(peer);
+    }
+
+    fn mark_dead(&self, peer: u8) {
+        if let Some(Some(p)) = self.peers.get(peer as usize) {
+            p.alive.store(false, Ordering::Release);
+            let _ = p.stream.shutdown(Shutdown::Both);
+        }
+        self.region.wake_all();
+    }
+
+    /// Close every connection (peers see this node die).
+    pub fn shutdown(&self) {
+        self.closed.store(true, Ordering::Release);
+        for p in self.peers.iter().flatten() {
+            p.alive.store(false, Ordering::Release);
+            let _ = p.stream.shutdown(Shutdown::Both);
+        }
+        self.region.wake_all();
+    }
+}
+
+impl Transport for TcpTransport {
+    fn node(&self) -> u8 {
+        self.node
+    }
+    fn nodes(&self) -> u8 {
+        self.nodes
+    }
+    fn region(&self) -> &Region {
+        &self.region
+    }
+    fn write(&self, peer: u8, offset: usize, data: &[u8]) -> Result<(), MsgError> {
+        if peer == self.node {
+            return self.region.apply(offset, data);
+        }
+        let p = match self.peers.get(peer as usize) {
+            Some(Some(p)) => p,
+            _ => return Err(MsgError::NoSuchPeer(peer, self.nodes)),
+        };
+        if !p.alive.load(Ordering::Acquire) {
+            return Err(MsgError::PeerDead(peer));
+        }
+        if data.len() > MAX_FRAME || data.is_empty() || data.len() % 8 != 0 || offset % 8 != 0 {
+            return Err(MsgError::OutOfBounds {
+                offset,
+                len: data.len(),
+                region: MAX_FRAME,
+            });
+        }
+        let mut frame = Vec::with_capacity(HEADER + data.len());
+        frame.extend_from_slice(&(offset as u64).to_le_bytes());
+        frame.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        frame.extend_from_slice(&[0u8; 4]);
+        frame.extend_from_slice(data);
+        let r = p.writer.lock().write_all(&frame);
+        r.map_err(|e| {
+            log::error!("node {}: writing to node {peer} at {}: {e}", self.node, p.addr);
+            self.mark_dead(peer);
+            MsgError::PeerDead(peer)
+        })
+    }
+    fn peer_alive(&self, peer: u8) -> bool {
+        peer == self.node
+            || matches!(self.peers.get(peer as usize), Some(Some(p)) if p.alive.load(Ordering::Acquire))
+    }
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn io(e: std::io::Error) -> MsgError {
+    MsgError::Io(e.to_string())
+}
+
+fn dial(addr: SocketAddr, cluster: u64, me: u8, peer: u8, nodes: u8, deadline: Instant) -> Result<TcpStream, MsgError> {
+    let hs = |why: String| MsgError::Handshake {
+        addr: addr.to_string(),
+        why,
+    };
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(hs(format!("node {peer} did not accept a connection in time")));
+        }
+        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(1))) {
+            Ok(mut s) => {
+                s.set_nodelay(true).map_err(io)?;
+                s.set_read_timeout(Some(left.max(Duration::from_millis(10)))).map_err(io)?;
+                s.write_all(&hello(cluster, me, peer)).map_err(|e| hs(e.to_string()))?;
+                let mut b = [0u8; HELLO];
+                s.read_exact(&mut b).map_err(|e| hs(format!("no handshake reply: {e}")))?;
+                let from = check_hello(&b, cluster, me, nodes).map_err(hs)?;
+                if from != peer {
+                    return Err(hs(format!("expected node {peer}, node {from} answered")));
+                }
+                return Ok(s);
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)), // not listening yet
+        }
+    }
+}
+
+fn accept_peers(
+    listener: TcpListener,
+    cluster: u64,
+    me: u8,
+    nodes: u8,
+    expect: usize,
+    deadline: Instant,
+) -> Result<Vec<(u8, TcpStream)>, MsgError> {
+    let mut got: Vec<(u8, TcpStream)> = Vec::new();
+    listener.set_nonblocking(true).map_err(io)?;
+    while got.len() < expect {
+        if Instant::now() >= deadline {
+            let missing: Vec<usize> = (0..expect).filter(|p| !got.iter().any(|(g, _)| *g as usize == *p)).collect();
+            return Err(MsgError::Handshake {
+                addr: listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+                why: format!("nodes {missing:?} did not connect in time"),
+            });
+        }
+        let (mut s, from_addr) = match listener.accept() {
+            Ok(x) => x,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+            Err(e) => return Err(io(e)),
+        };
+        let r = (|| -> Result<u8, String> {
+            s.set_nonblocking(false).map_err(|e| e.to_string())?;
+            s.set_nodelay(true).map_err(|e| e.to_string())?;
+            s.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+            let mut b = [0u8; HELLO];
+            s.read_exact(&mut b).map_err(|e| format!("no handshake: {e}"))?;
+            let from = check_hello(&b, cluster, me, nodes)?;
+            if from as usize >= expect || got.iter().any(|(g, _)| *g == from) {
+                return Err(format!("unexpected connection from node {from}"));
+            }
+            s.write_all(&hello(cluster, me, from)).map_err(|e| e.to_string())?;
+            Ok(from)
+        })();
+        match r {
+            Ok(from) => got.push((from, s)),
+            Err(why) => {
+                log::error!("node {me}: refusing connection from {from_addr}: {why}");
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+    }
+    listener.set_nonblocking(false).map_err(io)?;
+    Ok(got)
+}
+
+fn reject_strangers(listener: TcpListener) {
+    for s in listener.incoming() {
+        match s {
+            Ok(s) => {
+                log::error!(
+                    "refusing a connection from {:?}: the cluster is already complete",
+                    s.peer_addr().ok()
+                );
+                let _ = s.shutdown(Shutdown::Both);
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_validation() {
+        let h = hello(7, 0, 1);
+        assert_eq!(check_hello(&h, 7, 1, 2), Ok(0));
+        assert!(check_hello(&h, 8, 1, 2).unwrap_err().contains("cluster id"));
+        assert!(check_hello(&h, 7, 2, 3).unwrap_err().contains("addressed to node 1"));
+        assert!(check_hello(&hello(7, 5, 1), 7, 1, 2).unwrap_err().contains("not a peer"));
+        let mut bad = h;
+        bad[0] = b'X';
+        assert!(check_hello(&bad, 7, 1, 2).unwrap_err().contains("magic"));
+        let mut v = h;
+        v[4] = 9;
+        assert!(check_hello(&v, 7, 1, 2).unwrap_err().contains("version"));
+    }
+}

@@ -1,0 +1,287 @@
+//! The `tcp` transport on loopback: round trips and page pushes in a 3-node cluster; garbage,
+//! malformed and truncated input refused without harm; a killed peer process makes requests
+//! fail in bounded time.
+
+mod common;
+
+use shoal_messaging::tcp::{TcpConfig, TcpTransport};
+use shoal_messaging::{Echo, Layout, Mailboxes, MsgError, Region, Transport, WaitMode, PAGE_BYTES};
+use std::io::{BufRead, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const LAYOUT: Layout = Layout { nodes: 3, workers: 2, handlers: 2, frames: 2 };
+const CLUSTER: u64 = 0x5EA1;
+
+fn listeners(n: usize) -> (Vec<TcpListener>, Vec<SocketAddr>) {
+    let ls: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    let addrs = ls.iter().map(|l| l.local_addr().unwrap()).collect();
+    (ls, addrs)
+}
+
+fn cfg(node: u8, addrs: &[SocketAddr]) -> TcpConfig {
+    TcpConfig {
+        node,
+        cluster_id: CLUSTER,
+        addrs: addrs.to_vec(),
+        connect_timeout: Duration::from_secs(10),
+    }
+}
+
+fn start_cluster(layout: Layout) -> (Vec<Arc<Mailboxes<TcpTransport>>>, Vec<SocketAddr>) {
+    let (ls, addrs) = listeners(layout.nodes as usize);
+    let hs: Vec<_> = ls
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let c = cfg(i as u8, &addrs);
+            std::thread::spawn(move || {
+                TcpTransport::start(c, l, Arc::new(layout.region().unwrap())).unwrap()
+            })
+        })
+        .collect();
+    let mbs = hs
+        .into_iter()
+        .map(|h| Arc::new(Mailboxes::new(h.join().unwrap(), layout, WaitMode::Park).unwrap()))
+        .collect();
+    (mbs, addrs)
+}
+
+fn ping(mb: &Mailboxes<TcpTransport>, w: u16, peer: u8, n: u64) -> Result<(), MsgError> {
+    let mut data = [0u8; 46];
+    data[..8].copy_from_slice(&n.to_le_bytes());
+    let r = mb.call(w, peer, &Echo::Ping { n, len: 8, data }, Duration::from_secs(10))?;
+    assert_eq!(r.decode::<Echo>().unwrap(), Echo::Pong { n, len: 8, data });
+    Ok(())
+}
+
+fn with_handlers<R>(mbs: &[Arc<Mailboxes<TcpTransport>>], f: impl FnOnce() -> R) -> R {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for (i, mb) in mbs.iter().enumerate() {
+            for h in 0..mb.layout().handlers {
+                let (mb, stop) = (Arc::clone(mb), &stop);
+                s.spawn(move || mb.run_handler(h, stop, |env, r| common::serve(i as u8, env, r)));
+            }
+        }
+        let r = f();
+        stop.store(true, Ordering::Release);
+        for mb in mbs {
+            mb.wake_handlers();
+        }
+        r
+    })
+}
+
+#[test]
+fn three_nodes_round_trips_and_page_pushes() {
+    let (mbs, _) = start_cluster(LAYOUT);
+    with_handlers(&mbs, || {
+        std::thread::scope(|s| {
+            for (i, mb) in mbs.iter().enumerate() {
+                for w in 0..LAYOUT.workers {
+                    let mb = Arc::clone(mb);
+                    s.spawn(move || {
+                        let mut page = [0u8; PAGE_BYTES];
+                        for n in 0..500u64 {
+                            let peer = ((i as u64 + n) % 3) as u8;
+                            ping(&mb, w, peer, n).unwrap();
+                            if n % 5 == 0 {
+                                let frame = w as u32;
+                                let r = mb
+                                    .call(w, peer, &Echo::FetchPage { page: n, frame }, Duration::from_secs(10))
+                                    .unwrap();
+                                assert_eq!(r.decode::<Echo>().unwrap(), Echo::PagePushed { page: n, frame });
+                                mb.read_frame(frame, &mut page).unwrap();
+                                assert!(page == *common::page_image(peer, n), "page corrupted in transit");
+                            }
+                        }
+                    });
+                }
+            }
+        });
+    });
+}
+
+/// Expect the server to close `s` (EOF or reset) within a few seconds.
+fn expect_closed(mut s: TcpStream) {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = [0u8; 64];
+    let t0 = Instant::now();
+    loop {
+        match s.read(&mut b) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => assert!(t0.elapsed() < Duration::from_secs(5), "connection not closed"),
+        }
+    }
+}
+
+#[test]
+fn garbage_at_the_listener_is_refused_and_the_node_keeps_working() {
+    let layout = Layout { nodes: 2, ..LAYOUT };
+    let (mbs, addrs) = start_cluster(layout);
+    // random bytes at a running node's listener
+    let mut s = TcpStream::connect(addrs[1]).unwrap();
+    let junk: Vec<u8> = (0..1000u32).map(|i| (i * 7919 % 251) as u8).collect();
+    let _ = s.write_all(&junk);
+    expect_closed(s);
+    // a well-formed hello for the wrong cluster
+    let mut s = TcpStream::connect(addrs[0]).unwrap();
+    let mut h = [0u8; 16];
+    h[..4].copy_from_slice(b"SHLM");
+    h[4] = 1;
+    h[6] = 1;
+    h[8] = 0x99;
+    let _ = s.write_all(&h);
+    expect_closed(s);
+    // the cluster is unharmed
+    with_handlers(&mbs, || {
+        for n in 0..50 {
+            ping(&mbs[0], 0, 1, n).unwrap();
+            ping(&mbs[1], 1, 0, n).unwrap();
+        }
+    });
+}
+
+/// Act as node 0 towards a real node 1: handshake, then send `bad` bytes.
+fn fake_peer_sends(bad: &[u8]) {
+    let (ls, addrs) = listeners(2);
+    let mut ls = ls.into_iter();
+    let _l0 = ls.next().unwrap();
+    let l1 = ls.next().unwrap();
+    let layout = Layout { nodes: 2, ..LAYOUT };
+    let c = cfg(1, &addrs);
+    let node1 = std::thread::spawn(move || TcpTransport::start(c, l1, Arc::new(layout.region().unwrap())));
+    let mut s = loop {
+        if let Ok(s) = TcpStream::connect(addrs[1]) {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut h = [0u8; 16];
+    h[..4].copy_from_slice(b"SHLM");
+    h[4..6].copy_from_slice(&1u16.to_le_bytes());
+    h[6] = 0;
+    h[7] = 1;
+    h[8..16].copy_from_slice(&CLUSTER.to_le_bytes());
+    s.write_all(&h).unwrap();
+    let mut back = [0u8; 16];
+    s.read_exact(&mut back).unwrap();
+    assert_eq!(&back[..4], b"SHLM");
+    let t1 = node1.join().unwrap().expect("node 1 started");
+    assert!(t1.peer_alive(0));
+    let _ = s.write_all(bad);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    expect_closed(s);
+    let t0 = Instant::now();
+    while t1.peer_alive(0) {
+        assert!(t0.elapsed() < Duration::from_secs(5), "bad peer not dropped");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // node 1's region was not touched out of bounds (we would have crashed), and it refuses
+    // further writes to the dead peer cleanly
+    assert_eq!(t1.write(0, 0, &[0u8; 64]).unwrap_err(), MsgError::PeerDead(0));
+}
+
+#[test]
+fn out_of_bounds_frame_drops_the_peer() {
+    let mut f = Vec::new();
+    f.extend_from_slice(&(1u64 << 40).to_le_bytes()); // offset far outside the region
+    f.extend_from_slice(&64u32.to_le_bytes());
+    f.extend_from_slice(&[0u8; 4]);
+    f.extend_from_slice(&[0xAB; 64]);
+    fake_peer_sends(&f);
+}
+
+#[test]
+fn oversized_and_misaligned_frames_drop_the_peer() {
+    let mut f = Vec::new();
+    f.extend_from_slice(&0u64.to_le_bytes());
+    f.extend_from_slice(&u32::MAX.to_le_bytes());
+    f.extend_from_slice(&[0u8; 4]);
+    fake_peer_sends(&f);
+    let mut f = Vec::new();
+    f.extend_from_slice(&3u64.to_le_bytes());
+    f.extend_from_slice(&8u32.to_le_bytes());
+    f.extend_from_slice(&[0u8; 12]);
+    fake_peer_sends(&f);
+}
+
+#[test]
+fn truncated_frame_drops_the_peer() {
+    let mut f = Vec::new();
+    f.extend_from_slice(&0u64.to_le_bytes());
+    f.extend_from_slice(&4096u32.to_le_bytes());
+    f.extend_from_slice(&[0u8; 4]);
+    f.extend_from_slice(&[1u8; 100]); // then EOF
+    fake_peer_sends(&f);
+}
+
+const CHILD_ENV: &str = "SHOAL_TCP_CHILD_PARENT_ADDR";
+
+/// Not a test of its own: the body of the child process of `killed_peer_process...` (runs
+/// node 1 until killed). Does nothing when run normally.
+#[test]
+fn child_node_entry() {
+    let Ok(parent) = std::env::var(CHILD_ENV) else { return };
+    let layout = Layout { nodes: 2, ..LAYOUT };
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let me = l.local_addr().unwrap();
+    println!("CHILD_ADDR {me}");
+    std::io::stdout().flush().unwrap();
+    let addrs = vec![parent.parse().unwrap(), me];
+    let t = TcpTransport::start(cfg(1, &addrs), l, Arc::new(layout.region().unwrap())).unwrap();
+    let mb = Mailboxes::new(t, layout, WaitMode::Park).unwrap();
+    let stop = AtomicBool::new(false);
+    mb.run_handler(0, &stop, |env, r| common::serve(1, env, r)); // until killed
+}
+
+#[test]
+fn killed_peer_process_fails_requests_in_bounded_time() {
+    let layout = Layout { nodes: 2, workers: 2, handlers: 1, frames: 2 };
+    let l0 = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a0 = l0.local_addr().unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_node_entry", "--nocapture", "--test-threads", "1"])
+        .env(CHILD_ENV, a0.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let a1: SocketAddr = loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child exited early");
+        // (libtest may print "test child_node_entry ... " on the same line first)
+        if let Some(i) = line.find("CHILD_ADDR ") {
+            break line[i + 11..].trim().parse().unwrap();
+        }
+    };
+    let t = TcpTransport::start(cfg(0, &[a0, a1]), l0, Arc::new(layout.region().unwrap())).unwrap();
+    let mb = Mailboxes::new(t, layout, WaitMode::Park).unwrap();
+    ping(&mb, 0, 1, 1).unwrap();
+    // a request in flight when the peer dies, from another worker
+    std::thread::scope(|s| {
+        let mb = &mb;
+        let pending = s.spawn(move || {
+            let mut v = Vec::new();
+            for n in 0..1_000_000u64 {
+                if let Err(e) = ping(mb, 1, 1, n) {
+                    v.push(e);
+                    break;
+                }
+            }
+            v
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        child.kill().unwrap();
+        let killed = Instant::now();
+        child.wait().unwrap();
+        let errs = pending.join().unwrap();
+        assert_eq!(errs, vec![MsgError::PeerDead(1)], "the in-flight request fails");
+        assert!(killed.elapsed() < Duration::from_secs(5), "failure noticed in bounded time");
+    });
+    assert_eq!(ping(&mb, 0, 1, 2).unwrap_err(), MsgError::PeerDead(1), "new requests fail at once");
+    let _ = Region::new(8, vec![], 0);
+}
