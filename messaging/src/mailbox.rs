@@ -48,7 +48,9 @@ impl Layout {
             )));
         }
         if self.workers == 0 || self.handlers == 0 {
-            return Err(MsgError::Config("need at least one worker and one handler".into()));
+            return Err(MsgError::Config(
+                "need at least one worker and one handler".into(),
+            ));
         }
         Ok(())
     }
@@ -110,7 +112,10 @@ impl<T: Transport> Responder<'_, T> {
     pub fn push_page(&mut self, frame: u32, page: &[u8; PAGE_BYTES]) -> Result<(), MsgError> {
         let l = &self.mb.layout;
         if frame >= l.frames {
-            return Err(MsgError::Decode(format!("page push into frame {frame} >= {}", l.frames)));
+            return Err(MsgError::Decode(format!(
+                "page push into frame {frame} >= {}",
+                l.frames
+            )));
         }
         self.mb.t.write(self.to_node, l.frame_offset(frame), page)
     }
@@ -177,7 +182,10 @@ impl<T: Transport> Mailboxes<T> {
             return Err(MsgError::NoSuchPeer(peer, l.nodes));
         }
         if worker >= l.workers {
-            return Err(MsgError::Config(format!("worker {worker} >= {}", l.workers)));
+            return Err(MsgError::Config(format!(
+                "worker {worker} >= {}",
+                l.workers
+            )));
         }
         let idx = worker as usize * l.nodes as usize + peer as usize;
         let resp = l.response_slot(worker, peer) * SLOT_BYTES;
@@ -187,7 +195,10 @@ impl<T: Transport> Mailboxes<T> {
         if self.pending[idx].load(Ordering::Relaxed) != 0 {
             self.await_seq(worker, peer, idx, resp, deadline)?;
         }
-        let seq = self.seq[idx].fetch_add(1, Ordering::Relaxed).wrapping_add(1).max(1);
+        let seq = self.seq[idx]
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_add(1)
+            .max(1);
         let env = Envelope {
             seq,
             from_node: self.t.node(),
@@ -209,7 +220,10 @@ impl<T: Transport> Mailboxes<T> {
         deadline: Instant,
     ) -> Result<Envelope, MsgError> {
         let want = self.pending[idx].load(Ordering::Relaxed);
-        let q = self.t.region().queue(self.layout.handlers as u32 + worker as u32);
+        let q = self
+            .t
+            .region()
+            .queue(self.layout.handlers as u32 + worker as u32);
         loop {
             let mut got = None;
             let ok = q.wait(
@@ -238,7 +252,10 @@ impl<T: Transport> Mailboxes<T> {
                 self.pending[idx].store(0, Ordering::Relaxed);
                 return Ok(env);
             }
-            log::debug!("dropping a late reply (seq {}, waiting for {want})", env.seq);
+            log::debug!(
+                "dropping a late reply (seq {}, waiting for {want})",
+                env.seq
+            );
         }
     }
 
@@ -318,7 +335,10 @@ impl<T: Transport> Mailboxes<T> {
     /// Copy page frame `f` of the local region out.
     pub fn read_frame(&self, f: u32, out: &mut [u8; PAGE_BYTES]) -> Result<(), MsgError> {
         if f >= self.layout.frames {
-            return Err(MsgError::Config(format!("frame {f} >= {}", self.layout.frames)));
+            return Err(MsgError::Config(format!(
+                "frame {f} >= {}",
+                self.layout.frames
+            )));
         }
         self.t.region().read(self.layout.frame_offset(f), out)
     }

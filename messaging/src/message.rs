@@ -60,7 +60,10 @@ impl Envelope {
     /// Parse a wire image; `nodes` bounds `from_node`.
     pub fn from_bytes(b: &[u8; MSG_BYTES], nodes: u8) -> Result<Envelope, MsgError> {
         if b[63] != FULL {
-            return Err(MsgError::Decode(format!("flag byte {:#04x} is not FULL", b[63])));
+            return Err(MsgError::Decode(format!(
+                "flag byte {:#04x} is not FULL",
+                b[63]
+            )));
         }
         if b[0] == 0 {
             return Err(MsgError::Decode("message kind 0".into()));
@@ -100,14 +103,30 @@ pub trait Message: Sized {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Echo {
     /// Echo `data[..len]` back (len <= 46).
-    Ping { n: u64, len: u8, data: [u8; 46] },
-    Pong { n: u64, len: u8, data: [u8; 46] },
+    Ping {
+        n: u64,
+        len: u8,
+        data: [u8; 46],
+    },
+    Pong {
+        n: u64,
+        len: u8,
+        data: [u8; 46],
+    },
     /// Push page `page` into the requester's frame `frame`.
-    FetchPage { page: u64, frame: u32 },
+    FetchPage {
+        page: u64,
+        frame: u32,
+    },
     /// The page is in the frame (pushed before this reply).
-    PagePushed { page: u64, frame: u32 },
+    PagePushed {
+        page: u64,
+        frame: u32,
+    },
     /// The request could not be served.
-    Refused { code: u32 },
+    Refused {
+        code: u32,
+    },
 }
 
 impl Message for Echo {
@@ -152,8 +171,14 @@ impl Message for Echo {
                     Echo::Pong { n, len, data }
                 }
             }
-            3 => Echo::FetchPage { page: u64_at(0), frame: u32_at(8) },
-            4 => Echo::PagePushed { page: u64_at(0), frame: u32_at(8) },
+            3 => Echo::FetchPage {
+                page: u64_at(0),
+                frame: u32_at(8),
+            },
+            4 => Echo::PagePushed {
+                page: u64_at(0),
+                frame: u32_at(8),
+            },
             5 => Echo::Refused { code: u32_at(0) },
             k => return Err(MsgError::Decode(format!("unknown message kind {k}"))),
         })
@@ -172,7 +197,10 @@ mod tests {
         let back = Envelope::from_bytes(&b, 4).unwrap();
         assert_eq!(back, e);
         assert_eq!(back.decode::<Echo>().unwrap(), m);
-        assert!(Envelope::from_bytes(&b, 2).is_err(), "sender outside the cluster");
+        assert!(
+            Envelope::from_bytes(&b, 2).is_err(),
+            "sender outside the cluster"
+        );
         let mut torn = b;
         torn[63] = 0;
         assert!(Envelope::from_bytes(&torn, 4).is_err(), "no flag");
@@ -180,7 +208,16 @@ mod tests {
         bad[0] = 99;
         let e = Envelope::from_bytes(&bad, 4).unwrap();
         assert!(e.decode::<Echo>().is_err(), "unknown kind");
-        let mut ping = Envelope::new(&Echo::Ping { n: 1, len: 3, data: [0; 46] }, 0, 0, 0);
+        let mut ping = Envelope::new(
+            &Echo::Ping {
+                n: 1,
+                len: 3,
+                data: [0; 46],
+            },
+            0,
+            0,
+            0,
+        );
         ping.body[8] = 200;
         assert!(ping.decode::<Echo>().is_err(), "impossible length");
     }

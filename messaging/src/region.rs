@@ -32,14 +32,19 @@ impl Region {
     /// A zeroed region of `bytes` (a multiple of 8) whose first `slot_queue.len()` slots wake the
     /// given queues (of `queues` in all).
     pub fn new(bytes: usize, slot_queue: Vec<u32>, queues: usize) -> Result<Region, MsgError> {
-        if bytes % 8 != 0 || slot_queue.len() * SLOT_BYTES > bytes {
+        if !bytes.is_multiple_of(8) || slot_queue.len() * SLOT_BYTES > bytes {
             return Err(MsgError::Config(format!(
                 "region of {bytes} bytes cannot hold {} slots",
                 slot_queue.len()
             )));
         }
-        if slot_queue.iter().any(|&q| q != NO_QUEUE && q as usize >= queues) {
-            return Err(MsgError::Config("slot tied to a queue that does not exist".into()));
+        if slot_queue
+            .iter()
+            .any(|&q| q != NO_QUEUE && q as usize >= queues)
+        {
+            return Err(MsgError::Config(
+                "slot tied to a queue that does not exist".into(),
+            ));
         }
         Ok(Region {
             words: (0..bytes / 8).map(|_| AtomicU64::new(0)).collect(),
@@ -60,8 +65,8 @@ impl Region {
     /// Check that a write of `len` bytes at `offset` is aligned and inside the region.
     pub fn check(&self, offset: usize, len: usize) -> Result<(), MsgError> {
         let ok = len > 0
-            && offset % 8 == 0
-            && len % 8 == 0
+            && offset.is_multiple_of(8)
+            && len.is_multiple_of(8)
             && offset.checked_add(len).is_some_and(|end| end <= self.len());
         if ok {
             Ok(())
@@ -115,7 +120,11 @@ impl Region {
         self.check(offset, out.len())?;
         for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
             // Relaxed: callers first observe the write's last word with `load` (Acquire).
-            chunk.copy_from_slice(&self.words[offset / 8 + i].load(Ordering::Relaxed).to_le_bytes());
+            chunk.copy_from_slice(
+                &self.words[offset / 8 + i]
+                    .load(Ordering::Relaxed)
+                    .to_le_bytes(),
+            );
         }
         Ok(())
     }
@@ -141,10 +150,22 @@ mod tests {
     fn bounds_and_alignment_are_checked() {
         let r = Region::new(256, vec![NO_QUEUE; 2], 0).unwrap();
         assert!(r.apply(0, &[1u8; 64]).is_ok());
-        assert!(matches!(r.apply(3, &[1u8; 8]), Err(MsgError::OutOfBounds { .. })));
-        assert!(matches!(r.apply(8, &[1u8; 7]), Err(MsgError::OutOfBounds { .. })));
-        assert!(matches!(r.apply(256, &[1u8; 8]), Err(MsgError::OutOfBounds { .. })));
-        assert!(matches!(r.apply(usize::MAX - 7, &[1u8; 8]), Err(MsgError::OutOfBounds { .. })));
+        assert!(matches!(
+            r.apply(3, &[1u8; 8]),
+            Err(MsgError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            r.apply(8, &[1u8; 7]),
+            Err(MsgError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            r.apply(256, &[1u8; 8]),
+            Err(MsgError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            r.apply(usize::MAX - 7, &[1u8; 8]),
+            Err(MsgError::OutOfBounds { .. })
+        ));
         assert!(matches!(r.apply(0, &[]), Err(MsgError::OutOfBounds { .. })));
         let mut out = [0u8; 16];
         r.read(48, &mut out).unwrap();

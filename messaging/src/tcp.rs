@@ -80,11 +80,15 @@ fn check_hello(b: &[u8; HELLO], cluster_id: u64, me: u8, nodes: u8) -> Result<u8
     }
     let v = u16::from_le_bytes([b[4], b[5]]);
     if v != PROTOCOL_VERSION {
-        return Err(format!("protocol version {v}, this node speaks {PROTOCOL_VERSION}"));
+        return Err(format!(
+            "protocol version {v}, this node speaks {PROTOCOL_VERSION}"
+        ));
     }
     let c = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
     if c != cluster_id {
-        return Err(format!("cluster id {c}, this node is in cluster {cluster_id}"));
+        return Err(format!(
+            "cluster id {c}, this node is in cluster {cluster_id}"
+        ));
     }
     if b[7] != me {
         return Err(format!("addressed to node {}, this is node {me}", b[7]));
@@ -98,7 +102,11 @@ fn check_hello(b: &[u8; HELLO], cluster_id: u64, me: u8, nodes: u8) -> Result<u8
 impl TcpTransport {
     /// Connect to every peer (dial higher ids, accept lower ones on `listener`), then start a
     /// receiver thread per peer. Blocks until the cluster is connected or the timeout passes.
-    pub fn start(cfg: TcpConfig, listener: TcpListener, region: Arc<Region>) -> Result<Arc<Self>, MsgError> {
+    pub fn start(
+        cfg: TcpConfig,
+        listener: TcpListener,
+        region: Arc<Region>,
+    ) -> Result<Arc<Self>, MsgError> {
         let nodes = cfg.addrs.len();
         if nodes == 0 || nodes > 64 || cfg.node as usize >= nodes {
             return Err(MsgError::Config(format!(
@@ -249,7 +257,11 @@ impl Transport for TcpTransport {
         if !p.alive.load(Ordering::Acquire) {
             return Err(MsgError::PeerDead(peer));
         }
-        if data.len() > MAX_FRAME || data.is_empty() || data.len() % 8 != 0 || offset % 8 != 0 {
+        if data.len() > MAX_FRAME
+            || data.is_empty()
+            || !data.len().is_multiple_of(8)
+            || !offset.is_multiple_of(8)
+        {
             return Err(MsgError::OutOfBounds {
                 offset,
                 len: data.len(),
@@ -263,7 +275,11 @@ impl Transport for TcpTransport {
         frame.extend_from_slice(data);
         let r = p.writer.lock().write_all(&frame);
         r.map_err(|e| {
-            log::error!("node {}: writing to node {peer} at {}: {e}", self.node, p.addr);
+            log::error!(
+                "node {}: writing to node {peer} at {}: {e}",
+                self.node,
+                p.addr
+            );
             self.mark_dead(peer);
             MsgError::PeerDead(peer)
         })
@@ -284,7 +300,14 @@ fn io(e: std::io::Error) -> MsgError {
     MsgError::Io(e.to_string())
 }
 
-fn dial(addr: SocketAddr, cluster: u64, me: u8, peer: u8, nodes: u8, deadline: Instant) -> Result<TcpStream, MsgError> {
+fn dial(
+    addr: SocketAddr,
+    cluster: u64,
+    me: u8,
+    peer: u8,
+    nodes: u8,
+    deadline: Instant,
+) -> Result<TcpStream, MsgError> {
     let hs = |why: String| MsgError::Handshake {
         addr: addr.to_string(),
         why,
@@ -292,15 +315,20 @@ fn dial(addr: SocketAddr, cluster: u64, me: u8, peer: u8, nodes: u8, deadline: I
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(hs(format!("node {peer} did not accept a connection in time")));
+            return Err(hs(format!(
+                "node {peer} did not accept a connection in time"
+            )));
         }
         match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(1))) {
             Ok(mut s) => {
                 s.set_nodelay(true).map_err(io)?;
-                s.set_read_timeout(Some(left.max(Duration::from_millis(10)))).map_err(io)?;
-                s.write_all(&hello(cluster, me, peer)).map_err(|e| hs(e.to_string()))?;
+                s.set_read_timeout(Some(left.max(Duration::from_millis(10))))
+                    .map_err(io)?;
+                s.write_all(&hello(cluster, me, peer))
+                    .map_err(|e| hs(e.to_string()))?;
                 let mut b = [0u8; HELLO];
-                s.read_exact(&mut b).map_err(|e| hs(format!("no handshake reply: {e}")))?;
+                s.read_exact(&mut b)
+                    .map_err(|e| hs(format!("no handshake reply: {e}")))?;
                 let from = check_hello(&b, cluster, me, nodes).map_err(hs)?;
                 if from != peer {
                     return Err(hs(format!("expected node {peer}, node {from} answered")));
@@ -324,9 +352,14 @@ fn accept_peers(
     listener.set_nonblocking(true).map_err(io)?;
     while got.len() < expect {
         if Instant::now() >= deadline {
-            let missing: Vec<usize> = (0..expect).filter(|p| !got.iter().any(|(g, _)| *g as usize == *p)).collect();
+            let missing: Vec<usize> = (0..expect)
+                .filter(|p| !got.iter().any(|(g, _)| *g as usize == *p))
+                .collect();
             return Err(MsgError::Handshake {
-                addr: listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+                addr: listener
+                    .local_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default(),
                 why: format!("nodes {missing:?} did not connect in time"),
             });
         }
@@ -341,14 +374,17 @@ fn accept_peers(
         let r = (|| -> Result<u8, String> {
             s.set_nonblocking(false).map_err(|e| e.to_string())?;
             s.set_nodelay(true).map_err(|e| e.to_string())?;
-            s.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))
+                .map_err(|e| e.to_string())?;
             let mut b = [0u8; HELLO];
-            s.read_exact(&mut b).map_err(|e| format!("no handshake: {e}"))?;
+            s.read_exact(&mut b)
+                .map_err(|e| format!("no handshake: {e}"))?;
             let from = check_hello(&b, cluster, me, nodes)?;
             if from as usize >= expect || got.iter().any(|(g, _)| *g == from) {
                 return Err(format!("unexpected connection from node {from}"));
             }
-            s.write_all(&hello(cluster, me, from)).map_err(|e| e.to_string())?;
+            s.write_all(&hello(cluster, me, from))
+                .map_err(|e| e.to_string())?;
             Ok(from)
         })();
         match r {
@@ -387,8 +423,12 @@ mod tests {
         let h = hello(7, 0, 1);
         assert_eq!(check_hello(&h, 7, 1, 2), Ok(0));
         assert!(check_hello(&h, 8, 1, 2).unwrap_err().contains("cluster id"));
-        assert!(check_hello(&h, 7, 2, 3).unwrap_err().contains("addressed to node 1"));
-        assert!(check_hello(&hello(7, 5, 1), 7, 1, 2).unwrap_err().contains("not a peer"));
+        assert!(check_hello(&h, 7, 2, 3)
+            .unwrap_err()
+            .contains("addressed to node 1"));
+        assert!(check_hello(&hello(7, 5, 1), 7, 1, 2)
+            .unwrap_err()
+            .contains("not a peer"));
         let mut bad = h;
         bad[0] = b'X';
         assert!(check_hello(&bad, 7, 1, 2).unwrap_err().contains("magic"));

@@ -34,7 +34,9 @@ pub struct MemTransport {
 pub fn mem_cluster(regions: Vec<Region>) -> Result<Vec<Arc<MemTransport>>, MsgError> {
     let n = regions.len();
     if n == 0 || n > 64 {
-        return Err(MsgError::Config(format!("a cluster has 1 to 64 nodes, got {n}")));
+        return Err(MsgError::Config(format!(
+            "a cluster has 1 to 64 nodes, got {n}"
+        )));
     }
     let regions: Arc<[Arc<Region>]> = regions.into_iter().map(Arc::new).collect();
     let alive: Arc<[AtomicBool]> = (0..n).map(|_| AtomicBool::new(true)).collect();

@@ -90,7 +90,7 @@ impl WaitQueue {
             match mode {
                 WaitMode::Poll => {
                     polls = polls.wrapping_add(1);
-                    if polls % 256 == 0 {
+                    if polls.is_multiple_of(256) {
                         std::thread::yield_now();
                     } else {
                         std::hint::spin_loop();

@@ -3,13 +3,17 @@
 
 mod common;
 
-use shoal_messaging::{mem_cluster, Echo, Layout, Mailboxes, MemTransport, MsgError, WaitMode, PAGE_BYTES};
+use shoal_messaging::{
+    mem_cluster, Echo, Layout, Mailboxes, MemTransport, MsgError, WaitMode, PAGE_BYTES,
+};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 fn cluster(layout: Layout, mode: WaitMode) -> Vec<Arc<Mailboxes<MemTransport>>> {
-    let regions = (0..layout.nodes).map(|_| layout.region().unwrap()).collect();
+    let regions = (0..layout.nodes)
+        .map(|_| layout.region().unwrap())
+        .collect();
     mem_cluster(regions)
         .unwrap()
         .into_iter()
@@ -18,7 +22,12 @@ fn cluster(layout: Layout, mode: WaitMode) -> Vec<Arc<Mailboxes<MemTransport>>> 
 }
 
 fn exercise(mode: WaitMode, rounds: u64) {
-    let layout = Layout { nodes: 3, workers: 4, handlers: 2, frames: 4 };
+    let layout = Layout {
+        nodes: 3,
+        workers: 4,
+        handlers: 2,
+        frames: 4,
+    };
     let nodes = cluster(layout, mode);
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
@@ -41,18 +50,34 @@ fn exercise(mode: WaitMode, rounds: u64) {
                         let mut data = [0u8; 46];
                         data[..8].copy_from_slice(&(n * 31 + w as u64).to_le_bytes());
                         let r = mb
-                            .call(w, peer, &Echo::Ping { n, len: 8, data }, Duration::from_secs(10))
+                            .call(
+                                w,
+                                peer,
+                                &Echo::Ping { n, len: 8, data },
+                                Duration::from_secs(10),
+                            )
                             .unwrap();
                         assert_eq!(r.decode::<Echo>().unwrap(), Echo::Pong { n, len: 8, data });
                         assert_eq!(r.from_node, peer);
                         if n % 10 == 0 {
                             let frame = w as u32 % layout.frames;
                             let r = mb
-                                .call(w, peer, &Echo::FetchPage { page: n, frame }, Duration::from_secs(10))
+                                .call(
+                                    w,
+                                    peer,
+                                    &Echo::FetchPage { page: n, frame },
+                                    Duration::from_secs(10),
+                                )
                                 .unwrap();
-                            assert_eq!(r.decode::<Echo>().unwrap(), Echo::PagePushed { page: n, frame });
+                            assert_eq!(
+                                r.decode::<Echo>().unwrap(),
+                                Echo::PagePushed { page: n, frame }
+                            );
                             mb.read_frame(frame, &mut page).unwrap();
-                            assert!(page == *common::page_image(peer, n), "page payload corrupted");
+                            assert!(
+                                page == *common::page_image(peer, n),
+                                "page payload corrupted"
+                            );
                         }
                     }
                 }));
@@ -80,7 +105,12 @@ fn round_trips_and_pages_poll_mode() {
 
 #[test]
 fn a_dead_peer_fails_requests_in_bounded_time() {
-    let layout = Layout { nodes: 2, workers: 1, handlers: 1, frames: 1 };
+    let layout = Layout {
+        nodes: 2,
+        workers: 1,
+        handlers: 1,
+        frames: 1,
+    };
     let nodes = cluster(layout, WaitMode::Park);
     // node 1 has no handler running: a request to it waits until node 1 is declared dead
     let t0 = std::time::Instant::now();
@@ -93,20 +123,35 @@ fn a_dead_peer_fails_requests_in_bounded_time() {
     };
     let r = nodes[0].call(0, 1, &Echo::Refused { code: 0 }, Duration::from_secs(30));
     assert_eq!(r.unwrap_err(), MsgError::PeerDead(1));
-    assert!(t0.elapsed() < Duration::from_secs(5), "noticed death promptly");
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "noticed death promptly"
+    );
     killer.join().unwrap();
     // new requests fail at once
     assert_eq!(
-        nodes[0].call(0, 1, &Echo::Refused { code: 0 }, Duration::from_secs(30)).unwrap_err(),
+        nodes[0]
+            .call(0, 1, &Echo::Refused { code: 0 }, Duration::from_secs(30))
+            .unwrap_err(),
         MsgError::PeerDead(1)
     );
 }
 
 #[test]
 fn timeouts_and_late_replies_do_not_confuse_the_next_call() {
-    let layout = Layout { nodes: 2, workers: 1, handlers: 1, frames: 1 };
+    let layout = Layout {
+        nodes: 2,
+        workers: 1,
+        handlers: 1,
+        frames: 1,
+    };
     let nodes = cluster(layout, WaitMode::Park);
-    let e = nodes[0].call(0, 1, &Echo::FetchPage { page: 1, frame: 0 }, Duration::from_millis(50));
+    let e = nodes[0].call(
+        0,
+        1,
+        &Echo::FetchPage { page: 1, frame: 0 },
+        Duration::from_millis(50),
+    );
     assert!(matches!(e, Err(MsgError::Timeout { peer: 1, .. })), "{e:?}");
     // the handler comes up late and answers the old request, then the new one
     let stop = AtomicBool::new(false);
@@ -118,8 +163,18 @@ fn timeouts_and_late_replies_do_not_confuse_the_next_call() {
         });
         let mut data = [0u8; 46];
         data[0] = 9;
-        let r = nodes[0].call(0, 1, &Echo::Ping { n: 5, len: 1, data }, Duration::from_secs(10)).unwrap();
-        assert_eq!(r.decode::<Echo>().unwrap(), Echo::Pong { n: 5, len: 1, data });
+        let r = nodes[0]
+            .call(
+                0,
+                1,
+                &Echo::Ping { n: 5, len: 1, data },
+                Duration::from_secs(10),
+            )
+            .unwrap();
+        assert_eq!(
+            r.decode::<Echo>().unwrap(),
+            Echo::Pong { n: 5, len: 1, data }
+        );
         stop.store(true, Ordering::Release);
         nodes[1].wake_handlers();
     });

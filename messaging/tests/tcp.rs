@@ -12,11 +12,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const LAYOUT: Layout = Layout { nodes: 3, workers: 2, handlers: 2, frames: 2 };
+const LAYOUT: Layout = Layout {
+    nodes: 3,
+    workers: 2,
+    handlers: 2,
+    frames: 2,
+};
 const CLUSTER: u64 = 0x5EA1;
 
 fn listeners(n: usize) -> (Vec<TcpListener>, Vec<SocketAddr>) {
-    let ls: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    let ls: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
     let addrs = ls.iter().map(|l| l.local_addr().unwrap()).collect();
     (ls, addrs)
 }
@@ -52,7 +59,12 @@ fn start_cluster(layout: Layout) -> (Vec<Arc<Mailboxes<TcpTransport>>>, Vec<Sock
 fn ping(mb: &Mailboxes<TcpTransport>, w: u16, peer: u8, n: u64) -> Result<(), MsgError> {
     let mut data = [0u8; 46];
     data[..8].copy_from_slice(&n.to_le_bytes());
-    let r = mb.call(w, peer, &Echo::Ping { n, len: 8, data }, Duration::from_secs(10))?;
+    let r = mb.call(
+        w,
+        peer,
+        &Echo::Ping { n, len: 8, data },
+        Duration::from_secs(10),
+    )?;
     assert_eq!(r.decode::<Echo>().unwrap(), Echo::Pong { n, len: 8, data });
     Ok(())
 }
@@ -91,11 +103,22 @@ fn three_nodes_round_trips_and_page_pushes() {
                             if n % 5 == 0 {
                                 let frame = w as u32;
                                 let r = mb
-                                    .call(w, peer, &Echo::FetchPage { page: n, frame }, Duration::from_secs(10))
+                                    .call(
+                                        w,
+                                        peer,
+                                        &Echo::FetchPage { page: n, frame },
+                                        Duration::from_secs(10),
+                                    )
                                     .unwrap();
-                                assert_eq!(r.decode::<Echo>().unwrap(), Echo::PagePushed { page: n, frame });
+                                assert_eq!(
+                                    r.decode::<Echo>().unwrap(),
+                                    Echo::PagePushed { page: n, frame }
+                                );
                                 mb.read_frame(frame, &mut page).unwrap();
-                                assert!(page == *common::page_image(peer, n), "page corrupted in transit");
+                                assert!(
+                                    page == *common::page_image(peer, n),
+                                    "page corrupted in transit"
+                                );
                             }
                         }
                     });
@@ -113,7 +136,10 @@ fn expect_closed(mut s: TcpStream) {
     loop {
         match s.read(&mut b) {
             Ok(0) | Err(_) => return,
-            Ok(_) => assert!(t0.elapsed() < Duration::from_secs(5), "connection not closed"),
+            Ok(_) => assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "connection not closed"
+            ),
         }
     }
 }
@@ -153,7 +179,8 @@ fn fake_peer_sends(bad: &[u8]) {
     let l1 = ls.next().unwrap();
     let layout = Layout { nodes: 2, ..LAYOUT };
     let c = cfg(1, &addrs);
-    let node1 = std::thread::spawn(move || TcpTransport::start(c, l1, Arc::new(layout.region().unwrap())));
+    let node1 =
+        std::thread::spawn(move || TcpTransport::start(c, l1, Arc::new(layout.region().unwrap())));
     let mut s = loop {
         if let Ok(s) = TcpStream::connect(addrs[1]) {
             break s;
@@ -177,12 +204,18 @@ fn fake_peer_sends(bad: &[u8]) {
     expect_closed(s);
     let t0 = Instant::now();
     while t1.peer_alive(0) {
-        assert!(t0.elapsed() < Duration::from_secs(5), "bad peer not dropped");
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "bad peer not dropped"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     // node 1's region was not touched out of bounds (we would have crashed), and it refuses
     // further writes to the dead peer cleanly
-    assert_eq!(t1.write(0, 0, &[0u8; 64]).unwrap_err(), MsgError::PeerDead(0));
+    assert_eq!(
+        t1.write(0, 0, &[0u8; 64]).unwrap_err(),
+        MsgError::PeerDead(0)
+    );
 }
 
 #[test]
@@ -225,7 +258,9 @@ const CHILD_ENV: &str = "SHOAL_TCP_CHILD_PARENT_ADDR";
 /// node 1 until killed). Does nothing when run normally.
 #[test]
 fn child_node_entry() {
-    let Ok(parent) = std::env::var(CHILD_ENV) else { return };
+    let Ok(parent) = std::env::var(CHILD_ENV) else {
+        return;
+    };
     let layout = Layout { nodes: 2, ..LAYOUT };
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let me = l.local_addr().unwrap();
@@ -240,11 +275,22 @@ fn child_node_entry() {
 
 #[test]
 fn killed_peer_process_fails_requests_in_bounded_time() {
-    let layout = Layout { nodes: 2, workers: 2, handlers: 1, frames: 2 };
+    let layout = Layout {
+        nodes: 2,
+        workers: 2,
+        handlers: 1,
+        frames: 2,
+    };
     let l0 = TcpListener::bind("127.0.0.1:0").unwrap();
     let a0 = l0.local_addr().unwrap();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_node_entry", "--nocapture", "--test-threads", "1"])
+        .args([
+            "--exact",
+            "child_node_entry",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env(CHILD_ENV, a0.to_string())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -279,9 +325,20 @@ fn killed_peer_process_fails_requests_in_bounded_time() {
         let killed = Instant::now();
         child.wait().unwrap();
         let errs = pending.join().unwrap();
-        assert_eq!(errs, vec![MsgError::PeerDead(1)], "the in-flight request fails");
-        assert!(killed.elapsed() < Duration::from_secs(5), "failure noticed in bounded time");
+        assert_eq!(
+            errs,
+            vec![MsgError::PeerDead(1)],
+            "the in-flight request fails"
+        );
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "failure noticed in bounded time"
+        );
     });
-    assert_eq!(ping(&mb, 0, 1, 2).unwrap_err(), MsgError::PeerDead(1), "new requests fail at once");
+    assert_eq!(
+        ping(&mb, 0, 1, 2).unwrap_err(),
+        MsgError::PeerDead(1),
+        "new requests fail at once"
+    );
     let _ = Region::new(8, vec![], 0);
 }
