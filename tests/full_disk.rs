@@ -7,6 +7,15 @@
 use shoal_engine::{Engine, EngineError, OpResult, Pid};
 use shoal_tests::{check_stamp, config, stamp};
 
+/// The stamp version of `pid`, read under a shared guard (the page must be intact).
+fn stamped_version(w: &shoal_engine::Worker, pid: Pid) -> u64 {
+    w.run(|w| -> OpResult<u64> {
+        let g = w.shared(pid)?;
+        Ok(check_stamp(g.data(), pid).expect("intact"))
+    })
+    .unwrap()
+}
+
 fn set_fsize_limit(bytes: u64) {
     let lim = libc::rlimit {
         rlim_cur: bytes,
@@ -59,13 +68,7 @@ fn full_disk_is_a_clear_error_and_loses_nothing() {
     let resident: Vec<Pid> = pids.iter().copied().filter(|&p| e.is_resident(p)).collect();
     assert!(!resident.is_empty());
     for &pid in &resident {
-        let v = w
-            .run(|w| -> OpResult<u64> {
-                let g = w.shared(pid)?;
-                Ok(check_stamp(g.data(), pid).expect("intact"))
-            })
-            .unwrap();
-        assert_eq!(v, 1);
+        assert_eq!(stamped_version(&w, pid), 1);
     }
     if let Some(&gone) = pids.iter().find(|&&p| !e.is_resident(p)) {
         let err = w.run(|w| w.shared(gone).map(|_| ())).unwrap_err();
@@ -74,13 +77,7 @@ fn full_disk_is_a_clear_error_and_loses_nothing() {
     // Space comes back: the provider's retried write-backs succeed and every page is readable.
     set_fsize_limit(libc::RLIM_INFINITY);
     for &pid in &pids {
-        let v = w
-            .run(|w| -> OpResult<u64> {
-                let g = w.shared(pid)?;
-                Ok(check_stamp(g.data(), pid).expect("intact"))
-            })
-            .unwrap();
-        assert_eq!(v, 1);
+        assert_eq!(stamped_version(&w, pid), 1);
     }
     // Shutdown writes everything, and a reopen finds every page.
     drop(w);
@@ -89,12 +86,6 @@ fn full_disk_is_a_clear_error_and_loses_nothing() {
     let e = Engine::open(cfg).unwrap();
     let w = e.worker();
     for &pid in &pids {
-        let v = w
-            .run(|w| -> OpResult<u64> {
-                let g = w.shared(pid)?;
-                Ok(check_stamp(g.data(), pid).expect("intact after reopen"))
-            })
-            .unwrap();
-        assert_eq!(v, 1);
+        assert_eq!(stamped_version(&w, pid), 1);
     }
 }

@@ -162,10 +162,7 @@ impl Engine {
             return false;
         }
         let part = self.inner.table.lock(pid);
-        self.inner
-            .table
-            .lookup_locked(&self.inner.pool, &part, pid)
-            .is_some()
+        self.inner.table.lookup_locked(&part, pid).is_some()
     }
 
     /// Sum of all counters.
@@ -332,7 +329,7 @@ impl Inner {
         let f = self.pool.frame(idx);
         debug_assert!(f.latch.is_exclusive() && f.pid() == pid);
         let part = self.table.lock(pid);
-        self.table.remove(&self.pool, &part, idx);
+        self.table.remove(&part, idx);
         drop(part);
         f.set_pid(Pid::NONE);
         f.set_state(FREE);
@@ -359,7 +356,7 @@ impl Inner {
         }
         let idx = self.take_free_frame()?;
         let part = self.table.lock(pid);
-        if let Some(found) = self.table.lookup_locked(&self.pool, &part, pid) {
+        if let Some(found) = self.table.lookup_locked(&part, pid) {
             drop(part);
             self.release_frame(idx);
             return Ok(found);
@@ -402,7 +399,7 @@ impl Inner {
         // A freed slot's old page can still be resident, if some thread faulted it in through
         // a stale pointer after the free. That copy must not survive next to the new page (a
         // later write-back of it would overwrite the new page's slot): take over its frame.
-        let idx = match self.table.lookup_locked(&self.pool, &part, pid) {
+        let idx = match self.table.lookup_locked(&part, pid) {
             Some(stale) => {
                 self.release_frame(fresh);
                 let mut b = Backoff::new();

@@ -66,6 +66,15 @@ impl Worker {
         self.inner.pool.frame(idx)
     }
 
+    /// Atomic, total read access to frame `idx`'s page, whatever it holds right now.
+    #[inline]
+    fn page_ref(&self, idx: u32) -> PageRef<'_> {
+        // SAFETY: the pool's page memory lives as long as the engine (which `self` keeps alive)
+        // and, while others may write it, is only accessed through atomics; PageRef reads only
+        // with atomic loads and never out of range.
+        unsafe { PageRef::from_ptr(self.inner.pool.page_ptr(idx)) }
+    }
+
     /// Hint that `pid` will be latched soon: starts loading its translation-table entry, so a
     /// caller can overlap that cache miss with other work (e.g. validating a parent node).
     #[inline]
@@ -183,9 +192,7 @@ impl<'w> OptimisticGuard<'w> {
     /// The page's bytes (atomic, total reads; see [`crate::page`]).
     #[inline]
     pub fn page(&self) -> PageRef<'w> {
-        // SAFETY: the pool's page memory lives as long as the engine (which `w` keeps alive) and
-        // is only accessed through atomics while others may write it.
-        unsafe { PageRef::from_ptr(self.w.inner.pool.page_ptr(self.idx)) }
+        self.w.page_ref(self.idx)
     }
 
     /// Whether the page is unchanged (and still this page) since the guard was taken.
@@ -261,8 +268,7 @@ impl<'w> SharedGuard<'w> {
 
     /// The page's bytes through the same accessors optimistic readers use.
     pub fn page(&self) -> PageRef<'_> {
-        // SAFETY: see `OptimisticGuard::page`.
-        unsafe { PageRef::from_ptr(self.w.inner.pool.page_ptr(self.idx)) }
+        self.w.page_ref(self.idx)
     }
 
     /// Become exclusive if we are the only sharer; otherwise release and [`Restart::Retry`].
@@ -319,8 +325,7 @@ impl<'w> ExclusiveGuard<'w> {
 
     /// Read accessors.
     pub fn page(&self) -> PageRef<'_> {
-        // SAFETY: see `OptimisticGuard::page`.
-        unsafe { PageRef::from_ptr(self.w.inner.pool.page_ptr(self.idx)) }
+        self.w.page_ref(self.idx)
     }
 
     /// Write accessors (atomic word stores, so optimistic readers never race non-atomically).

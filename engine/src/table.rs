@@ -102,12 +102,7 @@ impl TranslationTable {
     }
 
     /// Exact lookup under the partition lock.
-    pub fn lookup_locked(
-        &self,
-        _pool: &FramePool,
-        lock: &PartitionLock<'_>,
-        pid: Pid,
-    ) -> Option<u32> {
+    pub fn lookup_locked(&self, lock: &PartitionLock<'_>, pid: Pid) -> Option<u32> {
         debug_assert_eq!(lock.pid, pid);
         let at = self.entry(pid)?.load(Ordering::Relaxed);
         (at != 0).then(|| at - 1)
@@ -122,7 +117,7 @@ impl TranslationTable {
     }
 
     /// Remove `lock`'s pid if it points at frame `idx`. Returns whether it did.
-    pub fn remove(&self, _pool: &FramePool, lock: &PartitionLock<'_>, idx: u32) -> bool {
+    pub fn remove(&self, lock: &PartitionLock<'_>, idx: u32) -> bool {
         match self.entry(lock.pid) {
             Some(e) if e.load(Ordering::Relaxed) == idx + 1 => {
                 e.store(0, Ordering::Release);

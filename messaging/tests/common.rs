@@ -1,7 +1,8 @@
 //! Shared by the messaging tests: an echo/page server and a page pattern.
 #![allow(dead_code)]
 
-use shoal_messaging::{Echo, Envelope, Responder, Transport, PAGE_BYTES};
+use shoal_messaging::{Echo, Envelope, Mailboxes, Responder, Transport, PAGE_BYTES};
+use std::time::Duration;
 
 /// The page a node serves for page number `page`: every byte derived from (node, page).
 pub fn page_image(node: u8, page: u64) -> Box<[u8; PAGE_BYTES]> {
@@ -27,4 +28,24 @@ pub fn serve<T: Transport>(node: u8, env: &Envelope, r: &mut Responder<'_, T>) -
         },
         _ => reply(&Echo::Refused { code: 1 }),
     }
+}
+
+/// Ask `peer` to push page `n` into our frame `frame`, then check the frame holds exactly
+/// `page_image(peer, n)`.
+pub fn fetch_and_verify<T: Transport>(mb: &Mailboxes<T>, w: u16, peer: u8, n: u64, frame: u32) {
+    let r = mb
+        .call(
+            w,
+            peer,
+            &Echo::FetchPage { page: n, frame },
+            Duration::from_secs(10),
+        )
+        .unwrap();
+    assert_eq!(
+        r.decode::<Echo>().unwrap(),
+        Echo::PagePushed { page: n, frame }
+    );
+    let mut page = [0u8; PAGE_BYTES];
+    mb.read_frame(frame, &mut page).unwrap();
+    assert!(page == *page_image(peer, n), "page payload corrupted");
 }

@@ -3,9 +3,7 @@
 
 mod common;
 
-use shoal_messaging::{
-    mem_cluster, Echo, Layout, Mailboxes, MemTransport, MsgError, WaitMode, PAGE_BYTES,
-};
+use shoal_messaging::{mem_cluster, Echo, Layout, Mailboxes, MemTransport, MsgError, WaitMode};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,7 +42,6 @@ fn exercise(mode: WaitMode, rounds: u64) {
             for w in 0..layout.workers {
                 let mb = Arc::clone(mb);
                 clients.push(s.spawn(move || {
-                    let mut page = [0u8; PAGE_BYTES];
                     for n in 0..rounds {
                         let peer = ((i as u64 + n) % 3) as u8;
                         let mut data = [0u8; 46];
@@ -60,24 +57,7 @@ fn exercise(mode: WaitMode, rounds: u64) {
                         assert_eq!(r.decode::<Echo>().unwrap(), Echo::Pong { n, len: 8, data });
                         assert_eq!(r.from_node, peer);
                         if n % 10 == 0 {
-                            let frame = w as u32 % layout.frames;
-                            let r = mb
-                                .call(
-                                    w,
-                                    peer,
-                                    &Echo::FetchPage { page: n, frame },
-                                    Duration::from_secs(10),
-                                )
-                                .unwrap();
-                            assert_eq!(
-                                r.decode::<Echo>().unwrap(),
-                                Echo::PagePushed { page: n, frame }
-                            );
-                            mb.read_frame(frame, &mut page).unwrap();
-                            assert!(
-                                page == *common::page_image(peer, n),
-                                "page payload corrupted"
-                            );
+                            common::fetch_and_verify(&mb, w, peer, n, w as u32 % layout.frames);
                         }
                     }
                 }));

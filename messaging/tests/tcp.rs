@@ -5,7 +5,7 @@
 mod common;
 
 use shoal_messaging::tcp::{TcpConfig, TcpTransport};
-use shoal_messaging::{Echo, Layout, Mailboxes, MsgError, Region, Transport, WaitMode, PAGE_BYTES};
+use shoal_messaging::{Echo, Layout, Mailboxes, MsgError, Region, Transport, WaitMode};
 use std::io::{BufRead, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -96,29 +96,11 @@ fn three_nodes_round_trips_and_page_pushes() {
                 for w in 0..LAYOUT.workers {
                     let mb = Arc::clone(mb);
                     s.spawn(move || {
-                        let mut page = [0u8; PAGE_BYTES];
                         for n in 0..500u64 {
                             let peer = ((i as u64 + n) % 3) as u8;
                             ping(&mb, w, peer, n).unwrap();
                             if n % 5 == 0 {
-                                let frame = w as u32;
-                                let r = mb
-                                    .call(
-                                        w,
-                                        peer,
-                                        &Echo::FetchPage { page: n, frame },
-                                        Duration::from_secs(10),
-                                    )
-                                    .unwrap();
-                                assert_eq!(
-                                    r.decode::<Echo>().unwrap(),
-                                    Echo::PagePushed { page: n, frame }
-                                );
-                                mb.read_frame(frame, &mut page).unwrap();
-                                assert!(
-                                    page == *common::page_image(peer, n),
-                                    "page corrupted in transit"
-                                );
+                                common::fetch_and_verify(&mb, w, peer, n, w as u32);
                             }
                         }
                     });
