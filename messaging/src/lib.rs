@@ -5,7 +5,8 @@
 //! - [`region`]: the memory a node registers for peers to write into (atomic words; every
 //!   write's last word is published with Release, so a flag written last marks completion);
 //! - [`transport`]: the [`Transport`] trait (one-sided, per-peer-ordered writes) and the
-//!   in-process `mem` transport; [`tcp`]: one process per node over TCP;
+//!   in-process `mem` transport; [`tcp`]: one process per node over TCP; `rdma` (cargo
+//!   feature `rdma`): ibverbs RC queue pairs with RDMA WRITE;
 //! - [`message`]: fixed 64-byte messages with a validating encoding;
 //! - [`mailbox`]: request/response slots per (worker, peer), handler threads owning partitions
 //!   of request slots, page pushes into a requester's frame before the reply;
@@ -16,6 +17,8 @@
 pub mod error;
 pub mod mailbox;
 pub mod message;
+#[cfg(feature = "rdma")]
+pub mod rdma;
 pub mod region;
 pub mod tcp;
 pub mod transport;

@@ -94,13 +94,32 @@ impl Region {
             };
             self.words[first + i].store(w, order);
         }
-        let last_slot = (offset + data.len() - 1) / SLOT_BYTES;
-        if let Some(&q) = self.slot_queue.get(last_slot) {
+        self.wake_slot((offset + data.len() - 1) / SLOT_BYTES);
+        Ok(())
+    }
+
+    /// Wake whoever waits on mailbox slot `slot` (for transports whose writes land without the
+    /// CPU, like RDMA: the receiver learns of the write from a completion and wakes here). A slot
+    /// outside the mailbox area or without a queue is ignored.
+    pub fn wake_slot(&self, slot: usize) {
+        if let Some(&q) = self.slot_queue.get(slot) {
             if q != NO_QUEUE {
                 self.queues[q as usize].wake();
             }
         }
-        Ok(())
+    }
+
+    /// Number of mailbox slots (the first `wake_slots() * SLOT_BYTES` bytes) that may have
+    /// waiters to wake.
+    pub fn wake_slots(&self) -> usize {
+        self.slot_queue.len()
+    }
+
+    /// Start of the region's memory, for registering it with a NIC. Hardware writes into it
+    /// behave like another thread's plain stores of whole words; Shoal's readers access the
+    /// region only through atomic loads.
+    pub fn base_ptr(&self) -> *mut u8 {
+        self.words.as_ptr() as *mut u8
     }
 
     /// Load one word (Acquire: pairs with the Release of `apply`'s last word).

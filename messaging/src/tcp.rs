@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Hello magic of the `tcp` transport.
 const MAGIC: [u8; 4] = *b"SHLM";
 /// Wire protocol version; both sides must match.
 pub const PROTOCOL_VERSION: u16 = 1;
@@ -63,9 +64,9 @@ pub struct TcpTransport {
     closed: AtomicBool,
 }
 
-fn hello(cluster_id: u64, from: u8, to: u8) -> [u8; HELLO] {
+fn hello(magic: [u8; 4], cluster_id: u64, from: u8, to: u8) -> [u8; HELLO] {
     let mut b = [0u8; HELLO];
-    b[0..4].copy_from_slice(&MAGIC);
+    b[0..4].copy_from_slice(&magic);
     b[4..6].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
     b[6] = from;
     b[7] = to;
@@ -74,9 +75,19 @@ fn hello(cluster_id: u64, from: u8, to: u8) -> [u8; HELLO] {
 }
 
 /// Check a peer's hello; returns the sender node.
-fn check_hello(b: &[u8; HELLO], cluster_id: u64, me: u8, nodes: u8) -> Result<u8, String> {
-    if b[0..4] != MAGIC {
-        return Err("not a Shoal peer (bad magic)".into());
+fn check_hello(
+    b: &[u8; HELLO],
+    magic: [u8; 4],
+    cluster_id: u64,
+    me: u8,
+    nodes: u8,
+) -> Result<u8, String> {
+    if b[0..4] != magic {
+        return Err(format!(
+            "not a Shoal peer of this transport (magic {:?}, expected {:?})",
+            String::from_utf8_lossy(&b[0..4]),
+            String::from_utf8_lossy(&magic)
+        ));
     }
     let v = u16::from_le_bytes([b[4], b[5]]);
     if v != PROTOCOL_VERSION {
@@ -107,44 +118,10 @@ impl TcpTransport {
         listener: TcpListener,
         region: Arc<Region>,
     ) -> Result<Arc<Self>, MsgError> {
-        let nodes = cfg.addrs.len();
-        if nodes == 0 || nodes > 64 || cfg.node as usize >= nodes {
-            return Err(MsgError::Config(format!(
-                "node {} in a cluster of {nodes} addresses (1 to 64 nodes)",
-                cfg.node
-            )));
-        }
-        let nodes = nodes as u8;
-        let deadline = Instant::now() + cfg.connect_timeout;
-        let mut streams: Vec<Option<TcpStream>> = (0..nodes).map(|_| None).collect();
-        // accept lower ids in the background while dialing higher ids
-        let expect_lower = cfg.node as usize;
-        let acceptor = {
-            let listener = listener.try_clone().map_err(io)?;
-            let (cluster, me) = (cfg.cluster_id, cfg.node);
-            std::thread::Builder::new()
-                .name(format!("shoal-tcp-accept-{me}"))
-                .spawn(move || accept_peers(listener, cluster, me, nodes, expect_lower, deadline))
-                .map_err(io)?
-        };
-        for peer in cfg.node + 1..nodes {
-            let addr = cfg.addrs[peer as usize];
-            let s = dial(addr, cfg.cluster_id, cfg.node, peer, nodes, deadline)?;
-            streams[peer as usize] = Some(s);
-        }
-        let accepted = acceptor
-            .join()
-            .map_err(|_| MsgError::Io("acceptor thread panicked".into()))??;
-        for (peer, s) in accepted {
-            streams[peer as usize] = Some(s);
-        }
-        // keep rejecting strangers on the listener for the life of the process
-        std::thread::Builder::new()
-            .name(format!("shoal-tcp-reject-{}", cfg.node))
-            .spawn(move || reject_strangers(listener))
-            .map_err(io)?;
+        let mut streams = connect_mesh(&cfg, listener, MAGIC)?;
+        let nodes = streams.len() as u8;
         let mut peers = Vec::with_capacity(nodes as usize);
-        for (i, s) in streams.into_iter().enumerate() {
+        for (i, s) in streams.drain(..).enumerate() {
             peers.push(match s {
                 None if i == cfg.node as usize => None,
                 None => return Err(MsgError::PeerDead(i as u8)),
@@ -296,12 +273,63 @@ impl Drop for TcpTransport {
     }
 }
 
-fn io(e: std::io::Error) -> MsgError {
+pub(crate) fn io(e: std::io::Error) -> MsgError {
     MsgError::Io(e.to_string())
+}
+
+/// Connect this node to every peer over TCP: dial the higher ids, accept the lower ones on
+/// `listener`, each connection opened with a validated hello (`magic` names the transport, so a
+/// `tcp` node and an `rdma` node never pair up). Afterwards a thread keeps refusing strangers on
+/// the listener. Returns one stream per node (`None` at this node's own index).
+pub(crate) fn connect_mesh(
+    cfg: &TcpConfig,
+    listener: TcpListener,
+    magic: [u8; 4],
+) -> Result<Vec<Option<TcpStream>>, MsgError> {
+    let nodes = cfg.addrs.len();
+    if nodes == 0 || nodes > 64 || cfg.node as usize >= nodes {
+        return Err(MsgError::Config(format!(
+            "node {} in a cluster of {nodes} addresses (1 to 64 nodes)",
+            cfg.node
+        )));
+    }
+    let nodes = nodes as u8;
+    let deadline = Instant::now() + cfg.connect_timeout;
+    let mut streams: Vec<Option<TcpStream>> = (0..nodes).map(|_| None).collect();
+    // accept lower ids in the background while dialing higher ids
+    let expect_lower = cfg.node as usize;
+    let acceptor = {
+        let listener = listener.try_clone().map_err(io)?;
+        let (cluster, me) = (cfg.cluster_id, cfg.node);
+        std::thread::Builder::new()
+            .name(format!("shoal-tcp-accept-{me}"))
+            .spawn(move || {
+                accept_peers(listener, magic, cluster, me, nodes, expect_lower, deadline)
+            })
+            .map_err(io)?
+    };
+    for peer in cfg.node + 1..nodes {
+        let addr = cfg.addrs[peer as usize];
+        let s = dial(addr, magic, cfg.cluster_id, cfg.node, peer, nodes, deadline)?;
+        streams[peer as usize] = Some(s);
+    }
+    let accepted = acceptor
+        .join()
+        .map_err(|_| MsgError::Io("acceptor thread panicked".into()))??;
+    for (peer, s) in accepted {
+        streams[peer as usize] = Some(s);
+    }
+    // keep rejecting strangers on the listener for the life of the process
+    std::thread::Builder::new()
+        .name(format!("shoal-tcp-reject-{}", cfg.node))
+        .spawn(move || reject_strangers(listener))
+        .map_err(io)?;
+    Ok(streams)
 }
 
 fn dial(
     addr: SocketAddr,
+    magic: [u8; 4],
     cluster: u64,
     me: u8,
     peer: u8,
@@ -324,12 +352,12 @@ fn dial(
                 s.set_nodelay(true).map_err(io)?;
                 s.set_read_timeout(Some(left.max(Duration::from_millis(10))))
                     .map_err(io)?;
-                s.write_all(&hello(cluster, me, peer))
+                s.write_all(&hello(magic, cluster, me, peer))
                     .map_err(|e| hs(e.to_string()))?;
                 let mut b = [0u8; HELLO];
                 s.read_exact(&mut b)
                     .map_err(|e| hs(format!("no handshake reply: {e}")))?;
-                let from = check_hello(&b, cluster, me, nodes).map_err(hs)?;
+                let from = check_hello(&b, magic, cluster, me, nodes).map_err(hs)?;
                 if from != peer {
                     return Err(hs(format!("expected node {peer}, node {from} answered")));
                 }
@@ -342,6 +370,7 @@ fn dial(
 
 fn accept_peers(
     listener: TcpListener,
+    magic: [u8; 4],
     cluster: u64,
     me: u8,
     nodes: u8,
@@ -379,11 +408,11 @@ fn accept_peers(
             let mut b = [0u8; HELLO];
             s.read_exact(&mut b)
                 .map_err(|e| format!("no handshake: {e}"))?;
-            let from = check_hello(&b, cluster, me, nodes)?;
+            let from = check_hello(&b, magic, cluster, me, nodes)?;
             if from as usize >= expect || got.iter().any(|(g, _)| *g == from) {
                 return Err(format!("unexpected connection from node {from}"));
             }
-            s.write_all(&hello(cluster, me, from))
+            s.write_all(&hello(magic, cluster, me, from))
                 .map_err(|e| e.to_string())?;
             Ok(from)
         })();
@@ -420,20 +449,26 @@ mod tests {
 
     #[test]
     fn hello_validation() {
-        let h = hello(7, 0, 1);
-        assert_eq!(check_hello(&h, 7, 1, 2), Ok(0));
-        assert!(check_hello(&h, 8, 1, 2).unwrap_err().contains("cluster id"));
-        assert!(check_hello(&h, 7, 2, 3)
+        let h = hello(MAGIC, 7, 0, 1);
+        assert_eq!(check_hello(&h, MAGIC, 7, 1, 2), Ok(0));
+        assert!(check_hello(&h, MAGIC, 8, 1, 2)
+            .unwrap_err()
+            .contains("cluster id"));
+        assert!(check_hello(&h, MAGIC, 7, 2, 3)
             .unwrap_err()
             .contains("addressed to node 1"));
-        assert!(check_hello(&hello(7, 5, 1), 7, 1, 2)
+        assert!(check_hello(&hello(MAGIC, 7, 5, 1), MAGIC, 7, 1, 2)
             .unwrap_err()
             .contains("not a peer"));
         let mut bad = h;
         bad[0] = b'X';
-        assert!(check_hello(&bad, 7, 1, 2).unwrap_err().contains("magic"));
+        assert!(check_hello(&bad, MAGIC, 7, 1, 2)
+            .unwrap_err()
+            .contains("magic"));
         let mut v = h;
         v[4] = 9;
-        assert!(check_hello(&v, 7, 1, 2).unwrap_err().contains("version"));
+        assert!(check_hello(&v, MAGIC, 7, 1, 2)
+            .unwrap_err()
+            .contains("version"));
     }
 }
