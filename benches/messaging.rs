@@ -146,7 +146,7 @@ fn mem_pair(layout: Layout, mode: WaitMode) -> [Arc<Mailboxes<shoal_messaging::M
     [it.next().unwrap(), it.next().unwrap()]
 }
 
-fn tcp_pair(layout: Layout) -> [Arc<Mailboxes<TcpTransport>>; 2] {
+fn tcp_pair(layout: Layout, mode: WaitMode) -> [Arc<Mailboxes<TcpTransport>>; 2] {
     let ls: Vec<TcpListener> = (0..2)
         .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
         .collect();
@@ -168,7 +168,7 @@ fn tcp_pair(layout: Layout) -> [Arc<Mailboxes<TcpTransport>>; 2] {
         .collect();
     let mut it = hs
         .into_iter()
-        .map(|h| Arc::new(Mailboxes::new(h.join().unwrap(), layout, WaitMode::Park).unwrap()));
+        .map(|h| Arc::new(Mailboxes::new(h.join().unwrap(), layout, mode).unwrap()));
     [it.next().unwrap(), it.next().unwrap()]
 }
 
@@ -235,7 +235,8 @@ fn main() {
     };
     mailbox_latency("mem (park)", mem_pair(layout, WaitMode::Park), n);
     mailbox_latency("mem (poll)", mem_pair(layout, WaitMode::Poll), n);
-    mailbox_latency("tcp", tcp_pair(layout), n);
+    mailbox_latency("tcp (park)", tcp_pair(layout, WaitMode::Park), n);
+    mailbox_latency("tcp (poll)", tcp_pair(layout, WaitMode::Poll), n);
     plain_tcp(n);
     handler_throughput(1, 3);
     handler_throughput(8, 3);
