@@ -6,8 +6,11 @@
 //! page provider that evicts cold pages to NVMe ([`provider`]), the catalog page ([`catalog`]),
 //! configuration ([`config`]) and the engine itself ([`engine`]).
 //!
-//! Still to come here (see DESIGN.md): the coherence protocol (directory, possession,
-//! anticipatory chaining), message handlers, and cluster bootstrap. Today every page is homed on
+//! The coherence protocol's rules exist as pure state machines: [`protocol`] (modes and
+//! messages), [`directory`] (a page's home: holders, conflict epoch, anticipatory chaining) and
+//! [`possession`] (a node's copy of a page), checked by the model in tests/coherence_model.rs.
+//! Still to come (see DESIGN.md): driving them from message handlers over shoal-messaging, and
+//! cluster bootstrap. Today every page is homed on
 //! this node; touching a page homed elsewhere is an error.
 //!
 //! It must not know about B-tree layouts or workloads: it hands out latched pages by id.
@@ -33,6 +36,7 @@
 
 pub mod catalog;
 pub mod config;
+pub mod directory;
 pub mod engine;
 pub mod error;
 pub mod frame;
@@ -41,6 +45,8 @@ pub mod latch;
 pub mod mapped;
 pub mod page;
 pub mod pid;
+pub mod possession;
+pub mod protocol;
 pub mod provider;
 pub mod stats;
 pub mod table;

@@ -1,0 +1,316 @@
+//! The directory: what a page's home node knows and decides about the page's copies.
+//!
+//! One [`DirEntry`] per page lives at the page's home node. It records who holds the page
+//! (nobody, a set of node-shared holders, or one node-exclusive holder), the page's conflict
+//! epoch, and whether the home is waiting for a copy-back. Decisions are made when a message
+//! arrives (**immediate metadata updates**): a requester is recorded as holder at once and, on a
+//! conflict, pointed at its predecessor, so the page moves strictly in the order requests reach
+//! the home (**anticipatory chaining**). The home's own workers send their requests through the
+//! same entry: the directory gives its node no shortcut.
+//!
+//! Rules (docs/protocol.md has the argument for each):
+//! - nobody holds it: grant from the home's copy (the home's copy is current);
+//! - shared, shared wanted: grant from the home's copy, add the requester;
+//! - shared, exclusive wanted: the requester becomes the exclusive holder; it gets the page from
+//!   the home (or keeps its own, an upgrade) and must invalidate every other sharer;
+//! - exclusive at node O: the requester is pointed at O (O hands the page over and drops it); a
+//!   shared requester becomes the only sharer and O also copies the page back home;
+//! - while a copy-back is outstanding the home's copy is stale: every request for the page
+//!   waits ([`DirDecision::Defer`]) until it arrives (eviction notices are still answered: the
+//!   node owing the copy-back may be waiting for that answer);
+//! - an eviction notice is accepted only from a current holder; anyone else has been named as
+//!   a source or is being invalidated, and must keep the page until that message reaches it
+//!   (**owner stability**).
+//!
+//! The conflict epoch increases whenever a request names other nodes (a source to fetch from
+//! or sharers to invalidate); each grant carries it, so every message about a possession says
+//! which possession it is about, and a stale one is recognised (see [`crate::possession`]).
+
+use crate::protocol::{bit, violation, Mode, Node, NodeSet, ProtocolError};
+
+/// Who holds a page, as its home sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Holders {
+    /// No node holds a copy; the home's copy is current.
+    None,
+    /// These nodes hold node-shared copies (never empty).
+    Shared(NodeSet),
+    /// This node holds (or is about to receive) the page node-exclusive.
+    Exclusive(Node),
+}
+
+/// The home's metadata of one page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DirEntry {
+    pub holders: Holders,
+    /// Conflict epoch: bumped whenever a request names other nodes.
+    pub epoch: u32,
+    /// The exclusive holder that must copy the page back home (after a shared request took it).
+    pub awaiting_copy_back: Option<Node>,
+}
+
+/// What the home does with a possession request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirDecision {
+    /// The home's copy is stale until a copy-back arrives: keep the request and retry then.
+    Defer,
+    /// Reply with this grant. `from_home`: push the home's copy of the page first.
+    Grant {
+        mode: Mode,
+        epoch: u32,
+        from_home: bool,
+        source: Option<Node>,
+        invalidate: NodeSet,
+    },
+}
+
+/// What the home does with an eviction notice (decided at once, never deferred: the node that
+/// must copy a page back may itself be waiting for this answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvictDecision {
+    /// The node may drop its copy; `store`: the notice carried a dirty page, which becomes the
+    /// home's copy (and is written to the home's store).
+    Accept { store: bool },
+    /// Keep the copy: a successor was pointed at this node, or an invalidation is on its way.
+    Decline,
+}
+
+impl Default for DirEntry {
+    fn default() -> Self {
+        DirEntry::new()
+    }
+}
+
+impl DirEntry {
+    /// A page nobody caches (just allocated or only on the home's store).
+    pub const fn new() -> DirEntry {
+        DirEntry {
+            holders: Holders::None,
+            epoch: 0,
+            awaiting_copy_back: None,
+        }
+    }
+
+    /// Whether `node` is a current holder.
+    pub fn holds(&self, node: Node) -> bool {
+        match self.holders {
+            Holders::None => false,
+            Holders::Shared(s) => s & bit(node) != 0,
+            Holders::Exclusive(o) => o == node,
+        }
+    }
+
+    /// A possession request from `from`, who wants `want`; `have` = it holds a valid copy.
+    pub fn request(
+        &mut self,
+        from: Node,
+        want: Mode,
+        have: bool,
+    ) -> Result<DirDecision, ProtocolError> {
+        if self.awaiting_copy_back.is_some() {
+            return Ok(DirDecision::Defer);
+        }
+        let grant = |mode, epoch, from_home, source, invalidate| DirDecision::Grant {
+            mode,
+            epoch,
+            from_home,
+            source,
+            invalidate,
+        };
+        match (self.holders, want) {
+            (Holders::None, _) => {
+                self.holders = match want {
+                    Mode::Shared => Holders::Shared(bit(from)),
+                    Mode::Exclusive => Holders::Exclusive(from),
+                };
+                Ok(grant(want, self.epoch, true, None, 0))
+            }
+            (Holders::Shared(s), Mode::Shared) => {
+                if s & bit(from) != 0 {
+                    return violation(format!(
+                        "node {from} asks for shared possession it already holds"
+                    ));
+                }
+                self.holders = Holders::Shared(s | bit(from));
+                Ok(grant(Mode::Shared, self.epoch, true, None, 0))
+            }
+            (Holders::Shared(s), Mode::Exclusive) => {
+                let member = s & bit(from) != 0;
+                if member && !have {
+                    return violation(format!("node {from} is a sharer but says it holds no copy"));
+                }
+                let others = s & !bit(from);
+                if others != 0 {
+                    self.epoch = self.epoch.wrapping_add(1);
+                }
+                self.holders = Holders::Exclusive(from);
+                Ok(grant(Mode::Exclusive, self.epoch, !member, None, others))
+            }
+            (Holders::Exclusive(o), _) if o == from => {
+                violation(format!("node {from} asks for a page it holds exclusively"))
+            }
+            (Holders::Exclusive(o), _) => {
+                self.epoch = self.epoch.wrapping_add(1);
+                match want {
+                    Mode::Shared => {
+                        self.holders = Holders::Shared(bit(from));
+                        self.awaiting_copy_back = Some(o);
+                    }
+                    Mode::Exclusive => self.holders = Holders::Exclusive(from),
+                }
+                Ok(grant(want, self.epoch, false, Some(o), 0))
+            }
+        }
+    }
+
+    /// An eviction notice from `from` for its possession of `epoch`; `dirty` = it carries the
+    /// page because it is newer than the home's copy.
+    pub fn evict(
+        &mut self,
+        from: Node,
+        epoch: u32,
+        dirty: bool,
+    ) -> Result<EvictDecision, ProtocolError> {
+        if epoch > self.epoch {
+            return violation(format!(
+                "node {from} evicts a possession of epoch {epoch}, newer than the directory's {}",
+                self.epoch
+            ));
+        }
+        match self.holders {
+            Holders::Exclusive(o) if o == from => {
+                self.holders = Holders::None;
+                Ok(EvictDecision::Accept { store: dirty })
+            }
+            Holders::Shared(s) if s & bit(from) != 0 => {
+                if dirty {
+                    return violation(format!(
+                        "node {from} holds a shared copy that it says is dirty"
+                    ));
+                }
+                let rest = s & !bit(from);
+                self.holders = if rest == 0 {
+                    Holders::None
+                } else {
+                    Holders::Shared(rest)
+                };
+                Ok(EvictDecision::Accept { store: false })
+            }
+            _ => Ok(EvictDecision::Decline),
+        }
+    }
+
+    /// The copy-back from `from` arrived (the caller stores its data, if any, as the home's copy).
+    pub fn copy_back(&mut self, from: Node) -> Result<(), ProtocolError> {
+        if self.awaiting_copy_back != Some(from) {
+            return violation(format!(
+                "unexpected copy-back from node {from} (awaiting {:?})",
+                self.awaiting_copy_back
+            ));
+        }
+        self.awaiting_copy_back = None;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn g(d: DirDecision) -> (Mode, u32, bool, Option<Node>, NodeSet) {
+        match d {
+            DirDecision::Grant {
+                mode,
+                epoch,
+                from_home,
+                source,
+                invalidate,
+            } => (mode, epoch, from_home, source, invalidate),
+            DirDecision::Defer => panic!("deferred"),
+        }
+    }
+
+    #[test]
+    fn base_case_and_sharing_come_from_home() {
+        let mut d = DirEntry::new();
+        assert_eq!(
+            g(d.request(1, Mode::Shared, false).unwrap()),
+            (Mode::Shared, 0, true, None, 0)
+        );
+        assert_eq!(
+            g(d.request(2, Mode::Shared, false).unwrap()),
+            (Mode::Shared, 0, true, None, 0)
+        );
+        assert_eq!(d.holders, Holders::Shared(0b110));
+        assert!(d.request(2, Mode::Shared, false).is_err());
+    }
+
+    #[test]
+    fn exclusive_over_sharers_invalidates_them_and_upgrades_keep_data() {
+        let mut d = DirEntry::new();
+        d.request(1, Mode::Shared, false).unwrap();
+        d.request(2, Mode::Shared, false).unwrap();
+        // upgrade by 1: keeps its copy, invalidates 2, conflict epoch bumps
+        assert_eq!(
+            g(d.request(1, Mode::Exclusive, true).unwrap()),
+            (Mode::Exclusive, 1, false, None, 0b100)
+        );
+        assert_eq!(d.holders, Holders::Exclusive(1));
+        // a sole sharer upgrading is no conflict
+        let mut d = DirEntry::new();
+        d.request(3, Mode::Shared, false).unwrap();
+        assert_eq!(
+            g(d.request(3, Mode::Exclusive, true).unwrap()),
+            (Mode::Exclusive, 0, false, None, 0)
+        );
+    }
+
+    #[test]
+    fn chaining_points_each_requester_at_its_predecessor() {
+        let mut d = DirEntry::new();
+        d.request(0, Mode::Exclusive, false).unwrap();
+        assert_eq!(g(d.request(1, Mode::Exclusive, false).unwrap()).3, Some(0));
+        assert_eq!(g(d.request(2, Mode::Exclusive, false).unwrap()).3, Some(1));
+        assert_eq!(d.epoch, 2);
+        // 1 was named as a source: its eviction is declined (owner stability)
+        assert_eq!(d.evict(1, 1, true).unwrap(), EvictDecision::Decline);
+        // the current holder may evict and its dirty copy goes home
+        assert_eq!(
+            d.evict(2, 2, true).unwrap(),
+            EvictDecision::Accept { store: true }
+        );
+        assert_eq!(d.holders, Holders::None);
+    }
+
+    #[test]
+    fn shared_after_exclusive_waits_for_the_copy_back() {
+        let mut d = DirEntry::new();
+        d.request(0, Mode::Exclusive, false).unwrap();
+        assert_eq!(g(d.request(1, Mode::Shared, false).unwrap()).3, Some(0));
+        assert_eq!(d.awaiting_copy_back, Some(0));
+        assert_eq!(
+            d.request(2, Mode::Shared, false).unwrap(),
+            DirDecision::Defer
+        );
+        // the source owing the copy-back is no holder any more: its notice is declined at once
+        assert_eq!(d.evict(0, 0, true).unwrap(), EvictDecision::Decline);
+        assert!(d.copy_back(2).is_err());
+        d.copy_back(0).unwrap();
+        assert_eq!(
+            g(d.request(2, Mode::Shared, false).unwrap()),
+            (Mode::Shared, 1, true, None, 0)
+        );
+    }
+
+    #[test]
+    fn impossible_messages_are_violations() {
+        let mut d = DirEntry::new();
+        d.request(0, Mode::Exclusive, false).unwrap();
+        assert!(d.request(0, Mode::Shared, false).is_err());
+        assert!(d.evict(0, 9, true).is_err());
+        let mut d = DirEntry::new();
+        d.request(1, Mode::Shared, false).unwrap();
+        assert!(d.request(1, Mode::Exclusive, false).is_err());
+        assert!(d.evict(1, 0, true).is_err());
+    }
+}

@@ -1,0 +1,387 @@
+//! Possession: what one node holds of one page and how it answers the protocol's messages.
+//!
+//! A [`Copy`] is the node-side state machine of a page: the mode the node may use it in, the
+//! page itself (once it arrived), whether it is newer than the home's copy, the epoch of the
+//! grant it holds, the one directory interaction it may have outstanding ([`Pending`]), and
+//! messages it could not serve yet ([`Copy::deferred`]).
+//!
+//! Rules (docs/protocol.md has the argument for each):
+//! - a node has at most one outstanding request or eviction notice per page;
+//! - a request completes when the page is there and every invalidation it had to send was
+//!   acknowledged; the worker that asked uses the page before anyone else is served (messages
+//!   that arrived meanwhile are served by [`Copy::served`]);
+//! - a `Transfer` is served (page pushed, copy dropped, copy-back sent home for a shared
+//!   successor) only when the node has the page and no request outstanding; before that it is
+//!   deferred. That is anticipatory chaining: a node may be named as the source of a page that
+//!   is still on its way to it;
+//! - an `Invalidate` of an epoch older than the node's latest grant is about a copy already
+//!   dropped: acknowledged at once. Otherwise the node drops its copy and acknowledges; if the
+//!   shared grant it is about has not arrived yet, it waits for it (deferred). Answering old
+//!   invalidations at once is what breaks the upgrade deadlock (two sharers upgrading at once);
+//! - a node whose eviction notice was declined keeps its copy until the `Transfer` or
+//!   `Invalidate` that the home expects reaches it.
+//!
+//! The engine calls these methods under the page's frame latch, and only when no local guard
+//! holds the page (a latched page defers the message, exactly like a page still in flight).
+
+use crate::protocol::{bit, members, violation, Grant, Mode, Msg, Node, NodeSet, ProtocolError};
+
+/// The node's outstanding directory interaction for a page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pending {
+    Idle,
+    /// Request sent, grant not yet received.
+    Requested {
+        want: Mode,
+    },
+    /// Grant received; waiting for the page from a source and/or invalidation acknowledgements.
+    Completing {
+        want: Mode,
+        awaiting_page: bool,
+        acks: NodeSet,
+    },
+    /// Eviction notice sent, reply not yet received.
+    Evicting,
+}
+
+/// A message that arrived but cannot be served yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Deferred {
+    Transfer { to: Node, want: Mode, epoch: u32 },
+    Invalidate { from: Node, epoch: u32 },
+}
+
+/// What happened when a message was applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step<D> {
+    /// Messages to send, as (destination, message).
+    pub out: Vec<(Node, Msg<D>)>,
+    /// The node's request completed: its worker may now use the page in this mode.
+    pub completed: Option<Mode>,
+}
+
+impl<D> Default for Step<D> {
+    fn default() -> Self {
+        Step {
+            out: Vec::new(),
+            completed: None,
+        }
+    }
+}
+
+/// One node's state for one page.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Copy<D> {
+    /// The page's home node.
+    pub home: Node,
+    /// This node.
+    pub me: Node,
+    /// Possession once complete (`None` while a request is in progress or nothing is held).
+    pub mode: Option<Mode>,
+    /// The page, when present.
+    pub data: Option<D>,
+    /// The page is newer than the home's copy.
+    pub dirty: bool,
+    /// Epoch of the latest grant received.
+    pub epoch: u32,
+    pub pending: Pending,
+    pub deferred: Vec<Deferred>,
+}
+
+impl<D: Clone> Copy<D> {
+    pub fn new(home: Node, me: Node) -> Copy<D> {
+        Copy {
+            home,
+            me,
+            mode: None,
+            data: None,
+            dirty: false,
+            epoch: 0,
+            pending: Pending::Idle,
+            deferred: Vec::new(),
+        }
+    }
+
+    /// The node may use the page in `want` without asking anyone (the local hot path).
+    pub fn usable(&self, want: Mode) -> bool {
+        self.pending == Pending::Idle
+            && self.data.is_some()
+            && match want {
+                Mode::Shared => self.mode.is_some(),
+                Mode::Exclusive => self.mode == Some(Mode::Exclusive),
+            }
+    }
+
+    /// Ask the home for `want`. Only when idle and not already usable in that mode.
+    pub fn request(&mut self, want: Mode) -> Result<(Node, Msg<D>), ProtocolError> {
+        if self.pending != Pending::Idle || self.usable(want) {
+            return violation(format!(
+                "node {} requests {want:?} while {:?} holding {:?}",
+                self.me, self.pending, self.mode
+            ));
+        }
+        self.pending = Pending::Requested { want };
+        Ok((
+            self.home,
+            Msg::Request {
+                want,
+                have: self.data.is_some(),
+            },
+        ))
+    }
+
+    /// The home's grant arrived.
+    pub fn on_grant(&mut self, g: Grant<D>) -> Result<Step<D>, ProtocolError> {
+        let Pending::Requested { want } = self.pending else {
+            return violation(format!("node {} got a grant it did not ask for", self.me));
+        };
+        if g.mode != want || g.epoch < self.epoch {
+            return violation(format!(
+                "node {} asked for {want:?} (epoch {}) and got {:?} at epoch {}",
+                self.me, self.epoch, g.mode, g.epoch
+            ));
+        }
+        self.epoch = g.epoch;
+        let mut step = Step::default();
+        if let Some(d) = g.data {
+            self.data = Some(d);
+            self.dirty = false;
+        }
+        if let Some(src) = g.source {
+            // Any copy we still have is stale (we are no longer a holder at the home, and the
+            // invalidation of it, of an older epoch, is on its way): drop it now.
+            self.data = None;
+            self.dirty = false;
+            step.out.push((
+                src,
+                Msg::Transfer {
+                    want,
+                    epoch: g.epoch,
+                },
+            ));
+        } else if self.data.is_none() {
+            return violation(format!(
+                "node {} was granted {want:?} with no page and no source",
+                self.me
+            ));
+        }
+        for n in members(g.invalidate) {
+            step.out.push((n, Msg::Invalidate { epoch: g.epoch }));
+        }
+        self.pending = Pending::Completing {
+            want,
+            awaiting_page: g.source.is_some(),
+            acks: g.invalidate,
+        };
+        self.finish(&mut step)?;
+        Ok(step)
+    }
+
+    /// The page arrived from the source a grant named.
+    pub fn on_page(&mut self, data: D, dirty: bool) -> Result<Step<D>, ProtocolError> {
+        match &mut self.pending {
+            Pending::Completing {
+                want,
+                awaiting_page: a @ true,
+                ..
+            } => {
+                *a = false;
+                self.data = Some(data);
+                // A shared successor's source copies the page back home: it is clean here.
+                self.dirty = dirty && *want == Mode::Exclusive;
+            }
+            _ => {
+                return violation(format!(
+                    "node {} got a page it was not waiting for",
+                    self.me
+                ))
+            }
+        }
+        let mut step = Step::default();
+        self.finish(&mut step)?;
+        Ok(step)
+    }
+
+    /// `from` acknowledged our invalidation.
+    pub fn on_invalidate_ack(&mut self, from: Node) -> Result<Step<D>, ProtocolError> {
+        match &mut self.pending {
+            Pending::Completing { acks, .. } if *acks & bit(from) != 0 => *acks &= !bit(from),
+            _ => {
+                return violation(format!(
+                    "node {} got an unexpected invalidation ack from {from}",
+                    self.me
+                ))
+            }
+        }
+        let mut step = Step::default();
+        self.finish(&mut step)?;
+        Ok(step)
+    }
+
+    /// `to` (a successor the home pointed at us) asks for the page.
+    pub fn on_transfer(
+        &mut self,
+        to: Node,
+        want: Mode,
+        epoch: u32,
+    ) -> Result<Step<D>, ProtocolError> {
+        if epoch <= self.epoch && self.pending == Pending::Idle && self.data.is_some() {
+            return violation(format!(
+                "node {} asked by {to} for the page at epoch {epoch}, not newer than its own {}",
+                self.me, self.epoch
+            ));
+        }
+        self.deferred.push(Deferred::Transfer { to, want, epoch });
+        let mut step = Step::default();
+        self.serve_deferred(&mut step)?;
+        Ok(step)
+    }
+
+    /// `from` (now holding or about to hold the page exclusively) invalidates our copy.
+    pub fn on_invalidate(&mut self, from: Node, epoch: u32) -> Result<Step<D>, ProtocolError> {
+        self.deferred.push(Deferred::Invalidate { from, epoch });
+        let mut step = Step::default();
+        self.serve_deferred(&mut step)?;
+        Ok(step)
+    }
+
+    /// The local worker wrote the page (requires exclusive possession).
+    pub fn wrote(&mut self, data: D) {
+        debug_assert!(self.usable(Mode::Exclusive));
+        self.data = Some(data);
+        self.dirty = true;
+    }
+
+    /// Send an eviction notice (only when idle with the page and nothing deferred).
+    pub fn evict(&mut self) -> Option<(Node, Msg<D>)> {
+        if self.pending != Pending::Idle || self.data.is_none() || !self.deferred.is_empty() {
+            return None;
+        }
+        self.pending = Pending::Evicting;
+        let data = if self.dirty { self.data.clone() } else { None };
+        Some((
+            self.home,
+            Msg::Evict {
+                epoch: self.epoch,
+                data,
+            },
+        ))
+    }
+
+    /// The home answered our eviction notice.
+    pub fn on_evict_reply(&mut self, accepted: bool) -> Result<Step<D>, ProtocolError> {
+        if self.pending != Pending::Evicting {
+            return violation(format!(
+                "node {} got an eviction reply it did not ask for",
+                self.me
+            ));
+        }
+        self.pending = Pending::Idle;
+        let mut step = Step::default();
+        if accepted {
+            if !self.deferred.is_empty() {
+                return violation(format!(
+                    "node {}'s eviction was accepted while {:?} wait for its copy",
+                    self.me, self.deferred
+                ));
+            }
+            self.drop_copy();
+        } else {
+            self.serve_deferred(&mut step)?;
+        }
+        Ok(step)
+    }
+
+    fn drop_copy(&mut self) {
+        self.mode = None;
+        self.data = None;
+        self.dirty = false;
+    }
+
+    /// Complete the request if the page is here and every ack arrived, then serve what waited.
+    fn finish(&mut self, step: &mut Step<D>) -> Result<(), ProtocolError> {
+        if let Pending::Completing {
+            want,
+            awaiting_page: false,
+            acks: 0,
+        } = self.pending
+        {
+            self.pending = Pending::Idle;
+            self.mode = Some(want);
+            // The worker that asked uses the page first: deferred messages wait for `served`.
+            step.completed = Some(want);
+            return Ok(());
+        }
+        if self.pending == Pending::Idle {
+            self.serve_deferred(step)?;
+        }
+        Ok(())
+    }
+
+    /// The worker whose request completed has used the page (its latch is released): serve
+    /// what waited for the page meanwhile.
+    pub fn served(&mut self) -> Result<Step<D>, ProtocolError> {
+        let mut step = Step::default();
+        self.serve_deferred(&mut step)?;
+        Ok(step)
+    }
+
+    /// Serve every deferred message that can be served now (in arrival order).
+    fn serve_deferred(&mut self, step: &mut Step<D>) -> Result<(), ProtocolError> {
+        let mut i = 0;
+        while i < self.deferred.len() {
+            match self.deferred[i] {
+                Deferred::Invalidate { from, epoch } if epoch < self.epoch => {
+                    // about a copy we already dropped (we hold a newer grant)
+                    self.deferred.remove(i);
+                    step.out.push((from, Msg::InvalidateAck));
+                }
+                Deferred::Invalidate { from, .. } => match self.pending {
+                    // about a shared grant still on its way, or our copy while the home answers
+                    // our eviction notice (it will decline): wait
+                    Pending::Requested { want: Mode::Shared }
+                    | Pending::Completing {
+                        want: Mode::Shared, ..
+                    }
+                    | Pending::Evicting => i += 1,
+                    // our current copy (an upgrade request may be in flight: it continues
+                    // without the copy, the home will point it at the invalidating node)
+                    Pending::Idle | Pending::Requested { .. } if self.data.is_some() => {
+                        self.deferred.remove(i);
+                        self.drop_copy();
+                        step.out.push((from, Msg::InvalidateAck));
+                    }
+                    _ => {
+                        return violation(format!(
+                            "node {} invalidated by {from} while {:?} with {} copy",
+                            self.me,
+                            self.pending,
+                            if self.data.is_some() { "a" } else { "no" }
+                        ))
+                    }
+                },
+                Deferred::Transfer { to, want, .. } => {
+                    if self.pending == Pending::Idle && self.data.is_some() {
+                        self.deferred.remove(i);
+                        let data = self.data.clone().expect("checked above");
+                        if want == Mode::Shared {
+                            let back = if self.dirty { Some(data.clone()) } else { None };
+                            step.out.push((self.home, Msg::CopyBack { data: back }));
+                        }
+                        step.out.push((
+                            to,
+                            Msg::Page {
+                                data,
+                                dirty: self.dirty,
+                            },
+                        ));
+                        self.drop_copy();
+                    } else {
+                        i += 1;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

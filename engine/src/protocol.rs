@@ -1,0 +1,118 @@
+//! The coherence protocol's vocabulary: possession modes, node sets, the messages nodes send
+//! each other about a page, and protocol errors. The rules live in [`crate::directory`] (what
+//! a page's home node decides) and [`crate::possession`] (what every node does with its copy);
+//! docs/protocol.md states them in prose with the argument for each race.
+//!
+//! Everything here is pure: no I/O, no latches, no threads. The engine drives these state
+//! machines from its message handlers; the model in tests/coherence_model.rs drives the very
+//! same code under every message order it can generate, so the two cannot drift apart.
+//!
+//! Page contents are a type parameter `D`: the engine passes frame handles, the model passes
+//! version numbers so that it can check every read against the last write.
+
+use std::fmt;
+
+/// A node id (at most [`crate::MAX_NODES`] nodes: node sets are 64-bit bitmaps).
+pub type Node = u8;
+
+/// A set of nodes as a bitmap (bit `n` = node `n`).
+pub type NodeSet = u64;
+
+/// The bit of node `n` in a [`NodeSet`].
+#[inline]
+pub fn bit(n: Node) -> NodeSet {
+    debug_assert!(n < 64);
+    1u64 << n
+}
+
+/// Iterate the members of a node set in increasing order.
+pub fn members(set: NodeSet) -> impl Iterator<Item = Node> {
+    (0..64u8).filter(move |&n| set & bit(n) != 0)
+}
+
+/// What a node may do with its copy of a page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mode {
+    /// Node-shared: read; other nodes may hold copies too.
+    Shared,
+    /// Node-exclusive: read and write; no other node holds a copy.
+    Exclusive,
+}
+
+/// The home's answer to a possession request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant<D> {
+    /// The mode the requester will hold once the grant completes.
+    pub mode: Mode,
+    /// The page's conflict epoch after this request: identifies the requester's possession.
+    pub epoch: u32,
+    /// The page, pushed by the home before the grant (base case), if the home sends it.
+    pub data: Option<D>,
+    /// Fetch the page from this node (its predecessor in request order): it hands the page
+    /// over, possibly after it got and used the page itself (anticipatory chaining).
+    pub source: Option<Node>,
+    /// Nodes whose shared copies the requester must invalidate before writing.
+    pub invalidate: NodeSet,
+}
+
+/// A protocol message about one page (the page id travels beside it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Msg<D> {
+    /// Requester -> home: I want `want`; `have` = I hold a valid copy (an upgrade).
+    Request { want: Mode, have: bool },
+    /// Home -> requester: the decision (and, in the base case, the page).
+    Grant(Grant<D>),
+    /// Requester -> the source a grant named: hand me the page. `epoch` is the requester's
+    /// grant epoch, always newer than the source's own.
+    Transfer { want: Mode, epoch: u32 },
+    /// Source -> requester: the page (pushed into the requester's frame); `dirty` = newer than
+    /// the copy at the home.
+    Page { data: D, dirty: bool },
+    /// Source -> home after handing an exclusive page to a shared requester: the home's copy
+    /// becomes current again (`data` is `None` when the page was clean).
+    CopyBack { data: Option<D> },
+    /// Requester -> sharer: drop your copy. `epoch` = the requester's grant epoch.
+    Invalidate { epoch: u32 },
+    /// Sharer -> requester: dropped.
+    InvalidateAck,
+    /// Holder -> home: I want to evict my copy (`data` = the page when dirty). `epoch` = the
+    /// holder's grant epoch.
+    Evict { epoch: u32, data: Option<D> },
+    /// Home -> holder: `accepted` = drop it; otherwise keep it, a successor is coming for it.
+    EvictReply { accepted: bool },
+}
+
+impl<D> Msg<D> {
+    /// The message's name, as docs/protocol.md and the model use it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Msg::Request { .. } => "Request",
+            Msg::Grant(_) => "Grant",
+            Msg::Transfer { .. } => "Transfer",
+            Msg::Page { .. } => "Page",
+            Msg::CopyBack { .. } => "CopyBack",
+            Msg::Invalidate { .. } => "Invalidate",
+            Msg::InvalidateAck => "InvalidateAck",
+            Msg::Evict { .. } => "Evict",
+            Msg::EvictReply { .. } => "EvictReply",
+        }
+    }
+}
+
+/// A message that breaks the protocol's rules (a bug or a corrupt peer). The engine logs it
+/// and fails the affected request; the model reports it as a violation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProtocolError(pub String);
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "coherence protocol violation: {}", self.0)
+    }
+}
+
+impl std::error::Error for ProtocolError {}
+
+/// Shorthand for returning a [`ProtocolError`].
+pub(crate) fn violation<T>(what: impl Into<String>) -> Result<T, ProtocolError> {
+    Err(ProtocolError(what.into()))
+}
