@@ -22,7 +22,7 @@ use std::collections::VecDeque;
 
 type Version = u64;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct Envelope {
     from: Node,
     to: Node,
@@ -30,12 +30,13 @@ struct Envelope {
     msg: Msg<Version>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Op {
     page: usize,
     write: bool,
 }
 
+#[derive(Clone)]
 struct Sim {
     nodes: usize,
     dirs: Vec<DirEntry>,
@@ -47,6 +48,7 @@ struct Sim {
     waiting: Vec<Option<Op>>,
     latest: Vec<Version>,
     trace: Vec<String>,
+    tracing: bool,
     /// Fault injection for the checker's own test: sharers acknowledge invalidations without
     /// dropping their copies.
     lying_sharers: bool,
@@ -78,6 +80,7 @@ impl Sim {
             waiting: vec![None; nodes],
             latest: vec![0; pages],
             trace: Vec::new(),
+            tracing: true,
             lying_sharers: false,
             reads: 0,
             writes: 0,
@@ -121,7 +124,7 @@ impl Sim {
             }
             self.reads += 1;
         }
-        self.trace.push(format!("node {node} did {op:?}"));
+        self.note(|| format!("node {node} did {op:?}"));
         Ok(())
     }
 
@@ -161,8 +164,7 @@ impl Sim {
             .request(want)
             .map_err(|e| e.to_string())?;
         self.remote += 1;
-        self.trace
-            .push(format!("node {node} requests {want:?} of page {}", op.page));
+        self.note(|| format!("node {node} requests {want:?} of page {}", op.page));
         self.waiting[node] = Some(op);
         self.send(node as Node, op.page, vec![(to, msg)]);
         Ok(())
@@ -243,14 +245,16 @@ impl Sim {
 
     fn deliver(&mut self, i: usize) -> Result<(), String> {
         let e = self.net.swap_remove(i);
-        self.trace.push(format!(
-            "deliver {} {}->{} page {}: {:?}",
-            e.msg.name(),
-            e.from,
-            e.to,
-            e.page,
-            e.msg
-        ));
+        self.note(|| {
+            format!(
+                "deliver {} {}->{} page {}: {:?}",
+                e.msg.name(),
+                e.from,
+                e.to,
+                e.page,
+                e.msg
+            )
+        });
         let (to, p) = (e.to as usize, e.page);
         let c = &mut self.copies[to][p];
         let step = match e.msg.clone() {
@@ -281,7 +285,7 @@ impl Sim {
         }
         match self.copies[node][page].evict() {
             Some((to, msg)) => {
-                self.trace.push(format!("node {node} evicts page {page}"));
+                self.note(|| format!("node {node} evicts page {page}"));
                 self.send(node as Node, page, vec![(to, msg)]);
                 true
             }
@@ -399,6 +403,13 @@ impl Sim {
 }
 
 impl Sim {
+    /// Record a trace line (off in exhaustive runs, where states are cloned by the million).
+    fn note(&mut self, line: impl FnOnce() -> String) {
+        if self.tracing {
+            self.trace.push(line());
+        }
+    }
+
     fn trace_tail(&self) -> String {
         let n = self.trace.len();
         self.trace[n.saturating_sub(40)..].join("\n")
@@ -535,4 +546,242 @@ fn the_model_catches_a_broken_invalidation() {
         e.contains("writers") || e.contains("version") || e.contains("violation"),
         "{e}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exhaustive exploration of small configurations
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy)]
+enum Event {
+    Deliver(usize),
+    Start(usize),
+    Evict(usize, usize),
+}
+
+impl Sim {
+    /// A 64-bit fingerprint of everything that determines the future (not the trace).
+    fn fingerprint(&self, evictions_left: u32) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        let mut net = self.net.clone();
+        net.sort();
+        net.hash(&mut h);
+        self.dirs.hash(&mut h);
+        self.home_store.hash(&mut h);
+        for d in &self.dir_deferred {
+            d.hash(&mut h);
+        }
+        self.copies.hash(&mut h);
+        for s in &self.scripts {
+            s.hash(&mut h);
+        }
+        self.waiting.hash(&mut h);
+        self.latest.hash(&mut h);
+        evictions_left.hash(&mut h);
+        h.finish()
+    }
+
+    fn can_evict(&self, node: usize, page: usize) -> bool {
+        let c = &self.copies[node][page];
+        !self.waiting[node].is_some_and(|op| op.page == page)
+            && c.pending == shoal_engine::possession::Pending::Idle
+            && c.data.is_some()
+            && c.deferred.is_empty()
+    }
+
+    /// Every event enabled in this state (identical in-flight messages counted once).
+    fn events(&self, evictions_left: u32) -> Vec<Event> {
+        let mut ev = Vec::new();
+        for i in 0..self.net.len() {
+            if !self.net[..i].contains(&self.net[i]) {
+                ev.push(Event::Deliver(i));
+            }
+        }
+        for n in 0..self.nodes {
+            if self.can_start(n) {
+                ev.push(Event::Start(n));
+            }
+        }
+        if evictions_left > 0 {
+            for n in 0..self.nodes {
+                for p in 0..self.latest.len() {
+                    if self.can_evict(n, p) {
+                        ev.push(Event::Evict(n, p));
+                    }
+                }
+            }
+        }
+        ev
+    }
+
+    fn fire(&mut self, e: Event) -> Result<(), String> {
+        match e {
+            Event::Deliver(i) => self.deliver(i),
+            Event::Start(n) => self.start(n),
+            Event::Evict(n, p) => {
+                if self.evict(n, p) {
+                    Ok(())
+                } else {
+                    Err("eviction was enabled but refused".into())
+                }
+            }
+        }
+    }
+}
+
+struct Explored {
+    states: u64,
+    terminal: u64,
+    max_depth: usize,
+}
+
+/// Depth-first search over every interleaving, with a visited set of fingerprints. Fails on
+/// an invariant or protocol violation, a deadlock, a cycle (a livelock: the protocol could run
+/// forever without finishing the scripts), or a terminal state whose drain loses an update.
+fn explore(start: Sim, evictions: u32) -> Result<Explored, String> {
+    use std::collections::HashMap;
+    // colour: false = on the DFS stack, true = finished
+    let mut seen: HashMap<u64, bool> = HashMap::new();
+    let mut out = Explored {
+        states: 0,
+        terminal: 0,
+        max_depth: 0,
+    };
+    struct Frame {
+        sim: Sim,
+        left: u32,
+        key: u64,
+        events: Vec<Event>,
+        next: usize,
+    }
+    let key = start.fingerprint(evictions);
+    let events = start.events(evictions);
+    seen.insert(key, false);
+    let mut stack = vec![Frame {
+        sim: start,
+        left: evictions,
+        key,
+        events,
+        next: 0,
+    }];
+    while let Some(top) = stack.last_mut() {
+        if top.next == top.events.len() {
+            if top.events.is_empty() {
+                if !top.sim.done() {
+                    return Err("deadlock: work left and nothing enabled".into());
+                }
+                // terminal: drain everything home and check nothing was lost
+                let mut drained = top.sim.clone();
+                let mut rng = SmallRng::seed_from_u64(7);
+                drained.scripts.iter_mut().for_each(VecDeque::clear);
+                drained.run(&mut rng, 0.0)?;
+                out.terminal += 1;
+            }
+            seen.insert(top.key, true);
+            stack.pop();
+            continue;
+        }
+        let e = top.events[top.next];
+        top.next += 1;
+        let mut sim = top.sim.clone();
+        let mut left = top.left;
+        if let Event::Evict(..) = e {
+            left -= 1;
+        }
+        sim.fire(e)?;
+        sim.check_invariants()?;
+        let key = sim.fingerprint(left);
+        match seen.get(&key) {
+            Some(false) => return Err("cycle in the state graph (livelock)".into()),
+            Some(true) => continue,
+            None => {}
+        }
+        seen.insert(key, false);
+        out.states += 1;
+        let events = sim.events(left);
+        stack.push(Frame {
+            sim,
+            left,
+            key,
+            events,
+            next: 0,
+        });
+        out.max_depth = out.max_depth.max(stack.len());
+    }
+    Ok(out)
+}
+
+fn exhaustive(nodes: usize, pages: usize, scripts: Vec<Vec<Op>>, evictions: u32) -> Explored {
+    let mut sim = Sim::new(
+        nodes,
+        pages,
+        scripts.into_iter().map(VecDeque::from).collect(),
+    );
+    sim.tracing = false;
+    let r = explore(sim, evictions)
+        .unwrap_or_else(|e| panic!("{nodes} nodes, {pages} pages, {evictions} evictions: {e}"));
+    eprintln!(
+        "exhaustive: {nodes} nodes, {pages} pages, {evictions} evictions: {} states, {} terminal, depth {}",
+        r.states, r.terminal, r.max_depth
+    );
+    r
+}
+
+const R0: Op = Op {
+    page: 0,
+    write: false,
+};
+const W0: Op = Op {
+    page: 0,
+    write: true,
+};
+const R1: Op = Op {
+    page: 1,
+    write: false,
+};
+const W1: Op = Op {
+    page: 1,
+    write: true,
+};
+
+#[test]
+fn exhaustive_two_nodes() {
+    // one page: each node reads, upgrades, reads again, with evictions anywhere
+    assert!(exhaustive(2, 1, vec![vec![R0, W0, R0], vec![R0, W0, R0]], 3).states > 0);
+    // two pages homed on different nodes, crossing accesses
+    assert!(exhaustive(2, 2, vec![vec![W0, R1, W1], vec![W1, R0, W0]], 2).states > 0);
+}
+
+#[test]
+fn exhaustive_three_nodes() {
+    // SHOAL_MODEL_EVICTIONS=n: eviction budget of the three-request runs (default 2)
+    let ev = std::env::var("SHOAL_MODEL_EVICTIONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
+    assert!(exhaustive(3, 1, vec![vec![R0, W0], vec![R0, W0], vec![W0, R0]], 2).states > 0);
+    assert!(exhaustive(3, 2, vec![vec![W0, R1], vec![R0, W1], vec![W1, R0]], 2).states > 0);
+    {
+        assert!(
+            exhaustive(
+                3,
+                1,
+                vec![vec![R0, W0, R0], vec![R0, W0, R0], vec![W0, R0, W0]],
+                ev
+            )
+            .states
+                > 0
+        );
+        assert!(
+            exhaustive(
+                3,
+                2,
+                vec![vec![W0, R1, W1], vec![R0, W1, R1], vec![W1, R0, W0]],
+                ev
+            )
+            .states
+                > 0
+        );
+    }
 }

@@ -40,7 +40,7 @@ pub enum Mode {
 }
 
 /// The home's answer to a possession request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Grant<D> {
     /// The mode the requester will hold once the grant completes.
     pub mode: Mode,
@@ -56,7 +56,7 @@ pub struct Grant<D> {
 }
 
 /// A protocol message about one page (the page id travels beside it).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Msg<D> {
     /// Requester -> home: I want `want`; `have` = I hold a valid copy (an upgrade).
     Request { want: Mode, have: bool },
