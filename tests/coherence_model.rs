@@ -584,7 +584,7 @@ impl Sim {
 
     fn can_evict(&self, node: usize, page: usize) -> bool {
         let c = &self.copies[node][page];
-        !self.waiting[node].is_some_and(|op| op.page == page)
+        self.waiting[node].is_none_or(|op| op.page != page)
             && c.pending == shoal_engine::possession::Pending::Idle
             && c.data.is_some()
             && c.deferred.is_empty()
