@@ -57,6 +57,52 @@ struct Sim {
     remote: u64,
 }
 
+/// Every message the protocol sends must survive the engine's 64-byte wire format unchanged
+/// (versions stand in for frame indexes).
+fn wire_round_trip(page: usize, msg: &Msg<Version>) {
+    use shoal_engine::wire::Wire;
+    use shoal_messaging::Envelope;
+    let f = |v: Version| u32::try_from(v).expect("small versions");
+    let m: Msg<u32> = match msg.clone() {
+        Msg::Request { want, have } => Msg::Request { want, have },
+        Msg::Grant(g) => Msg::Grant(Grant {
+            mode: g.mode,
+            epoch: g.epoch,
+            data: g.data.map(f),
+            source: g.source,
+            invalidate: g.invalidate,
+        }),
+        Msg::Transfer { want, epoch } => Msg::Transfer { want, epoch },
+        Msg::Page { data, dirty } => Msg::Page {
+            data: f(data),
+            dirty,
+        },
+        Msg::CopyBack { data } => Msg::CopyBack { data: data.map(f) },
+        Msg::Invalidate { epoch } => Msg::Invalidate { epoch },
+        Msg::InvalidateAck => Msg::InvalidateAck,
+        Msg::Evict { epoch, data } => Msg::Evict {
+            epoch,
+            data: data.map(f),
+        },
+        Msg::EvictReply { accepted } => Msg::EvictReply { accepted },
+    };
+    let push_to = if matches!(m, Msg::Request { .. } | Msg::Transfer { .. }) {
+        page as u32 + 1
+    } else {
+        0
+    };
+    let w = Wire {
+        pid: page as u64,
+        push_to,
+        msg: m,
+    };
+    let env = Envelope::new(&w, 0, 0, 1);
+    let back = Envelope::from_bytes(&env.to_bytes(), 64)
+        .and_then(|e| e.decode::<Wire>())
+        .unwrap_or_else(|e| panic!("{msg:?} does not survive the wire: {e}"));
+    assert_eq!(back, w);
+}
+
 fn home(page: usize, nodes: usize) -> Node {
     (page % nodes) as Node
 }
@@ -90,6 +136,7 @@ impl Sim {
 
     fn send(&mut self, from: Node, page: usize, out: Vec<(Node, Msg<Version>)>) {
         for (to, msg) in out {
+            wire_round_trip(page, &msg);
             self.net.push(Envelope {
                 from,
                 to,

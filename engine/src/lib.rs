@@ -8,7 +8,8 @@
 //!
 //! The coherence protocol's rules exist as pure state machines: [`protocol`] (modes and
 //! messages), [`directory`] (a page's home: holders, conflict epoch, anticipatory chaining) and
-//! [`possession`] (a node's copy of a page), checked by the model in tests/coherence_model.rs.
+//! [`possession`] (a node's copy of a page), checked by the model in tests/coherence_model.rs;
+//! [`wire`] packs the messages into 64-byte mailbox messages.
 //! Still to come (see DESIGN.md): driving them from message handlers over shoal-messaging, and
 //! cluster bootstrap. Today every page is homed on
 //! this node; touching a page homed elsewhere is an error.
@@ -50,6 +51,7 @@ pub mod protocol;
 pub mod provider;
 pub mod stats;
 pub mod table;
+pub mod wire;
 
 pub use config::{format_bytes, parse_bytes, EngineConfig, MIN_CACHE_FRAMES};
 pub use engine::Engine;

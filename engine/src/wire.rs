@@ -1,0 +1,416 @@
+//! Wire format of the coherence messages: [`crate::protocol::Msg`] in one 64-byte mailbox
+//! message (shoal-messaging's [`Envelope`] body of 55 bytes).
+//!
+//! Page contents never travel inside a message: a page is pushed into a frame of the receiver
+//! before the message that announces it, so in the engine the protocol's data type is the
+//! receiver's frame index ([`FrameIdx`]). A `Request` and a `Transfer` also name the
+//! requester's frame into which the page is to be pushed (`push_to`).
+//!
+//! Body layout (little endian): `pid u64 | push_to u32 | fields of the kind`, every byte a
+//! kind does not use must be zero. Decoding rejects unknown kinds, modes and flags other than 0
+//! or 1, node ids of 64 and above, and non-zero padding, so a corrupt or foreign message is an
+//! error, never a wrong protocol action.
+
+use crate::protocol::{Grant, Mode, Msg, Node, NodeSet};
+use shoal_messaging::{Message, MsgError, BODY_BYTES};
+
+/// A frame index at the receiving node (where a page was or is to be pushed).
+pub type FrameIdx = u32;
+
+/// First message kind of the coherence protocol (kinds below belong to other protocols).
+pub const KIND_BASE: u8 = 16;
+const NO_NODE: u8 = 0xFF;
+
+/// One coherence message as it travels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wire {
+    /// The page (raw page id).
+    pub pid: u64,
+    /// For `Request` and `Transfer`: the requester's frame to push the page into; else 0.
+    pub push_to: FrameIdx,
+    pub msg: Msg<FrameIdx>,
+}
+
+fn kind_of(m: &Msg<FrameIdx>) -> u8 {
+    KIND_BASE
+        + match m {
+            Msg::Request { .. } => 0,
+            Msg::Grant(_) => 1,
+            Msg::Transfer { .. } => 2,
+            Msg::Page { .. } => 3,
+            Msg::CopyBack { .. } => 4,
+            Msg::Invalidate { .. } => 5,
+            Msg::InvalidateAck => 6,
+            Msg::Evict { .. } => 7,
+            Msg::EvictReply { .. } => 8,
+        }
+}
+
+fn mode_byte(m: Mode) -> u8 {
+    match m {
+        Mode::Shared => 0,
+        Mode::Exclusive => 1,
+    }
+}
+
+/// Writes fields after the 12-byte header.
+struct W<'a> {
+    b: &'a mut [u8; BODY_BYTES],
+    at: usize,
+}
+
+impl W<'_> {
+    fn u8(&mut self, v: u8) -> &mut Self {
+        self.b[self.at] = v;
+        self.at += 1;
+        self
+    }
+    fn u32(&mut self, v: u32) -> &mut Self {
+        self.b[self.at..self.at + 4].copy_from_slice(&v.to_le_bytes());
+        self.at += 4;
+        self
+    }
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.b[self.at..self.at + 8].copy_from_slice(&v.to_le_bytes());
+        self.at += 8;
+        self
+    }
+    fn opt_frame(&mut self, f: Option<FrameIdx>) -> &mut Self {
+        self.u8(f.is_some() as u8).u32(f.unwrap_or(0))
+    }
+}
+
+/// Reads fields after the 12-byte header, validating as it goes.
+struct R<'a> {
+    b: &'a [u8; BODY_BYTES],
+    at: usize,
+}
+
+fn bad(what: String) -> MsgError {
+    MsgError::Decode(what)
+}
+
+impl R<'_> {
+    fn u8(&mut self) -> u8 {
+        let v = self.b[self.at];
+        self.at += 1;
+        v
+    }
+    fn u32(&mut self) -> u32 {
+        let mut w = [0u8; 4];
+        w.copy_from_slice(&self.b[self.at..self.at + 4]);
+        self.at += 4;
+        u32::from_le_bytes(w)
+    }
+    fn u64(&mut self) -> u64 {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&self.b[self.at..self.at + 8]);
+        self.at += 8;
+        u64::from_le_bytes(w)
+    }
+    fn flag(&mut self, what: &str) -> Result<bool, MsgError> {
+        match self.u8() {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(bad(format!("{what} flag is {v}, not 0 or 1"))),
+        }
+    }
+    fn mode(&mut self) -> Result<Mode, MsgError> {
+        match self.u8() {
+            0 => Ok(Mode::Shared),
+            1 => Ok(Mode::Exclusive),
+            v => Err(bad(format!("possession mode {v} does not exist"))),
+        }
+    }
+    fn opt_frame(&mut self) -> Result<Option<FrameIdx>, MsgError> {
+        let has = self.flag("page")?;
+        let f = self.u32();
+        match (has, f) {
+            (true, f) => Ok(Some(f)),
+            (false, 0) => Ok(None),
+            (false, f) => Err(bad(format!("frame {f} given without a page"))),
+        }
+    }
+    fn node(&mut self) -> Result<Option<Node>, MsgError> {
+        match self.u8() {
+            NO_NODE => Ok(None),
+            n if n < 64 => Ok(Some(n)),
+            n => Err(bad(format!("node id {n} is not below 64"))),
+        }
+    }
+    /// Everything after the fields must be zero.
+    fn end(&self) -> Result<(), MsgError> {
+        match self.b[self.at..].iter().position(|&x| x != 0) {
+            None => Ok(()),
+            Some(i) => Err(bad(format!(
+                "non-zero padding at body byte {}",
+                self.at + i
+            ))),
+        }
+    }
+}
+
+impl Message for Wire {
+    fn kind(&self) -> u8 {
+        kind_of(&self.msg)
+    }
+
+    fn encode(&self, b: &mut [u8; BODY_BYTES]) {
+        b.fill(0);
+        let mut w = W { b, at: 0 };
+        w.u64(self.pid).u32(self.push_to);
+        match &self.msg {
+            Msg::Request { want, have } => {
+                w.u8(mode_byte(*want)).u8(*have as u8);
+            }
+            Msg::Grant(g) => {
+                w.u8(mode_byte(g.mode))
+                    .u32(g.epoch)
+                    .opt_frame(g.data)
+                    .u8(g.source.unwrap_or(NO_NODE))
+                    .u64(g.invalidate);
+            }
+            Msg::Transfer { want, epoch } => {
+                w.u8(mode_byte(*want)).u32(*epoch);
+            }
+            Msg::Page { data, dirty } => {
+                w.u32(*data).u8(*dirty as u8);
+            }
+            Msg::CopyBack { data } => {
+                w.opt_frame(*data);
+            }
+            Msg::Invalidate { epoch } => {
+                w.u32(*epoch);
+            }
+            Msg::InvalidateAck => {}
+            Msg::Evict { epoch, data } => {
+                w.u32(*epoch).opt_frame(*data);
+            }
+            Msg::EvictReply { accepted } => {
+                w.u8(*accepted as u8);
+            }
+        }
+    }
+
+    fn decode(kind: u8, b: &[u8; BODY_BYTES]) -> Result<Self, MsgError> {
+        let mut r = R { b, at: 0 };
+        let pid = r.u64();
+        let push_to = r.u32();
+        let k = kind.checked_sub(KIND_BASE).unwrap_or(u8::MAX);
+        let msg = match k {
+            0 => Msg::Request {
+                want: r.mode()?,
+                have: r.flag("have")?,
+            },
+            1 => {
+                let mode = r.mode()?;
+                let epoch = r.u32();
+                let data = r.opt_frame()?;
+                let source = r.node()?;
+                let invalidate: NodeSet = r.u64();
+                if source.is_some_and(|s| invalidate & (1u64 << s) != 0) {
+                    return Err(bad(
+                        "a grant's source is also in its invalidation set".into()
+                    ));
+                }
+                Msg::Grant(Grant {
+                    mode,
+                    epoch,
+                    data,
+                    source,
+                    invalidate,
+                })
+            }
+            2 => Msg::Transfer {
+                want: r.mode()?,
+                epoch: r.u32(),
+            },
+            3 => Msg::Page {
+                data: r.u32(),
+                dirty: r.flag("dirty")?,
+            },
+            4 => Msg::CopyBack {
+                data: r.opt_frame()?,
+            },
+            5 => Msg::Invalidate { epoch: r.u32() },
+            6 => Msg::InvalidateAck,
+            7 => Msg::Evict {
+                epoch: r.u32(),
+                data: r.opt_frame()?,
+            },
+            8 => Msg::EvictReply {
+                accepted: r.flag("accepted")?,
+            },
+            _ => {
+                return Err(bad(format!(
+                    "message kind {kind} is not a coherence message"
+                )))
+            }
+        };
+        let needs_push_target = matches!(msg, Msg::Request { .. } | Msg::Transfer { .. });
+        if !needs_push_target && push_to != 0 {
+            return Err(bad(format!(
+                "{} carries a push target ({push_to})",
+                msg.name()
+            )));
+        }
+        r.end()?;
+        Ok(Wire { pid, push_to, msg })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use shoal_messaging::Envelope;
+
+    fn samples() -> Vec<Wire> {
+        let w = |push_to, msg| Wire {
+            pid: 0x0100_0000_0000_002A,
+            push_to,
+            msg,
+        };
+        vec![
+            w(
+                7,
+                Msg::Request {
+                    want: Mode::Exclusive,
+                    have: true,
+                },
+            ),
+            w(
+                3,
+                Msg::Request {
+                    want: Mode::Shared,
+                    have: false,
+                },
+            ),
+            w(
+                0,
+                Msg::Grant(Grant {
+                    mode: Mode::Exclusive,
+                    epoch: 99,
+                    data: None,
+                    source: Some(3),
+                    invalidate: 0,
+                }),
+            ),
+            w(
+                0,
+                Msg::Grant(Grant {
+                    mode: Mode::Exclusive,
+                    epoch: u32::MAX,
+                    data: Some(12),
+                    source: None,
+                    invalidate: (1 << 63) | 0b1010,
+                }),
+            ),
+            w(
+                5,
+                Msg::Transfer {
+                    want: Mode::Shared,
+                    epoch: 4,
+                },
+            ),
+            w(
+                0,
+                Msg::Page {
+                    data: 77,
+                    dirty: true,
+                },
+            ),
+            w(0, Msg::CopyBack { data: None }),
+            w(0, Msg::CopyBack { data: Some(0) }),
+            w(0, Msg::Invalidate { epoch: 8 }),
+            w(0, Msg::InvalidateAck),
+            w(
+                0,
+                Msg::Evict {
+                    epoch: 2,
+                    data: Some(9),
+                },
+            ),
+            w(0, Msg::EvictReply { accepted: false }),
+        ]
+    }
+
+    #[test]
+    fn every_message_round_trips_through_an_envelope() {
+        for m in samples() {
+            let env = Envelope::new(&m, 2, 5, 11);
+            let back = Envelope::from_bytes(&env.to_bytes(), 4).unwrap();
+            assert_eq!(back.decode::<Wire>().unwrap(), m);
+        }
+    }
+
+    #[test]
+    fn impossible_fields_are_errors() {
+        let enc = |m: &Wire| {
+            let mut b = [0u8; BODY_BYTES];
+            m.encode(&mut b);
+            (m.kind(), b)
+        };
+        let s = samples();
+        // mode byte 2
+        let (k, mut b) = enc(&s[0]);
+        b[12] = 2;
+        assert!(Wire::decode(k, &b).is_err());
+        // have flag 7
+        let (k, mut b) = enc(&s[0]);
+        b[13] = 7;
+        assert!(Wire::decode(k, &b).is_err());
+        // source node 64
+        let (k, mut b) = enc(&s[2]);
+        b[22] = 64;
+        assert!(Wire::decode(k, &b).is_err());
+        // source also invalidated
+        let (k, mut b) = enc(&s[2]);
+        b[23] = 0b1000;
+        assert!(Wire::decode(k, &b)
+            .unwrap_err()
+            .to_string()
+            .contains("source"));
+        // padding
+        let (k, mut b) = enc(&s[9]);
+        b[54] = 1;
+        assert!(Wire::decode(k, &b)
+            .unwrap_err()
+            .to_string()
+            .contains("padding"));
+        // push target on a message without one
+        let (k, mut b) = enc(&s[9]);
+        b[8] = 1;
+        assert!(Wire::decode(k, &b).is_err());
+        // frame without a page
+        let (k, mut b) = enc(&s[6]);
+        b[13] = 5;
+        assert!(Wire::decode(k, &b).is_err());
+        // kinds outside the protocol
+        for k in [0u8, 1, 15, KIND_BASE + 9, 255] {
+            assert!(Wire::decode(k, &[0u8; BODY_BYTES]).is_err(), "kind {k}");
+        }
+    }
+
+    #[test]
+    fn random_bodies_never_panic_and_decode_to_reencodable_messages() {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
+        let mut ok = 0;
+        for i in 0..200_000u32 {
+            let kind = KIND_BASE + (i % 10) as u8;
+            let mut b = [0u8; BODY_BYTES];
+            // mostly-zero bodies with a few random bytes reach the valid encodings often
+            for _ in 0..rng.random_range(0..6) {
+                let at = rng.random_range(0..BODY_BYTES);
+                b[at] = rng.random();
+            }
+            if let Ok(m) = Wire::decode(kind, &b) {
+                let mut again = [0u8; BODY_BYTES];
+                m.encode(&mut again);
+                assert_eq!(again, b, "decode/encode is not the identity for {m:?}");
+                ok += 1;
+            }
+        }
+        assert!(ok > 1000, "only {ok} random bodies decoded");
+    }
+}
