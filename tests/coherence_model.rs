@@ -39,12 +39,16 @@ struct Op {
 #[derive(Clone)]
 struct Sim {
     nodes: usize,
+    /// Workers per node; worker `a` (an "actor") runs on node `a / workers`.
+    workers: usize,
     dirs: Vec<DirEntry>,
     home_store: Vec<Version>,
     dir_deferred: Vec<VecDeque<Envelope>>,
     copies: Vec<Vec<Copy<Version>>>,
     net: Vec<Envelope>,
+    /// One script per worker.
     scripts: Vec<VecDeque<Op>>,
+    /// The operation each worker waits to perform.
     waiting: Vec<Option<Op>>,
     latest: Vec<Version>,
     trace: Vec<String>,
@@ -108,9 +112,14 @@ fn home(page: usize, nodes: usize) -> Node {
 }
 
 impl Sim {
+    /// `scripts` holds one script per worker, `workers` per node in node order.
     fn new(nodes: usize, pages: usize, scripts: Vec<VecDeque<Op>>) -> Sim {
+        assert!(!scripts.is_empty() && scripts.len().is_multiple_of(nodes));
+        let workers = scripts.len() / nodes;
+        let actors = scripts.len();
         Sim {
             nodes,
+            workers,
             dirs: vec![DirEntry::new(); pages],
             home_store: vec![0; pages],
             dir_deferred: vec![VecDeque::new(); pages],
@@ -123,7 +132,7 @@ impl Sim {
                 .collect(),
             net: Vec::new(),
             scripts,
-            waiting: vec![None; nodes],
+            waiting: vec![None; actors],
             latest: vec![0; pages],
             trace: Vec::new(),
             tracing: true,
@@ -175,54 +184,94 @@ impl Sim {
         Ok(())
     }
 
+    fn want_of(op: Op) -> Mode {
+        if op.write {
+            Mode::Exclusive
+        } else {
+            Mode::Shared
+        }
+    }
+
+    /// Workers of `node` waiting for `page`.
+    fn waiters(&self, node: usize, page: usize) -> Vec<usize> {
+        (node * self.workers..(node + 1) * self.workers)
+            .filter(|&a| self.waiting[a].is_some_and(|op| op.page == page))
+            .collect()
+    }
+
     fn apply_step(&mut self, node: usize, page: usize, step: Step<Version>) -> Result<(), String> {
         let Step { out, completed } = step;
         self.send(node as Node, page, out);
         if let Some(mode) = completed {
-            let op = self.waiting[node]
-                .take()
-                .ok_or_else(|| format!("node {node} completed a request nobody waits for"))?;
-            if op.page != page || (op.write && mode != Mode::Exclusive) {
+            // every waiting worker whose operation the new possession covers goes first
+            let mut served_any = false;
+            for a in self.waiters(node, page) {
+                let op = self.waiting[a].expect("waiter");
+                if !op.write || mode == Mode::Exclusive {
+                    self.waiting[a] = None;
+                    self.perform(node, op)?;
+                    served_any = true;
+                }
+            }
+            if !served_any {
                 return Err(format!(
-                    "node {node} completed {mode:?} on {page} for {op:?}"
+                    "node {node} completed {mode:?} on page {page} and nobody could use it"
                 ));
             }
-            self.perform(node, op)?;
             let after = self.copies[node][page]
                 .served()
                 .map_err(|e| e.to_string())?;
             self.send(node as Node, page, after.out);
+            // writers that waited behind a shared request ask for exclusive now
+            if !self.waiters(node, page).is_empty() {
+                let (to, msg) = self.copies[node][page]
+                    .request(Mode::Exclusive)
+                    .map_err(|e| e.to_string())?;
+                self.remote += 1;
+                self.send(node as Node, page, vec![(to, msg)]);
+            }
         }
         Ok(())
     }
 
-    /// Start the next operation of `node`.
-    fn start(&mut self, node: usize) -> Result<(), String> {
-        let op = self.scripts[node].pop_front().expect("enabled");
-        let want = if op.write {
-            Mode::Exclusive
-        } else {
-            Mode::Shared
-        };
-        if self.copies[node][op.page].usable(want) {
+    /// Start the next operation of worker `actor`: the local hot path, a new request, or
+    /// waiting for the request another worker of the node already has out.
+    fn start(&mut self, actor: usize) -> Result<(), String> {
+        let node = actor / self.workers;
+        let op = self.scripts[actor].pop_front().expect("enabled");
+        let want = Self::want_of(op);
+        let c = &mut self.copies[node][op.page];
+        if c.usable(want) {
             return self.perform(node, op);
         }
-        let (to, msg) = self.copies[node][op.page]
-            .request(want)
-            .map_err(|e| e.to_string())?;
-        self.remote += 1;
-        self.note(|| format!("node {node} requests {want:?} of page {}", op.page));
-        self.waiting[node] = Some(op);
-        self.send(node as Node, op.page, vec![(to, msg)]);
+        self.waiting[actor] = Some(op);
+        if c.pending == shoal_engine::possession::Pending::Idle {
+            let (to, msg) = c.request(want).map_err(|e| e.to_string())?;
+            self.remote += 1;
+            self.note(|| {
+                format!(
+                    "worker {actor} (node {node}) requests {want:?} of page {}",
+                    op.page
+                )
+            });
+            self.send(node as Node, op.page, vec![(to, msg)]);
+        } else {
+            self.note(|| {
+                format!(
+                    "worker {actor} (node {node}) waits for the node's request of page {}",
+                    op.page
+                )
+            });
+        }
         Ok(())
     }
 
-    fn can_start(&self, node: usize) -> bool {
-        self.waiting[node].is_none()
-            && self.scripts[node].front().is_some_and(|op| {
+    fn can_start(&self, actor: usize) -> bool {
+        let node = actor / self.workers;
+        self.waiting[actor].is_none()
+            && self.scripts[actor].front().is_some_and(|op| {
                 // a node with an eviction notice out waits for its answer
-                let c = &self.copies[node][op.page];
-                c.pending == shoal_engine::possession::Pending::Idle
+                self.copies[node][op.page].pending != shoal_engine::possession::Pending::Evicting
             })
     }
 
@@ -327,7 +376,7 @@ impl Sim {
     }
 
     fn evict(&mut self, node: usize, page: usize) -> bool {
-        if self.waiting[node].is_some_and(|op| op.page == page) {
+        if !self.waiters(node, page).is_empty() {
             return false;
         }
         match self.copies[node][page].evict() {
@@ -393,7 +442,9 @@ impl Sim {
                     continue;
                 }
             }
-            let starters: Vec<usize> = (0..self.nodes).filter(|&n| self.can_start(n)).collect();
+            let starters: Vec<usize> = (0..self.scripts.len())
+                .filter(|&a| self.can_start(a))
+                .collect();
             let choices = self.net.len() + starters.len();
             if choices == 0 {
                 return Err("deadlock: no message in flight and no node can start".into());
@@ -490,12 +541,13 @@ fn run_seed(seed: u64) -> Result<(u64, u64, u64), String> {
     let pages = rng.random_range(1..=3);
     let ops = rng.random_range(1..=25);
     let evict = [0.0, 0.05, 0.3][rng.random_range(0..3)];
-    let scripts = random_scripts(&mut rng, nodes, pages, ops);
+    let workers = rng.random_range(1..=2);
+    let scripts = random_scripts(&mut rng, nodes * workers, pages, ops);
     let mut sim = Sim::new(nodes, pages, scripts);
     match sim.run(&mut rng, evict) {
         Ok(()) => Ok((sim.reads, sim.writes, sim.remote)),
         Err(e) => Err(format!(
-            "seed {seed} ({nodes} nodes, {pages} pages, {ops} ops/node, evict {evict}): {e}\ntrace tail:\n{}",
+            "seed {seed} ({nodes} nodes x {workers} workers, {pages} pages, {ops} ops/worker, evict {evict}): {e}\ntrace tail:\n{}",
             sim.trace_tail()
         )),
     }
@@ -631,7 +683,7 @@ impl Sim {
 
     fn can_evict(&self, node: usize, page: usize) -> bool {
         let c = &self.copies[node][page];
-        self.waiting[node].is_none_or(|op| op.page != page)
+        self.waiters(node, page).is_empty()
             && c.pending == shoal_engine::possession::Pending::Idle
             && c.data.is_some()
             && c.deferred.is_empty()
@@ -645,9 +697,9 @@ impl Sim {
                 ev.push(Event::Deliver(i));
             }
         }
-        for n in 0..self.nodes {
-            if self.can_start(n) {
-                ev.push(Event::Start(n));
+        for a in 0..self.scripts.len() {
+            if self.can_start(a) {
+                ev.push(Event::Start(a));
             }
         }
         if evictions_left > 0 {
@@ -760,6 +812,7 @@ fn explore(start: Sim, evictions: u32) -> Result<Explored, String> {
 }
 
 fn exhaustive(nodes: usize, pages: usize, scripts: Vec<Vec<Op>>, evictions: u32) -> Explored {
+    let workers = scripts.len() / nodes;
     let mut sim = Sim::new(
         nodes,
         pages,
@@ -769,7 +822,7 @@ fn exhaustive(nodes: usize, pages: usize, scripts: Vec<Vec<Op>>, evictions: u32)
     let r = explore(sim, evictions)
         .unwrap_or_else(|e| panic!("{nodes} nodes, {pages} pages, {evictions} evictions: {e}"));
     eprintln!(
-        "exhaustive: {nodes} nodes, {pages} pages, {evictions} evictions: {} states, {} terminal, depth {}",
+        "exhaustive: {nodes} nodes, {workers} workers/node, {pages} pages, {evictions} evictions: {} states, {} terminal, depth {}",
         r.states, r.terminal, r.max_depth
     );
     r
@@ -798,6 +851,22 @@ fn exhaustive_two_nodes() {
     assert!(exhaustive(2, 1, vec![vec![R0, W0, R0], vec![R0, W0, R0]], 3).states > 0);
     // two pages homed on different nodes, crossing accesses
     assert!(exhaustive(2, 2, vec![vec![W0, R1, W1], vec![W1, R0, W0]], 2).states > 0);
+}
+
+#[test]
+fn exhaustive_two_workers_per_node() {
+    // workers of one node share its copy: a writer waits behind a reader's shared request and
+    // then upgrades; readers piggyback on a writer's request
+    assert!(
+        exhaustive(
+            2,
+            1,
+            vec![vec![R0, W0], vec![W0, R0], vec![R0, W0], vec![W0]],
+            1
+        )
+        .states
+            > 0
+    );
 }
 
 #[test]
