@@ -16,7 +16,7 @@
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use shoal_engine::directory::{DirDecision, DirEntry, EvictDecision};
-use shoal_engine::possession::{Copy, Step};
+use shoal_engine::possession::{PageCopy, Step};
 use shoal_engine::protocol::{Grant, Mode, Msg, Node};
 use std::collections::VecDeque;
 
@@ -44,7 +44,7 @@ struct Sim {
     dirs: Vec<DirEntry>,
     home_store: Vec<Version>,
     dir_deferred: Vec<VecDeque<Envelope>>,
-    copies: Vec<Vec<Copy<Version>>>,
+    copies: Vec<Vec<PageCopy<Version>>>,
     net: Vec<Envelope>,
     /// One script per worker.
     scripts: Vec<VecDeque<Op>>,
@@ -126,7 +126,7 @@ impl Sim {
             copies: (0..nodes)
                 .map(|n| {
                     (0..pages)
-                        .map(|p| Copy::new(home(p, nodes), n as Node))
+                        .map(|p| PageCopy::new(home(p, nodes), n as Node))
                         .collect()
                 })
                 .collect(),
@@ -158,12 +158,7 @@ impl Sim {
     /// Perform `op` at `node`, which must hold a usable copy.
     fn perform(&mut self, node: usize, op: Op) -> Result<(), String> {
         let c = &mut self.copies[node][op.page];
-        let want = if op.write {
-            Mode::Exclusive
-        } else {
-            Mode::Shared
-        };
-        if !c.usable(want) {
+        if !c.usable(Self::want_of(op)) {
             return Err(format!("node {node} performs {op:?} without possession"));
         }
         if op.write {

@@ -91,15 +91,6 @@ impl DirEntry {
         }
     }
 
-    /// Whether `node` is a current holder.
-    pub fn holds(&self, node: Node) -> bool {
-        match self.holders {
-            Holders::None => false,
-            Holders::Shared(s) => s & bit(node) != 0,
-            Holders::Exclusive(o) => o == node,
-        }
-    }
-
     /// A possession request from `from`, who wants `want`; `have` = it holds a valid copy.
     pub fn request(
         &mut self,

@@ -1,15 +1,15 @@
 //! Possession: what one node holds of one page and how it answers the protocol's messages.
 //!
-//! A [`Copy`] is the node-side state machine of a page: the mode the node may use it in, the
+//! A [`PageCopy`] is the node-side state machine of a page: the mode the node may use it in, the
 //! page itself (once it arrived), whether it is newer than the home's copy, the epoch of the
 //! grant it holds, the one directory interaction it may have outstanding ([`Pending`]), and
-//! messages it could not serve yet ([`Copy::deferred`]).
+//! messages it could not serve yet ([`PageCopy::deferred`]).
 //!
 //! Rules (docs/protocol.md has the argument for each):
 //! - a node has at most one outstanding request or eviction notice per page;
 //! - a request completes when the page is there and every invalidation it had to send was
 //!   acknowledged; the worker that asked uses the page before anyone else is served (messages
-//!   that arrived meanwhile are served by [`Copy::served`]);
+//!   that arrived meanwhile are served by [`PageCopy::served`]);
 //! - a `Transfer` is served (page pushed, copy dropped, copy-back sent home for a shared
 //!   successor) only when the node has the page and no request outstanding; before that it is
 //!   deferred. That is anticipatory chaining: a node may be named as the source of a page that
@@ -71,7 +71,7 @@ impl<D> Default for Step<D> {
 
 /// One node's state for one page.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Copy<D> {
+pub struct PageCopy<D> {
     /// The page's home node.
     pub home: Node,
     /// This node.
@@ -88,9 +88,9 @@ pub struct Copy<D> {
     pub deferred: Vec<Deferred>,
 }
 
-impl<D: Clone> Copy<D> {
-    pub fn new(home: Node, me: Node) -> Copy<D> {
-        Copy {
+impl<D: Clone> PageCopy<D> {
+    pub fn new(home: Node, me: Node) -> PageCopy<D> {
+        PageCopy {
             home,
             me,
             mode: None,

@@ -229,6 +229,25 @@ fn errno_text() -> String {
     std::io::Error::last_os_error().to_string()
 }
 
+/// Names of the `n` devices of a list from `ibv_get_device_list`.
+///
+/// # Safety
+/// `list` must be a live list from `ibv_get_device_list` holding `n` devices.
+unsafe fn names_in(list: *mut *mut ffi::ibv_device, n: i32) -> Vec<String> {
+    let mut names = Vec::new();
+    for i in 0..n.max(0) as usize {
+        // SAFETY: i < n, the array holds n valid device pointers (caller's contract); the name
+        // is a NUL-terminated string owned by the device, copied out here.
+        unsafe {
+            let name = ffi::ibv_get_device_name(*list.add(i));
+            if !name.is_null() {
+                names.push(CStr::from_ptr(name).to_string_lossy().into_owned());
+            }
+        }
+    }
+    names
+}
+
 /// Names of the RDMA devices on this machine (empty when there are none).
 pub fn device_names() -> Vec<String> {
     let mut n: i32 = 0;
@@ -238,21 +257,12 @@ pub fn device_names() -> Vec<String> {
     if list.is_null() {
         return Vec::new();
     }
-    let mut names = Vec::new();
-    for i in 0..n.max(0) as usize {
-        // SAFETY: i < n, the array holds n valid device pointers; the name is a NUL-terminated
-        // string owned by the device, copied out before the list is freed.
-        unsafe {
-            let dev = *list.add(i);
-            let name = ffi::ibv_get_device_name(dev);
-            if !name.is_null() {
-                names.push(CStr::from_ptr(name).to_string_lossy().into_owned());
-            }
-        }
+    // SAFETY: `list` is live and holds `n` devices; it is freed once, after the names were copied.
+    unsafe {
+        let names = names_in(list, n);
+        ffi::ibv_free_device_list(list);
+        names
     }
-    // SAFETY: `list` came from ibv_get_device_list and is freed once.
-    unsafe { ffi::ibv_free_device_list(list) };
-    names
 }
 
 /// Verbs objects of one node: device context, protection domain, the registered region, the
@@ -292,7 +302,8 @@ fn open_device(cfg: &RdmaConfig) -> Result<Device, MsgError> {
              its driver loaded; use the tcp transport on machines without one"
         )));
     }
-    let names = device_names();
+    // SAFETY: `list` is live (freed on every path below) and holds `n` devices.
+    let names = unsafe { names_in(list, n) };
     let index = match &cfg.device {
         None => Some(0),
         Some(want) => names.iter().position(|n| n == want),
