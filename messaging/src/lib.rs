@@ -8,12 +8,15 @@
 //!   in-process `mem` transport; [`tcp`]: one process per node over TCP; `rdma` (cargo
 //!   feature `rdma`): ibverbs RC queue pairs with RDMA WRITE;
 //! - [`message`]: fixed 64-byte messages with a validating encoding;
+//! - [`channel`]: one-way message streams between every pair of nodes (rings with credit,
+//!   pages attached), for protocols whose handlers must never wait for an answer;
 //! - [`mailbox`]: request/response slots per (worker, peer), handler threads owning partitions
 //!   of request slots, page pushes into a requester's frame before the reply;
 //! - [`wait`]: spin-then-park waiting with writer wake-ups (busy-polling as an option).
 //!
 //! It must not know what pages contain or the coherence rules: it moves bytes and messages.
 
+pub mod channel;
 pub mod error;
 pub mod mailbox;
 pub mod message;
@@ -24,6 +27,7 @@ pub mod tcp;
 pub mod transport;
 pub mod wait;
 
+pub use channel::{ChannelLayout, Channels, Incoming};
 pub use error::MsgError;
 pub use mailbox::{Layout, Mailboxes, Responder, PAGE_BYTES};
 pub use message::{Echo, Envelope, Message, BODY_BYTES, MSG_BYTES};

@@ -1,0 +1,480 @@
+//! Channels: one-way streams of 64-byte messages (each optionally carrying one 4 KiB page)
+//! between every pair of nodes, over one-sided writes.
+//!
+//! Mailboxes ([`crate::mailbox`]) are request/response: a worker waits for the reply to its
+//! request. A coherence protocol also sends to third parties (a requester asks the node its
+//! home pointed it at; a sharer acknowledges an invalidation to the node that sent it) and its
+//! handlers must never wait for an answer. Channels serve that: `send` returns once the
+//! message is written, and the receiver's handler drains its rings whenever it likes.
+//!
+//! Region layout of every node (see [`ChannelLayout`]):
+//!
+//! ```text
+//! credit slots   nodes x 64 B            slot p: how much of our stream node p has consumed
+//! message rings  nodes x ring x 64 B     ring s: messages from node s
+//! (padding to 4 KiB)
+//! page rings     nodes x pages x 4 KiB   ring s: pages from node s
+//! ```
+//!
+//! **Sending** (node `s` to `d`, under `s`'s lock for `d`): wait for credit, write the page (if
+//! any) into the next slot of `d`'s page ring for `s`, then the message into the next slot of
+//! `d`'s message ring for `s`. Writes to one peer are applied in order, so the page is complete
+//! when the message's flag (its last byte, written last) is seen. A message's `from_worker`
+//! field carries the channel's flags (bit 0: a page is attached), its `seq` the message's
+//! position in the stream, which the receiver checks.
+//!
+//! **Receiving** ([`Channels::drain`]): for each source, read the messages whose flag is set,
+//! in ring order, copy attached pages out (pages are consumed in the order they were sent),
+//! clear the slots, queue the messages in a local inbox, and write the consumed counts into
+//! the sender's credit slot. Any thread may drain; a sender short of credit drains while it
+//! waits, so two nodes whose rings are full cannot wait for each other forever.
+//!
+//! It knows nothing about what the messages mean.
+
+use crate::error::MsgError;
+use crate::mailbox::PAGE_BYTES;
+use crate::message::{Envelope, FULL, MSG_BYTES};
+use crate::region::{Region, SLOT_BYTES};
+use crate::transport::Transport;
+use crate::wait::WaitMode;
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// `from_worker` flag: a page is attached.
+const HAS_PAGE: u16 = 1;
+
+/// Shape of every node's channel region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelLayout {
+    pub nodes: u8,
+    /// Message slots per source.
+    pub ring: u32,
+    /// Page slots per source.
+    pub pages: u32,
+}
+
+impl ChannelLayout {
+    /// A layout with the default ring sizes (512 messages, 32 pages per source).
+    pub fn new(nodes: u8) -> ChannelLayout {
+        ChannelLayout {
+            nodes,
+            ring: 512,
+            pages: 32,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), MsgError> {
+        if self.nodes == 0 || self.nodes > 64 {
+            return Err(MsgError::Config(format!(
+                "a cluster has 1 to 64 nodes, got {}",
+                self.nodes
+            )));
+        }
+        if self.ring < 2 || self.pages < 1 {
+            return Err(MsgError::Config(
+                "channels need at least 2 message slots and 1 page slot per source".into(),
+            ));
+        }
+        Ok(())
+    }
+    fn credit_off(&self, peer: u8) -> usize {
+        peer as usize * SLOT_BYTES
+    }
+    fn ring_off(&self, src: u8, seq: u64) -> usize {
+        (self.nodes as usize
+            + src as usize * self.ring as usize
+            + (seq % self.ring as u64) as usize)
+            * SLOT_BYTES
+    }
+    fn slots(&self) -> usize {
+        self.nodes as usize * (1 + self.ring as usize)
+    }
+    fn page_off(&self, src: u8, seq: u64) -> usize {
+        (self.slots() * SLOT_BYTES).div_ceil(PAGE_BYTES) * PAGE_BYTES
+            + (src as usize * self.pages as usize + (seq % self.pages as u64) as usize)
+                * PAGE_BYTES
+    }
+    /// Bytes of the region.
+    pub fn region_bytes(&self) -> usize {
+        self.page_off(0, 0) + self.nodes as usize * self.pages as usize * PAGE_BYTES
+    }
+    /// A zeroed region of this layout; every slot wakes wait queue 0 (the node's handler).
+    pub fn region(&self) -> Result<Region, MsgError> {
+        self.validate()?;
+        Region::new(self.region_bytes(), vec![0; self.slots()], 1)
+    }
+}
+
+/// A received message and its page.
+#[derive(Debug)]
+pub struct Incoming {
+    pub env: Envelope,
+    pub page: Option<Box<[u8; PAGE_BYTES]>>,
+}
+
+#[derive(Default)]
+struct Sent {
+    msgs: u64,
+    pages: u64,
+}
+
+/// One node's channels to every node (itself included: a message to oneself goes straight to
+/// the inbox).
+pub struct Channels {
+    t: Arc<dyn Transport>,
+    layout: ChannelLayout,
+    mode: WaitMode,
+    /// Per peer: what we sent it.
+    sent: Box<[Mutex<Sent>]>,
+    /// Per source: what we consumed of its stream (`msgs`, `pages`).
+    received: Mutex<Box<[Sent]>>,
+    inbox: Mutex<VecDeque<Incoming>>,
+    /// How long a sender waits for credit before giving up.
+    pub credit_timeout: Duration,
+}
+
+impl Channels {
+    pub fn new(
+        t: Arc<dyn Transport>,
+        layout: ChannelLayout,
+        mode: WaitMode,
+    ) -> Result<Channels, MsgError> {
+        layout.validate()?;
+        if t.nodes() != layout.nodes || t.region().len() < layout.region_bytes() {
+            return Err(MsgError::Config(
+                "the transport's cluster or region does not match the channel layout".into(),
+            ));
+        }
+        let n = layout.nodes as usize;
+        Ok(Channels {
+            t,
+            layout,
+            mode,
+            sent: (0..n).map(|_| Mutex::new(Sent::default())).collect(),
+            received: Mutex::new((0..n).map(|_| Sent::default()).collect()),
+            inbox: Mutex::new(VecDeque::new()),
+            credit_timeout: Duration::from_secs(10),
+        })
+    }
+
+    pub fn node(&self) -> u8 {
+        self.t.node()
+    }
+    pub fn nodes(&self) -> u8 {
+        self.layout.nodes
+    }
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.t
+    }
+    pub fn peer_alive(&self, peer: u8) -> bool {
+        peer == self.t.node() || self.t.peer_alive(peer)
+    }
+
+    /// How much of our stream `peer` has consumed (messages, pages).
+    fn credit(&self, peer: u8) -> (u64, u64) {
+        let off = self.layout.credit_off(peer);
+        let r = self.t.region();
+        // Acquire loads (Region::load): the counters only grow, a stale value is conservative.
+        (r.load(off), r.load(off + 8))
+    }
+
+    /// Send `env` (its `from_node`, `from_worker` and `seq` are set here) with an optional page
+    /// to `peer`. Waits while `peer`'s ring for us is full, draining our own rings meanwhile.
+    pub fn send(
+        &self,
+        peer: u8,
+        mut env: Envelope,
+        page: Option<&[u8; PAGE_BYTES]>,
+    ) -> Result<(), MsgError> {
+        let me = self.t.node();
+        if peer >= self.layout.nodes {
+            return Err(MsgError::NoSuchPeer(peer, self.layout.nodes));
+        }
+        env.from_node = me;
+        env.from_worker = if page.is_some() { HAS_PAGE } else { 0 };
+        if peer == me {
+            env.seq = 0;
+            self.inbox.lock().push_back(Incoming {
+                env,
+                page: page.map(|p| Box::new(*p)),
+            });
+            self.t.region().queue(0).wake();
+            return Ok(());
+        }
+        let mut s = self.sent[peer as usize].lock();
+        let mut deadline = None;
+        loop {
+            let (msgs, pages) = self.credit(peer);
+            let room = s.msgs - msgs < self.layout.ring as u64
+                && (page.is_none() || s.pages - pages < self.layout.pages as u64);
+            if room {
+                break;
+            }
+            if !self.t.peer_alive(peer) {
+                return Err(MsgError::PeerDead(peer));
+            }
+            let d = *deadline.get_or_insert_with(|| Instant::now() + self.credit_timeout);
+            if Instant::now() >= d {
+                return Err(MsgError::Timeout {
+                    peer,
+                    ms: self.credit_timeout.as_millis() as u64,
+                });
+            }
+            // keep our own inbound streams moving: the peer may be waiting for credit from us
+            self.drain();
+            std::thread::yield_now();
+        }
+        if let Some(p) = page {
+            self.t
+                .write(peer, self.layout.page_off(me, s.pages), &p[..])?;
+            s.pages += 1;
+        }
+        env.seq = s.msgs as u32;
+        self.t
+            .write(peer, self.layout.ring_off(me, s.msgs), &env.to_bytes())?;
+        s.msgs += 1;
+        Ok(())
+    }
+
+    /// Move every complete message from the rings into the inbox and return credit to the
+    /// senders. Returns how many messages moved. A malformed message is logged and dropped
+    /// (its slot and page slot are still consumed, so the stream stays in step).
+    pub fn drain(&self) -> usize {
+        let Some(mut rx) = self.received.try_lock() else {
+            return 0; // another thread is draining
+        };
+        let me = self.t.node();
+        let r = self.t.region();
+        let mut moved = 0;
+        for src in 0..self.layout.nodes {
+            if src == me {
+                continue;
+            }
+            let got = &mut rx[src as usize];
+            let before = got.msgs;
+            loop {
+                let off = self.layout.ring_off(src, got.msgs);
+                // Acquire (Region::load) on the word holding the flag: pairs with the Release
+                // of the write's last word, so the whole message (and the page written
+                // before it on the same ordered connection) is visible.
+                if (r.load(off + 56) >> 56) as u8 != FULL {
+                    break;
+                }
+                let mut b = [0u8; MSG_BYTES];
+                if r.read(off, &mut b).is_err() {
+                    break; // cannot happen: the layout keeps slots inside the region
+                }
+                r.store(off + 56, 0); // free the slot (the sender will not reuse it before credit)
+                let seq = got.msgs;
+                got.msgs += 1;
+                match Envelope::from_bytes(&b, self.layout.nodes) {
+                    Ok(env) => {
+                        let page = if env.from_worker & HAS_PAGE != 0 {
+                            let mut p = Box::new([0u8; PAGE_BYTES]);
+                            let ok = r.read(self.layout.page_off(src, got.pages), &mut p[..]);
+                            got.pages += 1;
+                            ok.ok().map(|_| p)
+                        } else {
+                            None
+                        };
+                        if env.from_node != src || env.seq != seq as u32 {
+                            log::error!(
+                                "channel from node {src}: message {seq} claims node {} seq {}: dropped",
+                                env.from_node,
+                                env.seq
+                            );
+                            continue;
+                        }
+                        self.inbox.lock().push_back(Incoming { env, page });
+                        moved += 1;
+                    }
+                    Err(e) => log::error!("channel from node {src}: malformed message: {e}"),
+                }
+            }
+            if got.msgs != before {
+                let mut credit = [0u8; 16];
+                credit[..8].copy_from_slice(&got.msgs.to_le_bytes());
+                credit[8..].copy_from_slice(&got.pages.to_le_bytes());
+                if let Err(e) = self.t.write(src, self.layout.credit_off(me), &credit) {
+                    log::debug!("returning credit to node {src}: {e}");
+                }
+            }
+        }
+        drop(rx);
+        if moved > 0 {
+            self.t.region().queue(0).wake();
+        }
+        moved
+    }
+
+    /// The next received message, if any (drains the rings first when the inbox is empty).
+    pub fn try_recv(&self) -> Option<Incoming> {
+        if let Some(m) = self.inbox.lock().pop_front() {
+            return Some(m);
+        }
+        self.drain();
+        self.inbox.lock().pop_front()
+    }
+
+    /// Wait until a message may be ready, `timeout` passed or `stop` is set. Only one thread
+    /// (the node's handler) may wait.
+    pub fn wait(&self, timeout: Duration, stop: &AtomicBool) {
+        let deadline = Instant::now() + timeout;
+        let r = self.t.region();
+        let l = &self.layout;
+        let me = self.t.node();
+        self.t.region().queue(0).wait(
+            self.mode,
+            Some(deadline),
+            || {
+                !self.inbox.lock().is_empty()
+                    || (0..l.nodes).any(|s| {
+                        s != me && {
+                            let rx = self.received.try_lock();
+                            rx.is_some_and(|rx| {
+                                (r.load(l.ring_off(s, rx[s as usize].msgs) + 56) >> 56) as u8
+                                    == FULL
+                            })
+                        }
+                    })
+            },
+            || stop.load(Ordering::Acquire),
+        );
+    }
+
+    /// Wake the thread in [`Channels::wait`] (e.g. to notice `stop`, or new local work).
+    pub fn wake(&self) {
+        self.t.region().queue(0).wake();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::BODY_BYTES;
+    use crate::transport::mem_cluster;
+
+    fn env(n: u8) -> Envelope {
+        let mut body = [0u8; BODY_BYTES];
+        body[0] = n;
+        Envelope {
+            kind: 9,
+            from_node: 0,
+            from_worker: 0,
+            seq: 0,
+            body,
+        }
+    }
+
+    fn pair(l: ChannelLayout) -> (Channels, Channels) {
+        let ts = mem_cluster(vec![l.region().unwrap(), l.region().unwrap()]).unwrap();
+        let mut it = ts.into_iter();
+        let a = it.next().unwrap();
+        let b = it.next().unwrap();
+        (
+            Channels::new(a, l, WaitMode::Park).unwrap(),
+            Channels::new(b, l, WaitMode::Park).unwrap(),
+        )
+    }
+
+    #[test]
+    fn messages_and_pages_arrive_in_order_across_ring_wraps() {
+        let l = ChannelLayout {
+            nodes: 2,
+            ring: 4,
+            pages: 2,
+        };
+        let (a, b) = pair(l);
+        let b = Arc::new(b);
+        let rx = Arc::clone(&b);
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let stop = AtomicBool::new(false);
+            while got.len() < 200 {
+                match rx.try_recv() {
+                    Some(m) => got.push((m.env.body[0], m.page.map(|p| p[4095]))),
+                    None => rx.wait(Duration::from_millis(5), &stop),
+                }
+            }
+            got
+        });
+        for i in 0..200u32 {
+            let page = [(i % 251) as u8; PAGE_BYTES];
+            let with = i % 3 == 0;
+            a.send(1, env(i as u8), with.then_some(&page)).unwrap();
+        }
+        let got = reader.join().unwrap();
+        for (i, (n, p)) in got.into_iter().enumerate() {
+            assert_eq!(n, i as u8, "message order");
+            assert_eq!(p, (i % 3 == 0).then_some((i % 251) as u8), "page of message {i}");
+        }
+    }
+
+    #[test]
+    fn full_rings_in_both_directions_do_not_deadlock() {
+        let l = ChannelLayout {
+            nodes: 2,
+            ring: 2,
+            pages: 1,
+        };
+        let (a, b) = pair(l);
+        let (a, b) = (Arc::new(a), Arc::new(b));
+        // both nodes only send (nobody calls try_recv until the end): senders drain while
+        // they wait for credit, so both finish
+        let h: Vec<_> = [(Arc::clone(&a), 1u8), (Arc::clone(&b), 0u8)]
+            .into_iter()
+            .map(|(c, to)| {
+                std::thread::spawn(move || {
+                    for i in 0..100u8 {
+                        c.send(to, env(i), Some(&[i; PAGE_BYTES])).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in h {
+            t.join().unwrap();
+        }
+        let count = |c: &Channels| std::iter::from_fn(|| c.try_recv()).count();
+        assert_eq!(count(&a), 100);
+        assert_eq!(count(&b), 100);
+    }
+
+    #[test]
+    fn sending_to_self_and_to_a_dead_peer() {
+        let l = ChannelLayout::new(2);
+        let regions = vec![l.region().unwrap(), l.region().unwrap()];
+        let ts = mem_cluster(regions).unwrap();
+        let killer = Arc::clone(&ts[0]);
+        let a = Channels::new(ts[0].clone(), l, WaitMode::Park).unwrap();
+        a.send(0, env(7), None).unwrap();
+        let m = a.try_recv().unwrap();
+        assert_eq!((m.env.body[0], m.env.from_node), (7, 0));
+        killer.kill(1);
+        assert_eq!(a.send(1, env(1), None), Err(MsgError::PeerDead(1)));
+        assert!(matches!(a.send(2, env(1), None), Err(MsgError::NoSuchPeer(2, 2))));
+    }
+
+    #[test]
+    fn a_forged_message_is_dropped_and_the_stream_continues() {
+        let l = ChannelLayout::new(2);
+        let (a, b) = pair(l);
+        // node 0 writes a message into its ring slot at node 1 claiming to come from node 1
+        let mut bad = env(1);
+        bad.from_node = 1;
+        a.t.write(1, l.ring_off(0, 0), &bad.to_bytes()).unwrap();
+        // and garbage (kind 0) into the next slot
+        let mut junk = [0u8; MSG_BYTES];
+        junk[63] = FULL;
+        a.t.write(1, l.ring_off(0, 1), &junk).unwrap();
+        // the real stream resumes at position 2
+        a.sent[1].lock().msgs = 2;
+        a.send(1, env(5), None).unwrap();
+        let got: Vec<u8> = std::iter::from_fn(|| b.try_recv())
+            .map(|m| m.env.body[0])
+            .collect();
+        assert_eq!(got, vec![5]);
+    }
+}
