@@ -4,6 +4,7 @@
 //! The fault path (a page that is not resident) lives here; the hit paths are in
 //! [`crate::guard`].
 
+use crate::coherence::Coherence;
 use crate::config::EngineConfig;
 use crate::error::EngineError;
 use crate::frame::{FramePool, FREE, LOADING, RESIDENT};
@@ -16,6 +17,7 @@ use crate::stats::{EngineCounters, StatsSnapshot, WorkerStats};
 use crate::table::TranslationTable;
 use crossbeam_queue::ArrayQueue;
 use parking_lot::{Condvar, Mutex};
+use shoal_messaging::{ChannelLayout, Channels, Transport, WaitMode};
 use shoal_storage::{PageStore, StoreConfig, PAGE_DATA_SIZE};
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -47,6 +49,9 @@ pub(crate) struct Inner {
     pub workers: Mutex<Vec<Arc<WorkerStats>>>,
     /// Counters of workers that were dropped (folded in so `workers` does not grow forever).
     pub retired: WorkerStats,
+    /// The coherence protocol, when this engine is a node of a cluster (`None`: a single node
+    /// that holds every page exclusively and never sends a message).
+    pub coh: Option<Coherence>,
     _lock: File,
 }
 
@@ -54,13 +59,62 @@ pub(crate) struct Inner {
 pub struct Engine {
     inner: Arc<Inner>,
     provider: Mutex<Option<JoinHandle<()>>>,
+    handler: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
+}
+
+/// Counters of the coherence protocol at one node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProtocolStats {
+    /// Possession requests sent by this node's workers (remote misses).
+    pub requests: u64,
+    /// Messages sent to other nodes.
+    pub messages: u64,
+    /// Pages sent to other nodes.
+    pub pages: u64,
+    /// Eviction notices sent.
+    pub evict_notices: u64,
+    /// Messages the handler had to hold and retry (latched page, no free frame, reserved).
+    pub held: u64,
+}
+
+/// How a node joins a cluster: its transport (whose region has the [`ChannelLayout`] of the
+/// cluster) and how long its workers wait for remote pages.
+pub struct Membership {
+    pub transport: Arc<dyn Transport>,
+    pub mode: WaitMode,
+    pub remote_timeout: Duration,
 }
 
 impl Engine {
     /// Open (or create, per `cfg.mode`) the node's store and start its page provider.
     pub fn open(cfg: EngineConfig) -> Result<Engine, EngineError> {
+        Engine::open_with(cfg, None)
+    }
+
+    /// Open node `cfg.node_id` of a cluster (see [`crate::cluster`] for building one).
+    pub fn open_member(cfg: EngineConfig, m: Membership) -> Result<Engine, EngineError> {
+        Engine::open_with(cfg, Some(m))
+    }
+
+    fn open_with(cfg: EngineConfig, member: Option<Membership>) -> Result<Engine, EngineError> {
         cfg.validate()?;
+        let coh = match member {
+            None => None,
+            Some(m) => {
+                if m.transport.node() != cfg.node_id {
+                    return Err(EngineError::Config(format!(
+                        "the transport is node {}'s, the configuration node {}'s",
+                        m.transport.node(),
+                        cfg.node_id
+                    )));
+                }
+                let layout = ChannelLayout::new(m.transport.nodes());
+                let ch = Channels::new(m.transport, layout, m.mode)
+                    .map_err(|e| EngineError::Config(format!("cluster messaging: {e}")))?;
+                Some(Coherence::new(ch, m.remote_timeout))
+            }
+        };
         let lock = prepare_data_dir(&cfg)?;
         // The translation table addresses at most MAX_SLOTS_PER_NODE slots per node.
         let max = crate::table::MAX_SLOTS_PER_NODE;
@@ -103,6 +157,7 @@ impl Engine {
             counters: EngineCounters::default(),
             workers: Mutex::new(Vec::new()),
             retired: WorkerStats::default(),
+            coh,
             _lock: lock,
             cfg,
         });
@@ -110,6 +165,9 @@ impl Engine {
             // A fresh node-0 store: slot 0 is the catalog page, empty.
             inner.store.reserve(Pid::CATALOG.slot())?;
             let idx = inner.install_new_page(Pid::CATALOG)?;
+            if let Some(c) = &inner.coh {
+                c.adopt_new(Pid::CATALOG, idx);
+            }
             inner.pool.frame(idx).latch.unlock_exclusive();
         }
         let p = Arc::clone(&inner);
@@ -117,6 +175,20 @@ impl Engine {
             .name(format!("shoal-provider-{}", inner.node))
             .spawn(move || provider::run(p))
             .map_err(|e| EngineError::Config(format!("cannot start the page provider: {e}")))?;
+        let handler = match &inner.coh {
+            None => None,
+            Some(_) => {
+                let h = Arc::clone(&inner);
+                Some(
+                    std::thread::Builder::new()
+                        .name(format!("shoal-handler-{}", inner.node))
+                        .spawn(move || crate::coherence::run_handler(h))
+                        .map_err(|e| {
+                            EngineError::Config(format!("cannot start the message handler: {e}"))
+                        })?,
+                )
+            }
+        };
         log::info!(
             "node {} engine: {} frames ({}), free target {}, store {}",
             inner.node,
@@ -128,6 +200,7 @@ impl Engine {
         Ok(Engine {
             inner,
             provider: Mutex::new(Some(handle)),
+            handler: Mutex::new(handler),
             closed: AtomicBool::new(false),
         })
     }
@@ -142,6 +215,31 @@ impl Engine {
     /// This node's id.
     pub fn node_id(&self) -> u8 {
         self.inner.node
+    }
+
+    /// Send every page homed elsewhere back home (shutdown). Returns how many frames still
+    /// hold such pages (0 for a single node). Call until it returns 0.
+    pub fn release_remote(&self) -> usize {
+        match &self.inner.coh {
+            Some(c) => c.release_remote(&self.inner),
+            None => 0,
+        }
+    }
+
+    /// Counters of the coherence protocol (all zero for a single node).
+    pub fn protocol_stats(&self) -> ProtocolStats {
+        let Some(c) = &self.inner.coh else {
+            return ProtocolStats::default();
+        };
+        let k = &c.counters;
+        let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        ProtocolStats {
+            requests: l(&k.requests),
+            messages: l(&k.messages),
+            pages: l(&k.pages),
+            evict_notices: l(&k.evict_notices),
+            held: l(&k.held),
+        }
     }
 
     /// Number of frames in the cache.
@@ -206,6 +304,15 @@ impl Engine {
         if let Some(h) = self.provider.lock().take() {
             if h.join().is_err() {
                 log::error!("the page provider thread panicked");
+            }
+        }
+        if let Some(c) = &self.inner.coh {
+            c.stop.store(true, Ordering::Release);
+            c.ch.wake();
+            if let Some(h) = self.handler.lock().take() {
+                if h.join().is_err() {
+                    log::error!("the message handler thread panicked");
+                }
             }
         }
         // With the provider stopped, this thread is the only writer of pages to the store.
@@ -348,6 +455,10 @@ impl Inner {
     /// Load `pid` into a frame (or find that another thread did). Returns the frame index; the
     /// caller re-checks the frame under its latch, since it may be evicted again at once.
     pub fn fault(&self, pid: Pid) -> Result<u32, EngineError> {
+        debug_assert!(
+            self.coh.is_none(),
+            "cluster nodes fault through the protocol"
+        );
         if pid.node() != self.node {
             return Err(EngineError::RemotePage(pid, pid.node(), self.node));
         }
@@ -378,6 +489,7 @@ impl Inner {
         match r {
             Ok(()) => {
                 f.set_state(RESIDENT);
+                f.set_possession(crate::frame::POSS_EXCLUSIVE);
                 f.touch(self.current_epoch());
                 f.latch.unlock_exclusive();
                 Ok(idx)
@@ -417,6 +529,7 @@ impl Inner {
         f.set_pid(pid);
         f.set_state(RESIDENT);
         f.set_dirty(true);
+        f.set_possession(crate::frame::POSS_EXCLUSIVE);
         // SAFETY: we hold the frame's exclusive latch: we are its only writer.
         let mut page = unsafe { PageMut::from_ptr(self.pool.page_ptr(idx)) };
         page.fill(0, PAGE_DATA_SIZE, 0);
@@ -434,7 +547,12 @@ impl Inner {
         let slot = self.store.allocate()?;
         let pid = Pid::new(self.node, slot);
         match self.install_new_page(pid) {
-            Ok(idx) => Ok((pid, idx)),
+            Ok(idx) => {
+                if let Some(c) = &self.coh {
+                    c.adopt_new(pid, idx);
+                }
+                Ok((pid, idx))
+            }
             Err(e) => {
                 // Give the slot back; it was never used.
                 let _ = self.store.free(slot);
@@ -445,6 +563,13 @@ impl Inner {
 
     /// Drop page `pid` held exclusively in frame `idx` and return its slot to the allocator.
     pub fn free_page(&self, pid: Pid, idx: u32) -> Result<(), EngineError> {
+        if self.coh.is_some() {
+            self.pool.frame(idx).latch.unlock_exclusive_unchanged();
+            return Err(EngineError::Remote(
+                "freeing pages is not supported in a cluster yet (other nodes may hold copies)"
+                    .into(),
+            ));
+        }
         self.drop_frame(pid, idx);
         // The provider is the only writer of pages and issues its writes one batch at a time, so
         // any write of the old page completes before a write of the slot's next owner is issued.

@@ -28,6 +28,14 @@ pub enum EngineError {
     NoSuchPage(Pid),
     #[error("catalog: {0}")]
     Catalog(String),
+    #[error("page {0} is homed on a node outside this cluster of {1} nodes")]
+    NoSuchNode(Pid, u8),
+    #[error("node {0} is unreachable (it died or its connection closed)")]
+    PeerDead(u8),
+    #[error("page {pid}: no answer from the cluster within {ms} ms")]
+    RemoteTimeout { pid: Pid, ms: u64 },
+    #[error("coherence: {0}")]
+    Remote(String),
     #[error("the engine is shut down")]
     Shutdown,
 }

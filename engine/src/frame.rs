@@ -26,6 +26,14 @@ pub const LOADING: u8 = 1;
 /// Frame holds a valid page.
 pub const RESIDENT: u8 = 2;
 
+/// Possession: local guards may not use the page (a home copy this node does not hold, a page
+/// on its way, or one whose eviction notice is out).
+pub const POSS_NONE: u8 = 0;
+/// Possession: node-shared (optimistic and shared guards).
+pub const POSS_SHARED: u8 = 1;
+/// Possession: node-exclusive (every guard). A single-node engine holds every page so.
+pub const POSS_EXCLUSIVE: u8 = 2;
+
 /// Descriptor of one buffer frame. 64-byte aligned so neighbours do not share a cache line.
 #[repr(align(64))]
 #[derive(Debug)]
@@ -35,6 +43,7 @@ pub struct Frame {
     state: AtomicU8,
     dirty: AtomicBool,
     epoch: AtomicU32,
+    possession: AtomicU8,
 }
 
 impl Frame {
@@ -45,6 +54,7 @@ impl Frame {
             state: AtomicU8::new(FREE),
             dirty: AtomicBool::new(false),
             epoch: AtomicU32::new(0),
+            possession: AtomicU8::new(POSS_NONE),
         }
     }
 
@@ -82,6 +92,18 @@ impl Frame {
     #[inline]
     pub fn epoch(&self) -> u32 {
         self.epoch.load(Ordering::Relaxed)
+    }
+    /// What local guards may do with the page ([`POSS_NONE`], [`POSS_SHARED`],
+    /// [`POSS_EXCLUSIVE`]). Read under the latch (or validated after an optimistic read).
+    #[inline]
+    pub fn possession(&self) -> u8 {
+        // Relaxed: changed only under the exclusive latch, whose acquire/release orders it.
+        self.possession.load(Ordering::Relaxed)
+    }
+    /// Caller holds the exclusive latch.
+    #[inline]
+    pub(crate) fn set_possession(&self, p: u8) {
+        self.possession.store(p, Ordering::Relaxed);
     }
     /// Record an access in epoch `e`; writes the cache line only when the value changes.
     #[inline]

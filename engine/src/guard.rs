@@ -16,10 +16,11 @@
 
 use crate::engine::Inner;
 use crate::error::{EngineError, OpResult, Restart};
-use crate::frame::{Frame, RESIDENT};
+use crate::frame::{Frame, POSS_EXCLUSIVE, POSS_NONE, RESIDENT};
 use crate::latch::Backoff;
 use crate::page::{PageMut, PageRef};
 use crate::pid::Pid;
+use crate::protocol::Mode;
 use crate::stats::{bump, WorkerStats};
 use shoal_storage::PAGE_DATA_SIZE;
 use std::cell::Cell;
@@ -32,6 +33,11 @@ use std::sync::Arc;
 pub struct Worker {
     inner: Arc<Inner>,
     stats: Arc<WorkerStats>,
+    /// Shared and exclusive guards this worker holds: a remote miss waits only when it is 0.
+    held: Cell<u32>,
+    /// A page whose request this worker waited for: the handler keeps it for us until we
+    /// latched it (see `Coherence::used`).
+    owed: Cell<Option<Pid>>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -40,6 +46,8 @@ impl Worker {
         Worker {
             inner,
             stats,
+            held: Cell::new(0),
+            owed: Cell::new(None),
             _not_sync: PhantomData,
         }
     }
@@ -49,16 +57,51 @@ impl Worker {
         self.inner.node
     }
 
-    /// Frame index of `pid`, faulting it in if needed (a hint: re-check under the latch).
-    #[inline]
-    fn resolve(&self, pid: Pid) -> Result<u32, EngineError> {
-        match self.inner.table.lookup(&self.inner.pool, pid) {
-            Some(i) => Ok(i),
+    /// `pid` is not resident, or not with possession `want`: bring it in. A single node reads
+    /// it from the store. A cluster node asks the page's home; it waits for the answer only
+    /// if it holds no latch (else it restarts the operation, which drops its guards, so that
+    /// two nodes never wait for each other's latches). The caller looks `pid` up again.
+    #[cold]
+    fn miss(&self, pid: Pid, want: Mode) -> OpResult<()> {
+        bump(&self.stats.faults);
+        match &self.inner.coh {
             None => {
-                bump(&self.stats.faults);
-                self.inner.fault(pid)
+                self.inner.fault(pid)?;
+                Ok(())
+            }
+            Some(c) => {
+                if self.held.get() > 0 {
+                    c.acquire(pid, want, false)?;
+                    return Err(Restart::Retry);
+                }
+                if c.acquire(pid, want, true)? {
+                    self.owed.set(Some(pid));
+                }
+                Ok(())
             }
         }
+    }
+
+    /// A guard on `pid` was taken: if this worker's request brought it, release the handler's
+    /// hold on it (it serves others once our latch is gone).
+    #[inline]
+    fn settle(&self, pid: Pid) {
+        if self.owed.get() == Some(pid) {
+            self.owed.set(None);
+            if let Some(c) = &self.inner.coh {
+                c.used(pid);
+            }
+        }
+    }
+
+    #[inline]
+    fn hold(&self) {
+        self.held.set(self.held.get() + 1);
+    }
+
+    #[inline]
+    fn unhold(&self) {
+        self.held.set(self.held.get() - 1);
     }
 
     #[inline]
@@ -87,12 +130,20 @@ impl Worker {
     pub fn optimistic(&self, pid: Pid) -> OpResult<OptimisticGuard<'_>> {
         let mut backoff = Backoff::new();
         loop {
-            let idx = self.resolve(pid)?;
+            let Some(idx) = self.inner.table.lookup(&self.inner.pool, pid) else {
+                self.miss(pid, Mode::Shared)?;
+                continue;
+            };
             let f = self.frame(idx);
             match f.latch.optimistic_begin() {
                 Some(version) if f.pid() == pid && f.state() == RESIDENT => {
+                    if f.possession() == POSS_NONE {
+                        self.miss(pid, Mode::Shared)?;
+                        continue;
+                    }
                     f.touch(self.inner.current_epoch());
                     bump(&self.stats.hits);
+                    self.settle(pid);
                     return Ok(OptimisticGuard {
                         w: self,
                         idx,
@@ -110,13 +161,22 @@ impl Worker {
     pub fn shared(&self, pid: Pid) -> OpResult<SharedGuard<'_>> {
         let mut backoff = Backoff::new();
         loop {
-            let idx = self.resolve(pid)?;
+            let Some(idx) = self.inner.table.lookup(&self.inner.pool, pid) else {
+                self.miss(pid, Mode::Shared)?;
+                continue;
+            };
             let f = self.frame(idx);
             if f.latch.try_lock_shared(None) {
                 if f.pid() == pid && f.state() == RESIDENT {
+                    if f.possession() == POSS_NONE {
+                        f.latch.unlock_shared();
+                        self.miss(pid, Mode::Shared)?;
+                        continue;
+                    }
                     f.touch(self.inner.current_epoch());
                     bump(&self.stats.hits);
-                    return Ok(SharedGuard { w: self, idx, pid });
+                    self.settle(pid);
+                    return Ok(SharedGuard::new(self, idx, pid));
                 }
                 f.latch.unlock_shared();
             } else {
@@ -129,11 +189,20 @@ impl Worker {
     pub fn exclusive(&self, pid: Pid) -> OpResult<ExclusiveGuard<'_>> {
         let mut backoff = Backoff::new();
         loop {
-            let idx = self.resolve(pid)?;
+            let Some(idx) = self.inner.table.lookup(&self.inner.pool, pid) else {
+                self.miss(pid, Mode::Exclusive)?;
+                continue;
+            };
             let f = self.frame(idx);
             if f.latch.try_lock_exclusive(None) {
                 if f.pid() == pid && f.state() == RESIDENT {
+                    if f.possession() != POSS_EXCLUSIVE {
+                        f.latch.unlock_exclusive_unchanged();
+                        self.miss(pid, Mode::Exclusive)?;
+                        continue;
+                    }
                     bump(&self.stats.hits);
+                    self.settle(pid);
                     return ExclusiveGuard::start(self, idx, pid);
                 }
                 f.latch.unlock_exclusive_unchanged();
@@ -146,6 +215,7 @@ impl Worker {
     /// Allocate a new, zeroed page on this node; returns it exclusively latched.
     pub fn allocate(&self) -> Result<ExclusiveGuard<'_>, EngineError> {
         let (pid, idx) = self.inner.allocate_page()?;
+        self.hold();
         Ok(ExclusiveGuard { w: self, idx, pid })
     }
 
@@ -217,11 +287,7 @@ impl<'w> OptimisticGuard<'w> {
         let mut backoff = Backoff::new();
         loop {
             if f.latch.try_lock_shared(Some(self.version)) {
-                return Ok(SharedGuard {
-                    w: self.w,
-                    idx: self.idx,
-                    pid: self.pid,
-                });
+                return Ok(SharedGuard::new(self.w, self.idx, self.pid));
             }
             if !self.is_valid() {
                 return Err(Restart::Retry);
@@ -236,6 +302,12 @@ impl<'w> OptimisticGuard<'w> {
         let mut backoff = Backoff::new();
         loop {
             if f.latch.try_lock_exclusive(Some(self.version)) {
+                if f.possession() != POSS_EXCLUSIVE {
+                    // node-shared only: ask for node-exclusive, then restart
+                    f.latch.unlock_exclusive_unchanged();
+                    self.w.miss(self.pid, Mode::Exclusive)?;
+                    return Err(Restart::Retry);
+                }
                 return ExclusiveGuard::start(self.w, self.idx, self.pid);
             }
             if !self.is_valid() {
@@ -254,6 +326,11 @@ pub struct SharedGuard<'w> {
 }
 
 impl<'w> SharedGuard<'w> {
+    fn new(w: &'w Worker, idx: u32, pid: Pid) -> SharedGuard<'w> {
+        w.hold();
+        SharedGuard { w, idx, pid }
+    }
+
     pub fn pid(&self) -> Pid {
         self.pid
     }
@@ -275,7 +352,13 @@ impl<'w> SharedGuard<'w> {
     pub fn to_exclusive(self) -> OpResult<ExclusiveGuard<'w>> {
         let me = ManuallyDrop::new(self);
         let f = me.w.frame(me.idx);
+        me.w.unhold();
         if f.latch.try_upgrade_shared() {
+            if f.possession() != POSS_EXCLUSIVE {
+                f.latch.unlock_exclusive_unchanged();
+                me.w.miss(me.pid, Mode::Exclusive)?;
+                return Err(Restart::Retry);
+            }
             ExclusiveGuard::start(me.w, me.idx, me.pid)
         } else {
             f.latch.unlock_shared();
@@ -287,6 +370,7 @@ impl<'w> SharedGuard<'w> {
 impl Drop for SharedGuard<'_> {
     fn drop(&mut self) {
         self.w.frame(self.idx).latch.unlock_shared();
+        self.w.unhold();
     }
 }
 
@@ -307,6 +391,7 @@ impl<'w> ExclusiveGuard<'w> {
         }
         f.set_dirty(true);
         f.touch(w.inner.current_epoch());
+        w.hold();
         Ok(ExclusiveGuard { w, idx, pid })
     }
 
@@ -349,6 +434,7 @@ impl<'w> ExclusiveGuard<'w> {
     pub fn to_shared(self) -> SharedGuard<'w> {
         let me = ManuallyDrop::new(self);
         me.w.frame(me.idx).latch.downgrade();
+        // the exclusive guard's hold passes to the shared one
         SharedGuard {
             w: me.w,
             idx: me.idx,
@@ -359,6 +445,7 @@ impl<'w> ExclusiveGuard<'w> {
     /// Delete the page: its frame and its slot are freed.
     pub fn free(self) -> Result<(), EngineError> {
         let me = ManuallyDrop::new(self);
+        me.w.unhold();
         me.w.inner.free_page(me.pid, me.idx)
     }
 }
@@ -366,5 +453,6 @@ impl<'w> ExclusiveGuard<'w> {
 impl Drop for ExclusiveGuard<'_> {
     fn drop(&mut self) {
         self.w.frame(self.idx).latch.unlock_exclusive();
+        self.w.unhold();
     }
 }

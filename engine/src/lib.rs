@@ -36,6 +36,8 @@
 //! ```
 
 pub mod catalog;
+pub mod cluster;
+pub(crate) mod coherence;
 pub mod config;
 pub mod directory;
 pub mod engine;
@@ -53,8 +55,9 @@ pub mod stats;
 pub mod table;
 pub mod wire;
 
+pub use cluster::MemCluster;
 pub use config::{format_bytes, parse_bytes, EngineConfig, MIN_CACHE_FRAMES};
-pub use engine::Engine;
+pub use engine::{Engine, Membership, ProtocolStats};
 pub use error::{EngineError, OpResult, Restart};
 pub use guard::{ExclusiveGuard, OptimisticGuard, SharedGuard, Worker};
 pub use page::{PageMut, PageRef};

@@ -25,7 +25,7 @@
 
 use crate::engine::Inner;
 use crate::error::EngineError;
-use crate::frame::RESIDENT;
+use crate::frame::{POSS_NONE, RESIDENT};
 use crate::latch::Backoff;
 use crate::pid::Pid;
 use rand::rngs::SmallRng;
@@ -116,6 +116,14 @@ impl Provider {
             }
         }
 
+        // 2b. in a cluster, pages this node holds go through their directory first: a page
+        // homed elsewhere leaves by an eviction notice (the handler frees its frame when the
+        // home accepts), one homed here is released locally; what remains is plain home
+        // copies, evicted below like a single node's pages
+        if let Some(c) = &inner.coh {
+            cands.retain(|&i| c.prepare_evict(inner, i));
+        }
+
         // 3. write back dirty candidates
         let mut pending: Vec<(u32, Pid)> = Vec::new();
         for &i in &cands {
@@ -161,7 +169,8 @@ impl Provider {
             if !f.latch.try_lock_exclusive(None) {
                 continue;
             }
-            if f.state() != RESIDENT || f.is_dirty() {
+            let held_here = inner.coh.is_some() && f.possession() != POSS_NONE;
+            if f.state() != RESIDENT || f.is_dirty() || held_here {
                 f.latch.unlock_exclusive_unchanged();
                 continue;
             }
@@ -228,12 +237,13 @@ pub(crate) fn flush_all(inner: &Inner) -> Result<usize, EngineError> {
         let mut pending: Vec<(u32, Pid)> = Vec::with_capacity(BATCH);
         while i < n && pending.len() < BATCH {
             let f = inner.pool.frame(i);
-            if f.state() == RESIDENT && f.is_dirty() {
+            // pages homed elsewhere are never written here (they go home, see release_remote)
+            if f.state() == RESIDENT && f.is_dirty() && f.pid().node() == inner.node {
                 let mut b = Backoff::new();
                 while !f.latch.try_lock_shared(None) {
                     b.snooze();
                 }
-                if f.state() == RESIDENT && f.is_dirty() {
+                if f.state() == RESIDENT && f.is_dirty() && f.pid().node() == inner.node {
                     let k = pending.len();
                     copy_page(inner, i, &mut bufs[k]);
                     f.set_dirty(false);

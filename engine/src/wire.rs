@@ -259,6 +259,56 @@ impl Message for Wire {
     }
 }
 
+/// First message kind of the control messages (kinds below belong to the coherence protocol).
+pub const CONTROL_BASE: u8 = 32;
+/// [`Control::Refuse`] code: the page does not exist.
+pub const REFUSE_NO_PAGE: u8 = 1;
+/// [`Control::Refuse`] code: the home could not read the page from its store.
+pub const REFUSE_READ: u8 = 2;
+
+/// Messages beside the protocol's own: answers that end a request without a grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// Home -> requester: the request for `pid` is refused (`code`: [`REFUSE_NO_PAGE`],
+    /// [`REFUSE_READ`]); the home recorded nothing.
+    Refuse { pid: u64, code: u8 },
+}
+
+impl Message for Control {
+    fn kind(&self) -> u8 {
+        match self {
+            Control::Refuse { .. } => CONTROL_BASE,
+        }
+    }
+
+    fn encode(&self, b: &mut [u8; BODY_BYTES]) {
+        b.fill(0);
+        let mut w = W { b, at: 0 };
+        match self {
+            Control::Refuse { pid, code } => {
+                w.u64(*pid).u8(*code);
+            }
+        }
+    }
+
+    fn decode(kind: u8, b: &[u8; BODY_BYTES]) -> Result<Self, MsgError> {
+        let mut r = R { b, at: 0 };
+        let c = match kind {
+            CONTROL_BASE => {
+                let pid = r.u64();
+                let code = r.u8();
+                if !matches!(code, REFUSE_NO_PAGE | REFUSE_READ) {
+                    return Err(bad(format!("refusal code {code} does not exist")));
+                }
+                Control::Refuse { pid, code }
+            }
+            k => return Err(bad(format!("message kind {k} is not a control message"))),
+        };
+        r.end()?;
+        Ok(c)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

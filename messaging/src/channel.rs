@@ -94,8 +94,7 @@ impl ChannelLayout {
     }
     fn page_off(&self, src: u8, seq: u64) -> usize {
         (self.slots() * SLOT_BYTES).div_ceil(PAGE_BYTES) * PAGE_BYTES
-            + (src as usize * self.pages as usize + (seq % self.pages as u64) as usize)
-                * PAGE_BYTES
+            + (src as usize * self.pages as usize + (seq % self.pages as u64) as usize) * PAGE_BYTES
     }
     /// Bytes of the region.
     pub fn region_bytes(&self) -> usize {
@@ -409,7 +408,11 @@ mod tests {
         let got = reader.join().unwrap();
         for (i, (n, p)) in got.into_iter().enumerate() {
             assert_eq!(n, i as u8, "message order");
-            assert_eq!(p, (i % 3 == 0).then_some((i % 251) as u8), "page of message {i}");
+            assert_eq!(
+                p,
+                (i % 3 == 0).then_some((i % 251) as u8),
+                "page of message {i}"
+            );
         }
     }
 
@@ -454,7 +457,10 @@ mod tests {
         assert_eq!((m.env.body[0], m.env.from_node), (7, 0));
         killer.kill(1);
         assert_eq!(a.send(1, env(1), None), Err(MsgError::PeerDead(1)));
-        assert!(matches!(a.send(2, env(1), None), Err(MsgError::NoSuchPeer(2, 2))));
+        assert!(matches!(
+            a.send(2, env(1), None),
+            Err(MsgError::NoSuchPeer(2, 2))
+        ));
     }
 
     #[test]

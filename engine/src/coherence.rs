@@ -1,0 +1,1042 @@
+//! The coherence driver: runs the protocol's state machines ([`crate::directory`],
+//! [`crate::possession`]) for one node of a cluster, over shoal-messaging channels.
+//!
+//! Per page this node has touched it keeps a [`Slot`]: the page's directory entry (meaningful
+//! at the page's home only), this node's [`PageCopy`] (whose data is the frame holding the
+//! page), and the messages it could not apply yet. Who drives it:
+//!
+//! - **workers** ([`Coherence::acquire`]): a page that is not resident with enough possession
+//!   is requested from its home; the worker waits holding no latch, then restarts its lookup.
+//!   A worker that holds other guards does not wait: it sends the request and restarts its
+//!   operation (its guards are dropped meanwhile), so two nodes never wait for each other's
+//!   latches. The worker whose request completed uses the page before the handler serves
+//!   anyone else ([`Coherence::used`]).
+//! - **the handler thread** ([`run_handler`]): applies every incoming message. It never waits
+//!   for a latch: a message whose frame is latched by a guard, for which no free frame exists,
+//!   or that would take a page its completing worker has not used yet, stays in the slot's
+//!   `held` queue and is retried (in order) later.
+//! - **the page provider** ([`Coherence::prepare_evict`]): a page homed elsewhere is evicted by
+//!   an eviction notice to its home; the frame is freed when the home accepts. A page homed here
+//!   that this node holds goes through the same directory rules, locally.
+//!
+//! Frames and the home copy: at a page's home, the frame of the page (if resident) *is* the
+//! home's copy of the page (the one the directory grants from); when this node holds the page
+//! itself, the same frame is also its copy. The frame's `possession` field says what local
+//! guards may do with it; a home copy that this node does not hold has possession none. At
+//! other nodes a frame exists exactly while this node's copy holds it. Frames of pages homed
+//! elsewhere are never written to the local store.
+//!
+//! Locks: a slot is only touched under its shard's mutex; frames are latched with `try` only
+//! (by the handler and the provider), so holding a shard mutex never waits for a latch.
+
+use crate::directory::{DirDecision, DirEntry, EvictDecision};
+use crate::engine::Inner;
+use crate::error::EngineError;
+use crate::frame::{POSS_EXCLUSIVE, POSS_NONE, POSS_SHARED, RESIDENT};
+use crate::latch::Backoff;
+use crate::page::PageMut;
+use crate::pid::Pid;
+use crate::possession::{PageCopy, Pending, Step};
+use crate::protocol::{Grant, Mode, Msg, Node, ProtocolError};
+use crate::wire::{Control, Wire, REFUSE_NO_PAGE, REFUSE_READ};
+use parking_lot::{Condvar, Mutex};
+use shoal_messaging::{Channels, Envelope, Incoming, PAGE_BYTES};
+use shoal_storage::{AlignedPage, PAGE_DATA_SIZE};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Shards of the slot map.
+const SHARDS: usize = 64;
+/// Longest time a completed request keeps its page for the worker that asked.
+const RESERVE: Duration = Duration::from_millis(10);
+
+/// A page travelling in a message, as the receiver sees it.
+#[derive(Debug, Clone)]
+pub(crate) enum Data {
+    /// The home's own copy (a message the home sends itself).
+    Home,
+    /// Bytes that arrived attached to the message.
+    Bytes(Box<[u8; PAGE_BYTES]>),
+}
+
+/// A message for a page, from `from`.
+#[derive(Debug)]
+pub(crate) struct Note {
+    from: Node,
+    msg: Msg<Data>,
+}
+
+/// What this node knows and holds of one page.
+struct Slot {
+    /// The directory entry (used only when this node is the page's home).
+    dir: DirEntry,
+    copy: PageCopy<u32>,
+    /// Messages not applied yet, in arrival order.
+    held: VecDeque<Note>,
+    /// Requests the directory deferred (a copy-back is outstanding).
+    dir_deferred: VecDeque<Note>,
+    /// A worker waits for the outstanding request (it will call `used`).
+    waiter: bool,
+    /// The request completed at this instant; its worker has not used the page yet.
+    reserved: Option<Instant>,
+    /// `copy.served()` is still to be called.
+    serve_due: bool,
+    /// The home refused the outstanding request.
+    error: Option<EngineError>,
+}
+
+impl Slot {
+    fn new(pid: Pid, me: Node) -> Slot {
+        Slot {
+            dir: DirEntry::new(),
+            copy: PageCopy::new(pid.node(), me),
+            held: VecDeque::new(),
+            dir_deferred: VecDeque::new(),
+            waiter: false,
+            reserved: None,
+            serve_due: false,
+            error: None,
+        }
+    }
+    fn reserved_now(&mut self) -> bool {
+        if self.reserved.is_some_and(|t| t.elapsed() > RESERVE) {
+            self.reserved = None;
+        }
+        self.reserved.is_some()
+    }
+}
+
+/// Counters of the protocol at one node.
+#[derive(Debug, Default)]
+pub struct CoherenceCounters {
+    /// Possession requests this node's workers sent.
+    pub requests: AtomicU64,
+    /// Protocol messages sent to other nodes.
+    pub messages: AtomicU64,
+    /// Pages sent to other nodes.
+    pub pages: AtomicU64,
+    /// Eviction notices sent.
+    pub evict_notices: AtomicU64,
+    /// Messages the handler had to hold and retry.
+    pub held: AtomicU64,
+}
+
+/// One node's protocol state.
+pub(crate) struct Coherence {
+    pub ch: Channels,
+    me: Node,
+    nodes: u8,
+    shards: Box<[Mutex<HashMap<Pid, Slot>>]>,
+    retry: Mutex<HashSet<Pid>>,
+    done_mx: Mutex<()>,
+    done_cv: Condvar,
+    /// How long a worker waits for a remote page before failing.
+    pub timeout: Duration,
+    pub counters: CoherenceCounters,
+    pub stop: AtomicBool,
+}
+
+/// Frames the handler holds exclusively while it applies a message.
+struct Latched {
+    frames: Vec<u32>,
+}
+
+impl Latched {
+    fn try_take(&mut self, inner: &Inner, idx: u32, pid: Pid) -> bool {
+        if self.frames.contains(&idx) {
+            return true;
+        }
+        let f = inner.pool.frame(idx);
+        if !f.latch.try_lock_exclusive(None) {
+            return false;
+        }
+        if f.pid() != pid || f.state() != RESIDENT {
+            f.latch.unlock_exclusive_unchanged();
+            return false;
+        }
+        self.frames.push(idx);
+        true
+    }
+}
+
+/// The page bytes of frame `idx`.
+///
+/// # Safety
+/// The caller holds the frame's latch (shared or exclusive), so no thread writes the page while
+/// the returned reference lives; concurrent optimistic readers only load.
+unsafe fn frame_bytes(inner: &Inner, idx: u32) -> &[u8; PAGE_BYTES] {
+    // SAFETY: the frame's memory is PAGE_BYTES (= PAGE_SIZE) valid, aligned bytes that live as
+    // long as the pool; the caller's latch excludes writers (see the function's contract).
+    unsafe { &*(inner.pool.page_ptr(idx) as *const [u8; PAGE_BYTES]) }
+}
+
+fn possession_of(c: &PageCopy<u32>) -> u8 {
+    if c.usable(Mode::Exclusive) {
+        POSS_EXCLUSIVE
+    } else if c.usable(Mode::Shared) {
+        POSS_SHARED
+    } else {
+        POSS_NONE
+    }
+}
+
+/// Placeholder for a data field on the wire (the page travels as the attachment).
+fn wire_msg(m: &Msg<u32>) -> Msg<u32> {
+    match m {
+        Msg::Grant(g) => Msg::Grant(Grant {
+            data: g.data.map(|_| 0),
+            ..g.clone()
+        }),
+        Msg::Page { dirty, .. } => Msg::Page {
+            data: 0,
+            dirty: *dirty,
+        },
+        Msg::CopyBack { data } => Msg::CopyBack {
+            data: data.map(|_| 0),
+        },
+        Msg::Evict { epoch, data } => Msg::Evict {
+            epoch: *epoch,
+            data: data.map(|_| 0),
+        },
+        m => m.clone(),
+    }
+}
+
+enum Outcome {
+    Done,
+    Stuck(Note),
+}
+
+impl Coherence {
+    pub fn new(ch: Channels, timeout: Duration) -> Coherence {
+        Coherence {
+            me: ch.node(),
+            nodes: ch.nodes(),
+            ch,
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            retry: Mutex::new(HashSet::new()),
+            done_mx: Mutex::new(()),
+            done_cv: Condvar::new(),
+            timeout,
+            counters: CoherenceCounters::default(),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    fn shard(&self, pid: Pid) -> &Mutex<HashMap<Pid, Slot>> {
+        let h = (pid.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize;
+        &self.shards[h % SHARDS]
+    }
+
+    fn notify(&self) {
+        let _g = self.done_mx.lock();
+        self.done_cv.notify_all();
+    }
+
+    fn check_node(&self, pid: Pid) -> Result<(), EngineError> {
+        if pid.node() >= self.nodes {
+            return Err(EngineError::NoSuchNode(pid, self.nodes));
+        }
+        Ok(())
+    }
+
+    /// Send a protocol message about `pid` (with the page bytes, if it carries a page).
+    fn send(
+        &self,
+        to: Node,
+        pid: Pid,
+        msg: &Msg<u32>,
+        page: Option<&[u8; PAGE_BYTES]>,
+    ) -> Result<(), EngineError> {
+        let w = Wire {
+            pid: pid.raw(),
+            push_to: 0,
+            msg: wire_msg(msg),
+        };
+        self.counters.messages.fetch_add(1, Ordering::Relaxed);
+        if page.is_some() {
+            self.counters.pages.fetch_add(1, Ordering::Relaxed);
+        }
+        self.ch
+            .send(to, Envelope::new(&w, 0, 0, 0), page)
+            .map_err(|e| EngineError::Remote(format!("sending {} to node {to}: {e}", msg.name())))
+    }
+
+    fn send_control(&self, to: Node, c: &Control) {
+        if let Err(e) = self.ch.send(to, Envelope::new(c, 0, 0, 0), None) {
+            log::warn!("node {}: sending {c:?} to node {to}: {e}", self.me);
+        }
+    }
+
+    // ---------------------------------------------------------------- workers
+
+    /// Obtain `want` possession of `pid` for a worker of this node. With `wait`, returns once
+    /// the node holds it (`Ok(true)`: this worker's request completed, and it owes
+    /// [`Coherence::used`] once it latched the page); without, only sends the request.
+    pub fn acquire(&self, pid: Pid, want: Mode, wait: bool) -> Result<bool, EngineError> {
+        self.check_node(pid)?;
+        let deadline = Instant::now() + self.timeout;
+        let mut asked = false;
+        loop {
+            let mut out = None;
+            {
+                let mut shard = self.shard(pid).lock();
+                let slot = shard.entry(pid).or_insert_with(|| Slot::new(pid, self.me));
+                if asked {
+                    if let Some(e) = slot.error.take() {
+                        return Err(e);
+                    }
+                }
+                if slot.copy.usable(want) {
+                    return Ok(asked && slot.reserved.is_some());
+                }
+                if slot.copy.pending == Pending::Idle && !slot.serve_due {
+                    let m = slot
+                        .copy
+                        .request(want)
+                        .map_err(|e| EngineError::Remote(e.to_string()))?;
+                    slot.waiter = wait;
+                    slot.error = None;
+                    asked = true;
+                    out = Some(m);
+                }
+            }
+            if let Some((to, msg)) = out {
+                self.counters.requests.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = self.send(to, pid, &msg, None) {
+                    let mut shard = self.shard(pid).lock();
+                    if let Some(s) = shard.get_mut(&pid) {
+                        // the request never left: nothing to wait for
+                        s.copy.pending = Pending::Idle;
+                        s.waiter = false;
+                    }
+                    return Err(e);
+                }
+            }
+            if !wait {
+                return Ok(false);
+            }
+            if !self.ch.peer_alive(pid.node()) {
+                return Err(EngineError::PeerDead(pid.node()));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(EngineError::RemoteTimeout {
+                    pid,
+                    ms: self.timeout.as_millis() as u64,
+                });
+            }
+            let mut g = self.done_mx.lock();
+            self.done_cv
+                .wait_for(&mut g, Duration::from_millis(1).min(deadline - now));
+        }
+    }
+
+    /// The worker whose request completed has latched the page: others may be served once it
+    /// releases the latch.
+    pub fn used(&self, pid: Pid) {
+        let mut shard = self.shard(pid).lock();
+        if let Some(s) = shard.get_mut(&pid) {
+            s.reserved = None;
+            s.waiter = false;
+            if s.serve_due || !s.held.is_empty() {
+                self.retry.lock().insert(pid);
+                self.ch.wake();
+            }
+        }
+    }
+
+    /// A page just allocated here, in frame `idx` (exclusively latched by the caller): this
+    /// node holds it exclusively.
+    pub fn adopt_new(&self, pid: Pid, idx: u32) {
+        let mut shard = self.shard(pid).lock();
+        let slot = shard.entry(pid).or_insert_with(|| Slot::new(pid, self.me));
+        slot.dir = DirEntry {
+            holders: crate::directory::Holders::Exclusive(self.me),
+            ..slot.dir
+        };
+        slot.copy.mode = Some(Mode::Exclusive);
+        slot.copy.data = Some(idx);
+        slot.copy.dirty = false;
+    }
+
+    // ---------------------------------------------------------------- provider
+
+    /// The provider wants to evict frame `idx` (unlatched, resident). Returns `true` if the
+    /// frame is now a plain home copy that the provider may write back and drop; `false` if
+    /// it must leave the frame alone (an eviction notice may have been sent; the handler frees
+    /// the frame when the home accepts).
+    pub fn prepare_evict(&self, inner: &Inner, idx: u32) -> bool {
+        let f = inner.pool.frame(idx);
+        let pid = f.pid();
+        if pid == Pid::NONE {
+            return false;
+        }
+        let home = pid.node() == self.me;
+        let mut shard = self.shard(pid).lock();
+        let Some(slot) = shard.get_mut(&pid) else {
+            return home; // a home copy nobody asked for through the protocol
+        };
+        if slot.copy.data != Some(idx) {
+            return home && f.possession() == POSS_NONE;
+        }
+        if slot.copy.pending != Pending::Idle
+            || slot.serve_due
+            || slot.reserved_now()
+            || !slot.held.is_empty()
+            || !slot.copy.deferred.is_empty()
+        {
+            return false;
+        }
+        if !f.latch.try_lock_exclusive(None) {
+            return false;
+        }
+        if f.pid() != pid || f.state() != RESIDENT {
+            f.latch.unlock_exclusive_unchanged();
+            return false;
+        }
+        if !home && f.is_dirty() {
+            slot.copy.dirty = true;
+        }
+        let Some((to, msg)) = slot.copy.evict() else {
+            f.latch.unlock_exclusive_unchanged();
+            return false;
+        };
+        if home {
+            // our own directory decides, at once
+            let Msg::Evict { epoch, data } = msg else {
+                unreachable!("PageCopy::evict sends Evict")
+            };
+            let accepted = match slot.dir.evict(self.me, epoch, data.is_some()) {
+                Ok(EvictDecision::Accept { .. }) => true,
+                Ok(EvictDecision::Decline) => false,
+                Err(e) => {
+                    log::error!("node {}: evicting own page {pid}: {e}", self.me);
+                    false
+                }
+            };
+            match slot.copy.on_evict_reply(accepted) {
+                Ok(step) => debug_assert!(step.out.is_empty() && step.completed.is_none()),
+                Err(e) => log::error!("node {}: {e}", self.me),
+            }
+            f.set_possession(possession_of(&slot.copy));
+            f.latch.unlock_exclusive();
+            return accepted;
+        }
+        f.set_possession(POSS_NONE);
+        // SAFETY: we hold the frame's exclusive latch until after the send.
+        let page = msg_has_page(&msg).then(|| unsafe { frame_bytes(inner, idx) });
+        self.counters.evict_notices.fetch_add(1, Ordering::Relaxed);
+        let r = self.send(to, pid, &msg, page);
+        f.latch.unlock_exclusive();
+        if let Err(e) = r {
+            // the notice never left: keep the page
+            log::warn!("node {}: eviction notice for {pid}: {e}", self.me);
+            slot.copy.pending = Pending::Idle;
+            // re-latch to restore possession (the provider never waits: try once)
+            if f.latch.try_lock_exclusive(None) {
+                f.set_possession(possession_of(&slot.copy));
+                f.latch.unlock_exclusive();
+            }
+        }
+        false
+    }
+
+    // ---------------------------------------------------------------- handler
+
+    /// Decode and queue an incoming message, then apply what can be applied.
+    fn receive(&self, inner: &Inner, inc: Incoming) {
+        let from = inc.env.from_node;
+        let kind = inc.env.kind;
+        if kind >= crate::wire::CONTROL_BASE {
+            match inc.env.decode::<Control>() {
+                Ok(c) => self.on_control(from, c),
+                Err(e) => log::error!("node {}: bad control message from {from}: {e}", self.me),
+            }
+            return;
+        }
+        let w: Wire = match inc.env.decode() {
+            Ok(w) => w,
+            Err(e) => {
+                log::error!("node {}: malformed message from node {from}: {e}", self.me);
+                return;
+            }
+        };
+        let pid = Pid(w.pid);
+        if pid.node() >= self.nodes {
+            log::error!(
+                "node {}: message from {from} about {pid}, outside the cluster",
+                self.me
+            );
+            return;
+        }
+        let has = msg_has_page(&w.msg);
+        let data = match (has, inc.page, from == self.me) {
+            (true, _, true) => Some(Data::Home),
+            (true, Some(p), false) => Some(Data::Bytes(p)),
+            (false, None, _) => None,
+            (true, None, false) | (false, Some(_), _) => {
+                log::error!(
+                    "node {}: {} from node {from} for {pid} with a page attachment mismatch: dropped",
+                    self.me,
+                    w.msg.name()
+                );
+                return;
+            }
+        };
+        let msg = with_data(w.msg, data);
+        let mut shard = self.shard(pid).lock();
+        let slot = shard.entry(pid).or_insert_with(|| Slot::new(pid, self.me));
+        slot.held.push_back(Note { from, msg });
+        if self.progress(inner, pid, slot) {
+            self.retry.lock().insert(pid);
+        }
+        drop(shard);
+        self.notify();
+    }
+
+    fn on_control(&self, from: Node, c: Control) {
+        match c {
+            Control::Refuse { pid, code } => {
+                let pid = Pid(pid);
+                let mut shard = self.shard(pid).lock();
+                if let Some(s) = shard.get_mut(&pid) {
+                    if matches!(s.copy.pending, Pending::Requested { .. }) {
+                        // the home did not record us: the request is over
+                        s.copy.pending = Pending::Idle;
+                        s.error = Some(match code {
+                            REFUSE_NO_PAGE => EngineError::NoSuchPage(pid),
+                            _ => EngineError::Remote(format!(
+                                "node {from} could not read page {pid} from its store"
+                            )),
+                        });
+                    }
+                }
+                drop(shard);
+                self.notify();
+            }
+        }
+    }
+
+    /// Retry the held messages of `pid`.
+    fn kick(&self, inner: &Inner, pid: Pid) {
+        let mut shard = self.shard(pid).lock();
+        if let Some(slot) = shard.get_mut(&pid) {
+            if self.progress(inner, pid, slot) {
+                self.retry.lock().insert(pid);
+            }
+        }
+        drop(shard);
+        self.notify();
+    }
+
+    /// Apply what can be applied for `pid`. Returns true if something is still waiting.
+    fn progress(&self, inner: &Inner, pid: Pid, slot: &mut Slot) -> bool {
+        if slot.serve_due && !slot.reserved_now() {
+            let mut l = Latched { frames: Vec::new() };
+            if !self.latch_for(inner, pid, slot, &mut l) {
+                self.release(inner, pid, slot, l);
+                return true;
+            }
+            self.sync_dirty(inner, pid, slot);
+            match slot.copy.served() {
+                Ok(step) => self.effects(inner, pid, slot, step, &mut l),
+                Err(e) => log::error!("node {}: {pid}: {e}", self.me),
+            }
+            slot.serve_due = false;
+            self.release(inner, pid, slot, l);
+        }
+        while let Some(note) = slot.held.pop_front() {
+            match self.apply(inner, pid, slot, note) {
+                Ok(Outcome::Done) => {}
+                Ok(Outcome::Stuck(n)) => {
+                    self.counters.held.fetch_add(1, Ordering::Relaxed);
+                    slot.held.push_front(n);
+                    return true;
+                }
+                Err(e) => {
+                    log::error!("node {}: page {pid}: {e}", self.me);
+                    slot.error = Some(EngineError::Remote(e.to_string()));
+                }
+            }
+        }
+        slot.serve_due
+    }
+
+    /// Latch this node's copy frame and (at the home) the home frame.
+    fn latch_for(&self, inner: &Inner, pid: Pid, slot: &Slot, l: &mut Latched) -> bool {
+        if let Some(f) = slot.copy.data {
+            if !l.try_take(inner, f, pid) {
+                return false;
+            }
+        }
+        if pid.node() == self.me {
+            if let Some(h) = self.home_frame(inner, pid) {
+                if !l.try_take(inner, h, pid) {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    fn home_frame(&self, inner: &Inner, pid: Pid) -> Option<u32> {
+        let part = inner.table.lock(pid);
+        inner.table.lookup_locked(&part, pid)
+    }
+
+    /// The frames are done with: the copy's frame gets its possession, a home copy none, any
+    /// other frame (a copy this node dropped) is freed.
+    fn release(&self, inner: &Inner, pid: Pid, slot: &Slot, l: Latched) {
+        let home = pid.node() == self.me;
+        for idx in l.frames {
+            let f = inner.pool.frame(idx);
+            if slot.copy.data == Some(idx) {
+                f.set_possession(possession_of(&slot.copy));
+                f.latch.unlock_exclusive();
+            } else if home {
+                f.set_possession(POSS_NONE);
+                f.latch.unlock_exclusive();
+            } else {
+                f.set_possession(POSS_NONE);
+                inner.drop_frame(pid, idx);
+            }
+        }
+    }
+
+    /// A guard may have written the page since the copy arrived: the copy is then newer than
+    /// the home's.
+    fn sync_dirty(&self, inner: &Inner, pid: Pid, slot: &mut Slot) {
+        if pid.node() != self.me {
+            if let Some(f) = slot.copy.data {
+                if inner.pool.frame(f).is_dirty() {
+                    slot.copy.dirty = true;
+                }
+            }
+        }
+    }
+
+    /// Put `bytes` into this node's frame of `pid` (the home frame when there is one, else a
+    /// free frame, latched and added to `l`). `None` when no frame is free.
+    fn install(
+        &self,
+        inner: &Inner,
+        pid: Pid,
+        bytes: &[u8; PAGE_BYTES],
+        l: &mut Latched,
+    ) -> Option<u32> {
+        let home = pid.node() == self.me;
+        let idx = match self.home_frame(inner, pid).filter(|i| l.frames.contains(i)) {
+            Some(i) => i,
+            None => {
+                let i = self.new_frame(inner, pid)?;
+                l.frames.push(i);
+                i
+            }
+        };
+        let f = inner.pool.frame(idx);
+        // SAFETY: we hold the frame's exclusive latch (it is in `l`): the only writer.
+        let mut page = unsafe { PageMut::from_ptr(inner.pool.page_ptr(idx)) };
+        let data: &[u8; PAGE_DATA_SIZE] =
+            bytes[..PAGE_DATA_SIZE].try_into().expect("page data area");
+        page.copy_in(data);
+        // at the home the page may be newer than the store; elsewhere the store is not ours
+        f.set_dirty(home);
+        f.touch(inner.current_epoch());
+        Some(idx)
+    }
+
+    /// A free frame for `pid`, exclusively latched, resident with no possession, in the table.
+    fn new_frame(&self, inner: &Inner, pid: Pid) -> Option<u32> {
+        let Some(idx) = inner.free.pop() else {
+            inner.provider_wake.notify_one();
+            return None;
+        };
+        if inner.free.len() < inner.free_target {
+            inner.provider_wake.notify_one();
+        }
+        let f = inner.pool.frame(idx);
+        let mut b = Backoff::new();
+        while !f.latch.try_lock_exclusive(None) {
+            b.snooze(); // a stale reader holds it for an instant at most
+        }
+        f.set_pid(pid);
+        f.set_state(RESIDENT);
+        f.set_dirty(false);
+        f.set_possession(POSS_NONE);
+        let part = inner.table.lock(pid);
+        inner.table.insert(&inner.pool, &part, idx);
+        Some(idx)
+    }
+
+    /// Read the home copy of `pid` from the store into a new frame (latched, in `l`).
+    /// `Err(None)`: no free frame now; `Err(Some(code))`: refuse the request.
+    fn load_home(&self, inner: &Inner, pid: Pid, l: &mut Latched) -> Result<u32, Option<u8>> {
+        let idx = self.new_frame(inner, pid).ok_or(None)?;
+        // SAFETY: we hold the new frame's exclusive latch; its memory is a valid, aligned page.
+        let r = unsafe {
+            inner
+                .store
+                .read_into(pid.slot(), pid.raw(), inner.pool.page_ptr(idx))
+        };
+        match r {
+            Ok(()) => {
+                l.frames.push(idx);
+                Ok(idx)
+            }
+            Err(e) => {
+                log::error!("node {}: reading home page {pid}: {e}", self.me);
+                inner.drop_frame(pid, idx);
+                Err(Some(REFUSE_READ))
+            }
+        }
+    }
+
+    fn apply(
+        &self,
+        inner: &Inner,
+        pid: Pid,
+        slot: &mut Slot,
+        note: Note,
+    ) -> Result<Outcome, ProtocolError> {
+        if matches!(note.msg, Msg::Transfer { .. } | Msg::Invalidate { .. }) && slot.reserved_now()
+        {
+            return Ok(Outcome::Stuck(note));
+        }
+        let mut l = Latched { frames: Vec::new() };
+        if !self.latch_for(inner, pid, slot, &mut l) {
+            self.release(inner, pid, slot, l);
+            return Ok(Outcome::Stuck(note));
+        }
+        let r = self.apply_latched(inner, pid, slot, note, &mut l);
+        self.release(inner, pid, slot, l);
+        r
+    }
+
+    fn apply_latched(
+        &self,
+        inner: &Inner,
+        pid: Pid,
+        slot: &mut Slot,
+        note: Note,
+        l: &mut Latched,
+    ) -> Result<Outcome, ProtocolError> {
+        let from = note.from;
+        let step = match note.msg {
+            Msg::Request { want, have } => {
+                return self.home_request(inner, pid, slot, note, want, have, l)
+            }
+            Msg::Evict { epoch, ref data } => {
+                let mut d = slot.dir;
+                let dec = d.evict(from, epoch, data.is_some())?;
+                if let (EvictDecision::Accept { store: true }, Some(Data::Bytes(b))) = (dec, data) {
+                    if self.install(inner, pid, b, l).is_none() {
+                        return Ok(Outcome::Stuck(note));
+                    }
+                }
+                slot.dir = d;
+                let accepted = matches!(dec, EvictDecision::Accept { .. });
+                if let Err(e) = self.send(from, pid, &Msg::EvictReply { accepted }, None) {
+                    log::warn!("node {}: {e}", self.me);
+                }
+                return Ok(Outcome::Done);
+            }
+            Msg::CopyBack { ref data } => {
+                let mut d = slot.dir;
+                d.copy_back(from)?;
+                if let Some(Data::Bytes(b)) = data {
+                    if self.install(inner, pid, b, l).is_none() {
+                        return Ok(Outcome::Stuck(note));
+                    }
+                }
+                slot.dir = d;
+                self.requeue_deferred(slot);
+                return Ok(Outcome::Done);
+            }
+            Msg::Grant(ref g) => {
+                let data = match &g.data {
+                    None => None,
+                    Some(Data::Bytes(b)) => match self.install(inner, pid, b, l) {
+                        Some(i) => Some(i),
+                        None => return Ok(Outcome::Stuck(note)),
+                    },
+                    Some(Data::Home) => {
+                        return Err(ProtocolError(
+                            "a grant sent through the inbox names the home copy".into(),
+                        ))
+                    }
+                };
+                slot.copy.on_grant(Grant {
+                    mode: g.mode,
+                    epoch: g.epoch,
+                    data,
+                    source: g.source,
+                    invalidate: g.invalidate,
+                })?
+            }
+            Msg::Page { ref data, dirty } => {
+                let Data::Bytes(b) = data else {
+                    return Err(ProtocolError("a page message without a page".into()));
+                };
+                match self.install(inner, pid, b, l) {
+                    Some(i) => slot.copy.on_page(i, dirty)?,
+                    None => return Ok(Outcome::Stuck(note)),
+                }
+            }
+            Msg::Transfer { want, epoch } => {
+                self.sync_dirty(inner, pid, slot);
+                slot.copy.on_transfer(from, want, epoch)?
+            }
+            Msg::Invalidate { epoch } => {
+                self.sync_dirty(inner, pid, slot);
+                slot.copy.on_invalidate(from, epoch)?
+            }
+            Msg::InvalidateAck => slot.copy.on_invalidate_ack(from)?,
+            Msg::EvictReply { accepted } => {
+                self.sync_dirty(inner, pid, slot);
+                slot.copy.on_evict_reply(accepted)?
+            }
+        };
+        self.effects(inner, pid, slot, step, l);
+        Ok(Outcome::Done)
+    }
+
+    /// The directory's requests that waited for a copy-back go first now.
+    fn requeue_deferred(&self, slot: &mut Slot) {
+        while let Some(n) = slot.dir_deferred.pop_back() {
+            slot.held.push_front(n);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn home_request(
+        &self,
+        inner: &Inner,
+        pid: Pid,
+        slot: &mut Slot,
+        note: Note,
+        want: Mode,
+        have: bool,
+        l: &mut Latched,
+    ) -> Result<Outcome, ProtocolError> {
+        let from = note.from;
+        if pid.node() != self.me {
+            return Err(ProtocolError(format!(
+                "node {from} sent a request for {pid} to a node that is not its home"
+            )));
+        }
+        let refuse = |slot: &mut Slot, code: u8| {
+            if from == self.me {
+                slot.copy.pending = Pending::Idle;
+                slot.error = Some(if code == REFUSE_NO_PAGE {
+                    EngineError::NoSuchPage(pid)
+                } else {
+                    EngineError::Remote(format!("page {pid} could not be read from the store"))
+                });
+            } else {
+                self.send_control(
+                    from,
+                    &Control::Refuse {
+                        pid: pid.raw(),
+                        code,
+                    },
+                );
+            }
+            Ok(Outcome::Done)
+        };
+        if pid.slot() >= inner.store.high_water() {
+            return refuse(slot, REFUSE_NO_PAGE);
+        }
+        let mut d = slot.dir;
+        let (mode, epoch, from_home, source, invalidate) = match d.request(from, want, have)? {
+            DirDecision::Defer => {
+                slot.dir_deferred.push_back(note);
+                return Ok(Outcome::Done);
+            }
+            DirDecision::Grant {
+                mode,
+                epoch,
+                from_home,
+                source,
+                invalidate,
+            } => (mode, epoch, from_home, source, invalidate),
+        };
+        // the home copy, if the grant carries it: the home frame, or the store
+        let mut home_idx = self.home_frame(inner, pid).filter(|i| l.frames.contains(i));
+        let mut buf: Option<AlignedPage> = None;
+        if from_home && home_idx.is_none() {
+            if from == self.me {
+                match self.load_home(inner, pid, l) {
+                    Ok(i) => home_idx = Some(i),
+                    Err(None) => return Ok(Outcome::Stuck(note)),
+                    Err(Some(code)) => return refuse(slot, code),
+                }
+            } else {
+                let mut b = AlignedPage::new();
+                // SAFETY: b is an owned, aligned page buffer.
+                if let Err(e) =
+                    unsafe { inner.store.read_into(pid.slot(), pid.raw(), b.as_mut_ptr()) }
+                {
+                    log::error!("node {}: reading home page {pid}: {e}", self.me);
+                    return refuse(slot, REFUSE_READ);
+                }
+                buf = Some(b);
+            }
+        }
+        slot.dir = d;
+        if from == self.me {
+            // our own grant: delivered at once, while the home frame is latched
+            let step = slot.copy.on_grant(Grant {
+                mode,
+                epoch,
+                data: if from_home { home_idx } else { None },
+                source,
+                invalidate,
+            })?;
+            self.effects(inner, pid, slot, step, l);
+        } else {
+            let page: Option<&[u8; PAGE_BYTES]> = match (&buf, home_idx) {
+                _ if !from_home => None,
+                (Some(b), _) => Some(b),
+                // SAFETY: the home frame is in `l`: exclusively latched by us.
+                (None, Some(i)) => Some(unsafe { frame_bytes(inner, i) }),
+                (None, None) => unreachable!("home copy loaded above"),
+            };
+            let g = Msg::Grant(Grant {
+                mode,
+                epoch,
+                data: from_home.then_some(0),
+                source,
+                invalidate,
+            });
+            if let Err(e) = self.send(from, pid, &g, page) {
+                log::warn!("node {}: {e}", self.me);
+            }
+        }
+        Ok(Outcome::Done)
+    }
+
+    /// Carry out a state machine step: send its messages (pages from latched frames), note a
+    /// completed request.
+    fn effects(&self, inner: &Inner, pid: Pid, slot: &mut Slot, step: Step<u32>, l: &mut Latched) {
+        for (to, msg) in step.out {
+            if to == self.me {
+                match msg {
+                    // we are the home and gave our own copy away to a shared requester: the
+                    // home frame already holds the page
+                    Msg::CopyBack { .. } => {
+                        if let Err(e) = slot.dir.copy_back(self.me) {
+                            log::error!("node {}: {pid}: {e}", self.me);
+                        }
+                        self.requeue_deferred(slot);
+                    }
+                    m => slot.held.push_back(Note {
+                        from: self.me,
+                        msg: with_data(m, None),
+                    }),
+                }
+                continue;
+            }
+            let page = match &msg {
+                Msg::Page { data, .. } | Msg::CopyBack { data: Some(data) } => {
+                    debug_assert!(l.frames.contains(data));
+                    // SAFETY: the frame is this node's copy, latched by us (in `l`).
+                    Some(unsafe { frame_bytes(inner, *data) })
+                }
+                _ => None,
+            };
+            if let Err(e) = self.send(to, pid, &msg, page) {
+                log::warn!("node {}: {e}", self.me);
+            }
+        }
+        if step.completed.is_some() {
+            slot.serve_due = true;
+            if slot.waiter {
+                slot.reserved = Some(Instant::now());
+            }
+        }
+    }
+
+    /// Ask every page homed elsewhere to go home (clean shutdown). Returns how many frames
+    /// still hold such pages.
+    pub fn release_remote(&self, inner: &Inner) -> usize {
+        let mut left = 0;
+        for i in 0..inner.pool.len() as u32 {
+            let f = inner.pool.frame(i);
+            if f.state() == RESIDENT && f.pid() != Pid::NONE && f.pid().node() != self.me {
+                left += 1;
+                self.prepare_evict(inner, i);
+            }
+        }
+        left
+    }
+}
+
+fn msg_has_page<D>(m: &Msg<D>) -> bool {
+    match m {
+        Msg::Grant(g) => g.data.is_some(),
+        Msg::Page { .. } => true,
+        Msg::CopyBack { data } | Msg::Evict { data, .. } => data.is_some(),
+        _ => false,
+    }
+}
+
+/// The same message with its page (if it has one) as `data`.
+fn with_data(m: Msg<u32>, data: Option<Data>) -> Msg<Data> {
+    let page = || data.clone().unwrap_or(Data::Home);
+    match m {
+        Msg::Request { want, have } => Msg::Request { want, have },
+        Msg::Grant(g) => Msg::Grant(Grant {
+            mode: g.mode,
+            epoch: g.epoch,
+            data: g.data.map(|_| page()),
+            source: g.source,
+            invalidate: g.invalidate,
+        }),
+        Msg::Transfer { want, epoch } => Msg::Transfer { want, epoch },
+        Msg::Page { dirty, .. } => Msg::Page {
+            data: page(),
+            dirty,
+        },
+        Msg::CopyBack { data: d } => Msg::CopyBack {
+            data: d.map(|_| page()),
+        },
+        Msg::Invalidate { epoch } => Msg::Invalidate { epoch },
+        Msg::InvalidateAck => Msg::InvalidateAck,
+        Msg::Evict { epoch, data: d } => Msg::Evict {
+            epoch,
+            data: d.map(|_| page()),
+        },
+        Msg::EvictReply { accepted } => Msg::EvictReply { accepted },
+    }
+}
+
+/// The handler thread of a node: apply incoming messages, retry held ones.
+pub(crate) fn run_handler(inner: Arc<Inner>) {
+    let Some(c) = inner.coh.as_ref() else { return };
+    while !c.stop.load(Ordering::Acquire) {
+        let retry: Vec<Pid> = c.retry.lock().drain().collect();
+        let had_retry = !retry.is_empty();
+        for pid in retry {
+            c.kick(&inner, pid);
+        }
+        let mut did = 0;
+        while let Some(inc) = c.ch.try_recv() {
+            c.receive(&inner, inc);
+            did += 1;
+            if did == 64 {
+                break;
+            }
+        }
+        if did == 0 {
+            let t = if had_retry || !c.retry.lock().is_empty() {
+                Duration::from_micros(50)
+            } else {
+                Duration::from_millis(10)
+            };
+            c.ch.wait(t, &c.stop);
+        }
+    }
+}
