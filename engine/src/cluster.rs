@@ -1,5 +1,6 @@
-//! Clusters of engines. [`MemCluster`]: N nodes in one process over the `mem` transport (the
-//! embedded default and the test bed), each with its own data directory, frame pool, page
+//! Clusters of engines in one process. [`Cluster::mem`]: N nodes over the `mem` transport (the
+//! embedded default and the test bed); [`Cluster::over`]: N nodes over transports built by the
+//! caller (e.g. `tcp` over loopback). Each node has its own data directory, frame pool, page
 //! provider and message handler.
 //!
 //! Clean shutdown of a cluster ([`MemCluster::close`]) first sends every page a node holds
@@ -12,7 +13,7 @@ use crate::config::EngineConfig;
 use crate::engine::{Engine, Membership};
 use crate::error::EngineError;
 use crate::pid::MAX_NODES;
-use shoal_messaging::{mem_cluster, ChannelLayout, MemTransport, WaitMode};
+use shoal_messaging::{mem_cluster, ChannelLayout, MemTransport, Transport, WaitMode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,18 +21,19 @@ use std::time::{Duration, Instant};
 pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// N nodes in one process.
-pub struct MemCluster {
+pub struct Cluster {
     nodes: Vec<Engine>,
-    transports: Vec<Arc<MemTransport>>,
+    mem: Option<Arc<MemTransport>>,
 }
 
-impl MemCluster {
-    /// Open `n` nodes; `cfg(i)` is node `i`'s configuration (its `node_id` is set here).
-    pub fn open(
+impl Cluster {
+    /// Open `n` nodes over `mem`; `cfg(i)` is node `i`'s configuration (its `node_id` is set
+    /// here).
+    pub fn mem(
         n: usize,
         remote_timeout: Duration,
         cfg: impl Fn(u8) -> EngineConfig,
-    ) -> Result<MemCluster, EngineError> {
+    ) -> Result<Cluster, EngineError> {
         if n == 0 || n > MAX_NODES {
             return Err(EngineError::Config(format!(
                 "a cluster has 1 to {MAX_NODES} nodes (sharer sets are 64-bit bitmaps), got {n}"
@@ -44,20 +46,37 @@ impl MemCluster {
             .map_err(|e| EngineError::Config(format!("cluster messaging: {e}")))?;
         let transports =
             mem_cluster(regions).map_err(|e| EngineError::Config(format!("cluster: {e}")))?;
-        let mut nodes = Vec::with_capacity(n);
-        for (i, t) in transports.iter().enumerate() {
+        let killer = Arc::clone(&transports[0]);
+        let dyns = transports
+            .into_iter()
+            .map(|t| t as Arc<dyn Transport>)
+            .collect();
+        let mut c = Cluster::over(dyns, remote_timeout, cfg)?;
+        c.mem = Some(killer);
+        Ok(c)
+    }
+
+    /// Open one node per transport (transport `i` is node `i`'s; its region must have the
+    /// [`ChannelLayout`] of the cluster).
+    pub fn over(
+        transports: Vec<Arc<dyn Transport>>,
+        remote_timeout: Duration,
+        cfg: impl Fn(u8) -> EngineConfig,
+    ) -> Result<Cluster, EngineError> {
+        let mut nodes = Vec::with_capacity(transports.len());
+        for (i, t) in transports.into_iter().enumerate() {
             let mut c = cfg(i as u8);
             c.node_id = i as u8;
             nodes.push(Engine::open_member(
                 c,
                 Membership {
-                    transport: Arc::clone(t) as Arc<dyn shoal_messaging::Transport>,
+                    transport: t,
                     mode: WaitMode::Park,
                     remote_timeout,
                 },
             )?);
         }
-        Ok(MemCluster { nodes, transports })
+        Ok(Cluster { nodes, mem: None })
     }
 
     /// Node `i`.
@@ -69,9 +88,12 @@ impl MemCluster {
         &self.nodes
     }
 
-    /// Simulate the death of node `i`: every message to or from it fails from now on.
+    /// Simulate the death of node `i` of a `mem` cluster: every message to or from it fails
+    /// from now on. (Over other transports, kill the process or close its transport.)
     pub fn kill(&self, i: usize) {
-        self.transports[0].kill(i as u8);
+        if let Some(t) = &self.mem {
+            t.kill(i as u8);
+        }
     }
 
     /// Clean shutdown (see module docs). Workers must have dropped their guards.

@@ -40,7 +40,7 @@ use crate::possession::{PageCopy, Pending, Step};
 use crate::protocol::{Grant, Mode, Msg, Node, ProtocolError};
 use crate::wire::{Control, Wire, REFUSE_NO_PAGE, REFUSE_READ};
 use parking_lot::{Condvar, Mutex};
-use shoal_messaging::{Channels, Envelope, Incoming, PAGE_BYTES};
+use shoal_messaging::{Channels, Envelope, Incoming, MsgError, PAGE_BYTES};
 use shoal_storage::{AlignedPage, PAGE_DATA_SIZE};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -85,6 +85,9 @@ struct Slot {
     serve_due: bool,
     /// The home refused the outstanding request.
     error: Option<EngineError>,
+    /// A Transfer or Invalidate waits for local guards to leave the page: new local guards
+    /// stay away (they wait), so a busy local worker cannot starve the other nodes.
+    revoking: bool,
 }
 
 impl Slot {
@@ -98,6 +101,7 @@ impl Slot {
             reserved: None,
             serve_due: false,
             error: None,
+            revoking: false,
         }
     }
     fn reserved_now(&mut self) -> bool {
@@ -255,13 +259,18 @@ impl Coherence {
             push_to: 0,
             msg: wire_msg(msg),
         };
-        self.counters.messages.fetch_add(1, Ordering::Relaxed);
-        if page.is_some() {
-            self.counters.pages.fetch_add(1, Ordering::Relaxed);
+        if to != self.me {
+            self.counters.messages.fetch_add(1, Ordering::Relaxed);
+            if page.is_some() {
+                self.counters.pages.fetch_add(1, Ordering::Relaxed);
+            }
         }
         self.ch
             .send(to, Envelope::new(&w, 0, 0, 0), page)
-            .map_err(|e| EngineError::Remote(format!("sending {} to node {to}: {e}", msg.name())))
+            .map_err(|e| match e {
+                MsgError::PeerDead(n) => EngineError::PeerDead(n),
+                e => EngineError::Remote(format!("sending {} to node {to}: {e}", msg.name())),
+            })
     }
 
     fn send_control(&self, to: Node, c: &Control) {
@@ -289,10 +298,10 @@ impl Coherence {
                         return Err(e);
                     }
                 }
-                if slot.copy.usable(want) {
+                if slot.copy.usable(want) && !slot.revoking {
                     return Ok(asked && slot.reserved.is_some());
                 }
-                if slot.copy.pending == Pending::Idle && !slot.serve_due {
+                if slot.copy.pending == Pending::Idle && !slot.serve_due && !slot.revoking {
                     let m = slot
                         .copy
                         .request(want)
@@ -701,14 +710,23 @@ impl Coherence {
         slot: &mut Slot,
         note: Note,
     ) -> Result<Outcome, ProtocolError> {
-        if matches!(note.msg, Msg::Transfer { .. } | Msg::Invalidate { .. }) && slot.reserved_now()
-        {
+        let takes = matches!(note.msg, Msg::Transfer { .. } | Msg::Invalidate { .. });
+        if takes && slot.reserved_now() {
             return Ok(Outcome::Stuck(note));
         }
         let mut l = Latched { frames: Vec::new() };
         if !self.latch_for(inner, pid, slot, &mut l) {
             self.release(inner, pid, slot, l);
+            if takes && !slot.revoking {
+                slot.revoking = true;
+                if let Some(f) = slot.copy.data {
+                    inner.pool.frame(f).revoke_possession();
+                }
+            }
             return Ok(Outcome::Stuck(note));
+        }
+        if takes {
+            slot.revoking = false;
         }
         let r = self.apply_latched(inner, pid, slot, note, &mut l);
         self.release(inner, pid, slot, l);

@@ -105,6 +105,15 @@ impl Frame {
     pub(crate) fn set_possession(&self, p: u8) {
         self.possession.store(p, Ordering::Relaxed);
     }
+    /// Turn new guards away without the latch (the coherence handler waits for the current
+    /// holders to leave so that it can hand the page over). Holders keep their guards; the
+    /// handler sets the real possession under the latch afterwards.
+    #[inline]
+    pub(crate) fn revoke_possession(&self) {
+        // Relaxed: a hint for new acquirers; they read it after taking the latch (or validate
+        // after an optimistic read), and the handler's later latched store settles the value.
+        self.possession.store(POSS_NONE, Ordering::Relaxed);
+    }
     /// Record an access in epoch `e`; writes the cache line only when the value changes.
     #[inline]
     pub(crate) fn touch(&self, e: u32) {

@@ -55,12 +55,13 @@ pub mod stats;
 pub mod table;
 pub mod wire;
 
-pub use cluster::MemCluster;
+pub use cluster::Cluster;
 pub use config::{format_bytes, parse_bytes, EngineConfig, MIN_CACHE_FRAMES};
 pub use engine::{Engine, Membership, ProtocolStats};
 pub use error::{EngineError, OpResult, Restart};
 pub use guard::{ExclusiveGuard, OptimisticGuard, SharedGuard, Worker};
 pub use page::{PageMut, PageRef};
 pub use pid::{Pid, MAX_NODES};
+pub use shoal_messaging::ChannelLayout;
 pub use shoal_storage::{BackendChoice, OpenMode, PAGE_DATA_SIZE, PAGE_SIZE};
 pub use stats::StatsSnapshot;

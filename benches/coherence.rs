@@ -1,0 +1,193 @@
+//! Coherence protocol benchmarks (issue 5), over `mem` and over `tcp` on loopback:
+//!
+//! 1. remote page fetch latency: node 1 reads pages homed on node 0 that it has never seen
+//!    (the base case: request, grant with the page), median and p99.9;
+//! 2. messages per remote miss by case, counted by the nodes' protocol counters, next to the
+//!    protocol's minimum;
+//! 3. the contended single-page workload: every node increments one page under exclusive
+//!    guards (anticipatory chaining moves it in request order); throughput and per-node share.
+//!
+//! `cargo bench -p shoal-benches --bench coherence` (`SHOAL_BENCH_QUICK=1`: fewer pages).
+
+use hdrhistogram::Histogram;
+use shoal_engine::{ChannelLayout, Cluster, EngineConfig, OpResult, Pid};
+use shoal_messaging::tcp::{TcpConfig, TcpTransport};
+use shoal_messaging::Transport;
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn cfg(dir: &std::path::Path, i: u8) -> EngineConfig {
+    EngineConfig::new(dir.join(format!("n{i}")), 256 << 20)
+}
+
+fn mem(n: usize, dir: &std::path::Path) -> Cluster {
+    let d = dir.to_path_buf();
+    Cluster::mem(n, Duration::from_secs(30), move |i| cfg(&d, i)).unwrap()
+}
+
+fn tcp(n: usize, dir: &std::path::Path) -> Cluster {
+    let layout = ChannelLayout::new(n as u8);
+    let ls: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let addrs: Vec<_> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
+    let hs: Vec<_> = ls
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let c = TcpConfig {
+                node: i as u8,
+                cluster_id: 7,
+                addrs: addrs.clone(),
+                connect_timeout: Duration::from_secs(10),
+            };
+            std::thread::spawn(move || {
+                TcpTransport::start(c, l, Arc::new(layout.region().unwrap())).unwrap()
+            })
+        })
+        .collect();
+    let ts: Vec<Arc<dyn Transport>> = hs
+        .into_iter()
+        .map(|h| h.join().unwrap() as Arc<dyn Transport>)
+        .collect();
+    let d = dir.to_path_buf();
+    Cluster::over(ts, Duration::from_secs(30), move |i| cfg(&d, i)).unwrap()
+}
+
+fn total_messages(c: &Cluster) -> u64 {
+    c.nodes().iter().map(|e| e.protocol_stats().messages).sum()
+}
+
+fn fetch_latency(name: &str, c: &Cluster, pages: usize) {
+    let w0 = c.node(0).worker();
+    let pids: Vec<Pid> = (0..pages).map(|_| w0.allocate().unwrap().pid()).collect();
+    // a new page is held exclusively by the node that allocated it: node 2 reads every page
+    // once (node 0 hands it over and copies it back home), so node 0's directory has one
+    // sharer and node 1's first read is the base case
+    let w2 = c.node(2).worker();
+    for &p in &pids {
+        drop(w2.shared(p).unwrap());
+    }
+    let w1 = c.node(1).worker();
+    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+    let m0 = total_messages(c);
+    for &p in &pids {
+        let t = Instant::now();
+        let g = w1.shared(p).unwrap();
+        h.record(t.elapsed().as_nanos() as u64).unwrap();
+        drop(g);
+    }
+    let msgs = (total_messages(c) - m0) as f64 / pages as f64;
+    println!(
+        "{name}: remote fetch (base case, {pages} pages): median {:.1} us, p99 {:.1} us, p99.9 {:.1} us; {msgs:.2} messages per miss (minimum 2: request, grant with the page)",
+        h.value_at_quantile(0.5) as f64 / 1e3,
+        h.value_at_quantile(0.99) as f64 / 1e3,
+        h.value_at_quantile(0.999) as f64 / 1e3,
+    );
+    // local hits of the same pages, for scale
+    let t = Instant::now();
+    for &p in &pids {
+        drop(w1.shared(p).unwrap());
+    }
+    println!(
+        "{name}: local hit of the same pages: {:.2} us each",
+        t.elapsed().as_secs_f64() * 1e6 / pages as f64
+    );
+}
+
+fn messages_by_case(name: &str, c: &Cluster, pages: usize) {
+    let (w0, w1, w2) = (c.node(0).worker(), c.node(1).worker(), c.node(2).worker());
+    let pids: Vec<Pid> = (0..pages).map(|_| w0.allocate().unwrap().pid()).collect();
+    // exclusive conflict: node 1 holds each page exclusively, node 2 wants it exclusively
+    for &p in &pids {
+        drop(w1.exclusive(p).unwrap());
+    }
+    let m0 = total_messages(c);
+    for &p in &pids {
+        drop(w2.exclusive(p).unwrap());
+    }
+    let excl = (total_messages(c) - m0) as f64 / pages as f64;
+    // shared conflict: nodes 1 and 2 share each page, node 0 (the home) wants it exclusively
+    for &p in &pids {
+        drop(w1.shared(p).unwrap());
+        drop(w2.shared(p).unwrap());
+    }
+    let m0 = total_messages(c);
+    for &p in &pids {
+        drop(w0.exclusive(p).unwrap());
+    }
+    let shared = (total_messages(c) - m0) as f64 / pages as f64;
+    println!(
+        "{name}: messages per miss: exclusive conflict {excl:.2} (minimum 4: request, grant naming the owner, transfer, page); \
+         shared conflict with 2 sharers at the home {shared:.2} (minimum 4: 2 invalidations + 2 acks; the home's own request and grant are local)"
+    );
+}
+
+fn contended(name: &str, c: &Arc<Cluster>, secs: f64) {
+    let pid = c.node(0).worker().allocate().unwrap().pid();
+    let n = c.nodes().len();
+    let stop = Arc::new(AtomicBool::new(false));
+    let counts: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
+    let r0: u64 = c.nodes().iter().map(|e| e.protocol_stats().requests).sum();
+    let start = Arc::new(std::sync::Barrier::new(n + 1));
+    let hs: Vec<_> = (0..n)
+        .map(|i| {
+            let (c, stop, counts) = (Arc::clone(c), Arc::clone(&stop), Arc::clone(&counts));
+            let start = Arc::clone(&start);
+            std::thread::spawn(move || {
+                let w = c.node(i).worker();
+                start.wait();
+                while !stop.load(Ordering::Relaxed) {
+                    w.run(|w| -> OpResult<()> {
+                        let mut g = w.exclusive(pid)?;
+                        let v = g.page().u64(0);
+                        g.page_mut().set_u64(0, v + 1);
+                        Ok(())
+                    })
+                    .unwrap();
+                    counts[i].fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    start.wait();
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    stop.store(true, Ordering::Relaxed);
+    for h in hs {
+        h.join().unwrap();
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let v: Vec<u64> = counts.iter().map(|a| a.load(Ordering::Relaxed)).collect();
+    let total: u64 = v.iter().sum();
+    let transfers: u64 = c
+        .nodes()
+        .iter()
+        .map(|e| e.protocol_stats().requests)
+        .sum::<u64>()
+        - r0;
+    println!(
+        "{name}: one page, {n} nodes x 1 worker, exclusive increments: {:.0} ops/s, {transfers} possession requests; per-node ops {v:?} (min share {:.2}, max {:.2})",
+        total as f64 / secs,
+        *v.iter().min().unwrap() as f64 / total as f64,
+        *v.iter().max().unwrap() as f64 / total as f64
+    );
+}
+
+fn main() {
+    let quick = std::env::var("SHOAL_BENCH_QUICK").is_ok();
+    let pages = if quick { 2_000 } else { 20_000 };
+    for (name, make) in [
+        ("mem", mem as fn(usize, &std::path::Path) -> Cluster),
+        ("tcp", tcp),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Arc::new(make(3, dir.path()));
+        fetch_latency(name, &c, pages);
+        messages_by_case(name, &c, pages / 10);
+        contended(name, &c, if quick { 1.0 } else { 5.0 });
+        Arc::try_unwrap(c).ok().unwrap().close().unwrap();
+    }
+}
