@@ -426,13 +426,21 @@ mod tests {
         let (a, b) = pair(l);
         let (a, b) = (Arc::new(a), Arc::new(b));
         // both nodes only send (nobody calls try_recv until the end): senders drain while
-        // they wait for credit, so both finish
+        // they wait for credit, so both finish. A node that finished keeps draining (as a
+        // node's handler always does) until the other one finished too.
+        let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let h: Vec<_> = [(Arc::clone(&a), 1u8), (Arc::clone(&b), 0u8)]
             .into_iter()
             .map(|(c, to)| {
+                let done = Arc::clone(&done);
                 std::thread::spawn(move || {
                     for i in 0..100u8 {
                         c.send(to, env(i), Some(&[i; PAGE_BYTES])).unwrap();
+                    }
+                    done.fetch_add(1, Ordering::SeqCst);
+                    while done.load(Ordering::SeqCst) < 2 {
+                        c.drain();
+                        std::thread::yield_now();
                     }
                 })
             })
