@@ -310,7 +310,7 @@ fn no_torn_or_stale_reads() {
                 i += 1;
                 let p = (i * 5 + n) % PAGES;
                 let floor = committed[p].load(Ordering::SeqCst);
-                let words = if i % 2 == 0 {
+                let words = if i.is_multiple_of(2) {
                     w.run(|w| -> OpResult<Vec<u64>> {
                         let g = w.optimistic(pids[p])?;
                         let page = g.page();
