@@ -11,9 +11,7 @@
 
 use hdrhistogram::Histogram;
 use shoal_engine::{ChannelLayout, Cluster, EngineConfig, OpResult, Pid};
-use shoal_messaging::tcp::{TcpConfig, TcpTransport};
 use shoal_messaging::Transport;
-use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,29 +27,11 @@ fn mem(n: usize, dir: &std::path::Path) -> Cluster {
 
 fn tcp(n: usize, dir: &std::path::Path) -> Cluster {
     let layout = ChannelLayout::new(n as u8);
-    let ls: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    let addrs: Vec<_> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
-    let hs: Vec<_> = ls
-        .into_iter()
-        .enumerate()
-        .map(|(i, l)| {
-            let c = TcpConfig {
-                node: i as u8,
-                cluster_id: 7,
-                addrs: addrs.clone(),
-                connect_timeout: Duration::from_secs(10),
-            };
-            std::thread::spawn(move || {
-                TcpTransport::start(c, l, Arc::new(layout.region().unwrap())).unwrap()
-            })
-        })
-        .collect();
-    let ts: Vec<Arc<dyn Transport>> = hs
-        .into_iter()
-        .map(|h| h.join().unwrap() as Arc<dyn Transport>)
-        .collect();
+    let ts: Vec<Arc<dyn Transport>> =
+        shoal_benches::loopback_tcp(n, || layout.region().expect("channel region"))
+            .into_iter()
+            .map(|t| t as Arc<dyn Transport>)
+            .collect();
     let d = dir.to_path_buf();
     Cluster::over(ts, Duration::from_secs(30), move |i| cfg(&d, i)).unwrap()
 }

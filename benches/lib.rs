@@ -80,3 +80,34 @@ pub fn bench_dir() -> tempfile::TempDir {
         Err(_) => tempfile::tempdir_in(".").expect("current directory is writable"),
     }
 }
+
+/// A cluster of `n` `tcp` transports on loopback in this process (each node's region made by
+/// `region()`), connected to each other. Panics on failure (benchmark set-up).
+pub fn loopback_tcp(
+    n: usize,
+    region: impl Fn() -> shoal_messaging::Region,
+) -> Vec<std::sync::Arc<shoal_messaging::tcp::TcpTransport>> {
+    use shoal_messaging::tcp::{TcpConfig, TcpTransport};
+    let ls: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback"))
+        .collect();
+    let addrs: Vec<_> = ls
+        .iter()
+        .map(|l| l.local_addr().expect("address"))
+        .collect();
+    let hs: Vec<_> = ls
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let cfg = TcpConfig {
+                node: i as u8,
+                cluster_id: 7,
+                addrs: addrs.clone(),
+                connect_timeout: Duration::from_secs(10),
+            };
+            let r = std::sync::Arc::new(region());
+            std::thread::spawn(move || TcpTransport::start(cfg, l, r).expect("tcp transport"))
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().expect("connect")).collect()
+}

@@ -5,7 +5,7 @@
 //! Run: `cargo bench -p shoal-benches --bench messaging` (SHOAL_BENCH_N round trips per point).
 
 use hdrhistogram::Histogram;
-use shoal_messaging::tcp::{TcpConfig, TcpTransport};
+use shoal_messaging::tcp::TcpTransport;
 use shoal_messaging::{
     mem_cluster, Echo, Envelope, Layout, Mailboxes, Responder, Transport, WaitMode, PAGE_BYTES,
 };
@@ -147,28 +147,9 @@ fn mem_pair(layout: Layout, mode: WaitMode) -> [Arc<Mailboxes<shoal_messaging::M
 }
 
 fn tcp_pair(layout: Layout, mode: WaitMode) -> [Arc<Mailboxes<TcpTransport>>; 2] {
-    let ls: Vec<TcpListener> = (0..2)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    let addrs: Vec<_> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
-    let hs: Vec<_> = ls
+    let mut it = shoal_benches::loopback_tcp(2, || layout.region().unwrap())
         .into_iter()
-        .enumerate()
-        .map(|(i, l)| {
-            let cfg = TcpConfig {
-                node: i as u8,
-                cluster_id: 1,
-                addrs: addrs.clone(),
-                connect_timeout: Duration::from_secs(10),
-            };
-            std::thread::spawn(move || {
-                TcpTransport::start(cfg, l, Arc::new(layout.region().unwrap())).unwrap()
-            })
-        })
-        .collect();
-    let mut it = hs
-        .into_iter()
-        .map(|h| Arc::new(Mailboxes::new(h.join().unwrap(), layout, mode).unwrap()));
+        .map(|t| Arc::new(Mailboxes::new(t, layout, mode).unwrap()));
     [it.next().unwrap(), it.next().unwrap()]
 }
 
