@@ -145,6 +145,9 @@ pub(crate) struct Coherence {
 /// Frames the handler holds exclusively while it applies a message.
 struct Latched {
     frames: Vec<u32>,
+    /// The frame the translation table maps the page to, when it is one of `frames` (looked
+    /// up once per message by `latch_for`, updated when a frame is added for the page).
+    resident: Option<u32>,
 }
 
 impl Latched {
@@ -544,7 +547,10 @@ impl Coherence {
     /// Apply what can be applied for `pid`. Returns true if something is still waiting.
     fn progress(&self, inner: &Inner, pid: Pid, slot: &mut Slot) -> bool {
         if slot.serve_due && !slot.reserved_now() {
-            let mut l = Latched { frames: Vec::new() };
+            let mut l = Latched {
+                frames: Vec::new(),
+                resident: None,
+            };
             if !self.latch_for(inner, pid, slot, &mut l) {
                 self.release(inner, pid, slot, l);
                 return true;
@@ -574,26 +580,28 @@ impl Coherence {
         slot.serve_due
     }
 
-    /// Latch this node's copy frame and (at the home) the home frame.
+    /// Latch this node's copy frame and (at the home) the home frame. Elsewhere the table's
+    /// frame for the page is the copy's frame, so `l.resident` is known either way.
     fn latch_for(&self, inner: &Inner, pid: Pid, slot: &Slot, l: &mut Latched) -> bool {
         if let Some(f) = slot.copy.data {
             if !l.try_take(inner, f, pid) {
                 return false;
             }
         }
-        if pid.node() == self.me {
-            if let Some(h) = self.home_frame(inner, pid) {
+        l.resident = if pid.node() == self.me {
+            let part = inner.table.lock(pid);
+            let h = inner.table.lookup_locked(&part, pid);
+            drop(part);
+            if let Some(h) = h {
                 if !l.try_take(inner, h, pid) {
                     return false;
                 }
             }
-        }
+            h
+        } else {
+            slot.copy.data
+        };
         true
-    }
-
-    fn home_frame(&self, inner: &Inner, pid: Pid) -> Option<u32> {
-        let part = inner.table.lock(pid);
-        inner.table.lookup_locked(&part, pid)
     }
 
     /// The frames are done with: the copy's frame gets its possession, a home copy none, any
@@ -637,11 +645,12 @@ impl Coherence {
         l: &mut Latched,
     ) -> Option<u32> {
         let home = pid.node() == self.me;
-        let idx = match self.home_frame(inner, pid).filter(|i| l.frames.contains(i)) {
+        let idx = match l.resident {
             Some(i) => i,
             None => {
                 let i = self.new_frame(inner, pid)?;
                 l.frames.push(i);
+                l.resident = Some(i);
                 i
             }
         };
@@ -693,6 +702,7 @@ impl Coherence {
         match r {
             Ok(()) => {
                 l.frames.push(idx);
+                l.resident = Some(idx);
                 Ok(idx)
             }
             Err(e) => {
@@ -714,7 +724,10 @@ impl Coherence {
         if takes && slot.reserved_now() {
             return Ok(Outcome::Stuck(note));
         }
-        let mut l = Latched { frames: Vec::new() };
+        let mut l = Latched {
+            frames: Vec::new(),
+            resident: None,
+        };
         if !self.latch_for(inner, pid, slot, &mut l) {
             self.release(inner, pid, slot, l);
             if takes && !slot.revoking {
@@ -882,7 +895,7 @@ impl Coherence {
             } => (mode, epoch, from_home, source, invalidate),
         };
         // the home copy, if the grant carries it: the home frame, or the store
-        let mut home_idx = self.home_frame(inner, pid).filter(|i| l.frames.contains(i));
+        let mut home_idx = l.resident;
         let mut buf: Option<AlignedPage> = None;
         if from_home && home_idx.is_none() {
             if from == self.me {
@@ -1002,8 +1015,9 @@ fn msg_has_page<D>(m: &Msg<D>) -> bool {
 }
 
 /// The same message with its page (if it has one) as `data`.
-fn with_data(m: Msg<u32>, data: Option<Data>) -> Msg<Data> {
-    let page = || data.clone().unwrap_or(Data::Home);
+fn with_data(m: Msg<u32>, mut data: Option<Data>) -> Msg<Data> {
+    // a message carries at most one page: move it in (no copy)
+    let mut page = || data.take().unwrap_or(Data::Home);
     match m {
         Msg::Request { want, have } => Msg::Request { want, have },
         Msg::Grant(g) => Msg::Grant(Grant {

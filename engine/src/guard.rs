@@ -302,13 +302,7 @@ impl<'w> OptimisticGuard<'w> {
         let mut backoff = Backoff::new();
         loop {
             if f.latch.try_lock_exclusive(Some(self.version)) {
-                if f.possession() != POSS_EXCLUSIVE {
-                    // node-shared only: ask for node-exclusive, then restart
-                    f.latch.unlock_exclusive_unchanged();
-                    self.w.miss(self.pid, Mode::Exclusive)?;
-                    return Err(Restart::Retry);
-                }
-                return ExclusiveGuard::start(self.w, self.idx, self.pid);
+                return ExclusiveGuard::converted(self.w, self.idx, self.pid);
             }
             if !self.is_valid() {
                 return Err(Restart::Retry);
@@ -354,12 +348,7 @@ impl<'w> SharedGuard<'w> {
         let f = me.w.frame(me.idx);
         me.w.unhold();
         if f.latch.try_upgrade_shared() {
-            if f.possession() != POSS_EXCLUSIVE {
-                f.latch.unlock_exclusive_unchanged();
-                me.w.miss(me.pid, Mode::Exclusive)?;
-                return Err(Restart::Retry);
-            }
-            ExclusiveGuard::start(me.w, me.idx, me.pid)
+            ExclusiveGuard::converted(me.w, me.idx, me.pid)
         } else {
             f.latch.unlock_shared();
             Err(Restart::Retry)
@@ -393,6 +382,19 @@ impl<'w> ExclusiveGuard<'w> {
         f.touch(w.inner.current_epoch());
         w.hold();
         Ok(ExclusiveGuard { w, idx, pid })
+    }
+
+    /// Finish a conversion to exclusive (the caller just took the exclusive latch from an
+    /// optimistic or shared guard): with only node-shared possession, release the latch, ask
+    /// for node-exclusive and restart the operation.
+    fn converted(w: &'w Worker, idx: u32, pid: Pid) -> OpResult<ExclusiveGuard<'w>> {
+        let f = w.frame(idx);
+        if f.possession() != POSS_EXCLUSIVE {
+            f.latch.unlock_exclusive_unchanged();
+            w.miss(pid, Mode::Exclusive)?;
+            return Err(Restart::Retry);
+        }
+        ExclusiveGuard::start(w, idx, pid)
     }
 
     pub fn pid(&self) -> Pid {
