@@ -490,3 +490,72 @@ fn concurrent_upgrades_neither_deadlock_nor_lose_updates() {
         .close()
         .unwrap();
 }
+
+#[test]
+fn barriers_line_every_node_up_and_fail_on_a_dead_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(dir.path(), 3, 256);
+    let passed = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for n in 0..3 {
+            let (c, passed) = (&c, &passed);
+            s.spawn(move || {
+                for round in 1..=50u64 {
+                    // node n dawdles in round n: the others must wait for it
+                    if round % 3 == n as u64 {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    passed.fetch_add(1, Ordering::SeqCst);
+                    c.node(n).barrier(Duration::from_secs(20)).unwrap();
+                    // everyone's arrival for this round happened before anyone passed it
+                    assert!(passed.load(Ordering::SeqCst) >= 3 * round, "round {round}");
+                }
+            });
+        }
+    });
+    c.kill(2);
+    let e = c.node(0).barrier(Duration::from_secs(20)).unwrap_err();
+    assert!(matches!(e, EngineError::PeerDead(2)), "{e}");
+    // a node that does not come: a timeout naming it (node 1 never enters this barrier)
+    let e = c.node(1).barrier(Duration::from_millis(200)).unwrap_err();
+    assert!(
+        e.to_string().contains("did not arrive") || matches!(e, EngineError::PeerDead(2)),
+        "{e}"
+    );
+}
+
+#[test]
+fn pages_are_allocated_on_a_chosen_home_from_any_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut pids = Vec::new();
+    {
+        let c = cluster(dir.path(), 3, 256);
+        for n in 0..3usize {
+            let w = c.node(n).worker();
+            for home in 0..3u8 {
+                let mut g = w.allocate_on(home).unwrap();
+                assert_eq!(g.pid().node(), home, "node {n} asked for home {home}");
+                assert!(g.page().u64(0) == 0 && g.page().u64(4000) == 0, "zeroed");
+                g.page_mut().set_u64(8, 100 * n as u64 + home as u64);
+                pids.push((g.pid(), 100 * n as u64 + home as u64));
+            }
+            assert!(w.allocate_on(3).is_err(), "node 3 is outside the cluster");
+        }
+        // every node reads every page
+        for n in 0..3 {
+            let w = c.node(n).worker();
+            for &(p, v) in &pids {
+                assert_eq!(w.shared(p).unwrap().page().u64(8), v, "node {n} reads {p}");
+            }
+        }
+        c.close().unwrap();
+    }
+    // the pages survive a restart of the cluster, at their homes
+    let c = cluster(dir.path(), 3, 256);
+    let w = c.node(1).worker();
+    for &(p, v) in &pids {
+        assert_eq!(w.shared(p).unwrap().page().u64(8), v, "after restart: {p}");
+    }
+    drop(w);
+    c.close().unwrap();
+}

@@ -140,6 +140,15 @@ pub(crate) struct Coherence {
     pub timeout: Duration,
     pub counters: CoherenceCounters,
     pub stop: AtomicBool,
+    /// Number of the last barrier this node entered; held while a barrier runs.
+    barrier_gen: Mutex<u64>,
+    /// Per barrier number, the nodes that arrived (a peer may be a barrier ahead of us).
+    arrived: Mutex<HashMap<u64, u64>>,
+    /// Allocation requests from other nodes waiting for a free frame, in arrival order.
+    allocs_due: Mutex<VecDeque<(Node, u64)>>,
+    /// Numbers of this node's allocation requests, and the answers that came back.
+    alloc_next: AtomicU64,
+    alloc_done: Mutex<HashMap<u64, u64>>,
 }
 
 /// Frames the handler holds exclusively while it applies a message.
@@ -229,6 +238,11 @@ impl Coherence {
             timeout,
             counters: CoherenceCounters::default(),
             stop: AtomicBool::new(false),
+            barrier_gen: Mutex::new(0),
+            arrived: Mutex::new(HashMap::new()),
+            allocs_due: Mutex::new(VecDeque::new()),
+            alloc_next: AtomicU64::new(1),
+            alloc_done: Mutex::new(HashMap::new()),
         }
     }
 
@@ -277,9 +291,156 @@ impl Coherence {
     }
 
     fn send_control(&self, to: Node, c: &Control) {
-        if let Err(e) = self.ch.send(to, Envelope::new(c, 0, 0, 0), None) {
+        if let Err(e) = self.try_send_control(to, c) {
             log::warn!("node {}: sending {c:?} to node {to}: {e}", self.me);
         }
+    }
+
+    fn try_send_control(&self, to: Node, c: &Control) -> Result<(), EngineError> {
+        self.ch
+            .send(to, Envelope::new(c, 0, 0, 0), None)
+            .map_err(|e| match e {
+                MsgError::PeerDead(n) => EngineError::PeerDead(n),
+                e => EngineError::Remote(format!("sending {c:?} to node {to}: {e}")),
+            })
+    }
+
+    /// Wait (up to `limit`) until `done` says the wait is over, checking `peer` is alive.
+    /// `done` runs under no lock of ours; the handler notifies after every message.
+    fn wait_until<T>(
+        &self,
+        limit: Duration,
+        mut done: impl FnMut() -> Option<T>,
+        mut dead: impl FnMut() -> Option<Node>,
+    ) -> Result<Option<T>, EngineError> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(v) = done() {
+                return Ok(Some(v));
+            }
+            if let Some(n) = dead() {
+                return Err(EngineError::PeerDead(n));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            let mut g = self.done_mx.lock();
+            self.done_cv
+                .wait_for(&mut g, Duration::from_millis(5).min(deadline - now));
+        }
+    }
+
+    // ---------------------------------------------------------------- cluster-wide
+
+    /// Block until every node of the cluster entered its barrier of the same number (each
+    /// node's n-th call meets the others' n-th). Fails if a node died or `limit` passed.
+    pub fn barrier(&self, limit: Duration) -> Result<(), EngineError> {
+        let mut gen = self.barrier_gen.lock();
+        *gen += 1;
+        let g = *gen;
+        let others: u64 = (0..self.nodes)
+            .filter(|&n| n != self.me)
+            .fold(0, |m, n| m | (1u64 << n));
+        for n in 0..self.nodes {
+            if n != self.me {
+                self.try_send_control(n, &Control::Arrive { generation: g })?;
+            }
+        }
+        let missing = || others & !self.arrived.lock().get(&g).copied().unwrap_or(0);
+        let r = self.wait_until(
+            limit,
+            || {
+                let mut a = self.arrived.lock();
+                (a.get(&g) == Some(&others)).then(|| a.remove(&g))
+            },
+            || (0..self.nodes).find(|&n| missing() & (1 << n) != 0 && !self.ch.peer_alive(n)),
+        )?;
+        match r {
+            Some(_) => Ok(()),
+            None => {
+                let m = missing();
+                let late: Vec<Node> = (0..self.nodes).filter(|&n| m & (1 << n) != 0).collect();
+                Err(EngineError::Remote(format!(
+                    "barrier {g}: nodes {late:?} did not arrive within {} s",
+                    limit.as_secs_f64()
+                )))
+            }
+        }
+    }
+
+    /// Allocate a new page homed on `home` (another node): it is zeroed and resident there;
+    /// take it with a guard as any other page.
+    pub fn allocate_on(&self, home: Node) -> Result<Pid, EngineError> {
+        if home >= self.nodes {
+            return Err(EngineError::Config(format!(
+                "node {home} is outside this cluster of {} nodes",
+                self.nodes
+            )));
+        }
+        let request = self.alloc_next.fetch_add(1, Ordering::Relaxed);
+        self.try_send_control(home, &Control::Alloc { request })?;
+        let r = self.wait_until(
+            self.timeout,
+            || self.alloc_done.lock().remove(&request),
+            || (!self.ch.peer_alive(home)).then_some(home),
+        )?;
+        match r {
+            None => Err(EngineError::Remote(format!(
+                "node {home} did not answer an allocation within {} ms",
+                self.timeout.as_millis()
+            ))),
+            Some(raw) if Pid(raw) == Pid::NONE => Err(EngineError::Remote(format!(
+                "node {home} could not allocate a page (store full or failing: see its log)"
+            ))),
+            Some(raw) => Ok(Pid(raw)),
+        }
+    }
+
+    /// Serve allocation requests from other nodes (handler). Returns true if some wait for a
+    /// free frame.
+    fn serve_allocs(&self, inner: &Inner) -> bool {
+        let mut due = self.allocs_due.lock();
+        while let Some(&(from, request)) = due.front() {
+            let pid = if inner.is_shutdown() {
+                Pid::NONE
+            } else {
+                match inner.store.allocate() {
+                    Err(e) => {
+                        log::error!("node {}: allocating a page for node {from}: {e}", self.me);
+                        Pid::NONE
+                    }
+                    Ok(slot) => {
+                        let pid = Pid::new(self.me, slot);
+                        let Some(idx) = self.new_frame(inner, pid) else {
+                            // no free frame now: give the slot back and try later
+                            if let Err(e) = inner.store.free(slot) {
+                                log::error!("node {}: {e}", self.me);
+                            }
+                            return true;
+                        };
+                        let f = inner.pool.frame(idx);
+                        // SAFETY: new_frame returned the frame exclusively latched by us.
+                        let mut page = unsafe { PageMut::from_ptr(inner.pool.page_ptr(idx)) };
+                        page.fill(0, PAGE_DATA_SIZE, 0);
+                        // a home copy nobody holds yet; dirty so the store gets the page
+                        f.set_dirty(true);
+                        f.touch(inner.current_epoch());
+                        f.latch.unlock_exclusive();
+                        pid
+                    }
+                }
+            };
+            due.pop_front();
+            self.send_control(
+                from,
+                &Control::Allocated {
+                    request,
+                    pid: pid.raw(),
+                },
+            );
+        }
+        false
     }
 
     // ---------------------------------------------------------------- workers
@@ -464,7 +625,7 @@ impl Coherence {
         let kind = inc.env.kind;
         if kind >= crate::wire::CONTROL_BASE {
             match inc.env.decode::<Control>() {
-                Ok(c) => self.on_control(from, c),
+                Ok(c) => self.on_control(inner, from, c),
                 Err(e) => log::error!("node {}: bad control message from {from}: {e}", self.me),
             }
             return;
@@ -509,8 +670,20 @@ impl Coherence {
         self.notify();
     }
 
-    fn on_control(&self, from: Node, c: Control) {
+    fn on_control(&self, inner: &Inner, from: Node, c: Control) {
         match c {
+            Control::Arrive { generation } => {
+                *self.arrived.lock().entry(generation).or_insert(0) |= 1u64 << from;
+                self.notify();
+            }
+            Control::Alloc { request } => {
+                self.allocs_due.lock().push_back((from, request));
+                self.serve_allocs(inner);
+            }
+            Control::Allocated { request, pid } => {
+                self.alloc_done.lock().insert(request, pid);
+                self.notify();
+            }
             Control::Refuse { pid, code } => {
                 let pid = Pid(pid);
                 let mut shard = self.shard(pid).lock();
@@ -1050,7 +1223,7 @@ pub(crate) fn run_handler(inner: Arc<Inner>) {
     let Some(c) = inner.coh.as_ref() else { return };
     while !c.stop.load(Ordering::Acquire) {
         let retry: Vec<Pid> = c.retry.lock().drain().collect();
-        let had_retry = !retry.is_empty();
+        let had_retry = !retry.is_empty() | c.serve_allocs(&inner);
         for pid in retry {
             c.kick(&inner, pid);
         }

@@ -55,6 +55,9 @@ pub(crate) struct Inner {
     _lock: File,
 }
 
+/// How long a leaving node waits for its peers to leave too before closing its connections.
+pub const LEAVE_LINGER: Duration = Duration::from_secs(5);
+
 /// One node's buffer manager.
 pub struct Engine {
     inner: Arc<Inner>,
@@ -224,6 +227,51 @@ impl Engine {
             Some(c) => c.release_remote(&self.inner),
             None => 0,
         }
+    }
+
+    /// Cluster barrier: returns once every node of the cluster called `barrier` as often as this
+    /// node has (the n-th calls meet). Fails when a node died or `limit` passed. One thread per
+    /// node at a time (further callers queue). A single node returns at once.
+    pub fn barrier(&self, limit: Duration) -> Result<(), EngineError> {
+        match &self.inner.coh {
+            Some(c) => c.barrier(limit),
+            None => Ok(()),
+        }
+    }
+
+    /// Number of nodes in this engine's cluster (1 for a single node).
+    pub fn cluster_size(&self) -> u8 {
+        match &self.inner.coh {
+            Some(c) => c.ch.nodes(),
+            None => 1,
+        }
+    }
+
+    /// Clean shutdown of one node of a multi-process cluster, called by every node once its
+    /// workers stopped: send every page homed elsewhere home, wait at a barrier until no node
+    /// holds a foreign page, then [`close`](Self::close). `limit` bounds each wait.
+    pub fn leave(&self, limit: Duration) -> Result<(), EngineError> {
+        let t0 = Instant::now();
+        loop {
+            let left = self.release_remote();
+            if left == 0 {
+                break;
+            }
+            if t0.elapsed() > limit {
+                return Err(EngineError::Remote(format!(
+                    "{left} pages of other homes did not go home within {} s",
+                    limit.as_secs_f64()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.barrier(limit)?;
+        self.close()?;
+        if let Some(c) = &self.inner.coh {
+            // peers see this node leave once they left too (tcp closes its connections)
+            c.ch.transport().leave(LEAVE_LINGER);
+        }
+        Ok(())
     }
 
     /// Counters of the coherence protocol (all zero for a single node).

@@ -219,6 +219,26 @@ impl Worker {
         Ok(ExclusiveGuard { w: self, idx, pid })
     }
 
+    /// Allocate a new, zeroed page homed on `node` (this node or another of the cluster);
+    /// returns it exclusively latched. Another home allocates the slot and keeps the page,
+    /// which then travels here like any remote page (two round trips).
+    pub fn allocate_on(&self, node: u8) -> Result<ExclusiveGuard<'_>, EngineError> {
+        let Some(c) = self.inner.coh.as_ref().filter(|_| node != self.inner.node) else {
+            if node != self.inner.node {
+                return Err(EngineError::Config(format!(
+                    "node {node}: this engine is a single node ({})",
+                    self.inner.node
+                )));
+            }
+            return self.allocate();
+        };
+        if self.inner.is_shutdown() {
+            return Err(EngineError::Shutdown);
+        }
+        let pid = c.allocate_on(node)?;
+        self.run(|w| w.exclusive(pid))
+    }
+
     /// Run an optimistic operation to completion: retry on [`Restart::Retry`], return errors.
     /// The closure gets the worker with the caller's lifetime, so it may return a guard.
     pub fn run<'w, T>(

@@ -9,10 +9,10 @@
 //! The coherence protocol's rules exist as pure state machines: [`protocol`] (modes and
 //! messages), [`directory`] (a page's home: holders, conflict epoch, anticipatory chaining) and
 //! [`possession`] (a node's copy of a page), checked by the model in tests/coherence_model.rs;
-//! [`wire`] packs the messages into 64-byte mailbox messages.
-//! Still to come (see DESIGN.md): driving them from message handlers over shoal-messaging, and
-//! cluster bootstrap. Today every page is homed on
-//! this node; touching a page homed elsewhere is an error.
+//! [`wire`] packs the messages into 64-byte mailbox messages. `coherence` (crate-private) drives
+//! them for a node of a cluster: a handler thread per node, worker-side remote misses, and the
+//! provider's eviction notices. [`cluster`] runs N nodes in one process; [`cluster_file`] reads
+//! a TOML cluster file and starts one node of it per process over `tcp` ([`join`]).
 //!
 //! It must not know about B-tree layouts or workloads: it hands out latched pages by id.
 //!
@@ -37,6 +37,7 @@
 
 pub mod catalog;
 pub mod cluster;
+pub mod cluster_file;
 pub(crate) mod coherence;
 pub mod config;
 pub mod directory;
@@ -56,6 +57,7 @@ pub mod table;
 pub mod wire;
 
 pub use cluster::Cluster;
+pub use cluster_file::{join, ClusterFile};
 pub use config::{format_bytes, parse_bytes, EngineConfig, MIN_CACHE_FRAMES};
 pub use engine::{Engine, Membership, ProtocolStats};
 pub use error::{EngineError, OpResult, Restart};

@@ -266,18 +266,30 @@ pub const REFUSE_NO_PAGE: u8 = 1;
 /// [`Control::Refuse`] code: the home could not read the page from its store.
 pub const REFUSE_READ: u8 = 2;
 
-/// Messages beside the protocol's own: answers that end a request without a grant.
+/// Messages beside the protocol's own: answers that end a request without a grant, the
+/// cluster barrier, and allocation on another node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Control {
     /// Home -> requester: the request for `pid` is refused (`code`: [`REFUSE_NO_PAGE`],
     /// [`REFUSE_READ`]); the home recorded nothing.
     Refuse { pid: u64, code: u8 },
+    /// The sender reached barrier number `generation` (see `Engine::barrier`).
+    Arrive { generation: u64 },
+    /// Please allocate a page homed on the receiver; answer with [`Control::Allocated`]
+    /// carrying the same `request` number.
+    Alloc { request: u64 },
+    /// Answer to [`Control::Alloc`]: the new page (zeroed, resident at its home), or
+    /// [`Pid::NONE`](crate::pid::Pid::NONE)'s raw value when the store is full or failed.
+    Allocated { request: u64, pid: u64 },
 }
 
 impl Message for Control {
     fn kind(&self) -> u8 {
         match self {
             Control::Refuse { .. } => CONTROL_BASE,
+            Control::Arrive { .. } => CONTROL_BASE + 1,
+            Control::Alloc { .. } => CONTROL_BASE + 2,
+            Control::Allocated { .. } => CONTROL_BASE + 3,
         }
     }
 
@@ -287,6 +299,15 @@ impl Message for Control {
         match self {
             Control::Refuse { pid, code } => {
                 w.u64(*pid).u8(*code);
+            }
+            Control::Arrive { generation } => {
+                w.u64(*generation);
+            }
+            Control::Alloc { request } => {
+                w.u64(*request);
+            }
+            Control::Allocated { request, pid } => {
+                w.u64(*request).u64(*pid);
             }
         }
     }
@@ -302,6 +323,14 @@ impl Message for Control {
                 }
                 Control::Refuse { pid, code }
             }
+            k if k == CONTROL_BASE + 1 => Control::Arrive {
+                generation: r.u64(),
+            },
+            k if k == CONTROL_BASE + 2 => Control::Alloc { request: r.u64() },
+            k if k == CONTROL_BASE + 3 => Control::Allocated {
+                request: r.u64(),
+                pid: r.u64(),
+            },
             k => return Err(bad(format!("message kind {k} is not a control message"))),
         };
         r.end()?;
@@ -392,6 +421,33 @@ mod tests {
             let back = Envelope::from_bytes(&env.to_bytes(), 4).unwrap();
             assert_eq!(back.decode::<Wire>().unwrap(), m);
         }
+    }
+
+    #[test]
+    fn control_messages_round_trip_and_reject_garbage() {
+        let all = [
+            Control::Refuse {
+                pid: 5,
+                code: REFUSE_READ,
+            },
+            Control::Arrive { generation: 3 },
+            Control::Alloc { request: u64::MAX },
+            Control::Allocated {
+                request: 9,
+                pid: 77,
+            },
+        ];
+        for c in all {
+            let env = Envelope::new(&c, 1, 0, 0);
+            let back = Envelope::from_bytes(&env.to_bytes(), 4).unwrap();
+            assert_eq!(back.decode::<Control>().unwrap(), c);
+            // trailing garbage after the fields is refused
+            let mut b = [0u8; BODY_BYTES];
+            c.encode(&mut b);
+            b[BODY_BYTES - 1] = 1;
+            assert!(Control::decode(c.kind(), &b).is_err(), "{c:?}");
+        }
+        assert!(Control::decode(CONTROL_BASE + 4, &[0u8; BODY_BYTES]).is_err());
     }
 
     #[test]

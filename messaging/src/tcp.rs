@@ -214,6 +214,24 @@ impl TcpTransport {
 }
 
 impl Transport for TcpTransport {
+    fn leave(&self, linger: Duration) {
+        self.closed.store(true, Ordering::Release);
+        // FIN after everything written; keep reading so peers' last writes still land
+        for p in self.peers.iter().flatten() {
+            let _ = p.stream.shutdown(Shutdown::Write);
+        }
+        let t0 = Instant::now();
+        while t0.elapsed() < linger
+            && self
+                .peers
+                .iter()
+                .flatten()
+                .any(|p| p.alive.load(Ordering::Acquire))
+        {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.shutdown();
+    }
     fn node(&self) -> u8 {
         self.node
     }

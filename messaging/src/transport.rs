@@ -21,6 +21,12 @@ pub trait Transport: Send + Sync + 'static {
     fn write(&self, peer: u8, offset: usize, data: &[u8]) -> Result<(), MsgError>;
     /// Whether `peer` is reachable (false once its connection closed or it died).
     fn peer_alive(&self, peer: u8) -> bool;
+    /// This node leaves: stop sending, wait up to `linger` for every peer to leave too (so
+    /// what this node sent last is read before its connections close), then close them. The
+    /// in-process `mem` transport does nothing (its nodes share one fate).
+    fn leave(&self, linger: std::time::Duration) {
+        let _ = linger;
+    }
 }
 
 /// `mem`: nodes are thread groups in one process; a write is a copy plus a release store.

@@ -1,0 +1,310 @@
+//! The cluster file: a TOML description of a multi-process (or multi-host) cluster, and
+//! [`join`], which starts one node of it in this process over the `tcp` transport.
+//!
+//! ```toml
+//! # every node is started with the same file and its own --id
+//! cluster_id = 1              # optional (default 1): nodes of other clusters are refused
+//! cache = "256MiB"            # optional default cache per node
+//! remote_timeout_ms = 10000   # optional: how long a worker waits for a remote page
+//! connect_timeout_ms = 60000  # optional: how long start-up waits for every peer
+//!
+//! [[node]]
+//! id = 0
+//! address = "10.0.0.1:7400"   # where this node listens; peers dial it
+//! data_dir = "/nvme/shoal"    # relative paths are relative to this file's folder
+//!
+//! [[node]]
+//! id = 1
+//! address = "10.0.0.2:7400"
+//! data_dir = "/nvme/shoal"
+//! cache = "1GiB"              # optional, overrides the default
+//! devices = 2                 # optional, device files to stripe over (default 1)
+//! ```
+//!
+//! Ids must be 0..n-1, each once; addresses must be distinct. Everything is checked before any
+//! network traffic, with errors naming the file and the field.
+
+use crate::config::{parse_bytes, EngineConfig};
+use crate::engine::{Engine, Membership};
+use crate::error::EngineError;
+use crate::pid::MAX_NODES;
+use serde::Deserialize;
+use shoal_messaging::tcp::{TcpConfig, TcpTransport};
+use shoal_messaging::{ChannelLayout, Transport, WaitMode};
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default = "default_cluster_id")]
+    cluster_id: u64,
+    cache: Option<String>,
+    remote_timeout_ms: Option<u64>,
+    connect_timeout_ms: Option<u64>,
+    #[serde(default)]
+    node: Vec<RawNode>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNode {
+    id: u64,
+    address: String,
+    data_dir: PathBuf,
+    cache: Option<String>,
+    devices: Option<usize>,
+}
+
+fn default_cluster_id() -> u64 {
+    1
+}
+
+/// Default cache per node when the file names none.
+pub const DEFAULT_CACHE: &str = "256MiB";
+
+/// One node of a cluster file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeEntry {
+    pub id: u8,
+    pub address: SocketAddr,
+    pub data_dir: PathBuf,
+    pub cache_bytes: usize,
+    pub devices: usize,
+}
+
+/// A parsed and checked cluster file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterFile {
+    pub cluster_id: u64,
+    pub nodes: Vec<NodeEntry>,
+    pub remote_timeout: Duration,
+    pub connect_timeout: Duration,
+}
+
+impl ClusterFile {
+    /// Read and check `path`.
+    pub fn load(path: &Path) -> Result<ClusterFile, EngineError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            EngineError::Config(format!(
+                "cluster file {}: cannot read it: {e}",
+                path.display()
+            ))
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        ClusterFile::parse(&text, base)
+            .map_err(|e| EngineError::Config(format!("cluster file {}: {e}", path.display())))
+    }
+
+    /// Parse and check the text of a cluster file; relative data directories are taken
+    /// relative to `base`.
+    pub fn parse(text: &str, base: &Path) -> Result<ClusterFile, String> {
+        let raw: RawFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        let n = raw.node.len();
+        if n == 0 || n > MAX_NODES {
+            return Err(format!("needs 1 to {MAX_NODES} [[node]] tables, found {n}"));
+        }
+        let default_cache = raw.cache.as_deref().unwrap_or(DEFAULT_CACHE);
+        let mut nodes: Vec<Option<NodeEntry>> = vec![None; n];
+        for r in raw.node {
+            let at = format!("node {}", r.id);
+            let id = usize::try_from(r.id)
+                .ok()
+                .filter(|&i| i < n)
+                .ok_or_else(|| format!("{at}: ids must be 0..{} (one per [[node]])", n - 1))?;
+            if nodes[id].is_some() {
+                return Err(format!("{at}: the id appears twice"));
+            }
+            let address = r
+                .address
+                .to_socket_addrs()
+                .map_err(|e| format!("{at}: address '{}': {e}", r.address))?
+                .next()
+                .ok_or_else(|| format!("{at}: address '{}' resolves to nothing", r.address))?;
+            let cache = r.cache.as_deref().unwrap_or(default_cache);
+            let cache_bytes =
+                parse_bytes(cache).map_err(|e| format!("{at}: cache '{cache}': {e}"))? as usize;
+            let devices = r.devices.unwrap_or(1);
+            if devices == 0 {
+                return Err(format!("{at}: devices must be at least 1"));
+            }
+            let data_dir = if r.data_dir.is_absolute() {
+                r.data_dir
+            } else {
+                base.join(r.data_dir)
+            };
+            nodes[id] = Some(NodeEntry {
+                id: id as u8,
+                address,
+                data_dir,
+                cache_bytes,
+                devices,
+            });
+        }
+        let nodes: Vec<NodeEntry> = nodes
+            .into_iter()
+            .map(|e| e.expect("every id seen"))
+            .collect();
+        for (i, a) in nodes.iter().enumerate() {
+            if let Some(b) = nodes[..i].iter().find(|b| b.address == a.address) {
+                return Err(format!(
+                    "nodes {} and {} both listen on {}",
+                    b.id, a.id, a.address
+                ));
+            }
+        }
+        let ms = |v: Option<u64>, d: u64, what: &str| match v.unwrap_or(d) {
+            0 => Err(format!("{what} must be at least 1 ms")),
+            v => Ok(Duration::from_millis(v)),
+        };
+        Ok(ClusterFile {
+            cluster_id: raw.cluster_id,
+            remote_timeout: ms(raw.remote_timeout_ms, 10_000, "remote_timeout_ms")?,
+            connect_timeout: ms(raw.connect_timeout_ms, 60_000, "connect_timeout_ms")?,
+            nodes,
+        })
+    }
+
+    /// Write a file for `nodes` local nodes listening on loopback from port `base_port`,
+    /// with data directories `dir/node<i>` (what `shoal ycsb --transport tcp` uses).
+    pub fn local_text(nodes: usize, base_port: u16, dir: &Path, cache: &str) -> String {
+        let mut s = format!(
+            "cluster_id = {}\ncache = \"{cache}\"\n",
+            1 + base_port as u64
+        );
+        for i in 0..nodes {
+            s += &format!(
+                "\n[[node]]\nid = {i}\naddress = \"127.0.0.1:{}\"\ndata_dir = \"{}\"\n",
+                base_port as usize + i,
+                dir.join(format!("node{i}")).display()
+            );
+        }
+        s
+    }
+
+    /// The engine configuration of node `id` (its data directory, cache, devices, ids).
+    pub fn engine_config(&self, id: u8) -> Result<EngineConfig, EngineError> {
+        let e = self.node(id)?;
+        let mut cfg = EngineConfig::new(&e.data_dir, e.cache_bytes);
+        cfg.devices = e.devices;
+        cfg.node_id = id;
+        cfg.cluster_id = self.cluster_id;
+        Ok(cfg)
+    }
+
+    fn node(&self, id: u8) -> Result<&NodeEntry, EngineError> {
+        self.nodes.get(id as usize).ok_or_else(|| {
+            EngineError::Config(format!(
+                "--id {id}: the cluster file has nodes 0..{}",
+                self.nodes.len() - 1
+            ))
+        })
+    }
+}
+
+/// Start node `id` of `file` in this process: listen on its address, connect to every peer
+/// (waiting up to the file's connect timeout for them to start), and open its engine with
+/// `cfg` (from [`ClusterFile::engine_config`], possibly adjusted). Leave with
+/// [`Engine::leave`].
+pub fn join(file: &ClusterFile, id: u8, cfg: EngineConfig) -> Result<Engine, EngineError> {
+    let me = file.node(id)?;
+    if cfg.node_id != id || cfg.cluster_id != file.cluster_id {
+        return Err(EngineError::Config(format!(
+            "the engine configuration is node {} of cluster {}, not node {id} of cluster {}",
+            cfg.node_id, cfg.cluster_id, file.cluster_id
+        )));
+    }
+    cfg.validate()?;
+    let listener = TcpListener::bind(me.address).map_err(|e| {
+        EngineError::Config(format!("node {id}: cannot listen on {}: {e}", me.address))
+    })?;
+    let layout = ChannelLayout::new(file.nodes.len() as u8);
+    let region = layout
+        .region()
+        .map_err(|e| EngineError::Config(format!("cluster messaging: {e}")))?;
+    let tcp = TcpTransport::start(
+        TcpConfig {
+            node: id,
+            cluster_id: file.cluster_id,
+            addrs: file.nodes.iter().map(|n| n.address).collect(),
+            connect_timeout: file.connect_timeout,
+        },
+        listener,
+        Arc::new(region),
+    )
+    .map_err(|e| EngineError::Remote(format!("node {id}: joining the cluster: {e}")))?;
+    let transport: Arc<dyn Transport> = tcp;
+    Engine::open_member(
+        cfg,
+        Membership {
+            transport,
+            mode: WaitMode::Park,
+            remote_timeout: file.remote_timeout,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+cluster_id = 9
+cache = "64MiB"
+[[node]]
+id = 1
+address = "127.0.0.1:7501"
+data_dir = "n1"
+cache = "128MiB"
+devices = 2
+[[node]]
+id = 0
+address = "127.0.0.1:7500"
+data_dir = "/abs/n0"
+"#;
+
+    #[test]
+    fn a_good_file_parses_with_defaults_and_relative_paths() {
+        let f = ClusterFile::parse(GOOD, Path::new("/etc/shoal")).unwrap();
+        assert_eq!(f.cluster_id, 9);
+        assert_eq!(f.nodes.len(), 2);
+        assert_eq!(f.nodes[0].data_dir, PathBuf::from("/abs/n0"));
+        assert_eq!(f.nodes[0].cache_bytes, 64 << 20);
+        assert_eq!(f.nodes[1].data_dir, PathBuf::from("/etc/shoal/n1"));
+        assert_eq!(f.nodes[1].cache_bytes, 128 << 20);
+        assert_eq!(f.nodes[1].devices, 2);
+        assert_eq!(f.remote_timeout, Duration::from_secs(10));
+        let c = f.engine_config(1).unwrap();
+        assert_eq!((c.node_id, c.cluster_id, c.devices), (1, 9, 2));
+        assert!(f.engine_config(2).unwrap_err().to_string().contains("0..1"));
+    }
+
+    #[test]
+    fn bad_files_name_what_is_wrong() {
+        let err = |t: &str| ClusterFile::parse(t, Path::new("/")).unwrap_err();
+        let node = |id: u32, port: u32| {
+            format!("[[node]]\nid = {id}\naddress = \"127.0.0.1:{port}\"\ndata_dir = \"d{id}\"\n")
+        };
+        assert!(err("").contains("[[node]]"));
+        assert!(err(&(node(0, 1) + &node(0, 2))).contains("twice"));
+        assert!(err(&(node(0, 1) + &node(2, 2))).contains("ids must be"));
+        assert!(err(&(node(0, 1) + &node(1, 1))).contains("both listen"));
+        assert!(err(&node(0, 99999)).contains("address"));
+        assert!(err(&format!("cache = \"lots\"\n{}", node(0, 1))).contains("cache"));
+        assert!(err(&format!("colour = 3\n{}", node(0, 1))).contains("colour"));
+        assert!(err(&format!("remote_timeout_ms = 0\n{}", node(0, 1))).contains("remote_timeout"));
+        assert!(err("[[node]]\nid = 0\n").contains("address"));
+    }
+
+    #[test]
+    fn the_local_file_round_trips() {
+        let t = ClusterFile::local_text(3, 7600, Path::new("/tmp/x"), "32MiB");
+        let f = ClusterFile::parse(&t, Path::new("/")).unwrap();
+        assert_eq!(f.nodes.len(), 3);
+        assert_eq!(f.nodes[2].address, "127.0.0.1:7602".parse().unwrap());
+        assert_eq!(f.nodes[2].data_dir, PathBuf::from("/tmp/x/node2"));
+        assert_eq!(f.nodes[2].cache_bytes, 32 << 20);
+    }
+}
