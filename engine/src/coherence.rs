@@ -36,9 +36,9 @@ use crate::frame::{POSS_EXCLUSIVE, POSS_NONE, POSS_SHARED, RESIDENT};
 use crate::latch::Backoff;
 use crate::page::PageMut;
 use crate::pid::Pid;
-use crate::possession::{PageCopy, Pending, Step};
+use crate::possession::{Deferred, PageCopy, Pending, Step};
 use crate::protocol::{Grant, Mode, Msg, Node, ProtocolError};
-use crate::wire::{Control, Wire, REFUSE_NO_PAGE, REFUSE_READ};
+use crate::wire::{Control, Wire, REFUSE_HOLDER_DEAD, REFUSE_NO_PAGE, REFUSE_READ};
 use parking_lot::{Condvar, Mutex};
 use shoal_messaging::{Channels, Envelope, Incoming, MsgError, PAGE_BYTES};
 use shoal_storage::{AlignedPage, PAGE_DATA_SIZE};
@@ -88,6 +88,10 @@ struct Slot {
     /// A Transfer or Invalidate waits for local guards to leave the page: new local guards
     /// stay away (they wait), so a busy local worker cannot starve the other nodes.
     revoking: bool,
+    /// The node the last grant said the page comes from (to notice when it died).
+    page_from: Option<Node>,
+    /// The page's only current copy died with this node: every access fails.
+    lost: Option<Node>,
 }
 
 impl Slot {
@@ -102,6 +106,8 @@ impl Slot {
             serve_due: false,
             error: None,
             revoking: false,
+            page_from: None,
+            lost: None,
         }
     }
     fn reserved_now(&mut self) -> bool {
@@ -331,6 +337,104 @@ impl Coherence {
         }
     }
 
+    /// A granted request waits for a node that died (the page's sender, or a sharer that must
+    /// acknowledge an invalidation).
+    fn dead_source(&self, slot: &Slot) -> Option<Node> {
+        let Pending::Completing {
+            awaiting_page,
+            acks,
+            ..
+        } = slot.copy.pending
+        else {
+            return None;
+        };
+        let from = slot.page_from.filter(|_| awaiting_page);
+        from.into_iter()
+            .chain(crate::protocol::members(acks))
+            .filter(|&n| n != self.me)
+            .find(|&n| !self.ch.peer_alive(n))
+    }
+
+    /// The page's current copy died with `dead` before reaching us. Mark the page lost here,
+    /// fail whoever waits for it from us (successors in its chain), and tell its home, which
+    /// refuses it from now on. Losing updates silently is not an option: every later access,
+    /// on every node, is an error naming the dead node.
+    fn lose(&self, pid: Pid, slot: &mut Slot, dead: Node) {
+        if slot.lost.is_some() {
+            return;
+        }
+        log::error!("node {}: page {pid} is lost: its copy was at node {dead}, which died", self.me);
+        slot.lost = Some(dead);
+        slot.copy.pending = Pending::Idle;
+        slot.waiter = false;
+        slot.reserved = None;
+        slot.serve_due = false;
+        slot.error = Some(EngineError::HolderDead(pid, dead));
+        for d in std::mem::take(&mut slot.copy.deferred) {
+            self.answer_lost(pid, dead, d);
+        }
+        if pid.node() != self.me && self.ch.peer_alive(pid.node()) {
+            self.send_control(
+                pid.node(),
+                &Control::Lost {
+                    pid: pid.raw(),
+                    node: dead,
+                },
+            );
+        }
+    }
+
+    /// Answer a message for a lost page: a hand-over request is refused, an invalidation
+    /// acknowledged (we hold no copy).
+    fn answer_lost(&self, pid: Pid, dead: Node, d: Deferred) {
+        match d {
+            Deferred::Transfer { to, .. } if to != self.me => self.send_control(
+                to,
+                &Control::Refuse {
+                    pid: pid.raw(),
+                    code: REFUSE_HOLDER_DEAD,
+                    node: dead,
+                },
+            ),
+            Deferred::Invalidate { from, .. } if from != self.me => {
+                if let Err(e) = self.send(from, pid, &Msg::InvalidateAck, None) {
+                    log::warn!("node {}: {e}", self.me);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// At the home: `pid` is lost with `dead`. Requests the directory deferred (for a
+    /// copy-back that will never come) are refused now, as are all later ones.
+    fn mark_lost_home(&self, pid: Pid, slot: &mut Slot, dead: Node) {
+        slot.lost = Some(dead);
+        self.requeue_deferred(slot);
+        if !slot.held.is_empty() {
+            self.retry.lock().insert(pid);
+        }
+    }
+
+    /// After a peer died: every page whose granted request waits for it is lost; at the home,
+    /// every page whose copy-back must come from it, too.
+    fn sweep_dead(&self) {
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            for (&pid, slot) in shard.iter_mut() {
+                if let Some(dead) = self.dead_source(slot) {
+                    self.lose(pid, slot, dead);
+                }
+                if let Some(n) = slot.dir.awaiting_copy_back {
+                    if pid.node() == self.me && slot.lost.is_none() && !self.ch.peer_alive(n) {
+                        log::error!("node {}: page {pid} is lost: its copy-back was due from node {n}, which died", self.me);
+                        self.mark_lost_home(pid, slot, n);
+                    }
+                }
+            }
+        }
+        self.notify();
+    }
+
     // ---------------------------------------------------------------- cluster-wide
 
     /// Block until every node of the cluster entered its barrier of the same number (each
@@ -462,8 +566,15 @@ impl Coherence {
                         return Err(e);
                     }
                 }
+                if let Some(dead) = slot.lost {
+                    return Err(EngineError::HolderDead(pid, dead));
+                }
                 if slot.copy.usable(want) && !slot.revoking {
                     return Ok(asked && slot.reserved.is_some());
+                }
+                if let Some(dead) = self.dead_source(slot) {
+                    self.lose(pid, slot, dead);
+                    return Err(EngineError::HolderDead(pid, dead));
                 }
                 if slot.copy.pending == Pending::Idle && !slot.serve_due && !slot.revoking {
                     let m = slot
@@ -496,6 +607,18 @@ impl Coherence {
             }
             let now = Instant::now();
             if now >= deadline {
+                if let Some(s) = self.shard(pid).lock().get(&pid) {
+                    log::warn!(
+                        "node {}: {pid}: no answer in {} ms: pending {:?}, page from {:?}, mode {:?}, held {}, deferred {:?}",
+                        self.me,
+                        self.timeout.as_millis(),
+                        s.copy.pending,
+                        s.page_from,
+                        s.copy.mode,
+                        s.held.len(),
+                        s.copy.deferred
+                    );
+                }
                 return Err(EngineError::RemoteTimeout {
                     pid,
                     ms: self.timeout.as_millis() as u64,
@@ -572,6 +695,16 @@ impl Coherence {
         }
         if !home && f.is_dirty() {
             slot.copy.dirty = true;
+        }
+        if !home && !self.ch.peer_alive(pid.node()) {
+            // the home died: the page can never go home, nor be asked for again
+            slot.lost = Some(pid.node());
+            slot.copy.mode = None;
+            slot.copy.data = None;
+            slot.copy.dirty = false;
+            f.set_possession(POSS_NONE);
+            inner.drop_frame(pid, idx);
+            return false;
         }
         let Some((to, msg)) = slot.copy.evict() else {
             f.latch.unlock_exclusive_unchanged();
@@ -684,15 +817,32 @@ impl Coherence {
                 self.alloc_done.lock().insert(request, pid);
                 self.notify();
             }
-            Control::Refuse { pid, code } => {
+            Control::Lost { pid, node } => {
+                let pid = Pid(pid);
+                if pid.node() == self.me {
+                    let mut shard = self.shard(pid).lock();
+                    let slot = shard.entry(pid).or_insert_with(|| Slot::new(pid, self.me));
+                    if slot.lost.is_none() {
+                        log::error!("node {}: page {pid} is lost with node {node} (reported by node {from})", self.me);
+                        self.mark_lost_home(pid, slot, node);
+                    }
+                }
+            }
+            Control::Refuse { pid, code, node } => {
                 let pid = Pid(pid);
                 let mut shard = self.shard(pid).lock();
                 if let Some(s) = shard.get_mut(&pid) {
-                    if matches!(s.copy.pending, Pending::Requested { .. }) {
+                    if code == REFUSE_HOLDER_DEAD
+                        && matches!(s.copy.pending, Pending::Completing { .. })
+                    {
+                        // our predecessor in the page's chain lost it
+                        self.lose(pid, s, node);
+                    } else if matches!(s.copy.pending, Pending::Requested { .. }) {
                         // the home did not record us: the request is over
                         s.copy.pending = Pending::Idle;
                         s.error = Some(match code {
                             REFUSE_NO_PAGE => EngineError::NoSuchPage(pid),
+                            REFUSE_HOLDER_DEAD => EngineError::HolderDead(pid, node),
                             _ => EngineError::Remote(format!(
                                 "node {from} could not read page {pid} from its store"
                             )),
@@ -893,6 +1043,44 @@ impl Coherence {
         slot: &mut Slot,
         note: Note,
     ) -> Result<Outcome, ProtocolError> {
+        if let Some(dead) = slot.lost {
+            match note.msg {
+                Msg::Transfer { want, epoch } => self.answer_lost(
+                    pid,
+                    dead,
+                    Deferred::Transfer {
+                        to: note.from,
+                        want,
+                        epoch,
+                    },
+                ),
+                Msg::Invalidate { epoch } => self.answer_lost(
+                    pid,
+                    dead,
+                    Deferred::Invalidate {
+                        from: note.from,
+                        epoch,
+                    },
+                ),
+                Msg::Evict { .. } => {
+                    // a clean copy going home: nothing of it is needed
+                    let r = self.send(note.from, pid, &Msg::EvictReply { accepted: true }, None);
+                    if let Err(e) = r {
+                        log::warn!("node {}: {e}", self.me);
+                    }
+                }
+                Msg::Request { .. } if note.from != self.me => self.send_control(
+                    note.from,
+                    &Control::Refuse {
+                        pid: pid.raw(),
+                        code: REFUSE_HOLDER_DEAD,
+                        node: dead,
+                    },
+                ),
+                _ => {}
+            }
+            return Ok(Outcome::Done);
+        }
         let takes = matches!(note.msg, Msg::Transfer { .. } | Msg::Invalidate { .. });
         if takes && slot.reserved_now() {
             return Ok(Outcome::Stuck(note));
@@ -972,6 +1160,7 @@ impl Coherence {
                         ))
                     }
                 };
+                slot.page_from = g.source;
                 slot.copy.on_grant(Grant {
                     mode: g.mode,
                     epoch: g.epoch,
@@ -1031,13 +1220,15 @@ impl Coherence {
                 "node {from} sent a request for {pid} to a node that is not its home"
             )));
         }
-        let refuse = |slot: &mut Slot, code: u8| {
+        let refuse = |slot: &mut Slot, code: u8, node: Node| {
             if from == self.me {
                 slot.copy.pending = Pending::Idle;
-                slot.error = Some(if code == REFUSE_NO_PAGE {
-                    EngineError::NoSuchPage(pid)
-                } else {
-                    EngineError::Remote(format!("page {pid} could not be read from the store"))
+                slot.error = Some(match code {
+                    REFUSE_NO_PAGE => EngineError::NoSuchPage(pid),
+                    REFUSE_HOLDER_DEAD => EngineError::HolderDead(pid, node),
+                    _ => {
+                        EngineError::Remote(format!("page {pid} could not be read from the store"))
+                    }
                 });
             } else {
                 self.send_control(
@@ -1045,13 +1236,14 @@ impl Coherence {
                     &Control::Refuse {
                         pid: pid.raw(),
                         code,
+                        node,
                     },
                 );
             }
             Ok(Outcome::Done)
         };
         if pid.slot() >= inner.store.high_water() {
-            return refuse(slot, REFUSE_NO_PAGE);
+            return refuse(slot, REFUSE_NO_PAGE, 0);
         }
         let mut d = slot.dir;
         let (mode, epoch, from_home, source, invalidate) = match d.request(from, want, have)? {
@@ -1067,6 +1259,15 @@ impl Coherence {
                 invalidate,
             } => (mode, epoch, from_home, source, invalidate),
         };
+        // A node that must hand the page over or drop its copy is gone: the request would wait
+        // forever. Refuse it (the directory is left as it was: `d` is not stored).
+        let needed = source.into_iter().chain(crate::protocol::members(invalidate));
+        if let Some(dead) = needed
+            .filter(|&n| n != self.me)
+            .find(|&n| !self.ch.peer_alive(n))
+        {
+            return refuse(slot, REFUSE_HOLDER_DEAD, dead);
+        }
         // the home copy, if the grant carries it: the home frame, or the store
         let mut home_idx = l.resident;
         let mut buf: Option<AlignedPage> = None;
@@ -1075,7 +1276,7 @@ impl Coherence {
                 match self.load_home(inner, pid, l) {
                     Ok(i) => home_idx = Some(i),
                     Err(None) => return Ok(Outcome::Stuck(note)),
-                    Err(Some(code)) => return refuse(slot, code),
+                    Err(Some(code)) => return refuse(slot, code, 0),
                 }
             } else {
                 let mut b = AlignedPage::new();
@@ -1084,7 +1285,7 @@ impl Coherence {
                     unsafe { inner.store.read_into(pid.slot(), pid.raw(), b.as_mut_ptr()) }
                 {
                     log::error!("node {}: reading home page {pid}: {e}", self.me);
-                    return refuse(slot, REFUSE_READ);
+                    return refuse(slot, REFUSE_READ, 0);
                 }
                 buf = Some(b);
             }
@@ -1092,6 +1293,7 @@ impl Coherence {
         slot.dir = d;
         if from == self.me {
             // our own grant: delivered at once, while the home frame is latched
+            slot.page_from = source;
             let step = slot.copy.on_grant(Grant {
                 mode,
                 epoch,
@@ -1221,7 +1423,15 @@ fn with_data(m: Msg<u32>, mut data: Option<Data>) -> Msg<Data> {
 /// The handler thread of a node: apply incoming messages, retry held ones.
 pub(crate) fn run_handler(inner: Arc<Inner>) {
     let Some(c) = inner.coh.as_ref() else { return };
+    let mut dead_seen = 0u64;
     while !c.stop.load(Ordering::Acquire) {
+        let dead = (0..c.nodes)
+            .filter(|&n| n != c.me && !c.ch.peer_alive(n))
+            .fold(0u64, |m, n| m | (1 << n));
+        if dead & !dead_seen != 0 {
+            dead_seen |= dead;
+            c.sweep_dead();
+        }
         let retry: Vec<Pid> = c.retry.lock().drain().collect();
         let had_retry = !retry.is_empty() | c.serve_allocs(&inner);
         for pid in retry {

@@ -266,6 +266,9 @@ impl Engine {
             std::thread::sleep(Duration::from_millis(1));
         }
         self.barrier(limit)?;
+        if let Some(c) = &self.inner.coh {
+            c.ch.transport().departing();
+        }
         self.close()?;
         if let Some(c) = &self.inner.coh {
             // peers see this node leave once they left too (tcp closes its connections)

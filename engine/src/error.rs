@@ -32,6 +32,8 @@ pub enum EngineError {
     NoSuchNode(Pid, u8),
     #[error("node {0} is unreachable (it died or its connection closed)")]
     PeerDead(u8),
+    #[error("page {0} is held by node {1}, which is unreachable (its copy is lost with it)")]
+    HolderDead(Pid, u8),
     #[error("page {pid}: no answer from the cluster within {ms} ms")]
     RemoteTimeout { pid: Pid, ms: u64 },
     #[error("coherence: {0}")]

@@ -265,14 +265,17 @@ pub const CONTROL_BASE: u8 = 32;
 pub const REFUSE_NO_PAGE: u8 = 1;
 /// [`Control::Refuse`] code: the home could not read the page from its store.
 pub const REFUSE_READ: u8 = 2;
+/// [`Control::Refuse`] code: the page's holder (or a node that must hand it over or drop a
+/// copy) is unreachable; `node` names it.
+pub const REFUSE_HOLDER_DEAD: u8 = 3;
 
 /// Messages beside the protocol's own: answers that end a request without a grant, the
 /// cluster barrier, and allocation on another node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Control {
     /// Home -> requester: the request for `pid` is refused (`code`: [`REFUSE_NO_PAGE`],
-    /// [`REFUSE_READ`]); the home recorded nothing.
-    Refuse { pid: u64, code: u8 },
+    /// [`REFUSE_READ`], [`REFUSE_HOLDER_DEAD`] with the dead `node`); the home recorded nothing.
+    Refuse { pid: u64, code: u8, node: u8 },
     /// The sender reached barrier number `generation` (see `Engine::barrier`).
     Arrive { generation: u64 },
     /// Please allocate a page homed on the receiver; answer with [`Control::Allocated`]
@@ -281,6 +284,9 @@ pub enum Control {
     /// Answer to [`Control::Alloc`]: the new page (zeroed, resident at its home), or
     /// [`Pid::NONE`](crate::pid::Pid::NONE)'s raw value when the store is full or failed.
     Allocated { request: u64, pid: u64 },
+    /// To the home: the only current copy of `pid` was at `node`, which died before handing
+    /// it over; the home refuses every later request for the page.
+    Lost { pid: u64, node: u8 },
 }
 
 impl Message for Control {
@@ -290,6 +296,7 @@ impl Message for Control {
             Control::Arrive { .. } => CONTROL_BASE + 1,
             Control::Alloc { .. } => CONTROL_BASE + 2,
             Control::Allocated { .. } => CONTROL_BASE + 3,
+            Control::Lost { .. } => CONTROL_BASE + 4,
         }
     }
 
@@ -297,8 +304,8 @@ impl Message for Control {
         b.fill(0);
         let mut w = W { b, at: 0 };
         match self {
-            Control::Refuse { pid, code } => {
-                w.u64(*pid).u8(*code);
+            Control::Refuse { pid, code, node } => {
+                w.u64(*pid).u8(*code).u8(*node);
             }
             Control::Arrive { generation } => {
                 w.u64(*generation);
@@ -309,6 +316,9 @@ impl Message for Control {
             Control::Allocated { request, pid } => {
                 w.u64(*request).u64(*pid);
             }
+            Control::Lost { pid, node } => {
+                w.u64(*pid).u8(*node);
+            }
         }
     }
 
@@ -318,10 +328,14 @@ impl Message for Control {
             CONTROL_BASE => {
                 let pid = r.u64();
                 let code = r.u8();
-                if !matches!(code, REFUSE_NO_PAGE | REFUSE_READ) {
+                let node = r.u8();
+                if !matches!(code, REFUSE_NO_PAGE | REFUSE_READ | REFUSE_HOLDER_DEAD) {
                     return Err(bad(format!("refusal code {code} does not exist")));
                 }
-                Control::Refuse { pid, code }
+                if node as usize >= crate::pid::MAX_NODES {
+                    return Err(bad(format!("refusal names node {node}")));
+                }
+                Control::Refuse { pid, code, node }
             }
             k if k == CONTROL_BASE + 1 => Control::Arrive {
                 generation: r.u64(),
@@ -331,6 +345,14 @@ impl Message for Control {
                 request: r.u64(),
                 pid: r.u64(),
             },
+            k if k == CONTROL_BASE + 4 => {
+                let pid = r.u64();
+                let node = r.u8();
+                if node as usize >= crate::pid::MAX_NODES {
+                    return Err(bad(format!("lost page names node {node}")));
+                }
+                Control::Lost { pid, node }
+            }
             k => return Err(bad(format!("message kind {k} is not a control message"))),
         };
         r.end()?;
@@ -429,6 +451,12 @@ mod tests {
             Control::Refuse {
                 pid: 5,
                 code: REFUSE_READ,
+                node: 0,
+            },
+            Control::Refuse {
+                pid: 6,
+                code: REFUSE_HOLDER_DEAD,
+                node: 63,
             },
             Control::Arrive { generation: 3 },
             Control::Alloc { request: u64::MAX },
@@ -447,7 +475,7 @@ mod tests {
             b[BODY_BYTES - 1] = 1;
             assert!(Control::decode(c.kind(), &b).is_err(), "{c:?}");
         }
-        assert!(Control::decode(CONTROL_BASE + 4, &[0u8; BODY_BYTES]).is_err());
+        assert!(Control::decode(CONTROL_BASE + 5, &[0u8; BODY_BYTES]).is_err());
     }
 
     #[test]

@@ -214,6 +214,9 @@ impl TcpTransport {
 }
 
 impl Transport for TcpTransport {
+    fn departing(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
     fn leave(&self, linger: Duration) {
         self.closed.store(true, Ordering::Release);
         // FIN after everything written; keep reading so peers' last writes still land

@@ -27,6 +27,9 @@ pub trait Transport: Send + Sync + 'static {
     fn leave(&self, linger: std::time::Duration) {
         let _ = linger;
     }
+    /// The cluster is shutting down: peers closing their connections from now on is expected
+    /// (not logged as an error).
+    fn departing(&self) {}
 }
 
 /// `mem`: nodes are thread groups in one process; a write is a copy plus a release store.

@@ -1,9 +1,10 @@
 //! # shoal: the command line
 //!
-//! This crate owns the `shoal` binary and its workload drivers. Today: `shoal ycsb` on one
-//! node. It uses only the public APIs of shoal-engine and shoal-btree; it must not reach into
+//! This crate owns the `shoal` binary and its workload drivers: `shoal ycsb` and `shoal node`
+//! (one node of a multi-process cluster, checking that no update is lost). It uses only the public APIs of shoal-engine and shoal-btree; it must not reach into
 //! engine internals.
 
+mod node;
 mod value;
 mod workload;
 mod ycsb;
@@ -26,6 +27,9 @@ struct Cli {
 enum Cmd {
     /// Load a YCSB table, then run a workload and report throughput and latency.
     Ycsb(ycsb::Args),
+    /// Run one node of a multi-process cluster (from a TOML cluster file) and check that the
+    /// cluster loses no update: counters on every node's pages, incremented from every node.
+    Node(node::Args),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +37,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Ycsb(a) => ycsb::run(a),
+        Cmd::Node(a) => node::run(a),
     };
     match r {
         Ok(code) => code,

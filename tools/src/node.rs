@@ -1,0 +1,398 @@
+//! `shoal node --config cluster.toml --id N`: run node N of a multi-process cluster and check
+//! that the cluster keeps every update.
+//!
+//! Every node of the file is started with the same flags. Each node owns `--pages` counter
+//! pages (homed on it, found by every node through the catalog entry `check/N`), plus a tally
+//! page holding how many increments the node ever made. Workers increment random counters of
+//! every node's pages under exclusive guards, so pages move between all nodes, and with a
+//! small cache they are evicted to their homes all the time. At the end (and at start-up, after
+//! a restart) every node checks that the sum of all counters equals the sum of all tallies:
+//! any lost or doubled update shows. `--increments 0` only joins, checks and leaves.
+//!
+//! If a node dies, the others report errors for the pages they cannot reach, keep incrementing
+//! the pages that do not depend on it, and exit with status 1 at the end instead of hanging.
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+use shoal_engine::{join, ClusterFile, Engine, EngineError, OpResult, Pid, Worker};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Counters per page (u64 each, from byte 64).
+const COUNTERS: usize = 64;
+/// Tally page layout: magic, pages, total increments, then the counter pages' pids.
+const MAGIC: u64 = 0x5348_4f41_4c43_484b; // "SHOALCHK"
+const PIDS_AT: usize = 24;
+/// Most counter pages per node (their pids fill the tally page).
+pub const MAX_PAGES: usize = 400;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// The cluster file (TOML: ids, addresses, data directories; see docs/cluster.md).
+    #[arg(long)]
+    pub config: PathBuf,
+    /// This node's id in the cluster file.
+    #[arg(long)]
+    pub id: u8,
+    /// Worker threads on this node.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Increments this node makes (spread over its workers); 0: check and leave.
+    #[arg(long, default_value_t = 100_000)]
+    pub increments: u64,
+    /// Counter pages homed on each node (set on the first run).
+    #[arg(long, default_value_t = 128)]
+    pub pages: usize,
+    /// Seconds to wait for the other nodes at each barrier.
+    #[arg(long, default_value_t = 120.0)]
+    pub barrier_timeout: f64,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// No per-second lines.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// One node's counter pages and tally page.
+struct Owned {
+    tally: Pid,
+    pages: Vec<Pid>,
+}
+
+fn read_u64(w: &Worker, pid: Pid, at: usize) -> Result<u64, EngineError> {
+    w.run(|w| -> OpResult<u64> {
+        let g = w.optimistic(pid)?;
+        let v = g.page().u64(at);
+        g.validate()?;
+        Ok(v)
+    })
+}
+
+/// Find (or on the first run create) node `me`'s pages.
+fn own_pages(w: &Worker, me: u8, pages: usize) -> Result<Owned, String> {
+    let name = format!("check/{me}");
+    let e = |e: EngineError| format!("setting up node {me}'s counter pages: {e}");
+    if let Some(tally) = w.catalog_lookup(&name).map_err(e)? {
+        return load_owned(w, me, tally);
+    }
+    let mut pids = Vec::with_capacity(pages);
+    for _ in 0..pages {
+        pids.push(w.allocate().map_err(e)?.pid());
+    }
+    let tally = {
+        let mut g = w.allocate().map_err(e)?;
+        let mut p = g.page_mut();
+        p.set_u64(0, MAGIC);
+        p.set_u64(8, pages as u64);
+        p.set_u64(16, 0);
+        for (i, pid) in pids.iter().enumerate() {
+            p.set_u64(PIDS_AT + 8 * i, pid.raw());
+        }
+        g.pid()
+    };
+    w.catalog_insert(&name, tally).map_err(e)?;
+    Ok(Owned { tally, pages: pids })
+}
+
+fn load_owned(w: &Worker, node: u8, tally: Pid) -> Result<Owned, String> {
+    let e = |e: EngineError| format!("reading node {node}'s tally page {tally}: {e}");
+    let g = w.run(|w| w.shared(tally)).map_err(e)?;
+    let p = g.page();
+    let n = p.u64(8) as usize;
+    if p.u64(0) != MAGIC || n == 0 || n > MAX_PAGES {
+        return Err(format!(
+            "node {node}'s tally page {tally} is not a check tally (magic {:#x}, {n} pages)",
+            p.u64(0)
+        ));
+    }
+    let pages = (0..n).map(|i| Pid(p.u64(PIDS_AT + 8 * i))).collect();
+    Ok(Owned { tally, pages })
+}
+
+/// Sum of every counter and of every tally in the cluster.
+fn sums(w: &Worker, all: &[Owned]) -> Result<(u64, u64), EngineError> {
+    let (mut counters, mut tallies) = (0u64, 0u64);
+    for o in all {
+        tallies += read_u64(w, o.tally, 16)?;
+        for &p in &o.pages {
+            counters += w.run(|w| -> OpResult<u64> {
+                let g = w.optimistic(p)?;
+                let s = (0..COUNTERS).map(|k| g.page().u64(64 + 8 * k)).sum();
+                g.validate()?;
+                Ok(s)
+            })?;
+        }
+    }
+    Ok((counters, tallies))
+}
+
+#[derive(Default)]
+struct Errors {
+    count: u64,
+    by_home: BTreeMap<u8, u64>,
+    by_kind: BTreeMap<&'static str, u64>,
+    first: Option<String>,
+    first_at: Option<Instant>,
+    ok_after_first: u64,
+}
+
+fn error_kind(e: &EngineError) -> &'static str {
+    match e {
+        EngineError::PeerDead(_) => "home_unreachable",
+        EngineError::HolderDead(..) => "holder_unreachable",
+        EngineError::RemoteTimeout { .. } => "timeout",
+        _ => "other",
+    }
+}
+
+/// Run `shoal node`.
+pub fn run(a: Args) -> Result<ExitCode, String> {
+    if a.workers == 0 || a.workers > 1024 {
+        return Err(format!("--workers {}: use 1 to 1024", a.workers));
+    }
+    if a.pages == 0 || a.pages > MAX_PAGES {
+        return Err(format!("--pages {}: use 1 to {MAX_PAGES}", a.pages));
+    }
+    if !(a.barrier_timeout.is_finite() && a.barrier_timeout > 0.0 && a.barrier_timeout < 1e6) {
+        return Err("--barrier-timeout must be a positive number of seconds".into());
+    }
+    let limit = Duration::from_secs_f64(a.barrier_timeout);
+    let file = ClusterFile::load(&a.config).map_err(|e| e.to_string())?;
+    let cfg = file.engine_config(a.id).map_err(|e| e.to_string())?;
+    let n = file.nodes.len();
+    println!(
+        "node {}: joining a cluster of {n} nodes (listening on {}, data in {})",
+        a.id,
+        file.nodes[a.id as usize].address,
+        cfg.data_dir.display()
+    );
+    let t_join = Instant::now();
+    let engine = join(&file, a.id, cfg).map_err(|e| e.to_string())?;
+    println!(
+        "node {}: connected in {:.2} s",
+        a.id,
+        t_join.elapsed().as_secs_f64()
+    );
+    let r = check(&engine, &a, n, limit);
+    let (report, ok) = match r {
+        Ok(x) => x,
+        Err(e) => {
+            abandon(&engine);
+            return Err(e);
+        }
+    };
+    if let Some(path) = &a.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report).expect("json") + "\n")
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
+    if ok {
+        engine.leave(limit).map_err(|e| format!("leaving the cluster: {e}"))?;
+        println!("node {}: left the cluster cleanly", a.id);
+        Ok(ExitCode::SUCCESS)
+    } else {
+        abandon(&engine);
+        Ok(ExitCode::from(1))
+    }
+}
+
+/// Shut down after a failure: send what can go home (bounded), then close locally.
+fn abandon(engine: &Engine) {
+    let t0 = Instant::now();
+    while engine.release_remote() > 0 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if let Err(e) = engine.close() {
+        eprintln!("closing node {}: {e}", engine.node_id());
+    }
+}
+
+fn check(
+    engine: &Engine,
+    a: &Args,
+    n: usize,
+    limit: Duration,
+) -> Result<(serde_json::Value, bool), String> {
+    let me = a.id;
+    let barrier = |what: &str| {
+        engine
+            .barrier(limit)
+            .map_err(|e| format!("node {me}: waiting for the cluster ({what}): {e}"))
+    };
+    let w = engine.worker();
+    let mine = own_pages(&w, me, a.pages)?;
+    barrier("set-up")?;
+    let mut all = Vec::with_capacity(n);
+    for j in 0..n as u8 {
+        if j == me {
+            all.push(Owned {
+                tally: mine.tally,
+                pages: mine.pages.clone(),
+            });
+            continue;
+        }
+        let tally = w
+            .catalog_lookup(&format!("check/{j}"))
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("node {j} registered no counter pages"))?;
+        all.push(load_owned(&w, j, tally)?);
+    }
+    let (c0, t0) = sums(&w, &all).map_err(|e| format!("reading the counters: {e}"))?;
+    println!(
+        "node {me}: start: counters sum {c0}, tallies sum {t0} ({})",
+        if c0 == t0 { "consistent" } else { "MISMATCH" }
+    );
+    barrier("start")?;
+
+    let errors = Mutex::new(Errors::default());
+    let done = AtomicU64::new(0);
+    let pages: Vec<Pid> = all.iter().flat_map(|o| o.pages.iter().copied()).collect();
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..a.workers)
+            .map(|t| {
+                let (errors, done, pages) = (&errors, &done, &pages);
+                let quota = a.increments / a.workers as u64
+                    + u64::from((t as u64) < a.increments % a.workers as u64);
+                s.spawn(move || {
+                    let w = engine.worker();
+                    let mut rng = SmallRng::seed_from_u64(((me as u64) << 32) | t as u64);
+                    let mut made = 0;
+                    while made < quota {
+                        let p = pages[rng.random_range(0..pages.len())];
+                        let at = 64 + 8 * rng.random_range(0..COUNTERS);
+                        match w.run(|w| w.exclusive(p)) {
+                            Ok(mut g) => {
+                                let v = g.page().u64(at);
+                                g.page_mut().set_u64(at, v + 1);
+                                drop(g);
+                                made += 1;
+                                done.fetch_add(1, Ordering::Relaxed);
+                                let mut e = errors.lock().expect("errors");
+                                if e.first.is_some() {
+                                    e.ok_after_first += 1;
+                                }
+                            }
+                            Err(err) => {
+                                let mut e = errors.lock().expect("errors");
+                                e.count += 1;
+                                *e.by_home.entry(p.node()).or_insert(0) += 1;
+                                *e.by_kind.entry(error_kind(&err)).or_insert(0) += 1;
+                                if e.first.is_none() {
+                                    e.first = Some(err.to_string());
+                                    e.first_at = Some(Instant::now());
+                                }
+                                if matches!(err, EngineError::Shutdown) {
+                                    break;
+                                }
+                                // pages of a dead node fail at once: do not spin on them
+                                drop(e);
+                                std::thread::sleep(Duration::from_millis(1));
+                                // an error still uses up one increment of the quota, so a
+                                // run with an unreachable node ends
+                                made += 1;
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut last = (Instant::now(), 0u64);
+        while !hs.iter().all(|h| h.is_finished()) {
+            std::thread::sleep(Duration::from_millis(50));
+            if !a.quiet && last.0.elapsed() >= Duration::from_secs(1) {
+                let d = done.load(Ordering::Relaxed);
+                let e = errors.lock().expect("errors");
+                println!(
+                    "node {me}: {:>9.0} increments/s  done {d}/{}  errors {} {:?}",
+                    (d - last.1) as f64 / last.0.elapsed().as_secs_f64(),
+                    a.increments,
+                    e.count,
+                    e.by_kind
+                );
+                drop(e);
+                last = (Instant::now(), d);
+            }
+        }
+    });
+    let secs = started.elapsed().as_secs_f64();
+    let made = done.load(Ordering::Relaxed);
+    let errors = errors.into_inner().expect("errors");
+    // record this node's increments in its tally (one more exclusive write, at its home)
+    let tally = w
+        .run(|w| -> OpResult<u64> {
+            let mut g = w.exclusive(mine.tally)?;
+            let v = g.page().u64(16) + made;
+            g.page_mut().set_u64(16, v);
+            Ok(v)
+        })
+        .map_err(|e| format!("writing the tally: {e}"));
+    let finished = tally.and_then(|_| barrier("end of the run"));
+    let mut verdict = json!(null);
+    let mut exact = false;
+    if finished.is_ok() {
+        match sums(&w, &all) {
+            Ok((c1, t1)) => {
+                exact = c1 == t1;
+                verdict = json!({"counters_sum": c1, "tallies_sum": t1, "exact": exact});
+                println!(
+                    "node {me}: end: counters sum {c1}, tallies sum {t1}: {}",
+                    if exact { "exact, no update lost" } else { "MISMATCH: updates lost or doubled" }
+                );
+            }
+            Err(e) => verdict = json!({"error": e.to_string()}),
+        }
+    }
+    drop(w);
+    let p = engine.protocol_stats();
+    let st = engine.stats();
+    println!(
+        "node {me}: {made} increments in {secs:.2} s ({:.0}/s), {} errors, {} remote requests, {} pages sent, {} evictions, {} eviction notices",
+        made as f64 / secs.max(1e-9),
+        errors.count,
+        p.requests,
+        p.pages,
+        st.evictions,
+        p.evict_notices
+    );
+    if let Some(f) = &errors.first {
+        println!(
+            "node {me}: first error: {f}; {} increments completed after it",
+            errors.ok_after_first
+        );
+    }
+    if let Err(e) = &finished {
+        println!("node {me}: {e}");
+    }
+    let report = json!({
+        "command": "node",
+        "node": me,
+        "nodes": n,
+        "workers": a.workers,
+        "increments": made,
+        "duration_s": secs,
+        "increments_per_s": made as f64 / secs.max(1e-9),
+        "start": {"counters_sum": c0, "tallies_sum": t0, "consistent": c0 == t0},
+        "end": verdict,
+        "errors": errors.count,
+        "errors_by_home": errors.by_home.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+        "errors_by_kind": errors.by_kind.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+        "first_error": errors.first,
+        "increments_after_first_error": errors.ok_after_first,
+        "finished": finished.as_ref().err().map(|e| e.to_string()),
+        "remote_requests": p.requests,
+        "messages": p.messages,
+        "pages_sent": p.pages,
+        "eviction_notices": p.evict_notices,
+        "evictions": st.evictions,
+        "nvme_reads": st.store_reads,
+        "nvme_writes": st.store_writes,
+    });
+    let ok = c0 == t0 && exact && errors.count == 0 && finished.is_ok();
+    Ok((report, ok))
+}
