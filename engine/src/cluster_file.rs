@@ -167,17 +167,13 @@ impl ClusterFile {
         })
     }
 
-    /// Write a file for `nodes` local nodes listening on loopback from port `base_port`,
-    /// with data directories `dir/node<i>` (what `shoal ycsb --transport tcp` uses).
-    pub fn local_text(nodes: usize, base_port: u16, dir: &Path, cache: &str) -> String {
-        let mut s = format!(
-            "cluster_id = {}\ncache = \"{cache}\"\n",
-            1 + base_port as u64
-        );
-        for i in 0..nodes {
+    /// The text of a file for nodes listening on `addrs` (node i on `addrs[i]`), with data
+    /// directories `dir/node<i>` (what `shoal ycsb --transport tcp` writes for its processes).
+    pub fn local_text(addrs: &[SocketAddr], dir: &Path, cache: &str) -> String {
+        let mut s = format!("cluster_id = {}\ncache = \"{cache}\"\n", std::process::id());
+        for (i, a) in addrs.iter().enumerate() {
             s += &format!(
-                "\n[[node]]\nid = {i}\naddress = \"127.0.0.1:{}\"\ndata_dir = \"{}\"\n",
-                base_port as usize + i,
+                "\n[[node]]\nid = {i}\naddress = \"{a}\"\ndata_dir = \"{}\"\n",
                 dir.join(format!("node{i}")).display()
             );
         }
@@ -300,7 +296,10 @@ data_dir = "/abs/n0"
 
     #[test]
     fn the_local_file_round_trips() {
-        let t = ClusterFile::local_text(3, 7600, Path::new("/tmp/x"), "32MiB");
+        let addrs: Vec<SocketAddr> = (0..3)
+            .map(|i| format!("127.0.0.1:{}", 7600 + i).parse().unwrap())
+            .collect();
+        let t = ClusterFile::local_text(&addrs, Path::new("/tmp/x"), "32MiB");
         let f = ClusterFile::parse(&t, Path::new("/")).unwrap();
         assert_eq!(f.nodes.len(), 3);
         assert_eq!(f.nodes[2].address, "127.0.0.1:7602".parse().unwrap());

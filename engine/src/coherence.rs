@@ -363,7 +363,10 @@ impl Coherence {
         if slot.lost.is_some() {
             return;
         }
-        log::error!("node {}: page {pid} is lost: its copy was at node {dead}, which died", self.me);
+        log::error!(
+            "node {}: page {pid} is lost: its copy was at node {dead}, which died",
+            self.me
+        );
         slot.lost = Some(dead);
         slot.copy.pending = Pending::Idle;
         slot.waiter = false;
@@ -1261,7 +1264,9 @@ impl Coherence {
         };
         // A node that must hand the page over or drop its copy is gone: the request would wait
         // forever. Refuse it (the directory is left as it was: `d` is not stored).
-        let needed = source.into_iter().chain(crate::protocol::members(invalidate));
+        let needed = source
+            .into_iter()
+            .chain(crate::protocol::members(invalidate));
         if let Some(dead) = needed
             .filter(|&n| n != self.me)
             .find(|&n| !self.ch.peer_alive(n))

@@ -8,6 +8,7 @@ mod node;
 mod value;
 mod workload;
 mod ycsb;
+mod ycsb_tcp;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -188,11 +188,16 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
         }
     };
     if let Some(path) = &a.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report).expect("json") + "\n")
-            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&report).expect("json") + "\n",
+        )
+        .map_err(|e| format!("writing {}: {e}", path.display()))?;
     }
     if ok {
-        engine.leave(limit).map_err(|e| format!("leaving the cluster: {e}"))?;
+        engine
+            .leave(limit)
+            .map_err(|e| format!("leaving the cluster: {e}"))?;
         println!("node {}: left the cluster cleanly", a.id);
         Ok(ExitCode::SUCCESS)
     } else {
@@ -342,7 +347,11 @@ fn check(
                 verdict = json!({"counters_sum": c1, "tallies_sum": t1, "exact": exact});
                 println!(
                     "node {me}: end: counters sum {c1}, tallies sum {t1}: {}",
-                    if exact { "exact, no update lost" } else { "MISMATCH: updates lost or doubled" }
+                    if exact {
+                        "exact, no update lost"
+                    } else {
+                        "MISMATCH: updates lost or doubled"
+                    }
                 );
             }
             Err(e) => verdict = json!({"error": e.to_string()}),

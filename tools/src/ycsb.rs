@@ -10,7 +10,10 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 use shoal_btree::{decode_u64, u64_key, BTree, Direction, TreeError, MAX_RECORD};
-use shoal_engine::{format_bytes, parse_bytes, Engine, EngineConfig, StatsSnapshot, MAX_NODES};
+use shoal_engine::{
+    format_bytes, join, parse_bytes, Cluster, ClusterFile, Engine, EngineConfig, StatsSnapshot,
+    MAX_NODES,
+};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -39,12 +42,20 @@ pub enum Transport {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
-    /// Nodes in the cluster (1 until the coherence protocol exists).
+    /// Nodes in the cluster.
     #[arg(long, default_value_t = 1)]
     pub nodes: usize,
-    /// Transport between nodes.
+    /// Transport between nodes: mem (nodes are thread groups in this process) or tcp (one
+    /// local process per node, over loopback).
     #[arg(long, value_enum, default_value = "mem")]
     pub transport: Transport,
+    /// Run as one node of the cluster in this TOML file (multi-host runs: start every node
+    /// with the same flags and its own --id; each reports its own part).
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
+    /// This node's id in --cluster.
+    #[arg(long, requires = "cluster")]
+    pub id: Option<u8>,
     /// Worker threads per node.
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
@@ -73,7 +84,8 @@ pub struct Args {
     /// Page cache per node, e.g. 64MiB, 1GiB.
     #[arg(long, default_value = "256MiB")]
     pub cache: String,
-    /// Data directory (default: a temporary directory, removed after the run).
+    /// Data directory (default: a temporary directory, removed after the run); node i of a
+    /// cluster uses its subdirectory node<i>.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// Device files to stripe each node's store over.
@@ -110,12 +122,8 @@ fn validate(a: &Args) -> Result<Plan, String> {
             a.nodes
         ));
     }
-    if a.nodes > 1 || a.transport == Transport::Tcp {
-        return Err(format!(
-            "--nodes {} --transport {:?}: multi-node clusters need the coherence protocol, which Shoal does not have yet; run with --nodes 1",
-            a.nodes, a.transport
-        )
-        .to_lowercase());
+    if a.cluster.is_some() && a.id.is_none() {
+        return Err("--cluster needs --id (this node's id in the file)".into());
     }
     if a.records == 0 {
         return Err("--records must be at least 1".into());
@@ -202,9 +210,76 @@ fn op_index(op: Op) -> usize {
 }
 const OP_NAMES: [&str; 5] = ["read", "update", "insert", "scan", "rmw"];
 
+/// The nodes this process drives and where they sit in the cluster.
+struct Nodes<'e> {
+    engines: Vec<&'e Engine>,
+    /// Nodes in the whole cluster (more than `engines` when this process is one tcp member).
+    cluster: usize,
+    /// This process is one member of a multi-process cluster (barriers between phases).
+    member: bool,
+}
+
+impl Nodes<'_> {
+    fn barrier(&self, what: &str) -> Result<(), String> {
+        if !self.member {
+            return Ok(());
+        }
+        self.engines[0]
+            .barrier(BARRIER_LIMIT)
+            .map_err(|e| format!("waiting for the other nodes ({what}): {e}"))
+    }
+}
+
+/// How long a member waits for the others between phases (loading may take minutes).
+const BARRIER_LIMIT: Duration = Duration::from_secs(3600);
+
+/// Which keys a node loads, reads and inserts.
+#[derive(Clone, Copy)]
+struct Keys {
+    records: u64,
+    node: u64,
+    nodes: u64,
+    partitioned: bool,
+}
+
+impl Keys {
+    /// The node's share of the loaded keys.
+    fn share(&self) -> (u64, u64) {
+        (
+            self.records * self.node / self.nodes,
+            self.records * (self.node + 1) / self.nodes,
+        )
+    }
+    /// A loaded key (for updates), from the node's share when partitioned.
+    fn existing(&self, c: &mut KeyChooser, rng: &mut SmallRng) -> u64 {
+        if self.partitioned {
+            let (lo, hi) = self.share();
+            lo + c.next((hi - lo).max(1), rng).min(hi - lo - 1)
+        } else {
+            c.next(self.records, rng)
+        }
+    }
+    /// A key that may have been inserted during the run (reads, scans): `inserted` is this
+    /// node's insert count; every node inserts about as many.
+    fn live(&self, c: &mut KeyChooser, inserted: u64, rng: &mut SmallRng) -> u64 {
+        if self.partitioned {
+            self.existing(c, rng)
+        } else {
+            c.next(self.records + inserted * self.nodes, rng)
+        }
+    }
+    /// The `n`-th key this node inserts (nodes insert disjoint keys).
+    fn inserted(&self, n: u64) -> u64 {
+        self.records + n * self.nodes + self.node
+    }
+}
+
 /// Run `shoal ycsb`.
 pub fn run(a: Args) -> Result<ExitCode, String> {
     let plan = validate(&a)?;
+    if a.cluster.is_none() && a.transport == Transport::Tcp {
+        return crate::ycsb_tcp::run_local(&a);
+    }
     let tmp;
     let dir = match &a.data_dir {
         Some(d) => d.clone(),
@@ -216,32 +291,131 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
             tmp.path().to_path_buf()
         }
     };
-    let mut cfg = EngineConfig::new(&dir, plan.cache);
-    cfg.devices = a.devices;
-    let engine = Engine::open(cfg).map_err(|e| e.to_string())?;
-    let w0 = engine.worker();
-    if BTree::open(&w0, TABLE).is_ok() {
-        return Err(format!(
-            "{} already holds a YCSB table; use an empty --data-dir",
-            dir.display()
-        ));
+    let node_cfg = |i: u8| {
+        let d = if a.nodes > 1 {
+            dir.join(format!("node{i}"))
+        } else {
+            dir.clone()
+        };
+        let mut cfg = EngineConfig::new(d, plan.cache);
+        cfg.devices = a.devices;
+        cfg
+    };
+    if let (Some(path), Some(id)) = (&a.cluster, a.id) {
+        let file = ClusterFile::load(path).map_err(|e| e.to_string())?;
+        // the cluster file sets each node's cache and data directory
+        let cfg = file.engine_config(id).map_err(|e| e.to_string())?;
+        let engine = join(&file, id, cfg).map_err(|e| e.to_string())?;
+        let nodes = Nodes {
+            engines: vec![&engine],
+            cluster: file.nodes.len(),
+            member: true,
+        };
+        let r = drive(&nodes, &a, &plan);
+        if r.is_ok() {
+            engine
+                .leave(BARRIER_LIMIT)
+                .map_err(|e| format!("leaving the cluster: {e}"))?;
+        } else if let Err(e) = engine.close() {
+            eprintln!("closing node {id}: {e}");
+        }
+        return r;
     }
-    let tree = BTree::create(&w0, TABLE).map_err(|e| e.to_string())?;
+    if a.nodes == 1 {
+        let engine = Engine::open(node_cfg(0)).map_err(|e| e.to_string())?;
+        let nodes = Nodes {
+            engines: vec![&engine],
+            cluster: 1,
+            member: false,
+        };
+        let r = drive(&nodes, &a, &plan);
+        engine.close().map_err(|e| e.to_string())?;
+        return r;
+    }
+    let cluster =
+        Cluster::mem(a.nodes, Duration::from_secs(30), node_cfg).map_err(|e| e.to_string())?;
+    let nodes = Nodes {
+        engines: cluster.nodes().iter().collect(),
+        cluster: a.nodes,
+        member: false,
+    };
+    let r = drive(&nodes, &a, &plan);
+    drop(nodes);
+    cluster.close().map_err(|e| e.to_string())?;
+    r
+}
+
+/// Node-level counters over the measured interval.
+struct NodeReport {
+    node: u8,
+    d: StatsSnapshot,
+    remote: u64,
+}
+
+impl NodeReport {
+    fn hit_ratio(&self) -> f64 {
+        if self.d.hits > 0 {
+            (self.d.hits.saturating_sub(self.d.faults + self.remote)) as f64 / self.d.hits as f64
+        } else {
+            1.0
+        }
+    }
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "node": self.node,
+            "page_hits": self.d.hits,
+            "page_faults": self.d.faults,
+            "hit_ratio": self.hit_ratio(),
+            "remote_fetches": self.remote,
+            "nvme_reads": self.d.store_reads,
+            "nvme_writes": self.d.store_writes,
+            "evictions": self.d.evictions,
+            "restarts": self.d.restarts,
+        })
+    }
+}
+
+/// Snapshot of one node: engine counters and remote fetches.
+fn snap(e: &Engine) -> (StatsSnapshot, u64) {
+    (e.stats(), e.protocol_stats().requests)
+}
+
+/// Create or open the table, load this process's share, run, report.
+fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> Result<ExitCode, String> {
+    let first = nodes.engines[0];
+    let w0 = first.worker();
+    let tree = if first.node_id() == 0 {
+        if BTree::open(&w0, TABLE).is_ok() {
+            return Err(
+                "the data directory already holds a YCSB table; use an empty --data-dir".into(),
+            );
+        }
+        let t = BTree::create(&w0, TABLE).map_err(|e| e.to_string())?;
+        nodes.barrier("table created")?;
+        t
+    } else {
+        nodes.barrier("table created")?;
+        BTree::open(&w0, TABLE).map_err(|e| e.to_string())?
+    };
     drop(w0);
     println!(
-        "shoal ycsb: {} ({}), {:?}, {} records x {} B, {} node, {} workers/node, cache {}/node",
+        "shoal ycsb: {} ({}), {:?}, {} records x {} B, {} node{} ({}), {} workers/node, cache {}/node, {:?} access",
         plan.label,
         mix_text(&plan.mix),
         plan.dist,
         a.records,
         a.value_size,
-        a.nodes,
+        nodes.cluster,
+        if nodes.cluster > 1 { "s" } else { "" },
+        if nodes.member { "tcp member" } else if nodes.cluster > 1 { "mem" } else { "embedded" },
         a.workers,
-        format_bytes(plan.cache as u64)
+        format_bytes(plan.cache as u64),
+        a.access
     );
-
-    let load_s = load(&engine, &tree, &a)?;
-    let (results, secs, before, after) = run_phase(&engine, &tree, &a, &plan)?;
+    let load_s = load(nodes, &tree, a)?;
+    nodes.barrier("loaded")?;
+    let (results, secs, before, after) = run_phase(nodes, &tree, a, plan)?;
+    nodes.barrier("run finished")?;
     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("bounds");
     let mut ops = [0u64; 5];
     let (mut errors, mut misses) = (0, 0);
@@ -259,15 +433,19 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
             first_error = r.first_error.clone();
         }
     }
+    let reports: Vec<NodeReport> = nodes
+        .engines
+        .iter()
+        .zip(before.iter().zip(&after))
+        .map(|(e, (b, f))| NodeReport {
+            node: e.node_id(),
+            d: delta(&b.0, &f.0),
+            remote: f.1 - b.1,
+        })
+        .collect();
     let total: u64 = ops.iter().sum();
     let tput = total as f64 / secs;
     let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
-    let d = delta(&before, &after);
-    let hit_ratio = if d.hits > 0 {
-        (d.hits.saturating_sub(d.faults)) as f64 / d.hits as f64
-    } else {
-        1.0
-    };
     println!("run: {secs:.1} s measured after {:.1} s warmup", a.warmup);
     println!("  throughput    {:.0} ops/s ({total} ops)", tput);
     println!(
@@ -282,13 +460,17 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
         .map(|i| format!("{} {:.0}/s", OP_NAMES[i], ops[i] as f64 / secs))
         .collect();
     println!("  by type       {}", per_type.join(", "));
-    println!(
-        "  node 0        page hit ratio {:.2}%  remote fetches 0  nvme reads {:.0}/s  writes {:.0}/s  evictions {:.0}/s",
-        hit_ratio * 100.0,
-        d.store_reads as f64 / secs,
-        d.store_writes as f64 / secs,
-        d.evictions as f64 / secs
-    );
+    for r in &reports {
+        println!(
+            "  node {:<8} page hit ratio {:.2}%  remote fetches {:.0}/s  nvme reads {:.0}/s  writes {:.0}/s  evictions {:.0}/s",
+            r.node,
+            r.hit_ratio() * 100.0,
+            r.remote as f64 / secs,
+            r.d.store_reads as f64 / secs,
+            r.d.store_writes as f64 / secs,
+            r.d.evictions as f64 / secs
+        );
+    }
     println!("  value errors  {errors}  (reads of keys inserted during the run and not yet visible: {misses})");
     if let Some(e) = &first_error {
         println!("  first error   {e}");
@@ -299,9 +481,11 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
             "workload": plan.label,
             "mix": plan.mix,
             "distribution": format!("{:?}", plan.dist),
+            "access": format!("{:?}", a.access).to_lowercase(),
             "records": a.records,
             "value_size": a.value_size,
-            "nodes": a.nodes,
+            "nodes": nodes.cluster,
+            "transport": if nodes.member { "tcp" } else { "mem" },
             "workers_per_node": a.workers,
             "cache_bytes_per_node": plan.cache,
             "load_s": load_s,
@@ -315,18 +499,11 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
             "max_us": hist.max() as f64 / 1000.0,
             "ops_by_type": (0..5).map(|i| (OP_NAMES[i].to_string(), json!(ops[i]))).collect::<serde_json::Map<_, _>>(),
             "value_errors": errors,
+            "first_error": first_error,
             "read_misses_of_new_keys": misses,
-            "per_node": [{
-                "node": 0,
-                "page_hits": d.hits,
-                "page_faults": d.faults,
-                "hit_ratio": hit_ratio,
-                "remote_fetches": 0,
-                "nvme_reads": d.store_reads,
-                "nvme_writes": d.store_writes,
-                "evictions": d.evictions,
-                "restarts": d.restarts,
-            }],
+            "per_node": reports.iter().map(NodeReport::json).collect::<Vec<_>>(),
+            // the latency histogram (value in ns, count), so runs of several processes merge
+            "histogram_ns": hist.iter_recorded().map(|v| [v.value_iterated_to(), v.count_at_value()]).collect::<Vec<_>>(),
         });
         std::fs::write(
             path,
@@ -334,7 +511,6 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
         )
         .map_err(|e| format!("writing {}: {e}", path.display()))?;
     }
-    engine.close().map_err(|e| e.to_string())?;
     Ok(if errors > 0 {
         eprintln!("error: {errors} values failed their check");
         ExitCode::from(1)
@@ -373,13 +549,27 @@ fn delta(a: &StatsSnapshot, b: &StatsSnapshot) -> StatsSnapshot {
     }
 }
 
-fn load(engine: &Engine, tree: &BTree, a: &Args) -> Result<f64, String> {
+fn load(nodes: &Nodes, tree: &BTree, a: &Args) -> Result<f64, String> {
     let done = AtomicU64::new(0);
     let t0 = Instant::now();
+    let keys = |e: &Engine| Keys {
+        records: a.records,
+        node: e.node_id() as u64,
+        nodes: nodes.cluster as u64,
+        partitioned: true,
+    };
+    let mine: u64 = nodes
+        .engines
+        .iter()
+        .map(|e| {
+            let (lo, hi) = keys(e).share();
+            hi - lo
+        })
+        .sum();
     let bar = if a.quiet {
         indicatif::ProgressBar::hidden()
     } else {
-        let b = indicatif::ProgressBar::new(a.records);
+        let b = indicatif::ProgressBar::new(mine);
         b.set_style(
             indicatif::ProgressStyle::with_template(
                 "load {bar:40} {pos}/{len} records ({per_sec}, eta {eta})",
@@ -388,29 +578,34 @@ fn load(engine: &Engine, tree: &BTree, a: &Args) -> Result<f64, String> {
         );
         b
     };
-    let workers = a.workers.min(a.records as usize).max(1);
     let r: Result<(), String> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..workers)
-            .map(|t| {
+        let mut hs = Vec::new();
+        for &e in &nodes.engines {
+            let (lo, hi) = keys(e).share();
+            let workers = (a.workers as u64).min(hi - lo).max(1);
+            for t in 0..workers {
                 let done = &done;
-                s.spawn(move || -> Result<(), TreeError> {
-                    let w = engine.worker();
-                    let lo = a.records * t as u64 / workers as u64;
-                    let hi = a.records * (t as u64 + 1) / workers as u64;
+                let (from, to) = (
+                    lo + (hi - lo) * t / workers,
+                    lo + (hi - lo) * (t + 1) / workers,
+                );
+                hs.push(s.spawn(move || -> Result<(), TreeError> {
+                    let w = e.worker();
                     let mut v = vec![0u8; a.value_size];
-                    for k in lo..hi {
+                    for k in from..to {
                         value::fill(&mut v, k, 0);
                         tree.insert(&w, &u64_key(k), &v)?;
-                        if k % 1024 == 0 {
-                            done.fetch_add(1024.min(hi - k), Ordering::Relaxed);
+                        if (k - from) % 1024 == 1023 {
+                            done.fetch_add(1024, Ordering::Relaxed);
                         }
                     }
+                    done.fetch_add((to - from) % 1024, Ordering::Relaxed);
                     Ok(())
-                })
-            })
-            .collect();
+                }));
+            }
+        }
         while !hs.iter().all(|h| h.is_finished()) {
-            bar.set_position(done.load(Ordering::Relaxed).min(a.records));
+            bar.set_position(done.load(Ordering::Relaxed).min(mine));
             std::thread::sleep(Duration::from_millis(100));
         }
         for h in hs {
@@ -424,25 +619,54 @@ fn load(engine: &Engine, tree: &BTree, a: &Args) -> Result<f64, String> {
     bar.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     println!(
-        "load: {} records in {secs:.2} s ({:.0} records/s)",
-        a.records,
-        a.records as f64 / secs
+        "load: {mine} records in {secs:.2} s ({:.0} records/s)",
+        mine as f64 / secs
     );
     Ok(secs)
 }
 
-type RunOutput = (Vec<WorkerResult>, f64, StatsSnapshot, StatsSnapshot);
+type Snap = (StatsSnapshot, u64);
+type RunOutput = (Vec<WorkerResult>, f64, Vec<Snap>, Vec<Snap>);
 
-fn run_phase(engine: &Engine, tree: &BTree, a: &Args, plan: &Plan) -> Result<RunOutput, String> {
+fn run_phase(nodes: &Nodes, tree: &BTree, a: &Args, plan: &Plan) -> Result<RunOutput, String> {
     let phase = AtomicU8::new(WARMUP);
-    let counters: Vec<Counter> = (0..a.workers).map(|_| Counter::default()).collect();
-    let next_insert = AtomicU64::new(a.records);
+    let threads: Vec<(&Engine, usize)> = nodes
+        .engines
+        .iter()
+        .flat_map(|&e| (0..a.workers).map(move |t| (e, t)))
+        .collect();
+    let counters: Vec<Counter> = threads.iter().map(|_| Counter::default()).collect();
+    let inserts: Vec<Counter> = nodes.engines.iter().map(|_| Counter::default()).collect();
+    let snaps = || nodes.engines.iter().map(|e| snap(e)).collect::<Vec<_>>();
+    let sum = |v: &[Snap]| {
+        v.iter()
+            .fold((StatsSnapshot::default(), 0u64), |(mut s, r), (x, q)| {
+                s.hits += x.hits;
+                s.faults += x.faults;
+                s.store_reads += x.store_reads;
+                s.store_writes += x.store_writes;
+                (s, r + q)
+            })
+    };
     std::thread::scope(|s| {
-        let hs: Vec<_> = (0..a.workers)
-            .map(|t| {
-                let (phase, counter, next_insert) = (&phase, &counters[t], &next_insert);
+        let hs: Vec<_> = threads
+            .iter()
+            .enumerate()
+            .map(|(i, &(e, t))| {
+                let slot = nodes
+                    .engines
+                    .iter()
+                    .position(|x| std::ptr::eq(*x, e))
+                    .expect("engine");
+                let (phase, counter, inserted) = (&phase, &counters[i], &inserts[slot]);
+                let keys = Keys {
+                    records: a.records,
+                    node: e.node_id() as u64,
+                    nodes: nodes.cluster as u64,
+                    partitioned: a.access == Access::Partitioned,
+                };
                 s.spawn(move || {
-                    worker_loop(engine, tree, a, plan, t, phase, &counter.0, next_insert)
+                    worker_loop(e, tree, a, plan, keys, t, phase, &counter.0, &inserted.0)
                 })
             })
             .collect();
@@ -455,9 +679,9 @@ fn run_phase(engine: &Engine, tree: &BTree, a: &Args, plan: &Plan) -> Result<Run
         let start = Instant::now();
         let warm = Duration::from_secs_f64(a.warmup);
         let end = warm + Duration::from_secs_f64(a.duration);
-        let mut before = engine.stats();
+        let mut before = snaps();
         let mut measure_start = start;
-        let mut last = (Instant::now(), total_ops(), engine.stats());
+        let mut last = (Instant::now(), total_ops(), sum(&snaps()));
         let mut tick = 1u64;
         loop {
             let next = start + Duration::from_secs(tick);
@@ -465,7 +689,7 @@ fn run_phase(engine: &Engine, tree: &BTree, a: &Args, plan: &Plan) -> Result<Run
             let wake = next.min(stop_at);
             if phase.load(Ordering::Relaxed) == WARMUP && start + warm <= wake {
                 std::thread::sleep((start + warm).saturating_duration_since(Instant::now()));
-                before = engine.stats();
+                before = snaps();
                 measure_start = Instant::now();
                 phase.store(MEASURE, Ordering::Relaxed);
             }
@@ -474,20 +698,22 @@ fn run_phase(engine: &Engine, tree: &BTree, a: &Args, plan: &Plan) -> Result<Run
                 break; // a worker stopped early: an error; collected below
             }
             if !a.quiet && wake == next {
-                let now = (Instant::now(), total_ops(), engine.stats());
+                let now = (Instant::now(), total_ops(), sum(&snaps()));
                 let dt = now.0.duration_since(last.0).as_secs_f64();
-                let d = delta(&last.2, &now.2);
+                let d = delta(&last.2 .0, &now.2 .0);
+                let remote = now.2 .1 - last.2 .1;
                 let hit = if d.hits > 0 {
-                    100.0 * (d.hits - d.faults.min(d.hits)) as f64 / d.hits as f64
+                    100.0 * (d.hits - (d.faults + remote).min(d.hits)) as f64 / d.hits as f64
                 } else {
                     100.0
                 };
                 println!(
-                    "[{:>4}s{}] {:>10.0} ops/s  hit {:>6.2}%  remote 0/s  nvme r {:>7.0}/s w {:>7.0}/s",
+                    "[{:>4}s{}] {:>10.0} ops/s  hit {:>6.2}%  remote {:>7.0}/s  nvme r {:>7.0}/s w {:>7.0}/s",
                     tick,
                     if phase.load(Ordering::Relaxed) == WARMUP { " warm" } else { "" },
                     (now.1 - last.1) as f64 / dt,
                     hit,
+                    remote as f64 / dt,
                     d.store_reads as f64 / dt,
                     d.store_writes as f64 / dt
                 );
@@ -499,7 +725,7 @@ fn run_phase(engine: &Engine, tree: &BTree, a: &Args, plan: &Plan) -> Result<Run
             tick += 1;
         }
         phase.store(STOP, Ordering::Relaxed);
-        let after = engine.stats();
+        let after = snaps();
         let secs = measure_start.elapsed().as_secs_f64();
         let mut out = Vec::new();
         for h in hs {
@@ -519,13 +745,14 @@ fn worker_loop(
     tree: &BTree,
     a: &Args,
     plan: &Plan,
+    keys: Keys,
     t: usize,
     phase: &AtomicU8,
     counter: &AtomicU64,
-    next_insert: &AtomicU64,
+    inserted: &AtomicU64,
 ) -> Result<WorkerResult, TreeError> {
     let w = engine.worker();
-    let mut rng = SmallRng::seed_from_u64(0xC0FFEE + t as u64);
+    let mut rng = SmallRng::seed_from_u64(0xC0FFEE + t as u64 + ((keys.node) << 20));
     let mut chooser = KeyChooser::new(plan.dist);
     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("bounds");
     let mut res = WorkerResult::default();
@@ -551,11 +778,11 @@ fn worker_loop(
             _ => {}
         }
         let op = plan.mix.pick(&mut rng);
-        let live = next_insert.load(Ordering::Relaxed);
+        let live = inserted.load(Ordering::Relaxed);
         let t0 = Instant::now();
         match op {
             Op::Read => {
-                let k = chooser.next(live, &mut rng);
+                let k = keys.live(&mut chooser, live, &mut rng);
                 if tree.lookup(&w, &u64_key(k), &mut buf)? {
                     if !value::check(&buf, k, vs) {
                         note(&mut res, format!("read of key {k} returned a bad value"));
@@ -567,7 +794,7 @@ fn worker_loop(
                 }
             }
             Op::Update | Op::ReadModifyWrite => {
-                let k = chooser.next(a.records, &mut rng);
+                let k = keys.existing(&mut chooser, &mut rng);
                 let salt: u32 = rng.random();
                 let mut bad = false;
                 let rmw = op == Op::ReadModifyWrite;
@@ -588,14 +815,14 @@ fn worker_loop(
                 }
             }
             Op::Insert => {
-                let k = next_insert.fetch_add(1, Ordering::Relaxed);
+                let k = keys.inserted(inserted.fetch_add(1, Ordering::Relaxed));
                 value::fill(&mut val, k, 0);
                 if !tree.insert(&w, &u64_key(k), &val)? {
                     note(&mut res, format!("insert of new key {k}: already present"));
                 }
             }
             Op::Scan => {
-                let k = chooser.next(live, &mut rng);
+                let k = keys.live(&mut chooser, live, &mut rng);
                 let len = rng.random_range(1..=a.max_scan);
                 let mut seen = 0;
                 let mut bad: Option<String> = None;

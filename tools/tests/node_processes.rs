@@ -24,7 +24,8 @@ fn cluster_file(dir: &Path, n: usize) -> PathBuf {
     let ls: Vec<_> = (0..n)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
         .collect();
-    let mut s = String::from("cache = \"1MiB\"\nremote_timeout_ms = 3000\nconnect_timeout_ms = 30000\n");
+    let mut s =
+        String::from("cache = \"1MiB\"\nremote_timeout_ms = 3000\nconnect_timeout_ms = 30000\n");
     for (i, l) in ls.iter().enumerate() {
         s += &format!(
             "[[node]]\nid = {i}\naddress = \"{}\"\ndata_dir = \"node{i}\"\n",
@@ -44,7 +45,12 @@ fn start(file: &Path, id: usize, increments: u64, json: &Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_shoal"))
         .args(["node", "--config"])
         .arg(file)
-        .args(["--id", &id.to_string(), "--increments", &increments.to_string()])
+        .args([
+            "--id",
+            &id.to_string(),
+            "--increments",
+            &increments.to_string(),
+        ])
         .args(["--pages", "200", "--barrier-timeout", "60", "--json"])
         .arg(json)
         .stdout(Stdio::from(out))
@@ -80,7 +86,10 @@ fn run_cluster(file: &Path, dir: &Path, inc: u64) -> Vec<serde_json::Value> {
     for (i, k) in kids.into_iter().enumerate() {
         let (code, text) = finish(k, i, &paths[i], t0);
         assert_eq!(code, 0, "node {i} failed:\n{text}");
-        assert!(text.contains("left the cluster cleanly"), "node {i}:\n{text}");
+        assert!(
+            text.contains("left the cluster cleanly"),
+            "node {i}:\n{text}"
+        );
     }
     paths.iter().map(|p| json(p)).collect()
 }
@@ -96,14 +105,28 @@ fn three_processes_lose_no_update_and_a_restart_restores_every_counter() {
     for (i, r) in rs.iter().enumerate() {
         assert_eq!(r["errors"], 0, "node {i}: {r}");
         assert_eq!(r["end"]["exact"], true, "node {i}: {r}");
-        assert_eq!(r["end"]["counters_sum"].as_u64().unwrap(), total, "node {i}: {r}");
-        assert!(r["remote_requests"].as_u64().unwrap() > 0, "pages moved: {r}");
-        assert!(r["evictions"].as_u64().unwrap() > 0, "the cache is too small to hold all: {r}");
+        assert_eq!(
+            r["end"]["counters_sum"].as_u64().unwrap(),
+            total,
+            "node {i}: {r}"
+        );
+        assert!(
+            r["remote_requests"].as_u64().unwrap() > 0,
+            "pages moved: {r}"
+        );
+        assert!(
+            r["evictions"].as_u64().unwrap() > 0,
+            "the cache is too small to hold all: {r}"
+        );
     }
     // the same cluster again, only checking: every counter came back from the stores
     let rs = run_cluster(&file, dir.path(), 0);
     for (i, r) in rs.iter().enumerate() {
-        assert_eq!(r["start"]["counters_sum"].as_u64().unwrap(), total, "node {i}: {r}");
+        assert_eq!(
+            r["start"]["counters_sum"].as_u64().unwrap(),
+            total,
+            "node {i}: {r}"
+        );
         assert_eq!(r["start"]["consistent"], true, "node {i}: {r}");
     }
 }
@@ -113,7 +136,9 @@ fn a_killed_process_makes_the_others_report_errors_not_hang() {
     let dir = tempfile::tempdir().unwrap();
     let file = cluster_file(dir.path(), 3);
     let t0 = Instant::now();
-    let paths: Vec<PathBuf> = (0..3).map(|i| dir.path().join(format!("r{i}.json"))).collect();
+    let paths: Vec<PathBuf> = (0..3)
+        .map(|i| dir.path().join(format!("r{i}.json")))
+        .collect();
     // enough work that nodes 0 and 1 are still running long after node 2 is killed
     let mut kids: Vec<Child> = (0..3).map(|i| start(&file, i, 30_000, &paths[i])).collect();
     // wait until node 2 is busy incrementing, then kill it (SIGKILL: no goodbye)
@@ -121,7 +146,10 @@ fn a_killed_process_makes_the_others_report_errors_not_hang() {
         .unwrap()
         .contains("increments/s")
     {
-        assert!(kids[2].try_wait().unwrap().is_none(), "node 2 ended before its run");
+        assert!(
+            kids[2].try_wait().unwrap().is_none(),
+            "node 2 ended before its run"
+        );
         assert!(t0.elapsed() < LIMIT, "node 2 never started its run");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -133,15 +161,24 @@ fn a_killed_process_makes_the_others_report_errors_not_hang() {
         assert_eq!(code, 1, "node {i} must fail (a node died):\n{text}");
         let r = json(&paths[i]);
         assert!(r["errors"].as_u64().unwrap() > 0, "node {i}: {r}");
-        assert!(r["errors_by_home"]["2"].as_u64().unwrap() > 0, "node {i}: {r}");
+        assert!(
+            r["errors_by_home"]["2"].as_u64().unwrap() > 0,
+            "node {i}: {r}"
+        );
         assert!(
             r["first_error"].as_str().unwrap().contains("node 2"),
             "the errors name the dead node: {r}"
         );
         // pages that do not depend on node 2 kept being served
-        assert!(r["increments_after_first_error"].as_u64().unwrap() > 100, "node {i}: {r}");
+        assert!(
+            r["increments_after_first_error"].as_u64().unwrap() > 100,
+            "node {i}: {r}"
+        );
         // the final barrier fails (on node 2, or on the other survivor that already left)
-        assert!(r["finished"].as_str().unwrap().contains("unreachable"), "node {i}: {r}");
+        assert!(
+            r["finished"].as_str().unwrap().contains("unreachable"),
+            "node {i}: {r}"
+        );
     }
     eprintln!(
         "node 2 killed at {:.1} s; nodes 0 and 1 done at {:.1} s",

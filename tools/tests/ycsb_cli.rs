@@ -42,6 +42,60 @@ fn check(v: &serde_json::Value) {
 }
 
 #[test]
+fn three_nodes_over_mem_run_clean() {
+    for (wl, access) in [("a", "random"), ("e", "partitioned"), ("d", "random")] {
+        let v = run_json(&[
+            "--nodes",
+            "3",
+            "--records",
+            "20000",
+            "--workload",
+            wl,
+            "--access",
+            access,
+            "--cache",
+            "4MiB",
+        ]);
+        check(&v);
+        let nodes = v["per_node"].as_array().unwrap();
+        assert_eq!(nodes.len(), 3, "{v}");
+        if access == "random" {
+            // the table's pages are homed on every node: some must have been fetched
+            let remote: u64 = nodes
+                .iter()
+                .map(|n| n["remote_fetches"].as_u64().unwrap())
+                .sum();
+            assert!(remote > 0, "{v}");
+        }
+    }
+}
+
+#[test]
+fn two_processes_over_tcp_run_clean() {
+    let v = run_json(&[
+        "--nodes",
+        "2",
+        "--transport",
+        "tcp",
+        "--records",
+        "20000",
+        "--workload",
+        "b",
+        "--cache",
+        "4MiB",
+    ]);
+    check(&v);
+    assert_eq!(v["processes"], 2, "{v}");
+    assert_eq!(v["transport"], "tcp", "{v}");
+    let nodes = v["per_node"].as_array().unwrap();
+    assert_eq!(nodes.len(), 2, "{v}");
+    assert!(
+        nodes.iter().all(|n| n["page_hits"].as_u64().unwrap() > 0),
+        "{v}"
+    );
+}
+
+#[test]
 fn every_workload_runs_clean_on_one_node() {
     for wl in ["a", "b", "c", "d", "e", "f"] {
         let v = run_json(&["--records", "20000", "--workload", wl]);

@@ -1,0 +1,271 @@
+//! `shoal ycsb --transport tcp --nodes N`: one local process per node over loopback. This
+//! process writes a cluster file, starts N copies of itself as `shoal ycsb --cluster FILE --id
+//! i` with the same workload flags, waits for them, and merges their JSON reports (latency
+//! histograms included) into one summary. Node 0's per-second lines are shown; every node's
+//! output is kept in `<data dir>/node<i>.log`.
+
+use crate::ycsb::{Access, Args, Distribution};
+use hdrhistogram::Histogram;
+use serde_json::{json, Value};
+use shoal_engine::ClusterFile;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long the others may keep running after one node failed.
+const GRACE: Duration = Duration::from_secs(60);
+
+/// The flags a node process gets: the workload's, not the launcher's.
+fn node_args(a: &Args, file: &Path, id: usize, json: &Path) -> Vec<String> {
+    let mut v: Vec<String> = vec![
+        "ycsb".into(),
+        "--cluster".into(),
+        file.display().to_string(),
+        "--id".into(),
+        id.to_string(),
+        "--json".into(),
+        json.display().to_string(),
+    ];
+    let mut f = |k: &str, val: String| {
+        v.push(k.into());
+        v.push(val);
+    };
+    f("--workers", a.workers.to_string());
+    f("--records", a.records.to_string());
+    f("--value-size", a.value_size.to_string());
+    f("--workload", a.workload.clone());
+    if let Some(r) = a.read_ratio {
+        f("--read-ratio", r.to_string());
+    }
+    if let Some(d) = a.distribution {
+        let d = match d {
+            Distribution::Uniform => "uniform",
+            Distribution::Zipf => "zipf",
+            Distribution::Latest => "latest",
+        };
+        f("--distribution", d.into());
+    }
+    f("--zipf-theta", a.zipf_theta.to_string());
+    let access = match a.access {
+        Access::Random => "random",
+        Access::Partitioned => "partitioned",
+    };
+    f("--access", access.into());
+    f("--devices", a.devices.to_string());
+    f("--warmup", a.warmup.to_string());
+    f("--duration", a.duration.to_string());
+    f("--max-scan", a.max_scan.to_string());
+    if id != 0 || a.quiet {
+        v.push("--quiet".into());
+    }
+    v
+}
+
+/// Run the cluster of local processes and report.
+pub fn run_local(a: &Args) -> Result<ExitCode, String> {
+    let tmp;
+    let dir: PathBuf = match &a.data_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).map_err(|e| format!("--data-dir {}: {e}", d.display()))?;
+            d.clone()
+        }
+        None => {
+            tmp = tempfile::Builder::new()
+                .prefix("shoal-ycsb-tcp-")
+                .tempdir()
+                .map_err(|e| format!("cannot create a temporary data directory: {e}"))?;
+            tmp.path().to_path_buf()
+        }
+    };
+    // free loopback ports: bound by the OS, released just before the nodes bind them
+    let listeners = (0..a.nodes)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("cannot find free loopback ports: {e}"))?;
+    let addrs = listeners
+        .iter()
+        .map(|l| l.local_addr())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    drop(listeners);
+    let file = dir.join("cluster.toml");
+    std::fs::write(&file, ClusterFile::local_text(&addrs, &dir, &a.cache))
+        .map_err(|e| format!("writing {}: {e}", file.display()))?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the shoal binary: {e}"))?;
+    let mut kids: Vec<(Child, PathBuf, PathBuf)> = Vec::new();
+    for i in 0..a.nodes {
+        let json = dir.join(format!("node{i}.json"));
+        let log = dir.join(format!("node{i}.log"));
+        let out = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let mut c = Command::new(&exe);
+        c.args(node_args(a, &file, i, &json))
+            .stderr(Stdio::from(err));
+        if i == 0 && !a.quiet {
+            c.stdout(Stdio::inherit());
+        } else {
+            c.stdout(Stdio::from(out));
+        }
+        let child = c
+            .spawn()
+            .map_err(|e| format!("starting node {i} ({}): {e}", exe.display()))?;
+        kids.push((child, json, log));
+    }
+    // wait for all; once one fails, the others get GRACE to notice, then are killed
+    let mut codes: Vec<Option<i32>> = vec![None; kids.len()];
+    let mut failed_at: Option<Instant> = None;
+    while codes.iter().any(|c| c.is_none()) {
+        for (i, (k, _, _)) in kids.iter_mut().enumerate() {
+            if codes[i].is_none() {
+                if let Some(st) = k.try_wait().map_err(|e| e.to_string())? {
+                    let code = st.code().unwrap_or(-1);
+                    codes[i] = Some(code);
+                    if code != 0 && failed_at.is_none() {
+                        failed_at = Some(Instant::now());
+                    }
+                }
+            }
+        }
+        if failed_at.is_some_and(|t| t.elapsed() > GRACE) {
+            for (i, (k, _, _)) in kids.iter_mut().enumerate() {
+                if codes[i].is_none() {
+                    let _ = k.kill();
+                    let _ = k.wait();
+                    codes[i] = Some(-9);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut docs = Vec::new();
+    let mut broken = Vec::new();
+    for (i, (_, json, log)) in kids.iter().enumerate() {
+        let doc = std::fs::read_to_string(json)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok());
+        match doc {
+            Some(d) if codes[i] == Some(0) || codes[i] == Some(1) => docs.push(d),
+            _ => {
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                eprintln!(
+                    "node {i} failed (exit {:?}); last lines of {}:",
+                    codes[i],
+                    log.display()
+                );
+                for l in tail.iter().rev() {
+                    eprintln!("  {l}");
+                }
+                broken.push(i);
+            }
+        }
+    }
+    if !broken.is_empty() {
+        return Err(format!("nodes {broken:?} of the tcp cluster failed"));
+    }
+    let merged = merge(&docs)?;
+    print_summary(&merged);
+    if let Some(path) = &a.json {
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&merged).expect("json") + "\n",
+        )
+        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
+    let errors = merged["value_errors"].as_u64().unwrap_or(0);
+    Ok(if errors > 0 || codes.iter().any(|c| *c != Some(0)) {
+        eprintln!("error: {errors} values failed their check");
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// One report for the whole cluster from the nodes' reports.
+fn merge(docs: &[Value]) -> Result<Value, String> {
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("bounds");
+    let (mut ops, mut tput, mut errors, mut misses, mut dur) = (0u64, 0f64, 0u64, 0u64, 0f64);
+    let mut by_type = serde_json::Map::new();
+    let mut per_node = Vec::new();
+    let mut first_error = Value::Null;
+    for d in docs {
+        let bad = || format!("a node wrote an unreadable report: {d}");
+        ops += d["ops"].as_u64().ok_or_else(bad)?;
+        tput += d["throughput_ops_per_s"].as_f64().ok_or_else(bad)?;
+        errors += d["value_errors"].as_u64().ok_or_else(bad)?;
+        misses += d["read_misses_of_new_keys"].as_u64().unwrap_or(0);
+        dur = dur.max(d["duration_s"].as_f64().ok_or_else(bad)?);
+        if first_error.is_null() {
+            first_error = d["first_error"].clone();
+        }
+        for (k, v) in d["ops_by_type"].as_object().ok_or_else(bad)? {
+            let n = by_type.get(k).and_then(Value::as_u64).unwrap_or(0) + v.as_u64().unwrap_or(0);
+            by_type.insert(k.clone(), json!(n));
+        }
+        per_node.extend(d["per_node"].as_array().ok_or_else(bad)?.iter().cloned());
+        for pair in d["histogram_ns"].as_array().ok_or_else(bad)? {
+            let (v, c) = (pair[0].as_u64(), pair[1].as_u64());
+            let (Some(v), Some(c)) = (v, c) else {
+                return Err(bad());
+            };
+            hist.record_n(v.max(1), c).map_err(|e| format!("{e}"))?;
+        }
+    }
+    let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    let mut out = docs[0].clone();
+    let o = out.as_object_mut().expect("a report is an object");
+    o.remove("histogram_ns");
+    for (k, v) in [
+        ("transport", json!("tcp")),
+        ("processes", json!(docs.len())),
+        ("ops", json!(ops)),
+        ("duration_s", json!(dur)),
+        ("throughput_ops_per_s", json!(tput)),
+        ("p50_us", json!(us(0.5))),
+        ("p99_us", json!(us(0.99))),
+        ("p999_us", json!(us(0.999))),
+        ("max_us", json!(hist.max() as f64 / 1000.0)),
+        ("ops_by_type", Value::Object(by_type)),
+        ("value_errors", json!(errors)),
+        ("first_error", first_error),
+        ("read_misses_of_new_keys", json!(misses)),
+        ("per_node", Value::Array(per_node)),
+    ] {
+        o.insert(k.into(), v);
+    }
+    Ok(out)
+}
+
+fn print_summary(m: &Value) {
+    let f = |k: &str| m[k].as_f64().unwrap_or(0.0);
+    println!(
+        "cluster of {} processes over tcp: {:.1} s measured",
+        m["processes"],
+        f("duration_s")
+    );
+    println!(
+        "  throughput    {:.0} ops/s ({} ops)",
+        f("throughput_ops_per_s"),
+        m["ops"]
+    );
+    println!(
+        "  latency       p50 {:.1} us  p99 {:.1} us  p99.9 {:.1} us  max {:.1} us",
+        f("p50_us"),
+        f("p99_us"),
+        f("p999_us"),
+        f("max_us")
+    );
+    let secs = f("duration_s").max(1e-9);
+    for n in m["per_node"].as_array().into_iter().flatten() {
+        let g = |k: &str| n[k].as_f64().unwrap_or(0.0);
+        println!(
+            "  node {:<8} page hit ratio {:.2}%  remote fetches {:.0}/s  nvme reads {:.0}/s  writes {:.0}/s",
+            n["node"],
+            g("hit_ratio") * 100.0,
+            g("remote_fetches") / secs,
+            g("nvme_reads") / secs,
+            g("nvme_writes") / secs
+        );
+    }
+    println!("  value errors  {}", m["value_errors"]);
+}
