@@ -391,7 +391,10 @@ fn a_dead_node_gives_errors_not_hangs() {
     // the home refuses it (no waiting for a timeout), and keeps refusing it
     for w in [&w1, &w0, &w1] {
         let e = w.run(|w| w.exclusive(on0[0]).map(|_| ())).unwrap_err();
-        assert!(matches!(e, EngineError::HolderDead(p, 2) if p == on0[0]), "{e}");
+        assert!(
+            matches!(e, EngineError::HolderDead(p, 2) if p == on0[0]),
+            "{e}"
+        );
     }
     // everything that does not depend on node 2 keeps working, reads and writes
     for &p in on0.iter().chain(&on1).skip(1) {
