@@ -15,7 +15,7 @@ use crate::error::EngineError;
 use crate::pid::MAX_NODES;
 use shoal_messaging::{mem_cluster, ChannelLayout, MemTransport, Transport, WaitMode};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long a clean shutdown waits for foreign pages to go home.
 pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -98,19 +98,8 @@ impl Cluster {
 
     /// Clean shutdown (see module docs). Workers must have dropped their guards.
     pub fn close(self) -> Result<(), EngineError> {
-        let t0 = Instant::now();
-        loop {
-            let left: usize = self.nodes.iter().map(|e| e.release_remote()).sum();
-            if left == 0 {
-                break;
-            }
-            if t0.elapsed() > RELEASE_TIMEOUT {
-                return Err(EngineError::Remote(format!(
-                    "{left} pages did not go home within {} s",
-                    RELEASE_TIMEOUT.as_secs()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(1));
+        for e in &self.nodes {
+            e.send_pages_home(RELEASE_TIMEOUT)?;
         }
         let mut first = None;
         for e in &self.nodes {

@@ -229,6 +229,26 @@ impl Engine {
         }
     }
 
+    /// Call [`release_remote`](Self::release_remote) until no page homed elsewhere is left
+    /// here; fails after `limit`. The other nodes' handlers must be running.
+    pub fn send_pages_home(&self, limit: Duration) -> Result<(), EngineError> {
+        let t0 = Instant::now();
+        loop {
+            let left = self.release_remote();
+            if left == 0 {
+                return Ok(());
+            }
+            if t0.elapsed() > limit {
+                return Err(EngineError::Remote(format!(
+                    "node {}: {left} pages of other homes did not go home within {} s",
+                    self.inner.node,
+                    limit.as_secs_f64()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// Cluster barrier: returns once every node of the cluster called `barrier` as often as this
     /// node has (the n-th calls meet). Fails when a node died or `limit` passed. One thread per
     /// node at a time (further callers queue). A single node returns at once.
@@ -251,20 +271,7 @@ impl Engine {
     /// workers stopped: send every page homed elsewhere home, wait at a barrier until no node
     /// holds a foreign page, then [`close`](Self::close). `limit` bounds each wait.
     pub fn leave(&self, limit: Duration) -> Result<(), EngineError> {
-        let t0 = Instant::now();
-        loop {
-            let left = self.release_remote();
-            if left == 0 {
-                break;
-            }
-            if t0.elapsed() > limit {
-                return Err(EngineError::Remote(format!(
-                    "{left} pages of other homes did not go home within {} s",
-                    limit.as_secs_f64()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        self.send_pages_home(limit)?;
         self.barrier(limit)?;
         if let Some(c) = &self.inner.coh {
             c.ch.transport().departing();

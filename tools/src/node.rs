@@ -208,9 +208,8 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
 
 /// Shut down after a failure: send what can go home (bounded), then close locally.
 fn abandon(engine: &Engine) {
-    let t0 = Instant::now();
-    while engine.release_remote() > 0 && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(5));
+    if let Err(e) = engine.send_pages_home(Duration::from_secs(5)) {
+        eprintln!("{e}");
     }
     if let Err(e) = engine.close() {
         eprintln!("closing node {}: {e}", engine.node_id());
