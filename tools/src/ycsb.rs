@@ -128,6 +128,12 @@ fn validate(a: &Args) -> Result<Plan, String> {
     if a.records == 0 {
         return Err("--records must be at least 1".into());
     }
+    if a.records < a.nodes as u64 {
+        return Err(format!(
+            "--records {}: every node loads a share, so use at least --nodes ({})",
+            a.records, a.nodes
+        ));
+    }
     if a.workers == 0 || a.workers > 1024 {
         return Err(format!("--workers {}: use 1 to 1024", a.workers));
     }

@@ -125,11 +125,12 @@ fn larger_than_cache_with_zipf_reads_from_nvme() {
 
 #[test]
 fn bad_flags_are_clear_errors() {
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 7] = [
         (&["--records", "0"], "--records must be at least 1"),
         (&["--cache", "16KiB"], "smaller than the minimum"),
         (&["--zipf-theta", "7"], "--zipf-theta 7"),
         (&["--nodes", "65"], "1 to 64 nodes"),
+        (&["--nodes", "3", "--records", "2"], "at least --nodes"),
         (&["--workload", "z"], "use one of a, b, c, d, e, f"),
         (&["--value-size", "4"], "--value-size 4"),
     ];
