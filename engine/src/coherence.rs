@@ -311,6 +311,25 @@ impl Coherence {
             })
     }
 
+    /// Tell `to` its request for `pid` is refused (see [`refusal`]).
+    fn send_refusal(&self, to: Node, pid: Pid, code: u8, node: Node) {
+        self.send_control(
+            to,
+            &Control::Refuse {
+                pid: pid.raw(),
+                code,
+                node,
+            },
+        );
+    }
+
+    /// The first of `nodes` (other than this one) that is dead.
+    fn first_dead(&self, nodes: impl Iterator<Item = Node>) -> Option<Node> {
+        nodes
+            .filter(|&n| n != self.me)
+            .find(|&n| !self.ch.peer_alive(n))
+    }
+
     /// Wait (up to `limit`) until `done` says the wait is over, checking `peer` is alive.
     /// `done` runs under no lock of ours; the handler notifies after every message.
     fn wait_until<T>(
@@ -349,10 +368,7 @@ impl Coherence {
             return None;
         };
         let from = slot.page_from.filter(|_| awaiting_page);
-        from.into_iter()
-            .chain(crate::protocol::members(acks))
-            .filter(|&n| n != self.me)
-            .find(|&n| !self.ch.peer_alive(n))
+        self.first_dead(from.into_iter().chain(crate::protocol::members(acks)))
     }
 
     /// The page's current copy died with `dead` before reaching us. Mark the page lost here,
@@ -391,14 +407,9 @@ impl Coherence {
     /// acknowledged (we hold no copy).
     fn answer_lost(&self, pid: Pid, dead: Node, d: Deferred) {
         match d {
-            Deferred::Transfer { to, .. } if to != self.me => self.send_control(
-                to,
-                &Control::Refuse {
-                    pid: pid.raw(),
-                    code: REFUSE_HOLDER_DEAD,
-                    node: dead,
-                },
-            ),
+            Deferred::Transfer { to, .. } if to != self.me => {
+                self.send_refusal(to, pid, REFUSE_HOLDER_DEAD, dead)
+            }
             Deferred::Invalidate { from, .. } if from != self.me => {
                 if let Err(e) = self.send(from, pid, &Msg::InvalidateAck, None) {
                     log::warn!("node {}: {e}", self.me);
@@ -843,13 +854,7 @@ impl Coherence {
                     } else if matches!(s.copy.pending, Pending::Requested { .. }) {
                         // the home did not record us: the request is over
                         s.copy.pending = Pending::Idle;
-                        s.error = Some(match code {
-                            REFUSE_NO_PAGE => EngineError::NoSuchPage(pid),
-                            REFUSE_HOLDER_DEAD => EngineError::HolderDead(pid, node),
-                            _ => EngineError::Remote(format!(
-                                "node {from} could not read page {pid} from its store"
-                            )),
-                        });
+                        s.error = Some(refusal(pid, code, node, from));
                     }
                 }
                 drop(shard);
@@ -1072,14 +1077,9 @@ impl Coherence {
                         log::warn!("node {}: {e}", self.me);
                     }
                 }
-                Msg::Request { .. } if note.from != self.me => self.send_control(
-                    note.from,
-                    &Control::Refuse {
-                        pid: pid.raw(),
-                        code: REFUSE_HOLDER_DEAD,
-                        node: dead,
-                    },
-                ),
+                Msg::Request { .. } if note.from != self.me => {
+                    self.send_refusal(note.from, pid, REFUSE_HOLDER_DEAD, dead)
+                }
                 _ => {}
             }
             return Ok(Outcome::Done);
@@ -1226,22 +1226,9 @@ impl Coherence {
         let refuse = |slot: &mut Slot, code: u8, node: Node| {
             if from == self.me {
                 slot.copy.pending = Pending::Idle;
-                slot.error = Some(match code {
-                    REFUSE_NO_PAGE => EngineError::NoSuchPage(pid),
-                    REFUSE_HOLDER_DEAD => EngineError::HolderDead(pid, node),
-                    _ => {
-                        EngineError::Remote(format!("page {pid} could not be read from the store"))
-                    }
-                });
+                slot.error = Some(refusal(pid, code, node, self.me));
             } else {
-                self.send_control(
-                    from,
-                    &Control::Refuse {
-                        pid: pid.raw(),
-                        code,
-                        node,
-                    },
-                );
+                self.send_refusal(from, pid, code, node);
             }
             Ok(Outcome::Done)
         };
@@ -1267,10 +1254,7 @@ impl Coherence {
         let needed = source
             .into_iter()
             .chain(crate::protocol::members(invalidate));
-        if let Some(dead) = needed
-            .filter(|&n| n != self.me)
-            .find(|&n| !self.ch.peer_alive(n))
-        {
+        if let Some(dead) = self.first_dead(needed) {
             return refuse(slot, REFUSE_HOLDER_DEAD, dead);
         }
         // the home copy, if the grant carries it: the home frame, or the store
@@ -1382,6 +1366,17 @@ impl Coherence {
             }
         }
         left
+    }
+}
+
+/// The error a worker gets for a refused request (`by`: the refusing node).
+fn refusal(pid: Pid, code: u8, node: Node, by: Node) -> EngineError {
+    match code {
+        REFUSE_NO_PAGE => EngineError::NoSuchPage(pid),
+        REFUSE_HOLDER_DEAD => EngineError::HolderDead(pid, node),
+        _ => EngineError::Remote(format!(
+            "node {by} could not read page {pid} from its store"
+        )),
     }
 }
 

@@ -259,14 +259,6 @@ impl Engine {
         }
     }
 
-    /// Number of nodes in this engine's cluster (1 for a single node).
-    pub fn cluster_size(&self) -> u8 {
-        match &self.inner.coh {
-            Some(c) => c.ch.nodes(),
-            None => 1,
-        }
-    }
-
     /// Clean shutdown of one node of a multi-process cluster, called by every node once its
     /// workers stopped: send every page homed elsewhere home, wait at a barrier until no node
     /// holds a foreign page, then [`close`](Self::close). `limit` bounds each wait.

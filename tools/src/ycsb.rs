@@ -286,17 +286,7 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
     if a.cluster.is_none() && a.transport == Transport::Tcp {
         return crate::ycsb_tcp::run_local(&a);
     }
-    let tmp;
-    let dir = match &a.data_dir {
-        Some(d) => d.clone(),
-        None => {
-            tmp = tempfile::Builder::new()
-                .prefix("shoal-ycsb-")
-                .tempdir()
-                .map_err(|e| format!("cannot create a temporary data directory: {e}"))?;
-            tmp.path().to_path_buf()
-        }
-    };
+    let (dir, _tmp) = data_dir(&a)?;
     let node_cfg = |i: u8| {
         let d = if a.nodes > 1 {
             dir.join(format!("node{i}"))
@@ -349,6 +339,24 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
     drop(nodes);
     cluster.close().map_err(|e| e.to_string())?;
     r
+}
+
+/// The run's data directory: `--data-dir` (created if missing), or a temporary directory that
+/// is removed when the returned guard drops.
+pub fn data_dir(a: &Args) -> Result<(PathBuf, Option<tempfile::TempDir>), String> {
+    match &a.data_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).map_err(|e| format!("--data-dir {}: {e}", d.display()))?;
+            Ok((d.clone(), None))
+        }
+        None => {
+            let t = tempfile::Builder::new()
+                .prefix("shoal-ycsb-")
+                .tempdir()
+                .map_err(|e| format!("cannot create a temporary data directory: {e}"))?;
+            Ok((t.path().to_path_buf(), Some(t)))
+        }
+    }
 }
 
 /// Node-level counters over the measured interval.
@@ -636,10 +644,9 @@ type RunOutput = (Vec<WorkerResult>, f64, Vec<Snap>, Vec<Snap>);
 
 fn run_phase(nodes: &Nodes, tree: &BTree, a: &Args, plan: &Plan) -> Result<RunOutput, String> {
     let phase = AtomicU8::new(WARMUP);
-    let threads: Vec<(&Engine, usize)> = nodes
-        .engines
-        .iter()
-        .flat_map(|&e| (0..a.workers).map(move |t| (e, t)))
+    // (index of the engine in `nodes.engines`, worker number on it)
+    let threads: Vec<(usize, usize)> = (0..nodes.engines.len())
+        .flat_map(|n| (0..a.workers).map(move |t| (n, t)))
         .collect();
     let counters: Vec<Counter> = threads.iter().map(|_| Counter::default()).collect();
     let inserts: Vec<Counter> = nodes.engines.iter().map(|_| Counter::default()).collect();
@@ -658,13 +665,9 @@ fn run_phase(nodes: &Nodes, tree: &BTree, a: &Args, plan: &Plan) -> Result<RunOu
         let hs: Vec<_> = threads
             .iter()
             .enumerate()
-            .map(|(i, &(e, t))| {
-                let slot = nodes
-                    .engines
-                    .iter()
-                    .position(|x| std::ptr::eq(*x, e))
-                    .expect("engine");
-                let (phase, counter, inserted) = (&phase, &counters[i], &inserts[slot]);
+            .map(|(i, &(n, t))| {
+                let e = nodes.engines[n];
+                let (phase, counter, inserted) = (&phase, &counters[i], &inserts[n]);
                 let keys = Keys {
                     records: a.records,
                     node: e.node_id() as u64,

@@ -63,20 +63,7 @@ fn node_args(a: &Args, file: &Path, id: usize, json: &Path) -> Vec<String> {
 
 /// Run the cluster of local processes and report.
 pub fn run_local(a: &Args) -> Result<ExitCode, String> {
-    let tmp;
-    let dir: PathBuf = match &a.data_dir {
-        Some(d) => {
-            std::fs::create_dir_all(d).map_err(|e| format!("--data-dir {}: {e}", d.display()))?;
-            d.clone()
-        }
-        None => {
-            tmp = tempfile::Builder::new()
-                .prefix("shoal-ycsb-tcp-")
-                .tempdir()
-                .map_err(|e| format!("cannot create a temporary data directory: {e}"))?;
-            tmp.path().to_path_buf()
-        }
-    };
+    let (dir, _tmp) = crate::ycsb::data_dir(a)?;
     // free loopback ports: bound by the OS, released just before the nodes bind them
     let listeners = (0..a.nodes)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))

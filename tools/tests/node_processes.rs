@@ -59,18 +59,35 @@ fn start(file: &Path, id: usize, increments: u64, json: &Path) -> Child {
         .unwrap()
 }
 
-/// Wait for `c` within the overall deadline; kill it and fail if it hangs. Returns its exit
-/// code and output.
-fn finish(mut c: Child, id: usize, json: &Path, t0: Instant) -> (i32, String) {
+/// The node processes of a test; whatever still runs when the test ends (a failed assertion
+/// included) is killed, so a failing test leaves no process behind.
+struct Kids(Vec<Child>);
+
+impl Drop for Kids {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Hang guard, not a speed check: fail (the `Kids` guard then kills the nodes) once the test
+/// has waited `LIMIT` for `what`.
+fn not_hung(t0: Instant, what: &str) {
+    if t0.elapsed() > LIMIT {
+        panic!("{what}: still waiting after {} s", LIMIT.as_secs());
+    }
+}
+
+/// Wait for node `id` within the overall deadline. Returns its exit code and output.
+fn finish(c: &mut Child, id: usize, json: &Path, t0: Instant) -> (i32, String) {
     loop {
         if let Some(st) = c.try_wait().unwrap() {
             let text = std::fs::read_to_string(json.with_extension("out")).unwrap();
             return (st.code().unwrap_or(-1), text);
         }
-        if t0.elapsed() > LIMIT {
-            let _ = c.kill();
-            panic!("node {id} hangs after {} s", LIMIT.as_secs());
-        }
+        not_hung(t0, &format!("node {id} to exit"));
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -82,8 +99,8 @@ fn json(path: &Path) -> serde_json::Value {
 fn run_cluster(file: &Path, dir: &Path, inc: u64) -> Vec<serde_json::Value> {
     let t0 = Instant::now();
     let paths: Vec<PathBuf> = (0..3).map(|i| dir.join(format!("r{i}.json"))).collect();
-    let kids: Vec<Child> = (0..3).map(|i| start(file, i, inc, &paths[i])).collect();
-    for (i, k) in kids.into_iter().enumerate() {
+    let mut kids = Kids((0..3).map(|i| start(file, i, inc, &paths[i])).collect());
+    for (i, k) in kids.0.iter_mut().enumerate() {
         let (code, text) = finish(k, i, &paths[i], t0);
         assert_eq!(code, 0, "node {i} failed:\n{text}");
         assert!(
@@ -140,23 +157,23 @@ fn a_killed_process_makes_the_others_report_errors_not_hang() {
         .map(|i| dir.path().join(format!("r{i}.json")))
         .collect();
     // enough work that nodes 0 and 1 are still running long after node 2 is killed
-    let mut kids: Vec<Child> = (0..3).map(|i| start(&file, i, 30_000, &paths[i])).collect();
+    let mut kids = Kids((0..3).map(|i| start(&file, i, 30_000, &paths[i])).collect());
     // wait until node 2 is busy incrementing, then kill it (SIGKILL: no goodbye)
     while !std::fs::read_to_string(paths[2].with_extension("out"))
         .unwrap()
         .contains("increments/s")
     {
         assert!(
-            kids[2].try_wait().unwrap().is_none(),
+            kids.0[2].try_wait().unwrap().is_none(),
             "node 2 ended before its run"
         );
-        assert!(t0.elapsed() < LIMIT, "node 2 never started its run");
+        not_hung(t0, "node 2 to start its run");
         std::thread::sleep(Duration::from_millis(20));
     }
-    kids[2].kill().unwrap();
-    let _ = kids[2].wait();
+    kids.0[2].kill().unwrap();
+    let _ = kids.0[2].wait();
     let killed_at = t0.elapsed();
-    for (i, k) in kids.drain(..2).enumerate() {
+    for (i, k) in kids.0[..2].iter_mut().enumerate() {
         let (code, text) = finish(k, i, &paths[i], t0);
         assert_eq!(code, 1, "node {i} must fail (a node died):\n{text}");
         let r = json(&paths[i]);
