@@ -193,6 +193,46 @@ fn no_lost_updates_three_nodes_two_workers_with_eviction() {
     c.close().unwrap();
 }
 
+/// A node reading far more pages of another home than it can cache sends its clean eviction
+/// notices in batches (several notices per message) and the home answers in batches; every
+/// page still reads right, and the reader's frames are freed (it keeps reading).
+#[test]
+fn clean_eviction_notices_travel_in_batches() {
+    const PAGES: usize = 2000;
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(dir.path(), 2, 256);
+    let w0 = c.node(0).worker();
+    let pids = allocate(&w0, PAGES);
+    for (k, &p) in pids.iter().enumerate() {
+        let mut g = w0.exclusive(p).unwrap();
+        g.page_mut().set_u64(0, 7 * k as u64 + 1);
+    }
+    let w1 = c.node(1).worker();
+    for round in 0..2 {
+        for (k, &p) in pids.iter().enumerate() {
+            let g = w1.shared(p).unwrap();
+            assert_eq!(g.page().u64(0), 7 * k as u64 + 1, "round {round} page {k}");
+        }
+    }
+    let reader = c.node(1).protocol_stats();
+    let home = c.node(0).protocol_stats();
+    eprintln!("reader {reader:?}\nhome {home:?}");
+    // node 1 homes nothing that was read: every batch it sent carried only its notices
+    assert!(
+        reader.batches > 0 && reader.evict_notices > 2 * reader.batches,
+        "notices went in batches: {reader:?}"
+    );
+    // 4,000 remote reads through 256 frames: most copies left by notice
+    assert!(reader.evict_notices > PAGES as u64, "{reader:?}");
+    // the home's replies went in batches too, fewer messages than notices
+    assert!(
+        home.batches > 0 && home.batches < reader.evict_notices,
+        "{home:?}"
+    );
+    drop((w0, w1));
+    c.close().unwrap();
+}
+
 /// Every node hammers one page exclusively; each completes its share, none starves.
 #[test]
 fn fairness_on_one_hot_page() {

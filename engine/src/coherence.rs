@@ -34,11 +34,15 @@ use crate::engine::Inner;
 use crate::error::EngineError;
 use crate::frame::{POSS_EXCLUSIVE, POSS_NONE, POSS_SHARED, RESIDENT};
 use crate::latch::Backoff;
+use crate::outbox::{Outboxes, Queued, Unsent};
 use crate::page::PageMut;
 use crate::pid::Pid;
 use crate::possession::{Deferred, PageCopy, Pending, Step};
 use crate::protocol::{Grant, Mode, Msg, Node, ProtocolError};
-use crate::wire::{Control, Wire, REFUSE_HOLDER_DEAD, REFUSE_NO_PAGE, REFUSE_READ};
+use crate::wire::{
+    batchable, decode_batch, encode_batch, Control, Wire, REFUSE_HOLDER_DEAD, REFUSE_NO_PAGE,
+    REFUSE_READ,
+};
 use parking_lot::{Condvar, Mutex};
 use shoal_messaging::{Channels, Envelope, Incoming, MsgError, PAGE_BYTES};
 use shoal_storage::{AlignedPage, PAGE_DATA_SIZE};
@@ -129,6 +133,8 @@ pub struct CoherenceCounters {
     pub pages: AtomicU64,
     /// Eviction notices sent.
     pub evict_notices: AtomicU64,
+    /// Batches sent (each one message carrying several eviction notices or replies).
+    pub batches: AtomicU64,
     /// Messages the handler had to hold and retry.
     pub held: AtomicU64,
 }
@@ -155,6 +161,11 @@ pub(crate) struct Coherence {
     /// Numbers of this node's allocation requests, and the answers that came back.
     alloc_next: AtomicU64,
     alloc_done: Mutex<HashMap<u64, u64>>,
+    /// Eviction notices and replies waiting to go out in batches, per destination.
+    outbox: Outboxes,
+    /// Pages whose eviction notice was queued but could not be sent (the handler makes their
+    /// copies idle again).
+    unsent: Mutex<Vec<Pid>>,
 }
 
 /// Frames the handler holds exclusively while it applies a message.
@@ -233,6 +244,7 @@ enum Outcome {
 
 impl Coherence {
     pub fn new(ch: Channels, timeout: Duration) -> Coherence {
+        let nodes = ch.nodes();
         Coherence {
             me: ch.node(),
             nodes: ch.nodes(),
@@ -249,6 +261,8 @@ impl Coherence {
             allocs_due: Mutex::new(VecDeque::new()),
             alloc_next: AtomicU64::new(1),
             alloc_done: Mutex::new(HashMap::new()),
+            outbox: Outboxes::new(nodes),
+            unsent: Mutex::new(Vec::new()),
         }
     }
 
@@ -282,6 +296,14 @@ impl Coherence {
             push_to: 0,
             msg: wire_msg(msg),
         };
+        if to != self.me && batchable(&w.msg) {
+            // travels in the next batch to `to` (see outbox.rs for why order is kept)
+            let r = self
+                .outbox
+                .push(to, w.pid, w.msg, |to, m| self.send_batch(to, m));
+            return r.map_err(|u| self.unsent(u));
+        }
+        self.flush_to(to)?;
         if to != self.me {
             self.counters.messages.fetch_add(1, Ordering::Relaxed);
             if page.is_some() {
@@ -296,6 +318,87 @@ impl Coherence {
             })
     }
 
+    /// Send `to`'s queued batch, if any (before anything else goes to `to`).
+    fn flush_to(&self, to: Node) -> Result<(), EngineError> {
+        if to == self.me {
+            return Ok(());
+        }
+        self.outbox
+            .flush_if_queued(to, |to, m| self.send_batch(to, m))
+            .map_err(|u| self.unsent(u))
+    }
+
+    /// Send every queued batch (the provider after an eviction pass, the handler after a round
+    /// of messages). Failures are logged and handled as in [`Coherence::unsent`].
+    pub fn flush_batches(&self) {
+        for u in self.outbox.flush(|to, m| self.send_batch(to, m)) {
+            let e = self.unsent(u);
+            log::warn!("node {}: {e}", self.me);
+        }
+    }
+
+    fn send_batch(&self, to: Node, msgs: &[Queued]) -> Result<(), EngineError> {
+        let page = encode_batch(msgs);
+        self.counters.messages.fetch_add(1, Ordering::Relaxed);
+        self.counters.batches.fetch_add(1, Ordering::Relaxed);
+        let c = Control::Batch {
+            count: msgs.len() as u16,
+        };
+        self.ch
+            .send(to, Envelope::new(&c, 0, 0, 0), Some(&page))
+            .map_err(|e| match e {
+                MsgError::PeerDead(n) => EngineError::PeerDead(n),
+                e => EngineError::Remote(format!(
+                    "sending a batch of {} messages to node {to}: {e}",
+                    msgs.len()
+                )),
+            })
+    }
+
+    /// A batch did not leave: the eviction notices in it never reached the home, so their
+    /// copies must become idle again (done by the handler: the caller may hold a slot lock).
+    /// Lost replies need nothing: the node they were for is unreachable.
+    fn unsent(&self, u: Unsent) -> EngineError {
+        let pids = u
+            .msgs
+            .iter()
+            .filter(|(_, m)| matches!(m, Msg::Evict { .. }))
+            .map(|&(pid, _)| Pid(pid));
+        self.unsent.lock().extend(pids);
+        self.ch.wake();
+        u.error
+    }
+
+    /// The handler's part of [`Coherence::unsent`]: a copy still waiting for the reply to a
+    /// notice that never left is idle again (and keeps its page).
+    fn restore_unsent(&self, inner: &Inner) {
+        let pids = std::mem::take(&mut *self.unsent.lock());
+        for pid in pids {
+            let mut shard = self.shard(pid).lock();
+            let Some(slot) = shard.get_mut(&pid) else {
+                continue;
+            };
+            if slot.copy.pending != Pending::Evicting {
+                continue;
+            }
+            let Some(idx) = slot.copy.data else { continue };
+            let f = inner.pool.frame(idx);
+            if !f.latch.try_lock_exclusive(None) {
+                // a guard waits on it (possession none): try again next round
+                self.unsent.lock().push(pid);
+                continue;
+            }
+            if f.pid() != pid || f.state() != RESIDENT {
+                f.latch.unlock_exclusive_unchanged();
+                continue;
+            }
+            slot.copy.pending = Pending::Idle;
+            f.set_possession(possession_of(&slot.copy));
+            f.latch.unlock_exclusive();
+            self.retry.lock().insert(pid);
+        }
+    }
+
     fn send_control(&self, to: Node, c: &Control) {
         if let Err(e) = self.try_send_control(to, c) {
             log::warn!("node {}: sending {c:?} to node {to}: {e}", self.me);
@@ -303,6 +406,7 @@ impl Coherence {
     }
 
     fn try_send_control(&self, to: Node, c: &Control) -> Result<(), EngineError> {
+        self.flush_to(to)?;
         self.ch
             .send(to, Envelope::new(c, 0, 0, 0), None)
             .map_err(|e| match e {
@@ -566,7 +670,13 @@ impl Coherence {
     /// Obtain `want` possession of `pid` for a worker of this node. With `wait`, returns once
     /// the node holds it (`Ok(true)`: this worker's request completed, and it owes
     /// [`Coherence::used`] once it latched the page); without, only sends the request.
-    pub fn acquire(&self, pid: Pid, want: Mode, wait: bool) -> Result<bool, EngineError> {
+    pub fn acquire(
+        &self,
+        inner: &Inner,
+        pid: Pid,
+        want: Mode,
+        wait: bool,
+    ) -> Result<bool, EngineError> {
         self.check_node(pid)?;
         let deadline = Instant::now() + self.timeout;
         let mut asked = false;
@@ -623,15 +733,31 @@ impl Coherence {
             if now >= deadline {
                 if let Some(s) = self.shard(pid).lock().get(&pid) {
                     log::warn!(
-                        "node {}: {pid}: no answer in {} ms: pending {:?}, page from {:?}, mode {:?}, held {}, deferred {:?}",
+                        "node {}: {pid}: no answer in {} ms: pending {:?}, page from {:?}, mode {:?}, held {:?}, deferred {:?}, directory {:?}, directory deferred {:?}, reserved {:?}, serve due {}",
                         self.me,
                         self.timeout.as_millis(),
                         s.copy.pending,
                         s.page_from,
                         s.copy.mode,
-                        s.held.len(),
-                        s.copy.deferred
+                        s.held.iter().map(|n| (n.from, n.msg.name())).collect::<Vec<_>>(),
+                        s.copy.deferred,
+                        s.dir,
+                        s.dir_deferred.iter().map(|n| (n.from, n.msg.name())).collect::<Vec<_>>(),
+                        s.reserved.map(|t| t.elapsed()),
+                        s.serve_due
                     );
+                    let part = inner.table.lock(pid);
+                    let table = inner.table.lookup_locked(&part, pid);
+                    drop(part);
+                    for (what, idx) in [("copy", s.copy.data), ("table", table)] {
+                        if let Some(i) = idx {
+                            let f = inner.pool.frame(i);
+                            log::warn!(
+                                "node {}: {pid}: {what} frame {i}: holds {}, state {}, latched {} (exclusive {}), possession {}",
+                                self.me, f.pid(), f.state(), f.latch.is_latched(), f.latch.is_exclusive(), f.possession()
+                            );
+                        }
+                    }
                 }
                 return Err(EngineError::RemoteTimeout {
                     pid,
@@ -749,11 +875,16 @@ impl Coherence {
         // SAFETY: we hold the frame's exclusive latch until after the send.
         let page = msg_has_page(&msg).then(|| unsafe { frame_bytes(inner, idx) });
         self.counters.evict_notices.fetch_add(1, Ordering::Relaxed);
+        let queued = batchable(&msg);
         let r = self.send(to, pid, &msg, page);
         f.latch.unlock_exclusive();
         if let Err(e) = r {
-            // the notice never left: keep the page
             log::warn!("node {}: eviction notice for {pid}: {e}", self.me);
+            if queued {
+                // it was in a batch that failed: `restore_unsent` makes it idle again
+                return false;
+            }
+            // the notice never left: keep the page
             slot.copy.pending = Pending::Idle;
             // re-latch to restore possession (the provider never waits: try once)
             if f.latch.try_lock_exclusive(None) {
@@ -764,6 +895,19 @@ impl Coherence {
         false
     }
 
+    /// The provider holds frame `idx` (holding `pid`) exclusively and wants to drop it: only a
+    /// plain home copy may go, not a frame that is (or is becoming) this node's copy of the
+    /// page. The answer holds while the latch is held: the handler changes a slot's frame only
+    /// with the frame latched.
+    pub fn droppable(&self, pid: Pid, idx: u32) -> bool {
+        if pid.node() != self.me {
+            // foreign pages leave through their home (`prepare_evict`), never here
+            return false;
+        }
+        let shard = self.shard(pid).lock();
+        shard.get(&pid).is_none_or(|s| s.copy.data != Some(idx))
+    }
+
     // ---------------------------------------------------------------- handler
 
     /// Decode and queue an incoming message, then apply what can be applied.
@@ -771,9 +915,25 @@ impl Coherence {
         let from = inc.env.from_node;
         let kind = inc.env.kind;
         if kind >= crate::wire::CONTROL_BASE {
-            match inc.env.decode::<Control>() {
-                Ok(c) => self.on_control(inner, from, c),
-                Err(e) => log::error!("node {}: bad control message from {from}: {e}", self.me),
+            match (inc.env.decode::<Control>(), inc.page) {
+                (Ok(Control::Batch { count }), Some(page)) => match decode_batch(count, &page) {
+                    Ok(msgs) => {
+                        for (pid, msg) in msgs {
+                            self.deliver(inner, from, Pid(pid), with_data(msg, None));
+                        }
+                    }
+                    Err(e) => log::error!("node {}: bad batch from node {from}: {e}", self.me),
+                },
+                (Ok(c), None) if !matches!(c, Control::Batch { .. }) => {
+                    self.on_control(inner, from, c)
+                }
+                (Ok(c), _) => log::error!(
+                    "node {}: {c:?} from node {from} with a page attachment mismatch: dropped",
+                    self.me
+                ),
+                (Err(e), _) => {
+                    log::error!("node {}: bad control message from {from}: {e}", self.me)
+                }
             }
             return;
         }
@@ -785,13 +945,6 @@ impl Coherence {
             }
         };
         let pid = Pid(w.pid);
-        if pid.node() >= self.nodes {
-            log::error!(
-                "node {}: message from {from} about {pid}, outside the cluster",
-                self.me
-            );
-            return;
-        }
         let has = msg_has_page(&w.msg);
         let data = match (has, inc.page, from == self.me) {
             (true, _, true) => Some(Data::Home),
@@ -806,7 +959,19 @@ impl Coherence {
                 return;
             }
         };
-        let msg = with_data(w.msg, data);
+        self.deliver(inner, from, pid, with_data(w.msg, data));
+    }
+
+    /// Queue a decoded message about `pid` and apply what can be applied.
+    fn deliver(&self, inner: &Inner, from: Node, pid: Pid, msg: Msg<Data>) {
+        if pid.node() >= self.nodes {
+            log::error!(
+                "node {}: {} from {from} about {pid}, outside the cluster",
+                self.me,
+                msg.name()
+            );
+            return;
+        }
         let mut shard = self.shard(pid).lock();
         let slot = shard.entry(pid).or_insert_with(|| Slot::new(pid, self.me));
         slot.held.push_back(Note { from, msg });
@@ -841,6 +1006,9 @@ impl Coherence {
                         self.mark_lost_home(pid, slot, node);
                     }
                 }
+            }
+            Control::Batch { .. } => {
+                unreachable!("receive unpacks batches")
             }
             Control::Refuse { pid, code, node } => {
                 let pid = Pid(pid);
@@ -1365,6 +1533,7 @@ impl Coherence {
                 self.prepare_evict(inner, i);
             }
         }
+        self.flush_batches();
         left
     }
 }
@@ -1445,6 +1614,9 @@ pub(crate) fn run_handler(inner: Arc<Inner>) {
                 break;
             }
         }
+        // the eviction replies of this round leave together
+        c.flush_batches();
+        c.restore_unsent(&inner);
         if did == 0 {
             let t = if had_retry || !c.retry.lock().is_empty() {
                 Duration::from_micros(50)
@@ -1453,5 +1625,88 @@ pub(crate) fn run_handler(inner: Arc<Inner>) {
             };
             c.ch.wait(t, &c.stop);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Cluster, EngineConfig, Pid};
+    use std::time::{Duration, Instant};
+
+    /// Regression (found by the 3-process `shoal node` test after batching made the window
+    /// wider): the provider chose a home frame as a plain home copy (`prepare_evict` said yes),
+    /// then the handler granted the page to a home worker from that very frame (its copy, with
+    /// possession none until the sharers' acknowledgements arrive), then the provider dropped
+    /// the frame: the copy pointed at a freed frame and the acknowledgements were held forever.
+    /// The provider now asks `droppable` under the frame's latch before dropping.
+    #[test]
+    fn a_home_frame_granted_to_its_own_worker_is_not_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_path_buf();
+        let c = Cluster::mem(2, Duration::from_secs(20), move |i| {
+            EngineConfig::new(d.join(format!("n{i}")), 256 * 4096)
+        })
+        .unwrap();
+        let (home, other) = (c.node(0), c.node(1));
+        let w0 = home.worker();
+        let pid = {
+            let mut g = w0.allocate().unwrap();
+            g.page_mut().set_u64(0, 41);
+            g.pid()
+        };
+        let frame = |pid: Pid| {
+            let inner = home.inner();
+            let part = inner.table.lock(pid);
+            inner
+                .table
+                .lookup_locked(&part, pid)
+                .expect("resident at home")
+        };
+        let idx = frame(pid);
+        let coh = home.inner().coh.as_ref().unwrap();
+        // the home holds it exclusively: its own copy, not droppable
+        assert!(!coh.droppable(pid, idx));
+        // node 1 takes a shared copy and keeps its guard: the home's copy goes, the home frame
+        // stays as a plain home copy, droppable
+        let w1 = other.worker();
+        let g1 = w1.shared(pid).unwrap();
+        assert_eq!(g1.page().u64(0), 41);
+        assert_eq!(frame(pid), idx);
+        assert!(coh.droppable(pid, idx), "a plain home copy may go");
+        // a home worker asks for it exclusively: granted from the home frame, waiting for node
+        // 1's acknowledgement (held there while the shared guard lives)
+        std::thread::scope(|s| {
+            let writer = s.spawn(|| {
+                let w = home.worker();
+                let mut g = w.exclusive(pid).unwrap();
+                let v = g.page().u64(0);
+                g.page_mut().set_u64(0, v + 1);
+            });
+            let t0 = Instant::now();
+            loop {
+                let completing = coh
+                    .shard(pid)
+                    .lock()
+                    .get(&pid)
+                    .is_some_and(|s| s.copy.data == Some(idx));
+                if completing {
+                    break;
+                }
+                assert!(
+                    t0.elapsed() < Duration::from_secs(20),
+                    "hang guard: no grant"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(
+                !coh.droppable(pid, idx),
+                "the frame is the home worker's copy now"
+            );
+            drop(g1);
+            writer.join().unwrap();
+        });
+        assert_eq!(w1.shared(pid).unwrap().page().u64(0), 42);
+        drop((w0, w1));
+        c.close().unwrap();
     }
 }

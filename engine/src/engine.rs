@@ -77,6 +77,8 @@ pub struct ProtocolStats {
     pub pages: u64,
     /// Eviction notices sent.
     pub evict_notices: u64,
+    /// Batches sent (one message carrying several eviction notices or replies).
+    pub batches: u64,
     /// Messages the handler had to hold and retry (latched page, no free frame, reserved).
     pub held: u64,
 }
@@ -90,6 +92,12 @@ pub struct Membership {
 }
 
 impl Engine {
+    /// The shared state (in-crate tests drive the provider's and handler's pieces directly).
+    #[cfg(test)]
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
     /// Open (or create, per `cfg.mode`) the node's store and start its page provider.
     pub fn open(cfg: EngineConfig) -> Result<Engine, EngineError> {
         Engine::open_with(cfg, None)
@@ -288,6 +296,7 @@ impl Engine {
             messages: l(&k.messages),
             pages: l(&k.pages),
             evict_notices: l(&k.evict_notices),
+            batches: l(&k.batches),
             held: l(&k.held),
         }
     }

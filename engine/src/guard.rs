@@ -71,10 +71,10 @@ impl Worker {
             }
             Some(c) => {
                 if self.held.get() > 0 {
-                    c.acquire(pid, want, false)?;
+                    c.acquire(&self.inner, pid, want, false)?;
                     return Err(Restart::Retry);
                 }
-                if c.acquire(pid, want, true)? {
+                if c.acquire(&self.inner, pid, want, true)? {
                     self.owed.set(Some(pid));
                 }
                 Ok(())

@@ -9,9 +9,10 @@
 //! The coherence protocol's rules exist as pure state machines: [`protocol`] (modes and
 //! messages), [`directory`] (a page's home: holders, conflict epoch, anticipatory chaining) and
 //! [`possession`] (a node's copy of a page), checked by the model in tests/coherence_model.rs;
-//! [`wire`] packs the messages into 64-byte mailbox messages. `coherence` (crate-private) drives
-//! them for a node of a cluster: a handler thread per node, worker-side remote misses, and the
-//! provider's eviction notices. [`cluster`] runs N nodes in one process; [`cluster_file`] reads
+//! [`wire`] packs the messages into 64-byte mailbox messages and [`outbox`] gathers small ones
+//! into batches per destination. `coherence` (crate-private) drives them for a node of a
+//! cluster: a handler thread per node, worker-side remote misses, and the provider's eviction
+//! notices. [`cluster`] runs N nodes in one process; [`cluster_file`] reads
 //! a TOML cluster file and starts one node of it per process over `tcp` ([`join`]).
 //!
 //! It must not know about B-tree layouts or workloads: it hands out latched pages by id.
@@ -47,6 +48,7 @@ pub mod frame;
 pub mod guard;
 pub mod latch;
 pub mod mapped;
+pub mod outbox;
 pub mod page;
 pub mod pid;
 pub mod possession;

@@ -122,6 +122,8 @@ impl Provider {
         // copies, evicted below like a single node's pages
         if let Some(c) = &inner.coh {
             cands.retain(|&i| c.prepare_evict(inner, i));
+            // this pass's eviction notices leave in one batch per home
+            c.flush_batches();
         }
 
         // 3. write back dirty candidates
@@ -169,7 +171,13 @@ impl Provider {
             if !f.latch.try_lock_exclusive(None) {
                 continue;
             }
-            let held_here = inner.coh.is_some() && f.possession() != POSS_NONE;
+            // in a cluster the frame must still be a plain home copy: since `prepare_evict` the
+            // handler may have made it this node's own copy (a grant to a home worker has
+            // possession none until its acknowledgements arrive, so possession cannot tell)
+            let held_here = inner
+                .coh
+                .as_ref()
+                .is_some_and(|c| f.possession() != POSS_NONE || !c.droppable(f.pid(), i));
             if f.state() != RESIDENT || f.is_dirty() || held_here {
                 f.latch.unlock_exclusive_unchanged();
                 continue;

@@ -12,7 +12,7 @@
 //! error, never a wrong protocol action.
 
 use crate::protocol::{Grant, Mode, Msg, Node, NodeSet};
-use shoal_messaging::{Message, MsgError, BODY_BYTES};
+use shoal_messaging::{Message, MsgError, BODY_BYTES, PAGE_BYTES};
 
 /// A frame index at the receiving node (where a page was or is to be pushed).
 pub type FrameIdx = u32;
@@ -287,6 +287,10 @@ pub enum Control {
     /// To the home: the only current copy of `pid` was at `node`, which died before handing
     /// it over; the home refuses every later request for the page.
     Lost { pid: u64, node: u8 },
+    /// Several small coherence messages of the sender, in the order it sent them, packed into
+    /// the attached page ([`encode_batch`]): eviction notices without a page and eviction
+    /// replies. The receiver applies them as if they had arrived one by one, in that order.
+    Batch { count: u16 },
 }
 
 impl Message for Control {
@@ -297,6 +301,7 @@ impl Message for Control {
             Control::Alloc { .. } => CONTROL_BASE + 2,
             Control::Allocated { .. } => CONTROL_BASE + 3,
             Control::Lost { .. } => CONTROL_BASE + 4,
+            Control::Batch { .. } => CONTROL_BASE + 5,
         }
     }
 
@@ -318,6 +323,9 @@ impl Message for Control {
             }
             Control::Lost { pid, node } => {
                 w.u64(*pid).u8(*node);
+            }
+            Control::Batch { count } => {
+                w.u32(*count as u32);
             }
         }
     }
@@ -353,11 +361,92 @@ impl Message for Control {
                 }
                 Control::Lost { pid, node }
             }
+            k if k == CONTROL_BASE + 5 => {
+                let count = r.u32();
+                if count == 0 || count as usize > BATCH_MAX {
+                    return Err(bad(format!(
+                        "a batch of {count} messages (1 to {BATCH_MAX} fit)"
+                    )));
+                }
+                Control::Batch {
+                    count: count as u16,
+                }
+            }
             k => return Err(bad(format!("message kind {k} is not a control message"))),
         };
         r.end()?;
         Ok(c)
     }
+}
+
+/// Bytes of one message in a batch: `pid u64 | tag u8 | epoch u32`.
+const BATCH_ENTRY: usize = 13;
+/// Most messages one batch carries.
+pub const BATCH_MAX: usize = PAGE_BYTES / BATCH_ENTRY;
+const TAG_EVICT: u8 = 0;
+const TAG_DECLINED: u8 = 1;
+const TAG_ACCEPTED: u8 = 2;
+
+/// Messages that may travel in a [`Control::Batch`]: an eviction notice without a page, an
+/// eviction reply.
+pub fn batchable<D>(m: &Msg<D>) -> bool {
+    matches!(m, Msg::Evict { data: None, .. } | Msg::EvictReply { .. })
+}
+
+/// Pack `msgs` (each [`batchable`], at most [`BATCH_MAX`]) into a page; unused bytes are zero.
+pub fn encode_batch(msgs: &[(u64, Msg<FrameIdx>)]) -> Box<[u8; PAGE_BYTES]> {
+    assert!(
+        !msgs.is_empty() && msgs.len() <= BATCH_MAX,
+        "batch of {}",
+        msgs.len()
+    );
+    let mut page = Box::new([0u8; PAGE_BYTES]);
+    for (e, (pid, m)) in page.chunks_exact_mut(BATCH_ENTRY).zip(msgs) {
+        let (tag, epoch) = match m {
+            Msg::Evict { epoch, data: None } => (TAG_EVICT, *epoch),
+            Msg::EvictReply { accepted: false } => (TAG_DECLINED, 0),
+            Msg::EvictReply { accepted: true } => (TAG_ACCEPTED, 0),
+            other => panic!("{} does not travel in a batch", other.name()),
+        };
+        e[..8].copy_from_slice(&pid.to_le_bytes());
+        e[8] = tag;
+        e[9..].copy_from_slice(&epoch.to_le_bytes());
+    }
+    page
+}
+
+/// Unpack a batch of `count` messages; unknown tags, an epoch on a reply and bytes after the
+/// last message that are not zero are errors (nothing of a bad batch is applied).
+pub fn decode_batch(
+    count: u16,
+    page: &[u8; PAGE_BYTES],
+) -> Result<Vec<(u64, Msg<FrameIdx>)>, MsgError> {
+    let count = count as usize;
+    if count == 0 || count > BATCH_MAX {
+        return Err(bad(format!("a batch of {count} messages")));
+    }
+    let (used, rest) = page.split_at(count * BATCH_ENTRY);
+    if rest.iter().any(|&b| b != 0) {
+        return Err(bad("bytes after a batch's last message".into()));
+    }
+    used.chunks_exact(BATCH_ENTRY)
+        .enumerate()
+        .map(|(i, e)| {
+            let pid = u64::from_le_bytes(e[..8].try_into().expect("8 bytes"));
+            let epoch = u32::from_le_bytes(e[9..].try_into().expect("4 bytes"));
+            let m = match (e[8], epoch) {
+                (TAG_EVICT, epoch) => Msg::Evict { epoch, data: None },
+                (TAG_DECLINED, 0) => Msg::EvictReply { accepted: false },
+                (TAG_ACCEPTED, 0) => Msg::EvictReply { accepted: true },
+                (tag, epoch) => {
+                    return Err(bad(format!(
+                        "batch message {i}: tag {tag} with epoch {epoch}"
+                    )))
+                }
+            };
+            Ok((pid, m))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -475,7 +564,55 @@ mod tests {
             b[BODY_BYTES - 1] = 1;
             assert!(Control::decode(c.kind(), &b).is_err(), "{c:?}");
         }
-        assert!(Control::decode(CONTROL_BASE + 5, &[0u8; BODY_BYTES]).is_err());
+        assert!(Control::decode(CONTROL_BASE + 6, &[0u8; BODY_BYTES]).is_err());
+        // a batch of no messages, or of more than a page holds
+        for count in [0u32, BATCH_MAX as u32 + 1] {
+            let mut b = [0u8; BODY_BYTES];
+            b[..4].copy_from_slice(&count.to_le_bytes());
+            assert!(Control::decode(CONTROL_BASE + 5, &b).is_err(), "{count}");
+        }
+    }
+
+    #[test]
+    fn batches_round_trip_and_reject_garbage() {
+        let msgs: Vec<(u64, Msg<FrameIdx>)> = (0..BATCH_MAX as u64)
+            .map(|i| {
+                let m = match i % 3 {
+                    0 => Msg::Evict {
+                        epoch: i as u32 * 7,
+                        data: None,
+                    },
+                    1 => Msg::EvictReply { accepted: true },
+                    _ => Msg::EvictReply { accepted: false },
+                };
+                (i << 20 | 3, m)
+            })
+            .collect();
+        for n in [1, 2, BATCH_MAX] {
+            let page = encode_batch(&msgs[..n]);
+            assert_eq!(decode_batch(n as u16, &page).unwrap(), msgs[..n]);
+            // a count short of what was packed leaves bytes after the last message
+            if n > 1 {
+                assert!(decode_batch(n as u16 - 1, &page).is_err());
+            }
+        }
+        let mut page = encode_batch(&msgs[..2]);
+        page[BATCH_ENTRY + 8] = 9; // unknown tag
+        assert!(decode_batch(2, &page).is_err());
+        let mut page = encode_batch(&msgs[..2]);
+        page[BATCH_ENTRY + 9] = 1; // a reply with an epoch
+        assert!(decode_batch(2, &page).is_err());
+        assert!(decode_batch(0, &page).is_err());
+        assert!(decode_batch(BATCH_MAX as u16 + 1, &page).is_err());
+        assert!(batchable(&Msg::<FrameIdx>::Evict {
+            epoch: 1,
+            data: None
+        }));
+        assert!(!batchable(&Msg::<FrameIdx>::Evict {
+            epoch: 1,
+            data: Some(4)
+        }));
+        assert!(!batchable(&Msg::<FrameIdx>::InvalidateAck));
     }
 
     #[test]

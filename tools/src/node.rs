@@ -360,13 +360,14 @@ fn check(
     let p = engine.protocol_stats();
     let st = engine.stats();
     println!(
-        "node {me}: {made} increments in {secs:.2} s ({:.0}/s), {} errors, {} remote requests, {} pages sent, {} evictions, {} eviction notices",
+        "node {me}: {made} increments in {secs:.2} s ({:.0}/s), {} errors, {} remote requests, {} pages sent, {} evictions, {} eviction notices in {} batches",
         made as f64 / secs.max(1e-9),
         errors.count,
         p.requests,
         p.pages,
         st.evictions,
-        p.evict_notices
+        p.evict_notices,
+        p.batches
     );
     if let Some(f) = &errors.first {
         println!(
@@ -397,6 +398,7 @@ fn check(
         "messages": p.messages,
         "pages_sent": p.pages,
         "eviction_notices": p.evict_notices,
+        "batches": p.batches,
         "evictions": st.evictions,
         "nvme_reads": st.store_reads,
         "nvme_writes": st.store_writes,

@@ -100,12 +100,23 @@ fn run_cluster(file: &Path, dir: &Path, inc: u64) -> Vec<serde_json::Value> {
     let t0 = Instant::now();
     let paths: Vec<PathBuf> = (0..3).map(|i| dir.join(format!("r{i}.json"))).collect();
     let mut kids = Kids((0..3).map(|i| start(file, i, inc, &paths[i])).collect());
-    for (i, k) in kids.0.iter_mut().enumerate() {
-        let (code, text) = finish(k, i, &paths[i], t0);
-        assert_eq!(code, 0, "node {i} failed:\n{text}");
+    let ends: Vec<(i32, String)> = kids
+        .0
+        .iter_mut()
+        .enumerate()
+        .map(|(i, k)| finish(k, i, &paths[i], t0))
+        .collect();
+    // a failure shows every node's output: the cause is often at another node
+    let all = ends
+        .iter()
+        .map(|(_, t)| t.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    for (i, (code, text)) in ends.iter().enumerate() {
+        assert_eq!(*code, 0, "node {i} failed; every node's output:\n{all}");
         assert!(
             text.contains("left the cluster cleanly"),
-            "node {i}:\n{text}"
+            "node {i}:\n{all}"
         );
     }
     paths.iter().map(|p| json(p)).collect()
