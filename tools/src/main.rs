@@ -1,10 +1,12 @@
 //! # shoal: the command line
 //!
-//! This crate owns the `shoal` binary and its workload drivers: `shoal ycsb` and `shoal node`
-//! (one node of a multi-process cluster, checking that no update is lost). It uses only the public APIs of shoal-engine and shoal-btree; it must not reach into
-//! engine internals.
+//! This crate owns the `shoal` binary and its workload drivers: `shoal ycsb`, `shoal tpcc` and
+//! `shoal node` (one node of a multi-process cluster, checking that no update is lost). It uses
+//! only the public APIs of shoal-engine and shoal-btree; it must not reach into engine
+//! internals.
 
 mod node;
+mod tpcc;
 mod value;
 mod workload;
 mod ycsb;
@@ -31,6 +33,9 @@ enum Cmd {
     /// Run one node of a multi-process cluster (from a TOML cluster file) and check that the
     /// cluster loses no update: counters on every node's pages, incremented from every node.
     Node(node::Args),
+    /// Load a TPC-C database and run the standard transaction mix; `--check` verifies the
+    /// consistency conditions afterwards.
+    Tpcc(tpcc::Args),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +44,7 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Ycsb(a) => ycsb::run(a),
         Cmd::Node(a) => node::run(a),
+        Cmd::Tpcc(a) => tpcc::run(a),
     };
     match r {
         Ok(code) => code,

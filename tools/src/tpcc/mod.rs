@@ -1,0 +1,542 @@
+//! `shoal tpcc`: TPC-C on Shoal's B-trees. Loads the standard population of `--warehouses`
+//! (split across `--nodes`, each node loading its own warehouses so their pages are homed
+//! there), runs the standard transaction mix for `--duration` seconds after `--warmup`, and
+//! prints transactions/s per type, NewOrders per minute, p50/p99 latency per type and the
+//! remote-warehouse share; `--check` verifies consistency conditions 1-4 afterwards (exit 1 on
+//! a violation). Modes and why affinity keeps the conditions without transactions:
+//! docs/tpcc.md.
+
+mod check;
+mod load;
+mod random;
+mod schema;
+mod txn;
+
+use crate::ycsb::Transport;
+use hdrhistogram::Histogram;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use random::Constants;
+use schema::Tables;
+use serde_json::json;
+use shoal_engine::{format_bytes, parse_bytes, Cluster, Engine, EngineConfig, MAX_NODES};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Each warehouse belongs to one worker of its node (workers = the node's warehouses at
+    /// most); keeps every consistency condition.
+    Affinity,
+    /// Each transaction's home warehouse is one of its node's warehouses, at random.
+    Locality,
+    /// Each transaction's home warehouse is any warehouse, at random.
+    Uniform,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Warehouses in the database (about 85 MiB of pages each).
+    #[arg(long, default_value_t = 1)]
+    pub warehouses: u16,
+    /// Worker threads per node (affinity mode uses at most one per warehouse of the node).
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Nodes in the cluster (threads of this process over the mem transport).
+    #[arg(long, default_value_t = 1)]
+    pub nodes: usize,
+    /// Transport between nodes (only mem: tpcc over tcp processes is not built yet).
+    #[arg(long, value_enum, default_value = "mem")]
+    pub transport: Transport,
+    /// Page cache per node, e.g. 256MiB, 1GiB.
+    #[arg(long, default_value = "1GiB")]
+    pub cache: String,
+    /// How a worker picks each transaction's home warehouse.
+    #[arg(long, value_enum, default_value = "affinity")]
+    pub mode: Mode,
+    /// Seconds to run before measuring.
+    #[arg(long, default_value_t = 1.0)]
+    pub warmup: f64,
+    /// Seconds to measure.
+    #[arg(long, default_value_t = 10.0)]
+    pub duration: f64,
+    /// After the run, check consistency conditions 1-4; exit 1 on a violation.
+    #[arg(long)]
+    pub check: bool,
+    /// Data directory (default: a temporary directory, removed after the run); must not hold
+    /// a TPC-C database already.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Seed of the random inputs (the run is still timing-dependent).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// No per-second lines and no progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+fn validate(a: &Args) -> Result<u64, String> {
+    if a.nodes == 0 || a.nodes > MAX_NODES {
+        return Err(format!("--nodes {}: 1 to {MAX_NODES}", a.nodes));
+    }
+    if a.transport == Transport::Tcp {
+        return Err(
+            "shoal tpcc runs its nodes in one process (--transport mem); tpcc over tcp processes is not built yet"
+                .into(),
+        );
+    }
+    if a.warehouses == 0 || (a.warehouses as usize) < a.nodes {
+        return Err(format!(
+            "--warehouses {} with --nodes {}: every node needs at least one warehouse",
+            a.warehouses, a.nodes
+        ));
+    }
+    if a.workers == 0 || a.workers > 1024 {
+        return Err(format!("--workers {}: 1 to 1024", a.workers));
+    }
+    let timed = a.duration > 0.0 && a.duration.is_finite();
+    if !(timed && a.warmup >= 0.0 && a.warmup.is_finite()) {
+        return Err("--duration must be positive and --warmup non-negative".into());
+    }
+    let cache = parse_bytes(&a.cache).map_err(|e| format!("--cache: {e}"))?;
+    if cache < 4 << 20 {
+        return Err(format!("--cache {}: at least 4MiB", a.cache));
+    }
+    Ok(cache)
+}
+
+/// The warehouses loaded on (and homed at) node `n` of `nodes`: `lo..=hi`.
+fn share(warehouses: u16, n: usize, nodes: usize) -> (u16, u16) {
+    let w = warehouses as usize;
+    ((w * n / nodes + 1) as u16, (w * (n + 1) / nodes) as u16)
+}
+
+/// Run `shoal tpcc`.
+pub fn run(a: Args) -> Result<ExitCode, String> {
+    let cache = validate(&a)?;
+    let (dir, _tmp) = match &a.data_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).map_err(|e| format!("--data-dir {}: {e}", d.display()))?;
+            (d.clone(), None)
+        }
+        None => {
+            let t = tempfile::Builder::new()
+                .prefix("shoal-tpcc-")
+                .tempdir()
+                .map_err(|e| format!("cannot create a temporary data directory: {e}"))?;
+            (t.path().to_path_buf(), Some(t))
+        }
+    };
+    let cfg = |i: u8| {
+        let d = if a.nodes > 1 {
+            dir.join(format!("node{i}"))
+        } else {
+            dir.clone()
+        };
+        EngineConfig::new(d, cache as usize)
+    };
+    if a.nodes == 1 {
+        let e = Engine::open(cfg(0)).map_err(|e| e.to_string())?;
+        let r = drive(&[&e], &a);
+        e.close().map_err(|e| e.to_string())?;
+        return r;
+    }
+    let c = Cluster::mem(a.nodes, Duration::from_secs(30), cfg).map_err(|e| e.to_string())?;
+    let engines: Vec<&Engine> = c.nodes().iter().collect();
+    let r = drive(&engines, &a);
+    drop(engines);
+    c.close().map_err(|e| e.to_string())?;
+    r
+}
+
+fn drive(nodes: &[&Engine], a: &Args) -> Result<ExitCode, String> {
+    let w0 = nodes[0].worker();
+    let tables = Tables::get(&w0, true).map_err(|e| match e {
+        shoal_btree::TreeError::Exists(_) => format!(
+            "the data directory already holds a TPC-C database; use an empty --data-dir ({e})"
+        ),
+        e => e.to_string(),
+    })?;
+    let mut rng = SmallRng::seed_from_u64(a.seed);
+    let load_c = Constants::load(&mut rng);
+    let run_c = Constants::run(&load_c, &mut rng);
+    let node_of: Vec<u8> = (1..=a.warehouses)
+        .map(|w| {
+            (0..a.nodes)
+                .find(|&n| {
+                    let (lo, hi) = share(a.warehouses, n, a.nodes);
+                    (lo..=hi).contains(&w)
+                })
+                .expect("every warehouse has a node") as u8
+        })
+        .collect();
+
+    let load_s = populate(nodes, &tables, a, &load_c)?;
+    let pages: u64 = nodes.iter().map(|e| e.store().high_water()).sum();
+    println!(
+        "load: {} warehouses in {load_s:.1} s, {} of pages ({} per warehouse); cache {} per node",
+        a.warehouses,
+        format_bytes(pages * 4096),
+        format_bytes(pages * 4096 / a.warehouses as u64),
+        a.cache
+    );
+
+    let out = run_phase(nodes, &tables, a, &run_c, &node_of)?;
+    let mut code = report(a, &out, pages, load_s)?;
+
+    if a.check {
+        let mut bad = Vec::new();
+        for w in 1..=a.warehouses {
+            bad.extend(check::warehouse(&w0, &tables, w).map_err(|e| e.to_string())?);
+        }
+        if bad.is_empty() {
+            println!(
+                "check: consistency conditions 1-4 hold on all {} warehouses",
+                a.warehouses
+            );
+        } else {
+            println!("check: {} violations", bad.len());
+            for b in bad.iter().take(20) {
+                println!("  {b}");
+            }
+            code = ExitCode::from(1);
+        }
+    }
+    Ok(code)
+}
+
+/// Load every node's warehouses with its own workers (items on node 0); progress bar.
+fn populate(nodes: &[&Engine], t: &Tables, a: &Args, c: &Constants) -> Result<f64, String> {
+    let t0 = Instant::now();
+    let done = AtomicU64::new(0);
+    let total = load::ITEMS as u64 + a.warehouses as u64 * load::ROWS_PER_WAREHOUSE;
+    let bar = if a.quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        let b = indicatif::ProgressBar::new(total);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "load {bar:40} {pos}/{len} rows ({per_sec}, eta {eta})",
+            )
+            .expect("template"),
+        );
+        b
+    };
+    let r: Result<(), String> = std::thread::scope(|s| {
+        let mut hs = Vec::new();
+        for (n, &e) in nodes.iter().enumerate() {
+            let (lo, hi) = share(a.warehouses, n, a.nodes);
+            let workers = a.workers.min((hi - lo + 1) as usize).max(1);
+            for k in 0..workers {
+                let done = &done;
+                let seed = a.seed ^ ((n as u64) << 32 | k as u64).wrapping_mul(0x9E37_79B9);
+                hs.push(s.spawn(move || -> Result<(), String> {
+                    let w = e.worker();
+                    let mut rng = SmallRng::seed_from_u64(seed);
+                    if n == 0 {
+                        // the item table, split over node 0's loaders
+                        let per = load::ITEMS / workers as u32;
+                        let lo = 1 + per * k as u32;
+                        let hi = if k + 1 == workers {
+                            load::ITEMS
+                        } else {
+                            lo + per - 1
+                        };
+                        load::items(&w, t, lo, hi, &mut rng, done).map_err(|e| e.to_string())?;
+                    }
+                    for wid in (lo..=hi).filter(|x| (x - lo) as usize % workers == k) {
+                        load::warehouse(&w, t, wid, c, &mut rng, done)
+                            .map_err(|e| format!("loading warehouse {wid}: {e}"))?;
+                    }
+                    Ok(())
+                }));
+            }
+        }
+        while !hs.iter().all(|h| h.is_finished()) {
+            bar.set_position(done.load(Ordering::Relaxed).min(total));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for h in hs {
+            h.join()
+                .map_err(|_| "a loader thread panicked".to_string())??;
+        }
+        Ok(())
+    });
+    r?;
+    bar.finish_and_clear();
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+const WARMUP: u8 = 0;
+const MEASURE: u8 = 1;
+const STOP: u8 = 2;
+
+/// One worker's measurements.
+struct Tally {
+    count: [u64; 5],
+    rollbacks: u64,
+    remote_warehouse: u64,
+    remote_node: u64,
+    errors: u64,
+    first_error: Option<String>,
+    hist: Vec<Histogram<u64>>,
+}
+
+impl Tally {
+    fn new() -> Tally {
+        Tally {
+            count: [0; 5],
+            rollbacks: 0,
+            remote_warehouse: 0,
+            remote_node: 0,
+            errors: 0,
+            first_error: None,
+            hist: (0..5)
+                .map(|_| Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds"))
+                .collect(),
+        }
+    }
+    fn merge(&mut self, o: &Tally) {
+        for i in 0..5 {
+            self.count[i] += o.count[i];
+            self.hist[i].add(&o.hist[i]).expect("same bounds");
+        }
+        self.rollbacks += o.rollbacks;
+        self.remote_warehouse += o.remote_warehouse;
+        self.remote_node += o.remote_node;
+        self.errors += o.errors;
+        if self.first_error.is_none() {
+            self.first_error.clone_from(&o.first_error);
+        }
+    }
+}
+
+struct RunOut {
+    tally: Tally,
+    secs: f64,
+    threads: usize,
+}
+
+fn run_phase(
+    nodes: &[&Engine],
+    t: &Tables,
+    a: &Args,
+    c: &Constants,
+    node_of: &[u8],
+) -> Result<RunOut, String> {
+    let phase = AtomicU8::new(WARMUP);
+    let total = AtomicU64::new(0);
+    let new_orders = AtomicU64::new(0);
+    // (node, the warehouses the worker picks home warehouses from)
+    let mut plan: Vec<(usize, Vec<u16>)> = Vec::new();
+    for n in 0..nodes.len() {
+        let (lo, hi) = share(a.warehouses, n, a.nodes);
+        match a.mode {
+            Mode::Affinity => {
+                let workers = a.workers.min((hi - lo + 1) as usize);
+                for k in 0..workers {
+                    let mine = (lo..=hi)
+                        .filter(|x| (x - lo) as usize % workers == k)
+                        .collect();
+                    plan.push((n, mine));
+                }
+            }
+            Mode::Locality => {
+                for _ in 0..a.workers {
+                    plan.push((n, (lo..=hi).collect()));
+                }
+            }
+            Mode::Uniform => {
+                for _ in 0..a.workers {
+                    plan.push((n, (1..=a.warehouses).collect()));
+                }
+            }
+        }
+    }
+    let threads = plan.len();
+    let mut measured = 0.0;
+    let tallies: Vec<Tally> = std::thread::scope(|s| {
+        let hs: Vec<_> = plan
+            .iter()
+            .enumerate()
+            .map(|(id, (n, homes))| {
+                let (phase, total, new_orders) = (&phase, &total, &new_orders);
+                let e = nodes[*n];
+                s.spawn(move || {
+                    let w = e.worker();
+                    let mut ctx = txn::Ctx {
+                        w: &w,
+                        t,
+                        warehouses: a.warehouses,
+                        node_of,
+                        node: *n as u8,
+                        c: *c,
+                        rng: SmallRng::seed_from_u64(a.seed.wrapping_add(1 + id as u64 * 7919)),
+                        history_seq: (id as u64 + 1) << 40,
+                    };
+                    let mut tally = Tally::new();
+                    loop {
+                        let p = phase.load(Ordering::Relaxed);
+                        if p == STOP {
+                            break;
+                        }
+                        let ty = txn::pick(&mut ctx.rng);
+                        let home = homes[ctx.rng.random_range(0..homes.len())];
+                        let t0 = Instant::now();
+                        let r = ctx.run(ty, home);
+                        let us = t0.elapsed().as_micros() as u64;
+                        total.fetch_add(1, Ordering::Relaxed);
+                        if ty == 0 && r.as_ref().is_ok_and(|d| !d.rolled_back) {
+                            new_orders.fetch_add(1, Ordering::Relaxed);
+                        }
+                        if p != MEASURE {
+                            continue;
+                        }
+                        match r {
+                            Ok(d) => {
+                                tally.count[ty] += 1;
+                                tally.hist[ty].saturating_record(us.max(1));
+                                tally.rollbacks += d.rolled_back as u64;
+                                tally.remote_warehouse += d.remote_warehouse as u64;
+                                tally.remote_node += d.remote_node as u64;
+                            }
+                            Err(e) => {
+                                tally.errors += 1;
+                                if tally.first_error.is_none() {
+                                    tally.first_error = Some(format!("{}: {e}", txn::TYPES[ty]));
+                                }
+                            }
+                        }
+                    }
+                    tally
+                })
+            })
+            .collect();
+        let sleep_until = |end: Instant| {
+            let mut last = (Instant::now(), total.load(Ordering::Relaxed), 0u64);
+            while Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(200).min(end - Instant::now()));
+                if last.0.elapsed() >= Duration::from_secs(1) && !a.quiet {
+                    let (t, no) = (
+                        total.load(Ordering::Relaxed),
+                        new_orders.load(Ordering::Relaxed),
+                    );
+                    let secs = last.0.elapsed().as_secs_f64();
+                    println!(
+                        "{:>10.0} txn/s  {:>10.0} NewOrders/min",
+                        (t - last.1) as f64 / secs,
+                        (no - last.2) as f64 / secs * 60.0
+                    );
+                    last = (Instant::now(), t, no);
+                }
+            }
+        };
+        sleep_until(Instant::now() + Duration::from_secs_f64(a.warmup));
+        let m0 = Instant::now();
+        phase.store(MEASURE, Ordering::Relaxed);
+        sleep_until(m0 + Duration::from_secs_f64(a.duration));
+        phase.store(STOP, Ordering::Relaxed);
+        measured = m0.elapsed().as_secs_f64();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Tally::new()))
+            .collect()
+    });
+    let mut all = Tally::new();
+    for t in &tallies {
+        all.merge(t);
+    }
+    Ok(RunOut {
+        tally: all,
+        secs: measured,
+        threads,
+    })
+}
+
+fn report(a: &Args, o: &RunOut, pages: u64, load_s: f64) -> Result<ExitCode, String> {
+    let t = &o.tally;
+    let committed: u64 = t.count.iter().sum();
+    let tps = committed as f64 / o.secs;
+    let new_orders = t.count[0] - t.rollbacks;
+    let tpm_c = new_orders as f64 / o.secs * 60.0;
+    println!(
+        "tpcc: {} warehouses, {} node(s), {} workers, mode {:?}, {:.1} s measured",
+        a.warehouses, a.nodes, o.threads, a.mode, o.secs
+    );
+    println!(
+        "  {:<13} {:>10} {:>10} {:>10} {:>10}",
+        "transaction", "count", "per s", "p50 us", "p99 us"
+    );
+    let mut types = serde_json::Map::new();
+    for (i, name) in txn::TYPES.iter().enumerate() {
+        let h = &t.hist[i];
+        let (p50, p99) = if h.is_empty() {
+            (0, 0)
+        } else {
+            (h.value_at_quantile(0.5), h.value_at_quantile(0.99))
+        };
+        println!(
+            "  {:<13} {:>10} {:>10.0} {:>10} {:>10}",
+            name,
+            t.count[i],
+            t.count[i] as f64 / o.secs,
+            p50,
+            p99
+        );
+        types.insert(
+            name.to_string(),
+            json!({"count": t.count[i], "per_s": t.count[i] as f64 / o.secs, "p50_us": p50, "p99_us": p99}),
+        );
+    }
+    let share = |n: u64| {
+        if committed > 0 {
+            n as f64 / committed as f64
+        } else {
+            0.0
+        }
+    };
+    println!(
+        "  total {tps:.0} txn/s; {tpm_c:.0} NewOrders/min; {} rollbacks ({:.2}% of NewOrders); remote-warehouse share {:.2}%, remote-node share {:.2}%; {} errors",
+        t.rollbacks,
+        100.0 * t.rollbacks as f64 / t.count[0].max(1) as f64,
+        100.0 * share(t.remote_warehouse),
+        100.0 * share(t.remote_node),
+        t.errors
+    );
+    if let Some(e) = &t.first_error {
+        println!("  first error: {e}");
+    }
+    if let Some(path) = &a.json {
+        let j = json!({
+            "command": "tpcc",
+            "warehouses": a.warehouses,
+            "nodes": a.nodes,
+            "workers": o.threads,
+            "mode": format!("{:?}", a.mode).to_lowercase(),
+            "cache": a.cache,
+            "data_bytes": pages * 4096,
+            "load_s": load_s,
+            "duration_s": o.secs,
+            "transactions": committed,
+            "throughput_txn_per_s": tps,
+            "new_orders_per_min": tpm_c,
+            "rollbacks": t.rollbacks,
+            "remote_warehouse_share": share(t.remote_warehouse),
+            "remote_node_share": share(t.remote_node),
+            "errors": t.errors,
+            "first_error": t.first_error,
+            "types": types,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&j).expect("json"))
+            .map_err(|e| format!("--json {}: {e}", path.display()))?;
+    }
+    Ok(if t.errors > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}

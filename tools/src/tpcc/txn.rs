@@ -1,0 +1,426 @@
+//! The five TPC-C transactions (clause 2), each a sequence of B-tree operations.
+//!
+//! Shoal has page latches but no transactions: every single-row change is atomic (a
+//! read-modify-write under the leaf's exclusive latch), a transaction as a whole is not. Which
+//! driver modes keep the consistency conditions anyway is in docs/tpcc.md. NewOrder's 1%
+//! rollbacks are decided before anything is written: the unused item id is found while the
+//! items are read, so a rolled-back NewOrder changes nothing.
+
+use super::load::{CUSTOMERS, DISTRICTS, ITEMS};
+use super::random::{last_name, now, nurand, Constants};
+use super::schema::*;
+use rand::rngs::SmallRng;
+use rand::Rng;
+use shoal_btree::{Direction, TreeError};
+use shoal_engine::Worker;
+use std::collections::BTreeSet;
+
+/// The transaction types, in the order of the standard mix's table.
+pub const TYPES: [&str; 5] = [
+    "new_order",
+    "payment",
+    "order_status",
+    "delivery",
+    "stock_level",
+];
+
+/// Pick a type by the standard mix: 45% NewOrder, 43% Payment, 4% each of the others.
+pub fn pick(rng: &mut SmallRng) -> usize {
+    match rng.random_range(0..100) {
+        0..45 => 0,
+        45..88 => 1,
+        88..92 => 2,
+        92..96 => 3,
+        _ => 4,
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TxError {
+    #[error(transparent)]
+    Tree(#[from] TreeError),
+    /// A row the transaction needs is absent: the database is inconsistent.
+    #[error("{0}")]
+    Missing(String),
+}
+
+/// What a finished transaction did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Done {
+    pub rolled_back: bool,
+    /// Touched a warehouse other than its home warehouse.
+    pub remote_warehouse: bool,
+    /// Touched a warehouse homed on another node.
+    pub remote_node: bool,
+}
+
+/// One worker's state for running transactions.
+pub struct Ctx<'a> {
+    pub w: &'a Worker,
+    pub t: &'a Tables,
+    /// Warehouses in the database (ids 1..=warehouses).
+    pub warehouses: u16,
+    /// The node each warehouse's data was loaded on (index: warehouse id - 1).
+    pub node_of: &'a [u8],
+    pub node: u8,
+    pub c: Constants,
+    pub rng: SmallRng,
+    /// Next history key suffix (unique per worker: the worker's id in the high bits).
+    pub history_seq: u64,
+}
+
+fn missing(what: String) -> TxError {
+    TxError::Missing(what)
+}
+
+impl Ctx<'_> {
+    pub fn run(&mut self, ty: usize, home: u16) -> Result<Done, TxError> {
+        match ty {
+            0 => self.new_order(home),
+            1 => self.payment(home),
+            2 => self.order_status(home),
+            3 => self.delivery(home),
+            _ => self.stock_level(home),
+        }
+    }
+
+    fn other_warehouse(&mut self, w: u16) -> u16 {
+        let o = self.rng.random_range(1..self.warehouses);
+        if o >= w {
+            o + 1
+        } else {
+            o
+        }
+    }
+
+    fn note_remote(&self, done: &mut Done, home: u16, other: u16) {
+        if other != home {
+            done.remote_warehouse = true;
+            if self.node_of[other as usize - 1] != self.node {
+                done.remote_node = true;
+            }
+        }
+    }
+
+    fn get(&self, tree: &shoal_btree::BTree, key: &[u8], what: &str) -> Result<Vec<u8>, TxError> {
+        tree.get(self.w, key)?
+            .ok_or_else(|| missing(format!("{what} {key:?} does not exist")))
+    }
+
+    /// Apply `f` to the row at `key` in place; an absent row is an error.
+    fn change(
+        &self,
+        tree: &shoal_btree::BTree,
+        key: &[u8],
+        what: &str,
+        f: impl FnMut(&mut [u8]),
+    ) -> Result<(), TxError> {
+        if tree.update(self.w, key, f)? {
+            Ok(())
+        } else {
+            Err(missing(format!("{what} {key:?} does not exist")))
+        }
+    }
+
+    /// A customer by id (40%) or by last name (60%: the middle one by first name).
+    fn customer(&mut self, w: u16, d: u8) -> Result<u32, TxError> {
+        if self.rng.random_range(0..100) >= 60 {
+            return Ok(nurand(&mut self.rng, 1023, 1, CUSTOMERS, self.c.c_id));
+        }
+        let last = last_name(nurand(&mut self.rng, 255, 0, 999, self.c.c_last));
+        let prefix = customer_name_prefix(w, d, &last);
+        let mut ids = Vec::new();
+        self.t
+            .customer_name
+            .scan(self.w, &prefix, Direction::Ascending, |k, _| {
+                if !k.starts_with(&prefix) {
+                    return false;
+                }
+                ids.extend(key_tail_u32(k));
+                true
+            })?;
+        if ids.is_empty() {
+            // customers 1..=1000 of every district carry every last name
+            return Err(missing(format!(
+                "no customer named {} in district {w}/{d}",
+                String::from_utf8_lossy(&last)
+            )));
+        }
+        Ok(ids[ids.len().div_ceil(2) - 1])
+    }
+
+    fn new_order(&mut self, w: u16) -> Result<Done, TxError> {
+        let mut done = Done::default();
+        let d = self.rng.random_range(1..=DISTRICTS);
+        let c = nurand(&mut self.rng, 1023, 1, CUSTOMERS, self.c.c_id);
+        let ol_cnt = self.rng.random_range(5..=15u8);
+        let rollback = self.rng.random_range(0..100) == 0;
+        // (item, supply warehouse, quantity)
+        let mut lines = Vec::with_capacity(ol_cnt as usize);
+        for n in 0..ol_cnt {
+            let i = if rollback && n == ol_cnt - 1 {
+                ITEMS + 1 // the unused item number
+            } else {
+                nurand(&mut self.rng, 8191, 1, ITEMS, self.c.ol_i_id)
+            };
+            let supply = if self.warehouses > 1 && self.rng.random_range(0..100) == 0 {
+                self.other_warehouse(w)
+            } else {
+                w
+            };
+            self.note_remote(&mut done, w, supply);
+            lines.push((i, supply, self.rng.random_range(1..=10u32)));
+        }
+        let wrow = self.get(&self.t.warehouse, &warehouse_key(w), "warehouse")?;
+        let w_tax = get_u32(&wrow, warehouse::TAX) as i64;
+        let crow = self.get(&self.t.customer, &customer_key(w, d, c), "customer")?;
+        let discount = get_u32(&crow, customer::DISCOUNT) as i64;
+        let mut prices = Vec::with_capacity(lines.len());
+        for &(i, _, _) in &lines {
+            match self.t.item.get(self.w, &item_key(i))? {
+                Some(row) => prices.push(get_i64(&row, item::PRICE)),
+                None if i == ITEMS + 1 => {
+                    done.rolled_back = true;
+                    return Ok(done);
+                }
+                None => return Err(missing(format!("item {i} does not exist"))),
+            }
+        }
+        let (mut o_id, mut d_tax) = (0, 0);
+        self.change(&self.t.district, &district_key(w, d), "district", |row| {
+            o_id = get_u32(row, district::NEXT_O_ID);
+            set_u32(row, district::NEXT_O_ID, o_id + 1);
+            d_tax = get_u32(row, district::TAX) as i64;
+        })?;
+        let date = now();
+        let mut orow = vec![0u8; order::LEN];
+        set_u32(&mut orow, order::C_ID, c);
+        set_i64(&mut orow, order::ENTRY_D, date);
+        set_u32(&mut orow, order::OL_CNT, ol_cnt as u32);
+        set_u32(&mut orow, order::ALL_LOCAL, !done.remote_warehouse as u32);
+        let okey = order_key(w, d, o_id);
+        self.t.order.insert(self.w, &okey, &orow)?;
+        self.t.new_order.insert(self.w, &okey, &[])?;
+        self.t
+            .order_customer
+            .insert(self.w, &order_customer_key(w, d, c, o_id), &[])?;
+        let mut total = 0i64;
+        let mut lrow = vec![0u8; order_line::LEN];
+        for (n, (&(i, supply, qty), &price)) in lines.iter().zip(&prices).enumerate() {
+            let mut dist = [0u8; 24];
+            self.change(&self.t.stock, &stock_key(supply, i), "stock", |row| {
+                let q = get_u32(row, stock::QUANTITY);
+                let q = if q >= qty + 10 { q - qty } else { q + 91 - qty };
+                set_u32(row, stock::QUANTITY, q);
+                set_i64(row, stock::YTD, get_i64(row, stock::YTD) + qty as i64);
+                set_u32(row, stock::ORDER_CNT, get_u32(row, stock::ORDER_CNT) + 1);
+                if supply != w {
+                    set_u32(row, stock::REMOTE_CNT, get_u32(row, stock::REMOTE_CNT) + 1);
+                }
+                dist.copy_from_slice(raw(row, stock::dist(d)));
+            })?;
+            let amount = qty as i64 * price;
+            total += amount;
+            set_u32(&mut lrow, order_line::I_ID, i);
+            set_u32(&mut lrow, order_line::SUPPLY_W_ID, supply as u32);
+            set_i64(&mut lrow, order_line::DELIVERY_D, 0);
+            set_u32(&mut lrow, order_line::QUANTITY, qty);
+            set_i64(&mut lrow, order_line::AMOUNT, amount);
+            set_str(&mut lrow, order_line::DIST_INFO, &dist);
+            self.t
+                .order_line
+                .insert(self.w, &order_line_key(w, d, o_id, n as u8 + 1), &lrow)?;
+        }
+        // the order's total as the terminal would show it (not stored)
+        std::hint::black_box(total * (10_000 - discount) * (10_000 + w_tax + d_tax));
+        Ok(done)
+    }
+
+    fn payment(&mut self, w: u16) -> Result<Done, TxError> {
+        let mut done = Done::default();
+        let d = self.rng.random_range(1..=DISTRICTS);
+        let amount: i64 = self.rng.random_range(100..=500_000);
+        let (cw, cd) = if self.warehouses == 1 || self.rng.random_range(0..100) < 85 {
+            (w, d)
+        } else {
+            (
+                self.other_warehouse(w),
+                self.rng.random_range(1..=DISTRICTS),
+            )
+        };
+        self.note_remote(&mut done, w, cw);
+        self.change(&self.t.warehouse, &warehouse_key(w), "warehouse", |row| {
+            set_i64(row, warehouse::YTD, get_i64(row, warehouse::YTD) + amount);
+        })?;
+        self.change(&self.t.district, &district_key(w, d), "district", |row| {
+            set_i64(row, district::YTD, get_i64(row, district::YTD) + amount);
+        })?;
+        let c = self.customer(cw, cd)?;
+        let note = format!("{c} {cd} {cw} {d} {w} {amount}|");
+        self.change(
+            &self.t.customer,
+            &customer_key(cw, cd, c),
+            "customer",
+            |row| {
+                set_i64(
+                    row,
+                    customer::BALANCE,
+                    get_i64(row, customer::BALANCE) - amount,
+                );
+                let ytd = get_i64(row, customer::YTD_PAYMENT);
+                set_i64(row, customer::YTD_PAYMENT, ytd + amount);
+                let cnt = get_u32(row, customer::PAYMENT_CNT);
+                set_u32(row, customer::PAYMENT_CNT, cnt + 1);
+                if get_str(row, customer::CREDIT) == b"BC" {
+                    let mut data = note.as_bytes().to_vec();
+                    data.extend_from_slice(get_str(row, customer::DATA));
+                    set_str(row, customer::DATA, &data);
+                }
+            },
+        )?;
+        let mut h = vec![0u8; history::LEN];
+        set_u32(&mut h, history::C_ID, c);
+        set_u32(&mut h, history::C_D_ID, cd as u32);
+        set_u32(&mut h, history::C_W_ID, cw as u32);
+        set_u32(&mut h, history::D_ID, d as u32);
+        set_u32(&mut h, history::W_ID, w as u32);
+        set_i64(&mut h, history::DATE, now());
+        set_i64(&mut h, history::AMOUNT, amount);
+        set_str(&mut h, history::DATA, b"payment");
+        self.history_seq += 1;
+        self.t
+            .history
+            .insert(self.w, &history_key(cw, cd, c, self.history_seq), &h)?;
+        Ok(done)
+    }
+
+    fn order_status(&mut self, w: u16) -> Result<Done, TxError> {
+        let d = self.rng.random_range(1..=DISTRICTS);
+        let c = self.customer(w, d)?;
+        let crow = self.get(&self.t.customer, &customer_key(w, d, c), "customer")?;
+        std::hint::black_box(get_i64(&crow, customer::BALANCE));
+        // the customer's latest order
+        let prefix = customer_key(w, d, c);
+        let mut o_id = None;
+        self.t.order_customer.scan(
+            self.w,
+            &order_customer_key(w, d, c, u32::MAX),
+            Direction::Descending,
+            |k, _| {
+                if k.starts_with(&prefix) {
+                    o_id = key_tail_u32(k);
+                }
+                false
+            },
+        )?;
+        let o = o_id.ok_or_else(|| missing(format!("customer {w}/{d}/{c} has no order")))?;
+        let orow = self.get(&self.t.order, &order_key(w, d, o), "order")?;
+        let ol_cnt = get_u32(&orow, order::OL_CNT);
+        let okey = order_key(w, d, o);
+        let mut lines = 0;
+        self.t.order_line.scan(
+            self.w,
+            &order_line_key(w, d, o, 0),
+            Direction::Ascending,
+            |k, v| {
+                if !k.starts_with(&okey) {
+                    return false;
+                }
+                std::hint::black_box(get_i64(v, order_line::AMOUNT));
+                lines += 1;
+                true
+            },
+        )?;
+        if lines != ol_cnt {
+            return Err(missing(format!(
+                "order {w}/{d}/{o} has {lines} lines, its row says {ol_cnt}"
+            )));
+        }
+        Ok(Done::default())
+    }
+
+    fn delivery(&mut self, w: u16) -> Result<Done, TxError> {
+        let carrier = self.rng.random_range(1..=10u32);
+        let date = now();
+        for d in 1..=DISTRICTS {
+            let dkey = district_key(w, d);
+            let mut oldest = None;
+            self.t
+                .new_order
+                .scan(self.w, &order_key(w, d, 0), Direction::Ascending, |k, _| {
+                    if k.starts_with(&dkey) {
+                        oldest = key_tail_u32(k);
+                    }
+                    false
+                })?;
+            let Some(o) = oldest else { continue };
+            let okey = order_key(w, d, o);
+            if !self.t.new_order.remove(self.w, &okey)? {
+                continue; // another worker delivered it meanwhile
+            }
+            let (mut c, mut ol_cnt) = (0, 0);
+            self.change(&self.t.order, &okey, "order", |row| {
+                c = get_u32(row, order::C_ID);
+                ol_cnt = get_u32(row, order::OL_CNT);
+                set_u32(row, order::CARRIER_ID, carrier);
+            })?;
+            let mut sum = 0i64;
+            for n in 1..=ol_cnt as u8 {
+                self.change(
+                    &self.t.order_line,
+                    &order_line_key(w, d, o, n),
+                    "order line",
+                    |row| {
+                        sum += get_i64(row, order_line::AMOUNT);
+                        set_i64(row, order_line::DELIVERY_D, date);
+                    },
+                )?;
+            }
+            self.change(
+                &self.t.customer,
+                &customer_key(w, d, c),
+                "customer",
+                |row| {
+                    set_i64(
+                        row,
+                        customer::BALANCE,
+                        get_i64(row, customer::BALANCE) + sum,
+                    );
+                    let n = get_u32(row, customer::DELIVERY_CNT);
+                    set_u32(row, customer::DELIVERY_CNT, n + 1);
+                },
+            )?;
+        }
+        Ok(Done::default())
+    }
+
+    fn stock_level(&mut self, w: u16) -> Result<Done, TxError> {
+        let d = self.rng.random_range(1..=DISTRICTS);
+        let threshold = self.rng.random_range(10..=20u32);
+        let drow = self.get(&self.t.district, &district_key(w, d), "district")?;
+        let next = get_u32(&drow, district::NEXT_O_ID);
+        let end = order_line_key(w, d, next, 0);
+        let mut items = BTreeSet::new();
+        self.t.order_line.scan(
+            self.w,
+            &order_line_key(w, d, next.saturating_sub(20), 0),
+            Direction::Ascending,
+            |k, v| {
+                if k >= end.as_slice() {
+                    return false;
+                }
+                items.insert(get_u32(v, order_line::I_ID));
+                true
+            },
+        )?;
+        let mut low = 0;
+        for i in items {
+            let s = self.get(&self.t.stock, &stock_key(w, i), "stock")?;
+            if get_u32(&s, stock::QUANTITY) < threshold {
+                low += 1;
+            }
+        }
+        std::hint::black_box(low);
+        Ok(Done::default())
+    }
+}

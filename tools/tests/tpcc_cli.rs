@@ -1,0 +1,87 @@
+//! `shoal tpcc` end to end: a short load and run with `--check` on 1 node and on 2 nodes over
+//! mem (conditions 1-4 must hold in affinity mode), JSON parsed; bad flags rejected clearly.
+
+use std::process::Command;
+
+fn shoal() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_shoal"))
+}
+
+fn run_checked(args: &[&str]) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("out.json");
+    let out = shoal()
+        .arg("tpcc")
+        .args(args)
+        .args(["--quiet", "--check", "--warmup", "0.2", "--duration", "2"])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "shoal tpcc {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("conditions 1-4 hold"), "{stdout}");
+    assert!(stdout.contains("NewOrders/min"), "{stdout}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["errors"], 0, "{v}");
+    for t in [
+        "new_order",
+        "payment",
+        "order_status",
+        "delivery",
+        "stock_level",
+    ] {
+        assert!(v["types"][t]["count"].as_u64().unwrap() > 0, "{t} ran: {v}");
+        assert!(v["types"][t]["p50_us"].as_u64().unwrap() > 0, "{t}: {v}");
+    }
+    assert!(v["new_orders_per_min"].as_f64().unwrap() > 0.0);
+    v
+}
+
+#[test]
+fn one_node_two_warehouses_stays_consistent() {
+    let v = run_checked(&["--warehouses", "2", "--workers", "2"]);
+    assert_eq!(v["workers"], 2);
+    // payments to other warehouses' customers and remote supply items
+    assert!(v["remote_warehouse_share"].as_f64().unwrap() > 0.0, "{v}");
+    assert_eq!(v["remote_node_share"].as_f64().unwrap(), 0.0, "{v}");
+}
+
+#[test]
+fn two_nodes_over_mem_stay_consistent() {
+    let v = run_checked(&["--warehouses", "2", "--nodes", "2", "--cache", "64MiB"]);
+    assert_eq!(v["nodes"], 2);
+    // with one warehouse per node, every remote warehouse is on the other node
+    let (rw, rn) = (
+        v["remote_warehouse_share"].as_f64().unwrap(),
+        v["remote_node_share"].as_f64().unwrap(),
+    );
+    assert!(rn > 0.0 && rn == rw, "{v}");
+}
+
+#[test]
+fn bad_flags_are_refused_with_a_reason() {
+    for (args, says) in [
+        (
+            &["--warehouses", "0"][..],
+            "every node needs at least one warehouse",
+        ),
+        (
+            &["--warehouses", "1", "--nodes", "2"][..],
+            "every node needs",
+        ),
+        (&["--transport", "tcp"][..], "not built yet"),
+        (&["--cache", "1MiB"][..], "at least 4MiB"),
+        (&["--duration", "0"][..], "--duration"),
+    ] {
+        let out = shoal().arg("tpcc").args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
