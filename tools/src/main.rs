@@ -5,6 +5,7 @@
 //! only the public APIs of shoal-engine and shoal-btree; it must not reach into engine
 //! internals.
 
+mod cli;
 mod node;
 mod tpcc;
 mod value;

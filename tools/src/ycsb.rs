@@ -286,7 +286,7 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
     if a.cluster.is_none() && a.transport == Transport::Tcp {
         return crate::ycsb_tcp::run_local(&a);
     }
-    let (dir, _tmp) = data_dir(&a)?;
+    let (dir, _tmp) = crate::cli::data_dir(a.data_dir.as_deref(), "ycsb")?;
     let node_cfg = |i: u8| {
         let d = if a.nodes > 1 {
             dir.join(format!("node{i}"))
@@ -339,24 +339,6 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
     drop(nodes);
     cluster.close().map_err(|e| e.to_string())?;
     r
-}
-
-/// The run's data directory: `--data-dir` (created if missing), or a temporary directory that
-/// is removed when the returned guard drops.
-pub fn data_dir(a: &Args) -> Result<(PathBuf, Option<tempfile::TempDir>), String> {
-    match &a.data_dir {
-        Some(d) => {
-            std::fs::create_dir_all(d).map_err(|e| format!("--data-dir {}: {e}", d.display()))?;
-            Ok((d.clone(), None))
-        }
-        None => {
-            let t = tempfile::Builder::new()
-                .prefix("shoal-ycsb-")
-                .tempdir()
-                .map_err(|e| format!("cannot create a temporary data directory: {e}"))?;
-            Ok((t.path().to_path_buf(), Some(t)))
-        }
-    }
 }
 
 /// Node-level counters over the measured interval.
@@ -580,18 +562,7 @@ fn load(nodes: &Nodes, tree: &BTree, a: &Args) -> Result<f64, String> {
             hi - lo
         })
         .sum();
-    let bar = if a.quiet {
-        indicatif::ProgressBar::hidden()
-    } else {
-        let b = indicatif::ProgressBar::new(mine);
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "load {bar:40} {pos}/{len} records ({per_sec}, eta {eta})",
-            )
-            .expect("template"),
-        );
-        b
-    };
+    let bar = crate::cli::progress(mine, "records", a.quiet);
     let r: Result<(), String> = std::thread::scope(|s| {
         let mut hs = Vec::new();
         for &e in &nodes.engines {

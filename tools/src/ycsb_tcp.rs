@@ -63,7 +63,7 @@ fn node_args(a: &Args, file: &Path, id: usize, json: &Path) -> Vec<String> {
 
 /// Run the cluster of local processes and report.
 pub fn run_local(a: &Args) -> Result<ExitCode, String> {
-    let (dir, _tmp) = crate::ycsb::data_dir(a)?;
+    let (dir, _tmp) = crate::cli::data_dir(a.data_dir.as_deref(), "ycsb")?;
     // free loopback ports: bound by the OS, released just before the nodes bind them
     let listeners = (0..a.nodes)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))

@@ -29,6 +29,8 @@ fn run_checked(args: &[&str]) -> serde_json::Value {
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(v["errors"], 0, "{v}");
+    // affinity mode: no read can see another worker's order half inserted
+    assert_eq!(v["anomalies"], 0, "{v}");
     for t in [
         "new_order",
         "payment",
