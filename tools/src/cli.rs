@@ -1,6 +1,114 @@
-//! Pieces every `shoal` driver shares: the run's data directory and the load progress bar.
+//! Pieces every `shoal` driver shares: the run's data directory, the load progress bar, and
+//! running a cluster of local node processes over tcp.
 
+use serde_json::Value;
+use shoal_engine::ClusterFile;
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long the other node processes may keep running after one failed.
+const GRACE: Duration = Duration::from_secs(60);
+
+/// Start `nodes` copies of this binary as one cluster over loopback tcp: writes
+/// `<dir>/cluster.toml` (free ports, `cache` per node, data in `<dir>/node<i>`), starts node `i`
+/// with `args(i, cluster file, its JSON path)`, shows node 0's output (unless `quiet`), keeps
+/// every node's output in `<dir>/node<i>.log`, and waits. Once a node fails the others get
+/// [`GRACE`] to notice, then are killed. Returns every node's JSON report and whether all
+/// exited with status 0; a node that wrote no report is an error (with its log's tail).
+pub fn run_processes(
+    nodes: usize,
+    dir: &Path,
+    cache: &str,
+    quiet: bool,
+    args: impl Fn(usize, &Path, &Path) -> Vec<String>,
+) -> Result<(Vec<Value>, bool), String> {
+    // free loopback ports: bound by the OS, released just before the nodes bind them
+    let listeners = (0..nodes)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("cannot find free loopback ports: {e}"))?;
+    let addrs = listeners
+        .iter()
+        .map(|l| l.local_addr())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    drop(listeners);
+    let file = dir.join("cluster.toml");
+    std::fs::write(&file, ClusterFile::local_text(&addrs, dir, cache))
+        .map_err(|e| format!("writing {}: {e}", file.display()))?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the shoal binary: {e}"))?;
+    let mut kids: Vec<(Child, PathBuf, PathBuf)> = Vec::new();
+    for i in 0..nodes {
+        let json = dir.join(format!("node{i}.json"));
+        let log = dir.join(format!("node{i}.log"));
+        let out = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let mut c = Command::new(&exe);
+        c.args(args(i, &file, &json)).stderr(Stdio::from(err));
+        if i == 0 && !quiet {
+            c.stdout(Stdio::inherit());
+        } else {
+            c.stdout(Stdio::from(out));
+        }
+        let child = c
+            .spawn()
+            .map_err(|e| format!("starting node {i} ({}): {e}", exe.display()))?;
+        kids.push((child, json, log));
+    }
+    let mut codes: Vec<Option<i32>> = vec![None; kids.len()];
+    let mut failed_at: Option<Instant> = None;
+    while codes.iter().any(|c| c.is_none()) {
+        for (i, (k, _, _)) in kids.iter_mut().enumerate() {
+            if codes[i].is_none() {
+                if let Some(st) = k.try_wait().map_err(|e| e.to_string())? {
+                    let code = st.code().unwrap_or(-1);
+                    codes[i] = Some(code);
+                    if code != 0 && failed_at.is_none() {
+                        failed_at = Some(Instant::now());
+                    }
+                }
+            }
+        }
+        if failed_at.is_some_and(|t| t.elapsed() > GRACE) {
+            for (i, (k, _, _)) in kids.iter_mut().enumerate() {
+                if codes[i].is_none() {
+                    let _ = k.kill();
+                    let _ = k.wait();
+                    codes[i] = Some(-9);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut docs = Vec::new();
+    let mut broken = Vec::new();
+    for (i, (_, json, log)) in kids.iter().enumerate() {
+        let doc = std::fs::read_to_string(json)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok());
+        match doc {
+            Some(d) if codes[i] == Some(0) || codes[i] == Some(1) => docs.push(d),
+            _ => {
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                eprintln!(
+                    "node {i} failed (exit {:?}); last lines of {}:",
+                    codes[i],
+                    log.display()
+                );
+                for l in tail.iter().rev() {
+                    eprintln!("  {l}");
+                }
+                broken.push(i);
+            }
+        }
+    }
+    if !broken.is_empty() {
+        return Err(format!("nodes {broken:?} of the tcp cluster failed"));
+    }
+    Ok((docs, codes.iter().all(|c| *c == Some(0))))
+}
 
 /// The run's data directory: `dir` (created if missing), or a temporary directory named
 /// `shoal-<what>-…` that is removed when the returned guard drops.

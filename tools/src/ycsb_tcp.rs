@@ -7,13 +7,8 @@
 use crate::ycsb::{Access, Args, Distribution};
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
-use shoal_engine::ClusterFile;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
-use std::time::{Duration, Instant};
-
-/// How long the others may keep running after one node failed.
-const GRACE: Duration = Duration::from_secs(60);
+use std::path::Path;
+use std::process::ExitCode;
 
 /// The flags a node process gets: the workload's, not the launcher's.
 fn node_args(a: &Args, file: &Path, id: usize, json: &Path) -> Vec<String> {
@@ -64,92 +59,10 @@ fn node_args(a: &Args, file: &Path, id: usize, json: &Path) -> Vec<String> {
 /// Run the cluster of local processes and report.
 pub fn run_local(a: &Args) -> Result<ExitCode, String> {
     let (dir, _tmp) = crate::cli::data_dir(a.data_dir.as_deref(), "ycsb")?;
-    // free loopback ports: bound by the OS, released just before the nodes bind them
-    let listeners = (0..a.nodes)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("cannot find free loopback ports: {e}"))?;
-    let addrs = listeners
-        .iter()
-        .map(|l| l.local_addr())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
-    drop(listeners);
-    let file = dir.join("cluster.toml");
-    std::fs::write(&file, ClusterFile::local_text(&addrs, &dir, &a.cache))
-        .map_err(|e| format!("writing {}: {e}", file.display()))?;
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find the shoal binary: {e}"))?;
-    let mut kids: Vec<(Child, PathBuf, PathBuf)> = Vec::new();
-    for i in 0..a.nodes {
-        let json = dir.join(format!("node{i}.json"));
-        let log = dir.join(format!("node{i}.log"));
-        let out = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
-        let mut c = Command::new(&exe);
-        c.args(node_args(a, &file, i, &json))
-            .stderr(Stdio::from(err));
-        if i == 0 && !a.quiet {
-            c.stdout(Stdio::inherit());
-        } else {
-            c.stdout(Stdio::from(out));
-        }
-        let child = c
-            .spawn()
-            .map_err(|e| format!("starting node {i} ({}): {e}", exe.display()))?;
-        kids.push((child, json, log));
-    }
-    // wait for all; once one fails, the others get GRACE to notice, then are killed
-    let mut codes: Vec<Option<i32>> = vec![None; kids.len()];
-    let mut failed_at: Option<Instant> = None;
-    while codes.iter().any(|c| c.is_none()) {
-        for (i, (k, _, _)) in kids.iter_mut().enumerate() {
-            if codes[i].is_none() {
-                if let Some(st) = k.try_wait().map_err(|e| e.to_string())? {
-                    let code = st.code().unwrap_or(-1);
-                    codes[i] = Some(code);
-                    if code != 0 && failed_at.is_none() {
-                        failed_at = Some(Instant::now());
-                    }
-                }
-            }
-        }
-        if failed_at.is_some_and(|t| t.elapsed() > GRACE) {
-            for (i, (k, _, _)) in kids.iter_mut().enumerate() {
-                if codes[i].is_none() {
-                    let _ = k.kill();
-                    let _ = k.wait();
-                    codes[i] = Some(-9);
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let mut docs = Vec::new();
-    let mut broken = Vec::new();
-    for (i, (_, json, log)) in kids.iter().enumerate() {
-        let doc = std::fs::read_to_string(json)
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok());
-        match doc {
-            Some(d) if codes[i] == Some(0) || codes[i] == Some(1) => docs.push(d),
-            _ => {
-                let text = std::fs::read_to_string(log).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(15).collect();
-                eprintln!(
-                    "node {i} failed (exit {:?}); last lines of {}:",
-                    codes[i],
-                    log.display()
-                );
-                for l in tail.iter().rev() {
-                    eprintln!("  {l}");
-                }
-                broken.push(i);
-            }
-        }
-    }
-    if !broken.is_empty() {
-        return Err(format!("nodes {broken:?} of the tcp cluster failed"));
-    }
+    let (docs, all_ok) =
+        crate::cli::run_processes(a.nodes, &dir, &a.cache, a.quiet, |i, file, json| {
+            node_args(a, file, i, json)
+        })?;
     let merged = merge(&docs)?;
     print_summary(&merged);
     if let Some(path) = &a.json {
@@ -160,7 +73,7 @@ pub fn run_local(a: &Args) -> Result<ExitCode, String> {
         .map_err(|e| format!("writing {}: {e}", path.display()))?;
     }
     let errors = merged["value_errors"].as_u64().unwrap_or(0);
-    Ok(if errors > 0 || codes.iter().any(|c| *c != Some(0)) {
+    Ok(if errors > 0 || !all_ok {
         eprintln!("error: {errors} values failed their check");
         ExitCode::from(1)
     } else {

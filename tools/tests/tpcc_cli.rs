@@ -1,5 +1,6 @@
-//! `shoal tpcc` end to end: a short load and run with `--check` on 1 node and on 2 nodes over
-//! mem (conditions 1-4 must hold in affinity mode), JSON parsed; bad flags rejected clearly.
+//! `shoal tpcc` end to end: a short load and run with `--check` on 1 node, on 2 nodes over mem
+//! and on 2 processes over tcp (conditions 1-4 must hold in affinity mode), JSON parsed; bad
+//! flags rejected clearly.
 
 use std::process::Command;
 
@@ -67,6 +68,24 @@ fn two_nodes_over_mem_stay_consistent() {
 }
 
 #[test]
+fn two_processes_over_tcp_stay_consistent() {
+    let v = run_checked(&[
+        "--warehouses",
+        "2",
+        "--nodes",
+        "2",
+        "--transport",
+        "tcp",
+        "--cache",
+        "256MiB",
+    ]);
+    assert_eq!(v["transport"], "tcp");
+    assert_eq!(v["nodes"], 2, "both processes reported: {v}");
+    assert_eq!(v["check"]["violations"], 0, "{v}");
+    assert!(v["remote_node_share"].as_f64().unwrap() > 0.0, "{v}");
+}
+
+#[test]
 fn bad_flags_are_refused_with_a_reason() {
     for (args, says) in [
         (
@@ -77,7 +96,7 @@ fn bad_flags_are_refused_with_a_reason() {
             &["--warehouses", "1", "--nodes", "2"][..],
             "every node needs",
         ),
-        (&["--transport", "tcp"][..], "not built yet"),
+        (&["--cluster", "c.toml"][..], "--cluster needs --id"),
         (&["--cache", "1MiB"][..], "at least 4MiB"),
         (&["--duration", "0"][..], "--duration"),
     ] {

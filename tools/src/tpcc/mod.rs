@@ -10,6 +10,7 @@ mod check;
 mod load;
 mod random;
 mod schema;
+mod tcp;
 mod txn;
 
 use crate::ycsb::Transport;
@@ -19,7 +20,9 @@ use rand::{Rng, SeedableRng};
 use random::Constants;
 use schema::Tables;
 use serde_json::json;
-use shoal_engine::{format_bytes, parse_bytes, Cluster, Engine, EngineConfig, MAX_NODES};
+use shoal_engine::{
+    format_bytes, join, parse_bytes, Cluster, ClusterFile, Engine, EngineConfig, MAX_NODES,
+};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -47,9 +50,18 @@ pub struct Args {
     /// Nodes in the cluster (threads of this process over the mem transport).
     #[arg(long, default_value_t = 1)]
     pub nodes: usize,
-    /// Transport between nodes (only mem: tpcc over tcp processes is not built yet).
+    /// Transport between nodes: mem (nodes are thread groups of this process) or tcp (one
+    /// local process per node, over loopback).
     #[arg(long, value_enum, default_value = "mem")]
     pub transport: Transport,
+    /// Run as one node of the cluster in this TOML file (what `--transport tcp` starts; for
+    /// several hosts start every node with the same flags and its own --id). Node 0 creates
+    /// the tables and runs --check; each node loads and runs its own warehouses.
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
+    /// This node's id in --cluster.
+    #[arg(long, requires = "cluster")]
+    pub id: Option<u8>,
     /// Page cache per node, e.g. 256MiB, 1GiB.
     #[arg(long, default_value = "1GiB")]
     pub cache: String,
@@ -84,11 +96,8 @@ fn validate(a: &Args) -> Result<u64, String> {
     if a.nodes == 0 || a.nodes > MAX_NODES {
         return Err(format!("--nodes {}: 1 to {MAX_NODES}", a.nodes));
     }
-    if a.transport == Transport::Tcp {
-        return Err(
-            "shoal tpcc runs its nodes in one process (--transport mem); tpcc over tcp processes is not built yet"
-                .into(),
-        );
+    if a.cluster.is_some() && a.id.is_none() {
+        return Err("--cluster needs --id (this node's id in the file)".into());
     }
     if a.warehouses == 0 || (a.warehouses as usize) < a.nodes {
         return Err(format!(
@@ -119,6 +128,36 @@ fn share(warehouses: u16, n: usize, nodes: usize) -> (u16, u16) {
 /// Run `shoal tpcc`.
 pub fn run(a: Args) -> Result<ExitCode, String> {
     let cache = validate(&a)?;
+    if let (Some(path), Some(id)) = (&a.cluster, a.id) {
+        let file = ClusterFile::load(path).map_err(|e| e.to_string())?;
+        if (a.warehouses as usize) < file.nodes.len() {
+            return Err(format!(
+                "--warehouses {} for a cluster of {} nodes: every node needs at least one warehouse",
+                a.warehouses,
+                file.nodes.len()
+            ));
+        }
+        // the cluster file sets each node's cache and data directory
+        let cfg = file.engine_config(id).map_err(|e| e.to_string())?;
+        let engine = join(&file, id, cfg).map_err(|e| e.to_string())?;
+        let nodes = Nodes {
+            engines: vec![&engine],
+            cluster: file.nodes.len(),
+            member: true,
+        };
+        let r = drive(&nodes, &a);
+        if r.is_ok() {
+            engine
+                .leave(BARRIER_LIMIT)
+                .map_err(|e| format!("leaving the cluster: {e}"))?;
+        } else if let Err(e) = engine.close() {
+            eprintln!("closing node {id}: {e}");
+        }
+        return r;
+    }
+    if a.transport == Transport::Tcp {
+        return tcp::run_local(&a);
+    }
     let (dir, _tmp) = crate::cli::data_dir(a.data_dir.as_deref(), "tpcc")?;
     let cfg = |i: u8| {
         let d = if a.nodes > 1 {
@@ -130,34 +169,80 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
     };
     if a.nodes == 1 {
         let e = Engine::open(cfg(0)).map_err(|e| e.to_string())?;
-        let r = drive(&[&e], &a);
+        let nodes = Nodes {
+            engines: vec![&e],
+            cluster: 1,
+            member: false,
+        };
+        let r = drive(&nodes, &a);
         e.close().map_err(|e| e.to_string())?;
         return r;
     }
     let c = Cluster::mem(a.nodes, Duration::from_secs(30), cfg).map_err(|e| e.to_string())?;
-    let engines: Vec<&Engine> = c.nodes().iter().collect();
-    let r = drive(&engines, &a);
-    drop(engines);
+    let nodes = Nodes {
+        engines: c.nodes().iter().collect(),
+        cluster: a.nodes,
+        member: false,
+    };
+    let r = drive(&nodes, &a);
+    drop(nodes);
     c.close().map_err(|e| e.to_string())?;
     r
 }
 
-fn drive(nodes: &[&Engine], a: &Args) -> Result<ExitCode, String> {
-    let w0 = nodes[0].worker();
-    let tables = Tables::get(&w0, true).map_err(|e| match e {
-        shoal_btree::TreeError::Exists(_) => format!(
-            "the data directory already holds a TPC-C database; use an empty --data-dir ({e})"
-        ),
-        e => e.to_string(),
-    })?;
+/// The nodes this process drives and where they sit in the cluster.
+struct Nodes<'e> {
+    engines: Vec<&'e Engine>,
+    /// Nodes in the whole cluster.
+    cluster: usize,
+    /// This process is one member of a multi-process cluster (barriers between phases).
+    member: bool,
+}
+
+impl Nodes<'_> {
+    fn barrier(&self, what: &str) -> Result<(), String> {
+        if !self.member {
+            return Ok(());
+        }
+        self.engines[0]
+            .barrier(BARRIER_LIMIT)
+            .map_err(|e| format!("waiting for the other nodes ({what}): {e}"))
+    }
+    /// This process holds node 0 (it creates the tables and checks).
+    fn leads(&self) -> bool {
+        self.engines[0].node_id() == 0
+    }
+}
+
+/// How long a member waits for the others between phases (loading may take minutes).
+const BARRIER_LIMIT: Duration = Duration::from_secs(3600);
+
+fn drive(nodes: &Nodes, a: &Args) -> Result<ExitCode, String> {
+    let w0 = nodes.engines[0].worker();
+    let made = if nodes.leads() {
+        Some(Tables::get(&w0, true).map_err(|e| match e {
+            shoal_btree::TreeError::Exists(_) => format!(
+                "the data directory already holds a TPC-C database; use an empty --data-dir ({e})"
+            ),
+            e => e.to_string(),
+        }))
+    } else {
+        None
+    };
+    // the others open the tables once node 0 made them (a failure there still meets them)
+    nodes.barrier("tables created")?;
+    let tables = match made {
+        Some(t) => t?,
+        None => Tables::get(&w0, false).map_err(|e| format!("opening the tables: {e}"))?,
+    };
     let mut rng = SmallRng::seed_from_u64(a.seed);
     let load_c = Constants::load(&mut rng);
     let run_c = Constants::run(&load_c, &mut rng);
     let node_of: Vec<u8> = (1..=a.warehouses)
         .map(|w| {
-            (0..a.nodes)
+            (0..nodes.cluster)
                 .find(|&n| {
-                    let (lo, hi) = share(a.warehouses, n, a.nodes);
+                    let (lo, hi) = share(a.warehouses, n, nodes.cluster);
                     (lo..=hi).contains(&w)
                 })
                 .expect("every warehouse has a node") as u8
@@ -165,49 +250,83 @@ fn drive(nodes: &[&Engine], a: &Args) -> Result<ExitCode, String> {
         .collect();
 
     let load_s = populate(nodes, &tables, a, &load_c)?;
-    let pages: u64 = nodes.iter().map(|e| e.store().high_water()).sum();
+    let pages: u64 = nodes.engines.iter().map(|e| e.store().high_water()).sum();
+    let mine: u16 = nodes
+        .engines
+        .iter()
+        .map(|e| {
+            let (lo, hi) = share(a.warehouses, e.node_id() as usize, nodes.cluster);
+            hi - lo + 1
+        })
+        .sum();
     println!(
-        "load: {} warehouses in {load_s:.1} s, {} of pages ({} per warehouse); cache {} per node",
-        a.warehouses,
+        "load: {mine} warehouses in {load_s:.1} s, {} of pages ({} per warehouse)",
         format_bytes(pages * 4096),
-        format_bytes(pages * 4096 / a.warehouses as u64),
-        a.cache
+        format_bytes(pages * 4096 / mine as u64),
     );
+    nodes.barrier("loaded")?;
 
     let out = run_phase(nodes, &tables, a, &run_c, &node_of)?;
-    let mut code = report(a, &out, pages, load_s)?;
-
-    if a.check {
+    nodes.barrier("run over")?;
+    let check = if a.check && nodes.leads() {
         let mut bad = Vec::new();
         for w in 1..=a.warehouses {
             bad.extend(check::warehouse(&w0, &tables, w).map_err(|e| e.to_string())?);
         }
-        if bad.is_empty() {
-            println!(
-                "check: consistency conditions 1-4 hold on all {} warehouses",
-                a.warehouses
-            );
-        } else {
-            println!("check: {} violations", bad.len());
-            for b in bad.iter().take(20) {
-                println!("  {b}");
-            }
-            code = ExitCode::from(1);
-        }
+        Some(bad)
+    } else {
+        None
+    };
+    // the others stay until node 0 has read their pages
+    nodes.barrier("checked")?;
+    let doc = report(a, &out, pages, load_s, check.as_deref())?;
+    write_json(a, &doc)?;
+    Ok(exit_code(&doc))
+}
+
+fn write_json(a: &Args, doc: &serde_json::Value) -> Result<(), String> {
+    if let Some(path) = &a.json {
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(doc).expect("json") + "\n",
+        )
+        .map_err(|e| format!("--json {}: {e}", path.display()))?;
     }
-    Ok(code)
+    Ok(())
+}
+
+/// 1 when the run had errors, anomalies where they are impossible, or check violations.
+fn exit_code(doc: &serde_json::Value) -> ExitCode {
+    let bad = doc["errors"].as_u64() != Some(0)
+        || doc["anomalies_are_errors"].as_bool() != Some(false)
+        || doc["check"]["violations"].as_u64().is_some_and(|v| v > 0);
+    if bad {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 /// Load every node's warehouses with its own workers (items on node 0); progress bar.
-fn populate(nodes: &[&Engine], t: &Tables, a: &Args, c: &Constants) -> Result<f64, String> {
+fn populate(nodes: &Nodes, t: &Tables, a: &Args, c: &Constants) -> Result<f64, String> {
     let t0 = Instant::now();
     let done = AtomicU64::new(0);
-    let total = load::ITEMS as u64 + a.warehouses as u64 * load::ROWS_PER_WAREHOUSE;
+    let whs: u64 = nodes
+        .engines
+        .iter()
+        .map(|e| {
+            let (lo, hi) = share(a.warehouses, e.node_id() as usize, nodes.cluster);
+            (hi - lo + 1) as u64
+        })
+        .sum();
+    let items = if nodes.leads() { load::ITEMS as u64 } else { 0 };
+    let total = items + whs * load::ROWS_PER_WAREHOUSE;
     let bar = crate::cli::progress(total, "rows", a.quiet);
     let r: Result<(), String> = std::thread::scope(|s| {
         let mut hs = Vec::new();
-        for (n, &e) in nodes.iter().enumerate() {
-            let (lo, hi) = share(a.warehouses, n, a.nodes);
+        for &e in &nodes.engines {
+            let n = e.node_id() as usize;
+            let (lo, hi) = share(a.warehouses, n, nodes.cluster);
             let workers = a.workers.min((hi - lo + 1) as usize).max(1);
             for k in 0..workers {
                 let done = &done;
@@ -300,8 +419,8 @@ struct RunOut {
     tally: Tally,
     secs: f64,
     threads: usize,
-    /// Per node over the measured interval: (remote fetches, NVMe reads, NVMe writes).
-    per_node: Vec<[u64; 3]>,
+    /// Per node over the measured interval: node id, (remote fetches, NVMe reads, NVMe writes).
+    per_node: Vec<(u8, [u64; 3])>,
 }
 
 fn node_counters(e: &Engine) -> [u64; 3] {
@@ -310,7 +429,7 @@ fn node_counters(e: &Engine) -> [u64; 3] {
 }
 
 fn run_phase(
-    nodes: &[&Engine],
+    nodes: &Nodes,
     t: &Tables,
     a: &Args,
     c: &Constants,
@@ -319,10 +438,10 @@ fn run_phase(
     let phase = AtomicU8::new(WARMUP);
     let total = AtomicU64::new(0);
     let new_orders = AtomicU64::new(0);
-    // (node, the warehouses the worker picks home warehouses from)
+    // (engine index, the warehouses the worker picks home warehouses from)
     let mut plan: Vec<(usize, Vec<u16>)> = Vec::new();
-    for n in 0..nodes.len() {
-        let (lo, hi) = share(a.warehouses, n, a.nodes);
+    for (ix, e) in nodes.engines.iter().enumerate() {
+        let (lo, hi) = share(a.warehouses, e.node_id() as usize, nodes.cluster);
         match a.mode {
             Mode::Affinity => {
                 let workers = a.workers.min((hi - lo + 1) as usize);
@@ -330,17 +449,17 @@ fn run_phase(
                     let mine = (lo..=hi)
                         .filter(|x| (x - lo) as usize % workers == k)
                         .collect();
-                    plan.push((n, mine));
+                    plan.push((ix, mine));
                 }
             }
             Mode::Locality => {
                 for _ in 0..a.workers {
-                    plan.push((n, (lo..=hi).collect()));
+                    plan.push((ix, (lo..=hi).collect()));
                 }
             }
             Mode::Uniform => {
                 for _ in 0..a.workers {
-                    plan.push((n, (1..=a.warehouses).collect()));
+                    plan.push((ix, (1..=a.warehouses).collect()));
                 }
             }
         }
@@ -355,7 +474,7 @@ fn run_phase(
             .enumerate()
             .map(|(id, (n, homes))| {
                 let (phase, total, new_orders) = (&phase, &total, &new_orders);
-                let e = nodes[*n];
+                let e = nodes.engines[*n];
                 s.spawn(move || {
                     let w = e.worker();
                     let mut ctx = txn::Ctx {
@@ -363,10 +482,10 @@ fn run_phase(
                         t,
                         warehouses: a.warehouses,
                         node_of,
-                        node: *n as u8,
+                        node: e.node_id(),
                         c: *c,
                         rng: SmallRng::seed_from_u64(a.seed.wrapping_add(1 + id as u64 * 7919)),
-                        history_seq: (id as u64 + 1) << 40,
+                        history_seq: ((e.node_id() as u64) << 48) | ((id as u64 + 1) << 32),
                     };
                     let mut tally = Tally::new();
                     loop {
@@ -428,11 +547,11 @@ fn run_phase(
         };
         sleep_until(Instant::now() + Duration::from_secs_f64(a.warmup));
         let m0 = Instant::now();
-        before = nodes.iter().map(|e| node_counters(e)).collect();
+        before = nodes.engines.iter().map(|e| node_counters(e)).collect();
         phase.store(MEASURE, Ordering::Relaxed);
         sleep_until(m0 + Duration::from_secs_f64(a.duration));
         phase.store(STOP, Ordering::Relaxed);
-        after = nodes.iter().map(|e| node_counters(e)).collect();
+        after = nodes.engines.iter().map(|e| node_counters(e)).collect();
         measured = m0.elapsed().as_secs_f64();
         hs.into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Tally::new()))
@@ -446,29 +565,44 @@ fn run_phase(
         tally: all,
         secs: measured,
         threads,
-        per_node: before
+        per_node: nodes
+            .engines
             .iter()
-            .zip(&after)
-            .map(|(b, a)| [0, 1, 2].map(|i| a[i] - b[i]))
+            .zip(before.iter().zip(&after))
+            .map(|(e, (b, a))| (e.node_id(), [0, 1, 2].map(|i| a[i] - b[i])))
             .collect(),
     })
 }
 
-fn report(a: &Args, o: &RunOut, pages: u64, load_s: f64) -> Result<ExitCode, String> {
+/// Print the summary (and the check's result) and return the run's JSON document: the same
+/// fields for a node process and for the merged report of a tcp cluster (`tcp.rs`), plus the
+/// raw counts and histograms that merging needs.
+fn report(
+    a: &Args,
+    o: &RunOut,
+    pages: u64,
+    load_s: f64,
+    check: Option<&[String]>,
+) -> Result<serde_json::Value, String> {
     let t = &o.tally;
     let committed: u64 = t.count.iter().sum();
     let tps = committed as f64 / o.secs;
     let new_orders = t.count[0] - t.rollbacks;
     let tpm_c = new_orders as f64 / o.secs * 60.0;
     println!(
-        "tpcc: {} warehouses, {} node(s), {} workers, mode {:?}, {:.1} s measured",
-        a.warehouses, a.nodes, o.threads, a.mode, o.secs
+        "tpcc: {} warehouses, {} node(s) in this report, {} workers, mode {:?}, {:.1} s measured",
+        a.warehouses,
+        o.per_node.len(),
+        o.threads,
+        a.mode,
+        o.secs
     );
     println!(
         "  {:<13} {:>10} {:>10} {:>10} {:>10}",
         "transaction", "count", "per s", "p50 us", "p99 us"
     );
     let mut types = serde_json::Map::new();
+    let mut hists = serde_json::Map::new();
     for (i, name) in txn::TYPES.iter().enumerate() {
         let h = &t.hist[i];
         let (p50, p99) = if h.is_empty() {
@@ -488,6 +622,13 @@ fn report(a: &Args, o: &RunOut, pages: u64, load_s: f64) -> Result<ExitCode, Str
             name.to_string(),
             json!({"count": t.count[i], "per_s": t.count[i] as f64 / o.secs, "p50_us": p50, "p99_us": p99}),
         );
+        hists.insert(
+            name.to_string(),
+            json!(h
+                .iter_recorded()
+                .map(|v| [v.value_iterated_to(), v.count_at_value()])
+                .collect::<Vec<_>>()),
+        );
     }
     let share = |n: u64| {
         if committed > 0 {
@@ -504,7 +645,7 @@ fn report(a: &Args, o: &RunOut, pages: u64, load_s: f64) -> Result<ExitCode, Str
         100.0 * share(t.remote_node),
         t.errors
     );
-    for (n, c) in o.per_node.iter().enumerate() {
+    for (n, c) in &o.per_node {
         println!(
             "  node {n}: remote fetches {:.0}/s, NVMe reads {:.0}/s, writes {:.0}/s",
             c[0] as f64 / o.secs,
@@ -516,52 +657,62 @@ fn report(a: &Args, o: &RunOut, pages: u64, load_s: f64) -> Result<ExitCode, Str
         println!("  first error: {e}");
     }
     // in affinity mode one worker owns a warehouse: a half-done order is a bug, not a race
-    let anomaly_is_error = a.mode == Mode::Affinity && t.anomalies > 0;
+    let anomalies_are_errors = a.mode == Mode::Affinity && t.anomalies > 0;
     if t.anomalies > 0 {
         println!(
             "  {} reads saw an order half inserted by another worker{}",
             t.anomalies,
-            if anomaly_is_error {
+            if anomalies_are_errors {
                 ": impossible in affinity mode, an error"
             } else {
                 " (no transactions: possible when workers share a warehouse, docs/tpcc.md)"
             }
         );
     }
-    if let Some(path) = &a.json {
-        let j = json!({
-            "command": "tpcc",
-            "warehouses": a.warehouses,
-            "nodes": a.nodes,
-            "workers": o.threads,
-            "mode": format!("{:?}", a.mode).to_lowercase(),
-            "cache": a.cache,
-            "data_bytes": pages * 4096,
-            "load_s": load_s,
-            "duration_s": o.secs,
-            "transactions": committed,
-            "throughput_txn_per_s": tps,
-            "new_orders_per_min": tpm_c,
-            "rollbacks": t.rollbacks,
-            "remote_warehouse_share": share(t.remote_warehouse),
-            "remote_node_share": share(t.remote_node),
-            "errors": t.errors,
-            "anomalies": t.anomalies,
-            "first_error": t.first_error,
-            "types": types,
-            "per_node": o.per_node.iter().enumerate().map(|(n, c)| json!({
-                "node": n,
-                "remote_fetches": c[0],
-                "nvme_reads": c[1],
-                "nvme_writes": c[2],
-            })).collect::<Vec<_>>(),
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&j).expect("json"))
-            .map_err(|e| format!("--json {}: {e}", path.display()))?;
-    }
-    Ok(if t.errors > 0 || anomaly_is_error {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
+    let check = check.map(|bad| {
+        if bad.is_empty() {
+            println!(
+                "check: consistency conditions 1-4 hold on all {} warehouses",
+                a.warehouses
+            );
+        } else {
+            println!("check: {} violations", bad.len());
+            for b in bad.iter().take(20) {
+                println!("  {b}");
+            }
+        }
+        json!({"violations": bad.len(), "first": bad.iter().take(20).collect::<Vec<_>>()})
+    });
+    Ok(json!({
+        "command": "tpcc",
+        "warehouses": a.warehouses,
+        "nodes": o.per_node.len(),
+        "workers": o.threads,
+        "mode": format!("{:?}", a.mode).to_lowercase(),
+        "cache": a.cache,
+        "data_bytes": pages * 4096,
+        "load_s": load_s,
+        "duration_s": o.secs,
+        "transactions": committed,
+        "throughput_txn_per_s": tps,
+        "new_orders_per_min": tpm_c,
+        "rollbacks": t.rollbacks,
+        "remote_warehouse_share": share(t.remote_warehouse),
+        "remote_node_share": share(t.remote_node),
+        "remote_warehouse_txns": t.remote_warehouse,
+        "remote_node_txns": t.remote_node,
+        "errors": t.errors,
+        "anomalies": t.anomalies,
+        "anomalies_are_errors": anomalies_are_errors,
+        "first_error": t.first_error,
+        "check": check,
+        "types": types,
+        "histograms_us": hists,
+        "per_node": o.per_node.iter().map(|(n, c)| json!({
+            "node": n,
+            "remote_fetches": c[0],
+            "nvme_reads": c[1],
+            "nvme_writes": c[2],
+        })).collect::<Vec<_>>(),
+    }))
 }
