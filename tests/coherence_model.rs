@@ -56,6 +56,9 @@ struct Sim {
     /// Fault injection for the checker's own test: sharers acknowledge invalidations without
     /// dropping their copies.
     lying_sharers: bool,
+    /// Fault injection for the owner-stability check: the home accepts every eviction notice,
+    /// also from a node it has already pointed a successor at.
+    accepting_home: bool,
     reads: u64,
     writes: u64,
     remote: u64,
@@ -137,6 +140,7 @@ impl Sim {
             trace: Vec::new(),
             tracing: true,
             lying_sharers: false,
+            accepting_home: false,
             reads: 0,
             writes: 0,
             remote: 0,
@@ -301,10 +305,16 @@ impl Sim {
                 }
             }
             Msg::Evict { epoch, data } => {
-                match self.dirs[p]
+                let decision = self.dirs[p]
                     .evict(e.from, *epoch, data.is_some())
-                    .map_err(|x| x.to_string())?
-                {
+                    .map_err(|x| x.to_string())?;
+                let decision = match decision {
+                    EvictDecision::Decline if self.accepting_home => {
+                        EvictDecision::Accept { store: false }
+                    }
+                    d => d,
+                };
+                match decision {
                     EvictDecision::Accept { store } => {
                         if store {
                             self.home_store[p] = data.expect("store implies data");
@@ -356,7 +366,17 @@ impl Sim {
                 return Ok(());
             }
             Msg::Grant(g) => c.on_grant(g),
-            Msg::Transfer { want, epoch } => c.on_transfer(e.from, want, epoch),
+            Msg::Transfer { want, epoch } => {
+                // owner stability: a node the home pointed a successor at keeps the page (or
+                // is still getting it) until the successor's Transfer takes it
+                if c.pending == shoal_engine::possession::Pending::Idle && c.data.is_none() {
+                    return Err(format!(
+                        "owner stability: node {} was pointed at for page {p} (epoch {epoch}) by node {} but holds no copy and expects none",
+                        e.to, e.from
+                    ));
+                }
+                c.on_transfer(e.from, want, epoch)
+            }
             Msg::Page { data, dirty } => c.on_page(data, dirty),
             Msg::Invalidate { .. } if self.lying_sharers => {
                 self.send(e.to, p, vec![(e.from, Msg::InvalidateAck)]);
@@ -642,6 +662,39 @@ fn the_model_catches_a_broken_invalidation() {
     );
 }
 
+/// Owner stability is checked, not assumed: with a home that accepts every eviction notice
+/// (also from a node it pointed a successor at), some schedule must fail, and some failure
+/// must be the owner-stability check itself (the successor's Transfer finds no page).
+#[test]
+fn the_model_catches_a_broken_owner_stability() {
+    let failures: Vec<String> = (0..3000u64)
+        .filter_map(|seed| {
+            let mut rng = SmallRng::seed_from_u64(4_000_000 + seed);
+            let scripts = random_scripts(&mut rng, 3, 1, 10);
+            let mut sim = Sim::new(3, 1, scripts);
+            sim.accepting_home = true;
+            sim.run(&mut rng, 0.3).err()
+        })
+        .collect();
+    assert!(
+        !failures.is_empty(),
+        "a home accepting every notice went unnoticed in 3000 schedules"
+    );
+    eprintln!(
+        "accepting home: {} of 3000 schedules failed, {} of them at the owner-stability check",
+        failures.len(),
+        failures
+            .iter()
+            .filter(|e| e.contains("owner stability"))
+            .count()
+    );
+    assert!(
+        failures.iter().any(|e| e.contains("owner stability")),
+        "failures, none from the owner-stability check: {:?}",
+        &failures[..failures.len().min(5)]
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Exhaustive exploration of small configurations
 // ---------------------------------------------------------------------------------------------
@@ -804,6 +857,29 @@ fn explore(start: Sim, evictions: u32) -> Result<Explored, String> {
         out.max_depth = out.max_depth.max(stack.len());
     }
     Ok(out)
+}
+
+/// Beyond the 2-3 nodes: four nodes contending for one page (a chain of up to three
+/// successors behind a holder, invalidations of up to three sharers).
+#[test]
+fn exhaustive_four_nodes() {
+    let mut runs = vec![(1, vec![vec![R0, W0], vec![W0], vec![R0], vec![W0, R0]], 1)];
+    // SHOAL_MODEL_LARGE=1: two runs of 3-4 million states each (about 45 s), kept out of CI
+    if std::env::var_os("SHOAL_MODEL_LARGE").is_some() {
+        runs.push((
+            1,
+            vec![vec![R0, W0], vec![W0, R0], vec![R0, W0], vec![W0, R0]],
+            2,
+        ));
+        runs.push((
+            2,
+            vec![vec![W0, R1], vec![R0, W1], vec![W1, R0], vec![R1, W0]],
+            2,
+        ));
+    }
+    for (pages, scripts, evictions) in runs {
+        assert!(exhaustive(4, pages, scripts, evictions).states > 0);
+    }
 }
 
 fn exhaustive(nodes: usize, pages: usize, scripts: Vec<Vec<Op>>, evictions: u32) -> Explored {
