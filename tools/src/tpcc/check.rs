@@ -33,6 +33,13 @@ pub fn warehouse(w: &Worker, t: &Tables, wid: u16) -> Result<Vec<String>, TreeEr
         bad.push(format!("warehouse {wid} does not exist"));
         return Ok(bad);
     };
+    if wrow.len() != warehouse::LEN {
+        bad.push(format!(
+            "warehouse {wid}: row of {} bytes, not a warehouse row",
+            wrow.len()
+        ));
+        return Ok(bad);
+    }
     let w_ytd = get_i64(&wrow, warehouse::YTD);
     let mut d_ytd = 0i64;
     for d in 1..=DISTRICTS {
@@ -40,15 +47,31 @@ pub fn warehouse(w: &Worker, t: &Tables, wid: u16) -> Result<Vec<String>, TreeEr
             bad.push(format!("district {wid}/{d} does not exist"));
             continue;
         };
+        if drow.len() != district::LEN {
+            bad.push(format!(
+                "district {wid}/{d}: row of {} bytes, not a district row",
+                drow.len()
+            ));
+            continue;
+        }
         d_ytd += get_i64(&drow, district::YTD);
         let next = get_u32(&drow, district::NEXT_O_ID);
         let prefix = district_key(wid, d);
 
-        let (mut max_o, mut ol_cnt_sum) = (0u32, 0u64);
+        let (mut max_o, mut ol_cnt_sum, mut odd) = (0u32, 0u64, 0u64);
         each(w, &t.order, &prefix, |k, v| {
             max_o = max_o.max(key_tail_u32(k).unwrap_or(0));
-            ol_cnt_sum += get_u32(v, order::OL_CNT) as u64;
+            if v.len() == order::LEN {
+                ol_cnt_sum += get_u32(v, order::OL_CNT) as u64;
+            } else {
+                odd += 1;
+            }
         })?;
+        if odd > 0 {
+            bad.push(format!(
+                "district {wid}/{d}: {odd} order rows of the wrong size"
+            ));
+        }
         let (mut no_min, mut no_max, mut no_count) = (u32::MAX, 0u32, 0u64);
         each(w, &t.new_order, &prefix, |k, _| {
             let o = key_tail_u32(k).unwrap_or(0);
@@ -154,6 +177,11 @@ mod tests {
         assert!(has("condition 3, district 1/4"), "{bad:?}");
         assert!(has("condition 4, district 1/6"), "{bad:?}");
         assert_eq!(bad.len(), 4, "{bad:?}");
+        // a row of the wrong size is reported, not read out of bounds
+        t.warehouse.upsert(&w, &warehouse_key(1), b"odd").unwrap();
+        let bad = warehouse(&w, &t, 1).unwrap();
+        assert_eq!(bad.len(), 1, "{bad:?}");
+        assert!(bad[0].contains("not a warehouse row"), "{bad:?}");
         drop(w);
         e.close().unwrap();
     }

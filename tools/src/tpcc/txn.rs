@@ -77,6 +77,12 @@ fn missing(what: String) -> TxError {
     TxError::Missing(what)
 }
 
+fn wrong_size(what: &str, key: &[u8], got: usize, want: usize) -> TxError {
+    TxError::Missing(format!(
+        "{what} {key:?} is {got} bytes, a {what} row is {want}: not a row of this table"
+    ))
+}
+
 impl Ctx<'_> {
     pub fn run(&mut self, ty: usize, home: u16) -> Result<Done, TxError> {
         match ty {
@@ -106,24 +112,47 @@ impl Ctx<'_> {
         }
     }
 
-    fn get(&self, tree: &shoal_btree::BTree, key: &[u8], what: &str) -> Result<Vec<u8>, TxError> {
-        tree.get(self.w, key)?
-            .ok_or_else(|| missing(format!("{what} {key:?} does not exist")))
+    /// The row at `key`, which must exist and be `len` bytes long.
+    fn get(
+        &self,
+        tree: &shoal_btree::BTree,
+        key: &[u8],
+        what: &str,
+        len: usize,
+    ) -> Result<Vec<u8>, TxError> {
+        let row = tree
+            .get(self.w, key)?
+            .ok_or_else(|| missing(format!("{what} {key:?} does not exist")))?;
+        if row.len() != len {
+            return Err(wrong_size(what, key, row.len(), len));
+        }
+        Ok(row)
     }
 
-    /// Apply `f` to the row at `key` in place; an absent row is an error.
+    /// Apply `f` to the row at `key` in place; an absent row, or one that is not `len` bytes
+    /// long, is an error (and is left unchanged).
     fn change(
         &self,
         tree: &shoal_btree::BTree,
         key: &[u8],
         what: &str,
-        f: impl FnMut(&mut [u8]),
+        len: usize,
+        mut f: impl FnMut(&mut [u8]),
     ) -> Result<(), TxError> {
-        if tree.update(self.w, key, f)? {
-            Ok(())
-        } else {
-            Err(missing(format!("{what} {key:?} does not exist")))
+        let mut size = len;
+        let found = tree.update(self.w, key, |row| {
+            size = row.len();
+            if size == len {
+                f(row)
+            }
+        })?;
+        if !found {
+            return Err(missing(format!("{what} {key:?} does not exist")));
         }
+        if size != len {
+            return Err(wrong_size(what, key, size, len));
+        }
+        Ok(())
     }
 
     /// A customer by id (40%) or by last name (60%: the middle one by first name).
@@ -175,14 +204,25 @@ impl Ctx<'_> {
             self.note_remote(&mut done, w, supply);
             lines.push((i, supply, self.rng.random_range(1..=10u32)));
         }
-        let wrow = self.get(&self.t.warehouse, &warehouse_key(w), "warehouse")?;
+        let wrow = self.get(
+            &self.t.warehouse,
+            &warehouse_key(w),
+            "warehouse",
+            warehouse::LEN,
+        )?;
         let w_tax = get_u32(&wrow, warehouse::TAX) as i64;
-        let crow = self.get(&self.t.customer, &customer_key(w, d, c), "customer")?;
+        let crow = self.get(
+            &self.t.customer,
+            &customer_key(w, d, c),
+            "customer",
+            customer::LEN,
+        )?;
         let discount = get_u32(&crow, customer::DISCOUNT) as i64;
         let mut prices = Vec::with_capacity(lines.len());
         for &(i, _, _) in &lines {
             match self.t.item.get(self.w, &item_key(i))? {
-                Some(row) => prices.push(get_i64(&row, item::PRICE)),
+                Some(row) if row.len() == item::LEN => prices.push(get_i64(&row, item::PRICE)),
+                Some(row) => return Err(wrong_size("item", &item_key(i), row.len(), item::LEN)),
                 None if i == ITEMS + 1 => {
                     done.rolled_back = true;
                     return Ok(done);
@@ -191,11 +231,17 @@ impl Ctx<'_> {
             }
         }
         let (mut o_id, mut d_tax) = (0, 0);
-        self.change(&self.t.district, &district_key(w, d), "district", |row| {
-            o_id = get_u32(row, district::NEXT_O_ID);
-            set_u32(row, district::NEXT_O_ID, o_id + 1);
-            d_tax = get_u32(row, district::TAX) as i64;
-        })?;
+        self.change(
+            &self.t.district,
+            &district_key(w, d),
+            "district",
+            district::LEN,
+            |row| {
+                o_id = get_u32(row, district::NEXT_O_ID);
+                set_u32(row, district::NEXT_O_ID, o_id + 1);
+                d_tax = get_u32(row, district::TAX) as i64;
+            },
+        )?;
         let date = now();
         let mut orow = vec![0u8; order::LEN];
         set_u32(&mut orow, order::C_ID, c);
@@ -212,17 +258,23 @@ impl Ctx<'_> {
         let mut lrow = vec![0u8; order_line::LEN];
         for (n, (&(i, supply, qty), &price)) in lines.iter().zip(&prices).enumerate() {
             let mut dist = [0u8; 24];
-            self.change(&self.t.stock, &stock_key(supply, i), "stock", |row| {
-                let q = get_u32(row, stock::QUANTITY);
-                let q = if q >= qty + 10 { q - qty } else { q + 91 - qty };
-                set_u32(row, stock::QUANTITY, q);
-                set_i64(row, stock::YTD, get_i64(row, stock::YTD) + qty as i64);
-                set_u32(row, stock::ORDER_CNT, get_u32(row, stock::ORDER_CNT) + 1);
-                if supply != w {
-                    set_u32(row, stock::REMOTE_CNT, get_u32(row, stock::REMOTE_CNT) + 1);
-                }
-                dist.copy_from_slice(raw(row, stock::dist(d)));
-            })?;
+            self.change(
+                &self.t.stock,
+                &stock_key(supply, i),
+                "stock",
+                stock::LEN,
+                |row| {
+                    let q = get_u32(row, stock::QUANTITY);
+                    let q = if q >= qty + 10 { q - qty } else { q + 91 - qty };
+                    set_u32(row, stock::QUANTITY, q);
+                    set_i64(row, stock::YTD, get_i64(row, stock::YTD) + qty as i64);
+                    set_u32(row, stock::ORDER_CNT, get_u32(row, stock::ORDER_CNT) + 1);
+                    if supply != w {
+                        set_u32(row, stock::REMOTE_CNT, get_u32(row, stock::REMOTE_CNT) + 1);
+                    }
+                    dist.copy_from_slice(raw(row, stock::dist(d)));
+                },
+            )?;
             let amount = qty as i64 * price;
             total += amount;
             set_u32(&mut lrow, order_line::I_ID, i);
@@ -253,18 +305,31 @@ impl Ctx<'_> {
             )
         };
         self.note_remote(&mut done, w, cw);
-        self.change(&self.t.warehouse, &warehouse_key(w), "warehouse", |row| {
-            set_i64(row, warehouse::YTD, get_i64(row, warehouse::YTD) + amount);
-        })?;
-        self.change(&self.t.district, &district_key(w, d), "district", |row| {
-            set_i64(row, district::YTD, get_i64(row, district::YTD) + amount);
-        })?;
+        self.change(
+            &self.t.warehouse,
+            &warehouse_key(w),
+            "warehouse",
+            warehouse::LEN,
+            |row| {
+                set_i64(row, warehouse::YTD, get_i64(row, warehouse::YTD) + amount);
+            },
+        )?;
+        self.change(
+            &self.t.district,
+            &district_key(w, d),
+            "district",
+            district::LEN,
+            |row| {
+                set_i64(row, district::YTD, get_i64(row, district::YTD) + amount);
+            },
+        )?;
         let c = self.customer(cw, cd)?;
         let note = format!("{c} {cd} {cw} {d} {w} {amount}|");
         self.change(
             &self.t.customer,
             &customer_key(cw, cd, c),
             "customer",
+            customer::LEN,
             |row| {
                 set_i64(
                     row,
@@ -301,7 +366,12 @@ impl Ctx<'_> {
     fn order_status(&mut self, w: u16) -> Result<Done, TxError> {
         let d = self.rng.random_range(1..=DISTRICTS);
         let c = self.customer(w, d)?;
-        let crow = self.get(&self.t.customer, &customer_key(w, d, c), "customer")?;
+        let crow = self.get(
+            &self.t.customer,
+            &customer_key(w, d, c),
+            "customer",
+            customer::LEN,
+        )?;
         std::hint::black_box(get_i64(&crow, customer::BALANCE));
         // the customer's latest order
         let prefix = customer_key(w, d, c);
@@ -318,10 +388,10 @@ impl Ctx<'_> {
             },
         )?;
         let o = o_id.ok_or_else(|| missing(format!("customer {w}/{d}/{c} has no order")))?;
-        let orow = self.get(&self.t.order, &order_key(w, d, o), "order")?;
+        let orow = self.get(&self.t.order, &order_key(w, d, o), "order", order::LEN)?;
         let ol_cnt = get_u32(&orow, order::OL_CNT);
         let okey = order_key(w, d, o);
-        let mut lines = 0;
+        let (mut lines, mut bad) = (0, None);
         self.t.order_line.scan(
             self.w,
             &order_line_key(w, d, o, 0),
@@ -330,11 +400,18 @@ impl Ctx<'_> {
                 if !k.starts_with(&okey) {
                     return false;
                 }
+                if v.len() != order_line::LEN {
+                    bad = Some((k.to_vec(), v.len()));
+                    return false;
+                }
                 std::hint::black_box(get_i64(v, order_line::AMOUNT));
                 lines += 1;
                 true
             },
         )?;
+        if let Some((k, n)) = bad {
+            return Err(wrong_size("order line", &k, n, order_line::LEN));
+        }
         Ok(Done {
             anomaly: lines != ol_cnt,
             ..Done::default()
@@ -362,7 +439,7 @@ impl Ctx<'_> {
                 continue; // another worker delivered it meanwhile
             }
             let (mut c, mut ol_cnt) = (0, 0);
-            self.change(&self.t.order, &okey, "order", |row| {
+            self.change(&self.t.order, &okey, "order", order::LEN, |row| {
                 c = get_u32(row, order::C_ID);
                 ol_cnt = get_u32(row, order::OL_CNT);
                 set_u32(row, order::CARRIER_ID, carrier);
@@ -370,10 +447,17 @@ impl Ctx<'_> {
             let mut sum = 0i64;
             for n in 1..=ol_cnt as u8 {
                 let key = order_line_key(w, d, o, n);
+                let mut size = order_line::LEN;
                 let found = self.t.order_line.update(self.w, &key, |row| {
-                    sum += get_i64(row, order_line::AMOUNT);
-                    set_i64(row, order_line::DELIVERY_D, date);
+                    size = row.len();
+                    if size == order_line::LEN {
+                        sum += get_i64(row, order_line::AMOUNT);
+                        set_i64(row, order_line::DELIVERY_D, date);
+                    }
                 })?;
+                if size != order_line::LEN {
+                    return Err(wrong_size("order line", &key, size, order_line::LEN));
+                }
                 // a line its NewOrder has not inserted yet (workers sharing the warehouse)
                 done.anomaly |= !found;
             }
@@ -381,6 +465,7 @@ impl Ctx<'_> {
                 &self.t.customer,
                 &customer_key(w, d, c),
                 "customer",
+                customer::LEN,
                 |row| {
                     set_i64(
                         row,
@@ -398,10 +483,15 @@ impl Ctx<'_> {
     fn stock_level(&mut self, w: u16) -> Result<Done, TxError> {
         let d = self.rng.random_range(1..=DISTRICTS);
         let threshold = self.rng.random_range(10..=20u32);
-        let drow = self.get(&self.t.district, &district_key(w, d), "district")?;
+        let drow = self.get(
+            &self.t.district,
+            &district_key(w, d),
+            "district",
+            district::LEN,
+        )?;
         let next = get_u32(&drow, district::NEXT_O_ID);
         let end = order_line_key(w, d, next, 0);
-        let mut items = BTreeSet::new();
+        let (mut items, mut bad) = (BTreeSet::new(), None);
         self.t.order_line.scan(
             self.w,
             &order_line_key(w, d, next.saturating_sub(20), 0),
@@ -410,13 +500,20 @@ impl Ctx<'_> {
                 if k >= end.as_slice() {
                     return false;
                 }
+                if v.len() != order_line::LEN {
+                    bad = Some((k.to_vec(), v.len()));
+                    return false;
+                }
                 items.insert(get_u32(v, order_line::I_ID));
                 true
             },
         )?;
+        if let Some((k, n)) = bad {
+            return Err(wrong_size("order line", &k, n, order_line::LEN));
+        }
         let mut low = 0;
         for i in items {
-            let s = self.get(&self.t.stock, &stock_key(w, i), "stock")?;
+            let s = self.get(&self.t.stock, &stock_key(w, i), "stock", stock::LEN)?;
             if get_u32(&s, stock::QUANTITY) < threshold {
                 low += 1;
             }
