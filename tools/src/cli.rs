@@ -2,7 +2,7 @@
 //! running a cluster of local node processes over tcp.
 
 use serde_json::Value;
-use shoal_engine::ClusterFile;
+use shoal_engine::{ClusterFile, Engine};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -144,4 +144,32 @@ pub fn progress(len: u64, unit: &str, quiet: bool) -> indicatif::ProgressBar {
         .expect("template"),
     );
     b
+}
+
+/// The nodes this process drives and where they sit in the cluster.
+pub struct Nodes<'e> {
+    pub engines: Vec<&'e Engine>,
+    /// Nodes in the whole cluster (more than `engines` when this process is one tcp member).
+    pub cluster: usize,
+    /// This process is one member of a multi-process cluster (barriers between phases).
+    pub member: bool,
+}
+
+/// How long a member waits for the others between phases (loading may take minutes).
+pub const BARRIER_LIMIT: Duration = Duration::from_secs(3600);
+
+impl Nodes<'_> {
+    /// In a multi-process cluster, wait until every node got here (`what` names the phase).
+    pub fn barrier(&self, what: &str) -> Result<(), String> {
+        if !self.member {
+            return Ok(());
+        }
+        self.engines[0]
+            .barrier(BARRIER_LIMIT)
+            .map_err(|e| format!("waiting for the other nodes ({what}): {e}"))
+    }
+    /// This process holds node 0 (which creates shared structures and checks).
+    pub fn leads(&self) -> bool {
+        self.engines[0].node_id() == 0
+    }
 }

@@ -3,6 +3,7 @@
 //! with `--json`). Every value read is checked (see [`crate::value`]); a run with value errors
 //! exits with status 1.
 
+use crate::cli::{Nodes, BARRIER_LIMIT};
 use crate::value;
 use crate::workload::{Dist, KeyChooser, Mix, Op};
 use hdrhistogram::Histogram;
@@ -215,29 +216,6 @@ fn op_index(op: Op) -> usize {
     }
 }
 const OP_NAMES: [&str; 5] = ["read", "update", "insert", "scan", "rmw"];
-
-/// The nodes this process drives and where they sit in the cluster.
-struct Nodes<'e> {
-    engines: Vec<&'e Engine>,
-    /// Nodes in the whole cluster (more than `engines` when this process is one tcp member).
-    cluster: usize,
-    /// This process is one member of a multi-process cluster (barriers between phases).
-    member: bool,
-}
-
-impl Nodes<'_> {
-    fn barrier(&self, what: &str) -> Result<(), String> {
-        if !self.member {
-            return Ok(());
-        }
-        self.engines[0]
-            .barrier(BARRIER_LIMIT)
-            .map_err(|e| format!("waiting for the other nodes ({what}): {e}"))
-    }
-}
-
-/// How long a member waits for the others between phases (loading may take minutes).
-const BARRIER_LIMIT: Duration = Duration::from_secs(3600);
 
 /// Which keys a node loads, reads and inserts.
 #[derive(Clone, Copy)]

@@ -13,6 +13,7 @@ mod schema;
 mod tcp;
 mod txn;
 
+use crate::cli::{Nodes, BARRIER_LIMIT};
 use crate::ycsb::Transport;
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
@@ -189,33 +190,6 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
     c.close().map_err(|e| e.to_string())?;
     r
 }
-
-/// The nodes this process drives and where they sit in the cluster.
-struct Nodes<'e> {
-    engines: Vec<&'e Engine>,
-    /// Nodes in the whole cluster.
-    cluster: usize,
-    /// This process is one member of a multi-process cluster (barriers between phases).
-    member: bool,
-}
-
-impl Nodes<'_> {
-    fn barrier(&self, what: &str) -> Result<(), String> {
-        if !self.member {
-            return Ok(());
-        }
-        self.engines[0]
-            .barrier(BARRIER_LIMIT)
-            .map_err(|e| format!("waiting for the other nodes ({what}): {e}"))
-    }
-    /// This process holds node 0 (it creates the tables and checks).
-    fn leads(&self) -> bool {
-        self.engines[0].node_id() == 0
-    }
-}
-
-/// How long a member waits for the others between phases (loading may take minutes).
-const BARRIER_LIMIT: Duration = Duration::from_secs(3600);
 
 fn drive(nodes: &Nodes, a: &Args) -> Result<ExitCode, String> {
     let w0 = nodes.engines[0].worker();
