@@ -522,3 +522,108 @@ impl Ctx<'_> {
         Ok(Done::default())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::load;
+    use super::*;
+    use rand::SeedableRng;
+    use shoal_engine::{Engine, EngineConfig};
+    use std::sync::atomic::AtomicU64;
+
+    fn district_field(ctx: &Ctx, d: u8) -> (u32, i64) {
+        let r = ctx
+            .t
+            .district
+            .get(ctx.w, &district_key(1, d))
+            .unwrap()
+            .unwrap();
+        (get_u32(&r, district::NEXT_O_ID), get_i64(&r, district::YTD))
+    }
+
+    /// Each of the five transactions runs on a loaded warehouse and has the effect the
+    /// standard describes.
+    #[test]
+    fn every_transaction_does_what_it_should() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Engine::open(EngineConfig::new(dir.path(), 512 << 20)).unwrap();
+        let w = e.worker();
+        let t = Tables::get(&w, true).unwrap();
+        let mut rng = SmallRng::seed_from_u64(9);
+        let c = Constants::load(&mut rng);
+        let done = AtomicU64::new(0);
+        load::items(&w, &t, 1, ITEMS, &mut rng, &done).unwrap();
+        load::warehouse(&w, &t, 1, &c, &mut rng, &done).unwrap();
+        let node_of = [0u8];
+        let mut ctx = Ctx {
+            w: &w,
+            t: &t,
+            warehouses: 1,
+            node_of: &node_of,
+            node: 0,
+            c: Constants::run(&c, &mut rng),
+            rng: SmallRng::seed_from_u64(11),
+            history_seq: 1 << 32,
+        };
+        let next_sum = |ctx: &Ctx| {
+            (1..=DISTRICTS)
+                .map(|d| district_field(ctx, d).0)
+                .sum::<u32>()
+        };
+        let ytd_sum = |ctx: &Ctx| {
+            (1..=DISTRICTS)
+                .map(|d| district_field(ctx, d).1)
+                .sum::<i64>()
+        };
+
+        // NewOrder: committed ones take the next order id and leave a new-order row
+        let (n0, no0) = (next_sum(&ctx), t.new_order.count(&w).unwrap());
+        let mut committed = 0;
+        for _ in 0..50 {
+            let d = ctx.run(0, 1).unwrap();
+            committed += !d.rolled_back as u32;
+            assert!(!d.remote_warehouse && !d.anomaly);
+        }
+        assert!(committed > 40, "{committed} of 50 committed");
+        assert_eq!(next_sum(&ctx), n0 + committed);
+        assert_eq!(t.new_order.count(&w).unwrap(), no0 + committed as u64);
+
+        // Payment: warehouse and district YTD grow by the same amounts, one history row each
+        let h0 = t.history.count(&w).unwrap();
+        let wytd = |ctx: &Ctx| {
+            let r = ctx
+                .t
+                .warehouse
+                .get(ctx.w, &warehouse_key(1))
+                .unwrap()
+                .unwrap();
+            get_i64(&r, warehouse::YTD)
+        };
+        let (w0, d0) = (wytd(&ctx), ytd_sum(&ctx));
+        for _ in 0..20 {
+            ctx.run(1, 1).unwrap();
+        }
+        assert!(wytd(&ctx) > w0);
+        assert_eq!(wytd(&ctx) - w0, ytd_sum(&ctx) - d0);
+        assert_eq!(t.history.count(&w).unwrap(), h0 + 20);
+
+        // OrderStatus and StockLevel only read
+        for ty in [2, 4] {
+            for _ in 0..20 {
+                let d = ctx.run(ty, 1).unwrap();
+                assert!(!d.anomaly, "{}", TYPES[ty]);
+            }
+        }
+
+        // Delivery: one new order per district is delivered (every district has some)
+        let no1 = t.new_order.count(&w).unwrap();
+        ctx.run(3, 1).unwrap();
+        assert_eq!(t.new_order.count(&w).unwrap(), no1 - DISTRICTS as u64);
+
+        assert!(super::super::check::warehouse(&w, &t, 1)
+            .unwrap()
+            .is_empty());
+        drop(w);
+        e.close().unwrap();
+    }
+}
