@@ -7,6 +7,47 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    Mem,
+    Tcp,
+}
+
+/// Where a driver's nodes run: the flags `shoal ycsb` and `shoal tpcc` share.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ClusterArgs {
+    /// Nodes in the cluster.
+    #[arg(long, default_value_t = 1)]
+    pub nodes: usize,
+    /// Transport between nodes: mem (nodes are thread groups in this process) or tcp (one
+    /// local process per node, over loopback).
+    #[arg(long, value_enum, default_value = "mem")]
+    pub transport: Transport,
+    /// Run as one node of the cluster in this TOML file (multi-host runs: start every node
+    /// with the same flags and its own --id; node 0 creates shared structures).
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
+    /// This node's id in --cluster.
+    #[arg(long, requires = "cluster")]
+    pub id: Option<u8>,
+}
+
+impl ClusterArgs {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.nodes == 0 || self.nodes > shoal_engine::MAX_NODES {
+            return Err(format!(
+                "--nodes {}: a cluster has 1 to {} nodes",
+                self.nodes,
+                shoal_engine::MAX_NODES
+            ));
+        }
+        if self.cluster.is_some() && self.id.is_none() {
+            return Err("--cluster needs --id (this node's id in the file)".into());
+        }
+        Ok(())
+    }
+}
+
 /// How long the other node processes may keep running after one failed.
 const GRACE: Duration = Duration::from_secs(60);
 

@@ -3,7 +3,7 @@
 //! with `--json`). Every value read is checked (see [`crate::value`]); a run with value errors
 //! exits with status 1.
 
-use crate::cli::{Nodes, BARRIER_LIMIT};
+use crate::cli::{ClusterArgs, Nodes, Transport, BARRIER_LIMIT};
 use crate::value;
 use crate::workload::{Dist, KeyChooser, Mix, Op};
 use hdrhistogram::Histogram;
@@ -13,7 +13,6 @@ use serde_json::json;
 use shoal_btree::{decode_u64, u64_key, BTree, Direction, TreeError, MAX_RECORD};
 use shoal_engine::{
     format_bytes, join, parse_bytes, Cluster, ClusterFile, Engine, EngineConfig, StatsSnapshot,
-    MAX_NODES,
 };
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -35,28 +34,10 @@ pub enum Access {
     Partitioned,
 }
 
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Transport {
-    Mem,
-    Tcp,
-}
-
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
-    /// Nodes in the cluster.
-    #[arg(long, default_value_t = 1)]
-    pub nodes: usize,
-    /// Transport between nodes: mem (nodes are thread groups in this process) or tcp (one
-    /// local process per node, over loopback).
-    #[arg(long, value_enum, default_value = "mem")]
-    pub transport: Transport,
-    /// Run as one node of the cluster in this TOML file (multi-host runs: start every node
-    /// with the same flags and its own --id; each reports its own part).
-    #[arg(long)]
-    pub cluster: Option<PathBuf>,
-    /// This node's id in --cluster.
-    #[arg(long, requires = "cluster")]
-    pub id: Option<u8>,
+    #[command(flatten)]
+    pub net: ClusterArgs,
     /// Worker threads per node.
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
@@ -117,22 +98,14 @@ struct Plan {
 }
 
 fn validate(a: &Args) -> Result<Plan, String> {
-    if a.nodes == 0 || a.nodes > MAX_NODES {
-        return Err(format!(
-            "--nodes {}: a cluster has 1 to {MAX_NODES} nodes",
-            a.nodes
-        ));
-    }
-    if a.cluster.is_some() && a.id.is_none() {
-        return Err("--cluster needs --id (this node's id in the file)".into());
-    }
+    a.net.validate()?;
     if a.records == 0 {
         return Err("--records must be at least 1".into());
     }
-    if a.records < a.nodes as u64 {
+    if a.records < a.net.nodes as u64 {
         return Err(format!(
             "--records {}: every node loads a share, so use at least --nodes ({})",
-            a.records, a.nodes
+            a.records, a.net.nodes
         ));
     }
     if a.workers == 0 || a.workers > 1024 {
@@ -261,12 +234,12 @@ impl Keys {
 /// Run `shoal ycsb`.
 pub fn run(a: Args) -> Result<ExitCode, String> {
     let plan = validate(&a)?;
-    if a.cluster.is_none() && a.transport == Transport::Tcp {
+    if a.net.cluster.is_none() && a.net.transport == Transport::Tcp {
         return crate::ycsb_tcp::run_local(&a);
     }
     let (dir, _tmp) = crate::cli::data_dir(a.data_dir.as_deref(), "ycsb")?;
     let node_cfg = |i: u8| {
-        let d = if a.nodes > 1 {
+        let d = if a.net.nodes > 1 {
             dir.join(format!("node{i}"))
         } else {
             dir.clone()
@@ -275,7 +248,7 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
         cfg.devices = a.devices;
         cfg
     };
-    if let (Some(path), Some(id)) = (&a.cluster, a.id) {
+    if let (Some(path), Some(id)) = (&a.net.cluster, a.net.id) {
         let file = ClusterFile::load(path).map_err(|e| e.to_string())?;
         // the cluster file sets each node's cache and data directory
         let cfg = file.engine_config(id).map_err(|e| e.to_string())?;
@@ -295,7 +268,7 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
         }
         return r;
     }
-    if a.nodes == 1 {
+    if a.net.nodes == 1 {
         let engine = Engine::open(node_cfg(0)).map_err(|e| e.to_string())?;
         let nodes = Nodes {
             engines: vec![&engine],
@@ -307,10 +280,10 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
         return r;
     }
     let cluster =
-        Cluster::mem(a.nodes, Duration::from_secs(30), node_cfg).map_err(|e| e.to_string())?;
+        Cluster::mem(a.net.nodes, Duration::from_secs(30), node_cfg).map_err(|e| e.to_string())?;
     let nodes = Nodes {
         engines: cluster.nodes().iter().collect(),
-        cluster: a.nodes,
+        cluster: a.net.nodes,
         member: false,
     };
     let r = drive(&nodes, &a, &plan);

@@ -60,7 +60,7 @@ fn node_args(a: &Args, file: &Path, id: usize, json: &Path) -> Vec<String> {
 pub fn run_local(a: &Args) -> Result<ExitCode, String> {
     let (dir, _tmp) = crate::cli::data_dir(a.data_dir.as_deref(), "ycsb")?;
     let (docs, all_ok) =
-        crate::cli::run_processes(a.nodes, &dir, &a.cache, a.quiet, |i, file, json| {
+        crate::cli::run_processes(a.net.nodes, &dir, &a.cache, a.quiet, |i, file, json| {
             node_args(a, file, i, json)
         })?;
     let merged = merge(&docs)?;

@@ -115,26 +115,15 @@ pub fn warehouse(w: &Worker, t: &Tables, wid: u16) -> Result<Vec<String>, TreeEr
 #[cfg(test)]
 mod tests {
     use super::super::load;
-    use super::super::random::Constants;
     use super::*;
-    use rand::rngs::SmallRng;
-    use rand::SeedableRng;
-    use shoal_engine::{Engine, EngineConfig};
-    use std::sync::atomic::AtomicU64;
 
     /// The population has the standard cardinalities and is consistent; each kind of damage
     /// the conditions are about is reported.
     #[test]
     fn population_is_consistent_and_damage_is_reported() {
-        let dir = tempfile::tempdir().unwrap();
-        let e = Engine::open(EngineConfig::new(dir.path(), 512 << 20)).unwrap();
+        let l = load::testing::one_warehouse(5);
+        let (e, t) = (&l.engine, l.tables);
         let w = e.worker();
-        let t = Tables::get(&w, true).unwrap();
-        let mut rng = SmallRng::seed_from_u64(5);
-        let c = Constants::load(&mut rng);
-        let done = AtomicU64::new(0);
-        load::items(&w, &t, 1, load::ITEMS, &mut rng, &done).unwrap();
-        load::warehouse(&w, &t, 1, &c, &mut rng, &done).unwrap();
         assert_eq!(t.item.count(&w).unwrap(), 100_000);
         assert_eq!(t.stock.count(&w).unwrap(), 100_000);
         assert_eq!(t.district.count(&w).unwrap(), 10);

@@ -216,3 +216,45 @@ pub fn warehouse(
     }
     Ok(())
 }
+
+/// For unit tests: an engine in a temporary directory with the items and warehouse 1 loaded.
+#[cfg(test)]
+pub mod testing {
+    use super::super::random::Constants;
+    use super::super::schema::Tables;
+    use rand::rngs::SmallRng;
+    use rand::SeedableRng;
+    use shoal_engine::{Engine, EngineConfig};
+    use std::sync::atomic::AtomicU64;
+
+    /// Fields drop in order: the engine before its directory.
+    pub struct Loaded {
+        pub engine: Engine,
+        pub tables: Tables,
+        /// The load's C constants.
+        pub constants: Constants,
+        /// The generator the load used, to go on with.
+        pub rng: SmallRng,
+        pub _dir: tempfile::TempDir,
+    }
+
+    pub fn one_warehouse(seed: u64) -> Loaded {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(EngineConfig::new(dir.path(), 512 << 20)).unwrap();
+        let w = engine.worker();
+        let tables = Tables::get(&w, true).unwrap();
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let constants = Constants::load(&mut rng);
+        let done = AtomicU64::new(0);
+        super::items(&w, &tables, 1, super::ITEMS, &mut rng, &done).unwrap();
+        super::warehouse(&w, &tables, 1, &constants, &mut rng, &done).unwrap();
+        drop(w);
+        Loaded {
+            engine,
+            tables,
+            constants,
+            rng,
+            _dir: dir,
+        }
+    }
+}

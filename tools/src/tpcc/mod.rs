@@ -13,17 +13,14 @@ mod schema;
 mod tcp;
 mod txn;
 
-use crate::cli::{Nodes, BARRIER_LIMIT};
-use crate::ycsb::Transport;
+use crate::cli::{ClusterArgs, Nodes, Transport, BARRIER_LIMIT};
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use random::Constants;
 use schema::Tables;
 use serde_json::json;
-use shoal_engine::{
-    format_bytes, join, parse_bytes, Cluster, ClusterFile, Engine, EngineConfig, MAX_NODES,
-};
+use shoal_engine::{format_bytes, join, parse_bytes, Cluster, ClusterFile, Engine, EngineConfig};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -42,27 +39,14 @@ pub enum Mode {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
-    /// Warehouses in the database (about 85 MiB of pages each).
+    /// Warehouses in the database (about 110 MiB of pages each).
     #[arg(long, default_value_t = 1)]
     pub warehouses: u16,
     /// Worker threads per node (affinity mode uses at most one per warehouse of the node).
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
-    /// Nodes in the cluster (threads of this process over the mem transport).
-    #[arg(long, default_value_t = 1)]
-    pub nodes: usize,
-    /// Transport between nodes: mem (nodes are thread groups of this process) or tcp (one
-    /// local process per node, over loopback).
-    #[arg(long, value_enum, default_value = "mem")]
-    pub transport: Transport,
-    /// Run as one node of the cluster in this TOML file (what `--transport tcp` starts; for
-    /// several hosts start every node with the same flags and its own --id). Node 0 creates
-    /// the tables and runs --check; each node loads and runs its own warehouses.
-    #[arg(long)]
-    pub cluster: Option<PathBuf>,
-    /// This node's id in --cluster.
-    #[arg(long, requires = "cluster")]
-    pub id: Option<u8>,
+    #[command(flatten)]
+    pub net: ClusterArgs,
     /// Page cache per node, e.g. 256MiB, 1GiB.
     #[arg(long, default_value = "1GiB")]
     pub cache: String,
@@ -94,16 +78,11 @@ pub struct Args {
 }
 
 fn validate(a: &Args) -> Result<u64, String> {
-    if a.nodes == 0 || a.nodes > MAX_NODES {
-        return Err(format!("--nodes {}: 1 to {MAX_NODES}", a.nodes));
-    }
-    if a.cluster.is_some() && a.id.is_none() {
-        return Err("--cluster needs --id (this node's id in the file)".into());
-    }
-    if a.warehouses == 0 || (a.warehouses as usize) < a.nodes {
+    a.net.validate()?;
+    if a.warehouses == 0 || (a.warehouses as usize) < a.net.nodes {
         return Err(format!(
             "--warehouses {} with --nodes {}: every node needs at least one warehouse",
-            a.warehouses, a.nodes
+            a.warehouses, a.net.nodes
         ));
     }
     if a.workers == 0 || a.workers > 1024 {
@@ -129,7 +108,7 @@ fn share(warehouses: u16, n: usize, nodes: usize) -> (u16, u16) {
 /// Run `shoal tpcc`.
 pub fn run(a: Args) -> Result<ExitCode, String> {
     let cache = validate(&a)?;
-    if let (Some(path), Some(id)) = (&a.cluster, a.id) {
+    if let (Some(path), Some(id)) = (&a.net.cluster, a.net.id) {
         let file = ClusterFile::load(path).map_err(|e| e.to_string())?;
         if (a.warehouses as usize) < file.nodes.len() {
             return Err(format!(
@@ -156,19 +135,19 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
         }
         return r;
     }
-    if a.transport == Transport::Tcp {
+    if a.net.transport == Transport::Tcp {
         return tcp::run_local(&a);
     }
     let (dir, _tmp) = crate::cli::data_dir(a.data_dir.as_deref(), "tpcc")?;
     let cfg = |i: u8| {
-        let d = if a.nodes > 1 {
+        let d = if a.net.nodes > 1 {
             dir.join(format!("node{i}"))
         } else {
             dir.clone()
         };
         EngineConfig::new(d, cache as usize)
     };
-    if a.nodes == 1 {
+    if a.net.nodes == 1 {
         let e = Engine::open(cfg(0)).map_err(|e| e.to_string())?;
         let nodes = Nodes {
             engines: vec![&e],
@@ -179,10 +158,10 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
         e.close().map_err(|e| e.to_string())?;
         return r;
     }
-    let c = Cluster::mem(a.nodes, Duration::from_secs(30), cfg).map_err(|e| e.to_string())?;
+    let c = Cluster::mem(a.net.nodes, Duration::from_secs(30), cfg).map_err(|e| e.to_string())?;
     let nodes = Nodes {
         engines: c.nodes().iter().collect(),
-        cluster: a.nodes,
+        cluster: a.net.nodes,
         member: false,
     };
     let r = drive(&nodes, &a);

@@ -71,9 +71,10 @@ fn tally_of(d: &Value) -> Result<Tally, String> {
 /// Run the cluster of local processes and report.
 pub fn run_local(a: &Args) -> Result<ExitCode, String> {
     let (dir, _tmp) = crate::cli::data_dir(a.data_dir.as_deref(), "tpcc")?;
-    let (docs, all_ok) = crate::cli::run_processes(a.nodes, &dir, &a.cache, a.quiet, |i, f, j| {
-        node_args(a, f, i, j)
-    })?;
+    let (docs, all_ok) =
+        crate::cli::run_processes(a.net.nodes, &dir, &a.cache, a.quiet, |i, f, j| {
+            node_args(a, f, i, j)
+        })?;
     let mut out = RunOut {
         tally: Tally::new(),
         secs: 0.0,

@@ -528,8 +528,6 @@ mod tests {
     use super::super::load;
     use super::*;
     use rand::SeedableRng;
-    use shoal_engine::{Engine, EngineConfig};
-    use std::sync::atomic::AtomicU64;
 
     fn district_field(ctx: &Ctx, d: u8) -> (u32, i64) {
         let r = ctx
@@ -545,15 +543,9 @@ mod tests {
     /// standard describes.
     #[test]
     fn every_transaction_does_what_it_should() {
-        let dir = tempfile::tempdir().unwrap();
-        let e = Engine::open(EngineConfig::new(dir.path(), 512 << 20)).unwrap();
+        let mut l = load::testing::one_warehouse(9);
+        let (e, t) = (&l.engine, l.tables);
         let w = e.worker();
-        let t = Tables::get(&w, true).unwrap();
-        let mut rng = SmallRng::seed_from_u64(9);
-        let c = Constants::load(&mut rng);
-        let done = AtomicU64::new(0);
-        load::items(&w, &t, 1, ITEMS, &mut rng, &done).unwrap();
-        load::warehouse(&w, &t, 1, &c, &mut rng, &done).unwrap();
         let node_of = [0u8];
         let mut ctx = Ctx {
             w: &w,
@@ -561,7 +553,7 @@ mod tests {
             warehouses: 1,
             node_of: &node_of,
             node: 0,
-            c: Constants::run(&c, &mut rng),
+            c: Constants::run(&l.constants, &mut l.rng),
             rng: SmallRng::seed_from_u64(11),
             history_seq: 1 << 32,
         };
