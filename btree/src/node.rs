@@ -116,8 +116,12 @@ pub fn key_into(p: PageRef<'_>, i: usize, out: &mut Vec<u8>) {
 /// Copy value `i` into `out`.
 pub fn value_into(p: PageRef<'_>, i: usize, out: &mut Vec<u8>) {
     let n = val_len(p, i).min(PAGE_DATA_SIZE);
+    let off = rec_off(p, i) + key_len(p, i);
+    // The value's lines are usually not cached yet: start loading all of them at once rather
+    // than one after the other as the copy reaches them.
+    p.prefetch(off, n);
     out.resize(n, 0);
-    p.read(rec_off(p, i) + key_len(p, i), out);
+    p.read(off, out);
 }
 
 /// Child pid of inner slot `i`, or the upper child for `i == count`.
@@ -148,21 +152,40 @@ fn cmp_slot(p: PageRef<'_>, i: usize, key: &[u8], h: u64) -> Ordering {
 }
 
 /// First slot whose key is >= `key`, and whether it is equal.
+///
+/// A branch-free binary search over the slots' 8-byte heads (the probe sequence depends on the
+/// data, so a branchy search mispredicts about every other probe) finds the first slot whose
+/// head is >= the key's; a short forward scan over the slots whose head equals the key's then
+/// compares whole keys. Heads order like keys (big-endian, zero padded), so the first slot with
+/// head >= the key's head is where the keys >= `key` start.
 pub fn lower_bound(p: PageRef<'_>, key: &[u8]) -> (usize, bool) {
     let h = head(key);
-    let (mut lo, mut hi) = (0usize, count(p));
+    let n = count(p);
     // Binary search probes lines all over the slot array; load them all at once rather than
-    // one dependent miss per probe.
-    p.prefetch(HEADER, hi * SLOT);
-    while lo < hi {
-        let mid = (lo + hi) / 2;
-        match cmp_slot(p, mid, key, h) {
-            Ordering::Less => lo = mid + 1,
-            Ordering::Equal => return (mid, true),
-            Ordering::Greater => hi = mid,
+    // one dependent miss per probe. (Measured on the 2-core machine: prefetching only the
+    // probed lines, or only the few lines a hint table points at, is slower: the whole arrays
+    // of the inner nodes stay cached when every visit touches all their lines.)
+    p.prefetch(HEADER, n * SLOT);
+    let (mut base, mut len) = (0usize, n);
+    while len > 1 {
+        let half = len / 2;
+        let mid = base + half;
+        // `mid - 1` is the last slot of the lower half: if its head is still below `h`, the
+        // answer lies in the upper half.
+        base = std::hint::select_unpredictable(p.u64(slot(mid - 1)) < h, mid, base);
+        len -= half;
+    }
+    // `base` is the only candidate left in [base, base + len): step past it if it is below.
+    let mut i = base + usize::from(len == 1 && p.u64(slot(base)) < h);
+    // A changing page may hold unsorted garbage: every step below is bounded by `n`.
+    while i < n && p.u64(slot(i)) == h {
+        match cmp_slot(p, i, key, h) {
+            Ordering::Less => i += 1,
+            Ordering::Equal => return (i, true),
+            Ordering::Greater => return (i, false),
         }
     }
-    (lo, false)
+    (i, false)
 }
 
 /// The lower (`upper == false`) or upper fence key, if the node has one.

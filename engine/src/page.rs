@@ -56,14 +56,26 @@ impl<'a> PageRef<'a> {
     pub fn read(&self, off: usize, dst: &mut [u8]) {
         let mut i = 0;
         let mut pos = off;
-        while i < dst.len() {
-            let wi = pos / 8;
-            let within = pos % 8;
-            let bytes = self.word(wi).to_le_bytes();
-            let n = (8 - within).min(dst.len() - i);
-            dst[i..i + n].copy_from_slice(&bytes[within..within + n]);
-            i += n;
+        // Leading bytes up to a word boundary.
+        let within = pos % 8;
+        if within != 0 && !dst.is_empty() {
+            let bytes = self.word(pos / 8).to_le_bytes();
+            let n = (8 - within).min(dst.len());
+            dst[..n].copy_from_slice(&bytes[within..within + n]);
+            i = n;
             pos = pos.saturating_add(n);
+        }
+        // Whole words: one load and one 8-byte store each.
+        while dst.len() - i >= 8 {
+            dst[i..i + 8].copy_from_slice(&self.word(pos / 8).to_le_bytes());
+            i += 8;
+            pos = pos.saturating_add(8);
+        }
+        // Trailing bytes.
+        if i < dst.len() {
+            let bytes = self.word(pos / 8).to_le_bytes();
+            let n = dst.len() - i;
+            dst[i..].copy_from_slice(&bytes[..n]);
         }
     }
 
@@ -285,6 +297,28 @@ mod tests {
         assert_eq!(r.u64(usize::MAX - 3), 0);
         r.read(usize::MAX - 2, &mut out);
         assert_eq!(out, [0u8; 16]);
+    }
+
+    #[test]
+    fn reads_at_every_alignment_and_length_match_the_bytes() {
+        let mut buf = AlignedPage::new();
+        for (i, b) in buf[..PAGE_DATA_SIZE].iter_mut().enumerate() {
+            *b = (i * 7 + 3) as u8;
+        }
+        let bytes: Vec<u8> = buf[..PAGE_DATA_SIZE].to_vec();
+        // SAFETY: as above.
+        let r = unsafe { PageRef::from_ptr(buf.as_mut_ptr()) };
+        let starts = (0..40).chain(PAGE_DATA_SIZE - 40..PAGE_DATA_SIZE + 9);
+        for off in starts {
+            for len in 0..70 {
+                let mut out = vec![0x55u8; len];
+                r.read(off, &mut out);
+                let want: Vec<u8> = (off..off + len)
+                    .map(|o| bytes.get(o).copied().unwrap_or(0))
+                    .collect();
+                assert_eq!(out, want, "read({off}, {len})");
+            }
+        }
     }
 
     #[test]
