@@ -134,20 +134,15 @@ pub fn child(p: PageRef<'_>, i: usize) -> u64 {
     }
 }
 
-/// Compare key `i` with `key` (whose head is `h`).
+/// Compare key `i` with `key`, whose 8-byte heads are equal (the caller compared them).
 #[inline]
-fn cmp_slot(p: PageRef<'_>, i: usize, key: &[u8], h: u64) -> Ordering {
-    let sh = p.u64(slot(i));
-    match sh.cmp(&h) {
-        Ordering::Equal => {
-            let kl = key_len(p, i);
-            if kl <= 8 && key.len() <= 8 {
-                kl.cmp(&key.len())
-            } else {
-                p.compare(rec_off(p, i), kl.min(MAX_KEY), key)
-            }
-        }
-        o => o,
+fn cmp_same_head(p: PageRef<'_>, i: usize, key: &[u8]) -> Ordering {
+    let kl = key_len(p, i);
+    if kl <= 8 && key.len() <= 8 {
+        // equal zero-padded heads: the shorter key is the smaller
+        kl.cmp(&key.len())
+    } else {
+        p.compare(rec_off(p, i), kl.min(MAX_KEY), key)
     }
 }
 
@@ -179,7 +174,7 @@ pub fn lower_bound(p: PageRef<'_>, key: &[u8]) -> (usize, bool) {
     let mut i = base + usize::from(len == 1 && p.u64(slot(base)) < h);
     // A changing page may hold unsorted garbage: every step below is bounded by `n`.
     while i < n && p.u64(slot(i)) == h {
-        match cmp_slot(p, i, key, h) {
+        match cmp_same_head(p, i, key) {
             Ordering::Less => i += 1,
             Ordering::Equal => return (i, true),
             Ordering::Greater => return (i, false),
