@@ -187,6 +187,28 @@ pub fn progress(len: u64, unit: &str, quiet: bool) -> indicatif::ProgressBar {
     b
 }
 
+/// Wait for loader threads, moving `bar` to `done` (at most `total`) every 100 ms, then join
+/// them in order: the first thread that panicked or failed ends it (`describe` words the
+/// failure).
+pub fn join_loaders<E>(
+    hs: Vec<std::thread::ScopedJoinHandle<'_, Result<(), E>>>,
+    bar: &indicatif::ProgressBar,
+    done: &std::sync::atomic::AtomicU64,
+    total: u64,
+    describe: impl Fn(E) -> String,
+) -> Result<(), String> {
+    while !hs.iter().all(|h| h.is_finished()) {
+        bar.set_position(done.load(std::sync::atomic::Ordering::Relaxed).min(total));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for h in hs {
+        h.join()
+            .map_err(|_| "a loader thread panicked".to_string())?
+            .map_err(&describe)?;
+    }
+    Ok(())
+}
+
 /// The nodes this process drives and where they sit in the cluster.
 pub struct Nodes<'e> {
     pub engines: Vec<&'e Engine>,

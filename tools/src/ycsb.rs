@@ -540,16 +540,7 @@ fn load(nodes: &Nodes, tree: &BTree, a: &Args) -> Result<f64, String> {
                 }));
             }
         }
-        while !hs.iter().all(|h| h.is_finished()) {
-            bar.set_position(done.load(Ordering::Relaxed).min(mine));
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        for h in hs {
-            h.join()
-                .map_err(|_| "a loader thread panicked".to_string())?
-                .map_err(|e| format!("loading failed: {e}"))?;
-        }
-        Ok(())
+        crate::cli::join_loaders(hs, &bar, &done, mine, |e| format!("loading failed: {e}"))
     });
     r?;
     bar.finish_and_clear();

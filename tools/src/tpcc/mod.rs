@@ -306,15 +306,7 @@ fn populate(nodes: &Nodes, t: &Tables, a: &Args, c: &Constants) -> Result<f64, S
                 }));
             }
         }
-        while !hs.iter().all(|h| h.is_finished()) {
-            bar.set_position(done.load(Ordering::Relaxed).min(total));
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        for h in hs {
-            h.join()
-                .map_err(|_| "a loader thread panicked".to_string())??;
-        }
-        Ok(())
+        crate::cli::join_loaders(hs, &bar, &done, total, |e| e)
     });
     r?;
     bar.finish_and_clear();
