@@ -3,7 +3,8 @@
 //! latency recording).
 //!
 //! Run: `cargo bench -p shoal-benches --bench btree` with SHOAL_BTREE_RECORDS (default 2M),
-//! SHOAL_BTREE_THREADS (default 2), SHOAL_BTREE_CACHE (default 4GiB), SHOAL_BENCH_SECS.
+//! SHOAL_BTREE_THREADS (default 2), SHOAL_BTREE_CACHE (default 4GiB),
+//! SHOAL_BTREE_BATCH (keys per `lookup_many` call, default 64), SHOAL_BENCH_SECS.
 
 use rand::{Rng, SeedableRng};
 use shoal_benches::{bench_dir, bench_secs};
@@ -16,6 +17,27 @@ fn env(name: &str, default: u64) -> u64 {
         .ok()
         .map(|s| parse_bytes(&s).expect("a number or size"))
         .unwrap_or(default)
+}
+
+/// Run `work(thread, deadline)` on `threads` threads for `secs`; returns operations per second
+/// (each thread returns how many it did).
+fn timed(
+    threads: usize,
+    secs: std::time::Duration,
+    work: impl Fn(usize, Instant) -> u64 + Sync,
+) -> f64 {
+    let t0 = Instant::now();
+    let deadline = t0 + secs;
+    let ops: u64 = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|th| {
+                let work = &work;
+                s.spawn(move || work(th, deadline))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    ops as f64 / t0.elapsed().as_secs_f64()
 }
 
 fn main() {
@@ -47,36 +69,48 @@ fn main() {
     let ins = records as f64 / t0.elapsed().as_secs_f64();
     println!("insert (ascending, {threads} threads, adjacent ranges): {ins:.0} inserts/s");
 
-    let t0 = Instant::now();
-    let ops: u64 = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..threads)
-            .map(|th| {
-                let (e, t) = (&e, &t);
-                s.spawn(move || {
-                    let w = e.worker();
-                    let mut rng = rand::rngs::SmallRng::seed_from_u64(th as u64);
-                    let mut buf = Vec::with_capacity(128);
-                    let mut n = 0u64;
-                    while t0.elapsed() < secs {
-                        for _ in 0..1024 {
-                            let k = rng.random_range(0..records);
-                            assert!(t.lookup(&w, &u64_key(k), &mut buf).unwrap());
-                            n += 1;
-                        }
-                    }
-                    n
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).sum()
+    // One key at a time (`lookup`), then in batches (`lookup_many`, a multi-get).
+    let lps = timed(threads, secs, |th, deadline| {
+        let w = e.worker();
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(th as u64);
+        let mut buf = Vec::with_capacity(128);
+        let mut n = 0u64;
+        while Instant::now() < deadline {
+            for _ in 0..1024 {
+                let k = rng.random_range(0..records);
+                assert!(t.lookup(&w, &u64_key(k), &mut buf).unwrap());
+                n += 1;
+            }
+        }
+        n
     });
-    let lps = ops as f64 / t0.elapsed().as_secs_f64();
-    let st = e.stats();
+    let faults = e.stats().faults;
     println!(
-        "lookup (uniform, {records} records, {threads} threads, cache {} MiB): {lps:.0} lookups/s ({} page faults)",
+        "lookup (uniform, {records} records, {threads} threads, cache {} MiB): {lps:.0} lookups/s ({faults} page faults)",
         cache >> 20,
-        st.faults
     );
-    println!("{{\"bench\":\"btree\",\"records\":{records},\"threads\":{threads},\"inserts_per_s\":{ins:.0},\"lookups_per_s\":{lps:.0}}}");
+    let batch = env("SHOAL_BTREE_BATCH", 64).max(1) as usize;
+    let bps = timed(threads, secs, |th, deadline| {
+        let w = e.worker();
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1000 + th as u64);
+        let mut keys = vec![[0u8; 8]; batch];
+        let mut n = 0u64;
+        while Instant::now() < deadline {
+            for _ in 0..16 {
+                for k in keys.iter_mut() {
+                    *k = u64_key(rng.random_range(0..records));
+                }
+                t.lookup_many(&w, &keys, |_, v| assert_eq!(v.map(<[u8]>::len), Some(128)))
+                    .unwrap();
+                n += batch as u64;
+            }
+        }
+        n
+    });
+    println!(
+        "lookup_many (uniform, {records} records, {threads} threads, {batch} keys a call, walked {} at a time): {bps:.0} lookups/s",
+        shoal_btree::LOOKUP_GROUP
+    );
+    println!("{{\"bench\":\"btree\",\"records\":{records},\"threads\":{threads},\"inserts_per_s\":{ins:.0},\"lookups_per_s\":{lps:.0},\"batched_lookups_per_s\":{bps:.0},\"batch\":{batch}}}");
     drop(e);
 }

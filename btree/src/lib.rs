@@ -17,4 +17,4 @@ pub mod tree;
 pub use error::TreeError;
 pub use key::{decode_u64, u64_key, KeyBuilder};
 pub use node::{MAX_KEY, MAX_RECORD};
-pub use tree::{BTree, Direction, Put};
+pub use tree::{BTree, Direction, Put, LOOKUP_GROUP};

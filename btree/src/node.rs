@@ -124,6 +124,19 @@ pub fn value_into(p: PageRef<'_>, i: usize, out: &mut Vec<u8>) {
     p.read(off, out);
 }
 
+/// Hint: the slot array will be searched soon (reads the count, so the header line should be
+/// on its way already).
+#[inline]
+pub fn prefetch_slots(p: PageRef<'_>) {
+    p.prefetch(HEADER, count(p) * SLOT);
+}
+
+/// Hint: value `i` will be copied soon.
+#[inline]
+pub fn prefetch_value(p: PageRef<'_>, i: usize) {
+    p.prefetch(rec_off(p, i) + key_len(p, i), val_len(p, i));
+}
+
 /// Child pid of inner slot `i`, or the upper child for `i == count`.
 #[inline]
 pub fn child(p: PageRef<'_>, i: usize) -> u64 {
@@ -160,7 +173,7 @@ pub fn lower_bound(p: PageRef<'_>, key: &[u8]) -> (usize, bool) {
     // one dependent miss per probe. (Measured on the 2-core machine: prefetching only the
     // probed lines, or only the few lines a hint table points at, is slower: the whole arrays
     // of the inner nodes stay cached when every visit touches all their lines.)
-    p.prefetch(HEADER, n * SLOT);
+    prefetch_slots(p);
     let (mut base, mut len) = (0usize, n);
     while len > 1 {
         let half = len / 2;

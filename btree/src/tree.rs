@@ -58,6 +58,22 @@ pub enum Direction {
     Descending,
 }
 
+/// Keys a batched lookup ([`BTree::lookup_many`]) walks down the tree together: enough that
+/// their cache misses overlap, few enough that what is loaded for a key is still cached when
+/// its turn comes again.
+pub const LOOKUP_GROUP: usize = 8;
+
+/// One key of a batched lookup.
+struct Lane<'w> {
+    /// The node the key is at; `None`: a validation failed, look the key up again alone.
+    node: Option<OptimisticGuard<'w>>,
+    /// While descending: the child to go to next (`NO_PAGE`: none this round). At the leaf:
+    /// the key's slot.
+    child: Pid,
+    /// At the leaf: whether the key exists.
+    found: bool,
+}
+
 fn not_a_node(pid: Pid) -> Restart {
     Restart::Fail(EngineError::Catalog(format!(
         "page {pid} is not a B-tree node (corrupt tree or wrong root)"
@@ -161,6 +177,133 @@ impl BTree {
             g.validate()?;
             Ok(found)
         })?)
+    }
+
+    /// Look up many keys at once: calls `each(i, value)` for every `keys[i]`, in order of `i`,
+    /// with `None` for keys that are absent. Same results as calling [`BTree::lookup`] for each
+    /// key, but faster for large batches (a multi-get).
+    ///
+    /// A single lookup is a chain of cache misses (each node's address is known only once its
+    /// parent is searched), so it waits for memory once per level. Here groups of
+    /// [`LOOKUP_GROUP`] keys walk down together, level by level: search every key's node, then
+    /// start loading every key's child, then latch them, so the misses of a group overlap and
+    /// the group waits about once per level instead of once per level and key. A key whose
+    /// walk sees a concurrent change (failed validation) is looked up again alone.
+    ///
+    /// Values are copied and validated before `each` sees them, as in `lookup`.
+    pub fn lookup_many<K: AsRef<[u8]>>(
+        &self,
+        w: &Worker,
+        keys: &[K],
+        mut each: impl FnMut(usize, Option<&[u8]>),
+    ) -> Result<(), TreeError> {
+        let width = keys.len().min(LOOKUP_GROUP);
+        let mut lanes: Vec<Lane<'_>> = Vec::with_capacity(width);
+        let mut bufs: Vec<Vec<u8>> = (0..width).map(|_| Vec::new()).collect();
+        for (g, group) in keys.chunks(LOOKUP_GROUP).enumerate() {
+            let root = match w.optimistic(self.root) {
+                Ok(r) => Some(r),
+                Err(Restart::Retry) => None,
+                Err(Restart::Fail(e)) => return Err(e.into()),
+            };
+            lanes.clear();
+            lanes.extend(group.iter().map(|_| Lane {
+                node: root.clone(),
+                child: Pid(NO_PAGE),
+                found: false,
+            }));
+            self.walk_group(w, group, &mut lanes, &mut bufs)?;
+            for (j, lane) in lanes.iter().enumerate() {
+                let found = match lane.node {
+                    Some(_) => lane.found,
+                    None => self.lookup(w, group[j].as_ref(), &mut bufs[j])?,
+                };
+                each(g * LOOKUP_GROUP + j, found.then_some(&bufs[j][..]));
+            }
+        }
+        Ok(())
+    }
+
+    /// Walk a group of keys down to their leaves and copy their values (see `lookup_many`).
+    /// Lanes whose walk fails validation end with `node == None`.
+    fn walk_group<'w, K: AsRef<[u8]>>(
+        &self,
+        w: &'w Worker,
+        keys: &[K],
+        lanes: &mut [Lane<'w>],
+        bufs: &mut [Vec<u8>],
+    ) -> Result<(), TreeError> {
+        // Every round takes each lane that is at an inner node one level down (a lane at a leaf
+        // waits for the others), so the rounds end: the tree's height bounds them.
+        loop {
+            let mut descending = false;
+            // Search every inner node; start loading the children's translation entries.
+            for (lane, key) in lanes.iter_mut().zip(keys) {
+                lane.child = Pid(NO_PAGE);
+                let Some(g) = &lane.node else { continue };
+                let p = g.page();
+                match node::kind(p) {
+                    KIND_LEAF => {}
+                    KIND_INNER => {
+                        let (i, _) = node::lower_bound(p, key.as_ref());
+                        lane.child = Pid(node::child(p, i));
+                        w.prefetch(lane.child);
+                        descending = true;
+                    }
+                    // Not a node (a changing page, or corruption): the lookup alone finds
+                    // out which, and reports corruption.
+                    _ => lane.node = None,
+                }
+            }
+            if !descending {
+                break;
+            }
+            // The entries are on their way: start loading the children's frames and headers.
+            for lane in lanes.iter().filter(|l| l.child != Pid(NO_PAGE)) {
+                w.prefetch_frame(lane.child);
+            }
+            // Latch the children (checking that each parent still points at its child), start
+            // loading their slot arrays.
+            for lane in lanes.iter_mut().filter(|l| l.child != Pid(NO_PAGE)) {
+                let Some(parent) = &lane.node else { continue };
+                let child = lane.child;
+                let next = (|| {
+                    parent.validate()?; // `child` is a real pid
+                    let g = w.optimistic(child)?;
+                    parent.validate()?; // and still the child for the key
+                    node::prefetch_slots(g.page());
+                    Ok(g)
+                })();
+                lane.node = match next {
+                    Ok(g) => Some(g),
+                    Err(Restart::Retry) => None,
+                    Err(Restart::Fail(e)) => return Err(e.into()),
+                };
+            }
+        }
+        // At the leaves: search, start loading the values, then copy them.
+        for (lane, key) in lanes.iter_mut().zip(keys) {
+            if let Some(g) = &lane.node {
+                let p = g.page();
+                let (i, found) = node::lower_bound(p, key.as_ref());
+                lane.found = found;
+                lane.child = Pid(i as u64); // the slot, from here on
+                if found {
+                    node::prefetch_value(p, i);
+                }
+            }
+        }
+        for (lane, buf) in lanes.iter_mut().zip(bufs) {
+            if let Some(g) = &lane.node {
+                if lane.found {
+                    node::value_into(g.page(), lane.child.0 as usize, buf);
+                }
+                if !g.is_valid() {
+                    lane.node = None;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The value of `key`, if present.

@@ -66,7 +66,43 @@ fn stress(cache: usize, per_thread: u32, ops: usize) {
                                     "removed key still found"
                                 );
                             }
-                            7..=8 => {
+                            7 => {
+                                // a batch of own keys (exactly the acknowledged ones are
+                                // found) and others' (well-formed if present)
+                                let idx: Vec<u32> = (0..rng.random_range(1..40))
+                                    .map(|_| rng.random_range(0..per_thread))
+                                    .collect();
+                                let owner = |j: usize| {
+                                    if j.is_multiple_of(3) {
+                                        (t + 1) % THREADS
+                                    } else {
+                                        t
+                                    }
+                                };
+                                let keys: Vec<Vec<u8>> = idx
+                                    .iter()
+                                    .enumerate()
+                                    .map(|(j, &i)| key(owner(j), i))
+                                    .collect();
+                                let mut next = 0;
+                                tree.lookup_many(&w, &keys, |j, v| {
+                                    assert_eq!(j, next, "lookup_many answers in key order");
+                                    next += 1;
+                                    if let Some(v) = v {
+                                        check_value(&keys[j], v);
+                                    }
+                                    if owner(j) == t {
+                                        assert_eq!(
+                                            v.is_some(),
+                                            mine.contains(&idx[j]),
+                                            "lookup_many disagrees with acknowledged writes"
+                                        );
+                                    }
+                                })
+                                .unwrap();
+                                assert_eq!(next, keys.len());
+                            }
+                            8 => {
                                 // someone else's key: must be well-formed if present
                                 let other = key(rng.random_range(0..THREADS), i);
                                 if tree.lookup(&w, &other, &mut buf).unwrap() {

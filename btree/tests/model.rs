@@ -12,6 +12,7 @@ enum Op {
     Upsert(Vec<u8>, Vec<u8>),
     Remove(Vec<u8>),
     Get(Vec<u8>),
+    GetMany(Vec<Vec<u8>>),
     Update(Vec<u8>, u8),
     ScanAsc(Vec<u8>, usize),
     ScanDesc(Vec<u8>, usize),
@@ -36,6 +37,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (key(), value()).prop_map(|(k, v)| Op::Upsert(k, v)),
         2 => key().prop_map(Op::Remove),
         2 => key().prop_map(Op::Get),
+        1 => prop::collection::vec(key(), 0..40).prop_map(Op::GetMany),
         1 => (key(), any::<u8>()).prop_map(|(k, b)| Op::Update(k, b)),
         1 => (key(), 0..40usize).prop_map(|(k, n)| Op::ScanAsc(k, n)),
         1 => (key(), 0..40usize).prop_map(|(k, n)| Op::ScanDesc(k, n)),
@@ -65,6 +67,12 @@ proptest! {
                 }
                 Op::Remove(k) => prop_assert_eq!(t.remove(&w, k).unwrap(), m.remove(k).is_some()),
                 Op::Get(k) => prop_assert_eq!(t.get(&w, k).unwrap(), m.get(k).cloned()),
+                Op::GetMany(ks) => {
+                    let mut got = Vec::new();
+                    t.lookup_many(&w, ks, |i, v| got.push((i, v.map(<[u8]>::to_vec)))).unwrap();
+                    let want: Vec<_> = ks.iter().enumerate().map(|(i, k)| (i, m.get(k).cloned())).collect();
+                    prop_assert_eq!(got, want);
+                }
                 Op::Update(k, b) => {
                     let found = t.update(&w, k, |v| v.iter_mut().for_each(|x| *x ^= *b)).unwrap();
                     prop_assert_eq!(found, m.contains_key(k));

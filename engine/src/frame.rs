@@ -180,6 +180,16 @@ impl FramePool {
     /// the start of the slot array.
     pub const PREFETCH_LINES: usize = 4;
 
+    /// Hint: frame `idx`'s descriptor (latch, pid, state) and the first
+    /// [`Self::PREFETCH_LINES`] lines of its page will be read soon.
+    #[inline]
+    pub fn prefetch_frame(&self, idx: u32) {
+        if let Some(f) = self.frames.get(idx as usize) {
+            crate::mapped::prefetch((f as *const Frame).cast());
+            self.prefetch_page(idx);
+        }
+    }
+
     /// Hint: the first [`Self::PREFETCH_LINES`] cache lines of frame `idx`'s page are needed.
     #[inline]
     pub fn prefetch_page(&self, idx: u32) {

@@ -125,6 +125,15 @@ impl Worker {
         self.inner.table.prefetch(pid);
     }
 
+    /// Second hint, after [`Worker::prefetch`] had time to load the translation entry: if
+    /// `pid` is resident, start loading its frame descriptor and the first lines of its page.
+    /// Operations that walk several pages at once (batched lookups) issue both hints for each
+    /// page some steps before they latch it, so the cache misses of many pages overlap.
+    #[inline]
+    pub fn prefetch_frame(&self, pid: Pid) {
+        self.inner.table.prefetch_frame(&self.inner.pool, pid);
+    }
+
     /// Take an optimistic guard on `pid`. Waits while an exclusive holder is in.
     #[inline]
     pub fn optimistic(&self, pid: Pid) -> OpResult<OptimisticGuard<'_>> {
@@ -267,6 +276,7 @@ impl Drop for Worker {
 
 /// Optimistic access: read, then [`validate`](Self::validate). Reads may return garbage if the
 /// page changed; nothing read may be trusted (or used to index memory) before validation.
+#[derive(Clone)]
 pub struct OptimisticGuard<'w> {
     w: &'w Worker,
     idx: u32,

@@ -87,6 +87,18 @@ impl TranslationTable {
         }
     }
 
+    /// Hint: `pid` will be latched soon and its entry is (probably) cached: if it is resident,
+    /// start loading its frame descriptor and first page lines.
+    #[inline]
+    pub fn prefetch_frame(&self, pool: &FramePool, pid: Pid) {
+        // Relaxed: only a hint; whatever frame it names is re-checked when it is latched.
+        if let Some(at) = self.entry(pid).map(|e| e.load(Ordering::Relaxed)) {
+            if at != 0 {
+                pool.prefetch_frame(at - 1);
+            }
+        }
+    }
+
     /// Lock the partition of `pid`. Panics for a pid whose slot is out of range (callers check
     /// the slot against the store's high-water mark, which is below [`MAX_SLOTS_PER_NODE`]).
     pub fn lock(&self, pid: Pid) -> PartitionLock<'_> {
