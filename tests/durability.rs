@@ -59,18 +59,7 @@ fn a_corrupted_page_is_an_error_naming_its_pid() {
     let (dev, off) = e.store().slot_location(victim.slot());
     e.close().unwrap();
     drop(e);
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&devices[dev])
-        .unwrap();
-    f.seek(SeekFrom::Start(off + 100)).unwrap();
-    let mut b = [0u8; 1];
-    f.read_exact(&mut b).unwrap();
-    f.seek(SeekFrom::Start(off + 100)).unwrap();
-    f.write_all(&[b[0] ^ 0x40]).unwrap();
-    f.sync_all().unwrap();
-    drop(f);
+    corrupt(&devices, (dev, off));
 
     let e = engine(dir.path(), 256);
     let err = version(&e, victim).unwrap_err();
@@ -88,6 +77,93 @@ fn a_corrupted_page_is_an_error_naming_its_pid() {
     assert_eq!(version(&e, pids[6]).unwrap(), 6);
     // and the bad page still fails the next time (no bad data was cached)
     assert!(version(&e, victim).is_err());
+}
+
+/// Flip one byte of the page at `(device, offset)` (the engine must be closed).
+fn corrupt(devices: &[std::path::PathBuf], (dev, off): (usize, u64)) {
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&devices[dev])
+        .unwrap();
+    f.seek(SeekFrom::Start(off + 100)).unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact(&mut b).unwrap();
+    f.seek(SeekFrom::Start(off + 100)).unwrap();
+    f.write_all(&[b[0] ^ 0x40]).unwrap();
+    f.sync_all().unwrap();
+}
+
+#[test]
+fn load_many_reads_the_missing_pages_together_and_reports_a_corrupt_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path(), 256);
+    let pids = fill(&e, 600);
+    let devices: Vec<_> = e
+        .store()
+        .device_paths()
+        .iter()
+        .map(|p| p.to_path_buf())
+        .collect();
+    let victim = pids[300];
+    let at = e.store().slot_location(victim.slot());
+    e.close().unwrap();
+    drop(e);
+
+    let e = engine(dir.path(), 256);
+    let reads = |e: &Engine| {
+        e.store()
+            .stats()
+            .reads
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let w = e.worker();
+    let some: Vec<Pid> = pids[..40].iter().step_by(3).copied().collect(); // 14 pages
+    let r0 = reads(&e);
+    w.load_many(&some).unwrap();
+    assert_eq!(
+        reads(&e) - r0,
+        some.len() as u64,
+        "one read per missing page"
+    );
+    assert!(e.stats().faults >= some.len() as u64);
+    // all resident now: loading again reads nothing, and the pages hold what was written
+    w.load_many(&some).unwrap();
+    for &pid in &some {
+        let i = pids.iter().position(|&p| p == pid).unwrap();
+        assert_eq!(version(&e, pid).unwrap(), i as u64);
+    }
+    assert_eq!(
+        reads(&e) - r0,
+        some.len() as u64,
+        "resident pages are not read again"
+    );
+    e.close().unwrap();
+    drop((w, e));
+
+    corrupt(&devices, at);
+    let e = engine(dir.path(), 256);
+    let w = e.worker();
+    let batch = [pids[299], victim, pids[301]];
+    match w.load_many(&batch) {
+        Err(EngineError::PageRead { pid, .. }) => assert_eq!(pid, victim),
+        other => panic!("a corrupt page in the batch: {other:?}"),
+    }
+    // the intact pages of the batch were loaded, the corrupt one was not kept
+    let r1 = reads(&e);
+    assert_eq!(version(&e, pids[299]).unwrap(), 299);
+    assert_eq!(version(&e, pids[301]).unwrap(), 301);
+    assert_eq!(reads(&e), r1);
+    assert!(matches!(
+        version(&e, victim),
+        Err(EngineError::PageRead { .. })
+    ));
+    // pids that do not exist are refused before anything is read
+    let beyond = Pid::new(0, e.store().high_water() + 5);
+    assert!(matches!(
+        w.load_many(&[pids[0], beyond]),
+        Err(EngineError::NoSuchPage(p)) if p == beyond
+    ));
 }
 
 #[test]

@@ -235,6 +235,7 @@ impl BTree {
     ) -> Result<(), TreeError> {
         // Every round takes each lane that is at an inner node one level down (a lane at a leaf
         // waits for the others), so the rounds end: the tree's height bounds them.
+        let mut missing = Vec::new();
         loop {
             let mut descending = false;
             // Search every inner node; start loading the children's translation entries.
@@ -259,8 +260,19 @@ impl BTree {
                 break;
             }
             // The entries are on their way: start loading the children's frames and headers.
-            for lane in lanes.iter().filter(|l| l.child != Pid(NO_PAGE)) {
-                w.prefetch_frame(lane.child);
+            // Children not in memory are read from the store together, not one by one.
+            missing.clear();
+            for lane in lanes.iter_mut().filter(|l| l.child != Pid(NO_PAGE)) {
+                if !w.prefetch_frame(lane.child) {
+                    match &lane.node {
+                        // validated: `child` is a real page
+                        Some(parent) if parent.is_valid() => missing.push(lane.child),
+                        _ => lane.node = None,
+                    }
+                }
+            }
+            if missing.len() > 1 {
+                w.load_many(&missing)?;
             }
             // Latch the children (checking that each parent still points at its child), start
             // loading their slot arrays.

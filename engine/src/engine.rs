@@ -18,7 +18,7 @@ use crate::table::TranslationTable;
 use crossbeam_queue::ArrayQueue;
 use parking_lot::{Condvar, Mutex};
 use shoal_messaging::{ChannelLayout, Channels, Transport, WaitMode};
-use shoal_storage::{PageStore, StoreConfig, PAGE_DATA_SIZE};
+use shoal_storage::{PageStore, ReadRequest, StoreConfig, PAGE_DATA_SIZE};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -514,6 +514,67 @@ impl Inner {
     /// Load `pid` into a frame (or find that another thread did). Returns the frame index; the
     /// caller re-checks the frame under its latch, since it may be evicted again at once.
     pub fn fault(&self, pid: Pid) -> Result<u32, EngineError> {
+        self.check_faultable(pid)?;
+        let idx = self.take_free_frame()?;
+        if let Some(found) = self.claim_for_load(pid, idx) {
+            return Ok(found);
+        }
+        // SAFETY: the frame's page memory is valid and aligned; we hold its exclusive latch, so no
+        // Rust code writes it until we release. Stale optimistic readers may load from it while
+        // the kernel fills it; their validation fails because we bump the version on release.
+        let r = unsafe {
+            self.store
+                .read_into(pid.slot(), pid.raw(), self.pool.page_ptr(idx))
+        };
+        self.finish_load(pid, idx, r)?;
+        Ok(idx)
+    }
+
+    /// Load the pages among `pids` that are not resident with one batch of reads, all in flight
+    /// together. Pages resident or being loaded already are skipped; when no frame is free, the
+    /// remaining pages are left alone (they fault one by one when latched). Returns how many
+    /// pages it read; the first failed read is the error (every page is handled either way).
+    pub fn fault_many(&self, pids: &[Pid]) -> Result<usize, EngineError> {
+        for &pid in pids {
+            self.check_faultable(pid)?;
+        }
+        let mut claimed = Vec::with_capacity(pids.len());
+        for &pid in pids {
+            let Some(idx) = self.free.pop() else {
+                self.provider_wake.notify_one();
+                break;
+            };
+            if self.claim_for_load(pid, idx).is_none() {
+                claimed.push((pid, idx));
+            }
+        }
+        if self.free.len() < self.free_target {
+            self.provider_wake.notify_one();
+        }
+        let reqs: Vec<ReadRequest> = claimed
+            .iter()
+            .map(|&(pid, idx)| ReadRequest {
+                slot: pid.slot(),
+                pid: pid.raw(),
+                dst: self.pool.page_ptr(idx),
+            })
+            .collect();
+        // SAFETY: as in `fault`, for each request: we hold its frame's exclusive latch, and the
+        // frames (so the destinations) are distinct.
+        let results = unsafe { self.store.read_batch(&reqs) };
+        let mut out = Ok(claimed.len());
+        for (&(pid, idx), r) in claimed.iter().zip(results) {
+            if let Err(e) = self.finish_load(pid, idx, r) {
+                if out.is_ok() {
+                    out = Err(e);
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether this node may fault `pid` from its store.
+    fn check_faultable(&self, pid: Pid) -> Result<(), EngineError> {
         debug_assert!(
             self.coh.is_none(),
             "cluster nodes fault through the protocol"
@@ -524,12 +585,18 @@ impl Inner {
         if pid.slot() >= self.store.high_water() {
             return Err(EngineError::NoSuchPage(pid));
         }
-        let idx = self.take_free_frame()?;
+        Ok(())
+    }
+
+    /// Start loading `pid` into the free frame `idx`: latch it exclusively, mark it LOADING and
+    /// enter it in the table. If `pid` is in the table already, give `idx` back and return
+    /// that frame instead.
+    fn claim_for_load(&self, pid: Pid, idx: u32) -> Option<u32> {
         let part = self.table.lock(pid);
         if let Some(found) = self.table.lookup_locked(&part, pid) {
             drop(part);
             self.release_frame(idx);
-            return Ok(found);
+            return Some(found);
         }
         let f = self.pool.frame(idx);
         lock_free_frame(f);
@@ -537,21 +604,25 @@ impl Inner {
         f.set_state(LOADING);
         f.set_dirty(false);
         self.table.insert(&self.pool, &part, idx);
-        drop(part);
-        // SAFETY: the frame's page memory is valid and aligned; we hold its exclusive latch, so no
-        // Rust code writes it until we release. Stale optimistic readers may load from it while
-        // the kernel fills it; their validation fails because we bump the version on release.
-        let r = unsafe {
-            self.store
-                .read_into(pid.slot(), pid.raw(), self.pool.page_ptr(idx))
-        };
+        None
+    }
+
+    /// The read of a claimed frame finished with `r`: make the page resident, or drop the
+    /// frame and report the error.
+    fn finish_load(
+        &self,
+        pid: Pid,
+        idx: u32,
+        r: shoal_storage::StoreResult<()>,
+    ) -> Result<(), EngineError> {
+        let f = self.pool.frame(idx);
         match r {
             Ok(()) => {
                 f.set_state(RESIDENT);
                 f.set_possession(crate::frame::POSS_EXCLUSIVE);
                 f.touch(self.current_epoch());
                 f.latch.unlock_exclusive();
-                Ok(idx)
+                Ok(())
             }
             Err(e) => {
                 self.drop_frame(pid, idx);

@@ -21,7 +21,7 @@ use crate::latch::Backoff;
 use crate::page::{PageMut, PageRef};
 use crate::pid::Pid;
 use crate::protocol::Mode;
-use crate::stats::{bump, WorkerStats};
+use crate::stats::{bump, bump_by, WorkerStats};
 use shoal_storage::PAGE_DATA_SIZE;
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -129,9 +129,26 @@ impl Worker {
     /// `pid` is resident, start loading its frame descriptor and the first lines of its page.
     /// Operations that walk several pages at once (batched lookups) issue both hints for each
     /// page some steps before they latch it, so the cache misses of many pages overlap.
+    /// Returns whether `pid` is resident here (a hint: it may be evicted at any moment), so
+    /// that such operations can [`Worker::load_many`] the others.
     #[inline]
-    pub fn prefetch_frame(&self, pid: Pid) {
-        self.inner.table.prefetch_frame(&self.inner.pool, pid);
+    pub fn prefetch_frame(&self, pid: Pid) -> bool {
+        self.inner.table.prefetch_frame(&self.inner.pool, pid)
+    }
+
+    /// Read the pages among `pids` that are not in memory from the store together (one batch
+    /// of I/O in flight), rather than one at a time as each guard would fault them: for
+    /// operations that will latch several pages they know in advance (batched lookups).
+    /// Resident pages are skipped; when no frame is free the rest are left to fault normally.
+    /// Each pid must be a page that exists (e.g. read from a validated node). On a cluster
+    /// node this does nothing: its pages come through the coherence protocol one by one.
+    pub fn load_many(&self, pids: &[Pid]) -> Result<(), EngineError> {
+        if self.inner.coh.is_some() || pids.is_empty() {
+            return Ok(());
+        }
+        let n = self.inner.fault_many(pids)?;
+        bump_by(&self.stats.faults, n as u64);
+        Ok(())
     }
 
     /// Take an optimistic guard on `pid`. Waits while an exclusive holder is in.

@@ -15,8 +15,14 @@ pub struct WorkerStats {
 /// Add one to a counter that only the calling thread writes.
 #[inline]
 pub fn bump(c: &AtomicU64) {
+    bump_by(c, 1);
+}
+
+/// Add `n` to a per-worker counter (same rules as [`bump`]).
+#[inline]
+pub fn bump_by(c: &AtomicU64, n: u64) {
     // Relaxed load+store: single writer, readers only need an eventually-consistent sum.
-    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
 }
 
 /// Engine-wide counters written by the page provider (and faults, rarely).

@@ -88,14 +88,17 @@ impl TranslationTable {
     }
 
     /// Hint: `pid` will be latched soon and its entry is (probably) cached: if it is resident,
-    /// start loading its frame descriptor and first page lines.
+    /// start loading its frame descriptor and first page lines. Returns whether it is
+    /// resident (a hint too: it may be evicted at any moment).
     #[inline]
-    pub fn prefetch_frame(&self, pool: &FramePool, pid: Pid) {
+    pub fn prefetch_frame(&self, pool: &FramePool, pid: Pid) -> bool {
         // Relaxed: only a hint; whatever frame it names is re-checked when it is latched.
-        if let Some(at) = self.entry(pid).map(|e| e.load(Ordering::Relaxed)) {
-            if at != 0 {
+        match self.entry(pid).map(|e| e.load(Ordering::Relaxed)) {
+            Some(at) if at != 0 => {
                 pool.prefetch_frame(at - 1);
+                true
             }
+            _ => false,
         }
     }
 

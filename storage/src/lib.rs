@@ -27,4 +27,4 @@ pub mod superblock;
 pub use error::{StoreError, StoreResult};
 pub use io::BackendChoice;
 pub use page::{AlignedPage, PAGE_DATA_SIZE, PAGE_SIZE, TRAILER_SIZE};
-pub use store::{OpenMode, PageStore, StoreConfig, StoreStats, WriteRequest};
+pub use store::{OpenMode, PageStore, ReadRequest, StoreConfig, StoreStats, WriteRequest};

@@ -67,6 +67,14 @@ pub struct WriteRequest<'a> {
     pub page: &'a mut AlignedPage,
 }
 
+/// A read of one page: `slot` into `dst` (page aligned, [`PAGE_SIZE`] bytes), which must then
+/// hold `pid`.
+pub struct ReadRequest {
+    pub slot: u64,
+    pub pid: u64,
+    pub dst: *mut u8,
+}
+
 /// Counters of one store (monotonic).
 #[derive(Debug, Default)]
 pub struct StoreStats {
@@ -438,53 +446,84 @@ impl PageStore {
     /// `dst` must be valid for writes of [`PAGE_SIZE`] bytes, aligned to [`PAGE_SIZE`], and no
     /// Rust code may write those bytes until this returns (the kernel writes them).
     pub unsafe fn read_into(&self, slot: u64, pid: u64, dst: *mut u8) -> StoreResult<()> {
-        let (dev, off) = self.slot_location(slot);
-        let d = &self.devices[dev];
-        let op = IoOp {
-            fd: d.file.as_raw_fd(),
-            offset: off,
-            buf: dst,
-            len: PAGE_SIZE as u32,
-            write: false,
-        };
-        let mut res = [0i64];
+        let req = ReadRequest { slot, pid, dst };
         // SAFETY: forwarded from this function's contract.
-        unsafe { io::run_batch(self.backend, std::slice::from_ref(&op), &mut res) };
-        self.stats.reads.fetch_add(1, Ordering::Relaxed);
-        let r = res[0];
-        let out = if r < 0 {
-            Err(io_err(
-                &d.path,
-                std::io::Error::from_raw_os_error(-r as i32),
-            ))
-        } else if (r as usize) < PAGE_SIZE {
-            Err(StoreError::NeverWritten {
-                pid,
-                slot,
-                path: d.path.clone(),
-                got: r as usize,
-            })
-        } else {
-            // SAFETY: the read filled all PAGE_SIZE bytes of dst; nothing writes them now.
-            let page = unsafe { &*(dst as *const [u8; PAGE_SIZE]) };
-            verify(page, pid, slot, &d.path).map_err(|e| {
-                if page.iter().all(|&b| b == 0) {
-                    // preallocated space that no write reached
-                    StoreError::NeverWritten {
-                        pid,
-                        slot,
-                        path: d.path.clone(),
-                        got: PAGE_SIZE,
-                    }
-                } else {
-                    e
+        let mut r = unsafe { self.read_batch(std::slice::from_ref(&req)) };
+        r.pop().expect("one result per request")
+    }
+
+    /// Read a batch of pages, all in flight together, verifying each like [`Self::read_into`].
+    /// One result per request.
+    ///
+    /// # Safety
+    /// Every request's `dst` must satisfy [`Self::read_into`]'s contract, and no two requests
+    /// may share a destination.
+    pub unsafe fn read_batch(&self, reqs: &[ReadRequest]) -> Vec<StoreResult<()>> {
+        let ops: Vec<IoOp> = reqs
+            .iter()
+            .map(|r| {
+                let (dev, off) = self.slot_location(r.slot);
+                IoOp {
+                    fd: self.devices[dev].file.as_raw_fd(),
+                    offset: off,
+                    buf: r.dst,
+                    len: PAGE_SIZE as u32,
+                    write: false,
                 }
             })
-        };
-        if out.is_err() {
-            self.stats.read_errors.fetch_add(1, Ordering::Relaxed);
+            .collect();
+        let mut res = vec![0i64; ops.len()];
+        // SAFETY: forwarded from this function's contract.
+        unsafe { io::run_batch(self.backend, &ops, &mut res) };
+        self.stats
+            .reads
+            .fetch_add(reqs.len() as u64, Ordering::Relaxed);
+        reqs.iter()
+            .zip(res)
+            .map(|(req, r)| {
+                // SAFETY: the batch is complete; `dst` is ours per the contract.
+                let out = unsafe { self.check_read(req, r) };
+                if out.is_err() {
+                    self.stats.read_errors.fetch_add(1, Ordering::Relaxed);
+                }
+                out
+            })
+            .collect()
+    }
+
+    /// Judge a finished read of `req` that returned `r` (bytes or `-errno`).
+    ///
+    /// # Safety
+    /// `req.dst` is valid for reads of [`PAGE_SIZE`] bytes and nothing writes them now.
+    unsafe fn check_read(&self, req: &ReadRequest, r: i64) -> StoreResult<()> {
+        let (slot, pid) = (req.slot, req.pid);
+        let path = &self.devices[self.slot_location(slot).0].path;
+        if r < 0 {
+            return Err(io_err(path, std::io::Error::from_raw_os_error(-r as i32)));
         }
-        out
+        if (r as usize) < PAGE_SIZE {
+            return Err(StoreError::NeverWritten {
+                pid,
+                slot,
+                path: path.clone(),
+                got: r as usize,
+            });
+        }
+        // SAFETY: the read filled all PAGE_SIZE bytes of dst; nothing writes them now.
+        let page = unsafe { &*(req.dst as *const [u8; PAGE_SIZE]) };
+        verify(page, pid, slot, path).map_err(|e| {
+            if page.iter().all(|&b| b == 0) {
+                // preallocated space that no write reached
+                StoreError::NeverWritten {
+                    pid,
+                    slot,
+                    path: path.clone(),
+                    got: PAGE_SIZE,
+                }
+            } else {
+                e
+            }
+        })
     }
 
     /// Seal and write a batch of pages, all in flight together. One result per request.
