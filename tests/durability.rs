@@ -50,12 +50,7 @@ fn a_corrupted_page_is_an_error_naming_its_pid() {
     let e = engine(dir.path(), 256);
     let pids = fill(&e, 10);
     let victim = pids[7];
-    let devices = e
-        .store()
-        .device_paths()
-        .iter()
-        .map(|p| p.to_path_buf())
-        .collect::<Vec<_>>();
+    let devices = device_files(&e);
     let (dev, off) = e.store().slot_location(victim.slot());
     e.close().unwrap();
     drop(e);
@@ -79,6 +74,12 @@ fn a_corrupted_page_is_an_error_naming_its_pid() {
     assert!(version(&e, victim).is_err());
 }
 
+/// The files of `e`'s store.
+fn device_files(e: &Engine) -> Vec<std::path::PathBuf> {
+    let paths = e.store().device_paths();
+    paths.iter().map(|p| p.to_path_buf()).collect()
+}
+
 /// Flip one byte of the page at `(device, offset)` (the engine must be closed).
 fn corrupt(devices: &[std::path::PathBuf], (dev, off): (usize, u64)) {
     let mut f = std::fs::OpenOptions::new()
@@ -99,12 +100,7 @@ fn load_many_reads_the_missing_pages_together_and_reports_a_corrupt_one() {
     let dir = tempfile::tempdir().unwrap();
     let e = engine(dir.path(), 256);
     let pids = fill(&e, 600);
-    let devices: Vec<_> = e
-        .store()
-        .device_paths()
-        .iter()
-        .map(|p| p.to_path_buf())
-        .collect();
+    let devices = device_files(&e);
     let victim = pids[300];
     let at = e.store().slot_location(victim.slot());
     e.close().unwrap();
@@ -173,12 +169,7 @@ fn a_store_on_three_files_stripes_across_all_of_them() {
     cfg.devices = 3;
     let e = Engine::open(cfg.clone()).unwrap();
     let pids = fill(&e, 300);
-    let paths: Vec<_> = e
-        .store()
-        .device_paths()
-        .iter()
-        .map(|p| p.to_path_buf())
-        .collect();
+    let paths = device_files(&e);
     e.close().unwrap();
     drop(e);
     assert_eq!(paths.len(), 3);
