@@ -154,6 +154,11 @@ pub(crate) struct Coherence {
     pub stop: AtomicBool,
     /// Number of the last barrier this node entered; held while a barrier runs.
     barrier_gen: Mutex<u64>,
+    /// Bit n: node n is dead and the handler has handled everything it sent (a round that
+    /// began with n seen dead ended with the inbox and rings empty). Waiters believe a death
+    /// only then: a peer's last messages (a barrier arrival, say) may still sit in our rings
+    /// when its closed connection is noticed.
+    dead_drained: AtomicU64,
     /// Per barrier number, the nodes that arrived (a peer may be a barrier ahead of us).
     arrived: Mutex<HashMap<u64, u64>>,
     /// Allocation requests from other nodes waiting for a free frame, in arrival order.
@@ -257,6 +262,7 @@ impl Coherence {
             counters: CoherenceCounters::default(),
             stop: AtomicBool::new(false),
             barrier_gen: Mutex::new(0),
+            dead_drained: AtomicU64::new(0),
             arrived: Mutex::new(HashMap::new()),
             allocs_due: Mutex::new(VecDeque::new()),
             alloc_next: AtomicU64::new(1),
@@ -448,7 +454,16 @@ impl Coherence {
                 return Ok(Some(v));
             }
             if let Some(n) = dead() {
-                return Err(EngineError::PeerDead(n));
+                // Acquire: pairs with the handler's Release, so what it did with n's last
+                // messages is visible to `done`.
+                let drained = self.dead_drained.load(Ordering::Acquire) & (1 << n) != 0;
+                if drained || self.stop.load(Ordering::Acquire) {
+                    // one last look: n's last messages may have finished the wait
+                    if let Some(v) = done() {
+                        return Ok(Some(v));
+                    }
+                    return Err(EngineError::PeerDead(n));
+                }
             }
             let now = Instant::now();
             if now >= deadline {
@@ -1617,6 +1632,13 @@ pub(crate) fn run_handler(inner: Arc<Inner>) {
         // the eviction replies of this round leave together
         c.flush_batches();
         c.restore_unsent(&inner);
+        if did < 64 && dead != 0 {
+            // This round began after `dead` was seen (an Acquire load of each peer's liveness,
+            // which its transport clears only after storing everything the peer sent), and it
+            // drained the rings empty: all those messages are handled. Release: see
+            // `dead_drained`.
+            c.dead_drained.fetch_or(dead, Ordering::Release);
+        }
         if did == 0 {
             let t = if had_retry || !c.retry.lock().is_empty() {
                 Duration::from_micros(50)
