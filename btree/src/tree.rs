@@ -67,11 +67,10 @@ pub const LOOKUP_GROUP: usize = 8;
 struct Lane<'w> {
     /// The node the key is at; `None`: a validation failed, look the key up again alone.
     node: Option<OptimisticGuard<'w>>,
-    /// While descending: the child to go to next (`NO_PAGE`: none this round). At the leaf:
-    /// the key's slot.
+    /// While descending: the child to go to next (`NO_PAGE`: none this round).
     child: Pid,
-    /// At the leaf: whether the key exists.
-    found: bool,
+    /// At the leaf: the key's slot, if it exists.
+    slot: Option<usize>,
 }
 
 fn not_a_node(pid: Pid) -> Restart {
@@ -210,12 +209,12 @@ impl BTree {
             lanes.extend(group.iter().map(|_| Lane {
                 node: root.clone(),
                 child: Pid(NO_PAGE),
-                found: false,
+                slot: None,
             }));
             self.walk_group(w, group, &mut lanes, &mut bufs)?;
             for (j, lane) in lanes.iter().enumerate() {
                 let found = match lane.node {
-                    Some(_) => lane.found,
+                    Some(_) => lane.slot.is_some(),
                     None => self.lookup(w, group[j].as_ref(), &mut bufs[j])?,
                 };
                 each(g * LOOKUP_GROUP + j, found.then_some(&bufs[j][..]));
@@ -298,17 +297,16 @@ impl BTree {
             if let Some(g) = &lane.node {
                 let p = g.page();
                 let (i, found) = node::lower_bound(p, key.as_ref());
-                lane.found = found;
-                lane.child = Pid(i as u64); // the slot, from here on
                 if found {
+                    lane.slot = Some(i);
                     node::prefetch_value(p, i);
                 }
             }
         }
         for (lane, buf) in lanes.iter_mut().zip(bufs) {
             if let Some(g) = &lane.node {
-                if lane.found {
-                    node::value_into(g.page(), lane.child.0 as usize, buf);
+                if let Some(i) = lane.slot {
+                    node::value_into(g.page(), i, buf);
                 }
                 if !g.is_valid() {
                     lane.node = None;

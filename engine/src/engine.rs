@@ -453,20 +453,26 @@ impl Inner {
         self.shutdown.load(Ordering::Acquire)
     }
 
+    /// Take a frame that is free right now, if any; wakes the provider when free frames run
+    /// low (or out).
+    fn try_take_free_frame(&self) -> Option<u32> {
+        let i = self.free.pop();
+        if i.is_none() || self.free.len() < self.free_target {
+            self.provider_wake.notify_one();
+        }
+        i
+    }
+
     /// Take a free frame, waking the provider and waiting for it if none is free.
     pub fn take_free_frame(&self) -> Result<u32, EngineError> {
         let mut started: Option<Instant> = None;
         loop {
-            if let Some(i) = self.free.pop() {
-                if self.free.len() < self.free_target {
-                    self.provider_wake.notify_one();
-                }
+            if let Some(i) = self.try_take_free_frame() {
                 return Ok(i);
             }
             if self.is_shutdown() {
                 return Err(EngineError::Shutdown);
             }
-            self.provider_wake.notify_one();
             let t0 = *started.get_or_insert_with(Instant::now);
             if t0.elapsed() > self.cfg.free_frame_timeout {
                 let why = self.provider_error.lock().clone().unwrap_or_else(|| {
@@ -540,16 +546,12 @@ impl Inner {
         }
         let mut claimed = Vec::with_capacity(pids.len());
         for &pid in pids {
-            let Some(idx) = self.free.pop() else {
-                self.provider_wake.notify_one();
+            let Some(idx) = self.try_take_free_frame() else {
                 break;
             };
             if self.claim_for_load(pid, idx).is_none() {
                 claimed.push((pid, idx));
             }
-        }
-        if self.free.len() < self.free_target {
-            self.provider_wake.notify_one();
         }
         let reqs: Vec<ReadRequest> = claimed
             .iter()

@@ -637,6 +637,7 @@ mod tests {
         // StockLevel's count, against one lookup per item of the last 20 orders
         for d in 1..=DISTRICTS {
             let next = district_field(&ctx, d).0;
+            let end = order_line_key(1, d, next, 0);
             let mut items = BTreeSet::new();
             t.order_line
                 .scan(
@@ -644,7 +645,7 @@ mod tests {
                     &order_line_key(1, d, next - 20, 0),
                     Direction::Ascending,
                     |k, v| {
-                        let more = k < order_line_key(1, d, next, 0).as_slice();
+                        let more = k < end.as_slice();
                         if more {
                             items.insert(get_u32(v, order_line::I_ID));
                         }
