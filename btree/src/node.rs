@@ -218,6 +218,32 @@ pub fn free_space(p: PageRef<'_>) -> usize {
     (p.u16(HEAP) as usize).saturating_sub(used_slots) + p.u16(DEAD) as usize
 }
 
+/// Bytes in use: header, slots, fences and live keys and values.
+pub fn used(p: PageRef<'_>) -> usize {
+    PAGE_DATA_SIZE.saturating_sub(free_space(p))
+}
+
+/// Whether a node uses less than a quarter of its page: removes then try to merge it with a
+/// neighbour (a merged node is at most full, so a node must lose three quarters of a page
+/// again before it is merged again: no merge/split ping-pong).
+pub fn is_underfull(p: PageRef<'_>) -> bool {
+    used(p) < PAGE_DATA_SIZE / 4
+}
+
+/// Bytes the merge of neighbours `left` and `right` of `kind` would use, where `sep_len` is
+/// the length of the key that separates them in their parent (left's upper and right's lower
+/// fence). The merged node keeps one header, left's lower and right's upper fence; an inner
+/// merge pulls the separator down as the entry of left's upper child.
+pub fn merged_size(kind: u8, left: PageRef<'_>, right: PageRef<'_>, sep_len: usize) -> usize {
+    let both = used(left) + used(right);
+    let pulled_down = if kind == KIND_INNER {
+        SLOT + sep_len
+    } else {
+        0
+    };
+    (both + pulled_down).saturating_sub(HEADER + 2 * sep_len)
+}
+
 /// Bytes an entry needs.
 pub fn entry_space(klen: usize, vlen: usize) -> usize {
     SLOT + klen + vlen

@@ -16,14 +16,19 @@
 //!   deadlock with splits, which never latch right to left); backward scans re-descend to the
 //!   lower fence key.
 //!
-//! Deletes remove entries but never merge nodes: pages emptied by deletes stay in the tree
-//! (their space is reused by later inserts into the same key range). See docs/btree.md.
+//! - **Merges** (`try_merge`): a remove that leaves a node less than a quarter full merges it
+//!   with a neighbour under the same parent when both fit in one page: parent, left and right
+//!   are upgraded top-down and left to right, the right node's entries move into the left node,
+//!   the parent loses the separator, and the right page is freed. Underfull parents merge in
+//!   turn; a root left with a single child absorbs it. A descent that loads a page freed under
+//!   it restarts when its parent's validation fails (`descend`). Single-node engines only.
+//!   See docs/btree.md.
 
 use crate::error::TreeError;
 use crate::node::{self, Entry, NodeMut, KIND_INNER, KIND_LEAF, MAX_KEY, MAX_RECORD, NO_PAGE};
 use shoal_engine::{
     EngineError, ExclusiveGuard, OpResult, OptimisticGuard, PageRef, Pid, Restart, SharedGuard,
-    Worker,
+    Worker, PAGE_DATA_SIZE,
 };
 
 /// A B-link tree identified by its root page (which never changes).
@@ -71,6 +76,28 @@ struct Lane<'w> {
     child: Pid,
     /// At the leaf: the key's slot, if it exists.
     slot: Option<usize>,
+}
+
+/// Latch `child`, just read from `parent`, optimistically, and check that `parent` still
+/// points at it. A merge may have freed `child` since `parent` was read, and loading a freed
+/// page can fail (its slot holds an old image or nothing): such a failure is a restart when
+/// `parent` changed meanwhile, and the error it is when not.
+#[inline]
+fn descend<'w>(
+    w: &'w Worker,
+    parent: &OptimisticGuard<'w>,
+    child: Pid,
+) -> OpResult<OptimisticGuard<'w>> {
+    parent.validate()?; // `child` is a real pid
+    let g = match w.optimistic(child) {
+        Err(Restart::Fail(e)) => {
+            parent.validate()?;
+            return Err(Restart::Fail(e));
+        }
+        r => r?,
+    };
+    parent.validate()?; // and still the child for the key
+    Ok(g)
 }
 
 fn not_a_node(pid: Pid) -> Restart {
@@ -149,12 +176,9 @@ impl BTree {
                 KIND_LEAF => return Ok(g),
                 KIND_INNER => {
                     let (i, _) = node::lower_bound(p, key);
-                    let c = node::child(p, i);
-                    w.prefetch(Pid(c));
-                    g.validate()?;
-                    let child = w.optimistic(Pid(c))?;
-                    g.validate()?;
-                    g = child;
+                    let c = Pid(node::child(p, i));
+                    w.prefetch(c);
+                    g = descend(w, &g, c)?;
                 }
                 _ => {
                     g.validate()?;
@@ -271,20 +295,19 @@ impl BTree {
                 }
             }
             if missing.len() > 1 {
-                w.load_many(&missing)?;
+                // Only a head start: a page that fails to load here (say one a merge freed
+                // after its parent was read) is loaded again below, where the error counts
+                // only if the parent still points at the page.
+                let _ = w.load_many(&missing);
             }
             // Latch the children (checking that each parent still points at its child), start
             // loading their slot arrays.
             for lane in lanes.iter_mut().filter(|l| l.child != Pid(NO_PAGE)) {
                 let Some(parent) = &lane.node else { continue };
-                let child = lane.child;
-                let next = (|| {
-                    parent.validate()?; // `child` is a real pid
-                    let g = w.optimistic(child)?;
-                    parent.validate()?; // and still the child for the key
+                let next = descend(w, parent, lane.child);
+                if let Ok(g) = &next {
                     node::prefetch_slots(g.page());
-                    Ok(g)
-                })();
+                }
                 lane.node = match next {
                     Ok(g) => Some(g),
                     Err(Restart::Retry) => None,
@@ -393,46 +416,139 @@ impl BTree {
         })?)
     }
 
-    /// Remove `key`. Returns whether it existed.
+    /// Remove `key`. Returns whether it existed. A leaf left less than a quarter full is
+    /// merged with a neighbour when the two fit in one page (see `merge_underfull`).
     pub fn remove(&self, w: &Worker, key: &[u8]) -> Result<bool, TreeError> {
-        Ok(w.run(|w| {
+        let (existed, underfull) = w.run(|w| {
             let leaf = self.find_leaf(w, key)?;
             let (_, found) = node::lower_bound(leaf.page(), key);
             leaf.validate()?;
             if !found {
-                return Ok(false);
+                return Ok((false, None));
             }
             let mut x = leaf.to_exclusive()?;
-            x.modify(|b| {
+            let exact = x.modify(|b| {
                 let mut n = NodeMut::new(b);
                 let (i, exact) = n.lower_bound(key);
                 debug_assert!(exact, "leaf unchanged since validation");
                 if exact {
                     n.remove_at(i);
                 }
-                Ok(exact)
-            })
-        })?)
+                exact
+            });
+            let underfull = (exact && node::is_underfull(x.page())).then_some(x.pid());
+            Ok((exact, underfull))
+        })?;
+        if let Some(leaf) = underfull {
+            self.merge_underfull(w, key, leaf);
+        }
+        Ok(existed)
+    }
+
+    /// `target`, a node on `key`'s path, became underfull: merge it with a neighbour under the
+    /// same parent (the right one, else the left one) if the two fit in one page, then the
+    /// parent if that became underfull, and so on up; a root left with a single child takes
+    /// over that child's contents (the tree gets one level lower). Best effort: a merge that
+    /// does not fit is skipped, and the remove that asked for it is done either way, so an
+    /// error here is logged, not returned (the tree stays valid, only less compact). Cluster
+    /// nodes cannot free pages yet and do not merge.
+    fn merge_underfull(&self, w: &Worker, key: &[u8], mut target: Pid) {
+        if !w.can_free_pages() {
+            return;
+        }
+        loop {
+            match w.run(|w| self.try_merge(w, key, target)) {
+                Ok(Some(next)) => target = next,
+                Ok(None) => return,
+                Err(e) => {
+                    log::warn!(
+                        "merging B-tree node {target} failed (the tree stays valid, unmerged): {e}"
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
+    /// One step of `merge_underfull` for `target`. Returns the node to look at next: the
+    /// parent, if the merge left it underfull (or, for the root, with a single child).
+    fn try_merge(&self, w: &Worker, key: &[u8], target: Pid) -> OpResult<Option<Pid>> {
+        let Some((parent, g)) = self.path_to(w, key, target)? else {
+            return Ok(None); // merged or split away meanwhile
+        };
+        let Some(parent) = parent else {
+            self.shrink_root(w, g)?;
+            return Ok(None);
+        };
+        let underfull = node::is_underfull(g.page());
+        g.validate()?;
+        if !underfull {
+            return Ok(None); // refilled meanwhile
+        }
+        let pp = parent.page();
+        let (i, _) = node::lower_bound(pp, key); // `target` is child i
+        let n = node::count(pp);
+        // Separator j lies between children j and j + 1: try the right neighbour (j = i),
+        // then the left one (j = i - 1).
+        for j in [Some(i), i.checked_sub(1)].into_iter().flatten() {
+            if j >= n {
+                continue;
+            }
+            let (lpid, rpid) = (Pid(node::child(pp, j)), Pid(node::child(pp, j + 1)));
+            let sep_len = node::key_len(pp, j);
+            let left = descend(w, &parent, lpid)?;
+            let right = descend(w, &parent, rpid)?;
+            let (lp, rp) = (left.page(), right.page());
+            let kind = node::kind(lp);
+            let fits = node::kind(rp) == kind
+                && node::merged_size(kind, lp, rp, sep_len) <= PAGE_DATA_SIZE;
+            left.validate()?;
+            right.validate()?;
+            if !fits {
+                continue;
+            }
+            // Top-down, left to right, like splits and scans: no waiting in a cycle.
+            let mut px = parent.to_exclusive()?;
+            let mut lx = left.to_exclusive()?;
+            let mut rx = right.to_exclusive()?;
+            merge_into_left(&mut px, j, &mut lx, &mut rx);
+            rx.free().map_err(Restart::Fail)?;
+            let pp = px.page();
+            let next = if px.pid() == self.root {
+                node::count(pp) == 0
+            } else {
+                node::is_underfull(pp)
+            };
+            return Ok(next.then_some(px.pid()));
+        }
+        Ok(None)
+    }
+
+    /// The root (which never moves) has a single child and no separators: copy the child's
+    /// contents into it and free the child.
+    fn shrink_root(&self, w: &Worker, root: OptimisticGuard<'_>) -> OpResult<()> {
+        let p = root.page();
+        let single = node::kind(p) == KIND_INNER && node::count(p) == 0;
+        let only = Pid(node::child(p, 0));
+        root.validate()?;
+        if !single {
+            return Ok(());
+        }
+        let child = descend(w, &root, only)?;
+        let mut rx = root.to_exclusive()?;
+        let cx = child.to_exclusive()?;
+        // The only child spans every key: no fences, no right sibling.
+        debug_assert!(node::fence(cx.page(), false).is_none() && node::right(cx.page()) == NO_PAGE);
+        let image = cx.data().to_vec();
+        rx.modify(|b| b.copy_from_slice(&image));
+        cx.free().map_err(Restart::Fail)
     }
 
     /// Split the node `target` on `key`'s path unless it already has `need` free bytes.
     fn try_split(&self, w: &Worker, key: &[u8], target: Pid, need: usize) -> OpResult<()> {
-        let mut parent: Option<OptimisticGuard<'_>> = None;
-        let mut g = w.optimistic(self.root)?;
-        while g.pid() != target {
-            let p = g.page();
-            if node::kind(p) != KIND_INNER {
-                g.validate()?;
-                return Ok(()); // target is no longer on the path: it was split already
-            }
-            let (i, _) = node::lower_bound(p, key);
-            let c = node::child(p, i);
-            g.validate()?;
-            let child = w.optimistic(Pid(c))?;
-            g.validate()?;
-            parent = Some(g);
-            g = child;
-        }
+        let Some((parent, g)) = self.path_to(w, key, target)? else {
+            return Ok(()); // target is no longer on the path: it was split already
+        };
         let mut px = match parent {
             Some(pg) => Some(pg.to_exclusive()?),
             None => None,
@@ -455,6 +571,31 @@ impl BTree {
                 split_child(w, pxg, &mut x, key)
             }
         }
+    }
+
+    /// Descend along `key`'s path to the node `target`. Returns it with its parent (`None`
+    /// for the root), or `None` if `target` is not on the path (any more).
+    #[allow(clippy::type_complexity)]
+    fn path_to<'w>(
+        &self,
+        w: &'w Worker,
+        key: &[u8],
+        target: Pid,
+    ) -> OpResult<Option<(Option<OptimisticGuard<'w>>, OptimisticGuard<'w>)>> {
+        let mut parent = None;
+        let mut g = w.optimistic(self.root)?;
+        while g.pid() != target {
+            let p = g.page();
+            if node::kind(p) != KIND_INNER {
+                g.validate()?;
+                return Ok(None);
+            }
+            let (i, _) = node::lower_bound(p, key);
+            let child = descend(w, &g, Pid(node::child(p, i)))?;
+            parent = Some(g);
+            g = child;
+        }
+        Ok(Some((parent, g)))
     }
 
     fn split_root(&self, w: &Worker, root: &mut ExclusiveGuard<'_>, key: &[u8]) -> OpResult<()> {
@@ -750,6 +891,49 @@ fn fill(n: &mut NodeMut<'_>, entries: &[Entry]) {
         let c = n.count();
         n.insert_at(c, k, v);
     }
+}
+
+/// Move the entries of `rx` into its left neighbour `lx` (children `j` and `j + 1` of `px`;
+/// all three exclusively latched; the caller checked that the result fits) and unlink `rx`:
+/// `lx` takes over its upper fence, right link and (inner nodes) upper child, and `px` loses
+/// the separator between them. The caller frees `rx`.
+fn merge_into_left(
+    px: &mut ExclusiveGuard<'_>,
+    j: usize,
+    lx: &mut ExclusiveGuard<'_>,
+    rx: &mut ExclusiveGuard<'_>,
+) {
+    let (lpid, rpid) = (lx.pid().raw(), rx.pid().raw());
+    let sep = px.modify(|b| {
+        let mut n = NodeMut::new(b);
+        assert!(
+            n.child(j) == lpid && n.child(j + 1) == rpid,
+            "parent does not point at the merged nodes"
+        );
+        let sep = n.key(j).to_vec();
+        n.remove_at(j);
+        n.set_child(j, lpid); // the slot that pointed at the right node
+        sep
+    });
+    let mut copy = Box::new([0u8; PAGE_DATA_SIZE]);
+    copy.copy_from_slice(rx.data());
+    let r = NodeMut::new(&mut copy);
+    let (right_entries, right_upper_fence, right_link, right_upper) =
+        (r.entries(), r.fences().1, r.right(), r.upper_child());
+    lx.modify(|b| {
+        let mut n = NodeMut::new(b);
+        let (kind, level, lower) = (n.kind(), n.level(), n.fences().0);
+        let mut entries = n.entries();
+        if kind == KIND_INNER {
+            // left's upper child holds the keys up to the separator: it becomes an entry
+            entries.push((sep, n.upper_child().to_le_bytes().to_vec()));
+        }
+        entries.extend(right_entries);
+        n.init(kind, level, lower.as_deref(), right_upper_fence.as_deref());
+        fill(&mut n, &entries);
+        n.set_right(right_link);
+        n.set_upper_child(right_upper);
+    });
 }
 
 /// Split non-root node `x` (child of `px`, both exclusively latched) into itself and a new

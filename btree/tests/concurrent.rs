@@ -215,3 +215,145 @@ fn parallel_ascending_loads_leave_full_leaves() {
         "{pages} pages for {ideal_leaves} full leaves' worth of records"
     );
 }
+
+/// Threads remove most of a loaded tree (merging nodes and freeing pages as leaves empty) while
+/// they also look keys up, one by one and in batches, scan, and insert some keys back.
+fn drain(cache: usize, per_thread: u32) {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(EngineConfig::new(dir.path(), cache)).unwrap();
+    let tree = BTree::create(&e.worker(), "drain").unwrap();
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (e, tree) = (&e, &tree);
+            s.spawn(move || {
+                let w = e.worker();
+                for i in 0..per_thread {
+                    assert!(tree.insert(&w, &key(t, i), &value(t, i)).unwrap());
+                }
+            });
+        }
+    });
+    let (_, loaded_height) = tree.verify(&e.worker()).unwrap();
+    let loaded_pages = e.store().slots_in_use();
+    let finals: Vec<BTreeSet<u32>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (e, tree) = (&e, &tree);
+                s.spawn(move || {
+                    let w = e.worker();
+                    let mut rng = rand::rngs::SmallRng::seed_from_u64(100 + t as u64);
+                    let mut mine: BTreeSet<u32> = (0..per_thread).collect();
+                    let mut order: Vec<u32> = (0..per_thread).collect();
+                    for i in (1..order.len()).rev() {
+                        order.swap(i, rng.random_range(0..=i));
+                    }
+                    let mut buf = Vec::new();
+                    for (n, &i) in order.iter().enumerate() {
+                        if i % 20 == 0 {
+                            continue; // survivors
+                        }
+                        let k = key(t, i);
+                        assert!(tree.remove(&w, &k).unwrap(), "own key {i} missing");
+                        mine.remove(&i);
+                        assert!(!tree.lookup(&w, &k, &mut buf).unwrap(), "removed key found");
+                        match n % 8 {
+                            0 => {
+                                // one of ours, present or not
+                                let j = rng.random_range(0..per_thread);
+                                let found = tree.lookup(&w, &key(t, j), &mut buf).unwrap();
+                                assert_eq!(found, mine.contains(&j), "thread {t} key {j}");
+                                if found {
+                                    check_value(&key(t, j), &buf);
+                                }
+                            }
+                            1 => {
+                                let idx: Vec<u32> = (0..rng.random_range(1..40))
+                                    .map(|_| rng.random_range(0..per_thread))
+                                    .collect();
+                                let keys: Vec<Vec<u8>> = idx
+                                    .iter()
+                                    .enumerate()
+                                    .map(|(j, &i)| {
+                                        key(if j % 2 == 0 { t } else { (t + 1) % THREADS }, i)
+                                    })
+                                    .collect();
+                                tree.lookup_many(&w, &keys, |j, v| {
+                                    if let Some(v) = v {
+                                        check_value(&keys[j], v);
+                                    }
+                                    if j % 2 == 0 {
+                                        assert_eq!(v.is_some(), mine.contains(&idx[j]));
+                                    }
+                                })
+                                .unwrap();
+                            }
+                            // put one back now and then: splits among the merges
+                            2 if rng.random_bool(0.3) => {
+                                let j = i ^ 1;
+                                let fresh = tree.insert(&w, &key(t, j), &value(t, j)).unwrap();
+                                assert_eq!(fresh, mine.insert(j));
+                            }
+                            3 => {
+                                let mut prev: Option<Vec<u8>> = None;
+                                let mut seen = 0;
+                                let dir = if rng.random_bool(0.5) {
+                                    Direction::Ascending
+                                } else {
+                                    Direction::Descending
+                                };
+                                tree.scan(&w, &k, dir, |k, v| {
+                                    if let Some(p) = &prev {
+                                        let sorted = match dir {
+                                            Direction::Ascending => p.as_slice() < k,
+                                            Direction::Descending => p.as_slice() > k,
+                                        };
+                                        assert!(sorted, "scan not sorted");
+                                    }
+                                    check_value(k, v);
+                                    prev = Some(k.to_vec());
+                                    seen += 1;
+                                    seen < 100
+                                })
+                                .unwrap();
+                            }
+                            _ => {}
+                        }
+                    }
+                    mine
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let w = e.worker();
+    let mut buf = Vec::new();
+    for (t, set) in finals.iter().enumerate() {
+        for i in 0..per_thread {
+            let found = tree.lookup(&w, &key(t as u32, i), &mut buf).unwrap();
+            assert_eq!(found, set.contains(&i), "thread {t} key {i}");
+        }
+    }
+    let total: usize = finals.iter().map(BTreeSet::len).sum();
+    let (n, height) = tree.verify(&w).unwrap();
+    assert_eq!(n, total as u64);
+    let pages = e.store().slots_in_use();
+    eprintln!(
+        "cache {cache}: {loaded_pages} pages, height {loaded_height} -> {pages} pages, height {height}, {total} keys left, {} evictions",
+        e.stats().evictions
+    );
+    assert!(
+        pages * 3 < loaded_pages,
+        "{pages} pages in use after removing most keys (was {loaded_pages})"
+    );
+}
+
+#[test]
+fn concurrent_removes_merge_nodes_in_memory() {
+    drain(64 << 20, 25_000);
+}
+
+#[test]
+fn concurrent_removes_merge_nodes_with_eviction() {
+    // 100K entries of ~120 bytes are ~15 MiB of leaves, 4x a 4 MiB cache
+    drain(4 << 20, 25_000);
+}

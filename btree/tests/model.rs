@@ -16,6 +16,8 @@ enum Op {
     Update(Vec<u8>, u8),
     ScanAsc(Vec<u8>, usize),
     ScanDesc(Vec<u8>, usize),
+    /// Remove up to n present keys from this key on (empties ranges: merges nodes).
+    Drain(Vec<u8>, usize),
 }
 
 fn key() -> impl Strategy<Value = Vec<u8>> {
@@ -41,6 +43,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (key(), any::<u8>()).prop_map(|(k, b)| Op::Update(k, b)),
         1 => (key(), 0..40usize).prop_map(|(k, n)| Op::ScanAsc(k, n)),
         1 => (key(), 0..40usize).prop_map(|(k, n)| Op::ScanDesc(k, n)),
+        1 => (key(), 0..200usize).prop_map(|(k, n)| Op::Drain(k, n)),
     ]
 }
 
@@ -89,6 +92,13 @@ proptest! {
                     t.scan(&w, k, Direction::Descending, |k, v| { got.push((k.to_vec(), v.to_vec())); got.len() < *n }).unwrap();
                     let want: Vec<_> = m.range(..=k.clone()).rev().take((*n).max(1)).map(|(k, v)| (k.clone(), v.clone())).collect();
                     prop_assert_eq!(got, want);
+                }
+                Op::Drain(k, n) => {
+                    let gone: Vec<Vec<u8>> = m.range(k.clone()..).take(*n).map(|(k, _)| k.clone()).collect();
+                    for k in &gone {
+                        m.remove(k);
+                        prop_assert!(t.remove(&w, k).unwrap());
+                    }
                 }
             }
         }
@@ -157,4 +167,64 @@ fn model_sized_runs_split_and_evict() {
         e.stats()
     );
     assert_eq!(t.verify(&w).unwrap().0, 21_500);
+}
+
+#[test]
+fn removes_merge_nodes_and_free_their_pages() {
+    // 60K records of 8 + 100 bytes: a tree of 3 levels. Removing most of them must merge
+    // leaves and inner nodes (pages go back to the store), keep every survivor, and removing
+    // the rest must shrink the tree back to a single root leaf.
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(EngineConfig::new(dir.path(), 64 << 20)).unwrap();
+    let w = e.worker();
+    let t = BTree::create(&w, "t").unwrap();
+    let n = 60_000u64;
+    // a scattered insert order: half-full leaves, as random inserts leave them
+    let order: Vec<u64> = (0..n).map(|i| (i * 7_919) % n).collect();
+    for &k in &order {
+        assert!(t
+            .insert(&w, &shoal_btree::u64_key(k), &[k as u8; 100])
+            .unwrap());
+    }
+    let (_, height) = t.verify(&w).unwrap();
+    assert!(height >= 3, "height {height}");
+    let full = e.store().slots_in_use();
+    // keep every 50th key
+    for &k in &order {
+        if k % 50 != 0 {
+            assert!(t.remove(&w, &shoal_btree::u64_key(k)).unwrap());
+        }
+    }
+    let (left, lower) = t.verify(&w).unwrap();
+    assert_eq!(left, n / 50);
+    let thinned = e.store().slots_in_use();
+    // 1,200 records of 132 bytes fit in ~40 leaves; allow for leaves merged only to half
+    assert!(
+        thinned * 10 < full,
+        "{thinned} pages in use after removing 98% (was {full})"
+    );
+    assert!(lower < height, "height {height} -> {lower}");
+    for k in 0..n {
+        let v = t.get(&w, &shoal_btree::u64_key(k)).unwrap();
+        assert_eq!(v.is_some(), k % 50 == 0, "key {k}");
+    }
+    for k in (0..n).step_by(50) {
+        assert!(t.remove(&w, &shoal_btree::u64_key(k)).unwrap());
+    }
+    assert_eq!(
+        t.verify(&w).unwrap(),
+        (0, 1),
+        "an empty tree is one root leaf"
+    );
+    // the catalog page, the root and nothing else
+    assert!(
+        e.store().slots_in_use() <= 3,
+        "{}",
+        e.store().slots_in_use()
+    );
+    // and it grows again
+    for k in 0..5_000u64 {
+        assert!(t.insert(&w, &shoal_btree::u64_key(k), b"again").unwrap());
+    }
+    assert_eq!(t.verify(&w).unwrap().0, 5_000);
 }

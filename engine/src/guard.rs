@@ -57,6 +57,12 @@ impl Worker {
         self.inner.node
     }
 
+    /// Whether [`ExclusiveGuard::free`] can delete pages here: on a single node yes; on a
+    /// cluster node not yet (other nodes may hold copies of the page).
+    pub fn can_free_pages(&self) -> bool {
+        self.inner.coh.is_none()
+    }
+
     /// `pid` is not resident, or not with possession `want`: bring it in. A single node reads
     /// it from the store. A cluster node asks the page's home; it waits for the answer only
     /// if it holds no latch (else it restarts the operation, which drops its guards, so that
