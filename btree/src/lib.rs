@@ -2,9 +2,9 @@
 //!
 //! This crate owns the tree's page layout ([`node`]: slotted pages with fence keys and
 //! right-sibling links), order-preserving key encodings ([`key`]) and the tree operations with
-//! optimistic lock coupling ([`tree`]): lookup, insert, upsert, update in place, remove, scans in
-//! both directions, count, and a structural verifier. Trees are named in the engine's catalog so
-//! that a reopened engine finds them.
+//! optimistic lock coupling ([`tree`]): lookup, insert, upsert, update in place, remove (merging
+//! underfull nodes), scans in both directions, count, and a structural verifier. Trees are named
+//! in the engine's catalog so that a reopened engine finds them.
 //!
 //! It must not know how pages move between memory, nodes and NVMe: it only takes guards from a
 //! [`shoal_engine::Worker`].
