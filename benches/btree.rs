@@ -1,5 +1,5 @@
 //! B-tree benchmarks (issue: B-link tree): lookups of 8-byte keys with 128-byte values, uniform
-//! random, and insert throughput, without any workload-driver overhead (no value checks, no
+//! random, and insert and remove throughput, without any workload-driver overhead (no value checks, no
 //! latency recording).
 //!
 //! Run: `cargo bench -p shoal-benches --bench btree` with SHOAL_BTREE_RECORDS (default 2M),
@@ -111,6 +111,30 @@ fn main() {
         "lookup_many (uniform, {records} records, {threads} threads, {batch} keys a call, walked {} at a time): {bps:.0} lookups/s",
         shoal_btree::LOOKUP_GROUP
     );
-    println!("{{\"bench\":\"btree\",\"records\":{records},\"threads\":{threads},\"inserts_per_s\":{ins:.0},\"lookups_per_s\":{lps:.0},\"batched_lookups_per_s\":{bps:.0},\"batch\":{batch}}}");
+    // Remove everything again (ascending, adjacent ranges, like the load): leaves empty one
+    // after another and merge; the tree ends as one root leaf.
+    let pages_full = e.store().slots_in_use();
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for th in 0..threads as u64 {
+            let (e, t) = (&e, &t);
+            s.spawn(move || {
+                let w = e.worker();
+                let (lo, hi) = (
+                    records * th / threads as u64,
+                    records * (th + 1) / threads as u64,
+                );
+                for k in lo..hi {
+                    assert!(t.remove(&w, &u64_key(k)).unwrap());
+                }
+            });
+        }
+    });
+    let rms = records as f64 / t0.elapsed().as_secs_f64();
+    let pages_empty = e.store().slots_in_use();
+    println!(
+        "remove (ascending, {threads} threads, adjacent ranges): {rms:.0} removes/s; pages in use {pages_full} -> {pages_empty}"
+    );
+    println!("{{\"bench\":\"btree\",\"records\":{records},\"threads\":{threads},\"inserts_per_s\":{ins:.0},\"lookups_per_s\":{lps:.0},\"batched_lookups_per_s\":{bps:.0},\"batch\":{batch},\"removes_per_s\":{rms:.0},\"pages_before_removes\":{pages_full},\"pages_after_removes\":{pages_empty}}}");
     drop(e);
 }
