@@ -100,6 +100,12 @@ fn descend<'w>(
     Ok(g)
 }
 
+/// A merge is best effort and its remove is done: report a failed one in the log only.
+#[cold]
+fn merge_failed(target: Pid, e: &EngineError) {
+    log::warn!("merging B-tree node {target} failed (the tree stays valid, unmerged): {e}");
+}
+
 fn not_a_node(pid: Pid) -> Restart {
     Restart::Fail(EngineError::Catalog(format!(
         "page {pid} is not a B-tree node (corrupt tree or wrong root)"
@@ -165,6 +171,34 @@ impl BTree {
             });
         }
         Ok(())
+    }
+
+    /// `find_leaf`, also returning the leaf's parent (`None`: the leaf is the root). Kept apart
+    /// from `find_leaf` so that lookups do not carry the parent along.
+    #[allow(clippy::type_complexity)]
+    fn find_leaf_and_parent<'w>(
+        &self,
+        w: &'w Worker,
+        key: &[u8],
+    ) -> OpResult<(Option<OptimisticGuard<'w>>, OptimisticGuard<'w>)> {
+        let mut parent = None;
+        let mut g = w.optimistic(self.root)?;
+        loop {
+            let p = g.page();
+            match node::kind(p) {
+                KIND_LEAF => return Ok((parent, g)),
+                KIND_INNER => {
+                    let (i, _) = node::lower_bound(p, key);
+                    let child = descend(w, &g, Pid(node::child(p, i)))?;
+                    parent = Some(g);
+                    g = child;
+                }
+                _ => {
+                    g.validate()?;
+                    return Err(not_a_node(g.pid()));
+                }
+            }
+        }
     }
 
     /// Optimistic descent to the leaf whose range holds `key`.
@@ -420,7 +454,7 @@ impl BTree {
     /// merged with a neighbour when the two fit in one page (see `merge_underfull`).
     pub fn remove(&self, w: &Worker, key: &[u8]) -> Result<bool, TreeError> {
         let (existed, underfull) = w.run(|w| {
-            let leaf = self.find_leaf(w, key)?;
+            let (parent, leaf) = self.find_leaf_and_parent(w, key)?;
             let (_, found) = node::lower_bound(leaf.page(), key);
             leaf.validate()?;
             if !found {
@@ -436,11 +470,25 @@ impl BTree {
                 }
                 exact
             });
-            let underfull = (exact && node::is_underfull(x.page())).then_some(x.pid());
-            Ok((exact, underfull))
+            let underfull = exact && node::is_underfull(x.page());
+            Ok((exact, underfull.then(|| (parent, x.pid()))))
         })?;
-        if let Some(leaf) = underfull {
-            self.merge_underfull(w, key, leaf);
+        if let Some((parent, leaf)) = underfull {
+            // First with the parent this descent passed (no second descent: removes that
+            // keep an underfull leaf whose neighbours are too full to merge stay cheap).
+            let first = (|| {
+                let g = match &parent {
+                    Some(p) => descend(w, p, leaf)?,
+                    None => w.optimistic(leaf)?,
+                };
+                self.merge_with_neighbour(w, key, parent, g)
+            })();
+            match first {
+                Ok(None) => {}
+                Ok(Some(next)) => self.merge_underfull(w, key, next),
+                Err(Restart::Retry) => self.merge_underfull(w, key, leaf),
+                Err(Restart::Fail(e)) => merge_failed(leaf, &e),
+            }
         }
         Ok(existed)
     }
@@ -460,12 +508,7 @@ impl BTree {
             match w.run(|w| self.try_merge(w, key, target)) {
                 Ok(Some(next)) => target = next,
                 Ok(None) => return,
-                Err(e) => {
-                    log::warn!(
-                        "merging B-tree node {target} failed (the tree stays valid, unmerged): {e}"
-                    );
-                    return;
-                }
+                Err(e) => return merge_failed(target, &e),
             }
         }
     }
@@ -473,9 +516,20 @@ impl BTree {
     /// One step of `merge_underfull` for `target`. Returns the node to look at next: the
     /// parent, if the merge left it underfull (or, for the root, with a single child).
     fn try_merge(&self, w: &Worker, key: &[u8], target: Pid) -> OpResult<Option<Pid>> {
-        let Some((parent, g)) = self.path_to(w, key, target)? else {
-            return Ok(None); // merged or split away meanwhile
-        };
+        match self.path_to(w, key, target)? {
+            Some((parent, g)) => self.merge_with_neighbour(w, key, parent, g),
+            None => Ok(None), // merged or split away meanwhile
+        }
+    }
+
+    /// `try_merge` for node `g` on `key`'s path, reached through `parent` (`None`: the root).
+    fn merge_with_neighbour<'w>(
+        &self,
+        w: &'w Worker,
+        key: &[u8],
+        parent: Option<OptimisticGuard<'w>>,
+        g: OptimisticGuard<'w>,
+    ) -> OpResult<Option<Pid>> {
         let Some(parent) = parent else {
             self.shrink_root(w, g)?;
             return Ok(None);
