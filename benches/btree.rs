@@ -9,7 +9,7 @@
 use rand::{Rng, SeedableRng};
 use shoal_benches::{bench_dir, bench_secs};
 use shoal_btree::{u64_key, BTree};
-use shoal_engine::{parse_bytes, Engine, EngineConfig};
+use shoal_engine::{parse_bytes, Engine, EngineConfig, Worker};
 use std::time::Instant;
 
 fn env(name: &str, default: u64) -> u64 {
@@ -40,6 +40,23 @@ fn timed(
     ops as f64 / t0.elapsed().as_secs_f64()
 }
 
+/// `op(worker, k)` for every key `0..records`, ascending, split into `threads` adjacent ranges
+/// with one thread each (as `shoal ycsb` loads).
+fn each_key_in_ranges(e: &Engine, threads: usize, records: u64, op: impl Fn(&Worker, u64) + Sync) {
+    std::thread::scope(|s| {
+        for th in 0..threads as u64 {
+            let op = &op;
+            s.spawn(move || {
+                let w = e.worker();
+                let n = threads as u64;
+                for k in records * th / n..records * (th + 1) / n {
+                    op(&w, k);
+                }
+            });
+        }
+    });
+}
+
 fn main() {
     let records = env("SHOAL_BTREE_RECORDS", 2_000_000);
     let threads = env("SHOAL_BTREE_THREADS", 2) as usize;
@@ -50,21 +67,8 @@ fn main() {
     let t = BTree::create(&e.worker(), "bench").unwrap();
 
     let t0 = Instant::now();
-    std::thread::scope(|s| {
-        for th in 0..threads as u64 {
-            let (e, t) = (&e, &t);
-            s.spawn(move || {
-                let w = e.worker();
-                let v = [7u8; 128];
-                let (lo, hi) = (
-                    records * th / threads as u64,
-                    records * (th + 1) / threads as u64,
-                );
-                for k in lo..hi {
-                    t.insert(&w, &u64_key(k), &v).unwrap();
-                }
-            });
-        }
+    each_key_in_ranges(&e, threads, records, |w, k| {
+        t.insert(w, &u64_key(k), &[7u8; 128]).unwrap();
     });
     let ins = records as f64 / t0.elapsed().as_secs_f64();
     println!("insert (ascending, {threads} threads, adjacent ranges): {ins:.0} inserts/s");
@@ -115,20 +119,8 @@ fn main() {
     // after another and merge; the tree ends as one root leaf.
     let pages_full = e.store().slots_in_use();
     let t0 = Instant::now();
-    std::thread::scope(|s| {
-        for th in 0..threads as u64 {
-            let (e, t) = (&e, &t);
-            s.spawn(move || {
-                let w = e.worker();
-                let (lo, hi) = (
-                    records * th / threads as u64,
-                    records * (th + 1) / threads as u64,
-                );
-                for k in lo..hi {
-                    assert!(t.remove(&w, &u64_key(k)).unwrap());
-                }
-            });
-        }
+    each_key_in_ranges(&e, threads, records, |w, k| {
+        assert!(t.remove(w, &u64_key(k)).unwrap());
     });
     let rms = records as f64 / t0.elapsed().as_secs_f64();
     let pages_empty = e.store().slots_in_use();

@@ -4,7 +4,7 @@
 
 use rand::{Rng, SeedableRng};
 use shoal_btree::{BTree, Direction, KeyBuilder};
-use shoal_engine::{Engine, EngineConfig, OpenMode};
+use shoal_engine::{Engine, EngineConfig, OpenMode, Worker};
 use std::collections::BTreeSet;
 
 const THREADS: u32 = 4;
@@ -30,6 +30,31 @@ fn check_value(k: &[u8], v: &[u8]) {
         value(t, i).as_slice(),
         "value does not belong to its key"
     );
+}
+
+/// Scan up to `n` entries from `from` in a random direction: sorted, every value its key's.
+fn check_scan(tree: &BTree, w: &Worker, rng: &mut impl Rng, from: &[u8], n: usize) {
+    let dir = if rng.random_bool(0.5) {
+        Direction::Ascending
+    } else {
+        Direction::Descending
+    };
+    let mut prev: Option<Vec<u8>> = None;
+    let mut seen = 0;
+    tree.scan(w, from, dir, |k, v| {
+        if let Some(p) = &prev {
+            let sorted = match dir {
+                Direction::Ascending => p.as_slice() < k,
+                Direction::Descending => p.as_slice() > k,
+            };
+            assert!(sorted, "scan not sorted");
+        }
+        check_value(k, v);
+        prev = Some(k.to_vec());
+        seen += 1;
+        seen < n
+    })
+    .unwrap();
 }
 
 fn stress(cache: usize, per_thread: u32, ops: usize) {
@@ -110,31 +135,8 @@ fn stress(cache: usize, per_thread: u32, ops: usize) {
                                 }
                             }
                             _ => {
-                                let mut prev: Option<Vec<u8>> = None;
                                 let n = rng.random_range(1..200);
-                                let mut seen = 0;
-                                let dir = if rng.random_bool(0.5) {
-                                    Direction::Ascending
-                                } else {
-                                    Direction::Descending
-                                };
-                                tree.scan(&w, &k, dir, |k, v| {
-                                    if let Some(p) = &prev {
-                                        match dir {
-                                            Direction::Ascending => {
-                                                assert!(p.as_slice() < k, "scan not sorted")
-                                            }
-                                            Direction::Descending => {
-                                                assert!(p.as_slice() > k, "scan not sorted")
-                                            }
-                                        }
-                                    }
-                                    check_value(k, v);
-                                    prev = Some(k.to_vec());
-                                    seen += 1;
-                                    seen < n
-                                })
-                                .unwrap();
+                                check_scan(&tree, &w, &mut rng, &k, n);
                             }
                         }
                     }
@@ -293,29 +295,7 @@ fn drain(cache: usize, per_thread: u32) {
                                 let fresh = tree.insert(&w, &key(t, j), &value(t, j)).unwrap();
                                 assert_eq!(fresh, mine.insert(j));
                             }
-                            3 => {
-                                let mut prev: Option<Vec<u8>> = None;
-                                let mut seen = 0;
-                                let dir = if rng.random_bool(0.5) {
-                                    Direction::Ascending
-                                } else {
-                                    Direction::Descending
-                                };
-                                tree.scan(&w, &k, dir, |k, v| {
-                                    if let Some(p) = &prev {
-                                        let sorted = match dir {
-                                            Direction::Ascending => p.as_slice() < k,
-                                            Direction::Descending => p.as_slice() > k,
-                                        };
-                                        assert!(sorted, "scan not sorted");
-                                    }
-                                    check_value(k, v);
-                                    prev = Some(k.to_vec());
-                                    seen += 1;
-                                    seen < 100
-                                })
-                                .unwrap();
-                            }
+                            3 => check_scan(tree, &w, &mut rng, &k, 100),
                             _ => {}
                         }
                     }
