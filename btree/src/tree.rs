@@ -175,34 +175,6 @@ impl BTree {
         Ok(())
     }
 
-    /// `find_leaf`, also returning the leaf's parent (`None`: the leaf is the root). Kept apart
-    /// from `find_leaf` so that lookups do not carry the parent along.
-    #[allow(clippy::type_complexity)]
-    fn find_leaf_and_parent<'w>(
-        &self,
-        w: &'w Worker,
-        key: &[u8],
-    ) -> OpResult<(Option<OptimisticGuard<'w>>, OptimisticGuard<'w>)> {
-        let mut parent = None;
-        let mut g = w.optimistic(self.root)?;
-        loop {
-            let p = g.page();
-            match node::kind(p) {
-                KIND_LEAF => return Ok((parent, g)),
-                KIND_INNER => {
-                    let (i, _) = node::lower_bound(p, key);
-                    let child = descend(w, &g, Pid(node::child(p, i)))?;
-                    parent = Some(g);
-                    g = child;
-                }
-                _ => {
-                    g.validate()?;
-                    return Err(not_a_node(g.pid()));
-                }
-            }
-        }
-    }
-
     /// Optimistic descent to the leaf whose range holds `key`.
     fn find_leaf<'w>(&self, w: &'w Worker, key: &[u8]) -> OpResult<OptimisticGuard<'w>> {
         let mut g = w.optimistic(self.root)?;
@@ -456,7 +428,9 @@ impl BTree {
     /// merged with a neighbour when the two fit in one page (see `merge_underfull`).
     pub fn remove(&self, w: &Worker, key: &[u8]) -> Result<bool, TreeError> {
         let (existed, underfull) = w.run(|w| {
-            let (parent, leaf) = self.find_leaf_and_parent(w, key)?;
+            let Some((parent, leaf)) = self.path_to(w, key, None)? else {
+                unreachable!("a descent to the leaf ends at a leaf or fails");
+            };
             let (_, found) = node::lower_bound(leaf.page(), key);
             leaf.validate()?;
             if !found {
@@ -518,7 +492,7 @@ impl BTree {
     /// One step of `merge_underfull` for `target`. Returns the node to look at next: the
     /// parent, if the merge left it underfull (or, for the root, with a single child).
     fn try_merge(&self, w: &Worker, key: &[u8], target: Pid) -> OpResult<Option<Pid>> {
-        match self.path_to(w, key, target)? {
+        match self.path_to(w, key, Some(target))? {
             Some((parent, g)) => self.merge_with_neighbour(w, key, parent, g),
             None => Ok(None), // merged or split away meanwhile
         }
@@ -602,7 +576,7 @@ impl BTree {
 
     /// Split the node `target` on `key`'s path unless it already has `need` free bytes.
     fn try_split(&self, w: &Worker, key: &[u8], target: Pid, need: usize) -> OpResult<()> {
-        let Some((parent, g)) = self.path_to(w, key, target)? else {
+        let Some((parent, g)) = self.path_to(w, key, Some(target))? else {
             return Ok(()); // target is no longer on the path: it was split already
         };
         let mut px = match parent {
@@ -629,22 +603,30 @@ impl BTree {
         }
     }
 
-    /// Descend along `key`'s path to the node `target`. Returns it with its parent (`None`
-    /// for the root), or `None` if `target` is not on the path (any more).
+    /// Descend along `key`'s path to the node `target` (`None`: to the leaf). Returns it with
+    /// its parent (`None` for the root), or `None` if `target` is not on the path (any more).
+    /// Kept apart from `find_leaf` so that lookups do not carry the parent along.
     #[allow(clippy::type_complexity)]
     fn path_to<'w>(
         &self,
         w: &'w Worker,
         key: &[u8],
-        target: Pid,
+        target: Option<Pid>,
     ) -> OpResult<Option<(Option<OptimisticGuard<'w>>, OptimisticGuard<'w>)>> {
         let mut parent = None;
         let mut g = w.optimistic(self.root)?;
-        while g.pid() != target {
+        while Some(g.pid()) != target {
             let p = g.page();
-            if node::kind(p) != KIND_INNER {
-                g.validate()?;
-                return Ok(None);
+            match node::kind(p) {
+                KIND_INNER => {}
+                KIND_LEAF if target.is_none() => break,
+                _ => {
+                    g.validate()?;
+                    return match target {
+                        None => Err(not_a_node(g.pid())),
+                        Some(_) => Ok(None), // a leaf (or not a node) before `target`
+                    };
+                }
             }
             let (i, _) = node::lower_bound(p, key);
             let child = descend(w, &g, Pid(node::child(p, i)))?;
