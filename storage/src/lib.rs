@@ -12,6 +12,8 @@
 //!   and a portable pread/pwrite fallback.
 //! - [`store`]: [`PageStore`], which stripes slots RAID-0 style over one or more files or block
 //!   devices and ties the above together.
+//! - [`inspect`]: [`inspect::StoreReader`], read-only access to a store for `shoal inspect`:
+//!   superblocks, free list, single pages, and a scan verifying every slot.
 //!
 //! It must not know about buffer frames, nodes, latches or messages: it moves sealed pages
 //! between aligned buffers and slots, verifies them, and nothing else. The engine maps its
@@ -19,6 +21,7 @@
 
 pub mod allocator;
 pub mod error;
+pub mod inspect;
 pub mod io;
 pub mod page;
 pub mod store;

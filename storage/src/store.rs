@@ -222,39 +222,9 @@ impl PageStore {
             read_raw(backend, d, 0, &mut buf)?;
             sbs.push(Superblock::decode(&buf, &d.path)?);
         }
+        let paths: Vec<&Path> = devices.iter().map(|d| d.path.as_path()).collect();
+        check_device_set(&sbs, &paths)?;
         let sb0 = sbs[0].clone();
-        if sb0.device_count as usize != devices.len() {
-            return Err(StoreError::DeviceMismatch(format!(
-                "the store on {} has {} device(s) ({}), the configuration lists {}",
-                devices[0].path.display(),
-                sb0.device_count,
-                sb0.device_names.join(", "),
-                devices.len()
-            )));
-        }
-        for (i, (sb, d)) in sbs.iter().zip(&devices).enumerate() {
-            if sb.cluster_id != sb0.cluster_id
-                || sb.node_id != sb0.node_id
-                || sb.device_count != sb0.device_count
-            {
-                return Err(StoreError::DeviceMismatch(format!(
-                    "{} belongs to another store (cluster {}, node {}) than {} (cluster {}, node {})",
-                    d.path.display(),
-                    sb.cluster_id,
-                    sb.node_id,
-                    devices[0].path.display(),
-                    sb0.cluster_id,
-                    sb0.node_id
-                )));
-            }
-            if sb.device_index as usize != i {
-                return Err(StoreError::DeviceMismatch(format!(
-                    "{} is device #{} of its store but is configured as device #{i}",
-                    d.path.display(),
-                    sb.device_index
-                )));
-            }
-        }
         if sb0.node_id != cfg.node_id || sb0.cluster_id != cfg.cluster_id {
             return Err(StoreError::DeviceMismatch(format!(
                 "{} holds the store of node {} in cluster {}, but this is node {} of cluster {}",
@@ -282,15 +252,12 @@ impl PageStore {
             // mark from the device sizes so no written slot is handed out again (preallocated
             // space counts too, which only leaks slots). Freed slots of the lost session are
             // leaked, never double-allocated.
-            let mut next = sb0.next_slot;
-            let n = store.devices.len() as u64;
-            for (i, d) in store.devices.iter().enumerate() {
-                let len = d.file.metadata().map(|m| m.len()).unwrap_or(0);
-                let pages = (len / PAGE_SIZE as u64).saturating_sub(1);
-                if pages > 0 {
-                    next = next.max((pages - 1) * n + i as u64 + 1);
-                }
-            }
+            let lens: Vec<u64> = store
+                .devices
+                .iter()
+                .map(|d| d.file.metadata().map(|m| m.len()).unwrap_or(0))
+                .collect();
+            let next = mark_from_lengths(sb0.next_slot, &lens);
             log::warn!(
                 "{} was not shut down cleanly; opening anyway (allocator mark {} -> {next}, free list dropped)",
                 store.devices[0].path.display(),
@@ -310,35 +277,10 @@ impl PageStore {
     }
 
     fn read_freelist(&self, head: u64, len: u64) -> StoreResult<Vec<u64>> {
-        let mut out = Vec::with_capacity(len as usize);
-        let mut buf = AlignedPage::new();
-        let mut at = head;
-        let mut hops = 0u64;
-        while at != NO_SLOT {
-            // SAFETY: buf is an exclusively owned aligned page.
-            unsafe { self.read_into(at, FREELIST_PID, buf.as_mut_ptr())? };
-            let (next, entries) =
-                decode_chain_page(&buf[..]).map_err(|why| StoreError::BadSuperblock {
-                    path: self.devices[0].path.clone(),
-                    why: format!("free-list page in slot {at}: {why}"),
-                })?;
-            out.extend(entries);
-            at = next;
-            hops += 1;
-            if hops > len + 1 {
-                return Err(StoreError::BadSuperblock {
-                    path: self.devices[0].path.clone(),
-                    why: "free-list chain loops".into(),
-                });
-            }
-        }
-        if out.len() as u64 != len {
-            return Err(StoreError::BadSuperblock {
-                path: self.devices[0].path.clone(),
-                why: format!("free list holds {} slots, superblock says {len}", out.len()),
-            });
-        }
-        Ok(out)
+        walk_freelist(head, len, &self.devices[0].path, |slot, buf| {
+            // SAFETY: buf is an exclusively borrowed aligned page.
+            unsafe { self.read_into(slot, FREELIST_PID, buf.as_mut_ptr()) }
+        })
     }
 
     fn write_superblocks(&self) -> StoreResult<()> {
@@ -615,6 +557,96 @@ impl PageStore {
         }
         self.write_superblocks()
     }
+}
+
+/// Check that the superblocks read from `paths` (in configured order) describe one store
+/// whose devices are all present, in their recorded order.
+pub(crate) fn check_device_set(sbs: &[Superblock], paths: &[&Path]) -> StoreResult<()> {
+    let sb0 = &sbs[0];
+    if sb0.device_count as usize != paths.len() {
+        return Err(StoreError::DeviceMismatch(format!(
+            "the store on {} has {} device(s) ({}), the configuration lists {}",
+            paths[0].display(),
+            sb0.device_count,
+            sb0.device_names.join(", "),
+            paths.len()
+        )));
+    }
+    for (i, (sb, p)) in sbs.iter().zip(paths).enumerate() {
+        if sb.cluster_id != sb0.cluster_id
+            || sb.node_id != sb0.node_id
+            || sb.device_count != sb0.device_count
+        {
+            return Err(StoreError::DeviceMismatch(format!(
+                "{} belongs to another store (cluster {}, node {}) than {} (cluster {}, node {})",
+                p.display(),
+                sb.cluster_id,
+                sb.node_id,
+                paths[0].display(),
+                sb0.cluster_id,
+                sb0.node_id
+            )));
+        }
+        if sb.device_index as usize != i {
+            return Err(StoreError::DeviceMismatch(format!(
+                "{} is device #{} of its store but is configured as device #{i}",
+                p.display(),
+                sb.device_index
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The allocator mark of a store that was not closed cleanly: slots beyond the recorded
+/// `next_slot` may have been written since, so every slot the devices (of `lens` bytes, in
+/// stripe order) have room for counts (preallocated space too, which only leaks slots).
+pub(crate) fn mark_from_lengths(next_slot: u64, lens: &[u64]) -> u64 {
+    let n = lens.len() as u64;
+    let mut next = next_slot;
+    for (i, len) in lens.iter().enumerate() {
+        let pages = (len / PAGE_SIZE as u64).saturating_sub(1);
+        if pages > 0 {
+            next = next.max((pages - 1) * n + i as u64 + 1);
+        }
+    }
+    next
+}
+
+/// Read the free-list chain of `len` slots starting at `head`; `read` fills a buffer with the
+/// verified free-list page of a slot. `path` (device 0) names the store in errors.
+pub(crate) fn walk_freelist(
+    head: u64,
+    len: u64,
+    path: &Path,
+    mut read: impl FnMut(u64, &mut AlignedPage) -> StoreResult<()>,
+) -> StoreResult<Vec<u64>> {
+    let bad = |why: String| StoreError::BadSuperblock {
+        path: path.to_path_buf(),
+        why,
+    };
+    let mut out = Vec::with_capacity(len.min(1 << 24) as usize);
+    let mut buf = AlignedPage::new();
+    let mut at = head;
+    let mut hops = 0u64;
+    while at != NO_SLOT {
+        read(at, &mut buf)?;
+        let (next, entries) = decode_chain_page(&buf[..])
+            .map_err(|why| bad(format!("free-list page in slot {at}: {why}")))?;
+        out.extend(entries);
+        at = next;
+        hops += 1;
+        if hops > len + 1 {
+            return Err(bad("free-list chain loops".into()));
+        }
+    }
+    if out.len() as u64 != len {
+        return Err(bad(format!(
+            "free list holds {} slots, superblock says {len}",
+            out.len()
+        )));
+    }
+    Ok(out)
 }
 
 fn io_err(path: &Path, source: std::io::Error) -> StoreError {
