@@ -3,18 +3,21 @@
 //! This crate owns the tree's page layout ([`node`]: slotted pages with fence keys and
 //! right-sibling links), order-preserving key encodings ([`key`]) and the tree operations with
 //! optimistic lock coupling ([`tree`]): lookup, insert, upsert, update in place, remove (merging
-//! underfull nodes), scans in both directions, count, and a structural verifier. Trees are named
-//! in the engine's catalog so that a reopened engine finds them.
+//! underfull nodes), scans in both directions, count. [`verify`] walks a whole tree and checks
+//! its structure, through guards or straight from a page store (`shoal inspect`). Trees are
+//! named in the engine's catalog so that a reopened engine finds them.
 //!
 //! It must not know how pages move between memory, nodes and NVMe: it only takes guards from a
-//! [`shoal_engine::Worker`].
+//! [`shoal_engine::Worker`] (or, for the verifier, page images from a reader its caller gives).
 
 pub mod error;
 pub mod key;
 pub mod node;
 pub mod tree;
+pub mod verify;
 
 pub use error::TreeError;
 pub use key::{decode_u64, u64_key, KeyBuilder};
 pub use node::{MAX_KEY, MAX_RECORD};
 pub use tree::{BTree, Direction, Put, LOOKUP_GROUP};
+pub use verify::{verify_tree, TreeReport};

@@ -249,6 +249,85 @@ pub fn entry_space(klen: usize, vlen: usize) -> usize {
     SLOT + klen + vlen
 }
 
+/// Check that a page image is a well-formed node, so that [`NodeMut`] may read it without
+/// going out of bounds, and that its byte accounting is exact: kind and counts in range, slots,
+/// keys, values and fences inside the heap and not overlapping, each slot's head equal to its
+/// key's, key and record sizes within [`MAX_KEY`] and [`MAX_RECORD`], and heap bytes = fences +
+/// live keys and values + dead bytes. For the structural verifier (`crate::verify`) and
+/// `shoal inspect`; the operations trust the pages they wrote.
+pub fn check_layout(b: &[u8; PAGE_DATA_SIZE]) -> Result<(), String> {
+    let kind = b[KIND];
+    if kind != KIND_LEAF && kind != KIND_INNER {
+        return Err(format!("node kind {kind} (not a leaf or an inner node)"));
+    }
+    let count = g16(b, COUNT);
+    let heap = g16(b, HEAP);
+    if count > MAX_SLOTS {
+        return Err(format!("{count} slots (at most {MAX_SLOTS} fit a page)"));
+    }
+    if heap > PAGE_DATA_SIZE || heap < HEADER + count * SLOT {
+        return Err(format!(
+            "heap starts at {heap}, outside {}..={PAGE_DATA_SIZE}",
+            HEADER + count * SLOT
+        ));
+    }
+    // (offset, length, what) of every heap object
+    let mut objects: Vec<(usize, usize, String)> = Vec::with_capacity(count + 2);
+    for (bit, off, len, what) in [(1, LOW_OFF, LOW_LEN, "lower"), (2, UP_OFF, UP_LEN, "upper")] {
+        if b[FLAGS] & bit != 0 {
+            let len = g16(b, len);
+            if len > MAX_KEY {
+                return Err(format!("{what} fence of {len} bytes (at most {MAX_KEY})"));
+            }
+            objects.push((g16(b, off), len, format!("{what} fence")));
+        }
+    }
+    for i in 0..count {
+        let s = slot(i);
+        let (off, klen, vlen) = (g16(b, s + 8), g16(b, s + 10), g16(b, s + 12));
+        if klen > MAX_KEY || klen + vlen > MAX_RECORD {
+            return Err(format!(
+                "slot {i}: key {klen} and value {vlen} bytes (too long)"
+            ));
+        }
+        if kind == KIND_INNER && vlen != 0 {
+            return Err(format!("inner slot {i} has a {vlen}-byte value"));
+        }
+        objects.push((off, klen + vlen, format!("slot {i}")));
+    }
+    let mut live = 0;
+    for (off, len, what) in &objects {
+        if *off < heap || off + len > PAGE_DATA_SIZE {
+            return Err(format!(
+                "{what}: bytes {off}..{} outside the heap {heap}..{PAGE_DATA_SIZE}",
+                off + len
+            ));
+        }
+        live += len;
+    }
+    objects.sort_unstable_by_key(|o| o.0);
+    for pair in objects.windows(2) {
+        if pair[0].0 + pair[0].1 > pair[1].0 {
+            return Err(format!("{} overlaps {}", pair[0].2, pair[1].2));
+        }
+    }
+    for i in 0..count {
+        let s = slot(i);
+        let key = &b[g16(b, s + 8)..][..g16(b, s + 10)];
+        if g64(b, s) != head(key) {
+            return Err(format!("slot {i}: the head does not match the key"));
+        }
+    }
+    let dead = g16(b, DEAD);
+    if PAGE_DATA_SIZE - heap != live + dead {
+        return Err(format!(
+            "heap accounting: {} heap bytes, {live} live + {dead} dead",
+            PAGE_DATA_SIZE - heap
+        ));
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 // Writing (a private copy of the page, from `ExclusiveGuard::modify`)
 

@@ -26,6 +26,7 @@
 
 use crate::error::TreeError;
 use crate::node::{self, Entry, NodeMut, KIND_INNER, KIND_LEAF, MAX_KEY, MAX_RECORD, NO_PAGE};
+use crate::verify::{verify_tree, TreeReport};
 use shoal_engine::{
     EngineError, ExclusiveGuard, OpResult, OptimisticGuard, PageRef, Pid, Restart, SharedGuard,
     Worker, PAGE_DATA_SIZE,
@@ -741,97 +742,19 @@ impl BTree {
         Ok(n)
     }
 
-    /// Check the whole tree's structure (sorted keys, keys inside fences, levels, sibling
-    /// chain). For tests and `shoal inspect`; takes shared latches node by node, so run it
-    /// while the tree is quiet. Returns (entries, height).
-    pub fn verify(&self, w: &Worker) -> Result<(u64, u16), String> {
-        let mut leaves = Vec::new();
-        let (entries, height) = self.verify_node(w, self.root, None, None, None, &mut leaves)?;
-        for pair in leaves.windows(2) {
-            if pair[0].1 != pair[1].0.raw() {
-                return Err(format!(
-                    "leaf {} links to {:#x}, expected the next leaf {}",
-                    pair[0].0, pair[0].1, pair[1].0
-                ));
-            }
-        }
-        if let Some(last) = leaves.last() {
-            if last.1 != NO_PAGE {
-                return Err(format!("last leaf {} has a right link", last.0));
-            }
-        }
-        Ok((entries, height))
-    }
-
-    fn verify_node(
-        &self,
-        w: &Worker,
-        pid: Pid,
-        lower: Option<&[u8]>,
-        upper: Option<&[u8]>,
-        level: Option<u16>,
-        leaves: &mut Vec<(Pid, u64)>,
-    ) -> Result<(u64, u16), String> {
-        let (kind, lvl, entries, up, right, fences) = w
-            .run(|w| {
+    /// Check the whole tree's structure (see [`crate::verify`]): node layouts, sorted keys
+    /// inside fences, levels, right links on every level, no page reached twice. Takes shared
+    /// latches node by node, so run it while the tree is quiet.
+    pub fn verify(&self, w: &Worker) -> Result<TreeReport, String> {
+        verify_tree(self.root, |pid| {
+            w.run(|w| {
                 let g = w.shared(pid)?;
                 let mut copy = Box::new([0u8; shoal_engine::PAGE_DATA_SIZE]);
                 copy.copy_from_slice(g.data());
-                let n = NodeMut::new(&mut copy);
-                Ok((
-                    n.kind(),
-                    n.level(),
-                    n.entries(),
-                    n.upper_child(),
-                    n.right(),
-                    n.fences(),
-                ))
+                Ok(copy)
             })
-            .map_err(|e| e.to_string())?;
-        if let Some(l) = level {
-            if l != lvl {
-                return Err(format!("node {pid} has level {lvl}, expected {l}"));
-            }
-        }
-        if fences.0.as_deref() != lower || fences.1.as_deref() != upper {
-            return Err(format!(
-                "node {pid} fences {fences:?} != ({lower:?}, {upper:?})"
-            ));
-        }
-        for (i, (k, _)) in entries.iter().enumerate() {
-            if i > 0 && entries[i - 1].0 >= *k {
-                return Err(format!("node {pid}: keys out of order at {i}"));
-            }
-            if lower.is_some_and(|l| k.as_slice() <= l) || upper.is_some_and(|u| k.as_slice() > u) {
-                return Err(format!("node {pid}: key {i} outside its fences"));
-            }
-        }
-        match kind {
-            KIND_LEAF => {
-                if lvl != 0 {
-                    return Err(format!("leaf {pid} at level {lvl}"));
-                }
-                leaves.push((pid, right));
-                Ok((entries.len() as u64, 1))
-            }
-            KIND_INNER => {
-                let mut total = 0;
-                let mut lo = lower.map(|l| l.to_vec());
-                for (k, v) in &entries {
-                    let c = Pid(u64::from_le_bytes(
-                        v[..8].try_into().map_err(|_| "bad child")?,
-                    ));
-                    let (n, _) =
-                        self.verify_node(w, c, lo.as_deref(), Some(k), Some(lvl - 1), leaves)?;
-                    total += n;
-                    lo = Some(k.clone());
-                }
-                let (n, _) =
-                    self.verify_node(w, Pid(up), lo.as_deref(), upper, Some(lvl - 1), leaves)?;
-                Ok((total + n, lvl + 1))
-            }
-            k => Err(format!("page {pid} has node kind {k}")),
-        }
+            .map_err(|e| e.to_string())
+        })
     }
 }
 

@@ -156,7 +156,8 @@ fn stress(cache: usize, per_thread: u32, ops: usize) {
                 assert_eq!(found, set.contains(&i), "thread {t} key {i}");
             }
         }
-        let (n, height) = tree.verify(&w).unwrap();
+        let r = tree.verify(&w).unwrap();
+        let (n, height) = (r.entries, r.height);
         assert_eq!(n, total as u64);
         assert_eq!(tree.count(&w).unwrap(), total as u64);
         height
@@ -208,7 +209,7 @@ fn parallel_ascending_loads_leave_full_leaves() {
         }
     });
     let w = e.worker();
-    assert_eq!(t.verify(&w).unwrap().0, 2 * per);
+    assert_eq!(t.verify(&w).unwrap().entries, 2 * per);
     // a leaf holds (4080 - 40 - 16) / (24 + 8 + 128) = 25 such records
     let ideal_leaves = 2 * per / 25;
     let pages = e.store().high_water();
@@ -235,7 +236,7 @@ fn drain(cache: usize, per_thread: u32) {
             });
         }
     });
-    let (_, loaded_height) = tree.verify(&e.worker()).unwrap();
+    let loaded_height = tree.verify(&e.worker()).unwrap().height;
     let loaded_pages = e.store().slots_in_use();
     let finals: Vec<BTreeSet<u32>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..THREADS)
@@ -314,7 +315,8 @@ fn drain(cache: usize, per_thread: u32) {
         }
     }
     let total: usize = finals.iter().map(BTreeSet::len).sum();
-    let (n, height) = tree.verify(&w).unwrap();
+    let r = tree.verify(&w).unwrap();
+    let (n, height) = (r.entries, r.height);
     assert_eq!(n, total as u64);
     let pages = e.store().slots_in_use();
     eprintln!(

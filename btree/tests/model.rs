@@ -103,8 +103,8 @@ proptest! {
             }
         }
         prop_assert_eq!(t.count(&w).unwrap(), m.len() as u64);
-        let (n, _) = t.verify(&w).map_err(TestCaseError::fail)?;
-        prop_assert_eq!(n, m.len() as u64);
+        let report = t.verify(&w).map_err(TestCaseError::fail)?;
+        prop_assert_eq!(report.entries, m.len() as u64);
         let mut all = Vec::new();
         t.scan(&w, &[], Direction::Ascending, |k, v| { all.push((k.to_vec(), v.to_vec())); true }).unwrap();
         prop_assert_eq!(all, m.into_iter().collect::<Vec<_>>());
@@ -132,7 +132,7 @@ fn oversized_keys_and_values_are_refused_cleanly() {
             .insert(&w, &k, &vec![i as u8; shoal_btree::MAX_RECORD - 256])
             .unwrap());
     }
-    assert_eq!(t.verify(&w).unwrap().0, 50);
+    assert_eq!(t.verify(&w).unwrap().entries, 50);
     assert!(matches!(
         BTree::create(&w, "t"),
         Err(shoal_btree::TreeError::Exists(_))
@@ -154,7 +154,8 @@ fn model_sized_runs_split_and_evict() {
     for i in 0..1500u32 {
         t.upsert(&w, &i.to_be_bytes(), &[i as u8; 299]).unwrap();
     }
-    let (n, height) = t.verify(&w).unwrap();
+    let r = t.verify(&w).unwrap();
+    let (n, height) = (r.entries, r.height);
     assert_eq!(n, 1500);
     assert!(height >= 2, "height {height}");
     for i in 0..20_000u32 {
@@ -166,7 +167,7 @@ fn model_sized_runs_split_and_evict() {
         "a 1 MiB cache must evict: {:?}",
         e.stats()
     );
-    assert_eq!(t.verify(&w).unwrap().0, 21_500);
+    assert_eq!(t.verify(&w).unwrap().entries, 21_500);
 }
 
 #[test]
@@ -186,7 +187,7 @@ fn removes_merge_nodes_and_free_their_pages() {
             .insert(&w, &shoal_btree::u64_key(k), &[k as u8; 100])
             .unwrap());
     }
-    let (_, height) = t.verify(&w).unwrap();
+    let height = t.verify(&w).unwrap().height;
     assert!(height >= 3, "height {height}");
     let full = e.store().slots_in_use();
     // keep every 50th key
@@ -195,9 +196,12 @@ fn removes_merge_nodes_and_free_their_pages() {
             assert!(t.remove(&w, &shoal_btree::u64_key(k)).unwrap());
         }
     }
-    let (left, lower) = t.verify(&w).unwrap();
+    let thin = t.verify(&w).unwrap();
+    let (left, lower) = (thin.entries, thin.height);
     assert_eq!(left, n / 50);
     let thinned = e.store().slots_in_use();
+    // every page in use is the catalog's or the tree's: merges leak none
+    assert_eq!(thinned, 1 + thin.pages.len() as u64);
     // 1,200 records of 132 bytes fit in ~40 leaves; allow for leaves merged only to half
     assert!(
         thinned * 10 < full,
@@ -214,7 +218,7 @@ fn removes_merge_nodes_and_free_their_pages() {
     let w = e.worker();
     let t = BTree::open(&w, "t").unwrap();
     assert_eq!(e.store().slots_in_use(), thinned);
-    assert_eq!(t.verify(&w).unwrap(), (left, lower));
+    assert_eq!(t.verify(&w).unwrap(), thin);
     for k in 0..n {
         let v = t.get(&w, &shoal_btree::u64_key(k)).unwrap();
         assert_eq!(v, (k % 50 == 0).then(|| vec![k as u8; 100]), "key {k}");
@@ -222,9 +226,10 @@ fn removes_merge_nodes_and_free_their_pages() {
     for k in (0..n).step_by(50) {
         assert!(t.remove(&w, &shoal_btree::u64_key(k)).unwrap());
     }
+    let empty = t.verify(&w).unwrap();
     assert_eq!(
-        t.verify(&w).unwrap(),
-        (0, 1),
+        (empty.entries, empty.height, empty.pages.len()),
+        (0, 1, 1),
         "an empty tree is one root leaf"
     );
     // the catalog page, the root and nothing else
@@ -237,5 +242,5 @@ fn removes_merge_nodes_and_free_their_pages() {
     for k in 0..5_000u64 {
         assert!(t.insert(&w, &shoal_btree::u64_key(k), b"again").unwrap());
     }
-    assert_eq!(t.verify(&w).unwrap().0, 5_000);
+    assert_eq!(t.verify(&w).unwrap().entries, 5_000);
 }

@@ -399,7 +399,7 @@ mod tests {
         let p = dir.path().join("x");
         std::fs::write(&p, vec![1u8; PAGE_SIZE]).unwrap();
         assert!(matches!(
-            StoreReader::open(&[p.clone()]),
+            StoreReader::open(std::slice::from_ref(&p)),
             Err(StoreError::NotAStore { .. })
         ));
         std::fs::write(&p, b"short").unwrap();
