@@ -17,7 +17,12 @@ use shoal_storage::PAGE_DATA_SIZE;
 pub const MAX_NAME: usize = 255;
 const HEADER: usize = 8;
 
-fn parse(data: &[u8]) -> Result<Vec<(String, Pid)>, EngineError> {
+/// The entries of a catalog page's data area (also for tools that read a store without an
+/// engine, such as `shoal inspect`). A malformed page is an error, never a panic.
+pub fn parse(data: &[u8]) -> Result<Vec<(String, Pid)>, EngineError> {
+    if data.len() < HEADER {
+        return Err(EngineError::Catalog("the catalog page is truncated".into()));
+    }
     let count = u16::from_le_bytes([data[0], data[1]]) as usize;
     let mut out = Vec::with_capacity(count);
     let mut off = HEADER;

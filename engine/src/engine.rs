@@ -413,10 +413,9 @@ fn prepare_data_dir(cfg: &EngineConfig) -> Result<File, EngineError> {
         }
         Err(e) => return Err(err(e.to_string())),
     }
-    let path = dir.join(format!("node{}.lock", cfg.node_id));
+    let path = lock_path(dir, cfg.node_id);
     let f = File::create(&path).map_err(|e| err(format!("cannot create lock file: {e}")))?;
-    // SAFETY: flock on a file descriptor we own; no memory is involved.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    if !try_flock(&f, libc::LOCK_EX) {
         return Err(err(format!(
             "node {} store is in use by another process (lock {})",
             cfg.node_id,
@@ -424,6 +423,44 @@ fn prepare_data_dir(cfg: &EngineConfig) -> Result<File, EngineError> {
         )));
     }
     Ok(f)
+}
+
+/// The lock file of node `node`'s store in `dir`: an engine holds it exclusively while open.
+fn lock_path(dir: &std::path::Path, node: u8) -> std::path::PathBuf {
+    dir.join(format!("node{node}.lock"))
+}
+
+/// `flock(f, how | LOCK_NB)`: whether the lock was taken.
+fn try_flock(f: &File, how: libc::c_int) -> bool {
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    unsafe { libc::flock(f.as_raw_fd(), how | libc::LOCK_NB) == 0 }
+}
+
+/// Lock node `node`'s store in `dir` for reading without an engine (`shoal inspect`): a shared
+/// lock, so no engine can open the store while it is held, and an error if an engine has it
+/// open now. Creates nothing: `Ok(None)` if no engine ever opened the store in `dir`.
+pub fn lock_for_reading(dir: &std::path::Path, node: u8) -> Result<Option<File>, EngineError> {
+    let path = lock_path(dir, node);
+    let f = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(EngineError::DataDir {
+                path: dir.to_path_buf(),
+                why: format!("cannot open lock file {}: {e}", path.display()),
+            })
+        }
+    };
+    if !try_flock(&f, libc::LOCK_SH) {
+        return Err(EngineError::DataDir {
+            path: dir.to_path_buf(),
+            why: format!(
+                "node {node} store is in use by a running engine (lock {}); stop it first",
+                path.display()
+            ),
+        });
+    }
+    Ok(Some(f))
 }
 
 impl Inner {

@@ -61,7 +61,7 @@ pub mod wire;
 pub use cluster::Cluster;
 pub use cluster_file::{join, ClusterFile};
 pub use config::{format_bytes, parse_bytes, EngineConfig, MIN_CACHE_FRAMES};
-pub use engine::{Engine, Membership, ProtocolStats};
+pub use engine::{lock_for_reading, Engine, Membership, ProtocolStats};
 pub use error::{EngineError, OpResult, Restart};
 pub use guard::{ExclusiveGuard, OptimisticGuard, SharedGuard, Worker};
 pub use page::{PageMut, PageRef};

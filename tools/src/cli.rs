@@ -172,15 +172,20 @@ pub fn data_dir(
     }
 }
 
-/// A progress bar over `len` `unit`s (hidden with `quiet`).
+/// A loading progress bar over `len` `unit`s (hidden with `quiet`).
 pub fn progress(len: u64, unit: &str, quiet: bool) -> indicatif::ProgressBar {
+    progress_bar(len, "load", unit, quiet)
+}
+
+/// A progress bar labelled `what` over `len` `unit`s (hidden with `quiet`).
+pub fn progress_bar(len: u64, what: &str, unit: &str, quiet: bool) -> indicatif::ProgressBar {
     if quiet {
         return indicatif::ProgressBar::hidden();
     }
     let b = indicatif::ProgressBar::new(len);
     b.set_style(
         indicatif::ProgressStyle::with_template(&format!(
-            "load {{bar:40}} {{pos}}/{{len}} {unit} ({{per_sec}}, eta {{eta}})"
+            "{what} {{bar:40}} {{pos}}/{{len}} {unit} ({{per_sec}}, eta {{eta}})"
         ))
         .expect("template"),
     );

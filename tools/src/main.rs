@@ -1,11 +1,13 @@
 //! # shoal: the command line
 //!
-//! This crate owns the `shoal` binary and its workload drivers: `shoal ycsb`, `shoal tpcc` and
-//! `shoal node` (one node of a multi-process cluster, checking that no update is lost). It uses
+//! This crate owns the `shoal` binary and its workload drivers: `shoal ycsb`, `shoal tpcc`,
+//! `shoal node` (one node of a multi-process cluster, checking that no update is lost) and
+//! `shoal inspect` (a data directory checked without an engine). It uses
 //! only the public APIs of shoal-engine and shoal-btree; it must not reach into engine
 //! internals.
 
 mod cli;
+mod inspect;
 mod node;
 mod tpcc;
 mod value;
@@ -37,6 +39,9 @@ enum Cmd {
     /// Load a TPC-C database and run the standard transaction mix; `--check` verifies the
     /// consistency conditions afterwards.
     Tpcc(tpcc::Args),
+    /// Check a data directory without starting an engine: superblocks, every page's checksum,
+    /// and the structure of every B-tree in the catalog. Writes nothing.
+    Inspect(inspect::Args),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +51,7 @@ fn main() -> ExitCode {
         Cmd::Ycsb(a) => ycsb::run(a),
         Cmd::Node(a) => node::run(a),
         Cmd::Tpcc(a) => tpcc::run(a),
+        Cmd::Inspect(a) => inspect::run(a),
     };
     match r {
         Ok(code) => code,

@@ -1,0 +1,475 @@
+//! `shoal inspect DIR`: check the stores in a data directory without starting an engine.
+//!
+//! For every node whose device files (`node<N>-<i>.dat`) are in DIR: the superblocks (format,
+//! cluster and node id, device set, clean flag, allocator mark, free list), then every slot
+//! below the allocator's mark read and verified (checksum, page id), then every B-tree named in
+//! the catalog walked from its root with the tree's structural verifier (layouts, key order,
+//! fences, levels, right links, no page reached twice). Nothing in DIR is written; a running
+//! engine's store is refused (its lock file is held), and an engine cannot open a store while
+//! it is inspected.
+//!
+//! Exit status: 0 when everything checks out, 1 when anything is corrupt or broken, 2 when
+//! DIR cannot be inspected at all (no store, unreadable device, an engine is running).
+
+use crate::cli::progress_bar;
+use serde_json::json;
+use shoal_btree::{verify_tree, TreeReport};
+use shoal_engine::{catalog, lock_for_reading, Pid, PAGE_DATA_SIZE};
+use shoal_storage::inspect::{SlotScan, StoreReader};
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Data directory holding the device files `node<N>-<i>.dat` (the `--data-dir` of `shoal
+    /// ycsb`/`shoal tpcc`, or a node's `data_dir` in a cluster file).
+    pub dir: PathBuf,
+    /// Also write the report as JSON to this file (`-` for standard output, instead of the
+    /// summary).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Check superblocks and page checksums only, not the B-trees.
+    #[arg(long)]
+    pub no_trees: bool,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// One node's store in DIR.
+struct NodeReport {
+    node: u8,
+    devices: Vec<PathBuf>,
+    reader: StoreReader,
+    /// `None`: unclean store (its free list is stale).
+    free: Option<HashSet<u64>>,
+    scan: SlotScan,
+}
+
+/// One catalog entry.
+struct Entry {
+    name: String,
+    root: Pid,
+    /// `Ok(None)`: the root is not a B-tree node (some other page the application named).
+    result: Result<Option<TreeReport>, String>,
+}
+
+pub fn run(a: Args) -> Result<ExitCode, String> {
+    let nodes = find_stores(&a.dir)?;
+    // Hold every node's lock (shared) for the whole inspection.
+    let mut _locks = Vec::new();
+    for (node, store) in &nodes {
+        _locks.push(lock_for_reading(&store.dir, *node).map_err(|e| e.to_string())?);
+    }
+    let mut reports = Vec::new();
+    for (node, Store { devices, .. }) in nodes {
+        let reader = StoreReader::open(&devices).map_err(|e| format!("node {node}: {e}"))?;
+        let free = reader
+            .free_slots()
+            .map_err(|e| format!("node {node}: {e}"))?
+            .map(|f| f.into_iter().collect::<HashSet<u64>>());
+        let bar = progress_bar(
+            reader.slot_limit(),
+            &format!("node {node}: check"),
+            "pages",
+            a.quiet || a.json.as_deref() == Some(Path::new("-")),
+        );
+        let scan = reader.scan(
+            free.as_ref().unwrap_or(&HashSet::new()),
+            |slot| Pid::new(node, slot).raw(),
+            |done| bar.set_position(done),
+        );
+        bar.finish_and_clear();
+        reports.push(NodeReport {
+            node,
+            devices,
+            reader,
+            free,
+            scan,
+        });
+    }
+    let mut problems: Vec<String> = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    for r in &reports {
+        let sb = r.reader.superblock();
+        if !sb.clean {
+            notes.push(format!(
+                "node {}: not shut down cleanly: pages written since the last clean shutdown may \
+                 be missing; slots up to the end of the devices were checked",
+                r.node
+            ));
+        }
+        if sb.node_id != r.node as u32 {
+            problems.push(format!(
+                "node {}: its files hold the store of node {}",
+                r.node, sb.node_id
+            ));
+        }
+        for (slot, why) in &r.scan.corrupt_slots {
+            problems.push(format!("node {} slot {slot}: {why}", r.node));
+        }
+        if r.scan.corrupt > r.scan.corrupt_slots.len() as u64 {
+            problems.push(format!(
+                "node {}: {} more corrupt slots",
+                r.node,
+                r.scan.corrupt - r.scan.corrupt_slots.len() as u64
+            ));
+        }
+        if sb.clean && r.scan.never_written > 0 {
+            notes.push(format!(
+                "node {}: {} slots in use were never written (first: {:?})",
+                r.node,
+                r.scan.never_written,
+                &r.scan.never_written_slots[..r.scan.never_written_slots.len().min(10)]
+            ));
+        }
+    }
+    let clusters: HashSet<u64> = reports
+        .iter()
+        .map(|r| r.reader.superblock().cluster_id)
+        .collect();
+    if clusters.len() > 1 {
+        problems.push(format!(
+            "the stores in {} belong to different clusters: {clusters:?}",
+            a.dir.display()
+        ));
+    }
+
+    let (entries, in_trees) = if a.no_trees {
+        (None, None)
+    } else {
+        match check_trees(&reports) {
+            Ok((entries, pages)) => (Some(entries), Some(pages)),
+            Err(e) => {
+                problems.push(e);
+                (None, None)
+            }
+        }
+    };
+    for e in entries.iter().flatten() {
+        if let Err(why) = &e.result {
+            problems.push(format!("tree '{}' (root {}): {why}", e.name, e.root));
+        }
+    }
+    // Pages in use that no tree reaches: the catalog page, pages the application keeps
+    // outside trees, or leaked ones. Counted only when every tree checked out.
+    let outside: Option<BTreeMap<u8, u64>> = in_trees
+        .filter(|_| entries.iter().flatten().all(|e| e.result.is_ok()))
+        .map(|pages| {
+            reports
+                .iter()
+                .map(|r| {
+                    let mine = pages.iter().filter(|p| p.node() == r.node).count() as u64;
+                    (r.node, r.scan.intact.saturating_sub(mine))
+                })
+                .collect()
+        });
+
+    let ok = problems.is_empty();
+    let doc = json!({
+        "dir": a.dir.display().to_string(),
+        "ok": ok,
+        "nodes": reports.iter().map(|r| node_json(r, outside.as_ref())).collect::<Vec<_>>(),
+        "catalog": entries.as_ref().map(|es| es.iter().map(entry_json).collect::<Vec<_>>()),
+        "problems": problems,
+        "notes": notes,
+    });
+    match a.json.as_deref() {
+        Some(p) if p == Path::new("-") => {
+            println!("{}", serde_json::to_string_pretty(&doc).expect("json"))
+        }
+        other => {
+            print_summary(
+                &a.dir,
+                &reports,
+                entries.as_deref(),
+                outside.as_ref(),
+                &problems,
+                &notes,
+            );
+            if let Some(path) = other {
+                std::fs::write(
+                    path,
+                    serde_json::to_string_pretty(&doc).expect("json") + "\n",
+                )
+                .map_err(|e| format!("--json {}: {e}", path.display()))?;
+            }
+        }
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// One node's store: the directory holding its files and lock, and its device files in
+/// stripe order.
+struct Store {
+    dir: PathBuf,
+    devices: Vec<PathBuf>,
+}
+
+/// The stores in `dir`: device files right in it, and in subdirectories `node<i>` (where
+/// `shoal ycsb --data-dir` puts the nodes of a cluster).
+fn find_stores(dir: &Path) -> Result<BTreeMap<u8, Store>, String> {
+    let mut found: BTreeMap<u8, (PathBuf, BTreeMap<usize, PathBuf>)> = BTreeMap::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    let mut i = 0;
+    while i < dirs.len() {
+        let list =
+            std::fs::read_dir(&dirs[i]).map_err(|e| format!("{}: {e}", dirs[i].display()))?;
+        for entry in list {
+            let entry = entry.map_err(|e| format!("{}: {e}", dirs[i].display()))?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if i == 0 && entry.path().is_dir() && parse_node_dir(name).is_some() {
+                dirs.push(entry.path());
+                continue;
+            }
+            let Some((node, index)) = parse_device_name(name) else {
+                continue;
+            };
+            let (at, files) = found
+                .entry(node)
+                .or_insert_with(|| (dirs[i].clone(), BTreeMap::new()));
+            if *at != dirs[i] {
+                return Err(format!(
+                    "device files of node {node} in both {} and {}",
+                    at.display(),
+                    dirs[i].display()
+                ));
+            }
+            files.insert(index, entry.path());
+        }
+        i += 1;
+    }
+    if found.is_empty() {
+        return Err(format!(
+            "no Shoal store in {}: expected device files named node<N>-<i>.dat (in it or in \
+             subdirectories node<N>)",
+            dir.display()
+        ));
+    }
+    found
+        .into_iter()
+        .map(|(node, (at, files))| {
+            // stripe order: node<N>-0.dat, -1, ... without gaps
+            if let Some((i, _)) = files.keys().enumerate().find(|(i, k)| i != *k) {
+                return Err(format!(
+                    "node {node}: device file node{node}-{i}.dat is missing from {}",
+                    at.display()
+                ));
+            }
+            let devices = files.into_values().collect();
+            Ok((node, Store { dir: at, devices }))
+        })
+        .collect()
+}
+
+/// `node<N>` -> N.
+fn parse_node_dir(name: &str) -> Option<u8> {
+    name.strip_prefix("node")?.parse().ok()
+}
+
+/// `node<N>-<i>.dat` -> (N, i).
+fn parse_device_name(name: &str) -> Option<(u8, usize)> {
+    let (node, index) = name
+        .strip_prefix("node")?
+        .strip_suffix(".dat")?
+        .split_once('-')?;
+    let node: u8 = node.parse().ok()?;
+    ((node as usize) < shoal_engine::MAX_NODES).then_some(())?;
+    Some((node, index.parse().ok()?))
+}
+
+/// Walk every catalog entry whose root is a B-tree node. Returns the entries and every page
+/// the trees (and the catalog) occupy. Fails only if the catalog itself cannot be read.
+fn check_trees(reports: &[NodeReport]) -> Result<(Vec<Entry>, HashSet<Pid>), String> {
+    let read = |pid: Pid| -> Result<Box<[u8; PAGE_DATA_SIZE]>, String> {
+        let r = reports
+            .iter()
+            .find(|r| r.node == pid.node())
+            .ok_or_else(|| {
+                format!(
+                    "page {pid} is on node {}, whose store is not here",
+                    pid.node()
+                )
+            })?;
+        if r.free.as_ref().is_some_and(|f| f.contains(&pid.slot())) {
+            return Err(format!("page {pid} is a free slot"));
+        }
+        if pid.slot() >= r.reader.slot_limit() {
+            return Err(format!(
+                "page {pid} lies beyond its store's allocated slots"
+            ));
+        }
+        let page = r
+            .reader
+            .read(pid.slot(), pid.raw())
+            .map_err(|e| e.to_string())?;
+        let mut data = Box::new([0u8; PAGE_DATA_SIZE]);
+        data.copy_from_slice(&page[..PAGE_DATA_SIZE]);
+        Ok(data)
+    };
+    let cat = read(Pid::CATALOG).map_err(|e| format!("the catalog: {e}"))?;
+    let names = catalog::parse(&cat[..]).map_err(|e| e.to_string())?;
+    let mut pages: HashSet<Pid> = HashSet::from([Pid::CATALOG]);
+    let mut out = Vec::with_capacity(names.len());
+    for (name, root) in names {
+        let result = match read(root) {
+            Err(e) => Err(e),
+            Ok(p)
+                if !matches!(
+                    p[0],
+                    shoal_btree::node::KIND_LEAF | shoal_btree::node::KIND_INNER
+                ) =>
+            {
+                pages.insert(root);
+                Ok(None)
+            }
+            Ok(_) => verify_tree(root, read).map(|t| {
+                pages.extend(t.pages.iter().copied());
+                Some(t)
+            }),
+        };
+        out.push(Entry { name, root, result });
+    }
+    Ok((out, pages))
+}
+
+fn node_json(r: &NodeReport, outside: Option<&BTreeMap<u8, u64>>) -> serde_json::Value {
+    let sb = r.reader.superblock();
+    json!({
+        "node": r.node,
+        "devices": r.devices.iter().zip(r.reader.device_bytes()).map(|(p, b)| json!({
+            "path": p.display().to_string(), "bytes": b,
+        })).collect::<Vec<_>>(),
+        "format_version": sb.format_version,
+        "cluster_id": sb.cluster_id,
+        "clean": sb.clean,
+        "allocated_slots": sb.next_slot,
+        "capacity_slots": sb.capacity,
+        "slots_checked": r.scan.slots,
+        "free": r.free.as_ref().map(HashSet::len),
+        "intact": r.scan.intact,
+        "never_written": r.scan.never_written,
+        "corrupt": r.scan.corrupt,
+        "corrupt_slots": r.scan.corrupt_slots.iter().map(|(s, why)| json!({
+            "slot": s, "pid": Pid::new(r.node, *s).raw(), "error": why,
+        })).collect::<Vec<_>>(),
+        "pages_outside_trees": outside.and_then(|o| o.get(&r.node)),
+    })
+}
+
+fn entry_json(e: &Entry) -> serde_json::Value {
+    let mut v = json!({ "name": e.name, "root": e.root.raw() });
+    match &e.result {
+        Ok(Some(t)) => {
+            v["btree"] = json!({
+                "entries": t.entries, "height": t.height, "leaves": t.leaves,
+                "inner_nodes": t.inner_nodes, "pages": t.pages.len(), "fill": t.fill(),
+            })
+        }
+        Ok(None) => v["btree"] = serde_json::Value::Null,
+        Err(why) => v["error"] = json!(why),
+    }
+    v
+}
+
+fn print_summary(
+    dir: &Path,
+    reports: &[NodeReport],
+    entries: Option<&[Entry]>,
+    outside: Option<&BTreeMap<u8, u64>>,
+    problems: &[String],
+    notes: &[String],
+) {
+    println!("inspect {}", dir.display());
+    for r in reports {
+        let sb = r.reader.superblock();
+        let bytes: u64 = r.reader.device_bytes().iter().sum();
+        println!(
+            "node {}: {} device(s), {}, format {}, cluster {}, {}",
+            r.node,
+            r.devices.len(),
+            shoal_engine::format_bytes(bytes),
+            sb.format_version,
+            sb.cluster_id,
+            if sb.clean {
+                "clean"
+            } else {
+                "NOT shut down cleanly"
+            }
+        );
+        let free = r
+            .free
+            .as_ref()
+            .map_or("unknown (unclean)".to_string(), |f| f.len().to_string());
+        println!(
+            "  slots: {} allocated, {free} free; checked {}: {} intact, {} never written, {} corrupt{}",
+            sb.next_slot,
+            r.scan.slots,
+            r.scan.intact,
+            r.scan.never_written,
+            r.scan.corrupt,
+            outside
+                .and_then(|o| o.get(&r.node))
+                .map_or(String::new(), |n| format!("; {n} in use outside every tree"))
+        );
+    }
+    match entries {
+        None => println!("catalog: not checked"),
+        Some(es) => {
+            println!(
+                "catalog: {} entr{}",
+                es.len(),
+                if es.len() == 1 { "y" } else { "ies" }
+            );
+            for e in es {
+                match &e.result {
+                    Ok(Some(t)) => println!(
+                        "  {:<24} B-tree: {} entries, height {}, {} leaves + {} inner nodes, {:.0}% full",
+                        e.name,
+                        t.entries,
+                        t.height,
+                        t.leaves,
+                        t.inner_nodes,
+                        t.fill() * 100.0
+                    ),
+                    Ok(None) => println!("  {:<24} page {} (not a B-tree: not checked)", e.name, e.root),
+                    Err(why) => println!("  {:<24} BROKEN: {why}", e.name),
+                }
+            }
+        }
+    }
+    for n in notes {
+        println!("note: {n}");
+    }
+    if problems.is_empty() {
+        println!("ok: no problems found");
+    } else {
+        println!("{} problem(s):", problems.len());
+        for p in problems {
+            println!("  {p}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_device_name;
+
+    #[test]
+    fn device_names() {
+        assert_eq!(parse_device_name("node0-0.dat"), Some((0, 0)));
+        assert_eq!(parse_device_name("node12-3.dat"), Some((12, 3)));
+        assert_eq!(parse_device_name("node64-0.dat"), None);
+        assert_eq!(parse_device_name("node0.lock"), None);
+        assert_eq!(parse_device_name("node-0.dat"), None);
+        assert_eq!(parse_device_name("nodex-0.dat"), None);
+        assert_eq!(super::parse_node_dir("node3"), Some(3));
+        assert_eq!(super::parse_node_dir("nodes"), None);
+    }
+}
