@@ -650,7 +650,8 @@ impl BTree {
         });
         let mut lg = w.allocate()?;
         let mut rg = w.allocate()?;
-        let (left, sep, right, left_upper) = halves(kind, &entries, leaf_cut(&entries, last, key));
+        let (left, sep, right, left_upper) =
+            halves(kind, &entries, sequential_cut(kind, &entries, last, key));
         let (lpid, rpid) = (lg.pid(), rg.pid());
         lg.modify(|b| {
             let mut n = NodeMut::new(b);
@@ -764,66 +765,82 @@ fn node_value_offset(p: PageRef<'_>, i: usize) -> usize {
     p.u16(slot + 8) as usize + p.u16(slot + 10) as usize
 }
 
-/// How to divide a full node: left keeps `entries[..m]`, and the separator (left's upper
-/// fence) is `sep`.
+/// How to divide a full node. Leaves: left keeps `entries[..m]` and `sep` (left's upper fence)
+/// separates the halves. Inner nodes: left keeps `entries[..m - 1]`, `entries[m - 1]`'s key
+/// (= `sep`) moves up and its child becomes left's upper child; right keeps `entries[m..]`.
 struct Cut {
     m: usize,
     sep: Vec<u8>,
 }
 
-/// Split `entries` of a node of `kind` into (left, separator, right, left's upper child).
+/// Split `entries` of a node of `kind` into (left, separator, right, left's upper child), at
+/// `cut` or else in the middle (by bytes).
 fn halves(kind: u8, entries: &[Entry], cut: Option<Cut>) -> (&[Entry], Vec<u8>, &[Entry], u64) {
     let n = entries.len();
     assert!(n >= 2, "splitting a node with {n} entries");
-    if kind == KIND_LEAF {
-        if let Some(Cut { m, sep }) = cut {
-            return (&entries[..m], sep, &entries[m..], NO_PAGE);
+    let (m, sep) = match cut {
+        Some(Cut { m, sep }) => (m, sep),
+        None => {
+            // split by bytes, so nodes with mixed record sizes divide their space evenly
+            let total: usize = entries
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + node::SLOT)
+                .sum();
+            let mut acc = 0;
+            let mut m = 1;
+            for (i, (k, v)) in entries.iter().enumerate() {
+                acc += k.len() + v.len() + node::SLOT;
+                if acc * 2 >= total {
+                    m = (i + 1).clamp(1, n - 1);
+                    break;
+                }
+            }
+            (m, entries[m - 1].0.clone())
         }
-    }
-    // split by bytes, so nodes with mixed record sizes divide their space evenly
-    let total: usize = entries
-        .iter()
-        .map(|(k, v)| k.len() + v.len() + node::SLOT)
-        .sum();
-    let mut acc = 0;
-    let mut m = 1;
-    for (i, (k, v)) in entries.iter().enumerate() {
-        acc += k.len() + v.len() + node::SLOT;
-        if acc * 2 >= total {
-            m = (i + 1).clamp(1, n - 1);
-            break;
-        }
-    }
+    };
+    assert!((1..n).contains(&m), "cut {m} of {n} entries");
     if kind == KIND_LEAF {
-        // left keeps entries[..m]; the separator is its last key (upper fence, inclusive)
-        (
-            &entries[..m],
-            entries[m - 1].0.clone(),
-            &entries[m..],
-            NO_PAGE,
-        )
+        (&entries[..m], sep, &entries[m..], NO_PAGE)
     } else {
-        // entries[m-1]'s key moves up; its child becomes left's upper child
-        let (k, v) = &entries[m - 1];
+        let v = &entries[m - 1].1;
         let child = u64::from_le_bytes(v[..8].try_into().expect("inner values are pids"));
-        (&entries[..m - 1], k.clone(), &entries[m..], child)
+        (&entries[..m - 1], sep, &entries[m..], child)
     }
 }
 
-/// Sequential-insert detection for leaves. If the insert of `key` that needs the split goes
-/// right after the leaf's previous insert, the workload fills the key space in order (one
-/// ascending run, or several side by side, as parallel loaders of adjacent ranges do):
+/// Sequential-insert detection. If the insert of `key` that needs the split goes right after
+/// the node's previous insert, the workload fills the key space in order (one ascending run,
+/// or several side by side, as parallel loaders of adjacent ranges do); for an inner node the
+/// "insert" is the separator that `key`'s child will post when it splits. Then:
 ///
 /// - past the last entry: left keeps all but the last entry (the run continues on the right);
-/// - before existing entries: cut at the insertion point with a separator just below the first
-///   entry on the right, so the run keeps going left and never touches the right node again.
+/// - before existing entries: cut at the insertion point (leaves: with a separator just below
+///   the first entry on the right), so the run keeps going left and never touches the right
+///   node again.
 ///
-/// Either way nodes are left full instead of half full. Otherwise: `None` (split in the middle).
-fn leaf_cut(entries: &[Entry], last_insert: usize, key: &[u8]) -> Option<Cut> {
+/// Either way nodes are left full instead of half full: without it an ascending load leaves
+/// every inner node half full, and a tree of 200,000 records one level taller than it needs.
+/// Otherwise: `None` (split in the middle).
+fn sequential_cut(kind: u8, entries: &[Entry], last_insert: usize, key: &[u8]) -> Option<Cut> {
     let n = entries.len();
     let pos = entries.partition_point(|(k, _)| k.as_slice() < key);
     if pos != last_insert + 1 || pos == 0 {
         return None;
+    }
+    if kind == KIND_INNER {
+        // keep at least one separator in each half
+        return match pos {
+            _ if n < 4 => None,
+            p if p >= n => Some(Cut {
+                m: n - 1,
+                sep: entries[n - 2].0.clone(),
+            }),
+            p if p + 1 < n => Some(Cut {
+                m: p + 1,
+                sep: entries[p].0.clone(),
+            }),
+            _ => None,
+        };
     }
     if pos >= n {
         return Some(Cut {
@@ -910,7 +927,8 @@ fn split_child(
         let (k, l, e, u) = (n.kind(), n.level(), n.entries(), n.upper_child());
         (k, l, e, u, n.right(), n.fences(), n.last_insert())
     });
-    let (left, sep, rest, left_upper) = halves(kind, &entries, leaf_cut(&entries, last, key));
+    let (left, sep, rest, left_upper) =
+        halves(kind, &entries, sequential_cut(kind, &entries, last, key));
     let mut rg = w.allocate()?;
     let rpid = rg.pid();
     rg.modify(|b| {

@@ -33,6 +33,8 @@ pub struct TreeReport {
     pub bytes_used: u64,
     /// Every page of the tree, root first, then depth-first in key order.
     pub pages: Vec<Pid>,
+    /// Per level, leaves first: (nodes, bytes in use).
+    pub levels: Vec<(u64, u64)>,
 }
 
 impl TreeReport {
@@ -54,6 +56,7 @@ pub fn verify_tree(root: Pid, read: impl FnMut(Pid) -> PageImage) -> Result<Tree
         read,
         seen: HashSet::new(),
         levels: Vec::new(),
+        level_bytes: Vec::new(),
         report: TreeReport::default(),
     };
     let height = w.node(root, None, None, None)?;
@@ -77,6 +80,7 @@ pub fn verify_tree(root: Pid, read: impl FnMut(Pid) -> PageImage) -> Result<Tree
         }
     }
     w.report.height = height;
+    w.report.levels = w.level_bytes;
     Ok(w.report)
 }
 
@@ -84,6 +88,7 @@ struct Walk<R> {
     read: R,
     seen: HashSet<Pid>,
     levels: Vec<Vec<(Pid, u64)>>,
+    level_bytes: Vec<(u64, u64)>,
     report: TreeReport,
 }
 
@@ -107,7 +112,8 @@ impl<R: FnMut(Pid) -> PageImage> Walk<R> {
         node::check_layout(&page).map_err(|e| format!("node {pid}: {e}"))?;
         self.report.pages.push(pid);
         let n = NodeMut::new(&mut page);
-        self.report.bytes_used += (PAGE_DATA_SIZE - n.free_space()) as u64;
+        let used = (PAGE_DATA_SIZE - n.free_space()) as u64;
+        self.report.bytes_used += used;
         let lvl = n.level();
         match level {
             Some(l) if l != lvl => {
@@ -135,8 +141,11 @@ impl<R: FnMut(Pid) -> PageImage> Walk<R> {
         }
         if self.levels.len() <= lvl as usize {
             self.levels.resize(lvl as usize + 1, Vec::new());
+            self.level_bytes.resize(lvl as usize + 1, (0, 0));
         }
         self.levels[lvl as usize].push((pid, n.right()));
+        self.level_bytes[lvl as usize].0 += 1;
+        self.level_bytes[lvl as usize].1 += used;
         match n.kind() {
             KIND_LEAF if lvl != 0 => Err(format!("leaf {pid} at level {lvl}")),
             KIND_LEAF => {
@@ -230,6 +239,8 @@ mod tests {
         let r = check(&two_levels()).unwrap();
         assert_eq!((r.entries, r.height, r.leaves, r.inner_nodes), (4, 2, 2, 1));
         assert_eq!(r.pages, vec![Pid(1), Pid(2), Pid(3)]);
+        assert_eq!(r.levels.iter().map(|l| l.0).collect::<Vec<_>>(), vec![2, 1]);
+        assert_eq!(r.levels.iter().map(|l| l.1).sum::<u64>(), r.bytes_used);
         assert!(r.fill() > 0.0 && r.fill() < 0.1, "{}", r.fill());
     }
 

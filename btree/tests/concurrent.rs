@@ -209,7 +209,17 @@ fn parallel_ascending_loads_leave_full_leaves() {
         }
     });
     let w = e.worker();
-    assert_eq!(t.verify(&w).unwrap().entries, 2 * per);
+    let report = t.verify(&w).unwrap();
+    assert_eq!(report.entries, 2 * per);
+    // inner nodes too: the level above the leaves is nearly full (47% when inner splits cut
+    // in the middle), so the tree is no taller than it needs to be
+    let (nodes, bytes) = report.levels[1];
+    let fill = bytes as f64 / (nodes as f64 * 4080.0);
+    assert!(
+        fill > 0.8,
+        "level 1: {nodes} nodes {:.0}% full",
+        fill * 100.0
+    );
     // a leaf holds (4080 - 40 - 16) / (24 + 8 + 128) = 25 such records
     let ideal_leaves = 2 * per / 25;
     let pages = e.store().high_water();

@@ -370,6 +370,10 @@ fn entry_json(e: &Entry) -> serde_json::Value {
             v["btree"] = json!({
                 "entries": t.entries, "height": t.height, "leaves": t.leaves,
                 "inner_nodes": t.inner_nodes, "pages": t.pages.len(), "fill": t.fill(),
+                "levels": t.levels.iter().enumerate().map(|(l, (nodes, bytes))| json!({
+                    "level": l, "nodes": nodes,
+                    "fill": *bytes as f64 / (*nodes as f64 * PAGE_DATA_SIZE as f64),
+                })).collect::<Vec<_>>(),
             })
         }
         Ok(None) => v["btree"] = serde_json::Value::Null,
