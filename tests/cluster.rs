@@ -599,3 +599,54 @@ fn pages_are_allocated_on_a_chosen_home_from_any_node() {
     drop(w);
     c.close().unwrap();
 }
+
+/// A cluster dropped without `close` (a panic, an early return) must not leave a home's store
+/// marked clean while another node held a newer image of one of its pages: the store says
+/// "unclean" and refuses a plain open. After an orderly `close` the same change survives.
+#[test]
+fn a_cluster_dropped_without_close_leaves_stores_unclean_not_stale() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(dir.path(), 2, 256);
+    let p = {
+        let w0 = c.node(0).worker();
+        let p = allocate(&w0, 1)[0];
+        w0.exclusive(p).unwrap().page_mut().set_u64(0, 1);
+        p
+    };
+    c.close().unwrap();
+
+    // node 1 changes node 0's page, then the cluster goes away without close
+    let c = cluster(dir.path(), 2, 256);
+    {
+        let w1 = c.node(1).worker();
+        w1.exclusive(p).unwrap().page_mut().set_u64(0, 2);
+    }
+    drop(c);
+    let err = Cluster::mem(2, Duration::from_secs(20), |i| {
+        EngineConfig::new(dir.path().join(format!("n{i}")), 256 * 4096)
+    })
+    .err()
+    .expect("a stale home store must not open as clean");
+    assert!(err.to_string().contains("not shut down cleanly"), "{err}");
+
+    // allowed to open anyway, the cluster works (the lost change is the documented cost)
+    let c = Cluster::mem(2, Duration::from_secs(20), |i| {
+        let mut cfg = EngineConfig::new(dir.path().join(format!("n{i}")), 256 * 4096);
+        cfg.allow_unclean = true;
+        cfg
+    })
+    .unwrap();
+    let w1 = c.node(1).worker();
+    assert_eq!(
+        w1.shared(p).unwrap().page().u64(0),
+        1,
+        "the home's last image"
+    );
+    w1.exclusive(p).unwrap().page_mut().set_u64(0, 3);
+    drop(w1);
+    c.close().unwrap();
+    // an orderly close brings node 1's change home and marks the stores clean
+    let c = cluster(dir.path(), 2, 256);
+    assert_eq!(c.node(0).worker().shared(p).unwrap().page().u64(0), 3);
+    c.close().unwrap();
+}

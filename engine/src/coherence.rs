@@ -29,7 +29,7 @@
 //! Locks: a slot is only touched under its shard's mutex; frames are latched with `try` only
 //! (by the handler and the provider), so holding a shard mutex never waits for a latch.
 
-use crate::directory::{DirDecision, DirEntry, EvictDecision};
+use crate::directory::{DirDecision, DirEntry, EvictDecision, Holders};
 use crate::engine::Inner;
 use crate::error::EngineError;
 use crate::frame::{POSS_EXCLUSIVE, POSS_NONE, POSS_SHARED, RESIDENT};
@@ -1535,6 +1535,27 @@ impl Coherence {
                 slot.reserved = Some(Instant::now());
             }
         }
+    }
+
+    /// Pages homed here whose current image may not be here: another node holds them
+    /// node-exclusive (possibly modified), a copy-back is due, or the current copy died with a
+    /// node. Zero after an orderly shutdown (every node sent its pages home); otherwise this
+    /// node's store must not be marked clean. Call with the handler stopped, or the answer may
+    /// be stale at once.
+    pub fn homed_pages_away(&self) -> usize {
+        let mut away = 0;
+        for shard in self.shards.iter() {
+            for (pid, slot) in shard.lock().iter() {
+                if pid.node() != self.me {
+                    continue;
+                }
+                let elsewhere = matches!(slot.dir.holders, Holders::Exclusive(n) if n != self.me);
+                if elsewhere || slot.dir.awaiting_copy_back.is_some() || slot.lost.is_some() {
+                    away += 1;
+                }
+            }
+        }
+        away
     }
 
     /// Ask every page homed elsewhere to go home (clean shutdown). Returns how many frames

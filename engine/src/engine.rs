@@ -374,9 +374,26 @@ impl Engine {
                 }
             }
         }
+        // With the handler stopped, nothing changes the directory any more: if another node
+        // may still hold a newer image of a page homed here (no orderly shutdown: see
+        // `Cluster::close` and `leave`), this store is not current and must not say "clean".
+        let away = self.inner.coh.as_ref().map_or(0, |c| c.homed_pages_away());
         // With the provider stopped, this thread is the only writer of pages to the store.
         let written = provider::flush_all(&self.inner)?;
         self.inner.store.sync()?;
+        if away > 0 {
+            log::error!(
+                "node {}: closing while {away} of its pages are held by other nodes (the cluster \
+                 did not shut down in order: use Cluster::close or Engine::leave); {written} dirty \
+                 pages written, but the store stays marked unclean: changes made elsewhere are lost",
+                self.inner.node
+            );
+            return Err(EngineError::Remote(format!(
+                "node {}: {away} of its pages were still held by other nodes at close; the store \
+                 is marked unclean",
+                self.inner.node
+            )));
+        }
         self.inner.store.close()?;
         log::info!(
             "node {} closed cleanly ({written} dirty pages written)",
