@@ -35,6 +35,9 @@ pub struct TreeReport {
     pub pages: Vec<Pid>,
     /// Per level, leaves first: (nodes, bytes in use).
     pub levels: Vec<(u64, u64)>,
+    /// Nodes other than the root using less than a quarter of their page (removes merge or
+    /// even them out with a neighbour, so few should remain).
+    pub underfull: u64,
 }
 
 impl TreeReport {
@@ -114,6 +117,9 @@ impl<R: FnMut(Pid) -> PageImage> Walk<R> {
         let n = NodeMut::new(&mut page);
         let used = (PAGE_DATA_SIZE - n.free_space()) as u64;
         self.report.bytes_used += used;
+        if level.is_some() && used < (PAGE_DATA_SIZE / 4) as u64 {
+            self.report.underfull += 1;
+        }
         let lvl = n.level();
         match level {
             Some(l) if l != lvl => {

@@ -241,3 +241,27 @@ impl Nodes<'_> {
         self.engines[0].node_id() == 0
     }
 }
+
+/// Run `drive` on a cluster of this process, then close the cluster in order (pages home,
+/// stores marked clean) even if `drive` panicked, for example on printing to a closed pipe: a
+/// cluster dropped without `close` leaves its stores unclean. The panic resumes after the
+/// close; an error of `drive` is returned after it.
+pub fn drive_cluster<T>(
+    cluster: shoal_engine::Cluster,
+    drive: impl FnOnce(&shoal_engine::Cluster) -> Result<T, String>,
+) -> Result<T, String> {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drive(&cluster)));
+    let closed = cluster.close().map_err(|e| e.to_string());
+    match r {
+        Ok(r) => {
+            closed?;
+            r
+        }
+        Err(panic) => {
+            if let Err(e) = closed {
+                eprintln!("closing the cluster after a panic: {e}");
+            }
+            std::panic::resume_unwind(panic)
+        }
+    }
+}

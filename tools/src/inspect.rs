@@ -370,6 +370,7 @@ fn entry_json(e: &Entry) -> serde_json::Value {
             v["btree"] = json!({
                 "entries": t.entries, "height": t.height, "leaves": t.leaves,
                 "inner_nodes": t.inner_nodes, "pages": t.pages.len(), "fill": t.fill(),
+                "underfull_nodes": t.underfull,
                 "levels": t.levels.iter().enumerate().map(|(l, (nodes, bytes))| json!({
                     "level": l, "nodes": nodes,
                     "fill": *bytes as f64 / (*nodes as f64 * PAGE_DATA_SIZE as f64),
@@ -434,13 +435,14 @@ fn print_summary(
             for e in es {
                 match &e.result {
                     Ok(Some(t)) => println!(
-                        "  {:<24} B-tree: {} entries, height {}, {} leaves + {} inner nodes, {:.0}% full",
+                        "  {:<24} B-tree: {} entries, height {}, {} leaves + {} inner nodes, {:.0}% full, {} under a quarter full",
                         e.name,
                         t.entries,
                         t.height,
                         t.leaves,
                         t.inner_nodes,
-                        t.fill() * 100.0
+                        t.fill() * 100.0,
+                        t.underfull
                     ),
                     Ok(None) => println!("  {:<24} page {} (not a B-tree: not checked)", e.name, e.root),
                     Err(why) => println!("  {:<24} BROKEN: {why}", e.name),

@@ -281,15 +281,14 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
     }
     let cluster =
         Cluster::mem(a.net.nodes, Duration::from_secs(30), node_cfg).map_err(|e| e.to_string())?;
-    let nodes = Nodes {
-        engines: cluster.nodes().iter().collect(),
-        cluster: a.net.nodes,
-        member: false,
-    };
-    let r = drive(&nodes, &a, &plan);
-    drop(nodes);
-    cluster.close().map_err(|e| e.to_string())?;
-    r
+    crate::cli::drive_cluster(cluster, |cluster| {
+        let nodes = Nodes {
+            engines: cluster.nodes().iter().collect(),
+            cluster: a.net.nodes,
+            member: false,
+        };
+        drive(&nodes, &a, &plan)
+    })
 }
 
 /// Node-level counters over the measured interval.

@@ -188,3 +188,42 @@ fn a_running_engine_or_a_missing_store_is_refused() {
     let (out, _) = inspect(&empty.path().join("nope"));
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn a_cluster_run_whose_output_pipe_closes_still_shuts_down_in_order() {
+    // Printing to a closed pipe panics mid-run; the cluster must still be closed in order
+    // (pages home, stores clean), not dropped (stores unclean, changes made on other nodes
+    // lost).
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .args([
+            "ycsb",
+            "--nodes",
+            "2",
+            "--records",
+            "20000",
+            "--cache",
+            "16MiB",
+        ])
+        .args(["--warmup", "0", "--duration", "2", "--quiet", "--data-dir"])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // read the header and the load line, then stop reading: the report after the run fails
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    for _ in 0..2 {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    }
+    drop(out);
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "the run cannot report, so it fails");
+    let (out, v) = inspect(dir.path());
+    assert!(out.status.success(), "{v}");
+    for node in v["nodes"].as_array().unwrap() {
+        assert_eq!(node["clean"], true, "{node}");
+    }
+    assert_eq!(v["catalog"][0]["btree"]["entries"], 20_000);
+}
