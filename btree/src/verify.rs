@@ -202,6 +202,14 @@ mod tests {
         b
     }
 
+    fn leaf(
+        fences: (Option<&[u8]>, Option<&[u8]>),
+        entries: &[(&[u8], u64)],
+        right: u64,
+    ) -> Box<[u8; PAGE_DATA_SIZE]> {
+        node(KIND_LEAF, 0, fences, entries, right, NO_PAGE)
+    }
+
     /// Root 1 (separator "m") over leaves 2 ("a", "f") and 3 ("p", "x").
     fn two_levels() -> Pages {
         let mut p = Pages::new();
@@ -209,27 +217,10 @@ mod tests {
             Pid(1),
             node(KIND_INNER, 1, (None, None), &[(b"m", 2)], NO_PAGE, 3),
         );
-        p.insert(
-            Pid(2),
-            node(
-                KIND_LEAF,
-                0,
-                (None, Some(b"m")),
-                &[(b"a", 1), (b"f", 2)],
-                3,
-                NO_PAGE,
-            ),
-        );
+        p.insert(Pid(2), leaf((None, Some(b"m")), &[(b"a", 1), (b"f", 2)], 3));
         p.insert(
             Pid(3),
-            node(
-                KIND_LEAF,
-                0,
-                (Some(b"m"), None),
-                &[(b"p", 3), (b"x", 4)],
-                NO_PAGE,
-                NO_PAGE,
-            ),
+            leaf((Some(b"m"), None), &[(b"p", 3), (b"x", 4)], NO_PAGE),
         );
         p
     }
@@ -260,49 +251,19 @@ mod tests {
         };
         broken(
             &|p| {
-                p.insert(
-                    Pid(2),
-                    node(
-                        KIND_LEAF,
-                        0,
-                        (None, Some(b"m")),
-                        &[(b"f", 1)],
-                        NO_PAGE,
-                        NO_PAGE,
-                    ),
-                );
+                p.insert(Pid(2), leaf((None, Some(b"m")), &[(b"f", 1)], NO_PAGE));
             },
             "links right to",
         );
         broken(
             &|p| {
-                p.insert(
-                    Pid(3),
-                    node(
-                        KIND_LEAF,
-                        0,
-                        (Some(b"m"), None),
-                        &[(b"c", 3)],
-                        NO_PAGE,
-                        NO_PAGE,
-                    ),
-                );
+                p.insert(Pid(3), leaf((Some(b"m"), None), &[(b"c", 3)], NO_PAGE));
             },
             "outside its fences",
         );
         broken(
             &|p| {
-                p.insert(
-                    Pid(3),
-                    node(
-                        KIND_LEAF,
-                        0,
-                        (Some(b"k"), None),
-                        &[(b"p", 3)],
-                        NO_PAGE,
-                        NO_PAGE,
-                    ),
-                );
+                p.insert(Pid(3), leaf((Some(b"k"), None), &[(b"p", 3)], NO_PAGE));
             },
             "its parent says",
         );
