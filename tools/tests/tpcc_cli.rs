@@ -1,6 +1,6 @@
 //! `shoal tpcc` end to end: a short load and run with `--check` on 1 node, on 2 nodes over mem
-//! and on 2 processes over tcp (conditions 1-4 must hold in affinity mode), JSON parsed; bad
-//! flags rejected clearly.
+//! and on 2 processes over tcp (conditions 1-4 must hold in affinity mode), JSON parsed, and the
+//! data directory left behind checked by `shoal inspect`; bad flags rejected clearly.
 
 use std::process::Command;
 
@@ -11,12 +11,15 @@ fn shoal() -> Command {
 fn run_checked(args: &[&str]) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("out.json");
+    let data = dir.path().join("data");
     let out = shoal()
         .arg("tpcc")
         .args(args)
         .args(["--quiet", "--check", "--warmup", "0.2", "--duration", "2"])
         .arg("--json")
         .arg(&json)
+        .arg("--data-dir")
+        .arg(&data)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -52,6 +55,23 @@ fn run_checked(args: &[&str]) -> serde_json::Value {
         assert!(v["types"][t]["p50_us"].as_u64().unwrap() > 0, "{t}: {v}");
     }
     assert!(v["new_orders_per_min"].as_f64().unwrap() > 0.0);
+    // the stores left behind are clean, every page intact, every tree sound
+    let out = shoal()
+        .args(["inspect", "--quiet", "--json", "-"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    assert!(out.status.success(), "shoal inspect: {report}");
+    let nodes = report["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len() as u64, v["nodes"].as_u64().unwrap(), "{report}");
+    assert!(nodes.iter().all(|n| n["clean"] == true), "{report}");
+    let trees = report["catalog"].as_array().unwrap();
+    assert_eq!(trees.len(), 11, "{report}");
+    assert!(
+        trees.iter().all(|t| t["btree"]["entries"].is_u64()),
+        "{report}"
+    );
     v
 }
 
