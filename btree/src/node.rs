@@ -488,6 +488,24 @@ impl<'a> NodeMut<'a> {
         }
     }
 
+    /// Replace the upper fence (`None`: none). The old fence's bytes become dead.
+    pub fn set_upper_fence(&mut self, fence: Option<&[u8]>) {
+        if self.b[FLAGS] & 2 != 0 {
+            let dead = g16(self.b, DEAD) + g16(self.b, UP_LEN);
+            s16(self.b, DEAD, dead);
+            self.b[FLAGS] &= !2;
+        }
+        let Some(f) = fence else { return };
+        if self.free_contiguous() < f.len() {
+            self.compact();
+        }
+        let o = self.heap_alloc(f.len());
+        self.b[o..o + f.len()].copy_from_slice(f);
+        s16(self.b, UP_OFF, o);
+        s16(self.b, UP_LEN, f.len());
+        self.b[FLAGS] |= 2;
+    }
+
     /// Whether an entry of this size fits (possibly after compaction).
     pub fn fits(&self, klen: usize, vlen: usize) -> bool {
         self.free_space() >= entry_space(klen, vlen)

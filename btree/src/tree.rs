@@ -901,21 +901,22 @@ fn merge_into_left(
     let mut copy = Box::new([0u8; PAGE_DATA_SIZE]);
     copy.copy_from_slice(rx.data());
     let r = NodeMut::new(&mut copy);
-    let (right_entries, right_upper_fence, right_link, right_upper) =
-        (r.entries(), r.fences().1, r.right(), r.upper_child());
+    // Append in place: left keeps its records (compacted only if its heap runs out).
     lx.modify(|b| {
         let mut n = NodeMut::new(b);
-        let (kind, level, lower) = (n.kind(), n.level(), n.fences().0);
-        let mut entries = n.entries();
-        if kind == KIND_INNER {
+        n.set_upper_fence(r.fences().1.as_deref());
+        if n.kind() == KIND_INNER {
             // left's upper child holds the keys up to the separator: it becomes an entry
-            entries.push((sep, n.upper_child().to_le_bytes().to_vec()));
+            let c = n.count();
+            let child = n.upper_child().to_le_bytes();
+            n.insert_at(c, &sep, &child);
         }
-        entries.extend(right_entries);
-        n.init(kind, level, lower.as_deref(), right_upper_fence.as_deref());
-        fill(&mut n, &entries);
-        n.set_right(right_link);
-        n.set_upper_child(right_upper);
+        for i in 0..r.count() {
+            let c = n.count();
+            n.insert_at(c, r.key(i), r.value(i));
+        }
+        n.set_right(r.right());
+        n.set_upper_child(r.upper_child());
     });
 }
 
