@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! header (40 bytes)
-//!  0 kind      u8    1 = leaf, 2 = inner (0 = not a node: fresh or foreign page)
+//!  0 kind      u8    3 = leaf, 4 = inner (0 = not a node: fresh or foreign page)
 //!  2 count     u16   number of slots
 //!  4 heap      u16   lowest heap offset in use (the heap grows down from PAGE_DATA_SIZE)
 //!  6 dead      u16   heap bytes freed by removals (reclaimed by compaction)
@@ -13,14 +13,18 @@
 //! 32 flags     u8    bit 0: has lower fence, bit 1: has upper fence
 //! 34 level     u16   0 for leaves
 //! 36 last      u16   slot of the last insert (sequential-insert detection for splits)
-//! slots (24 bytes each, sorted by key), from offset 40
-//!  0 head      u64   first 8 key bytes, big endian, zero padded: most comparisons end here
-//!  8 off       u16   heap offset of key bytes, followed by value bytes (leaves)
-//! 10 klen      u16
-//! 12 vlen      u16   0 in inner nodes
-//! 16 child     u64   inner nodes: the child pid, next to the head the search just read, so
-//!                    descending costs no extra cache miss; unused in leaves
+//! slots (sorted by key; n = count): three arrays of n 8-byte entries, from offset 40
+//!  40          heads    u64 each: first 8 key bytes, big endian, zero padded: most
+//!                       comparisons end here, so a search reads only this dense array
+//!  40 + 8n     infos    off u16 (heap offset of key bytes, followed by value bytes), klen u16,
+//!                       vlen u16 (0 in inner nodes), pad u16
+//!  40 + 16n    children u64 each: inner nodes' child pids; unused in leaves
 //! ```
+//!
+//! A search in an inner node loads only the heads and the children (two thirds of the slot
+//! bytes; the infos are needed only to compare whole keys whose heads are equal), a leaf search
+//! the heads and the infos. Inserting or removing a slot moves the arrays behind it by 8 or
+//! 16 bytes (writers work on a private copy of the page anyway).
 //!
 //! Inner node semantics: slot i's child holds keys in (key[i-1], key[i]]; `upper` holds keys
 //! greater than the last separator.
@@ -33,8 +37,10 @@
 use shoal_engine::{PageRef, PAGE_DATA_SIZE};
 use std::cmp::Ordering;
 
-pub const KIND_LEAF: u8 = 1;
-pub const KIND_INNER: u8 = 2;
+/// Node kinds. (1 and 2 were nodes with interleaved 24-byte slots, before 2026-11-22: pages
+/// of that format are "not a node" now.)
+pub const KIND_LEAF: u8 = 3;
+pub const KIND_INNER: u8 = 4;
 pub const NO_PAGE: u64 = u64::MAX;
 
 const KIND: usize = 0;
@@ -52,7 +58,6 @@ const LEVEL: usize = 34;
 const LAST_INSERT: usize = 36;
 pub const HEADER: usize = 40;
 pub const SLOT: usize = 24;
-const CHILD: usize = 16;
 const MAX_SLOTS: usize = (PAGE_DATA_SIZE - HEADER) / SLOT;
 
 /// Longest key the tree accepts.
@@ -89,21 +94,37 @@ pub fn right(p: PageRef<'_>) -> u64 {
 pub fn level(p: PageRef<'_>) -> u16 {
     p.u16(LEVEL)
 }
+/// Offset of slot `i`'s head.
 #[inline]
-fn slot(i: usize) -> usize {
-    HEADER + i * SLOT
+fn head_at(i: usize) -> usize {
+    HEADER + 8 * i
+}
+/// Offset of slot `i`'s info (off, klen, vlen) in a node of `n` slots.
+#[inline]
+fn info_at(n: usize, i: usize) -> usize {
+    HEADER + 8 * n + 8 * i
+}
+/// Offset of slot `i`'s child pid in a node of `n` slots.
+#[inline]
+fn child_at(n: usize, i: usize) -> usize {
+    HEADER + 16 * n + 8 * i
 }
 #[inline]
 pub fn key_len(p: PageRef<'_>, i: usize) -> usize {
-    p.u16(slot(i) + 10) as usize
+    p.u16(info_at(count(p), i) + 2) as usize
 }
 #[inline]
 pub fn val_len(p: PageRef<'_>, i: usize) -> usize {
-    p.u16(slot(i) + 12) as usize
+    p.u16(info_at(count(p), i) + 4) as usize
 }
 #[inline]
 fn rec_off(p: PageRef<'_>, i: usize) -> usize {
-    p.u16(slot(i) + 8) as usize
+    p.u16(info_at(count(p), i)) as usize
+}
+/// Offset of value `i`'s bytes (leaves).
+#[inline]
+pub fn value_offset(p: PageRef<'_>, i: usize) -> usize {
+    rec_off(p, i) + key_len(p, i)
 }
 
 /// Copy key `i` into `out`.
@@ -124,11 +145,17 @@ pub fn value_into(p: PageRef<'_>, i: usize, out: &mut Vec<u8>) {
     p.read(off, out);
 }
 
-/// Hint: the slot array will be searched soon (reads the count, so the header line should be
-/// on its way already).
+/// Hint: the node will be searched soon (reads kind and count, so the header line should be on
+/// its way already): inner nodes need their heads and children, leaves their heads and infos.
 #[inline]
 pub fn prefetch_slots(p: PageRef<'_>) {
-    p.prefetch(HEADER, count(p) * SLOT);
+    let n = count(p);
+    if kind(p) == KIND_INNER {
+        p.prefetch(head_at(0), 8 * n);
+        p.prefetch(child_at(n, 0), 8 * n);
+    } else {
+        p.prefetch(head_at(0), 16 * n);
+    }
 }
 
 /// Hint: value `i` will be copied soon.
@@ -140,10 +167,11 @@ pub fn prefetch_value(p: PageRef<'_>, i: usize) {
 /// Child pid of inner slot `i`, or the upper child for `i == count`.
 #[inline]
 pub fn child(p: PageRef<'_>, i: usize) -> u64 {
-    if i >= count(p) {
+    let n = count(p);
+    if i >= n {
         p.u64(UPPER)
     } else {
-        p.u64(slot(i) + CHILD)
+        p.u64(child_at(n, i))
     }
 }
 
@@ -180,13 +208,13 @@ pub fn lower_bound(p: PageRef<'_>, key: &[u8]) -> (usize, bool) {
         let mid = base + half;
         // `mid - 1` is the last slot of the lower half: if its head is still below `h`, the
         // answer lies in the upper half.
-        base = std::hint::select_unpredictable(p.u64(slot(mid - 1)) < h, mid, base);
+        base = std::hint::select_unpredictable(p.u64(head_at(mid - 1)) < h, mid, base);
         len -= half;
     }
     // `base` is the only candidate left in [base, base + len): step past it if it is below.
-    let mut i = base + usize::from(len == 1 && p.u64(slot(base)) < h);
+    let mut i = base + usize::from(len == 1 && p.u64(head_at(base)) < h);
     // A changing page may hold unsorted garbage: every step below is bounded by `n`.
-    while i < n && p.u64(slot(i)) == h {
+    while i < n && p.u64(head_at(i)) == h {
         match cmp_same_head(p, i, key) {
             Ordering::Less => i += 1,
             Ordering::Equal => return (i, true),
@@ -283,8 +311,8 @@ pub fn check_layout(b: &[u8; PAGE_DATA_SIZE]) -> Result<(), String> {
         }
     }
     for i in 0..count {
-        let s = slot(i);
-        let (off, klen, vlen) = (g16(b, s + 8), g16(b, s + 10), g16(b, s + 12));
+        let s = info_at(count, i);
+        let (off, klen, vlen) = (g16(b, s), g16(b, s + 2), g16(b, s + 4));
         if klen > MAX_KEY || klen + vlen > MAX_RECORD {
             return Err(format!(
                 "slot {i}: key {klen} and value {vlen} bytes (too long)"
@@ -312,9 +340,9 @@ pub fn check_layout(b: &[u8; PAGE_DATA_SIZE]) -> Result<(), String> {
         }
     }
     for i in 0..count {
-        let s = slot(i);
-        let key = &b[g16(b, s + 8)..][..g16(b, s + 10)];
-        if g64(b, s) != head(key) {
+        let s = info_at(count, i);
+        let key = &b[g16(b, s)..][..g16(b, s + 2)];
+        if g64(b, head_at(i)) != head(key) {
             return Err(format!("slot {i}: the head does not match the key"));
         }
     }
@@ -426,27 +454,31 @@ impl<'a> NodeMut<'a> {
         Some(self.b[o..o + l].to_vec())
     }
     pub fn key(&self, i: usize) -> &[u8] {
-        let s = slot(i);
-        let o = g16(self.b, s + 8);
-        &self.b[o..o + g16(self.b, s + 10)]
+        let s = info_at(self.count(), i);
+        let o = g16(self.b, s);
+        &self.b[o..o + g16(self.b, s + 2)]
     }
-    /// Leaves: the value bytes. Inner nodes: the child pid (8 bytes, kept in the slot).
+    /// Leaves: the value bytes. Inner nodes: the child pid (8 bytes, in the children array).
     pub fn value(&self, i: usize) -> &[u8] {
-        let s = slot(i);
+        let n = self.count();
         if self.kind() == KIND_INNER {
-            return &self.b[s + CHILD..s + CHILD + 8];
+            let c = child_at(n, i);
+            return &self.b[c..c + 8];
         }
-        let o = g16(self.b, s + 8) + g16(self.b, s + 10);
-        &self.b[o..o + g16(self.b, s + 12)]
+        let s = info_at(n, i);
+        let o = g16(self.b, s) + g16(self.b, s + 2);
+        &self.b[o..o + g16(self.b, s + 4)]
     }
     pub fn value_mut(&mut self, i: usize) -> &mut [u8] {
-        let s = slot(i);
+        let n = self.count();
         if self.kind() == KIND_INNER {
-            return &mut self.b[s + CHILD..s + CHILD + 8];
+            let c = child_at(n, i);
+            return &mut self.b[c..c + 8];
         }
-        let o = g16(self.b, s + 8) + g16(self.b, s + 10);
-        let n = g16(self.b, s + 12);
-        &mut self.b[o..o + n]
+        let s = info_at(n, i);
+        let o = g16(self.b, s) + g16(self.b, s + 2);
+        let len = g16(self.b, s + 4);
+        &mut self.b[o..o + len]
     }
     pub fn entries(&self) -> Vec<Entry> {
         (0..self.count())
@@ -526,16 +558,24 @@ impl<'a> NodeMut<'a> {
         let o = self.heap_alloc(key.len() + val.len());
         self.b[o..o + key.len()].copy_from_slice(key);
         self.b[o + key.len()..o + key.len() + val.len()].copy_from_slice(val);
-        self.b.copy_within(slot(i)..slot(n), slot(i + 1));
-        let s = slot(i);
-        s64(self.b, s, head(key));
-        s16(self.b, s + 8, o);
-        s16(self.b, s + 10, key.len());
-        s16(self.b, s + 12, val.len());
-        s16(self.b, s + 14, 0);
-        s64(self.b, s + CHILD, child);
-        s16(self.b, COUNT, n + 1);
-        s16(self.b, LAST_INSERT, i);
+        // Open slot i in all three arrays, moving the highest bytes first: children after i
+        // by 24 bytes, children before i by 16, infos after i by 16, infos before i by 8,
+        // heads after i by 8.
+        let b = &mut *self.b;
+        b.copy_within(child_at(n, i)..child_at(n, n), child_at(n + 1, i + 1));
+        b.copy_within(child_at(n, 0)..child_at(n, i), child_at(n + 1, 0));
+        b.copy_within(info_at(n, i)..info_at(n, n), info_at(n + 1, i + 1));
+        b.copy_within(info_at(n, 0)..info_at(n, i), info_at(n + 1, 0));
+        b.copy_within(head_at(i)..head_at(n), head_at(i + 1));
+        s64(b, head_at(i), head(key));
+        let s = info_at(n + 1, i);
+        s16(b, s, o);
+        s16(b, s + 2, key.len());
+        s16(b, s + 4, val.len());
+        s16(b, s + 6, 0);
+        s64(b, child_at(n + 1, i), child);
+        s16(b, COUNT, n + 1);
+        s16(b, LAST_INSERT, i);
     }
 
     /// Slot of the most recent insert.
@@ -547,8 +587,16 @@ impl<'a> NodeMut<'a> {
     pub fn remove_at(&mut self, i: usize) {
         let n = self.count();
         assert!(i < n);
-        let freed = g16(self.b, slot(i) + 10) + g16(self.b, slot(i) + 12);
-        self.b.copy_within(slot(i + 1)..slot(n), slot(i));
+        let s = info_at(n, i);
+        let freed = g16(self.b, s + 2) + g16(self.b, s + 4);
+        // Close slot i in all three arrays, moving the lowest bytes first (the mirror of
+        // `insert_at`).
+        let b = &mut *self.b;
+        b.copy_within(head_at(i + 1)..head_at(n), head_at(i));
+        b.copy_within(info_at(n, 0)..info_at(n, i), info_at(n - 1, 0));
+        b.copy_within(info_at(n, i + 1)..info_at(n, n), info_at(n - 1, i));
+        b.copy_within(child_at(n, 0)..child_at(n, i), child_at(n - 1, 0));
+        b.copy_within(child_at(n, i + 1)..child_at(n, n), child_at(n - 1, i));
         s16(self.b, COUNT, n - 1);
         let dead = g16(self.b, DEAD) + freed;
         s16(self.b, DEAD, dead);

@@ -28,8 +28,8 @@ use crate::error::TreeError;
 use crate::node::{self, Entry, NodeMut, KIND_INNER, KIND_LEAF, MAX_KEY, MAX_RECORD, NO_PAGE};
 use crate::verify::{verify_tree, TreeReport};
 use shoal_engine::{
-    EngineError, ExclusiveGuard, OpResult, OptimisticGuard, PageRef, Pid, Restart, SharedGuard,
-    Worker, PAGE_DATA_SIZE,
+    EngineError, ExclusiveGuard, OpResult, OptimisticGuard, Pid, Restart, SharedGuard, Worker,
+    PAGE_DATA_SIZE,
 };
 
 /// A B-link tree identified by its root page (which never changes).
@@ -416,7 +416,7 @@ impl BTree {
             }
             let mut x: ExclusiveGuard<'_> = leaf.to_exclusive()?;
             let p = x.page();
-            let off = node_value_offset(p, i);
+            let off = node::value_offset(p, i);
             let mut v = Vec::new();
             node::value_into(p, i, &mut v);
             f(&mut v);
@@ -762,12 +762,6 @@ impl BTree {
             .map_err(|e| e.to_string())
         })
     }
-}
-
-fn node_value_offset(p: PageRef<'_>, i: usize) -> usize {
-    // value bytes follow the key in the heap
-    let slot = node::HEADER + i * node::SLOT;
-    p.u16(slot + 8) as usize + p.u16(slot + 10) as usize
 }
 
 /// How to divide a full node. Leaves: left keeps `entries[..m]` and `sep` (left's upper fence)

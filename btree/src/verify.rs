@@ -293,15 +293,14 @@ mod tests {
         );
         broken(
             &|p| {
-                // swap the two keys of leaf 2 behind the node code's back (heads too)
+                // swap the two keys of leaf 2 behind the node code's back: heads and infos
+                // (2 slots: heads at HEADER, infos at HEADER + 16)
                 let b = p.get_mut(&Pid(2)).unwrap();
-                let (s0, s1) = (node::HEADER, node::HEADER + node::SLOT);
-                let (a, c) = (
-                    b[s0..s0 + node::SLOT].to_vec(),
-                    b[s1..s1 + node::SLOT].to_vec(),
-                );
-                b[s0..s0 + node::SLOT].copy_from_slice(&c);
-                b[s1..s1 + node::SLOT].copy_from_slice(&a);
+                for at in [node::HEADER, node::HEADER + 16] {
+                    let (x, y) = (b[at..at + 8].to_vec(), b[at + 8..at + 16].to_vec());
+                    b[at..at + 8].copy_from_slice(&y);
+                    b[at + 8..at + 16].copy_from_slice(&x);
+                }
             },
             "out of order",
         );
@@ -321,10 +320,10 @@ mod tests {
         broken(
             &|p| {
                 let b = p.get_mut(&Pid(3)).unwrap();
-                // slot 1's record moved onto slot 0's
-                let o0 = b[node::HEADER + 8..node::HEADER + 10].to_vec();
-                let s1 = node::HEADER + node::SLOT;
-                b[s1 + 8..s1 + 10].copy_from_slice(&o0);
+                // slot 1's record moved onto slot 0's (2 slots: infos at HEADER + 16)
+                let (i0, i1) = (node::HEADER + 16, node::HEADER + 24);
+                let o0 = b[i0..i0 + 2].to_vec();
+                b[i1..i1 + 2].copy_from_slice(&o0);
             },
             "overlaps",
         );
