@@ -101,6 +101,16 @@ fn a_sound_store_is_counted_and_left_untouched() {
         "{text}"
     );
     assert!(text.contains("ok: no problems found"), "{text}");
+    // --no-trees: pages only
+    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .args(["inspect", "--quiet", "--no-trees", "--json", "-"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(out.status.success(), "{v}");
+    assert!(v["catalog"].is_null(), "{v}");
+    assert_eq!(v["nodes"][0]["intact"], node["intact"]);
 }
 
 #[test]
