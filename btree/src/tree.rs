@@ -450,7 +450,8 @@ impl BTree {
             let underfull = exact && node::is_underfull(x.page());
             Ok((exact, underfull.then(|| (parent, x.pid()))))
         })?;
-        // Cluster nodes cannot free pages yet, so they do not merge (see `merge_underfull`).
+        // Cluster nodes cannot free pages yet, so they do not merge: this is the one check,
+        // every merge starts here.
         if let Some((parent, leaf)) = underfull.filter(|_| w.can_free_pages()) {
             // First with the parent this descent passed (no second descent: removes that
             // keep an underfull leaf whose neighbours are too full to merge stay cheap).
@@ -476,12 +477,10 @@ impl BTree {
     /// parent if that became underfull, and so on up; a root left with a single child takes
     /// over that child's contents (the tree gets one level lower). Best effort: a merge that
     /// does not fit is skipped, and the remove that asked for it is done either way, so an
-    /// error here is logged, not returned (the tree stays valid, only less compact). Cluster
-    /// nodes cannot free pages yet and do not merge.
+    /// error here is logged, not returned (the tree stays valid, only less compact). Only
+    /// `remove` calls it, on nodes that can free pages.
     fn merge_underfull(&self, w: &Worker, key: &[u8], mut target: Pid) {
-        if !w.can_free_pages() {
-            return;
-        }
+        debug_assert!(w.can_free_pages());
         loop {
             match w.run(|w| self.try_merge(w, key, target)) {
                 Ok(Some(next)) => target = next,

@@ -59,11 +59,10 @@ pub fn verify_tree(root: Pid, read: impl FnMut(Pid) -> PageImage) -> Result<Tree
         read,
         seen: HashSet::new(),
         levels: Vec::new(),
-        level_bytes: Vec::new(),
         report: TreeReport::default(),
     };
     let height = w.node(root, None, None, None)?;
-    // levels[l] lists (pid, right link) of level l's nodes in key order
+    // levels[l] lists (pid, right link, bytes) of level l's nodes in key order
     for (level, nodes) in w.levels.iter().enumerate() {
         for pair in nodes.windows(2) {
             if pair[0].1 != pair[1].0.raw() {
@@ -83,15 +82,19 @@ pub fn verify_tree(root: Pid, read: impl FnMut(Pid) -> PageImage) -> Result<Tree
         }
     }
     w.report.height = height;
-    w.report.levels = w.level_bytes;
+    w.report.levels = w
+        .levels
+        .iter()
+        .map(|l| (l.len() as u64, l.iter().map(|n| n.2).sum()))
+        .collect();
     Ok(w.report)
 }
 
 struct Walk<R> {
     read: R,
     seen: HashSet<Pid>,
-    levels: Vec<Vec<(Pid, u64)>>,
-    level_bytes: Vec<(u64, u64)>,
+    /// Per level, in key order: (node, its right link, bytes in use).
+    levels: Vec<Vec<(Pid, u64, u64)>>,
     report: TreeReport,
 }
 
@@ -147,11 +150,8 @@ impl<R: FnMut(Pid) -> PageImage> Walk<R> {
         }
         if self.levels.len() <= lvl as usize {
             self.levels.resize(lvl as usize + 1, Vec::new());
-            self.level_bytes.resize(lvl as usize + 1, (0, 0));
         }
-        self.levels[lvl as usize].push((pid, n.right()));
-        self.level_bytes[lvl as usize].0 += 1;
-        self.level_bytes[lvl as usize].1 += used;
+        self.levels[lvl as usize].push((pid, n.right(), used));
         match n.kind() {
             KIND_LEAF if lvl != 0 => Err(format!("leaf {pid} at level {lvl}")),
             KIND_LEAF => {
