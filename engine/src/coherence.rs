@@ -1182,13 +1182,7 @@ impl Coherence {
 
     /// A free frame for `pid`, exclusively latched, resident with no possession, in the table.
     fn new_frame(&self, inner: &Inner, pid: Pid) -> Option<u32> {
-        let Some(idx) = inner.free.pop() else {
-            inner.provider_wake.notify_one();
-            return None;
-        };
-        if inner.free.len() < inner.free_target {
-            inner.provider_wake.notify_one();
-        }
+        let idx = inner.try_take_free_frame(pid)?;
         let f = inner.pool.frame(idx);
         let mut b = Backoff::new();
         while !f.latch.try_lock_exclusive(None) {

@@ -8,6 +8,7 @@ use crate::coherence::Coherence;
 use crate::config::EngineConfig;
 use crate::error::EngineError;
 use crate::frame::{FramePool, FREE, LOADING, RESIDENT};
+use crate::free_frames::FreeFrames;
 use crate::guard::Worker;
 use crate::latch::Backoff;
 use crate::page::PageMut;
@@ -15,7 +16,6 @@ use crate::pid::Pid;
 use crate::provider;
 use crate::stats::{EngineCounters, StatsSnapshot, WorkerStats};
 use crate::table::TranslationTable;
-use crossbeam_queue::ArrayQueue;
 use parking_lot::{Condvar, Mutex};
 use shoal_messaging::{ChannelLayout, Channels, Transport, WaitMode};
 use shoal_storage::{PageStore, ReadRequest, StoreConfig, PAGE_DATA_SIZE};
@@ -33,7 +33,7 @@ pub(crate) struct Inner {
     pub pool: FramePool,
     pub table: TranslationTable,
     pub store: PageStore,
-    pub free: ArrayQueue<u32>,
+    pub free: FreeFrames,
     /// Global access epoch (advanced by the provider).
     pub epoch: AtomicU32,
     /// The provider keeps at least this many frames free.
@@ -146,10 +146,7 @@ impl Engine {
         let pool = FramePool::new(frames).map_err(|e| {
             EngineError::Config(format!("cannot map {frames} frames of page memory: {e}"))
         })?;
-        let free = ArrayQueue::new(frames);
-        for i in 0..frames as u32 {
-            free.push(i).expect("queue sized for every frame");
-        }
+        let free = FreeFrames::all(frames);
         let free_target = (frames * cfg.free_target_percent as usize / 100).max(16);
         let inner = Arc::new(Inner {
             node: cfg.node_id,
@@ -507,21 +504,26 @@ impl Inner {
         self.shutdown.load(Ordering::Acquire)
     }
 
-    /// Take a frame that is free right now, if any; wakes the provider when free frames run
-    /// low (or out).
-    fn try_take_free_frame(&self) -> Option<u32> {
-        let i = self.free.pop();
+    /// Take a frame for `pid` that is free right now, if any: its home frame if that is free
+    /// (see [`FramePool::home`]), else any. Wakes the provider when free frames run low (or out).
+    pub(crate) fn try_take_free_frame(&self, pid: Pid) -> Option<u32> {
+        let home = self.pool.home(pid);
+        let i = if self.free.take(home) {
+            Some(home)
+        } else {
+            self.free.take_any()
+        };
         if i.is_none() || self.free.len() < self.free_target {
             self.provider_wake.notify_one();
         }
         i
     }
 
-    /// Take a free frame, waking the provider and waiting for it if none is free.
-    pub fn take_free_frame(&self) -> Result<u32, EngineError> {
+    /// Take a free frame for `pid`, waking the provider and waiting for it if none is free.
+    pub fn take_free_frame(&self, pid: Pid) -> Result<u32, EngineError> {
         let mut started: Option<Instant> = None;
         loop {
-            if let Some(i) = self.try_take_free_frame() {
+            if let Some(i) = self.try_take_free_frame(pid) {
                 return Ok(i);
             }
             if self.is_shutdown() {
@@ -564,18 +566,16 @@ impl Inner {
         self.release_frame(idx);
     }
 
-    /// Give a frame (unlatched, FREE, unlinked) back to the free queue.
+    /// Give a frame (unlatched, FREE, unlinked) back to the free frames.
     pub fn release_frame(&self, idx: u32) {
-        self.free
-            .push(idx)
-            .expect("free queue has room for every frame");
+        self.free.put(idx);
     }
 
     /// Load `pid` into a frame (or find that another thread did). Returns the frame index; the
     /// caller re-checks the frame under its latch, since it may be evicted again at once.
     pub fn fault(&self, pid: Pid) -> Result<u32, EngineError> {
         self.check_faultable(pid)?;
-        let idx = self.take_free_frame()?;
+        let idx = self.take_free_frame(pid)?;
         if let Some(found) = self.claim_for_load(pid, idx) {
             return Ok(found);
         }
@@ -600,7 +600,7 @@ impl Inner {
         }
         let mut claimed = Vec::with_capacity(pids.len());
         for &pid in pids {
-            let Some(idx) = self.try_take_free_frame() else {
+            let Some(idx) = self.try_take_free_frame(pid) else {
                 break;
             };
             if self.claim_for_load(pid, idx).is_none() {
@@ -692,7 +692,7 @@ impl Inner {
 
     /// Put a brand-new, zeroed page `pid` into a frame. Returns the frame, exclusively latched.
     pub fn install_new_page(&self, pid: Pid) -> Result<u32, EngineError> {
-        let fresh = self.take_free_frame()?;
+        let fresh = self.take_free_frame(pid)?;
         let part = self.table.lock(pid);
         // A freed slot's old page can still be resident, if some thread faulted it in through
         // a stale pointer after the free. That copy must not survive next to the new page (a
@@ -764,11 +764,69 @@ impl Inner {
     }
 }
 
-/// Latch a frame taken from the free queue. It is normally unlatched; a thread that reached it
+/// Latch a frame taken from the free frames. It is normally unlatched; a thread that reached it
 /// through a stale table hint may hold it shared for an instant before noticing the pid changed.
 fn lock_free_frame(f: &crate::frame::Frame) {
     let mut b = Backoff::new();
     while !f.latch.try_lock_exclusive(None) {
         b.snooze();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::MIN_CACHE_FRAMES;
+
+    fn frame_of(e: &Engine, pid: Pid) -> Option<u32> {
+        e.inner.table.lookup(&e.inner.pool, pid)
+    }
+
+    /// The home-frame layout (`FramePool::home`): when the pool holds every page, each page
+    /// sits in its home frame, whatever order pages are created or read back in; when it does
+    /// not, pages go wherever a frame is free and stay readable.
+    #[test]
+    fn pages_sit_in_their_home_frames_when_the_pool_holds_them_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let pids: Vec<Pid> = {
+            let e = Engine::open(EngineConfig::new(dir.path(), 8 << 20)).unwrap();
+            let w = e.worker();
+            let pids: Vec<Pid> = (0..1000u64)
+                .map(|i| {
+                    let mut g = w.allocate().unwrap();
+                    g.page_mut().set_u64(0, i);
+                    g.pid()
+                })
+                .collect();
+            for &pid in &pids {
+                assert_eq!(frame_of(&e, pid), Some(e.inner.pool.home(pid)), "{pid:?}");
+            }
+            drop(w);
+            e.close().unwrap();
+            pids
+        };
+        // Read back in reverse: faults take each page's home frame again.
+        let e = Engine::open(EngineConfig::new(dir.path(), 8 << 20)).unwrap();
+        let w = e.worker();
+        for (i, &pid) in pids.iter().enumerate().rev() {
+            let v = w.run(|w| w.shared(pid).map(|g| g.page().u64(0))).unwrap();
+            assert_eq!(v, i as u64);
+            assert_eq!(frame_of(&e, pid), Some(e.inner.pool.home(pid)), "{pid:?}");
+        }
+        drop(w);
+        e.close().unwrap();
+        drop(e);
+        // A pool of 256 frames for 1000 pages: homes collide, every page is still read right.
+        let e = Engine::open(EngineConfig::new(dir.path(), MIN_CACHE_FRAMES * 4096)).unwrap();
+        let w = e.worker();
+        for _ in 0..2 {
+            for (i, &pid) in pids.iter().enumerate() {
+                let v = w.run(|w| w.shared(pid).map(|g| g.page().u64(0))).unwrap();
+                assert_eq!(v, i as u64);
+            }
+        }
+        assert!(e.inner.free.len() <= e.inner.pool.len());
+        drop(w);
+        e.close().unwrap();
     }
 }

@@ -1,10 +1,11 @@
 //! # shoal-engine: the buffer manager
 //!
-//! This crate owns a node's view of pages: buffer frames and their pool ([`frame`]), the
-//! translation table from page id to frame ([`table`]), the hybrid latch ([`latch`]), race-free
-//! page byte access ([`page`]), the guards and workers that are the public API ([`guard`]), the
-//! page provider that evicts cold pages to NVMe ([`provider`]), the catalog page ([`catalog`]),
-//! configuration ([`config`]) and the engine itself ([`engine`]).
+//! This crate owns a node's view of pages: buffer frames and their pool ([`frame`]), the free
+//! frames ([`free_frames`]), the translation table from page id to frame ([`table`]), the
+//! hybrid latch ([`latch`]), race-free page byte access ([`page`]), the guards and workers
+//! that are the public API ([`guard`]), the page provider that evicts cold pages to NVMe
+//! ([`provider`]), the catalog page ([`catalog`]), configuration ([`config`]) and the engine
+//! itself ([`engine`]).
 //!
 //! The coherence protocol's rules exist as pure state machines: [`protocol`] (modes and
 //! messages), [`directory`] (a page's home: holders, conflict epoch, anticipatory chaining) and
@@ -45,6 +46,7 @@ pub mod directory;
 pub mod engine;
 pub mod error;
 pub mod frame;
+pub mod free_frames;
 pub mod guard;
 pub mod latch;
 pub mod mapped;
