@@ -157,12 +157,28 @@ impl Worker {
         Ok(())
     }
 
+    /// The frame that probably holds `pid` (every caller checks the frame's pid again under
+    /// its latch), or `None` if it is not resident. First its home frame (see
+    /// [`crate::frame::FramePool::home`]): if that frame says it holds `pid`, the translation
+    /// entry is not needed at all, so the frame descriptor and the page's first lines are the
+    /// only cache misses, and they overlap. Else the translation table.
+    #[inline]
+    fn locate(&self, pid: Pid) -> Option<u32> {
+        let pool = &self.inner.pool;
+        let home = pool.home(pid);
+        pool.prefetch_page(home);
+        if pool.frame(home).pid() == pid {
+            return Some(home);
+        }
+        self.inner.table.lookup(pool, pid)
+    }
+
     /// Take an optimistic guard on `pid`. Waits while an exclusive holder is in.
     #[inline]
     pub fn optimistic(&self, pid: Pid) -> OpResult<OptimisticGuard<'_>> {
         let mut backoff = Backoff::new();
         loop {
-            let Some(idx) = self.inner.table.lookup(&self.inner.pool, pid) else {
+            let Some(idx) = self.locate(pid) else {
                 self.miss(pid, Mode::Shared)?;
                 continue;
             };
@@ -193,7 +209,7 @@ impl Worker {
     pub fn shared(&self, pid: Pid) -> OpResult<SharedGuard<'_>> {
         let mut backoff = Backoff::new();
         loop {
-            let Some(idx) = self.inner.table.lookup(&self.inner.pool, pid) else {
+            let Some(idx) = self.locate(pid) else {
                 self.miss(pid, Mode::Shared)?;
                 continue;
             };
@@ -221,7 +237,7 @@ impl Worker {
     pub fn exclusive(&self, pid: Pid) -> OpResult<ExclusiveGuard<'_>> {
         let mut backoff = Backoff::new();
         loop {
-            let Some(idx) = self.inner.table.lookup(&self.inner.pool, pid) else {
+            let Some(idx) = self.locate(pid) else {
                 self.miss(pid, Mode::Exclusive)?;
                 continue;
             };

@@ -67,22 +67,15 @@ impl TranslationTable {
     /// Lock-free lookup (a hint, see module docs).
     #[inline]
     pub fn lookup(&self, pool: &FramePool, pid: Pid) -> Option<u32> {
-        // Guess first: the page is usually in its home frame, whose descriptor and first page
-        // lines can start loading now, in parallel with the entry (a wrong guess costs only
-        // the prefetches; measured in docs/BENCHMARKS.md).
-        let home = pool.home(pid);
-        pool.prefetch_frame(home);
         // Acquire: pairs with the Release in `insert`, so the frame's pid written before the
         // entry is visible.
         let at = self.entry(pid)?.load(Ordering::Acquire);
         if at == 0 {
             return None;
         }
-        if at - 1 != home {
-            // Not at home: start loading the page's first lines now, in parallel with the
-            // frame descriptor (its pid and latch are the next, dependent, cache miss).
-            pool.prefetch_page(at - 1);
-        }
+        // Start loading the page's first lines now, in parallel with the frame descriptor
+        // (its pid and latch are the next, dependent, cache miss).
+        pool.prefetch_page(at - 1);
         Some(at - 1)
     }
 
