@@ -64,12 +64,12 @@ impl FreeFrames {
             return false;
         };
         // Cheap test first: a busy home frame (the common case once the pool is full) costs a
-        // read, not a cache-line write.
-        // Acquire (both): the frame's last owner put it back with a Release (see `put`); its
-        // writes to the frame (state FREE, unlinked) happen before ours.
-        if word.load(Ordering::Acquire) & m == 0 {
+        // read, not a cache-line write. Relaxed: only a hint; the claim below decides.
+        if word.load(Ordering::Relaxed) & m == 0 {
             return false;
         }
+        // Acquire: the frame's last owner put it back with a Release (see `put`); its writes
+        // to the frame (state FREE, unlinked) happen before ours.
         if word.fetch_and(!m, Ordering::Acquire) & m == 0 {
             return false; // another taker won it
         }
