@@ -109,35 +109,45 @@ fn info_at(n: usize, i: usize) -> usize {
 fn child_at(n: usize, i: usize) -> usize {
     HEADER + 16 * n + 8 * i
 }
+/// Slot `i`'s info: (heap offset of its key, key length, value length), read as one word.
+#[inline]
+fn info(p: PageRef<'_>, i: usize) -> (usize, usize, usize) {
+    let w = p.u64(info_at(count(p), i));
+    let f = |k: u32| (w >> (16 * k)) as u16 as usize;
+    (f(0), f(1), f(2))
+}
 #[inline]
 pub fn key_len(p: PageRef<'_>, i: usize) -> usize {
-    p.u16(info_at(count(p), i) + 2) as usize
+    info(p, i).1
 }
 #[inline]
 pub fn val_len(p: PageRef<'_>, i: usize) -> usize {
-    p.u16(info_at(count(p), i) + 4) as usize
+    info(p, i).2
 }
+/// Offset and length of value `i`'s bytes (leaves): they follow the key in the heap.
 #[inline]
-fn rec_off(p: PageRef<'_>, i: usize) -> usize {
-    p.u16(info_at(count(p), i)) as usize
+fn value_at(p: PageRef<'_>, i: usize) -> (usize, usize) {
+    let (off, klen, vlen) = info(p, i);
+    (off + klen, vlen)
 }
 /// Offset of value `i`'s bytes (leaves).
 #[inline]
 pub fn value_offset(p: PageRef<'_>, i: usize) -> usize {
-    rec_off(p, i) + key_len(p, i)
+    value_at(p, i).0
 }
 
 /// Copy key `i` into `out`.
 pub fn key_into(p: PageRef<'_>, i: usize, out: &mut Vec<u8>) {
-    let n = key_len(p, i).min(MAX_KEY);
+    let (off, klen, _) = info(p, i);
+    let n = klen.min(MAX_KEY);
     out.resize(n, 0);
-    p.read(rec_off(p, i), out);
+    p.read(off, out);
 }
 
 /// Copy value `i` into `out`.
 pub fn value_into(p: PageRef<'_>, i: usize, out: &mut Vec<u8>) {
-    let n = val_len(p, i).min(PAGE_DATA_SIZE);
-    let off = rec_off(p, i) + key_len(p, i);
+    let (off, n) = value_at(p, i);
+    let n = n.min(PAGE_DATA_SIZE);
     // The value's lines are usually not cached yet: start loading all of them at once rather
     // than one after the other as the copy reaches them.
     p.prefetch(off, n);
@@ -161,7 +171,8 @@ pub fn prefetch_slots(p: PageRef<'_>) {
 /// Hint: value `i` will be copied soon.
 #[inline]
 pub fn prefetch_value(p: PageRef<'_>, i: usize) {
-    p.prefetch(rec_off(p, i) + key_len(p, i), val_len(p, i));
+    let (off, n) = value_at(p, i);
+    p.prefetch(off, n);
 }
 
 /// Child pid of inner slot `i`, or the upper child for `i == count`.
@@ -178,12 +189,12 @@ pub fn child(p: PageRef<'_>, i: usize) -> u64 {
 /// Compare key `i` with `key`, whose 8-byte heads are equal (the caller compared them).
 #[inline]
 fn cmp_same_head(p: PageRef<'_>, i: usize, key: &[u8]) -> Ordering {
-    let kl = key_len(p, i);
+    let (off, kl, _) = info(p, i);
     if kl <= 8 && key.len() <= 8 {
         // equal zero-padded heads: the shorter key is the smaller
         kl.cmp(&key.len())
     } else {
-        p.compare(rec_off(p, i), kl.min(MAX_KEY), key)
+        p.compare(off, kl.min(MAX_KEY), key)
     }
 }
 

@@ -242,15 +242,22 @@ impl Nodes<'_> {
     }
 }
 
-/// Run `drive` on a cluster of this process, then close the cluster in order (pages home,
-/// stores marked clean) even if `drive` panicked, for example on printing to a closed pipe: a
-/// cluster dropped without `close` leaves its stores unclean. The panic resumes after the
-/// close; an error of `drive` is returned after it.
+/// Run `drive` on the nodes of a cluster of this process, then close the cluster in order
+/// (pages home, stores marked clean) even if `drive` panicked, for example on printing to a
+/// closed pipe: a cluster dropped without `close` leaves its stores unclean. The panic resumes
+/// after the close; an error of `drive` is returned after it.
 pub fn drive_cluster<T>(
     cluster: shoal_engine::Cluster,
-    drive: impl FnOnce(&shoal_engine::Cluster) -> Result<T, String>,
+    drive: impl FnOnce(&Nodes) -> Result<T, String>,
 ) -> Result<T, String> {
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drive(&cluster)));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let engines: Vec<&Engine> = cluster.nodes().iter().collect();
+        drive(&Nodes {
+            cluster: engines.len(),
+            engines,
+            member: false,
+        })
+    }));
     let closed = cluster.close().map_err(|e| e.to_string());
     match r {
         Ok(r) => {

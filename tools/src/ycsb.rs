@@ -281,14 +281,7 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
     }
     let cluster =
         Cluster::mem(a.net.nodes, Duration::from_secs(30), node_cfg).map_err(|e| e.to_string())?;
-    crate::cli::drive_cluster(cluster, |cluster| {
-        let nodes = Nodes {
-            engines: cluster.nodes().iter().collect(),
-            cluster: a.net.nodes,
-            member: false,
-        };
-        drive(&nodes, &a, &plan)
-    })
+    crate::cli::drive_cluster(cluster, |nodes| drive(nodes, &a, &plan))
 }
 
 /// Node-level counters over the measured interval.

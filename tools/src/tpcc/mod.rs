@@ -159,14 +159,7 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
         return r;
     }
     let c = Cluster::mem(a.net.nodes, Duration::from_secs(30), cfg).map_err(|e| e.to_string())?;
-    crate::cli::drive_cluster(c, |c| {
-        let nodes = Nodes {
-            engines: c.nodes().iter().collect(),
-            cluster: a.net.nodes,
-            member: false,
-        };
-        drive(&nodes, &a)
-    })
+    crate::cli::drive_cluster(c, |nodes| drive(nodes, &a))
 }
 
 fn drive(nodes: &Nodes, a: &Args) -> Result<ExitCode, String> {
