@@ -298,6 +298,60 @@ pub(crate) fn io(e: std::io::Error) -> MsgError {
     MsgError::Io(e.to_string())
 }
 
+/// `n` loopback addresses (127.0.0.1) whose ports are free now, for a cluster of processes
+/// on one host (tests, `shoal ycsb --transport tcp`). The ports lie below the kernel's
+/// ephemeral range (`/proc/sys/net/ipv4/ip_local_port_range`) when there is room, so no
+/// outgoing connection on the host can take one between now and the moment its node binds
+/// it; successive calls in one process never return a port twice. Falls back to ports the
+/// kernel picks when the ephemeral range leaves no room below it.
+pub fn free_loopback_addrs(n: usize) -> std::io::Result<Vec<SocketAddr>> {
+    use std::sync::atomic::AtomicU32;
+    /// Lowest port handed out (well above the ports of common services).
+    const LOW: u32 = 10_000;
+    /// Where this process's next search starts, as an offset into the range (`u32::MAX`: not
+    /// chosen yet; then at random, so that concurrent processes rarely meet).
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let span = ephemeral_low.saturating_sub(LOW);
+    if span < 1000 {
+        let ls = (0..n)
+            .map(|_| TcpListener::bind("127.0.0.1:0"))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        return ls.iter().map(TcpListener::local_addr).collect();
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let seed = std::process::id().wrapping_mul(2_654_435_761) ^ nanos;
+    // Relaxed: the counter only spreads searches; it orders nothing else.
+    let _ = NEXT.compare_exchange(u32::MAX, seed % span, Ordering::Relaxed, Ordering::Relaxed);
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..span {
+        if out.len() == n {
+            break;
+        }
+        let port = LOW + NEXT.fetch_add(1, Ordering::Relaxed) % span;
+        // Free if it can be bound now (the listener is closed again at once; nothing
+        // on the host takes such a port on its own).
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port as u16)) {
+            out.push(l.local_addr()?);
+        }
+    }
+    if out.len() < n {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AddrNotAvailable,
+            format!(
+                "only {} free loopback ports below {ephemeral_low}",
+                out.len()
+            ),
+        ));
+    }
+    Ok(out)
+}
+
 /// Connect this node to every peer over TCP: dial the higher ids, accept the lower ones on
 /// `listener`, each connection opened with a validated hello (`magic` names the transport, so a
 /// `tcp` node and an `rdma` node never pair up). Afterwards a thread keeps refusing strangers on
@@ -369,6 +423,13 @@ fn dial(
             )));
         }
         match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(1))) {
+            // A dial to a port nobody listens on yet can connect to itself, when the kernel
+            // picks that very port as the source (TCP simultaneous open): not the peer, and it
+            // would keep the peer from binding its port. Let go and try again.
+            Ok(s) if s.local_addr().is_ok_and(|a| a == addr) => {
+                drop(s);
+                std::thread::sleep(Duration::from_millis(20));
+            }
             Ok(mut s) => {
                 s.set_nodelay(true).map_err(io)?;
                 s.set_read_timeout(Some(left.max(Duration::from_millis(10))))
@@ -491,5 +552,25 @@ mod tests {
         assert!(check_hello(&v, MAGIC, 7, 1, 2)
             .unwrap_err()
             .contains("version"));
+    }
+
+    /// Ports for node processes: distinct across calls, bindable, and below the ephemeral
+    /// range, where no outgoing connection can take them.
+    #[test]
+    fn free_loopback_addrs_are_distinct_bindable_and_below_the_ephemeral_range() {
+        let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok());
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..20 {
+            for a in free_loopback_addrs(3).unwrap() {
+                assert!(a.ip().is_loopback());
+                assert!(seen.insert(a.port()), "port {} handed out twice", a.port());
+                if let Some(low) = low.filter(|&l| l >= 11_000) {
+                    assert!(a.port() < low, "port {} in the ephemeral range", a.port());
+                }
+                TcpListener::bind(a).unwrap();
+            }
+        }
     }
 }

@@ -64,17 +64,10 @@ pub fn run_processes(
     quiet: bool,
     args: impl Fn(usize, &Path, &Path) -> Vec<String>,
 ) -> Result<(Vec<Value>, bool), String> {
-    // free loopback ports: bound by the OS, released just before the nodes bind them
-    let listeners = (0..nodes)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<Vec<_>, _>>()
+    // free loopback ports outside the ephemeral range (no outgoing connection can take one
+    // before its node binds it)
+    let addrs = shoal_messaging::tcp::free_loopback_addrs(nodes)
         .map_err(|e| format!("cannot find free loopback ports: {e}"))?;
-    let addrs = listeners
-        .iter()
-        .map(|l| l.local_addr())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
-    drop(listeners);
     let file = dir.join("cluster.toml");
     std::fs::write(&file, ClusterFile::local_text(&addrs, dir, cache))
         .map_err(|e| format!("writing {}: {e}", file.display()))?;

@@ -21,16 +21,11 @@ fn increments() -> u64 {
 
 /// A cluster file for `n` nodes on free loopback ports.
 fn cluster_file(dir: &Path, n: usize) -> PathBuf {
-    let ls: Vec<_> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
+    let addrs = shoal_messaging::tcp::free_loopback_addrs(n).unwrap();
     let mut s =
         String::from("cache = \"1MiB\"\nremote_timeout_ms = 3000\nconnect_timeout_ms = 30000\n");
-    for (i, l) in ls.iter().enumerate() {
-        s += &format!(
-            "[[node]]\nid = {i}\naddress = \"{}\"\ndata_dir = \"node{i}\"\n",
-            l.local_addr().unwrap()
-        );
+    for (i, a) in addrs.iter().enumerate() {
+        s += &format!("[[node]]\nid = {i}\naddress = \"{a}\"\ndata_dir = \"node{i}\"\n");
     }
     let path = dir.join("cluster.toml");
     std::fs::write(&path, s).unwrap();
