@@ -433,6 +433,11 @@ impl Coherence {
         );
     }
 
+    /// Nodes in the cluster.
+    pub fn nodes(&self) -> u8 {
+        self.nodes
+    }
+
     /// The first of `nodes` (other than this one) that is dead.
     fn first_dead(&self, nodes: impl Iterator<Item = Node>) -> Option<Node> {
         nodes

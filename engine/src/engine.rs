@@ -127,6 +127,20 @@ impl Engine {
             }
         };
         let lock = prepare_data_dir(&cfg)?;
+        let table = TranslationTable::new();
+        let members: Vec<u8> = match &coh {
+            Some(c) => (0..c.nodes()).collect(),
+            None => vec![cfg.node_id],
+        };
+        for n in members {
+            table.reserve(n).map_err(|e| {
+                EngineError::Config(format!(
+                    "cannot reserve {} GiB of address space for node {n}'s translation table \
+                     (is `ulimit -v` set?): {e}",
+                    (crate::table::MAX_SLOTS_PER_NODE * 4) >> 30
+                ))
+            })?;
+        }
         // The translation table addresses at most MAX_SLOTS_PER_NODE slots per node.
         let max = crate::table::MAX_SLOTS_PER_NODE;
         let store = PageStore::open(&StoreConfig {
@@ -150,7 +164,7 @@ impl Engine {
         let free_target = (frames * cfg.free_target_percent as usize / 100).max(16);
         let inner = Arc::new(Inner {
             node: cfg.node_id,
-            table: TranslationTable::new(),
+            table,
             pool,
             store,
             free,

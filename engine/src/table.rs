@@ -47,6 +47,26 @@ impl TranslationTable {
         }
     }
 
+    /// Reserve node `node`'s array now. It is otherwise reserved at the first insert of one
+    /// of its pages, where running out of address space could only panic; engines reserve the
+    /// arrays of every node they will hold pages of when they open, so that a process without
+    /// 16 GiB of address space per node (`ulimit -v`) gets an error instead.
+    pub fn reserve(&self, node: u8) -> std::io::Result<()> {
+        let Some(cell) = self.nodes.get(node as usize) else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("node {node}: at most {MAX_NODES} nodes"),
+            ));
+        };
+        if cell.get().is_none() {
+            // SAFETY: all-zero bytes are a valid AtomicU32 (the value 0: "not resident").
+            let arr = unsafe { MappedSlice::zeroed(MAX_SLOTS_PER_NODE as usize) }?;
+            // Another thread may have set it meanwhile: then ours is unmapped again.
+            let _ = cell.set(arr);
+        }
+        Ok(())
+    }
+
     /// The entry of `pid`, if its node's array exists and the slot is in range.
     #[inline]
     fn entry(&self, pid: Pid) -> Option<&AtomicU32> {
@@ -58,8 +78,11 @@ impl TranslationTable {
     fn entry_or_map(&self, pid: Pid) -> &AtomicU32 {
         let arr = self.nodes[pid.node() as usize].get_or_init(|| {
             // SAFETY: all-zero bytes are a valid AtomicU32 (the value 0: "not resident").
-            unsafe { MappedSlice::zeroed(MAX_SLOTS_PER_NODE as usize) }
-                .expect("reserving address space for the translation table")
+            unsafe { MappedSlice::zeroed(MAX_SLOTS_PER_NODE as usize) }.expect(
+                "reserving address space for the translation table (engines reserve every \
+                 member's array when they open, so this is only reached by a pid of a node \
+                 outside the cluster)",
+            )
         });
         &arr[pid.slot() as usize]
     }

@@ -141,3 +141,28 @@ fn bad_flags_are_clear_errors() {
         assert!(err.contains(msg), "{args:?}: {err}");
     }
 }
+
+/// A process with too little address space for the translation table (16 GiB reserved per
+/// node, not committed) gets a clear error when the engine opens, not a panic at the first
+/// page fault.
+#[test]
+fn too_little_address_space_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -v 6000000 && exec '{}' ycsb --records 1000 --duration 1 --cache 64MiB \
+             --quiet --data-dir '{}'",
+            env!("CARGO_BIN_EXE_shoal"),
+            dir.path().display()
+        ))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "ran under ulimit -v 6000000: {err}");
+    assert!(
+        err.contains("translation table") && err.contains("ulimit -v"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
