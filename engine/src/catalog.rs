@@ -16,6 +16,8 @@ use shoal_storage::PAGE_DATA_SIZE;
 /// Longest catalog name.
 pub const MAX_NAME: usize = 255;
 const HEADER: usize = 8;
+/// Bytes of entries the catalog page holds (an entry takes its name's length + 9).
+pub const CAPACITY: usize = PAGE_DATA_SIZE - HEADER;
 
 /// The entries of a catalog page's data area (also for tools that read a store without an
 /// engine, such as `shoal inspect`). A malformed page is an error, never a panic.

@@ -29,7 +29,8 @@ fn each(
 /// Check warehouse `wid`; returns the violations found (empty: consistent).
 pub fn warehouse(w: &Worker, t: &Tables, wid: u16) -> Result<Vec<String>, TreeError> {
     let mut bad = Vec::new();
-    let Some(wrow) = t.warehouse.get(w, &warehouse_key(wid))? else {
+    let t_w = t.at(wid);
+    let Some(wrow) = t_w.warehouse.get(w, &warehouse_key(wid))? else {
         bad.push(format!("warehouse {wid} does not exist"));
         return Ok(bad);
     };
@@ -43,7 +44,7 @@ pub fn warehouse(w: &Worker, t: &Tables, wid: u16) -> Result<Vec<String>, TreeEr
     let w_ytd = get_i64(&wrow, warehouse::YTD);
     let mut d_ytd = 0i64;
     for d in 1..=DISTRICTS {
-        let Some(drow) = t.district.get(w, &district_key(wid, d))? else {
+        let Some(drow) = t_w.district.get(w, &district_key(wid, d))? else {
             bad.push(format!("district {wid}/{d} does not exist"));
             continue;
         };
@@ -59,7 +60,7 @@ pub fn warehouse(w: &Worker, t: &Tables, wid: u16) -> Result<Vec<String>, TreeEr
         let prefix = district_key(wid, d);
 
         let (mut max_o, mut ol_cnt_sum, mut odd) = (0u32, 0u64, 0u64);
-        each(w, &t.order, &prefix, |k, v| {
+        each(w, &t_w.order, &prefix, |k, v| {
             max_o = max_o.max(key_tail_u32(k).unwrap_or(0));
             if v.len() == order::LEN {
                 ol_cnt_sum += get_u32(v, order::OL_CNT) as u64;
@@ -73,14 +74,14 @@ pub fn warehouse(w: &Worker, t: &Tables, wid: u16) -> Result<Vec<String>, TreeEr
             ));
         }
         let (mut no_min, mut no_max, mut no_count) = (u32::MAX, 0u32, 0u64);
-        each(w, &t.new_order, &prefix, |k, _| {
+        each(w, &t_w.new_order, &prefix, |k, _| {
             let o = key_tail_u32(k).unwrap_or(0);
             no_min = no_min.min(o);
             no_max = no_max.max(o);
             no_count += 1;
         })?;
         let mut lines = 0u64;
-        each(w, &t.order_line, &prefix, |_, _| lines += 1)?;
+        each(w, &t_w.order_line, &prefix, |_, _| lines += 1)?;
 
         if next - 1 != max_o {
             bad.push(format!(
@@ -125,14 +126,14 @@ mod tests {
         let (e, t) = (&l.engine, l.tables);
         let w = e.worker();
         assert_eq!(t.item.count(&w).unwrap(), 100_000);
-        assert_eq!(t.stock.count(&w).unwrap(), 100_000);
-        assert_eq!(t.district.count(&w).unwrap(), 10);
-        assert_eq!(t.customer.count(&w).unwrap(), 30_000);
-        assert_eq!(t.customer_name.count(&w).unwrap(), 30_000);
-        assert_eq!(t.history.count(&w).unwrap(), 30_000);
-        assert_eq!(t.order.count(&w).unwrap(), 30_000);
-        assert_eq!(t.new_order.count(&w).unwrap(), 9_000);
-        let lines = t.order_line.count(&w).unwrap();
+        assert_eq!(t.at(1).stock.count(&w).unwrap(), 100_000);
+        assert_eq!(t.at(1).district.count(&w).unwrap(), 10);
+        assert_eq!(t.at(1).customer.count(&w).unwrap(), 30_000);
+        assert_eq!(t.at(1).customer_name.count(&w).unwrap(), 30_000);
+        assert_eq!(t.at(1).history.count(&w).unwrap(), 30_000);
+        assert_eq!(t.at(1).order.count(&w).unwrap(), 30_000);
+        assert_eq!(t.at(1).new_order.count(&w).unwrap(), 9_000);
+        let lines = t.at(1).order_line.count(&w).unwrap();
         assert!((150_000..=450_000).contains(&lines), "{lines}");
         assert!(warehouse(&w, &t, 1).unwrap().is_empty());
         assert_eq!(
@@ -141,21 +142,28 @@ mod tests {
         );
 
         // 1: a district's YTD changes alone
-        t.district
+        t.at(1)
+            .district
             .update(&w, &district_key(1, 3), |r| {
                 set_i64(r, district::YTD, get_i64(r, district::YTD) + 1)
             })
             .unwrap();
         // 3: a new order in the middle of district 4's range disappears
-        assert!(t.new_order.remove(&w, &order_key(1, 4, 2500)).unwrap());
+        assert!(t
+            .at(1)
+            .new_order
+            .remove(&w, &order_key(1, 4, 2500))
+            .unwrap());
         // 2: district 5's next order id runs ahead of its orders
-        t.district
+        t.at(1)
+            .district
             .update(&w, &district_key(1, 5), |r| {
                 set_u32(r, district::NEXT_O_ID, get_u32(r, district::NEXT_O_ID) + 1)
             })
             .unwrap();
         // 4: an order line of district 6 disappears
         assert!(t
+            .at(1)
             .order_line
             .remove(&w, &order_line_key(1, 6, 7, 1))
             .unwrap());
@@ -167,7 +175,10 @@ mod tests {
         assert!(has("condition 4, district 1/6"), "{bad:?}");
         assert_eq!(bad.len(), 4, "{bad:?}");
         // a row of the wrong size is reported, not read out of bounds
-        t.warehouse.upsert(&w, &warehouse_key(1), b"odd").unwrap();
+        t.at(1)
+            .warehouse
+            .upsert(&w, &warehouse_key(1), b"odd")
+            .unwrap();
         let bad = warehouse(&w, &t, 1).unwrap();
         assert_eq!(bad.len(), 1, "{bad:?}");
         assert!(bad[0].contains("not a warehouse row"), "{bad:?}");

@@ -83,13 +83,14 @@ pub fn warehouse(
     rng: &mut SmallRng,
     done: &AtomicU64,
 ) -> Result<(), TreeError> {
+    let set = t.at(wid);
     let date = now();
     let mut row = vec![0u8; warehouse::LEN];
     set_str(&mut row, warehouse::NAME, &astring(rng, 6, 10));
     address(&mut row, warehouse::ADDRESS_END, rng);
     set_u32(&mut row, warehouse::TAX, rng.random_range(0..=2000));
     set_i64(&mut row, warehouse::YTD, 30_000_000);
-    insert(&t.warehouse, w, &warehouse_key(wid), &row)?;
+    insert(&set.warehouse, w, &warehouse_key(wid), &row)?;
 
     let mut row = vec![0u8; stock::LEN];
     for i in 1..=ITEMS {
@@ -101,7 +102,7 @@ pub fn warehouse(
         set_u32(&mut row, stock::ORDER_CNT, 0);
         set_u32(&mut row, stock::REMOTE_CNT, 0);
         set_str(&mut row, stock::DATA, &data_with_original(rng));
-        insert(&t.stock, w, &stock_key(wid, i), &row)?;
+        insert(&set.stock, w, &stock_key(wid, i), &row)?;
         if i % 1024 == 0 {
             done.fetch_add(1024, Ordering::Relaxed);
         }
@@ -114,7 +115,7 @@ pub fn warehouse(
         set_u32(&mut row, district::TAX, rng.random_range(0..=2000));
         set_i64(&mut row, district::YTD, 3_000_000);
         set_u32(&mut row, district::NEXT_O_ID, ORDERS + 1);
-        insert(&t.district, w, &district_key(wid, d), &row)?;
+        insert(&set.district, w, &district_key(wid, d), &row)?;
 
         let mut crow = vec![0u8; customer::LEN];
         let mut hrow = vec![0u8; history::LEN];
@@ -140,9 +141,9 @@ pub fn warehouse(
             set_u32(&mut crow, customer::PAYMENT_CNT, 1);
             set_u32(&mut crow, customer::DELIVERY_CNT, 0);
             set_str(&mut crow, customer::DATA, &astring(rng, 300, 500));
-            insert(&t.customer, w, &customer_key(wid, d, cid), &crow)?;
+            insert(&set.customer, w, &customer_key(wid, d, cid), &crow)?;
             insert(
-                &t.customer_name,
+                &set.customer_name,
                 w,
                 &customer_name_key(wid, d, &last, &first, cid),
                 &[],
@@ -155,7 +156,7 @@ pub fn warehouse(
             set_i64(&mut hrow, history::DATE, date);
             set_i64(&mut hrow, history::AMOUNT, 1000);
             set_str(&mut hrow, history::DATA, &astring(rng, 12, 24));
-            insert(&t.history, w, &history_key(wid, d, cid, 0), &hrow)?;
+            insert(&set.history, w, &history_key(wid, d, cid, 0), &hrow)?;
         }
         done.fetch_add(3 * CUSTOMERS as u64, Ordering::Relaxed);
 
@@ -181,9 +182,9 @@ pub fn warehouse(
             set_u32(&mut orow, order::CARRIER_ID, carrier);
             set_u32(&mut orow, order::OL_CNT, ol_cnt);
             set_u32(&mut orow, order::ALL_LOCAL, 1);
-            insert(&t.order, w, &order_key(wid, d, o), &orow)?;
+            insert(&set.order, w, &order_key(wid, d, o), &orow)?;
             insert(
-                &t.order_customer,
+                &set.order_customer,
                 w,
                 &order_customer_key(wid, d, cid, o),
                 &[],
@@ -204,10 +205,10 @@ pub fn warehouse(
                 };
                 set_i64(&mut lrow, order_line::AMOUNT, amount);
                 set_str(&mut lrow, order_line::DIST_INFO, &astring(rng, 24, 24));
-                insert(&t.order_line, w, &order_line_key(wid, d, o, n), &lrow)?;
+                insert(&set.order_line, w, &order_line_key(wid, d, o, n), &lrow)?;
             }
             if !delivered {
-                insert(&t.new_order, w, &order_key(wid, d, o), &[])?;
+                insert(&set.new_order, w, &order_key(wid, d, o), &[])?;
                 rows += 1;
             }
             rows += 2 + ol_cnt as u64;
@@ -242,7 +243,7 @@ pub mod testing {
         let dir = tempfile::tempdir().unwrap();
         let engine = Engine::open(EngineConfig::new(dir.path(), 512 << 20)).unwrap();
         let w = engine.worker();
-        let tables = Tables::get(&w, true).unwrap();
+        let tables = Tables::single(&w, 1).unwrap();
         let mut rng = SmallRng::seed_from_u64(seed);
         let constants = Constants::load(&mut rng);
         let done = AtomicU64::new(0);

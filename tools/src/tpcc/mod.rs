@@ -85,6 +85,17 @@ fn validate(a: &Args) -> Result<u64, String> {
             a.warehouses, a.net.nodes
         ));
     }
+    if schema::Tables::catalog_bytes(a.net.nodes) > shoal_engine::catalog::CAPACITY {
+        let most = (1..a.net.nodes)
+            .rev()
+            .find(|&n| schema::Tables::catalog_bytes(n) <= shoal_engine::catalog::CAPACITY)
+            .unwrap_or(1);
+        return Err(format!(
+            "--nodes {}: TPC-C keeps one set of tables per node in the catalog, which has \
+             room for the sets of at most {most} nodes",
+            a.net.nodes
+        ));
+    }
     if a.workers == 0 || a.workers > 1024 {
         return Err(format!("--workers {}: 1 to 1024", a.workers));
     }
@@ -164,25 +175,6 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
 
 fn drive(nodes: &Nodes, a: &Args) -> Result<ExitCode, String> {
     let w0 = nodes.engines[0].worker();
-    let made = if nodes.leads() {
-        Some(Tables::get(&w0, true).map_err(|e| match e {
-            shoal_btree::TreeError::Exists(_) => format!(
-                "the data directory already holds a TPC-C database; use an empty --data-dir ({e})"
-            ),
-            e => e.to_string(),
-        }))
-    } else {
-        None
-    };
-    // the others open the tables once node 0 made them (a failure there still meets them)
-    nodes.barrier("tables created")?;
-    let tables = match made {
-        Some(t) => t?,
-        None => Tables::get(&w0, false).map_err(|e| format!("opening the tables: {e}"))?,
-    };
-    let mut rng = SmallRng::seed_from_u64(a.seed);
-    let load_c = Constants::load(&mut rng);
-    let run_c = Constants::run(&load_c, &mut rng);
     let node_of: Vec<u8> = (1..=a.warehouses)
         .map(|w| {
             (0..nodes.cluster)
@@ -193,6 +185,27 @@ fn drive(nodes: &Nodes, a: &Args) -> Result<ExitCode, String> {
                 .expect("every warehouse has a node") as u8
         })
         .collect();
+    let made = if nodes.leads() {
+        Some(
+            Tables::get(&w0, true, node_of.clone()).map_err(|e| match e {
+                shoal_btree::TreeError::Exists(_) => format!(
+                "the data directory already holds a TPC-C database; use an empty --data-dir ({e})"
+            ),
+                e => e.to_string(),
+            }),
+        )
+    } else {
+        None
+    };
+    // the others open the tables once node 0 made them (a failure there still meets them)
+    nodes.barrier("tables created")?;
+    let tables = match made {
+        Some(t) => t?,
+        None => Tables::get(&w0, false, node_of).map_err(|e| format!("opening the tables: {e}"))?,
+    };
+    let mut rng = SmallRng::seed_from_u64(a.seed);
+    let load_c = Constants::load(&mut rng);
+    let run_c = Constants::run(&load_c, &mut rng);
 
     let load_s = populate(nodes, &tables, a, &load_c)?;
     let pages: u64 = nodes.engines.iter().map(|e| e.store().high_water()).sum();
@@ -211,7 +224,7 @@ fn drive(nodes: &Nodes, a: &Args) -> Result<ExitCode, String> {
     );
     nodes.barrier("loaded")?;
 
-    let out = run_phase(nodes, &tables, a, &run_c, &node_of)?;
+    let out = run_phase(nodes, &tables, a, &run_c, tables.node_of())?;
     nodes.barrier("run over")?;
     let check = if a.check && nodes.leads() {
         let mut bad = Vec::new();

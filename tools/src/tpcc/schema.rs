@@ -242,9 +242,9 @@ pub fn key_tail_u32(k: &[u8]) -> Option<u32> {
     ))
 }
 
-/// The trees of one TPC-C database, opened by name from the catalog.
+/// The warehouse-keyed trees of the warehouses homed at one node.
 #[derive(Clone, Copy)]
-pub struct Tables {
+pub struct Set {
     pub warehouse: BTree,
     pub district: BTree,
     pub customer: BTree,
@@ -254,48 +254,112 @@ pub struct Tables {
     pub order: BTree,
     pub order_customer: BTree,
     pub order_line: BTree,
-    pub item: BTree,
     pub stock: BTree,
 }
 
-const NAMES: [&str; 11] = [
-    "tpcc.warehouse",
-    "tpcc.district",
-    "tpcc.customer",
-    "tpcc.customer_name",
-    "tpcc.history",
-    "tpcc.new_order",
-    "tpcc.order",
-    "tpcc.order_customer",
-    "tpcc.order_line",
-    "tpcc.item",
-    "tpcc.stock",
+/// Tables of a [`Set`], in its field order (catalog names: `tpcc.<table>` for node 0's set,
+/// `tpcc.<table>.<node>` for the others').
+const SET_TABLES: [&str; 10] = [
+    "warehouse",
+    "district",
+    "customer",
+    "customer_name",
+    "history",
+    "new_order",
+    "order",
+    "order_customer",
+    "order_line",
+    "stock",
 ];
+const ITEM: &str = "tpcc.item";
+
+/// The trees of one TPC-C database, by name from the catalog: `item` (read-only, shared by
+/// every warehouse) and one [`Set`] of the other tables per node, holding the warehouses homed
+/// at that node. Separate trees per node keep pages that every transaction writes (the
+/// warehouse and district rows, the right edges and inner nodes of the growing order tables)
+/// apart: with shared trees, two nodes' warehouses share those pages and each write moves
+/// them between the nodes.
+#[derive(Clone)]
+pub struct Tables {
+    pub item: BTree,
+    sets: Vec<Set>,
+    /// The node (set) of each warehouse (index: warehouse id - 1).
+    node_of: Vec<u8>,
+}
+
+fn set_name(table: &str, node: usize) -> String {
+    if node == 0 {
+        format!("tpcc.{table}")
+    } else {
+        format!("tpcc.{table}.{node}")
+    }
+}
 
 impl Tables {
-    /// Create every tree (`create`) or open existing ones.
-    pub fn get(w: &Worker, create: bool) -> Result<Tables, TreeError> {
-        let mut t = Vec::with_capacity(NAMES.len());
-        for n in NAMES {
-            t.push(if create {
-                BTree::create(w, n)?
+    /// Create every tree (`create`) or open existing ones, for `warehouses` warehouses spread
+    /// over `nodes` nodes as `node_of` says (index: warehouse id - 1).
+    pub fn get(w: &Worker, create: bool, node_of: Vec<u8>) -> Result<Tables, TreeError> {
+        let nodes = node_of.iter().map(|&n| n as usize + 1).max().unwrap_or(1);
+        let tree = |name: &str| {
+            if create {
+                BTree::create(w, name)
             } else {
-                BTree::open(w, n)?
+                BTree::open(w, name)
+            }
+        };
+        let item = tree(ITEM)?;
+        let mut sets = Vec::with_capacity(nodes);
+        for n in 0..nodes {
+            let mut t = Vec::with_capacity(SET_TABLES.len());
+            for table in SET_TABLES {
+                t.push(tree(&set_name(table, n))?);
+            }
+            sets.push(Set {
+                warehouse: t[0],
+                district: t[1],
+                customer: t[2],
+                customer_name: t[3],
+                history: t[4],
+                new_order: t[5],
+                order: t[6],
+                order_customer: t[7],
+                order_line: t[8],
+                stock: t[9],
             });
         }
         Ok(Tables {
-            warehouse: t[0],
-            district: t[1],
-            customer: t[2],
-            customer_name: t[3],
-            history: t[4],
-            new_order: t[5],
-            order: t[6],
-            order_customer: t[7],
-            order_line: t[8],
-            item: t[9],
-            stock: t[10],
+            item,
+            sets,
+            node_of,
         })
+    }
+
+    /// One node's tables for a database of warehouses `1..=warehouses` (unit tests).
+    #[cfg(test)]
+    pub fn single(w: &Worker, warehouses: u16) -> Result<Tables, TreeError> {
+        Tables::get(w, true, vec![0; warehouses as usize])
+    }
+
+    /// The trees that hold warehouse `wid`'s rows (of every table but `item`); node 0's for
+    /// an id outside the database (where lookups then find nothing).
+    pub fn at(&self, wid: u16) -> &Set {
+        let node = self.node_of.get((wid as usize).wrapping_sub(1)).copied();
+        &self.sets[node.unwrap_or(0) as usize]
+    }
+
+    /// The node of each warehouse (index: warehouse id - 1).
+    pub fn node_of(&self) -> &[u8] {
+        &self.node_of
+    }
+
+    /// Bytes the catalog needs for the trees of a database on `nodes` nodes (with entries of
+    /// other data structures, the catalog page holds about 4 KiB).
+    pub fn catalog_bytes(nodes: usize) -> usize {
+        let entry = |name: &str| name.len() + 9;
+        entry(ITEM)
+            + (0..nodes)
+                .flat_map(|n| SET_TABLES.iter().map(move |t| entry(&set_name(t, n))))
+                .sum::<usize>()
     }
 }
 
@@ -330,5 +394,40 @@ mod tests {
         assert!(k.starts_with(&customer_name_prefix(1, 1, b"ABLE")));
         assert!(!k.starts_with(&customer_name_prefix(1, 1, b"ABL")));
         assert_eq!(key_tail_u32(&k), Some(9));
+    }
+
+    /// Warehouses of one node share a set of trees, each node has its own, and a reopened
+    /// database finds the same trees; the catalog holds 16 nodes' sets.
+    #[test]
+    fn each_node_has_its_own_set_of_trees_found_again_on_open() {
+        use shoal_engine::{catalog::CAPACITY, Engine, EngineConfig};
+        let dir = tempfile::tempdir().unwrap();
+        let e = Engine::open(EngineConfig::new(dir.path(), 64 << 20)).unwrap();
+        let w = e.worker();
+        let node_of = vec![0, 0, 1, 2];
+        let t = Tables::get(&w, true, node_of.clone()).unwrap();
+        assert_eq!(t.at(1).district.root(), t.at(2).district.root());
+        assert_ne!(t.at(2).district.root(), t.at(3).district.root());
+        assert_ne!(t.at(3).stock.root(), t.at(4).stock.root());
+        assert_ne!(t.at(4).stock.root(), t.at(1).stock.root());
+        // an id outside the database reads node 0's set (and finds nothing there)
+        assert_eq!(t.at(9).order.root(), t.at(1).order.root());
+        assert_eq!(t.at(0).order.root(), t.at(1).order.root());
+        let names = w.catalog_list().unwrap();
+        assert_eq!(names.len(), 1 + 3 * 10);
+        assert!(names.iter().any(|(n, _)| n == "tpcc.order_line.2"));
+        assert!(names.iter().any(|(n, _)| n == "tpcc.warehouse"));
+        let used: usize = names.iter().map(|(n, _)| n.len() + 9).sum();
+        assert_eq!(used, Tables::catalog_bytes(3));
+        let again = Tables::get(&w, false, node_of).unwrap();
+        assert_eq!(again.item.root(), t.item.root());
+        for wid in 1..=4 {
+            assert_eq!(again.at(wid).history.root(), t.at(wid).history.root());
+            assert_eq!(again.at(wid).warehouse.root(), t.at(wid).warehouse.root());
+        }
+        assert!(Tables::catalog_bytes(16) <= CAPACITY);
+        assert!(Tables::catalog_bytes(17) > CAPACITY);
+        drop(w);
+        e.close().unwrap();
     }
 }

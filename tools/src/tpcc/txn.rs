@@ -164,6 +164,7 @@ impl Ctx<'_> {
         let prefix = customer_name_prefix(w, d, &last);
         let mut ids = Vec::new();
         self.t
+            .at(w)
             .customer_name
             .scan(self.w, &prefix, Direction::Ascending, |k, _| {
                 if !k.starts_with(&prefix) {
@@ -204,15 +205,16 @@ impl Ctx<'_> {
             self.note_remote(&mut done, w, supply);
             lines.push((i, supply, self.rng.random_range(1..=10u32)));
         }
+        let set = self.t.at(w);
         let wrow = self.get(
-            &self.t.warehouse,
+            &set.warehouse,
             &warehouse_key(w),
             "warehouse",
             warehouse::LEN,
         )?;
         let w_tax = get_u32(&wrow, warehouse::TAX) as i64;
         let crow = self.get(
-            &self.t.customer,
+            &set.customer,
             &customer_key(w, d, c),
             "customer",
             customer::LEN,
@@ -232,7 +234,7 @@ impl Ctx<'_> {
         }
         let (mut o_id, mut d_tax) = (0, 0);
         self.change(
-            &self.t.district,
+            &set.district,
             &district_key(w, d),
             "district",
             district::LEN,
@@ -249,17 +251,16 @@ impl Ctx<'_> {
         set_u32(&mut orow, order::OL_CNT, ol_cnt as u32);
         set_u32(&mut orow, order::ALL_LOCAL, !done.remote_warehouse as u32);
         let okey = order_key(w, d, o_id);
-        self.t.order.insert(self.w, &okey, &orow)?;
-        self.t.new_order.insert(self.w, &okey, &[])?;
-        self.t
-            .order_customer
+        set.order.insert(self.w, &okey, &orow)?;
+        set.new_order.insert(self.w, &okey, &[])?;
+        set.order_customer
             .insert(self.w, &order_customer_key(w, d, c, o_id), &[])?;
         let mut total = 0i64;
         let mut lrow = vec![0u8; order_line::LEN];
         for (n, (&(i, supply, qty), &price)) in lines.iter().zip(&prices).enumerate() {
             let mut dist = [0u8; 24];
             self.change(
-                &self.t.stock,
+                &self.t.at(supply).stock,
                 &stock_key(supply, i),
                 "stock",
                 stock::LEN,
@@ -283,8 +284,7 @@ impl Ctx<'_> {
             set_u32(&mut lrow, order_line::QUANTITY, qty);
             set_i64(&mut lrow, order_line::AMOUNT, amount);
             set_str(&mut lrow, order_line::DIST_INFO, &dist);
-            self.t
-                .order_line
+            set.order_line
                 .insert(self.w, &order_line_key(w, d, o_id, n as u8 + 1), &lrow)?;
         }
         // the order's total as the terminal would show it (not stored)
@@ -305,8 +305,9 @@ impl Ctx<'_> {
             )
         };
         self.note_remote(&mut done, w, cw);
+        let set = self.t.at(w);
         self.change(
-            &self.t.warehouse,
+            &set.warehouse,
             &warehouse_key(w),
             "warehouse",
             warehouse::LEN,
@@ -315,7 +316,7 @@ impl Ctx<'_> {
             },
         )?;
         self.change(
-            &self.t.district,
+            &set.district,
             &district_key(w, d),
             "district",
             district::LEN,
@@ -326,7 +327,7 @@ impl Ctx<'_> {
         let c = self.customer(cw, cd)?;
         let note = format!("{c} {cd} {cw} {d} {w} {amount}|");
         self.change(
-            &self.t.customer,
+            &self.t.at(cw).customer,
             &customer_key(cw, cd, c),
             "customer",
             customer::LEN,
@@ -358,6 +359,7 @@ impl Ctx<'_> {
         set_str(&mut h, history::DATA, b"payment");
         self.history_seq += 1;
         self.t
+            .at(cw)
             .history
             .insert(self.w, &history_key(cw, cd, c, self.history_seq), &h)?;
         Ok(done)
@@ -366,8 +368,9 @@ impl Ctx<'_> {
     fn order_status(&mut self, w: u16) -> Result<Done, TxError> {
         let d = self.rng.random_range(1..=DISTRICTS);
         let c = self.customer(w, d)?;
+        let set = self.t.at(w);
         let crow = self.get(
-            &self.t.customer,
+            &set.customer,
             &customer_key(w, d, c),
             "customer",
             customer::LEN,
@@ -376,7 +379,7 @@ impl Ctx<'_> {
         // the customer's latest order
         let prefix = customer_key(w, d, c);
         let mut o_id = None;
-        self.t.order_customer.scan(
+        set.order_customer.scan(
             self.w,
             &order_customer_key(w, d, c, u32::MAX),
             Direction::Descending,
@@ -388,11 +391,11 @@ impl Ctx<'_> {
             },
         )?;
         let o = o_id.ok_or_else(|| missing(format!("customer {w}/{d}/{c} has no order")))?;
-        let orow = self.get(&self.t.order, &order_key(w, d, o), "order", order::LEN)?;
+        let orow = self.get(&set.order, &order_key(w, d, o), "order", order::LEN)?;
         let ol_cnt = get_u32(&orow, order::OL_CNT);
         let okey = order_key(w, d, o);
         let (mut lines, mut bad) = (0, None);
-        self.t.order_line.scan(
+        set.order_line.scan(
             self.w,
             &order_line_key(w, d, o, 0),
             Direction::Ascending,
@@ -422,11 +425,11 @@ impl Ctx<'_> {
         let carrier = self.rng.random_range(1..=10u32);
         let date = now();
         let mut done = Done::default();
+        let set = self.t.at(w);
         for d in 1..=DISTRICTS {
             let dkey = district_key(w, d);
             let mut oldest = None;
-            self.t
-                .new_order
+            set.new_order
                 .scan(self.w, &order_key(w, d, 0), Direction::Ascending, |k, _| {
                     if k.starts_with(&dkey) {
                         oldest = key_tail_u32(k);
@@ -435,11 +438,11 @@ impl Ctx<'_> {
                 })?;
             let Some(o) = oldest else { continue };
             let okey = order_key(w, d, o);
-            if !self.t.new_order.remove(self.w, &okey)? {
+            if !set.new_order.remove(self.w, &okey)? {
                 continue; // another worker delivered it meanwhile
             }
             let (mut c, mut ol_cnt) = (0, 0);
-            self.change(&self.t.order, &okey, "order", order::LEN, |row| {
+            self.change(&set.order, &okey, "order", order::LEN, |row| {
                 c = get_u32(row, order::C_ID);
                 ol_cnt = get_u32(row, order::OL_CNT);
                 set_u32(row, order::CARRIER_ID, carrier);
@@ -448,7 +451,7 @@ impl Ctx<'_> {
             for n in 1..=ol_cnt as u8 {
                 let key = order_line_key(w, d, o, n);
                 let mut size = order_line::LEN;
-                let found = self.t.order_line.update(self.w, &key, |row| {
+                let found = set.order_line.update(self.w, &key, |row| {
                     size = row.len();
                     if size == order_line::LEN {
                         sum += get_i64(row, order_line::AMOUNT);
@@ -462,7 +465,7 @@ impl Ctx<'_> {
                 done.anomaly |= !found;
             }
             self.change(
-                &self.t.customer,
+                &set.customer,
                 &customer_key(w, d, c),
                 "customer",
                 customer::LEN,
@@ -490,8 +493,9 @@ impl Ctx<'_> {
     /// StockLevel's query: how many distinct items of district `d`'s last 20 orders have
     /// fewer than `threshold` in stock.
     fn low_stock(&self, w: u16, d: u8, threshold: u32) -> Result<u32, TxError> {
+        let set = self.t.at(w);
         let drow = self.get(
-            &self.t.district,
+            &set.district,
             &district_key(w, d),
             "district",
             district::LEN,
@@ -499,7 +503,7 @@ impl Ctx<'_> {
         let next = get_u32(&drow, district::NEXT_O_ID);
         let end = order_line_key(w, d, next, 0);
         let (mut items, mut bad) = (BTreeSet::new(), None);
-        self.t.order_line.scan(
+        set.order_line.scan(
             self.w,
             &order_line_key(w, d, next.saturating_sub(20), 0),
             Direction::Ascending,
@@ -522,18 +526,16 @@ impl Ctx<'_> {
         // cache misses.
         let keys: Vec<_> = items.into_iter().map(|i| stock_key(w, i)).collect();
         let (mut low, mut bad) = (0, None);
-        self.t
-            .stock
-            .lookup_many(self.w, &keys, |j, row| match row {
-                Some(s) if s.len() == stock::LEN => {
-                    if get_u32(s, stock::QUANTITY) < threshold {
-                        low += 1;
-                    }
+        set.stock.lookup_many(self.w, &keys, |j, row| match row {
+            Some(s) if s.len() == stock::LEN => {
+                if get_u32(s, stock::QUANTITY) < threshold {
+                    low += 1;
                 }
-                _ if bad.is_some() => {}
-                Some(s) => bad = Some(wrong_size("stock", &keys[j], s.len(), stock::LEN)),
-                None => bad = Some(missing(format!("stock {:?} does not exist", keys[j]))),
-            })?;
+            }
+            _ if bad.is_some() => {}
+            Some(s) => bad = Some(wrong_size("stock", &keys[j], s.len(), stock::LEN)),
+            None => bad = Some(missing(format!("stock {:?} does not exist", keys[j]))),
+        })?;
         match bad {
             Some(e) => Err(e),
             None => Ok(low),
@@ -550,6 +552,7 @@ mod tests {
     fn district_field(ctx: &Ctx, d: u8) -> (u32, i64) {
         let r = ctx
             .t
+            .at(1)
             .district
             .get(ctx.w, &district_key(1, d))
             .unwrap()
@@ -587,7 +590,7 @@ mod tests {
         };
 
         // NewOrder: committed ones take the next order id and leave a new-order row
-        let (n0, no0) = (next_sum(&ctx), t.new_order.count(&w).unwrap());
+        let (n0, no0) = (next_sum(&ctx), t.at(1).new_order.count(&w).unwrap());
         let mut committed = 0;
         for _ in 0..50 {
             let d = ctx.run(0, 1).unwrap();
@@ -596,13 +599,14 @@ mod tests {
         }
         assert!(committed > 40, "{committed} of 50 committed");
         assert_eq!(next_sum(&ctx), n0 + committed);
-        assert_eq!(t.new_order.count(&w).unwrap(), no0 + committed as u64);
+        assert_eq!(t.at(1).new_order.count(&w).unwrap(), no0 + committed as u64);
 
         // Payment: warehouse and district YTD grow by the same amounts, one history row each
-        let h0 = t.history.count(&w).unwrap();
+        let h0 = t.at(1).history.count(&w).unwrap();
         let wytd = |ctx: &Ctx| {
             let r = ctx
                 .t
+                .at(1)
                 .warehouse
                 .get(ctx.w, &warehouse_key(1))
                 .unwrap()
@@ -615,7 +619,7 @@ mod tests {
         }
         assert!(wytd(&ctx) > w0);
         assert_eq!(wytd(&ctx) - w0, ytd_sum(&ctx) - d0);
-        assert_eq!(t.history.count(&w).unwrap(), h0 + 20);
+        assert_eq!(t.at(1).history.count(&w).unwrap(), h0 + 20);
 
         // OrderStatus and StockLevel only read
         for ty in [2, 4] {
@@ -626,9 +630,9 @@ mod tests {
         }
 
         // Delivery: one new order per district is delivered (every district has some)
-        let no1 = t.new_order.count(&w).unwrap();
+        let no1 = t.at(1).new_order.count(&w).unwrap();
         ctx.run(3, 1).unwrap();
-        assert_eq!(t.new_order.count(&w).unwrap(), no1 - DISTRICTS as u64);
+        assert_eq!(t.at(1).new_order.count(&w).unwrap(), no1 - DISTRICTS as u64);
 
         assert!(super::super::check::warehouse(&w, &t, 1)
             .unwrap()
@@ -639,7 +643,8 @@ mod tests {
             let next = district_field(&ctx, d).0;
             let end = order_line_key(1, d, next, 0);
             let mut items = BTreeSet::new();
-            t.order_line
+            t.at(1)
+                .order_line
                 .scan(
                     &w,
                     &order_line_key(1, d, next - 20, 0),
@@ -655,7 +660,7 @@ mod tests {
                 .unwrap();
             assert!(items.len() > 50, "district {d}: {} items", items.len());
             let quantity = |i: u32| {
-                let s = t.stock.get(&w, &stock_key(1, i)).unwrap().unwrap();
+                let s = t.at(1).stock.get(&w, &stock_key(1, i)).unwrap().unwrap();
                 get_u32(&s, stock::QUANTITY)
             };
             for threshold in [10, 15, 20, 101] {
@@ -665,7 +670,7 @@ mod tests {
             // a stock row gone: an error naming it, not a count that skips it
             if d == DISTRICTS {
                 let gone = *items.iter().nth(items.len() / 2).unwrap();
-                assert!(t.stock.remove(&w, &stock_key(1, gone)).unwrap());
+                assert!(t.at(1).stock.remove(&w, &stock_key(1, gone)).unwrap());
                 match ctx.low_stock(1, d, 15) {
                     Err(TxError::Missing(m)) => assert!(m.starts_with("stock"), "{m}"),
                     other => panic!("stock level without a stock row: {other:?}"),
