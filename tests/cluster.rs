@@ -233,6 +233,73 @@ fn clean_eviction_notices_travel_in_batches() {
     c.close().unwrap();
 }
 
+/// Copies of pages whose home died: still readable right after the death (nobody can write
+/// the page any more), dropped without a notice once evicted (no notice can reach the home),
+/// and refused with an error after that, never read wrong; meanwhile the node's own pages,
+/// six times its cache, keep being evicted, read and written right. (The path where a home
+/// dies while a batch of notices is on its way, `restore_unsent`, is not reached here.)
+#[test]
+fn copies_whose_home_died_are_read_right_or_refused_under_eviction() {
+    const COPIES: usize = 100;
+    const OWN: usize = 1500;
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(dir.path(), 2, 256);
+    let (w0, w1) = (c.node(0).worker(), c.node(1).worker());
+    let on1 = allocate(&w1, COPIES);
+    for (k, &p) in on1.iter().enumerate() {
+        w1.exclusive(p)
+            .unwrap()
+            .page_mut()
+            .set_u64(0, 1000 + k as u64);
+    }
+    // node 0 takes clean shared copies of node 1's pages
+    for (k, &p) in on1.iter().enumerate() {
+        assert_eq!(w0.shared(p).unwrap().page().u64(0), 1000 + k as u64);
+    }
+    let before = c.node(0).protocol_stats();
+    c.kill(1);
+    let readable = on1
+        .iter()
+        .enumerate()
+        .filter(|&(k, &p)| {
+            w0.run(|w| w.shared(p).map(|g| g.page().u64(0)))
+                .is_ok_and(|v| v == 1000 + k as u64)
+        })
+        .count();
+    assert_eq!(readable, COPIES, "copies readable right after the death");
+    // node 0's own pages, six times its cache: every frame is evicted over and over, the
+    // dead-homed copies included
+    let own = allocate(&w0, OWN);
+    for round in 0..2u64 {
+        for (k, &p) in own.iter().enumerate() {
+            let mut g = w0.run(|w| w.exclusive(p)).unwrap();
+            assert_eq!(g.page().u64(0), if round == 0 { 0 } else { k as u64 + 1 });
+            g.page_mut().set_u64(0, k as u64 + 1);
+        }
+    }
+    let after = c.node(0).protocol_stats();
+    eprintln!("node 0 before the death {before:?}\nafter {after:?}");
+    let (mut kept, mut lost) = (0, 0);
+    for (k, &p) in on1.iter().enumerate() {
+        match w0.run(|w| w.shared(p).map(|g| g.page().u64(0))) {
+            Ok(v) => {
+                assert_eq!(v, 1000 + k as u64, "copy of {p}");
+                kept += 1;
+            }
+            Err(EngineError::PeerDead(1) | EngineError::HolderDead(_, 1)) => lost += 1,
+            Err(e) => panic!("copy of {p}: {e}"),
+        }
+    }
+    eprintln!("{kept} copies kept, {lost} unreadable");
+    for (k, &p) in own.iter().enumerate() {
+        assert_eq!(
+            w0.run(|w| w.shared(p).map(|g| g.page().u64(0))).unwrap(),
+            k as u64 + 1
+        );
+    }
+    drop((w0, w1));
+}
+
 /// Every node hammers one page exclusively; each completes its share, none starves.
 #[test]
 fn fairness_on_one_hot_page() {
