@@ -186,14 +186,13 @@ fn drive(nodes: &Nodes, a: &Args) -> Result<ExitCode, String> {
         })
         .collect();
     let made = if nodes.leads() {
-        Some(
-            Tables::get(&w0, true, node_of.clone()).map_err(|e| match e {
-                shoal_btree::TreeError::Exists(_) => format!(
+        let exists = |e: shoal_btree::TreeError| match e {
+            shoal_btree::TreeError::Exists(_) => format!(
                 "the data directory already holds a TPC-C database; use an empty --data-dir ({e})"
             ),
-                e => e.to_string(),
-            }),
-        )
+            e => e.to_string(),
+        };
+        Some(Tables::get(&w0, true, node_of.clone()).map_err(exists))
     } else {
         None
     };
