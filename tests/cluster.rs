@@ -5,6 +5,7 @@
 //! `SHOAL_CLUSTER_SCALE=10` (1.2M increments), recorded in docs/BENCHMARKS.md.
 
 use shoal_engine::{Cluster, EngineConfig, EngineError, OpResult, Pid, Worker};
+use shoal_storage::PageStore;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
@@ -716,4 +717,70 @@ fn a_cluster_dropped_without_close_leaves_stores_unclean_not_stale() {
     let c = cluster(dir.path(), 2, 256);
     assert_eq!(c.node(0).worker().shared(p).unwrap().page().u64(0), 3);
     c.close().unwrap();
+}
+
+/// An allocation on another node that times out at its requester leaves no page behind: the
+/// home's late answer is handed back and the home frees the page, whose slot the home's next
+/// allocation takes again. A requester that waits zero time gives up on nearly every
+/// allocation (one whose answer beats it keeps its page).
+#[test]
+fn allocations_given_up_by_their_requester_are_freed_at_the_home() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_path_buf();
+    let c = Cluster::mem(2, Duration::ZERO, move |i| {
+        EngineConfig::new(d.join(format!("n{i}")), 256 * 4096)
+    })
+    .unwrap();
+    let store = c.node(0).store();
+    let (w0, w1) = (c.node(0).worker(), c.node(1).worker());
+    let mut gave_up = 0;
+    for attempt in 0..100 {
+        if gave_up == 5 {
+            break;
+        }
+        // no slot is free: the home's allocation takes slot `high`, a fresh one
+        let (high, used) = (store.high_water(), store.slots_in_use());
+        match w1.allocate_on(0) {
+            // the answer was there before the zero timeout was checked
+            Ok(g) => drop(g),
+            // ... but taking the page was not (that page stays allocated: docs/protocol.md)
+            Err(e) if e.to_string().contains("no answer from the cluster") => {}
+            Err(e) => {
+                assert!(
+                    e.to_string().contains("did not answer an allocation"),
+                    "{e}"
+                );
+                gave_up += 1;
+                wait_until_freed_and_reused(&w0, store, attempt, high, used);
+            }
+        }
+    }
+    assert_eq!(gave_up, 5);
+    drop((w0, w1));
+    c.close().unwrap();
+}
+
+/// The home allocated slot `high` for an allocation its requester gave up on (`used` slots
+/// were in use before): wait until the page is freed, then check that the home's next
+/// allocation takes that very slot.
+fn wait_until_freed_and_reused(
+    w0: &Worker,
+    store: &PageStore,
+    attempt: usize,
+    high: u64,
+    used: u64,
+) {
+    let t0 = std::time::Instant::now();
+    while store.high_water() == high || store.slots_in_use() != used {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "attempt {attempt}: {} slots in use, {used} before the allocation; high water {}, \
+             {high} before",
+            store.slots_in_use(),
+            store.high_water()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let g = w0.allocate().unwrap();
+    assert_eq!(g.pid().slot(), high, "attempt {attempt}");
 }

@@ -72,6 +72,21 @@ pub(crate) struct Note {
     msg: Msg<Data>,
 }
 
+/// Pages allocated for other nodes stay listed (`Coherence::handed`) this long, so that
+/// their requesters can hand them back when the answer came too late ...
+const HANDED_KEEP: Duration = Duration::from_secs(60);
+/// ... and at most this many are listed (the oldest go first).
+const HANDED_MAX: usize = 1 << 16;
+
+/// This node's allocation requests to other nodes (`Coherence::allocate_on`).
+#[derive(Default)]
+struct Allocs {
+    /// Answers, by request number, not yet picked up by their requesters.
+    done: HashMap<u64, u64>,
+    /// Requests whose requesters gave up waiting.
+    abandoned: HashSet<u64>,
+}
+
 /// What this node knows and holds of one page.
 struct Slot {
     /// The directory entry (used only when this node is the page's home).
@@ -163,9 +178,13 @@ pub(crate) struct Coherence {
     arrived: Mutex<HashMap<u64, u64>>,
     /// Allocation requests from other nodes waiting for a free frame, in arrival order.
     allocs_due: Mutex<VecDeque<(Node, u64)>>,
-    /// Numbers of this node's allocation requests, and the answers that came back.
+    /// Numbers of this node's allocation requests, the answers that came back, and the
+    /// requests given up on (a late answer to one is handed back: [`Control::Unused`]).
     alloc_next: AtomicU64,
-    alloc_done: Mutex<HashMap<u64, u64>>,
+    allocs: Mutex<Allocs>,
+    /// Pages this node allocated for other nodes lately: (page, for whom, when). A
+    /// [`Control::Unused`] frees only a page listed here for its sender (see `free_unused`).
+    handed: Mutex<VecDeque<(Pid, Node, Instant)>>,
     /// Eviction notices and replies waiting to go out in batches, per destination.
     outbox: Outboxes,
     /// Pages whose eviction notice was queued but could not be sent (the handler makes their
@@ -266,7 +285,8 @@ impl Coherence {
             arrived: Mutex::new(HashMap::new()),
             allocs_due: Mutex::new(VecDeque::new()),
             alloc_next: AtomicU64::new(1),
-            alloc_done: Mutex::new(HashMap::new()),
+            allocs: Mutex::new(Allocs::default()),
+            handed: Mutex::new(VecDeque::new()),
             outbox: Outboxes::new(nodes),
             unsent: Mutex::new(Vec::new()),
         }
@@ -622,21 +642,36 @@ impl Coherence {
         }
         let request = self.alloc_next.fetch_add(1, Ordering::Relaxed);
         self.try_send_control(home, &Control::Alloc { request })?;
+        // A dead home answers no more: nothing is left behind there.
         let r = self.wait_until(
             self.timeout,
-            || self.alloc_done.lock().remove(&request),
+            || self.allocs.lock().done.remove(&request),
             || (!self.ch.peer_alive(home)).then_some(home),
         )?;
-        match r {
-            None => Err(EngineError::Remote(format!(
-                "node {home} did not answer an allocation within {} ms",
-                self.timeout.as_millis()
-            ))),
-            Some(raw) if Pid(raw) == Pid::NONE => Err(EngineError::Remote(format!(
+        let raw = match r {
+            Some(raw) => raw,
+            None => {
+                // Give up, unless the answer came just now; one that comes later is handed
+                // back to the home (`on_control`), so the page is not lost to everyone.
+                let mut a = self.allocs.lock();
+                match a.done.remove(&request) {
+                    Some(raw) => raw,
+                    None => {
+                        a.abandoned.insert(request);
+                        return Err(EngineError::Remote(format!(
+                            "node {home} did not answer an allocation within {} ms",
+                            self.timeout.as_millis()
+                        )));
+                    }
+                }
+            }
+        };
+        if Pid(raw) == Pid::NONE {
+            return Err(EngineError::Remote(format!(
                 "node {home} could not allocate a page (store full or failing: see its log)"
-            ))),
-            Some(raw) => Ok(Pid(raw)),
+            )));
         }
+        Ok(Pid(raw))
     }
 
     /// Serve allocation requests from other nodes (handler). Returns true if some wait for a
@@ -669,6 +704,14 @@ impl Coherence {
                         f.set_dirty(true);
                         f.touch(inner.current_epoch());
                         f.latch.unlock_exclusive();
+                        let mut handed = self.handed.lock();
+                        let now = Instant::now();
+                        while handed.front().is_some_and(|&(_, _, t)| {
+                            handed.len() >= HANDED_MAX || now.duration_since(t) > HANDED_KEEP
+                        }) {
+                            handed.pop_front();
+                        }
+                        handed.push_back((pid, from, now));
                         pid
                     }
                 }
@@ -1013,9 +1056,31 @@ impl Coherence {
                 self.serve_allocs(inner);
             }
             Control::Allocated { request, pid } => {
-                self.alloc_done.lock().insert(request, pid);
-                self.notify();
+                if request >= self.alloc_next.load(Ordering::Relaxed) {
+                    log::error!(
+                        "node {}: node {from} answered allocation request {request}, which was never made",
+                        self.me
+                    );
+                    return;
+                }
+                let mut a = self.allocs.lock();
+                if a.abandoned.remove(&request) {
+                    drop(a);
+                    if Pid(pid) != Pid::NONE {
+                        log::info!(
+                            "node {}: page {} came after its allocation timed out: handing it back to node {from}",
+                            self.me,
+                            Pid(pid)
+                        );
+                        self.send_control(from, &Control::Unused { pid });
+                    }
+                } else {
+                    a.done.insert(request, pid);
+                    drop(a);
+                    self.notify();
+                }
             }
+            Control::Unused { pid } => self.free_unused(inner, from, Pid(pid)),
             Control::Lost { pid, node } => {
                 let pid = Pid(pid);
                 if pid.node() == self.me {
@@ -1048,6 +1113,52 @@ impl Coherence {
                 drop(shard);
                 self.notify();
             }
+        }
+    }
+
+    /// [`Control::Unused`] from `from`: free `pid` if this node allocated it for `from`
+    /// lately (`handed`) and no node ever sent a message about it (no directory slot): then
+    /// nobody but this node's store knows the page. Anything else is refused with a log line,
+    /// so a wrong or hostile message cannot free a page in use.
+    fn free_unused(&self, inner: &Inner, from: Node, pid: Pid) {
+        let listed = {
+            let mut handed = self.handed.lock();
+            let at = handed.iter().position(|&(p, n, _)| p == pid && n == from);
+            at.and_then(|i| handed.remove(i)).is_some()
+        };
+        let shard = self.shard(pid).lock();
+        if !listed || shard.contains_key(&pid) {
+            log::warn!(
+                "node {}: node {from} handed back page {pid}, which it may not (not allocated \
+                 for it lately, or used since): kept",
+                self.me
+            );
+            return;
+        }
+        // Holding the shard lock, no message about `pid` is applied meanwhile. Drop its frame
+        // (it may be resident still, or on its way out through the provider), then the slot.
+        let mut b = Backoff::new();
+        while let Some(idx) = inner.table.lookup(&inner.pool, pid) {
+            let f = inner.pool.frame(idx);
+            if !f.latch.try_lock_exclusive(None) {
+                b.snooze(); // the provider writes it back, or a stale reader looks
+                continue;
+            }
+            if f.pid() == pid && f.state() == RESIDENT {
+                inner.drop_frame(pid, idx);
+                break;
+            }
+            f.latch.unlock_exclusive_unchanged();
+        }
+        drop(shard);
+        // As in `Inner::free_page`: the provider issues writes one batch at a time, so a
+        // write-back of this page completes before a write of the slot's next page is issued.
+        match inner.store.free(pid.slot()) {
+            Ok(()) => log::info!(
+                "node {}: page {pid}, allocated for node {from} after it gave up, is free again",
+                self.me
+            ),
+            Err(e) => log::error!("node {}: freeing unused page {pid}: {e}", self.me),
         }
     }
 
@@ -1749,6 +1860,53 @@ mod tests {
         });
         assert_eq!(w1.shared(pid).unwrap().page().u64(0), 42);
         drop((w0, w1));
+        c.close().unwrap();
+    }
+
+    /// `Control::Unused` frees only a page its home allocated for the sender and that no node
+    /// ever asked for: not the home's own page, not a page the sender used, not a page
+    /// allocated for another node. Each stays readable with its contents.
+    #[test]
+    fn unused_notices_free_nothing_that_may_be_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_path_buf();
+        let c = Cluster::mem(3, Duration::from_secs(20), move |i| {
+            EngineConfig::new(d.join(format!("n{i}")), 256 * 4096)
+        })
+        .unwrap();
+        let home = c.node(0);
+        let (w0, w1, w2) = (home.worker(), c.node(1).worker(), c.node(2).worker());
+        let own = {
+            let mut g = w0.allocate().unwrap();
+            g.page_mut().set_u64(0, 1);
+            g.pid()
+        };
+        let used = {
+            let mut g = w1.allocate_on(0).unwrap();
+            g.page_mut().set_u64(0, 2);
+            g.pid()
+        };
+        let other = {
+            let mut g = w2.allocate_on(0).unwrap();
+            g.page_mut().set_u64(0, 3);
+            g.pid()
+        };
+        let in_use = home.store().slots_in_use();
+        let inner = home.inner();
+        let coh = inner.coh.as_ref().unwrap();
+        for (from, pid) in [(1, own), (1, used), (1, other), (2, own), (0, used)] {
+            coh.free_unused(inner, from, pid);
+        }
+        assert_eq!(home.store().slots_in_use(), in_use);
+        for (pid, v) in [(own, 1), (used, 2), (other, 3)] {
+            for w in [&w0, &w1, &w2] {
+                assert_eq!(
+                    w.run(|w| w.shared(pid).map(|g| g.page().u64(0))).unwrap(),
+                    v
+                );
+            }
+        }
+        drop((w0, w1, w2));
         c.close().unwrap();
     }
 }

@@ -291,6 +291,10 @@ pub enum Control {
     /// the attached page ([`encode_batch`]): eviction notices without a page and eviction
     /// replies. The receiver applies them as if they had arrived one by one, in that order.
     Batch { count: u16 },
+    /// Requester -> home: the page [`Control::Allocated`] named came after the requester had
+    /// given up waiting (its allocation failed with a timeout), so nobody knows its pid: the
+    /// home frees it if it handed it out to the sender and no node ever asked for it.
+    Unused { pid: u64 },
 }
 
 impl Message for Control {
@@ -302,6 +306,7 @@ impl Message for Control {
             Control::Allocated { .. } => CONTROL_BASE + 3,
             Control::Lost { .. } => CONTROL_BASE + 4,
             Control::Batch { .. } => CONTROL_BASE + 5,
+            Control::Unused { .. } => CONTROL_BASE + 6,
         }
     }
 
@@ -326,6 +331,9 @@ impl Message for Control {
             }
             Control::Batch { count } => {
                 w.u32(*count as u32);
+            }
+            Control::Unused { pid } => {
+                w.u64(*pid);
             }
         }
     }
@@ -372,6 +380,7 @@ impl Message for Control {
                     count: count as u16,
                 }
             }
+            k if k == CONTROL_BASE + 6 => Control::Unused { pid: r.u64() },
             k => return Err(bad(format!("message kind {k} is not a control message"))),
         };
         r.end()?;
@@ -553,6 +562,7 @@ mod tests {
                 request: 9,
                 pid: 77,
             },
+            Control::Unused { pid: 1 << 56 | 3 },
         ];
         for c in all {
             let env = Envelope::new(&c, 1, 0, 0);
@@ -564,7 +574,7 @@ mod tests {
             b[BODY_BYTES - 1] = 1;
             assert!(Control::decode(c.kind(), &b).is_err(), "{c:?}");
         }
-        assert!(Control::decode(CONTROL_BASE + 6, &[0u8; BODY_BYTES]).is_err());
+        assert!(Control::decode(CONTROL_BASE + 7, &[0u8; BODY_BYTES]).is_err());
         // a batch of no messages, or of more than a page holds
         for count in [0u32, BATCH_MAX as u32 + 1] {
             let mut b = [0u8; BODY_BYTES];
