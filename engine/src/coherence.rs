@@ -1126,8 +1126,9 @@ impl Coherence {
             let at = handed.iter().position(|&(p, n, _)| p == pid && n == from);
             at.and_then(|i| handed.remove(i)).is_some()
         };
-        let shard = self.shard(pid).lock();
-        if !listed || shard.contains_key(&pid) {
+        // Never asked for: no node sent a message about it, so no directory slot exists.
+        let asked = self.shard(pid).lock().contains_key(&pid);
+        if !listed || asked {
             log::warn!(
                 "node {}: node {from} handed back page {pid}, which it may not (not allocated \
                  for it lately, or used since): kept",
@@ -1135,8 +1136,10 @@ impl Coherence {
             );
             return;
         }
-        // Holding the shard lock, no message about `pid` is applied meanwhile. Drop its frame
-        // (it may be resident still, or on its way out through the provider), then the slot.
+        // Nobody but `from` ever saw the pid, and `from` gave it up: no message about it can
+        // come (a peer that sends one anyway breaks the protocol). The shard lock is not held
+        // from here: the provider takes it while holding a frame latch (`droppable`). Drop the
+        // page's frame (it may be resident still, or on its way out), then its slot.
         let mut b = Backoff::new();
         while let Some(idx) = inner.table.lookup(&inner.pool, pid) {
             let f = inner.pool.frame(idx);
@@ -1150,7 +1153,6 @@ impl Coherence {
             }
             f.latch.unlock_exclusive_unchanged();
         }
-        drop(shard);
         // As in `Inner::free_page`: the provider issues writes one batch at a time, so a
         // write-back of this page completes before a write of the slot's next page is issued.
         match inner.store.free(pid.slot()) {
