@@ -1056,6 +1056,8 @@ impl Coherence {
                 self.serve_allocs(inner);
             }
             Control::Allocated { request, pid } => {
+                // Relaxed: the request's number was taken before its Alloc was sent, which
+                // happens before this answer arrives (through the transports' hand-overs).
                 if request >= self.alloc_next.load(Ordering::Relaxed) {
                     log::error!(
                         "node {}: node {from} answered allocation request {request}, which was never made",
