@@ -784,3 +784,110 @@ fn wait_until_freed_and_reused(
     let g = w0.allocate().unwrap();
     assert_eq!(g.pid().slot(), high, "attempt {attempt}");
 }
+
+/// A transport whose writes fail on demand while the peer stays alive (as a send does when the
+/// peer stops taking messages for longer than the credit timeout).
+struct Flaky {
+    inner: Arc<shoal_messaging::MemTransport>,
+    fail: AtomicBool,
+}
+
+impl shoal_messaging::Transport for Flaky {
+    fn node(&self) -> u8 {
+        self.inner.node()
+    }
+    fn nodes(&self) -> u8 {
+        self.inner.nodes()
+    }
+    fn region(&self) -> &shoal_messaging::Region {
+        self.inner.region()
+    }
+    fn write(&self, peer: u8, offset: usize, data: &[u8]) -> Result<(), shoal_messaging::MsgError> {
+        if self.fail.load(Ordering::Relaxed) {
+            return Err(shoal_messaging::MsgError::Io(
+                "injected write failure".into(),
+            ));
+        }
+        self.inner.write(peer, offset, data)
+    }
+    fn peer_alive(&self, peer: u8) -> bool {
+        self.inner.peer_alive(peer)
+    }
+}
+
+/// Eviction notices that cannot leave (every send of the node fails for a while) do not lose
+/// their copies: the batch fails, the copies become idle again and stay readable
+/// (`restore_unsent`), the node keeps evicting its own pages, and once sends work again the
+/// notices go out and the pages stay coherent (the home writes them, the node reads the news).
+#[test]
+fn eviction_notices_that_cannot_leave_keep_their_copies() {
+    const REMOTE: usize = 100;
+    const OWN: usize = 1500;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_path_buf();
+    let layout = shoal_messaging::ChannelLayout::new(2);
+    let regions = (0..2).map(|_| layout.region().unwrap()).collect();
+    let flaky: Vec<Arc<Flaky>> = shoal_messaging::mem_cluster(regions)
+        .unwrap()
+        .into_iter()
+        .map(|inner| {
+            Arc::new(Flaky {
+                inner,
+                fail: AtomicBool::new(false),
+            })
+        })
+        .collect();
+    let dyns = flaky
+        .iter()
+        .map(|f| Arc::clone(f) as Arc<dyn shoal_messaging::Transport>)
+        .collect();
+    let c = Cluster::over(dyns, Duration::from_secs(20), move |i| {
+        let mut c = EngineConfig::new(d.join(format!("n{i}")), 256 * 4096);
+        c.free_target_percent = 10;
+        c
+    })
+    .unwrap();
+    let (w0, w1) = (c.node(0).worker(), c.node(1).worker());
+    let remote = allocate(&w0, REMOTE);
+    for (k, &p) in remote.iter().enumerate() {
+        w0.exclusive(p).unwrap().page_mut().set_u64(0, k as u64);
+    }
+    let own = allocate(&w1, OWN);
+    let churn = |round: u64| {
+        for (k, &p) in own.iter().enumerate() {
+            let mut g = w1.run(|w| w.exclusive(p)).unwrap();
+            assert_eq!(g.page().u64(0), round * k as u64, "own page {k}");
+            g.page_mut().set_u64(0, (round + 1) * k as u64);
+        }
+    };
+    churn(0);
+    // node 1 takes clean shared copies, the newest pages in its cache
+    for (k, &p) in remote.iter().enumerate() {
+        assert_eq!(w1.shared(p).unwrap().page().u64(0), k as u64);
+    }
+    let before = c.node(1).protocol_stats();
+    flaky[1].fail.store(true, Ordering::Relaxed);
+    churn(1);
+    churn(2);
+    let after = c.node(1).protocol_stats();
+    assert!(
+        after.evict_notices > before.evict_notices,
+        "the copies' eviction was tried while sends failed: {before:?} {after:?}"
+    );
+    for (k, &p) in remote.iter().enumerate() {
+        let v = w1.run(|w| w.shared(p).map(|g| g.page().u64(0)));
+        assert_eq!(v.unwrap(), k as u64, "copy of {p} while sends fail");
+    }
+    flaky[1].fail.store(false, Ordering::Relaxed);
+    churn(3);
+    for (k, &p) in remote.iter().enumerate() {
+        let mut g = w0.run(|w| w.exclusive(p)).unwrap();
+        g.page_mut().set_u64(0, k as u64 + 1000);
+    }
+    for (k, &p) in remote.iter().enumerate() {
+        let v = w1.run(|w| w.shared(p).map(|g| g.page().u64(0)));
+        assert_eq!(v.unwrap(), k as u64 + 1000, "{p} after sends work again");
+    }
+    drop((w0, w1));
+    c.close().unwrap();
+}

@@ -420,6 +420,9 @@ impl Coherence {
             }
             slot.copy.pending = Pending::Idle;
             f.set_possession(possession_of(&slot.copy));
+            // as if just used: the provider tries other pages before this one again (else a
+            // cache full of such copies is picked again and again while nothing is freed)
+            f.touch(inner.current_epoch());
             f.latch.unlock_exclusive();
             self.retry.lock().insert(pid);
         }
@@ -947,8 +950,9 @@ impl Coherence {
                 // it was in a batch that failed: `restore_unsent` makes it idle again
                 return false;
             }
-            // the notice never left: keep the page
+            // the notice never left: keep the page, as if just used (see `restore_unsent`)
             slot.copy.pending = Pending::Idle;
+            f.touch(inner.current_epoch());
             // re-latch to restore possession (the provider never waits: try once)
             if f.latch.try_lock_exclusive(None) {
                 f.set_possession(possession_of(&slot.copy));
