@@ -813,6 +813,9 @@ impl shoal_messaging::Transport for Flaky {
     fn peer_alive(&self, peer: u8) -> bool {
         self.inner.peer_alive(peer)
     }
+    fn sever(&self, peer: u8) {
+        self.inner.sever(peer)
+    }
 }
 
 /// Eviction notices that cannot leave (every send of the node fails for a while) do not lose

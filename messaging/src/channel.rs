@@ -217,6 +217,13 @@ impl Channels {
             }
             let d = *deadline.get_or_insert_with(|| Instant::now() + self.credit_timeout);
             if Instant::now() >= d {
+                // The message is lost to a peer that looks alive: the protocols above assume
+                // every message arrives, so the link goes (both ends then see a dead node).
+                log::error!(
+                    "node {me}: node {peer} took no message for {} ms: giving up on it",
+                    self.credit_timeout.as_millis()
+                );
+                self.t.sever(peer);
                 return Err(MsgError::Timeout {
                     peer,
                     ms: self.credit_timeout.as_millis() as u64,
@@ -451,6 +458,32 @@ mod tests {
         let count = |c: &Channels| std::iter::from_fn(|| c.try_recv()).count();
         assert_eq!(count(&a), 100);
         assert_eq!(count(&b), 100);
+    }
+
+    /// A peer that takes no message for the credit timeout is given up on: the send fails
+    /// and the link is severed, so later sends fail at once as to a dead node (a lost message
+    /// would otherwise leave the two nodes disagreeing for good).
+    #[test]
+    fn a_peer_that_takes_nothing_for_the_credit_timeout_is_severed() {
+        let l = ChannelLayout {
+            nodes: 2,
+            ring: 2,
+            pages: 1,
+        };
+        let (mut a, _b) = pair(l);
+        a.credit_timeout = Duration::from_millis(50);
+        a.send(1, env(0), None).unwrap();
+        a.send(1, env(1), None).unwrap();
+        assert!(a.peer_alive(1));
+        // node 1 never drains: its ring of 2 is full
+        let t0 = std::time::Instant::now();
+        assert_eq!(
+            a.send(1, env(2), None),
+            Err(MsgError::Timeout { peer: 1, ms: 50 })
+        );
+        assert!(t0.elapsed() >= Duration::from_millis(50));
+        assert!(!a.peer_alive(1), "severed");
+        assert_eq!(a.send(1, env(3), None), Err(MsgError::PeerDead(1)));
     }
 
     #[test]

@@ -871,6 +871,10 @@ impl Drop for RdmaTransport {
 }
 
 impl Transport for RdmaTransport {
+    fn sever(&self, peer: u8) {
+        self.inner
+            .mark_dead(peer, "it took no message for the credit timeout");
+    }
     fn node(&self) -> u8 {
         self.inner.node
     }

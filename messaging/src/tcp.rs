@@ -214,6 +214,9 @@ impl TcpTransport {
 }
 
 impl Transport for TcpTransport {
+    fn sever(&self, peer: u8) {
+        self.mark_dead(peer); // closes the connection: the peer sees this node die
+    }
     fn departing(&self) {
         self.closed.store(true, Ordering::Release);
     }

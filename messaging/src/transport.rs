@@ -21,6 +21,12 @@ pub trait Transport: Send + Sync + 'static {
     fn write(&self, peer: u8, offset: usize, data: &[u8]) -> Result<(), MsgError>;
     /// Whether `peer` is reachable (false once its connection closed or it died).
     fn peer_alive(&self, peer: u8) -> bool;
+    /// Give up on `peer` for good: a message to it could not be delivered although it looked
+    /// alive (it took none for the channel's credit timeout), so what the two nodes know of
+    /// each other can no longer be trusted. Afterwards `peer_alive(peer)` is false here and
+    /// the peer finds out too (tcp and rdma close the connection; `mem` marks it dead), and
+    /// both go on as after any node's death.
+    fn sever(&self, peer: u8);
     /// This node leaves: stop sending, wait up to `linger` for every peer to leave too (so
     /// what this node sent last is read before its connections close), then close them. The
     /// in-process `mem` transport does nothing (its nodes share one fate).
@@ -97,5 +103,9 @@ impl Transport for MemTransport {
         self.alive
             .get(peer as usize)
             .is_some_and(|a| a.load(Ordering::Acquire))
+    }
+    fn sever(&self, peer: u8) {
+        // In one process there is no connection to close: the peer is dead for every node.
+        self.kill(peer);
     }
 }
