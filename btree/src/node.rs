@@ -36,6 +36,7 @@
 
 use shoal_engine::{PageRef, PAGE_DATA_SIZE};
 use std::cmp::Ordering;
+use std::ops::{Deref, DerefMut};
 
 /// Node kinds. (1 and 2 were nodes with interleaved 24-byte slots, before 2026-11-22: pages
 /// of that format are "not a node" now.)
@@ -372,10 +373,13 @@ pub fn check_layout(b: &[u8; PAGE_DATA_SIZE]) -> Result<(), String> {
 // ---------------------------------------------------------------------------------------------
 // Writing (a private copy of the page, from `ExclusiveGuard::modify`)
 
-/// A node being edited in plain memory.
-pub struct NodeMut<'a> {
-    b: &'a mut [u8; PAGE_DATA_SIZE],
+/// A node in plain memory: [`NodeMut`] edits a private copy of a page, [`NodeRef`] reads one
+/// (or a page's data area under a shared or exclusive guard).
+pub struct Node<B> {
+    b: B,
 }
+pub type NodeMut<'a> = Node<&'a mut [u8; PAGE_DATA_SIZE]>;
+pub type NodeRef<'a> = Node<&'a [u8; PAGE_DATA_SIZE]>;
 
 fn g16(b: &[u8], o: usize) -> usize {
     u16::from_le_bytes([b[o], b[o + 1]]) as usize
@@ -396,62 +400,40 @@ pub type Entry = (Vec<u8>, Vec<u8>);
 
 impl<'a> NodeMut<'a> {
     pub fn new(b: &'a mut [u8; PAGE_DATA_SIZE]) -> Self {
-        NodeMut { b }
+        Node { b }
+    }
+}
+
+impl<'a> NodeRef<'a> {
+    pub fn new(b: &'a [u8; PAGE_DATA_SIZE]) -> Self {
+        Node { b }
     }
 
-    /// Reset to an empty node.
-    pub fn init(&mut self, kind: u8, level: u16, lower: Option<&[u8]>, upper: Option<&[u8]>) {
-        self.b[..HEADER].fill(0);
-        self.b[KIND] = kind;
-        s16(self.b, HEAP, PAGE_DATA_SIZE);
-        s64(self.b, RIGHT, NO_PAGE);
-        s64(self.b, UPPER, NO_PAGE);
-        s16(self.b, LEVEL, level as usize);
-        let mut flags = 0u8;
-        if let Some(l) = lower {
-            let o = self.heap_alloc(l.len());
-            self.b[o..o + l.len()].copy_from_slice(l);
-            s16(self.b, LOW_OFF, o);
-            s16(self.b, LOW_LEN, l.len());
-            flags |= 1;
+    /// A view of a page's data area as held by a shared or exclusive guard (`data()`).
+    pub fn of(data: &'a [u8]) -> Self {
+        Node {
+            b: data
+                .try_into()
+                .expect("a page's data area is PAGE_DATA_SIZE bytes"),
         }
-        if let Some(u) = upper {
-            let o = self.heap_alloc(u.len());
-            self.b[o..o + u.len()].copy_from_slice(u);
-            s16(self.b, UP_OFF, o);
-            s16(self.b, UP_LEN, u.len());
-            flags |= 2;
-        }
-        self.b[FLAGS] = flags;
     }
+}
 
-    fn heap_alloc(&mut self, n: usize) -> usize {
-        let o = g16(self.b, HEAP) - n;
-        assert!(o >= HEADER + self.count() * SLOT, "node heap overflow");
-        s16(self.b, HEAP, o);
-        o
-    }
-
+impl<B: Deref<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
     pub fn count(&self) -> usize {
-        g16(self.b, COUNT)
+        g16(&self.b[..], COUNT)
     }
     pub fn kind(&self) -> u8 {
         self.b[KIND]
     }
     pub fn level(&self) -> u16 {
-        g16(self.b, LEVEL) as u16
+        g16(&self.b[..], LEVEL) as u16
     }
     pub fn right(&self) -> u64 {
-        g64(self.b, RIGHT)
-    }
-    pub fn set_right(&mut self, pid: u64) {
-        s64(self.b, RIGHT, pid)
+        g64(&self.b[..], RIGHT)
     }
     pub fn upper_child(&self) -> u64 {
-        g64(self.b, UPPER)
-    }
-    pub fn set_upper_child(&mut self, pid: u64) {
-        s64(self.b, UPPER, pid)
+        g64(&self.b[..], UPPER)
     }
     fn fence(&self, upper: bool) -> Option<Vec<u8>> {
         let bit = if upper { 2 } else { 1 };
@@ -463,13 +445,13 @@ impl<'a> NodeMut<'a> {
         } else {
             (LOW_OFF, LOW_LEN)
         };
-        let (o, l) = (g16(self.b, o), g16(self.b, l));
+        let (o, l) = (g16(&self.b[..], o), g16(&self.b[..], l));
         Some(self.b[o..o + l].to_vec())
     }
     pub fn key(&self, i: usize) -> &[u8] {
         let s = info_at(self.count(), i);
-        let o = g16(self.b, s);
-        &self.b[o..o + g16(self.b, s + 2)]
+        let o = g16(&self.b[..], s);
+        &self.b[o..o + g16(&self.b[..], s + 2)]
     }
     /// Leaves: the value bytes. Inner nodes: the child pid (8 bytes, in the children array).
     pub fn value(&self, i: usize) -> &[u8] {
@@ -479,19 +461,8 @@ impl<'a> NodeMut<'a> {
             return &self.b[c..c + 8];
         }
         let s = info_at(n, i);
-        let o = g16(self.b, s) + g16(self.b, s + 2);
-        &self.b[o..o + g16(self.b, s + 4)]
-    }
-    pub fn value_mut(&mut self, i: usize) -> &mut [u8] {
-        let n = self.count();
-        if self.kind() == KIND_INNER {
-            let c = child_at(n, i);
-            return &mut self.b[c..c + 8];
-        }
-        let s = info_at(n, i);
-        let o = g16(self.b, s) + g16(self.b, s + 2);
-        let len = g16(self.b, s + 4);
-        &mut self.b[o..o + len]
+        let o = g16(&self.b[..], s) + g16(&self.b[..], s + 2);
+        &self.b[o..o + g16(&self.b[..], s + 4)]
     }
     pub fn entries(&self) -> Vec<Entry> {
         (0..self.count())
@@ -499,10 +470,10 @@ impl<'a> NodeMut<'a> {
             .collect()
     }
     fn free_contiguous(&self) -> usize {
-        g16(self.b, HEAP) - (HEADER + self.count() * SLOT)
+        g16(&self.b[..], HEAP) - (HEADER + self.count() * SLOT)
     }
     pub fn free_space(&self) -> usize {
-        self.free_contiguous() + g16(self.b, DEAD)
+        self.free_contiguous() + g16(&self.b[..], DEAD)
     }
     /// Position of the first key >= `key`, and whether it is equal.
     pub fn lower_bound(&self, key: &[u8]) -> (usize, bool) {
@@ -517,7 +488,75 @@ impl<'a> NodeMut<'a> {
         }
         (lo, false)
     }
+    /// Whether an entry of this size fits (possibly after compaction).
+    pub fn fits(&self, klen: usize, vlen: usize) -> bool {
+        self.free_space() >= entry_space(klen, vlen)
+    }
+    /// Slot of the most recent insert.
+    pub fn last_insert(&self) -> usize {
+        g16(&self.b[..], LAST_INSERT)
+    }
+    pub fn child(&self, i: usize) -> u64 {
+        if i == self.count() {
+            self.upper_child()
+        } else {
+            g64(self.value(i), 0)
+        }
+    }
+    pub fn fences(&self) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+        (self.fence(false), self.fence(true))
+    }
+}
 
+impl<B: DerefMut<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
+    /// Reset to an empty node.
+    pub fn init(&mut self, kind: u8, level: u16, lower: Option<&[u8]>, upper: Option<&[u8]>) {
+        self.b[..HEADER].fill(0);
+        self.b[KIND] = kind;
+        s16(&mut self.b[..], HEAP, PAGE_DATA_SIZE);
+        s64(&mut self.b[..], RIGHT, NO_PAGE);
+        s64(&mut self.b[..], UPPER, NO_PAGE);
+        s16(&mut self.b[..], LEVEL, level as usize);
+        let mut flags = 0u8;
+        if let Some(l) = lower {
+            let o = self.heap_alloc(l.len());
+            self.b[o..o + l.len()].copy_from_slice(l);
+            s16(&mut self.b[..], LOW_OFF, o);
+            s16(&mut self.b[..], LOW_LEN, l.len());
+            flags |= 1;
+        }
+        if let Some(u) = upper {
+            let o = self.heap_alloc(u.len());
+            self.b[o..o + u.len()].copy_from_slice(u);
+            s16(&mut self.b[..], UP_OFF, o);
+            s16(&mut self.b[..], UP_LEN, u.len());
+            flags |= 2;
+        }
+        self.b[FLAGS] = flags;
+    }
+    fn heap_alloc(&mut self, n: usize) -> usize {
+        let o = g16(&self.b[..], HEAP) - n;
+        assert!(o >= HEADER + self.count() * SLOT, "node heap overflow");
+        s16(&mut self.b[..], HEAP, o);
+        o
+    }
+    pub fn set_right(&mut self, pid: u64) {
+        s64(&mut self.b[..], RIGHT, pid)
+    }
+    pub fn set_upper_child(&mut self, pid: u64) {
+        s64(&mut self.b[..], UPPER, pid)
+    }
+    pub fn value_mut(&mut self, i: usize) -> &mut [u8] {
+        let n = self.count();
+        if self.kind() == KIND_INNER {
+            let c = child_at(n, i);
+            return &mut self.b[c..c + 8];
+        }
+        let s = info_at(n, i);
+        let o = g16(&self.b[..], s) + g16(&self.b[..], s + 2);
+        let len = g16(&self.b[..], s + 4);
+        &mut self.b[o..o + len]
+    }
     /// Rewrite the heap without dead bytes.
     pub fn compact(&mut self) {
         let entries = self.entries();
@@ -532,12 +571,11 @@ impl<'a> NodeMut<'a> {
             self.insert_at(n, k, v);
         }
     }
-
     /// Replace the upper fence (`None`: none). The old fence's bytes become dead.
     pub fn set_upper_fence(&mut self, fence: Option<&[u8]>) {
         if self.b[FLAGS] & 2 != 0 {
-            let dead = g16(self.b, DEAD) + g16(self.b, UP_LEN);
-            s16(self.b, DEAD, dead);
+            let dead = g16(&self.b[..], DEAD) + g16(&self.b[..], UP_LEN);
+            s16(&mut self.b[..], DEAD, dead);
             self.b[FLAGS] &= !2;
         }
         let Some(f) = fence else { return };
@@ -546,16 +584,10 @@ impl<'a> NodeMut<'a> {
         }
         let o = self.heap_alloc(f.len());
         self.b[o..o + f.len()].copy_from_slice(f);
-        s16(self.b, UP_OFF, o);
-        s16(self.b, UP_LEN, f.len());
+        s16(&mut self.b[..], UP_OFF, o);
+        s16(&mut self.b[..], UP_LEN, f.len());
         self.b[FLAGS] |= 2;
     }
-
-    /// Whether an entry of this size fits (possibly after compaction).
-    pub fn fits(&self, klen: usize, vlen: usize) -> bool {
-        self.free_space() >= entry_space(klen, vlen)
-    }
-
     /// Insert at position `i`. The caller checked `fits`. In inner nodes `val` is the child
     /// pid (8 bytes), stored in the slot.
     pub fn insert_at(&mut self, i: usize, key: &[u8], val: &[u8]) {
@@ -590,18 +622,12 @@ impl<'a> NodeMut<'a> {
         s16(b, COUNT, n + 1);
         s16(b, LAST_INSERT, i);
     }
-
-    /// Slot of the most recent insert.
-    pub fn last_insert(&self) -> usize {
-        g16(self.b, LAST_INSERT)
-    }
-
     /// Remove slot `i`.
     pub fn remove_at(&mut self, i: usize) {
         let n = self.count();
         assert!(i < n);
         let s = info_at(n, i);
-        let freed = g16(self.b, s + 2) + g16(self.b, s + 4);
+        let freed = g16(&self.b[..], s + 2) + g16(&self.b[..], s + 4);
         // Close slot i in all three arrays, moving the lowest bytes first (the mirror of
         // `insert_at`).
         let b = &mut *self.b;
@@ -610,11 +636,10 @@ impl<'a> NodeMut<'a> {
         b.copy_within(info_at(n, i + 1)..info_at(n, n), info_at(n - 1, i));
         b.copy_within(child_at(n, 0)..child_at(n, i), child_at(n - 1, 0));
         b.copy_within(child_at(n, i + 1)..child_at(n, n), child_at(n - 1, i));
-        s16(self.b, COUNT, n - 1);
-        let dead = g16(self.b, DEAD) + freed;
-        s16(self.b, DEAD, dead);
+        s16(&mut self.b[..], COUNT, n - 1);
+        let dead = g16(&self.b[..], DEAD) + freed;
+        s16(&mut self.b[..], DEAD, dead);
     }
-
     /// Replace slot `i`'s value with one of possibly different length. The caller checked
     /// that the new value fits (`free_space() + old len >= new len`).
     pub fn replace_value(&mut self, i: usize, val: &[u8]) {
@@ -626,7 +651,6 @@ impl<'a> NodeMut<'a> {
         self.remove_at(i);
         self.insert_at(i, &key, val);
     }
-
     /// Set the child pointer of inner slot `i` (or the upper child for `i == count`).
     pub fn set_child(&mut self, i: usize, pid: u64) {
         if i == self.count() {
@@ -634,16 +658,5 @@ impl<'a> NodeMut<'a> {
         } else {
             self.value_mut(i).copy_from_slice(&pid.to_le_bytes());
         }
-    }
-    pub fn child(&self, i: usize) -> u64 {
-        if i == self.count() {
-            self.upper_child()
-        } else {
-            g64(self.value(i), 0)
-        }
-    }
-
-    pub fn fences(&self) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
-        (self.fence(false), self.fence(true))
     }
 }

@@ -25,7 +25,9 @@
 //!   See docs/btree.md.
 
 use crate::error::TreeError;
-use crate::node::{self, Entry, NodeMut, KIND_INNER, KIND_LEAF, MAX_KEY, MAX_RECORD, NO_PAGE};
+use crate::node::{
+    self, Entry, NodeMut, NodeRef, KIND_INNER, KIND_LEAF, MAX_KEY, MAX_RECORD, NO_PAGE,
+};
 use crate::verify::{verify_tree, TreeReport};
 use shoal_engine::{
     EngineError, ExclusiveGuard, OpResult, OptimisticGuard, Pid, Restart, SharedGuard, Worker,
@@ -642,16 +644,14 @@ impl BTree {
     }
 
     fn split_root(&self, w: &Worker, root: &mut ExclusiveGuard<'_>, key: &[u8]) -> OpResult<()> {
-        let (kind, level, entries, upper, last) = root.modify(|b| {
-            let n = NodeMut::new(b);
-            (
-                n.kind(),
-                n.level(),
-                n.entries(),
-                n.upper_child(),
-                n.last_insert(),
-            )
-        });
+        let n = NodeRef::of(root.data());
+        let (kind, level, entries, upper, last) = (
+            n.kind(),
+            n.level(),
+            n.entries(),
+            n.upper_child(),
+            n.last_insert(),
+        );
         let mut lg = w.allocate()?;
         let mut rg = w.allocate()?;
         let (left, sep, right, left_upper) =
@@ -891,9 +891,7 @@ fn merge_into_left(
         n.set_child(j, lpid); // the slot that pointed at the right node
         sep
     });
-    let mut copy = Box::new([0u8; PAGE_DATA_SIZE]);
-    copy.copy_from_slice(rx.data());
-    let r = NodeMut::new(&mut copy);
+    let r = NodeRef::of(rx.data());
     // Append in place: left keeps its records (compacted only if its heap runs out).
     lx.modify(|b| {
         let mut n = NodeMut::new(b);
@@ -921,11 +919,9 @@ fn split_child(
     x: &mut ExclusiveGuard<'_>,
     key: &[u8],
 ) -> OpResult<()> {
-    let (kind, level, entries, upper, right, (lower_fence, upper_fence), last) = x.modify(|b| {
-        let n = NodeMut::new(b);
-        let (k, l, e, u) = (n.kind(), n.level(), n.entries(), n.upper_child());
-        (k, l, e, u, n.right(), n.fences(), n.last_insert())
-    });
+    let n = NodeRef::of(x.data());
+    let (kind, level, entries, upper) = (n.kind(), n.level(), n.entries(), n.upper_child());
+    let (right, (lower_fence, upper_fence), last) = (n.right(), n.fences(), n.last_insert());
     let (left, sep, rest, left_upper) =
         halves(kind, &entries, sequential_cut(kind, &entries, last, key));
     let mut rg = w.allocate()?;

@@ -12,7 +12,7 @@
 //! (straight from the page store, with no engine running). Nothing here trusts a page: a
 //! malformed one is an error naming it, never a panic.
 
-use crate::node::{self, NodeMut, KIND_INNER, KIND_LEAF, NO_PAGE};
+use crate::node::{self, NodeRef, KIND_INNER, KIND_LEAF, NO_PAGE};
 use shoal_engine::{Pid, PAGE_DATA_SIZE};
 use std::collections::HashSet;
 
@@ -114,10 +114,10 @@ impl<R: FnMut(Pid) -> PageImage> Walk<R> {
         if !self.seen.insert(pid) {
             return Err(format!("page {pid} is reached twice"));
         }
-        let mut page = (self.read)(pid).map_err(|e| format!("node {pid}: {e}"))?;
+        let page = (self.read)(pid).map_err(|e| format!("node {pid}: {e}"))?;
         node::check_layout(&page).map_err(|e| format!("node {pid}: {e}"))?;
         self.report.pages.push(pid);
-        let n = NodeMut::new(&mut page);
+        let n = NodeRef::new(&page);
         let used = (PAGE_DATA_SIZE - n.free_space()) as u64;
         self.report.bytes_used += used;
         if level.is_some() && used < (PAGE_DATA_SIZE / 4) as u64 {
@@ -179,6 +179,7 @@ impl<R: FnMut(Pid) -> PageImage> Walk<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::NodeMut;
     use std::collections::HashMap;
 
     type Pages = HashMap<Pid, Box<[u8; PAGE_DATA_SIZE]>>;
