@@ -423,18 +423,23 @@ impl<B: Deref<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
     pub fn count(&self) -> usize {
         g16(&self.b[..], COUNT)
     }
+
     pub fn kind(&self) -> u8 {
         self.b[KIND]
     }
+
     pub fn level(&self) -> u16 {
         g16(&self.b[..], LEVEL) as u16
     }
+
     pub fn right(&self) -> u64 {
         g64(&self.b[..], RIGHT)
     }
+
     pub fn upper_child(&self) -> u64 {
         g64(&self.b[..], UPPER)
     }
+
     fn fence(&self, upper: bool) -> Option<Vec<u8>> {
         let bit = if upper { 2 } else { 1 };
         if self.b[FLAGS] & bit == 0 {
@@ -448,11 +453,13 @@ impl<B: Deref<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
         let (o, l) = (g16(&self.b[..], o), g16(&self.b[..], l));
         Some(self.b[o..o + l].to_vec())
     }
+
     pub fn key(&self, i: usize) -> &[u8] {
         let s = info_at(self.count(), i);
         let o = g16(&self.b[..], s);
         &self.b[o..o + g16(&self.b[..], s + 2)]
     }
+
     /// Leaves: the value bytes. Inner nodes: the child pid (8 bytes, in the children array).
     pub fn value(&self, i: usize) -> &[u8] {
         let n = self.count();
@@ -464,17 +471,21 @@ impl<B: Deref<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
         let o = g16(&self.b[..], s) + g16(&self.b[..], s + 2);
         &self.b[o..o + g16(&self.b[..], s + 4)]
     }
+
     pub fn entries(&self) -> Vec<Entry> {
         (0..self.count())
             .map(|i| (self.key(i).to_vec(), self.value(i).to_vec()))
             .collect()
     }
+
     fn free_contiguous(&self) -> usize {
         g16(&self.b[..], HEAP) - (HEADER + self.count() * SLOT)
     }
+
     pub fn free_space(&self) -> usize {
         self.free_contiguous() + g16(&self.b[..], DEAD)
     }
+
     /// Position of the first key >= `key`, and whether it is equal.
     pub fn lower_bound(&self, key: &[u8]) -> (usize, bool) {
         let (mut lo, mut hi) = (0, self.count());
@@ -488,14 +499,17 @@ impl<B: Deref<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
         }
         (lo, false)
     }
+
     /// Whether an entry of this size fits (possibly after compaction).
     pub fn fits(&self, klen: usize, vlen: usize) -> bool {
         self.free_space() >= entry_space(klen, vlen)
     }
+
     /// Slot of the most recent insert.
     pub fn last_insert(&self) -> usize {
         g16(&self.b[..], LAST_INSERT)
     }
+
     pub fn child(&self, i: usize) -> u64 {
         if i == self.count() {
             self.upper_child()
@@ -503,6 +517,7 @@ impl<B: Deref<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
             g64(self.value(i), 0)
         }
     }
+
     pub fn fences(&self) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
         (self.fence(false), self.fence(true))
     }
@@ -517,35 +532,44 @@ impl<B: DerefMut<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
         s64(&mut self.b[..], RIGHT, NO_PAGE);
         s64(&mut self.b[..], UPPER, NO_PAGE);
         s16(&mut self.b[..], LEVEL, level as usize);
-        let mut flags = 0u8;
         if let Some(l) = lower {
-            let o = self.heap_alloc(l.len());
-            self.b[o..o + l.len()].copy_from_slice(l);
-            s16(&mut self.b[..], LOW_OFF, o);
-            s16(&mut self.b[..], LOW_LEN, l.len());
-            flags |= 1;
+            self.place_fence(l, false);
         }
         if let Some(u) = upper {
-            let o = self.heap_alloc(u.len());
-            self.b[o..o + u.len()].copy_from_slice(u);
-            s16(&mut self.b[..], UP_OFF, o);
-            s16(&mut self.b[..], UP_LEN, u.len());
-            flags |= 2;
+            self.place_fence(u, true);
         }
-        self.b[FLAGS] = flags;
     }
+
+    /// Copy fence `f` into the heap and point the lower or upper fence at it (the caller made
+    /// room).
+    fn place_fence(&mut self, f: &[u8], upper: bool) {
+        let (off, len, bit) = if upper {
+            (UP_OFF, UP_LEN, 2)
+        } else {
+            (LOW_OFF, LOW_LEN, 1)
+        };
+        let o = self.heap_alloc(f.len());
+        self.b[o..o + f.len()].copy_from_slice(f);
+        s16(&mut self.b[..], off, o);
+        s16(&mut self.b[..], len, f.len());
+        self.b[FLAGS] |= bit;
+    }
+
     fn heap_alloc(&mut self, n: usize) -> usize {
         let o = g16(&self.b[..], HEAP) - n;
         assert!(o >= HEADER + self.count() * SLOT, "node heap overflow");
         s16(&mut self.b[..], HEAP, o);
         o
     }
+
     pub fn set_right(&mut self, pid: u64) {
         s64(&mut self.b[..], RIGHT, pid)
     }
+
     pub fn set_upper_child(&mut self, pid: u64) {
         s64(&mut self.b[..], UPPER, pid)
     }
+
     pub fn value_mut(&mut self, i: usize) -> &mut [u8] {
         let n = self.count();
         if self.kind() == KIND_INNER {
@@ -557,6 +581,7 @@ impl<B: DerefMut<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
         let len = g16(&self.b[..], s + 4);
         &mut self.b[o..o + len]
     }
+
     /// Rewrite the heap without dead bytes.
     pub fn compact(&mut self) {
         let entries = self.entries();
@@ -571,6 +596,7 @@ impl<B: DerefMut<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
             self.insert_at(n, k, v);
         }
     }
+
     /// Replace the upper fence (`None`: none). The old fence's bytes become dead.
     pub fn set_upper_fence(&mut self, fence: Option<&[u8]>) {
         if self.b[FLAGS] & 2 != 0 {
@@ -582,12 +608,9 @@ impl<B: DerefMut<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
         if self.free_contiguous() < f.len() {
             self.compact();
         }
-        let o = self.heap_alloc(f.len());
-        self.b[o..o + f.len()].copy_from_slice(f);
-        s16(&mut self.b[..], UP_OFF, o);
-        s16(&mut self.b[..], UP_LEN, f.len());
-        self.b[FLAGS] |= 2;
+        self.place_fence(f, true);
     }
+
     /// Insert at position `i`. The caller checked `fits`. In inner nodes `val` is the child
     /// pid (8 bytes), stored in the slot.
     pub fn insert_at(&mut self, i: usize, key: &[u8], val: &[u8]) {
@@ -622,6 +645,7 @@ impl<B: DerefMut<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
         s16(b, COUNT, n + 1);
         s16(b, LAST_INSERT, i);
     }
+
     /// Remove slot `i`.
     pub fn remove_at(&mut self, i: usize) {
         let n = self.count();
@@ -640,6 +664,7 @@ impl<B: DerefMut<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
         let dead = g16(&self.b[..], DEAD) + freed;
         s16(&mut self.b[..], DEAD, dead);
     }
+
     /// Replace slot `i`'s value with one of possibly different length. The caller checked
     /// that the new value fits (`free_space() + old len >= new len`).
     pub fn replace_value(&mut self, i: usize, val: &[u8]) {
@@ -651,6 +676,7 @@ impl<B: DerefMut<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
         self.remove_at(i);
         self.insert_at(i, &key, val);
     }
+
     /// Set the child pointer of inner slot `i` (or the upper child for `i == count`).
     pub fn set_child(&mut self, i: usize, pid: u64) {
         if i == self.count() {
