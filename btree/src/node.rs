@@ -371,7 +371,8 @@ pub fn check_layout(b: &[u8; PAGE_DATA_SIZE]) -> Result<(), String> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Writing (a private copy of the page, from `ExclusiveGuard::modify`)
+// Nodes in plain memory: edited in a private copy of the page (`ExclusiveGuard::modify`), or
+// read in place (a guard's `data()`, a page image)
 
 /// A node in plain memory: [`NodeMut`] edits a private copy of a page, [`NodeRef`] reads one
 /// (or a page's data area under a shared or exclusive guard).
