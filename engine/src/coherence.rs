@@ -1794,6 +1794,15 @@ mod tests {
     use crate::{Cluster, EngineConfig, Pid};
     use std::time::{Duration, Instant};
 
+    /// `n` nodes over mem with 256-frame caches, their stores under `dir`.
+    fn cluster(dir: &std::path::Path, n: usize) -> Cluster {
+        let d = dir.to_path_buf();
+        Cluster::mem(n, Duration::from_secs(20), move |i| {
+            EngineConfig::new(d.join(format!("n{i}")), 256 * 4096)
+        })
+        .unwrap()
+    }
+
     /// Regression (found by the 3-process `shoal node` test after batching made the window
     /// wider): the provider chose a home frame as a plain home copy (`prepare_evict` said yes),
     /// then the handler granted the page to a home worker from that very frame (its copy, with
@@ -1803,11 +1812,7 @@ mod tests {
     #[test]
     fn a_home_frame_granted_to_its_own_worker_is_not_dropped() {
         let dir = tempfile::tempdir().unwrap();
-        let d = dir.path().to_path_buf();
-        let c = Cluster::mem(2, Duration::from_secs(20), move |i| {
-            EngineConfig::new(d.join(format!("n{i}")), 256 * 4096)
-        })
-        .unwrap();
+        let c = cluster(dir.path(), 2);
         let (home, other) = (c.node(0), c.node(1));
         let w0 = home.worker();
         let pid = {
@@ -1877,11 +1882,7 @@ mod tests {
     #[test]
     fn unused_notices_free_nothing_that_may_be_in_use() {
         let dir = tempfile::tempdir().unwrap();
-        let d = dir.path().to_path_buf();
-        let c = Cluster::mem(3, Duration::from_secs(20), move |i| {
-            EngineConfig::new(d.join(format!("n{i}")), 256 * 4096)
-        })
-        .unwrap();
+        let c = cluster(dir.path(), 3);
         let home = c.node(0);
         let (w0, w1, w2) = (home.worker(), c.node(1).worker(), c.node(2).worker());
         let own = {

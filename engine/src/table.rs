@@ -39,6 +39,12 @@ pub struct PartitionLock<'a> {
     pid: Pid,
 }
 
+/// One node's array: MAX_SLOTS_PER_NODE entries, reserved, all "not resident".
+fn node_array() -> std::io::Result<MappedSlice<AtomicU32>> {
+    // SAFETY: all-zero bytes are a valid AtomicU32 (the value 0: "not resident").
+    unsafe { MappedSlice::zeroed(MAX_SLOTS_PER_NODE as usize) }
+}
+
 impl TranslationTable {
     pub fn new() -> Self {
         TranslationTable {
@@ -59,10 +65,8 @@ impl TranslationTable {
             ));
         };
         if cell.get().is_none() {
-            // SAFETY: all-zero bytes are a valid AtomicU32 (the value 0: "not resident").
-            let arr = unsafe { MappedSlice::zeroed(MAX_SLOTS_PER_NODE as usize) }?;
             // Another thread may have set it meanwhile: then ours is unmapped again.
-            let _ = cell.set(arr);
+            let _ = cell.set(node_array()?);
         }
         Ok(())
     }
@@ -77,8 +81,7 @@ impl TranslationTable {
     /// The entry of `pid`, creating its node's array if needed (insert path).
     fn entry_or_map(&self, pid: Pid) -> &AtomicU32 {
         let arr = self.nodes[pid.node() as usize].get_or_init(|| {
-            // SAFETY: all-zero bytes are a valid AtomicU32 (the value 0: "not resident").
-            unsafe { MappedSlice::zeroed(MAX_SLOTS_PER_NODE as usize) }.expect(
+            node_array().expect(
                 "reserving address space for the translation table (engines reserve every \
                  member's array when they open, so this is only reached by a pid of a node \
                  outside the cluster)",

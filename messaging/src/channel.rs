@@ -476,12 +476,10 @@ mod tests {
         a.send(1, env(1), None).unwrap();
         assert!(a.peer_alive(1));
         // node 1 never drains: its ring of 2 is full
-        let t0 = std::time::Instant::now();
         assert_eq!(
             a.send(1, env(2), None),
             Err(MsgError::Timeout { peer: 1, ms: 50 })
         );
-        assert!(t0.elapsed() >= Duration::from_millis(50));
         assert!(!a.peer_alive(1), "severed");
         assert_eq!(a.send(1, env(3), None), Err(MsgError::PeerDead(1)));
     }
