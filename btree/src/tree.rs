@@ -653,7 +653,17 @@ impl BTree {
             n.last_insert(),
         );
         let mut lg = w.allocate()?;
-        let mut rg = w.allocate()?;
+        let mut rg = match w.allocate() {
+            Ok(g) => g,
+            Err(e) => {
+                // (a full device, say): give the unused left page back where pages can be
+                // freed; in a cluster it stays allocated, zeroed and unreachable
+                if w.can_free_pages() {
+                    let _ = lg.free();
+                }
+                return Err(e.into());
+            }
+        };
         let (left, sep, right, left_upper) =
             halves(kind, &entries, sequential_cut(kind, &entries, last, key));
         let (lpid, rpid) = (lg.pid(), rg.pid());

@@ -33,12 +33,67 @@ use rand::{Rng, SeedableRng};
 use shoal_storage::{AlignedPage, WriteRequest, PAGE_SIZE};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Frames sampled per round to find the epoch cut-off.
 pub const SAMPLE: usize = 64;
 /// Most pages evicted (and written) per round.
 pub const BATCH: usize = 128;
+/// Write-back errors are logged at most once per this interval (with a count of the ones not
+/// logged): a full or failing device fails every write-back of every round, and one line per
+/// page would bury everything else in the log.
+pub const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// Longest pause between rounds whose write-backs all fail (the pause doubles from 1 ms).
+const MAX_FAILING_PAUSE: Duration = Duration::from_millis(100);
+
+/// Logs the first error of a kind, then at most one line per [`ERROR_LOG_INTERVAL`] saying how
+/// many more there were.
+pub(crate) struct ErrorLog {
+    what: &'static str,
+    last: Option<Instant>,
+    unlogged: u64,
+}
+
+impl ErrorLog {
+    pub(crate) fn new(what: &'static str) -> Self {
+        ErrorLog {
+            what,
+            last: None,
+            unlogged: 0,
+        }
+    }
+
+    /// Record one failure; logs it if the interval has passed.
+    pub(crate) fn error(&mut self, pid: Pid, e: &dyn std::fmt::Display) {
+        match self.due(Instant::now()) {
+            None => {}
+            Some(0) => log::error!("{} page {pid} failed: {e}", self.what),
+            Some(n) => log::error!(
+                "{} page {pid} failed: {e} ({n} more failures since the last report)",
+                self.what
+            ),
+        }
+    }
+
+    /// Count a failure at `now`: `Some(failures not logged before it)` if this one is to be
+    /// logged, `None` if it is only counted.
+    fn due(&mut self, now: Instant) -> Option<u64> {
+        if self
+            .last
+            .is_some_and(|t| now.saturating_duration_since(t) < ERROR_LOG_INTERVAL)
+        {
+            self.unlogged += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.unlogged))
+    }
+
+    /// Failures recorded but not logged yet.
+    pub(crate) fn unlogged(&self) -> u64 {
+        self.unlogged
+    }
+}
 
 /// The provider thread's main loop.
 pub(crate) fn run(inner: Arc<Inner>) {
@@ -47,6 +102,8 @@ pub(crate) fn run(inner: Arc<Inner>) {
         hand: 0,
         bufs: (0..BATCH).map(|_| AlignedPage::new()).collect(),
         since_epoch: 0,
+        errors: ErrorLog::new("writing back"),
+        failing_pause: Duration::ZERO,
     };
     while !inner.is_shutdown() {
         if inner.free.len() >= inner.free_target {
@@ -66,10 +123,20 @@ pub(crate) fn run(inner: Arc<Inner>) {
         if freed > 0 {
             let _g = inner.frames_mx.lock();
             inner.frames_freed.notify_all();
+        } else if !p.failing_pause.is_zero() {
+            // Every write-back of the round failed: the device is full or failing. Retry
+            // ever more slowly (the pages stay dirty in memory; a freed device takes them).
+            std::thread::sleep(p.failing_pause);
         } else {
-            // Nothing evictable right now (all fixed, or writes failing): do not spin.
+            // Nothing evictable right now (all fixed): do not spin.
             std::thread::sleep(Duration::from_micros(200));
         }
+    }
+    if p.errors.unlogged() > 0 {
+        log::error!(
+            "{} more write-backs failed after the last report",
+            p.errors.unlogged()
+        );
     }
 }
 
@@ -78,6 +145,9 @@ struct Provider {
     hand: usize,
     bufs: Vec<AlignedPage>,
     since_epoch: usize,
+    errors: ErrorLog,
+    /// Pause after a round whose write-backs all failed (zero after one that wrote a page).
+    failing_pause: Duration,
 }
 
 impl Provider {
@@ -144,6 +214,12 @@ impl Provider {
         let mut failed = vec![false; cands.len()];
         if !pending.is_empty() {
             let results = write_pages(inner, &pending, &mut self.bufs);
+            let all_failed = results.iter().all(|r| r.is_err());
+            self.failing_pause = if all_failed {
+                (self.failing_pause * 2).clamp(Duration::from_millis(1), MAX_FAILING_PAUSE)
+            } else {
+                Duration::ZERO
+            };
             for ((i, pid), r) in pending.iter().zip(results) {
                 if let Err(e) = r {
                     let f = inner.pool.frame(*i);
@@ -154,9 +230,9 @@ impl Provider {
                         failed[pos] = true;
                     }
                     inner.counters.write_errors.fetch_add(1, Ordering::Relaxed);
-                    let msg = format!("writing back page {pid} failed: {e}");
-                    log::error!("{msg}");
-                    *inner.provider_error.lock() = Some(msg);
+                    self.errors.error(*pid, &e);
+                    *inner.provider_error.lock() =
+                        Some(format!("writing back page {pid} failed: {e}"));
                 }
             }
         }
@@ -239,6 +315,8 @@ pub(crate) fn flush_all(inner: &Inner) -> Result<usize, EngineError> {
     let mut bufs: Vec<AlignedPage> = (0..BATCH).map(|_| AlignedPage::new()).collect();
     let mut written = 0;
     let mut first_err: Option<EngineError> = None;
+    let mut errors = ErrorLog::new("flushing");
+    let mut failures = 0u64;
     let n = inner.pool.len() as u32;
     let mut i = 0;
     while i < n {
@@ -270,14 +348,38 @@ pub(crate) fn flush_all(inner: &Inner) -> Result<usize, EngineError> {
                 Err(e) => {
                     inner.pool.frame(*idx).set_dirty(true);
                     inner.counters.write_errors.fetch_add(1, Ordering::Relaxed);
-                    log::error!("flushing page {pid} failed: {e}");
+                    errors.error(*pid, &e);
+                    failures += 1;
                     first_err.get_or_insert(e.into());
                 }
             }
         }
     }
+    if failures > 1 {
+        log::error!("{failures} dirty pages could not be flushed; the store stays marked unclean");
+    }
     match first_err {
         Some(e) => Err(e),
         None => Ok(written),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_log_reports_the_first_failure_then_one_line_per_interval_with_a_count() {
+        let mut log = ErrorLog::new("writing back");
+        let t0 = Instant::now();
+        assert_eq!(log.due(t0), Some(0));
+        for k in 1..=500u64 {
+            assert_eq!(log.due(t0 + Duration::from_millis(k)), None);
+        }
+        assert_eq!(log.unlogged(), 500);
+        assert_eq!(log.due(t0 + ERROR_LOG_INTERVAL), Some(500));
+        assert_eq!(log.unlogged(), 0);
+        assert_eq!(log.due(t0 + ERROR_LOG_INTERVAL), None);
+        assert_eq!(log.due(t0 + ERROR_LOG_INTERVAL * 3), Some(1));
     }
 }

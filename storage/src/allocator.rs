@@ -47,6 +47,17 @@ impl Allocator {
         Ok(s)
     }
 
+    /// Take back `slot`, just handed out by [`Allocator::allocate`] and never used: the next
+    /// fresh slot again if it was that, else a free slot again.
+    pub fn unallocate(&mut self, slot: u64) {
+        if slot + 1 == self.next_slot {
+            self.next_slot = slot;
+        } else {
+            debug_assert!(slot < self.next_slot && !self.free.contains(&slot));
+            self.free.push(slot);
+        }
+    }
+
     /// Take a specific never-allocated slot (used for well-known pages such as the catalog).
     pub fn reserve_next(&mut self, slot: u64) -> StoreResult<()> {
         if slot != self.next_slot {
@@ -132,6 +143,22 @@ pub fn decode_chain_page(buf: &[u8]) -> Result<(u64, Vec<u64>), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unallocate_takes_back_exactly_what_allocate_handed_out() {
+        let mut a = Allocator::new(10, vec![3], 0);
+        let free_one = a.allocate().unwrap();
+        assert_eq!(free_one, 3);
+        let fresh = a.allocate().unwrap();
+        assert_eq!(fresh, 10);
+        a.unallocate(fresh);
+        assert_eq!(a.next_slot(), 10, "a fresh slot is fresh again");
+        a.unallocate(free_one);
+        assert_eq!(a.free_slots(), &[3], "a free slot is free again");
+        assert_eq!(a.in_use(), 9);
+        assert_eq!(a.allocate().unwrap(), 3);
+        assert_eq!(a.allocate().unwrap(), 10);
+    }
 
     #[test]
     fn allocate_free_reuse_and_capacity() {

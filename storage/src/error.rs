@@ -22,6 +22,15 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "device {path} is full: no room for page slot {slot} ({source}); the slot was not allocated and pages already written are unaffected: free space on the device or add devices"
+    )]
+    NoRoom {
+        path: PathBuf,
+        slot: u64,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("page store is full: all {capacity} page slots are in use")]
     StoreFull { capacity: u64 },
     #[error(

@@ -88,7 +88,8 @@ struct Device {
     path: PathBuf,
     file: File,
     direct: bool,
-    /// Bytes preallocated with fallocate (regular files only; 0 = not yet / not possible).
+    /// Bytes of the device with room reserved: the file's size at open, then what fallocate
+    /// reserved (regular files only; u64::MAX: fallocate unsupported, writes take the room).
     extent: AtomicU64,
     regular: bool,
 }
@@ -106,7 +107,6 @@ pub struct PageStore {
     sb: Mutex<Superblock>,
     stats: StoreStats,
     closed: AtomicBool,
-    grow: Mutex<()>,
 }
 
 /// Most devices one store stripes over.
@@ -209,7 +209,6 @@ impl PageStore {
             sb: Mutex::new(sb),
             stats: StoreStats::default(),
             closed: AtomicBool::new(false),
-            grow: Mutex::new(()),
         };
         store.write_superblocks()?;
         Ok(store)
@@ -242,7 +241,6 @@ impl PageStore {
             sb: Mutex::new(sb0.clone()),
             stats: StoreStats::default(),
             closed: AtomicBool::new(false),
-            grow: Mutex::new(()),
         };
         let alloc = if sb0.clean {
             let free = store.read_freelist(sb0.freelist_head, sb0.freelist_len)?;
@@ -319,47 +317,62 @@ impl PageStore {
         &self.stats
     }
 
-    /// Allocate a page slot.
+    /// Allocate a page slot, with room for it on its device: a slot is handed out only once
+    /// the device space it will be written to is reserved (`fallocate`), so a full device
+    /// refuses the allocation ([`StoreError::NoRoom`]) instead of failing a later write-back of
+    /// a page that then cannot leave memory. (On file systems without `fallocate` the space is
+    /// taken by the first write, and a full device shows up there.)
     pub fn allocate(&self) -> StoreResult<u64> {
-        let slot = self.alloc.lock().allocate()?;
-        self.ensure_space(slot);
+        // The allocator's lock is held while space is reserved so that a refused slot can be
+        // taken back exactly (the next fresh slot again, not a free-list entry: free slots
+        // hold the free-list chain at shutdown and must have room).
+        let mut alloc = self.alloc.lock();
+        let slot = alloc.allocate()?;
+        if let Err(e) = self.ensure_space(slot) {
+            alloc.unallocate(slot);
+            return Err(e);
+        }
         Ok(slot)
     }
 
-    /// Preallocate the device range holding `slot` if it lies beyond what was preallocated.
-    /// Best effort: without preallocation writes still work, only slower.
-    fn ensure_space(&self, slot: u64) {
+    /// Reserve the device range holding `slot` if it lies beyond what was reserved, a
+    /// [`GROW_CHUNK`] at a time (just what `slot` needs when a whole chunk does not fit).
+    /// Caller holds the allocator's lock.
+    fn ensure_space(&self, slot: u64) -> StoreResult<()> {
         let (dev, off) = self.slot_location(slot);
         let d = &self.devices[dev];
         let end = off + PAGE_SIZE as u64;
-        if !d.regular || end <= d.extent.load(Ordering::Acquire) {
-            return;
-        }
-        let _g = self.grow.lock();
+        // Acquire/Release on `extent`: only allocations (serialised by the allocator's lock)
+        // read and write it; the orderings just keep that true if a reader outside the lock
+        // is ever added.
         let have = d.extent.load(Ordering::Acquire);
-        if end <= have {
-            return;
+        if !d.regular || end <= have {
+            return Ok(());
         }
-        let target = end.div_ceil(GROW_CHUNK) * GROW_CHUNK;
-        // SAFETY: fallocate on a file descriptor we own; no memory is passed.
-        let r = unsafe {
-            libc::fallocate(
-                d.file.as_raw_fd(),
-                0,
-                have as libc::off_t,
-                (target - have) as libc::off_t,
-            )
-        };
-        if r == 0 {
-            d.extent.store(target, Ordering::Release);
-        } else {
-            let e = std::io::Error::last_os_error();
-            log::debug!(
-                "{}: fallocate failed ({e}); writes will extend the file",
-                d.path.display()
-            );
-            d.extent.store(u64::MAX, Ordering::Release); // do not try again
+        let chunk = end.div_ceil(GROW_CHUNK) * GROW_CHUNK;
+        let mut last = None;
+        for target in [chunk, end] {
+            match fallocate(&d.file, have, target - have) {
+                Ok(()) => {
+                    d.extent.store(target, Ordering::Release);
+                    return Ok(());
+                }
+                Err(e) if is_full(&e) => last = Some(e),
+                Err(e) => {
+                    log::debug!(
+                        "{}: fallocate failed ({e}); writes will extend the file",
+                        d.path.display()
+                    );
+                    d.extent.store(u64::MAX, Ordering::Release); // do not try again
+                    return Ok(());
+                }
+            }
         }
+        Err(StoreError::NoRoom {
+            path: d.path.clone(),
+            slot,
+            source: last.unwrap_or_else(|| std::io::Error::from_raw_os_error(libc::ENOSPC)),
+        })
     }
 
     /// Take slot `slot`, which must be the next fresh one (well-known pages at format time).
@@ -656,14 +669,41 @@ fn io_err(path: &Path, source: std::io::Error) -> StoreError {
     }
 }
 
+/// Whether `e` says the device (or the file's size limit, or the user's quota) has no room.
+fn is_full(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOSPC) | Some(libc::EFBIG) | Some(libc::EDQUOT)
+    )
+}
+
 fn classify_write_error(path: &Path, slot: u64, e: std::io::Error) -> StoreError {
-    match e.raw_os_error() {
-        Some(libc::ENOSPC) | Some(libc::EFBIG) | Some(libc::EDQUOT) => StoreError::DeviceFull {
+    if is_full(&e) {
+        StoreError::DeviceFull {
             path: path.to_path_buf(),
             slot,
             source: e,
-        },
-        _ => io_err(path, e),
+        }
+    } else {
+        io_err(path, e)
+    }
+}
+
+/// Reserve `len` bytes of `file` from `off` (and grow its size to cover them).
+fn fallocate(file: &File, off: u64, len: u64) -> std::io::Result<()> {
+    let (Ok(off), Ok(len)) = (libc::off_t::try_from(off), libc::off_t::try_from(len)) else {
+        return Err(std::io::Error::from_raw_os_error(libc::EFBIG));
+    };
+    loop {
+        // SAFETY: fallocate on a file descriptor `file` owns; no memory is passed.
+        let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, off, len) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
 }
 

@@ -46,6 +46,14 @@ enum Cmd {
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    // Under a file-size limit (`ulimit -f`) growing a device file past it raises SIGXFSZ,
+    // which would kill the process with dirty pages in memory. Ignored, the write or
+    // fallocate fails with EFBIG instead, which the store reports as a full device: the
+    // allocation is refused and the engine still shuts down cleanly.
+    // SAFETY: called before any thread is started; SIG_IGN installs no handler code.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Ycsb(a) => ycsb::run(a),
