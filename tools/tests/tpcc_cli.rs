@@ -142,3 +142,55 @@ fn bad_flags_are_refused_with_a_reason() {
         assert!(err.contains(says), "{args:?}: {err}");
     }
 }
+
+/// A device that fills up during the run (a file-size limit, `ulimit -f` in 512-byte blocks,
+/// a little above what one warehouse loads) stops the run at the first failed transaction,
+/// which is undone: the consistency check passes and the store closes clean.
+#[test]
+fn a_full_device_stops_the_run_and_undoes_the_failed_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("out.json");
+    let data = dir.path().join("data");
+    let limit_bytes: u64 = 119 << 20; // one warehouse loads about 115 MiB
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -f {} && exec '{}' tpcc --warehouses 1 --cache 32MiB --quiet --check \
+             --warmup 0 --duration 120 --json '{}' --data-dir '{}'",
+            limit_bytes / 512,
+            env!("CARGO_BIN_EXE_shoal"),
+            json.display(),
+            data.display()
+        ))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stdout.contains("the run stopped there"), "{stdout}");
+    assert!(stdout.contains("conditions 1-4 hold"), "{stdout}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["errors"], 1, "{v}");
+    let first = v["first_error"].as_str().unwrap();
+    assert!(
+        first.contains("is full") && first.contains("no room"),
+        "{v}"
+    );
+    assert!(
+        v["duration_s"].as_f64().unwrap() < 120.0,
+        "did not stop: {v}"
+    );
+    assert_eq!(v["anomalies"], 0, "{v}");
+    let out = shoal()
+        .args(["inspect", "--quiet", "--json", "-"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    assert!(out.status.success(), "shoal inspect: {report}");
+    assert!(
+        report["nodes"].as_array().unwrap()[0]["clean"] == true,
+        "{report}"
+    );
+}

@@ -23,7 +23,7 @@ use serde_json::json;
 use shoal_engine::{format_bytes, join, parse_bytes, Cluster, ClusterFile, Engine, EngineConfig};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -387,6 +387,8 @@ fn run_phase(
     let phase = AtomicU8::new(WARMUP);
     let total = AtomicU64::new(0);
     let new_orders = AtomicU64::new(0);
+    // Relaxed: a stop signal; the tallies travel through the threads' joins.
+    let failed = AtomicBool::new(false);
     // (engine index, the warehouses the worker picks home warehouses from)
     let mut plan: Vec<(usize, Vec<u16>)> = Vec::new();
     for (ix, e) in nodes.engines.iter().enumerate() {
@@ -422,7 +424,7 @@ fn run_phase(
             .iter()
             .enumerate()
             .map(|(id, (n, homes))| {
-                let (phase, total, new_orders) = (&phase, &total, &new_orders);
+                let (phase, total, new_orders, failed) = (&phase, &total, &new_orders, &failed);
                 let e = nodes.engines[*n];
                 s.spawn(move || {
                     let w = e.worker();
@@ -435,6 +437,7 @@ fn run_phase(
                         c: *c,
                         rng: SmallRng::seed_from_u64(a.seed.wrapping_add(1 + id as u64 * 7919)),
                         history_seq: ((e.node_id() as u64) << 48) | ((id as u64 + 1) << 32),
+                        journal: Default::default(),
                     };
                     let mut tally = Tally::new();
                     loop {
@@ -448,28 +451,29 @@ fn run_phase(
                         let r = ctx.run(ty, home);
                         let us = t0.elapsed().as_micros() as u64;
                         total.fetch_add(1, Ordering::Relaxed);
-                        if ty == 0 && r.as_ref().is_ok_and(|d| !d.rolled_back) {
+                        let d = match r {
+                            Ok(d) => d,
+                            Err(e) => {
+                                // (undone: see txn::Ctx::run) A failed transaction makes the
+                                // run's numbers meaningless, in warm-up too: stop the run.
+                                tally.errors += 1;
+                                tally.first_error = Some(format!("{}: {e}", txn::TYPES[ty]));
+                                failed.store(true, Ordering::Relaxed);
+                                break;
+                            }
+                        };
+                        if ty == 0 && !d.rolled_back {
                             new_orders.fetch_add(1, Ordering::Relaxed);
                         }
                         if p != MEASURE {
                             continue;
                         }
-                        match r {
-                            Ok(d) => {
-                                tally.count[ty] += 1;
-                                tally.hist[ty].saturating_record(us.max(1));
-                                tally.rollbacks += d.rolled_back as u64;
-                                tally.remote_warehouse += d.remote_warehouse as u64;
-                                tally.remote_node += d.remote_node as u64;
-                                tally.anomalies += d.anomaly as u64;
-                            }
-                            Err(e) => {
-                                tally.errors += 1;
-                                if tally.first_error.is_none() {
-                                    tally.first_error = Some(format!("{}: {e}", txn::TYPES[ty]));
-                                }
-                            }
-                        }
+                        tally.count[ty] += 1;
+                        tally.hist[ty].saturating_record(us.max(1));
+                        tally.rollbacks += d.rolled_back as u64;
+                        tally.remote_warehouse += d.remote_warehouse as u64;
+                        tally.remote_node += d.remote_node as u64;
+                        tally.anomalies += d.anomaly as u64;
                     }
                     tally
                 })
@@ -477,7 +481,7 @@ fn run_phase(
             .collect();
         let sleep_until = |end: Instant| {
             let mut last = (Instant::now(), total.load(Ordering::Relaxed), 0u64);
-            while Instant::now() < end {
+            while Instant::now() < end && !failed.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(200).min(end - Instant::now()));
                 if last.0.elapsed() >= Duration::from_secs(1) && !a.quiet {
                     let (t, no) = (
@@ -603,7 +607,7 @@ fn report(
         );
     }
     if let Some(e) = &t.first_error {
-        println!("  first error: {e}");
+        println!("  first error (the run stopped there): {e}");
     }
     // in affinity mode one worker owns a warehouse: a half-done order is a bug, not a race
     let anomalies_are_errors = a.mode == Mode::Affinity && t.anomalies > 0;

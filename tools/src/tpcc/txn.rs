@@ -5,15 +5,26 @@
 //! driver modes keep the consistency conditions anyway is in docs/tpcc.md. NewOrder's 1%
 //! rollbacks are decided before anything is written: the unused item id is found while the
 //! items are read, so a rolled-back NewOrder changes nothing.
+//!
+//! A transaction that *fails* part-way (a full device refuses the page a NewOrder's insert
+//! needs, a page cannot be read) is undone: every write is journaled ([`Journal`]: the key
+//! of an inserted row, the image of a row before an in-place change, a removed row) and
+//! [`Ctx::run`] applies the journal backwards on an error. Undoing needs no new page (it
+//! removes rows, writes same-sized images in place, and puts back the empty NewOrder row
+//! that was just removed from its leaf), so it works when the device is full. It is not
+//! isolation: in the modes where workers share a warehouse another transaction may have
+//! seen the writes meanwhile (as it may see any transaction half done).
 
 use super::load::{CUSTOMERS, DISTRICTS, ITEMS};
 use super::random::{last_name, now, nurand, Constants};
 use super::schema::*;
 use rand::rngs::SmallRng;
 use rand::Rng;
-use shoal_btree::{Direction, TreeError};
+use shoal_btree::{BTree, Direction, TreeError};
 use shoal_engine::Worker;
+use std::cell::RefCell;
 use std::collections::BTreeSet;
+use std::ops::Range;
 
 /// The transaction types, in the order of the standard mix's table.
 pub const TYPES: [&str; 5] = [
@@ -42,6 +53,83 @@ pub enum TxError {
     /// A row the transaction needs is absent: the database is inconsistent.
     #[error("{0}")]
     Missing(String),
+    /// The transaction failed and undoing its writes failed too.
+    #[error("{error}; undoing its writes failed too ({undo}): the database may be inconsistent")]
+    UndoFailed {
+        error: Box<TxError>,
+        undo: TreeError,
+    },
+}
+
+/// How to undo one write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Undo {
+    /// Remove the inserted row.
+    Inserted,
+    /// Write the row's old image back in place.
+    Changed,
+    /// Insert the removed row again.
+    Removed,
+}
+
+/// The writes of the running transaction, so that a failed one can be undone: entries of
+/// (what undoes it, tree, key bytes, row bytes) with all bytes in one reused buffer, so
+/// journaling allocates nothing once a worker has run a few transactions.
+#[derive(Default)]
+pub struct Journal {
+    entries: Vec<(Undo, BTree, Range<usize>, Range<usize>)>,
+    bytes: Vec<u8>,
+}
+
+impl Journal {
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.bytes.clear();
+    }
+
+    /// Journal a write of `key` in `tree`; `row(bytes)` appends the row bytes to keep (returns
+    /// false to journal nothing after all).
+    fn push(
+        &mut self,
+        undo: Undo,
+        tree: &BTree,
+        key: &[u8],
+        row: impl FnOnce(&mut Vec<u8>) -> bool,
+    ) -> bool {
+        let k = self.bytes.len();
+        self.bytes.extend_from_slice(key);
+        let v = self.bytes.len();
+        if !row(&mut self.bytes) {
+            self.bytes.truncate(k);
+            return false;
+        }
+        self.entries.push((undo, *tree, k..v, v..self.bytes.len()));
+        true
+    }
+
+    /// Undo the journaled writes, last first, and empty the journal.
+    fn undo(&mut self, w: &Worker) -> Result<(), TreeError> {
+        while let Some((undo, tree, k, v)) = self.entries.pop() {
+            let (key, row) = (&self.bytes[k], &self.bytes[v]);
+            match undo {
+                Undo::Inserted => {
+                    tree.remove(w, key)?;
+                }
+                Undo::Changed => {
+                    tree.update(w, key, |now| {
+                        if now.len() == row.len() {
+                            now.copy_from_slice(row);
+                        }
+                    })?;
+                }
+                Undo::Removed => {
+                    tree.insert(w, key, row)?;
+                }
+            }
+        }
+        self.bytes.clear();
+        Ok(())
+    }
 }
 
 /// What a finished transaction did.
@@ -71,6 +159,8 @@ pub struct Ctx<'a> {
     pub rng: SmallRng,
     /// Next history key suffix (unique per worker: the worker's id in the high bits).
     pub history_seq: u64,
+    /// The running transaction's writes (see the module docs).
+    pub journal: RefCell<Journal>,
 }
 
 fn missing(what: String) -> TxError {
@@ -84,14 +174,72 @@ fn wrong_size(what: &str, key: &[u8], got: usize, want: usize) -> TxError {
 }
 
 impl Ctx<'_> {
+    /// Run one transaction of type `ty` (an index into [`TYPES`]). One that fails part-way is
+    /// undone before its error is returned.
     pub fn run(&mut self, ty: usize, home: u16) -> Result<Done, TxError> {
-        match ty {
+        self.journal.get_mut().clear();
+        let r = match ty {
             0 => self.new_order(home),
             1 => self.payment(home),
             2 => self.order_status(home),
             3 => self.delivery(home),
             _ => self.stock_level(home),
+        };
+        match r {
+            Err(error) => match self.journal.get_mut().undo(self.w) {
+                Ok(()) => Err(error),
+                Err(undo) => Err(TxError::UndoFailed {
+                    error: Box::new(error),
+                    undo,
+                }),
+            },
+            ok => ok,
         }
+    }
+
+    /// Insert a row (journaled). A key that exists already is left as it is.
+    fn insert(&self, tree: &BTree, key: &[u8], row: &[u8]) -> Result<(), TxError> {
+        if tree.insert(self.w, key, row)? {
+            self.journal
+                .borrow_mut()
+                .push(Undo::Inserted, tree, key, |_| true);
+        }
+        Ok(())
+    }
+
+    /// Remove a row whose value is empty, as NewOrder rows are (journaled). Whether it was
+    /// there.
+    fn remove_empty(&self, tree: &BTree, key: &[u8]) -> Result<bool, TxError> {
+        let found = tree.remove(self.w, key)?;
+        if found {
+            self.journal
+                .borrow_mut()
+                .push(Undo::Removed, tree, key, |_| true);
+        }
+        Ok(found)
+    }
+
+    /// `tree.update` that journals the row's image before `f` changes it. Whether the row
+    /// was there.
+    fn update(
+        &self,
+        tree: &BTree,
+        key: &[u8],
+        mut f: impl FnMut(&mut [u8]),
+    ) -> Result<bool, TxError> {
+        let mut result = Ok(false);
+        self.journal
+            .borrow_mut()
+            .push(Undo::Changed, tree, key, |old| {
+                let mark = old.len();
+                result = tree.update(self.w, key, |row| {
+                    old.truncate(mark);
+                    old.extend_from_slice(row);
+                    f(row)
+                });
+                matches!(result, Ok(true))
+            });
+        Ok(result?)
     }
 
     fn other_warehouse(&mut self, w: u16) -> u16 {
@@ -140,7 +288,7 @@ impl Ctx<'_> {
         mut f: impl FnMut(&mut [u8]),
     ) -> Result<(), TxError> {
         let mut size = len;
-        let found = tree.update(self.w, key, |row| {
+        let found = self.update(tree, key, |row| {
             size = row.len();
             if size == len {
                 f(row)
@@ -251,10 +399,9 @@ impl Ctx<'_> {
         set_u32(&mut orow, order::OL_CNT, ol_cnt as u32);
         set_u32(&mut orow, order::ALL_LOCAL, !done.remote_warehouse as u32);
         let okey = order_key(w, d, o_id);
-        set.order.insert(self.w, &okey, &orow)?;
-        set.new_order.insert(self.w, &okey, &[])?;
-        set.order_customer
-            .insert(self.w, &order_customer_key(w, d, c, o_id), &[])?;
+        self.insert(&set.order, &okey, &orow)?;
+        self.insert(&set.new_order, &okey, &[])?;
+        self.insert(&set.order_customer, &order_customer_key(w, d, c, o_id), &[])?;
         let mut total = 0i64;
         let mut lrow = vec![0u8; order_line::LEN];
         for (n, (&(i, supply, qty), &price)) in lines.iter().zip(&prices).enumerate() {
@@ -284,8 +431,11 @@ impl Ctx<'_> {
             set_u32(&mut lrow, order_line::QUANTITY, qty);
             set_i64(&mut lrow, order_line::AMOUNT, amount);
             set_str(&mut lrow, order_line::DIST_INFO, &dist);
-            set.order_line
-                .insert(self.w, &order_line_key(w, d, o_id, n as u8 + 1), &lrow)?;
+            self.insert(
+                &set.order_line,
+                &order_line_key(w, d, o_id, n as u8 + 1),
+                &lrow,
+            )?;
         }
         // the order's total as the terminal would show it (not stored)
         std::hint::black_box(total * (10_000 - discount) * (10_000 + w_tax + d_tax));
@@ -358,10 +508,8 @@ impl Ctx<'_> {
         set_i64(&mut h, history::AMOUNT, amount);
         set_str(&mut h, history::DATA, b"payment");
         self.history_seq += 1;
-        self.t
-            .at(cw)
-            .history
-            .insert(self.w, &history_key(cw, cd, c, self.history_seq), &h)?;
+        let history = self.t.at(cw).history;
+        self.insert(&history, &history_key(cw, cd, c, self.history_seq), &h)?;
         Ok(done)
     }
 
@@ -438,7 +586,7 @@ impl Ctx<'_> {
                 })?;
             let Some(o) = oldest else { continue };
             let okey = order_key(w, d, o);
-            if !set.new_order.remove(self.w, &okey)? {
+            if !self.remove_empty(&set.new_order, &okey)? {
                 continue; // another worker delivered it meanwhile
             }
             let (mut c, mut ol_cnt) = (0, 0);
@@ -451,7 +599,7 @@ impl Ctx<'_> {
             for n in 1..=ol_cnt as u8 {
                 let key = order_line_key(w, d, o, n);
                 let mut size = order_line::LEN;
-                let found = set.order_line.update(self.w, &key, |row| {
+                let found = self.update(&set.order_line, &key, |row| {
                     size = row.len();
                     if size == order_line::LEN {
                         sum += get_i64(row, order_line::AMOUNT);
@@ -577,6 +725,7 @@ mod tests {
             c: Constants::run(&l.constants, &mut l.rng),
             rng: SmallRng::seed_from_u64(11),
             history_seq: 1 << 32,
+            journal: Default::default(),
         };
         let next_sum = |ctx: &Ctx| {
             (1..=DISTRICTS)
@@ -677,6 +826,72 @@ mod tests {
                 }
             }
         }
+        drop(w);
+        e.close().unwrap();
+    }
+
+    /// A transaction that fails part-way leaves nothing behind: with every odd item's stock
+    /// row gone, NewOrders fail at their first odd item, after the district, order,
+    /// new-order, order-customer and some stock and order-line writes; each failed one leaves
+    /// the database exactly as before it, and the consistency conditions hold throughout.
+    #[test]
+    fn a_transaction_that_fails_part_way_is_undone() {
+        let mut l = load::testing::one_warehouse(10);
+        let (e, t) = (&l.engine, l.tables);
+        let w = e.worker();
+        let node_of = [0u8];
+        let mut ctx = Ctx {
+            w: &w,
+            t: &t,
+            warehouses: 1,
+            node_of: &node_of,
+            node: 0,
+            c: Constants::run(&l.constants, &mut l.rng),
+            rng: SmallRng::seed_from_u64(12),
+            history_seq: 1 << 32,
+            journal: Default::default(),
+        };
+        for i in (1..=ITEMS).step_by(2) {
+            assert!(t.at(1).stock.remove(&w, &stock_key(1, i)).unwrap());
+        }
+        // everything a NewOrder writes: row counts, the districts' next order ids, and the
+        // stock rows' year-to-date quantities and order counts
+        let state = |ctx: &Ctx| {
+            let s = ctx.t.at(1);
+            let mut stock = (0i64, 0u64);
+            s.stock
+                .scan(ctx.w, &[], Direction::Ascending, |_, v| {
+                    stock.0 += get_i64(v, stock::YTD);
+                    stock.1 += get_u32(v, stock::ORDER_CNT) as u64;
+                    true
+                })
+                .unwrap();
+            let counts = [&s.order, &s.new_order, &s.order_customer, &s.order_line]
+                .map(|tree| tree.count(ctx.w).unwrap());
+            let next: Vec<u32> = (1..=DISTRICTS).map(|d| district_field(ctx, d).0).collect();
+            (counts, next, stock)
+        };
+        let (mut failed, mut committed) = (0, 0);
+        let mut before = state(&ctx);
+        for _ in 0..60 {
+            match ctx.run(0, 1) {
+                Err(TxError::Missing(m)) => {
+                    assert!(m.starts_with("stock"), "{m}");
+                    failed += 1;
+                    assert_eq!(state(&ctx), before, "a failed NewOrder left writes behind");
+                }
+                Ok(_) => {
+                    committed += 1;
+                    before = state(&ctx);
+                }
+                Err(other) => panic!("{other}"),
+            }
+            assert!(super::super::check::warehouse(&w, &t, 1)
+                .unwrap()
+                .is_empty());
+        }
+        assert!(failed > 50, "{failed} of 60 failed ({committed} committed)");
+        assert!(ctx.journal.borrow().entries.is_empty());
         drop(w);
         e.close().unwrap();
     }
