@@ -1,8 +1,12 @@
-//! A full device: write-back fails, the error is clear, and nothing is lost.
+//! A full device: the error is clear, and nothing is lost. Normally the allocation that needs
+//! room is refused (every slot handed out has its room reserved); where room is taken from
+//! under the engine (a file system without fallocate, a thin device), write-backs fail and the
+//! pages stay dirty in memory until there is room again.
 //!
-//! The "disk" fills up through RLIMIT_FSIZE (writes past the limit fail with EFBIG, reported as
-//! a full device). This file is its own test binary, so the process-wide limit touches no other
-//! test.
+//! The "disk" fills up through RLIMIT_FSIZE (fallocate and writes past the limit fail with
+//! EFBIG, reported as a full device). This file is its own test binary, so the process-wide
+//! limit touches no other test (each test sets the limit it needs; they run one at a time
+//! under a lock).
 
 use shoal_engine::{Engine, EngineError, OpResult, Pid};
 use shoal_tests::{check_stamp, config, stamp};
@@ -29,15 +33,82 @@ fn set_fsize_limit(bytes: u64) {
     }
 }
 
+/// The tests change a process-wide limit: one at a time.
+static LIMIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
-fn full_disk_is_a_clear_error_and_loses_nothing() {
+fn a_full_device_refuses_allocations_and_keeps_every_page() {
+    let _one = LIMIT.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), 256);
+    let e = Engine::open(cfg.clone()).unwrap();
+    // Room for the superblock and 400 pages only (the first allocation reserves room).
+    set_fsize_limit(401 * 4096);
+    let w = e.worker();
+    let mut pids: Vec<Pid> = Vec::new();
+    let err = loop {
+        match w.allocate() {
+            Ok(mut g) => {
+                let pid = g.pid();
+                stamp(&mut g.page_mut(), pid, 1);
+                pids.push(pid);
+            }
+            Err(e) => break e,
+        }
+        assert!(pids.len() < 10_000, "allocation never failed");
+    };
+    let msg = err.to_string();
+    assert!(
+        msg.contains("is full") && msg.contains("no room") && msg.contains("node0-0.dat"),
+        "the error says which device is full: {msg}"
+    );
+    // slots 1..=399 (slot 0 is the catalog's): all that fit, none was refused early
+    assert_eq!(pids.len(), 399, "{msg}");
+    // 399 pages in a 256-frame cache: some were written back and evicted, and no write failed
+    // (each page's room was reserved when it was allocated)
+    assert_eq!(e.stats().write_errors, 0);
+    assert!(pids.iter().any(|&p| !e.is_resident(p)));
+    for &pid in &pids {
+        assert_eq!(stamped_version(&w, pid), 1);
+    }
+    // Room comes back: allocation works again, and takes the refused slot.
+    set_fsize_limit(libc::RLIM_INFINITY);
+    let mut g = w.allocate().unwrap();
+    let pid = g.pid();
+    assert_eq!(pid.slot(), 400);
+    stamp(&mut g.page_mut(), pid, 1);
+    drop(g);
+    pids.push(pid);
+    drop(w);
+    e.close().unwrap();
+    drop(e);
+    let e = Engine::open(cfg).unwrap();
+    let w = e.worker();
+    for &pid in &pids {
+        assert_eq!(stamped_version(&w, pid), 1);
+    }
+}
+
+#[test]
+fn room_taken_from_under_the_engine_fails_write_backs_and_loses_nothing() {
+    let _one = LIMIT.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path(), 256);
     cfg.free_frame_timeout = std::time::Duration::from_secs(2);
     let e = Engine::open(cfg.clone()).unwrap();
-    // Room for the superblock and ~100 pages only.
-    set_fsize_limit(101 * 4096);
     let w = e.worker();
+    // Reserve the device's first chunk, then take the reserved room away again (what a file
+    // system without fallocate, or a thin device, amounts to): the file ends after the
+    // superblock and the catalog, and may not grow past ~100 more pages.
+    drop(w.allocate().unwrap());
+    let device = dir.path().join("node0-0.dat");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&device)
+        .unwrap()
+        .set_len(2 * 4096)
+        .unwrap();
+    set_fsize_limit(101 * 4096);
     let mut pids: Vec<Pid> = Vec::new();
     let err = loop {
         match w.allocate() {
