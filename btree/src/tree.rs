@@ -452,9 +452,7 @@ impl BTree {
             let underfull = exact && node::is_underfull(x.page());
             Ok((exact, underfull.then(|| (parent, x.pid()))))
         })?;
-        // Cluster nodes cannot free pages yet, so they do not merge: this is the one check,
-        // every merge starts here.
-        if let Some((parent, leaf)) = underfull.filter(|_| w.can_free_pages()) {
+        if let Some((parent, leaf)) = underfull {
             // First with the parent this descent passed (no second descent: removes that
             // keep an underfull leaf whose neighbours are too full to merge stay cheap).
             let first = (|| {
@@ -480,9 +478,9 @@ impl BTree {
     /// over that child's contents (the tree gets one level lower). Best effort: a merge that
     /// does not fit is skipped, and the remove that asked for it is done either way, so an
     /// error here is logged, not returned (the tree stays valid, only less compact). Only
-    /// `remove` calls it, on nodes that can free pages.
+    /// `remove` calls it. (Pages merged away are freed on a single node and recycled on a
+    /// cluster node: `ExclusiveGuard::free`.)
     fn merge_underfull(&self, w: &Worker, key: &[u8], mut target: Pid) {
-        debug_assert!(w.can_free_pages());
         loop {
             match w.run(|w| self.try_merge(w, key, target)) {
                 Ok(Some(next)) => target = next,
@@ -656,11 +654,8 @@ impl BTree {
         let mut rg = match w.allocate() {
             Ok(g) => g,
             Err(e) => {
-                // (a full device, say): give the unused left page back where pages can be
-                // freed; in a cluster it stays allocated, zeroed and unreachable
-                if w.can_free_pages() {
-                    let _ = lg.free();
-                }
+                // (a full device, say): give the unused left page back
+                let _ = lg.free();
                 return Err(e.into());
             }
         };

@@ -1,13 +1,32 @@
-//! The tree on a cluster of nodes (`Cluster::mem`): every node reads and writes one tree, and
-//! removes on a cluster node leave it valid without leaking pages (cluster nodes cannot free
-//! pages yet, so they do not merge).
+//! The tree on a cluster of nodes (`Cluster::mem`): every node reads and writes one tree;
+//! removes merge underfull nodes there too (pages merged away are recycled by the node that
+//! merged them, `ExclusiveGuard::free`), and no page leaks.
 
 use shoal_btree::{u64_key, BTree};
-use shoal_engine::{Cluster, EngineConfig};
+use shoal_engine::{Cluster, EngineConfig, Worker};
 use std::time::Duration;
 
+fn value(k: u64) -> Vec<u8> {
+    vec![k as u8; 100]
+}
+
+/// Slots in use on every node's store, against what the tree holds plus what the nodes keep
+/// for reuse (recycled pages) plus the catalog page.
+fn assert_no_leak(c: &Cluster, t: &BTree, w: &Worker, workers: &[&Worker]) -> (usize, usize) {
+    let report = t.verify(w).unwrap();
+    let in_use: u64 = c.nodes().iter().map(|e| e.store().slots_in_use()).sum();
+    let recycled: usize = workers.iter().map(|w| w.recycled_pages()).sum();
+    assert_eq!(
+        in_use,
+        1 + report.pages.len() as u64 + recycled as u64,
+        "{:?}",
+        report.levels
+    );
+    (report.pages.len(), recycled)
+}
+
 #[test]
-fn removes_on_a_cluster_node_keep_the_tree_whole_and_leak_no_page() {
+fn removes_on_a_cluster_node_merge_and_recycle_pages_without_leaking() {
     let dir = tempfile::tempdir().unwrap();
     let c = Cluster::mem(2, Duration::from_secs(20), |i| {
         EngineConfig::new(dir.path().join(format!("n{i}")), 16 << 20)
@@ -18,21 +37,148 @@ fn removes_on_a_cluster_node_keep_the_tree_whole_and_leak_no_page() {
     let n = 6_000u64;
     for k in 0..n {
         let w = if k % 2 == 0 { &w0 } else { &w1 };
-        assert!(t.insert(w, &u64_key(k), &[k as u8; 100]).unwrap());
+        assert!(t.insert(w, &u64_key(k), &value(k)).unwrap());
     }
-    // node 1 removes all but every 20th key: many leaves end up nearly empty
+    let (full, _) = assert_no_leak(&c, &t, &w0, &[&w0, &w1]);
+    // node 1 removes all but every 20th key: leaves merge, node 1 recycles their pages
     for k in (0..n).filter(|k| k % 20 != 0) {
         assert!(t.remove(&w1, &u64_key(k)).unwrap());
     }
     let report = t.verify(&w0).unwrap();
     assert_eq!(report.entries, n / 20);
+    let (after, recycled) = assert_no_leak(&c, &t, &w0, &[&w0, &w1]);
+    // 300 records of 108 bytes fit in about 9 leaves; merged leaves are at least a quarter
+    // full, so there are fewer than 40, against ~220 before
+    assert!(after < 40 && after * 4 < full, "{full} pages -> {after}");
+    assert_eq!(w0.recycled_pages(), 0, "node 0 merged nothing");
+    assert!(recycled > 0);
     for k in 0..n {
-        let v = t.get(&w1, &u64_key(k)).unwrap();
-        assert_eq!(v, (k % 20 == 0).then(|| vec![k as u8; 100]), "key {k}");
+        let v = t.get(&w0, &u64_key(k)).unwrap();
+        assert_eq!(v, (k % 20 == 0).then(|| value(k)), "key {k}");
     }
-    // every page in use on either node is the catalog's or the tree's
+    // node 1 puts the keys back: its splits take the recycled pages before any new slot
+    let high_water: u64 = c.nodes().iter().map(|e| e.store().high_water()).sum();
+    for k in (0..n).filter(|k| k % 20 != 0) {
+        assert!(t.insert(&w1, &u64_key(k), &value(k)).unwrap());
+    }
+    assert_eq!(t.verify(&w1).unwrap().entries, n);
+    let (_, left) = assert_no_leak(&c, &t, &w0, &[&w0, &w1]);
+    assert!(
+        left < recycled,
+        "{recycled} recycled pages, {left} left after refilling"
+    );
+    let grown: u64 = c
+        .nodes()
+        .iter()
+        .map(|e| e.store().high_water())
+        .sum::<u64>()
+        - high_water;
+    // (refilled leaves split in the middle and end half full: more pages than the load made)
+    assert!(
+        left == 0 || grown == 0,
+        "{grown} new slots taken while {left} of {recycled} recycled pages were at hand"
+    );
+    for k in 0..n {
+        assert_eq!(t.get(&w0, &u64_key(k)).unwrap(), Some(value(k)), "key {k}");
+    }
+    drop((w0, w1));
+    c.close().unwrap();
+}
+
+/// Two nodes with two workers each insert, remove (merging), look up and scan one tree at
+/// once, with caches far smaller than the tree (pages move between nodes and to disk all
+/// along). Every worker owns a key range; at the end every key is as its owner left it, every
+/// scan was sorted, the tree verifies and no page leaked.
+#[test]
+fn concurrent_removes_merge_across_nodes_with_eviction() {
+    use rand::{Rng, SeedableRng};
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::mem(2, Duration::from_secs(20), |i| {
+        EngineConfig::new(dir.path().join(format!("n{i}")), 2 << 20)
+    })
+    .unwrap();
+    let t = BTree::create(&c.node(0).worker(), "t").unwrap();
+    let per = 12_000u64;
+    let owners = 4u64;
+    let present: Vec<Vec<bool>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..owners)
+            .map(|o| {
+                let e = c.node((o % 2) as usize);
+                s.spawn(move || {
+                    let w = e.worker();
+                    let mut rng = rand::rngs::SmallRng::seed_from_u64(o);
+                    let base = o * per;
+                    let mut have = vec![false; per as usize];
+                    let keys: Vec<u64> = (0..per).collect();
+                    for &i in &keys {
+                        assert!(t.insert(&w, &u64_key(base + i), &value(base + i)).unwrap());
+                        have[i as usize] = true;
+                    }
+                    for round in 0..3 {
+                        for _ in 0..per {
+                            let i = rng.random_range(0..per);
+                            let k = base + i;
+                            // mostly removes (leaves empty out and merge), some inserts back
+                            let put_back = rng.random_range(0..10) < 2 + round;
+                            if put_back && !have[i as usize] {
+                                assert!(t.insert(&w, &u64_key(k), &value(k)).unwrap());
+                                have[i as usize] = true;
+                            } else if !put_back && have[i as usize] {
+                                assert!(t.remove(&w, &u64_key(k)).unwrap(), "key {k}");
+                                have[i as usize] = false;
+                            }
+                            let j = rng.random_range(0..per);
+                            let got = t.get(&w, &u64_key(base + j)).unwrap();
+                            assert_eq!(got, have[j as usize].then(|| value(base + j)));
+                        }
+                        // a scan over this owner's range and into the next one's: sorted
+                        let mut last: Option<Vec<u8>> = None;
+                        let mut seen = 0;
+                        t.scan(
+                            &w,
+                            &u64_key(base + per / 2),
+                            shoal_btree::Direction::Ascending,
+                            |k, _| {
+                                assert!(last.as_deref().is_none_or(|l| l < k), "unsorted");
+                                last = Some(k.to_vec());
+                                seen += 1;
+                                seen < 2_000
+                            },
+                        )
+                        .unwrap();
+                    }
+                    have
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let (w0, w1) = (c.node(0).worker(), c.node(1).worker());
+    for (o, have) in present.iter().enumerate() {
+        for (i, &h) in have.iter().enumerate() {
+            let k = o as u64 * per + i as u64;
+            let w = if i % 2 == 0 { &w0 } else { &w1 };
+            assert_eq!(
+                t.get(w, &u64_key(k)).unwrap(),
+                h.then(|| value(k)),
+                "key {k}"
+            );
+        }
+    }
+    let want: usize = present.iter().flatten().filter(|&&h| h).count();
+    assert_eq!(t.verify(&w0).unwrap().entries, want as u64);
+    // the owners' workers are gone; their recycled pages stay with their nodes
+    let recycled = c.node(0).worker().recycled_pages() + c.node(1).worker().recycled_pages();
+    let report = t.verify(&w0).unwrap();
     let in_use: u64 = c.nodes().iter().map(|e| e.store().slots_in_use()).sum();
-    assert_eq!(in_use, 1 + report.pages.len() as u64, "{:?}", report.levels);
+    assert_eq!(in_use, 1 + report.pages.len() as u64 + recycled as u64);
+    assert!(recycled > 0, "no merge happened");
+    // it ran as described: pages moved between the nodes and were evicted
+    for e in c.nodes() {
+        let (s, p) = (e.stats(), e.protocol_stats());
+        eprintln!("node {}: {s:?} {p:?}", e.node_id());
+        assert!(s.evictions > 0 && p.pages > 0, "{s:?} {p:?}");
+    }
     drop((w0, w1));
     c.close().unwrap();
 }

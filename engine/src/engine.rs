@@ -52,6 +52,9 @@ pub(crate) struct Inner {
     /// The coherence protocol, when this engine is a node of a cluster (`None`: a single node
     /// that holds every page exclusively and never sends a message).
     pub coh: Option<Coherence>,
+    /// Pages freed on this cluster node, kept for its next allocations (see
+    /// [`crate::ExclusiveGuard::free`]). Always empty on a single node.
+    pub recycled: Mutex<Vec<Pid>>,
     _lock: File,
 }
 
@@ -179,6 +182,7 @@ impl Engine {
             counters: EngineCounters::default(),
             workers: Mutex::new(Vec::new()),
             retired: WorkerStats::default(),
+            recycled: Mutex::new(Vec::new()),
             coh,
             _lock: lock,
             cfg,
@@ -762,14 +766,9 @@ impl Inner {
     }
 
     /// Drop page `pid` held exclusively in frame `idx` and return its slot to the allocator.
+    /// Single node only (cluster nodes recycle: [`crate::ExclusiveGuard::free`]).
     pub fn free_page(&self, pid: Pid, idx: u32) -> Result<(), EngineError> {
-        if self.coh.is_some() {
-            self.pool.frame(idx).latch.unlock_exclusive_unchanged();
-            return Err(EngineError::Remote(
-                "freeing pages is not supported in a cluster yet (other nodes may hold copies)"
-                    .into(),
-            ));
-        }
+        debug_assert!(self.coh.is_none());
         self.drop_frame(pid, idx);
         // The provider is the only writer of pages and issues its writes one batch at a time, so
         // any write of the old page completes before a write of the slot's next owner is issued.

@@ -57,10 +57,10 @@ impl Worker {
         self.inner.node
     }
 
-    /// Whether [`ExclusiveGuard::free`] can delete pages here: on a single node yes; on a
-    /// cluster node not yet (other nodes may hold copies of the page).
-    pub fn can_free_pages(&self) -> bool {
-        self.inner.coh.is_none()
+    /// Pages this node freed and holds for its next allocations (cluster nodes only: see
+    /// [`ExclusiveGuard::free`]).
+    pub fn recycled_pages(&self) -> usize {
+        self.inner.recycled.lock().len()
     }
 
     /// `pid` is not resident, or not with possession `want`: bring it in. A single node reads
@@ -262,9 +262,34 @@ impl Worker {
 
     /// Allocate a new, zeroed page on this node; returns it exclusively latched.
     pub fn allocate(&self) -> Result<ExclusiveGuard<'_>, EngineError> {
+        if self.inner.coh.is_some() {
+            if let Some(g) = self.reuse_recycled() {
+                return Ok(g);
+            }
+        }
         let (pid, idx) = self.inner.allocate_page()?;
         self.hold();
         Ok(ExclusiveGuard { w: self, idx, pid })
+    }
+
+    /// A page this cluster node freed earlier, exclusively latched and still zeroed, if
+    /// there is one that can be taken back. A page that cannot (its home died, a remote fetch
+    /// timed out) is given up: it stays allocated and unused (logged).
+    fn reuse_recycled(&self) -> Option<ExclusiveGuard<'_>> {
+        loop {
+            let next = self.inner.recycled.lock().pop();
+            let pid = next?;
+            match self.run(|w| w.exclusive(pid)) {
+                Ok(g) if g.data().iter().all(|&b| b == 0) => return Some(g),
+                Ok(g) => {
+                    // Nothing reaches a freed page, so nothing may have written it.
+                    debug_assert!(false, "freed page {pid} was written");
+                    log::error!("freed page {pid} was written while unreachable: not reused");
+                    drop(g);
+                }
+                Err(e) => log::warn!("freed page {pid} cannot be reused ({e}): left unused"),
+            }
+        }
     }
 
     /// Allocate a new, zeroed page homed on `node` (this node or another of the cluster);
@@ -513,8 +538,21 @@ impl<'w> ExclusiveGuard<'w> {
         }
     }
 
-    /// Delete the page: its frame and its slot are freed.
-    pub fn free(self) -> Result<(), EngineError> {
+    /// Delete the page. On a single node its frame and its slot are freed. A cluster node
+    /// *recycles* it instead: zeroes it and keeps it for its own next [`Worker::allocate`].
+    /// The page stays a live page of the coherence protocol (other nodes may hold copies or
+    /// have requests for it in flight, which a real free would have to chase), so nothing
+    /// changes for them: a stale reader of a copy fails validation as it would after any
+    /// change. Recycled pages are not remembered across a restart: they stay allocated,
+    /// zeroed and unused (`shoal inspect` counts them as in use outside every tree).
+    pub fn free(mut self) -> Result<(), EngineError> {
+        if self.w.inner.coh.is_some() {
+            self.page_mut().fill(0, PAGE_DATA_SIZE, 0);
+            let (w, pid) = (self.w, self.pid);
+            drop(self); // unlocks with a new version: optimistic readers of the page restart
+            w.inner.recycled.lock().push(pid);
+            return Ok(());
+        }
         let me = ManuallyDrop::new(self);
         me.w.unhold();
         me.w.inner.free_page(me.pid, me.idx)
