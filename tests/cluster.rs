@@ -632,6 +632,18 @@ fn barriers_line_every_node_up_and_fail_on_a_dead_node() {
     );
 }
 
+/// A cluster of one node (a one-entry cluster file) waits for nobody at a barrier. (It
+/// waited for the limit and failed before: no node's arrival was ever recorded for it.)
+#[test]
+fn a_one_node_cluster_passes_its_barriers() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(dir.path(), 1, 256);
+    for _ in 0..3 {
+        c.node(0).barrier(Duration::from_secs(30)).unwrap();
+    }
+    c.close().unwrap();
+}
+
 #[test]
 fn pages_are_allocated_on_a_chosen_home_from_any_node() {
     let dir = tempfile::tempdir().unwrap();

@@ -616,8 +616,9 @@ impl Coherence {
         let r = self.wait_until(
             limit,
             || {
+                // (a cluster of one node waits for nobody: no entry, `others` is 0)
                 let mut a = self.arrived.lock();
-                (a.get(&g) == Some(&others)).then(|| a.remove(&g))
+                (a.get(&g).copied().unwrap_or(0) == others).then(|| a.remove(&g))
             },
             || (0..self.nodes).find(|&n| missing() & (1 << n) != 0 && !self.ch.peer_alive(n)),
         )?;

@@ -188,8 +188,20 @@ impl Engine {
             cfg,
         });
         if inner.node == 0 && inner.store.high_water() == 0 {
-            // A fresh node-0 store: slot 0 is the catalog page, empty.
+            // A fresh node-0 store: slot 0 is the catalog page, empty. Written (and synced)
+            // now, so that a store that crashes before its first write-back still opens
+            // (with allow_unclean) with a catalog, instead of a page that was never written.
             inner.store.reserve(Pid::CATALOG.slot())?;
+            let mut empty = shoal_storage::AlignedPage::new();
+            let mut req = [shoal_storage::WriteRequest {
+                slot: Pid::CATALOG.slot(),
+                pid: Pid::CATALOG.raw(),
+                page: &mut empty,
+            }];
+            if let Some(Err(e)) = inner.store.write_batch(&mut req).pop() {
+                return Err(e.into());
+            }
+            inner.store.sync()?;
             let idx = inner.install_new_page(Pid::CATALOG)?;
             if let Some(c) = &inner.coh {
                 c.adopt_new(Pid::CATALOG, idx);

@@ -70,7 +70,7 @@ pub enum StoreError {
     #[error("device set mismatch: {0}")]
     DeviceMismatch(String),
     #[error(
-        "the store at {path} was not shut down cleanly; Shoal has no write-ahead log yet, so pages written since the last clean shutdown may be missing. Open with allow_unclean (`--allow-unclean`) to use it anyway"
+        "the store at {path} was not shut down cleanly; Shoal has no write-ahead log yet, so pages written since the last clean shutdown may be missing. `shoal inspect` shows what it holds; open it with `allow_unclean` (`shoal node --allow-unclean`) to use it anyway"
     )]
     Unclean { path: PathBuf },
     #[error("invalid store configuration: {0}")]

@@ -144,8 +144,9 @@ pub fn run_processes(
     Ok((docs, codes.iter().all(|c| *c == Some(0))))
 }
 
-/// The run's data directory: `dir` (created if missing), or a temporary directory named
-/// `shoal-<what>-…` that is removed when the returned guard drops.
+/// The run's data directory: `dir` (created if missing; it must be empty: the drivers load a
+/// new data set, and a load is not resumable), or a temporary directory named `shoal-<what>-…`
+/// that is removed when the returned guard drops.
 pub fn data_dir(
     dir: Option<&Path>,
     what: &str,
@@ -153,6 +154,17 @@ pub fn data_dir(
     match dir {
         Some(d) => {
             std::fs::create_dir_all(d).map_err(|e| format!("--data-dir {}: {e}", d.display()))?;
+            let mut entries =
+                std::fs::read_dir(d).map_err(|e| format!("--data-dir {}: {e}", d.display()))?;
+            if entries.next().is_some() {
+                return Err(format!(
+                    "--data-dir {}: not empty; shoal {what} loads a new data set into an empty directory \
+                     (a load is not resumable): use a new or empty one (`shoal inspect {}` checks \
+                     what this one holds)",
+                    d.display(),
+                    d.display()
+                ));
+            }
             Ok((d.to_path_buf(), None))
         }
         None => {

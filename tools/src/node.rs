@@ -57,6 +57,11 @@ pub struct Args {
     /// No per-second lines.
     #[arg(long)]
     pub quiet: bool,
+    /// Open this node's store even if it was not shut down cleanly (after a crash). Shoal has
+    /// no write-ahead log: pages written since the last clean shutdown may be missing, and
+    /// the counter check then reports the increments lost with them.
+    #[arg(long)]
+    pub allow_unclean: bool,
 }
 
 /// One node's counter pages and tally page.
@@ -164,7 +169,8 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
     }
     let limit = Duration::from_secs_f64(a.barrier_timeout);
     let file = ClusterFile::load(&a.config).map_err(|e| e.to_string())?;
-    let cfg = file.engine_config(a.id).map_err(|e| e.to_string())?;
+    let mut cfg = file.engine_config(a.id).map_err(|e| e.to_string())?;
+    cfg.allow_unclean = a.allow_unclean;
     let n = file.nodes.len();
     println!(
         "node {}: joining a cluster of {n} nodes (listening on {}, data in {})",
