@@ -33,6 +33,22 @@ fn set_fsize_limit(bytes: u64) {
     }
 }
 
+/// Allocate and stamp pages until an allocation fails: the pages and the error.
+fn allocate_until_error(w: &shoal_engine::Worker) -> (Vec<Pid>, EngineError) {
+    let mut pids: Vec<Pid> = Vec::new();
+    loop {
+        match w.allocate() {
+            Ok(mut g) => {
+                let pid = g.pid();
+                stamp(&mut g.page_mut(), pid, 1);
+                pids.push(pid);
+            }
+            Err(e) => return (pids, e),
+        }
+        assert!(pids.len() < 10_000, "allocation never failed");
+    }
+}
+
 /// The tests change a process-wide limit: one at a time.
 static LIMIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -45,18 +61,7 @@ fn a_full_device_refuses_allocations_and_keeps_every_page() {
     // Room for the superblock and 400 pages only (the first allocation reserves room).
     set_fsize_limit(401 * 4096);
     let w = e.worker();
-    let mut pids: Vec<Pid> = Vec::new();
-    let err = loop {
-        match w.allocate() {
-            Ok(mut g) => {
-                let pid = g.pid();
-                stamp(&mut g.page_mut(), pid, 1);
-                pids.push(pid);
-            }
-            Err(e) => break e,
-        }
-        assert!(pids.len() < 10_000, "allocation never failed");
-    };
+    let (mut pids, err) = allocate_until_error(&w);
     let msg = err.to_string();
     assert!(
         msg.contains("is full") && msg.contains("no room") && msg.contains("node0-0.dat"),
@@ -109,18 +114,7 @@ fn room_taken_from_under_the_engine_fails_write_backs_and_loses_nothing() {
         .set_len(2 * 4096)
         .unwrap();
     set_fsize_limit(101 * 4096);
-    let mut pids: Vec<Pid> = Vec::new();
-    let err = loop {
-        match w.allocate() {
-            Ok(mut g) => {
-                let pid = g.pid();
-                stamp(&mut g.page_mut(), pid, 1);
-                pids.push(pid);
-            }
-            Err(e) => break e,
-        }
-        assert!(pids.len() < 10_000, "allocation never failed");
-    };
+    let (pids, err) = allocate_until_error(&w);
     let msg = err.to_string();
     assert!(matches!(err, EngineError::NoFreeFrame { .. }), "{msg}");
     assert!(

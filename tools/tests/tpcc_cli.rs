@@ -8,6 +8,18 @@ fn shoal() -> Command {
     Command::new(env!("CARGO_BIN_EXE_shoal"))
 }
 
+/// `shoal inspect --json` of a data directory, which must pass.
+fn inspect(data: &std::path::Path) -> serde_json::Value {
+    let out = shoal()
+        .args(["inspect", "--quiet", "--json", "-"])
+        .arg(data)
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    assert!(out.status.success(), "shoal inspect: {report}");
+    report
+}
+
 fn run_checked(args: &[&str]) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("out.json");
@@ -56,13 +68,7 @@ fn run_checked(args: &[&str]) -> serde_json::Value {
     }
     assert!(v["new_orders_per_min"].as_f64().unwrap() > 0.0);
     // the stores left behind are clean, every page intact, every tree sound
-    let out = shoal()
-        .args(["inspect", "--quiet", "--json", "-"])
-        .arg(&data)
-        .output()
-        .unwrap();
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    assert!(out.status.success(), "shoal inspect: {report}");
+    let report = inspect(&data);
     let nodes = report["nodes"].as_array().unwrap();
     assert_eq!(nodes.len() as u64, v["nodes"].as_u64().unwrap(), "{report}");
     assert!(nodes.iter().all(|n| n["clean"] == true), "{report}");
@@ -182,13 +188,7 @@ fn a_full_device_stops_the_run_and_undoes_the_failed_transaction() {
         "did not stop: {v}"
     );
     assert_eq!(v["anomalies"], 0, "{v}");
-    let out = shoal()
-        .args(["inspect", "--quiet", "--json", "-"])
-        .arg(&data)
-        .output()
-        .unwrap();
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    assert!(out.status.success(), "shoal inspect: {report}");
+    let report = inspect(&data);
     assert!(
         report["nodes"].as_array().unwrap()[0]["clean"] == true,
         "{report}"

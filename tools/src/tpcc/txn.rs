@@ -708,6 +708,27 @@ mod tests {
         (get_u32(&r, district::NEXT_O_ID), get_i64(&r, district::YTD))
     }
 
+    /// A worker's context on the one warehouse of `t`.
+    fn ctx<'a>(
+        w: &'a Worker,
+        t: &'a Tables,
+        c: Constants,
+        node_of: &'a [u8],
+        seed: u64,
+    ) -> Ctx<'a> {
+        Ctx {
+            w,
+            t,
+            warehouses: 1,
+            node_of,
+            node: 0,
+            c,
+            rng: SmallRng::seed_from_u64(seed),
+            history_seq: 1 << 32,
+            journal: Default::default(),
+        }
+    }
+
     /// Each of the five transactions runs on a loaded warehouse and has the effect the
     /// standard describes.
     #[test]
@@ -716,17 +737,8 @@ mod tests {
         let (e, t) = (&l.engine, l.tables);
         let w = e.worker();
         let node_of = [0u8];
-        let mut ctx = Ctx {
-            w: &w,
-            t: &t,
-            warehouses: 1,
-            node_of: &node_of,
-            node: 0,
-            c: Constants::run(&l.constants, &mut l.rng),
-            rng: SmallRng::seed_from_u64(11),
-            history_seq: 1 << 32,
-            journal: Default::default(),
-        };
+        let c = Constants::run(&l.constants, &mut l.rng);
+        let mut ctx = ctx(&w, &t, c, &node_of, 11);
         let next_sum = |ctx: &Ctx| {
             (1..=DISTRICTS)
                 .map(|d| district_field(ctx, d).0)
@@ -840,17 +852,8 @@ mod tests {
         let (e, t) = (&l.engine, l.tables);
         let w = e.worker();
         let node_of = [0u8];
-        let mut ctx = Ctx {
-            w: &w,
-            t: &t,
-            warehouses: 1,
-            node_of: &node_of,
-            node: 0,
-            c: Constants::run(&l.constants, &mut l.rng),
-            rng: SmallRng::seed_from_u64(12),
-            history_seq: 1 << 32,
-            journal: Default::default(),
-        };
+        let c = Constants::run(&l.constants, &mut l.rng);
+        let mut ctx = ctx(&w, &t, c, &node_of, 12);
         for i in (1..=ITEMS).step_by(2) {
             assert!(t.at(1).stock.remove(&w, &stock_key(1, i)).unwrap());
         }
