@@ -260,13 +260,20 @@ impl Worker {
         }
     }
 
-    /// Allocate a new, zeroed page on this node; returns it exclusively latched.
+    /// Allocate a zeroed page; returns it exclusively latched. A new page homed on this node,
+    /// or on a cluster node first a page this node freed earlier ([`ExclusiveGuard::free`]),
+    /// which may be homed on any node: use [`Worker::allocate_on`] where the home matters.
     pub fn allocate(&self) -> Result<ExclusiveGuard<'_>, EngineError> {
         if self.inner.coh.is_some() {
             if let Some(g) = self.reuse_recycled() {
                 return Ok(g);
             }
         }
+        self.allocate_here()
+    }
+
+    /// A new page homed on this node, exclusively latched.
+    fn allocate_here(&self) -> Result<ExclusiveGuard<'_>, EngineError> {
         let (pid, idx) = self.inner.allocate_page()?;
         self.hold();
         Ok(ExclusiveGuard { w: self, idx, pid })
@@ -303,7 +310,7 @@ impl Worker {
                     self.inner.node
                 )));
             }
-            return self.allocate();
+            return self.allocate_here();
         };
         if self.inner.is_shutdown() {
             return Err(EngineError::Shutdown);

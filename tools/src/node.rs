@@ -88,10 +88,10 @@ fn own_pages(w: &Worker, me: u8, pages: usize) -> Result<Owned, String> {
     }
     let mut pids = Vec::with_capacity(pages);
     for _ in 0..pages {
-        pids.push(w.allocate().map_err(e)?.pid());
+        pids.push(w.allocate_on(me).map_err(e)?.pid());
     }
     let tally = {
-        let mut g = w.allocate().map_err(e)?;
+        let mut g = w.allocate_on(me).map_err(e)?;
         let mut p = g.page_mut();
         p.set_u64(0, MAGIC);
         p.set_u64(8, pages as u64);
