@@ -405,6 +405,9 @@ impl Engine {
         // may still hold a newer image of a page homed here (no orderly shutdown: see
         // `Cluster::close` and `leave`), this store is not current and must not say "clean".
         let away = self.inner.coh.as_ref().map_or(0, |c| c.homed_pages_away());
+        if away == 0 {
+            self.free_recycled_here();
+        }
         // With the provider stopped, this thread is the only writer of pages to the store.
         let written = provider::flush_all(&self.inner)?;
         self.inner.store.sync()?;
@@ -427,6 +430,50 @@ impl Engine {
             self.inner.node
         );
         Ok(())
+    }
+}
+
+impl Engine {
+    /// Close, part: the recycled pages homed on this node go back to its store's free list
+    /// (kept across a restart, where the recycled list is not). Only when no other node holds
+    /// one of this node's pages (provider and handler stopped, workers gone): then nothing
+    /// anywhere refers to them. Pages homed elsewhere stay allocated (their homes' stores
+    /// cannot be changed from here).
+    fn free_recycled_here(&self) {
+        let inner = &self.inner;
+        let mut freed = 0;
+        inner.recycled.lock().retain(|&pid| {
+            if pid.node() != inner.node {
+                return true;
+            }
+            if let Some(idx) = inner.table.lookup(&inner.pool, pid) {
+                let f = inner.pool.frame(idx);
+                if !f.latch.try_lock_exclusive(None) {
+                    return true; // (a worker that outlived the close: leave it)
+                }
+                if f.pid() != pid {
+                    f.latch.unlock_exclusive_unchanged();
+                    return true;
+                }
+                inner.drop_frame(pid, idx);
+            }
+            match inner.store.free(pid.slot()) {
+                Ok(()) => {
+                    freed += 1;
+                    false
+                }
+                Err(e) => {
+                    log::warn!("node {}: recycled page {pid}: {e}", inner.node);
+                    true
+                }
+            }
+        });
+        if freed > 0 {
+            log::info!(
+                "node {}: {freed} recycled pages returned to the free list",
+                inner.node
+            );
+        }
     }
 }
 

@@ -59,8 +59,8 @@ impl Worker {
 
     /// Pages this node freed and holds for its next allocations (cluster nodes only: see
     /// [`ExclusiveGuard::free`]).
-    pub fn recycled_pages(&self) -> usize {
-        self.inner.recycled.lock().len()
+    pub fn recycled_pages(&self) -> Vec<Pid> {
+        self.inner.recycled.lock().clone()
     }
 
     /// `pid` is not resident, or not with possession `want`: bring it in. A single node reads
@@ -551,7 +551,8 @@ impl<'w> ExclusiveGuard<'w> {
     /// have requests for it in flight, which a real free would have to chase), so nothing
     /// changes for them: a stale reader of a copy fails validation as it would after any
     /// change. Recycled pages are not remembered across a restart: they stay allocated,
-    /// zeroed and unused (`shoal inspect` counts them as in use outside every tree).
+    /// zeroed and unused (`shoal inspect` counts them as in use outside every tree), except
+    /// those homed on the node itself, which a clean close returns to its store's free list.
     pub fn free(mut self) -> Result<(), EngineError> {
         if self.w.inner.coh.is_some() {
             self.page_mut().fill(0, PAGE_DATA_SIZE, 0);
