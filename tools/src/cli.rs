@@ -144,6 +144,16 @@ pub fn run_processes(
     Ok((docs, codes.iter().all(|c| *c == Some(0))))
 }
 
+/// `--duration` and `--warmup` in seconds: a positive duration, a non-negative warm-up, both
+/// at most 1e7 (also rules out NaN and infinities, on which `Duration::from_secs_f64` panics).
+pub fn check_run_secs(duration: f64, warmup: f64) -> Result<(), String> {
+    let secs_ok = |s: f64| s.is_finite() && (0.0..=1e7).contains(&s);
+    if !secs_ok(duration) || duration == 0.0 || !secs_ok(warmup) {
+        return Err("--duration must be > 0 and --warmup >= 0 (seconds, at most 1e7)".into());
+    }
+    Ok(())
+}
+
 /// The run's data directory: `dir` (created if missing; it must be empty: the drivers load a
 /// new data set, and a load is not resumable), or a temporary directory named `shoal-<what>-…`
 /// that is removed when the returned guard drops.

@@ -125,11 +125,7 @@ fn validate(a: &Args) -> Result<Plan, String> {
             a.zipf_theta
         ));
     }
-    // (also rules out NaN and infinities, which Duration::from_secs_f64 would panic on)
-    let secs_ok = |s: f64| s.is_finite() && (0.0..=1e7).contains(&s);
-    if !secs_ok(a.duration) || a.duration == 0.0 || !secs_ok(a.warmup) {
-        return Err("--duration must be > 0 and --warmup >= 0 (seconds, at most 1e7)".into());
-    }
+    crate::cli::check_run_secs(a.duration, a.warmup)?;
     if a.max_scan == 0 {
         return Err("--max-scan must be at least 1".into());
     }

@@ -141,6 +141,8 @@ fn bad_flags_are_refused_with_a_reason() {
         (&["--cluster", "c.toml"][..], "--cluster needs --id"),
         (&["--cache", "1MiB"][..], "at least 4MiB"),
         (&["--duration", "0"][..], "--duration"),
+        // (a panic in Duration::from_secs_f64 before)
+        (&["--warmup", "1e300"][..], "at most 1e7"),
     ] {
         let out = shoal().arg("tpcc").args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");

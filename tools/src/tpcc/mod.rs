@@ -99,10 +99,7 @@ fn validate(a: &Args) -> Result<u64, String> {
     if a.workers == 0 || a.workers > 1024 {
         return Err(format!("--workers {}: 1 to 1024", a.workers));
     }
-    let timed = a.duration > 0.0 && a.duration.is_finite();
-    if !(timed && a.warmup >= 0.0 && a.warmup.is_finite()) {
-        return Err("--duration must be positive and --warmup non-negative".into());
-    }
+    crate::cli::check_run_secs(a.duration, a.warmup)?;
     let cache = parse_bytes(&a.cache).map_err(|e| format!("--cache: {e}"))?;
     if cache < 4 << 20 {
         return Err(format!("--cache {}: at least 4MiB", a.cache));
