@@ -238,6 +238,32 @@ pub struct Nodes<'e> {
     pub member: bool,
 }
 
+/// Run `drive` as node `id` of the cluster in `file` (`--cluster FILE --id N`): join, drive,
+/// then leave the cluster in order (or, after a failure, just close this node).
+pub fn run_as_member<T>(
+    file: &ClusterFile,
+    id: u8,
+    drive: impl FnOnce(&Nodes) -> Result<T, String>,
+) -> Result<T, String> {
+    // the cluster file sets each node's cache and data directory
+    let cfg = file.engine_config(id).map_err(|e| e.to_string())?;
+    let engine = shoal_engine::join(file, id, cfg).map_err(|e| e.to_string())?;
+    let nodes = Nodes {
+        engines: vec![&engine],
+        cluster: file.nodes.len(),
+        member: true,
+    };
+    let r = drive(&nodes);
+    if r.is_ok() {
+        engine
+            .leave(BARRIER_LIMIT)
+            .map_err(|e| format!("leaving the cluster: {e}"))?;
+    } else if let Err(e) = engine.close() {
+        eprintln!("closing node {id}: {e}");
+    }
+    r
+}
+
 /// How long a member waits for the others between phases (loading may take minutes).
 pub const BARRIER_LIMIT: Duration = Duration::from_secs(3600);
 

@@ -3,7 +3,7 @@
 //! with `--json`). Every value read is checked (see [`crate::value`]); a run with value errors
 //! exits with status 1.
 
-use crate::cli::{ClusterArgs, Nodes, Transport, BARRIER_LIMIT};
+use crate::cli::{ClusterArgs, Nodes, Transport};
 use crate::value;
 use crate::workload::{Dist, KeyChooser, Mix, Op};
 use hdrhistogram::Histogram;
@@ -12,7 +12,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 use shoal_btree::{decode_u64, u64_key, BTree, Direction, TreeError, MAX_RECORD};
 use shoal_engine::{
-    format_bytes, join, parse_bytes, Cluster, ClusterFile, Engine, EngineConfig, StatsSnapshot,
+    format_bytes, parse_bytes, Cluster, ClusterFile, Engine, EngineConfig, StatsSnapshot,
 };
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -246,23 +246,7 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
     };
     if let (Some(path), Some(id)) = (&a.net.cluster, a.net.id) {
         let file = ClusterFile::load(path).map_err(|e| e.to_string())?;
-        // the cluster file sets each node's cache and data directory
-        let cfg = file.engine_config(id).map_err(|e| e.to_string())?;
-        let engine = join(&file, id, cfg).map_err(|e| e.to_string())?;
-        let nodes = Nodes {
-            engines: vec![&engine],
-            cluster: file.nodes.len(),
-            member: true,
-        };
-        let r = drive(&nodes, &a, &plan);
-        if r.is_ok() {
-            engine
-                .leave(BARRIER_LIMIT)
-                .map_err(|e| format!("leaving the cluster: {e}"))?;
-        } else if let Err(e) = engine.close() {
-            eprintln!("closing node {id}: {e}");
-        }
-        return r;
+        return crate::cli::run_as_member(&file, id, |nodes| drive(nodes, &a, &plan));
     }
     if a.net.nodes == 1 {
         let engine = Engine::open(node_cfg(0)).map_err(|e| e.to_string())?;

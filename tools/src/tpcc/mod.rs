@@ -13,14 +13,14 @@ mod schema;
 mod tcp;
 mod txn;
 
-use crate::cli::{ClusterArgs, Nodes, Transport, BARRIER_LIMIT};
+use crate::cli::{ClusterArgs, Nodes, Transport};
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use random::Constants;
 use schema::Tables;
 use serde_json::json;
-use shoal_engine::{format_bytes, join, parse_bytes, Cluster, ClusterFile, Engine, EngineConfig};
+use shoal_engine::{format_bytes, parse_bytes, Cluster, ClusterFile, Engine, EngineConfig};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -125,23 +125,7 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
                 file.nodes.len()
             ));
         }
-        // the cluster file sets each node's cache and data directory
-        let cfg = file.engine_config(id).map_err(|e| e.to_string())?;
-        let engine = join(&file, id, cfg).map_err(|e| e.to_string())?;
-        let nodes = Nodes {
-            engines: vec![&engine],
-            cluster: file.nodes.len(),
-            member: true,
-        };
-        let r = drive(&nodes, &a);
-        if r.is_ok() {
-            engine
-                .leave(BARRIER_LIMIT)
-                .map_err(|e| format!("leaving the cluster: {e}"))?;
-        } else if let Err(e) = engine.close() {
-            eprintln!("closing node {id}: {e}");
-        }
-        return r;
+        return crate::cli::run_as_member(&file, id, |nodes| drive(nodes, &a));
     }
     if a.net.transport == Transport::Tcp {
         return tcp::run_local(&a);
