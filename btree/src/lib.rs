@@ -14,6 +14,7 @@ pub mod error;
 pub mod key;
 pub mod node;
 pub mod tree;
+pub mod value_hint;
 pub mod verify;
 
 pub use error::TreeError;

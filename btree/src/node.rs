@@ -125,6 +125,16 @@ pub fn key_len(p: PageRef<'_>, i: usize) -> usize {
 pub fn val_len(p: PageRef<'_>, i: usize) -> usize {
     info(p, i).2
 }
+/// Slot `i`'s (heap offset, key length, value length).
+#[inline]
+pub fn slot_info(p: PageRef<'_>, i: usize) -> (usize, usize, usize) {
+    info(p, i)
+}
+/// Slot `i`'s head.
+#[inline]
+pub fn head_of(p: PageRef<'_>, i: usize) -> u64 {
+    p.u64(head_at(i))
+}
 /// Offset and length of value `i`'s bytes (leaves): they follow the key in the heap.
 #[inline]
 fn value_at(p: PageRef<'_>, i: usize) -> (usize, usize) {

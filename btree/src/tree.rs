@@ -21,13 +21,16 @@
 //!   are upgraded top-down and left to right, the right node's entries move into the left node,
 //!   the parent loses the separator, and the right page is freed. Underfull parents merge in
 //!   turn; a root left with a single child absorbs it. A descent that loads a page freed under
-//!   it restarts when its parent's validation fails (`descend`). Single-node engines only.
-//!   See docs/btree.md.
+//!   it restarts when its parent's validation fails (`descend`). On a cluster node the right
+//!   page is recycled rather than freed (`ExclusiveGuard::free`). See docs/btree.md.
+//! - **Value hint** (`value_hint`): a lookup guesses where its record lies in the leaf from the
+//!   parent's separators and starts loading those lines with the leaf's (a prefetch only).
 
 use crate::error::TreeError;
 use crate::node::{
     self, Entry, NodeMut, NodeRef, KIND_INNER, KIND_LEAF, MAX_KEY, MAX_RECORD, NO_PAGE,
 };
+use crate::value_hint;
 use crate::verify::{verify_tree, TreeReport};
 use shoal_engine::{
     EngineError, ExclusiveGuard, OpResult, OptimisticGuard, Pid, Restart, SharedGuard, Worker,
@@ -189,6 +192,9 @@ impl BTree {
                     let (i, _) = node::lower_bound(p, key);
                     let c = Pid(node::child(p, i));
                     w.prefetch(c);
+                    if node::level(p) == 1 {
+                        value_hint::prefetch(w, self.root, p, i, key, c);
+                    }
                     g = descend(w, &g, c)?;
                 }
                 _ => {
@@ -206,6 +212,7 @@ impl BTree {
             let p = g.page();
             let (i, found) = node::lower_bound(p, key);
             if found {
+                value_hint::learn(self.root, p, i);
                 node::value_into(p, i, out);
             }
             g.validate()?;
@@ -418,6 +425,7 @@ impl BTree {
             }
             let mut x: ExclusiveGuard<'_> = leaf.to_exclusive()?;
             let p = x.page();
+            value_hint::learn(self.root, p, i);
             let off = node::value_offset(p, i);
             let mut v = Vec::new();
             node::value_into(p, i, &mut v);

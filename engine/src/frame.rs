@@ -226,6 +226,24 @@ impl FramePool {
     }
 }
 
+impl FramePool {
+    /// Hint: bytes `off..off + len` of the page in frame `idx` are needed soon.
+    #[inline]
+    pub fn prefetch_range(&self, idx: u32, off: usize, len: usize) {
+        if (idx as usize) < self.frames.len() {
+            // idx < count and the end is clamped to the page: the addresses lie inside the
+            // mapping (and prefetch never faults anyway).
+            let base = self.memory.wrapping_add(idx as usize * PAGE_SIZE);
+            let end = off.saturating_add(len).min(PAGE_SIZE);
+            let mut o = off & !63;
+            while o < end {
+                crate::mapped::prefetch(base.wrapping_add(o));
+                o += 64;
+            }
+        }
+    }
+}
+
 impl Drop for FramePool {
     fn drop(&mut self) {
         // SAFETY: memory/bytes are the mapping created in `new`; no references outlive the pool

@@ -131,6 +131,15 @@ impl Worker {
         self.inner.table.prefetch(pid);
     }
 
+    /// Hint: bytes `off..off + len` of `pid`'s page will be read soon. Starts loading them in
+    /// the page's home frame ([`crate::frame::FramePool::home`]), where a page usually is
+    /// when the cache holds the data; wasted if it is elsewhere or not resident.
+    #[inline]
+    pub fn prefetch_range(&self, pid: Pid, off: usize, len: usize) {
+        let pool = &self.inner.pool;
+        pool.prefetch_range(pool.home(pid), off, len);
+    }
+
     /// Second hint, after [`Worker::prefetch`] had time to load the translation entry: if
     /// `pid` is resident, start loading its frame descriptor and the first lines of its page.
     /// Operations that walk several pages at once (batched lookups) issue both hints for each
