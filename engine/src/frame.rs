@@ -216,17 +216,9 @@ impl FramePool {
     /// Hint: the first [`Self::PREFETCH_LINES`] cache lines of frame `idx`'s page are needed.
     #[inline]
     pub fn prefetch_page(&self, idx: u32) {
-        if (idx as usize) < self.frames.len() {
-            // idx < count: the addresses lie inside the mapping (and prefetch never faults).
-            let base = self.memory.wrapping_add(idx as usize * PAGE_SIZE);
-            for l in 0..Self::PREFETCH_LINES {
-                crate::mapped::prefetch(base.wrapping_add(l * 64));
-            }
-        }
+        self.prefetch_range(idx, 0, Self::PREFETCH_LINES * 64);
     }
-}
 
-impl FramePool {
     /// Hint: bytes `off..off + len` of the page in frame `idx` are needed soon.
     #[inline]
     pub fn prefetch_range(&self, idx: u32, off: usize, len: usize) {
