@@ -58,8 +58,8 @@ pub struct Args {
     #[arg(long)]
     pub quiet: bool,
     /// Open this node's store even if it was not shut down cleanly (after a crash). Shoal has
-    /// no write-ahead log: pages written since the last clean shutdown may be missing, and
-    /// the counter check then reports the increments lost with them.
+    /// no write-ahead log: the crashed run's increments are lost (those of pages written back
+    /// before the crash may remain), and the counter check compares what the store holds.
     #[arg(long)]
     pub allow_unclean: bool,
 }
