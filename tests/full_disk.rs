@@ -49,6 +49,17 @@ fn allocate_until_error(w: &shoal_engine::Worker) -> (Vec<Pid>, EngineError) {
     }
 }
 
+/// Close `e`, open its store again from `cfg`, and check every page of `pids`.
+fn reopen_and_check(e: Engine, cfg: shoal_engine::EngineConfig, pids: &[Pid]) {
+    e.close().unwrap();
+    drop(e);
+    let e = Engine::open(cfg).unwrap();
+    let w = e.worker();
+    for &pid in pids {
+        assert_eq!(stamped_version(&w, pid), 1);
+    }
+}
+
 /// The tests change a process-wide limit: one at a time.
 static LIMIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -85,13 +96,7 @@ fn a_full_device_refuses_allocations_and_keeps_every_page() {
     drop(g);
     pids.push(pid);
     drop(w);
-    e.close().unwrap();
-    drop(e);
-    let e = Engine::open(cfg).unwrap();
-    let w = e.worker();
-    for &pid in &pids {
-        assert_eq!(stamped_version(&w, pid), 1);
-    }
+    reopen_and_check(e, cfg, &pids);
 }
 
 #[test]
@@ -146,11 +151,5 @@ fn room_taken_from_under_the_engine_fails_write_backs_and_loses_nothing() {
     }
     // Shutdown writes everything, and a reopen finds every page.
     drop(w);
-    e.close().unwrap();
-    drop(e);
-    let e = Engine::open(cfg).unwrap();
-    let w = e.worker();
-    for &pid in &pids {
-        assert_eq!(stamped_version(&w, pid), 1);
-    }
+    reopen_and_check(e, cfg, &pids);
 }

@@ -25,20 +25,37 @@ fn assert_no_leak(c: &Cluster, t: &BTree, w: &Worker, workers: &[&Worker]) -> (u
     (report.pages.len(), recycled)
 }
 
+/// Two nodes over mem with `cache` bytes each, their stores under `dir` (found again when
+/// opened a second time).
+fn two_nodes(dir: &std::path::Path, cache: usize) -> Cluster {
+    let d = dir.to_path_buf();
+    Cluster::mem(2, Duration::from_secs(20), move |i| {
+        EngineConfig::new(d.join(format!("n{i}")), cache)
+    })
+    .unwrap()
+}
+
+/// Slots ever allocated, summed over the nodes' stores.
+fn high_water(c: &Cluster) -> u64 {
+    c.nodes().iter().map(|e| e.store().high_water()).sum()
+}
+
+/// Insert keys `0..n` into `t`, even ones from node 0, odd ones from node 1.
+fn fill_from_both(t: &BTree, w0: &Worker, w1: &Worker, n: u64) {
+    for k in 0..n {
+        let w = if k % 2 == 0 { w0 } else { w1 };
+        assert!(t.insert(w, &u64_key(k), &value(k)).unwrap());
+    }
+}
+
 #[test]
 fn removes_on_a_cluster_node_merge_and_recycle_pages_without_leaking() {
     let dir = tempfile::tempdir().unwrap();
-    let c = Cluster::mem(2, Duration::from_secs(20), |i| {
-        EngineConfig::new(dir.path().join(format!("n{i}")), 16 << 20)
-    })
-    .unwrap();
+    let c = two_nodes(dir.path(), 16 << 20);
     let (w0, w1) = (c.node(0).worker(), c.node(1).worker());
     let t = BTree::create(&w0, "t").unwrap();
     let n = 6_000u64;
-    for k in 0..n {
-        let w = if k % 2 == 0 { &w0 } else { &w1 };
-        assert!(t.insert(w, &u64_key(k), &value(k)).unwrap());
-    }
+    fill_from_both(&t, &w0, &w1, n);
     let (full, _) = assert_no_leak(&c, &t, &w0, &[&w0, &w1]);
     // node 1 removes all but every 20th key: leaves merge, node 1 recycles their pages
     for k in (0..n).filter(|k| k % 20 != 0) {
@@ -57,7 +74,7 @@ fn removes_on_a_cluster_node_merge_and_recycle_pages_without_leaking() {
         assert_eq!(v, (k % 20 == 0).then(|| value(k)), "key {k}");
     }
     // node 1 puts the keys back: its splits take the recycled pages before any new slot
-    let high_water: u64 = c.nodes().iter().map(|e| e.store().high_water()).sum();
+    let before = high_water(&c);
     for k in (0..n).filter(|k| k % 20 != 0) {
         assert!(t.insert(&w1, &u64_key(k), &value(k)).unwrap());
     }
@@ -67,12 +84,7 @@ fn removes_on_a_cluster_node_merge_and_recycle_pages_without_leaking() {
         left < recycled,
         "{recycled} recycled pages, {left} left after refilling"
     );
-    let grown: u64 = c
-        .nodes()
-        .iter()
-        .map(|e| e.store().high_water())
-        .sum::<u64>()
-        - high_water;
+    let grown = high_water(&c) - before;
     // (refilled leaves split in the middle and end half full: more pages than the load made)
     assert!(
         left == 0 || grown == 0,
@@ -93,10 +105,7 @@ fn removes_on_a_cluster_node_merge_and_recycle_pages_without_leaking() {
 fn concurrent_removes_merge_across_nodes_with_eviction() {
     use rand::{Rng, SeedableRng};
     let dir = tempfile::tempdir().unwrap();
-    let c = Cluster::mem(2, Duration::from_secs(20), |i| {
-        EngineConfig::new(dir.path().join(format!("n{i}")), 2 << 20)
-    })
-    .unwrap();
+    let c = two_nodes(dir.path(), 2 << 20);
     let t = BTree::create(&c.node(0).worker(), "t").unwrap();
     let per = 12_000u64;
     let owners = 4u64;
@@ -191,22 +200,13 @@ fn concurrent_removes_merge_across_nodes_with_eviction() {
 #[test]
 fn a_clean_close_frees_the_recycled_pages_homed_on_their_node() {
     let dir = tempfile::tempdir().unwrap();
-    let open = || {
-        let d = dir.path().to_path_buf();
-        Cluster::mem(2, Duration::from_secs(20), move |i| {
-            EngineConfig::new(d.join(format!("n{i}")), 16 << 20)
-        })
-        .unwrap()
-    };
+    let open = || two_nodes(dir.path(), 16 << 20);
     let n = 6_000u64;
     let away = {
         let c = open();
         let (w0, w1) = (c.node(0).worker(), c.node(1).worker());
         let t = BTree::create(&w0, "t").unwrap();
-        for k in 0..n {
-            let w = if k % 2 == 0 { &w0 } else { &w1 };
-            assert!(t.insert(w, &u64_key(k), &value(k)).unwrap());
-        }
+        fill_from_both(&t, &w0, &w1, n);
         for k in (0..n).filter(|k| k % 20 != 0) {
             let w = if k % 3 == 0 { &w0 } else { &w1 };
             assert!(t.remove(w, &u64_key(k)).unwrap());
@@ -232,18 +232,13 @@ fn a_clean_close_frees_the_recycled_pages_homed_on_their_node() {
     let in_use: u64 = c.nodes().iter().map(|e| e.store().slots_in_use()).sum();
     assert_eq!(in_use, 1 + report.pages.len() as u64 + away as u64);
     // put some keys back: the splits take the freed slots before new ones
-    let high_water: u64 = c.nodes().iter().map(|e| e.store().high_water()).sum();
+    let before = high_water(&c);
     let back: Vec<u64> = (0..n).filter(|k| k % 20 != 0).take(1_000).collect();
     for &k in &back {
         let w = if k % 2 == 0 { &w0 } else { &w1 };
         assert!(t.insert(w, &u64_key(k), &value(k)).unwrap());
     }
-    let grown: u64 = c
-        .nodes()
-        .iter()
-        .map(|e| e.store().high_water())
-        .sum::<u64>()
-        - high_water;
+    let grown = high_water(&c) - before;
     assert_eq!(grown, 0, "freed slots are taken before new ones");
     for k in 0..n {
         let want = (k % 20 == 0 || back.contains(&k)).then(|| value(k));

@@ -1145,24 +1145,8 @@ impl Coherence {
         }
         // Nobody but `from` ever saw the pid, and `from` gave it up: no message about it can
         // come (a peer that sends one anyway breaks the protocol). The shard lock is not held
-        // from here: the provider takes it while holding a frame latch (`droppable`). Drop the
-        // page's frame (it may be resident still, or on its way out), then its slot.
-        let mut b = Backoff::new();
-        while let Some(idx) = inner.table.lookup(&inner.pool, pid) {
-            let f = inner.pool.frame(idx);
-            if !f.latch.try_lock_exclusive(None) {
-                b.snooze(); // the provider writes it back, or a stale reader looks
-                continue;
-            }
-            if f.pid() == pid && f.state() == RESIDENT {
-                inner.drop_frame(pid, idx);
-                break;
-            }
-            f.latch.unlock_exclusive_unchanged();
-        }
-        // As in `Inner::free_page`: the provider issues writes one batch at a time, so a
-        // write-back of this page completes before a write of the slot's next page is issued.
-        match inner.store.free(pid.slot()) {
+        // from here: the provider takes it while holding a frame latch (`droppable`).
+        match inner.discard_page(pid) {
             Ok(()) => log::info!(
                 "node {}: page {pid}, allocated for node {from} after it gave up, is free again",
                 self.me

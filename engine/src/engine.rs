@@ -446,18 +446,7 @@ impl Engine {
             if pid.node() != inner.node {
                 return true;
             }
-            if let Some(idx) = inner.table.lookup(&inner.pool, pid) {
-                let f = inner.pool.frame(idx);
-                if !f.latch.try_lock_exclusive(None) {
-                    return true; // (a worker that outlived the close: leave it)
-                }
-                if f.pid() != pid {
-                    f.latch.unlock_exclusive_unchanged();
-                    return true;
-                }
-                inner.drop_frame(pid, idx);
-            }
-            match inner.store.free(pid.slot()) {
+            match inner.discard_page(pid) {
                 Ok(()) => {
                     freed += 1;
                     false
@@ -822,6 +811,29 @@ impl Inner {
                 Err(e)
             }
         }
+    }
+
+    /// Drop page `pid`'s frame if it is resident here (waiting for a latch holder to leave:
+    /// the provider writing it back, a stale reader) and return its slot to the allocator. For
+    /// a page homed here that nothing can reach any more.
+    pub fn discard_page(&self, pid: Pid) -> Result<(), EngineError> {
+        let mut b = Backoff::new();
+        while let Some(idx) = self.table.lookup(&self.pool, pid) {
+            let f = self.pool.frame(idx);
+            if !f.latch.try_lock_exclusive(None) {
+                b.snooze();
+                continue;
+            }
+            if f.pid() == pid && f.state() == RESIDENT {
+                self.drop_frame(pid, idx);
+                break;
+            }
+            f.latch.unlock_exclusive_unchanged();
+        }
+        // As in `free_page`: the provider issues writes one batch at a time, so a write-back of
+        // this page completes before a write of the slot's next page is issued.
+        self.store.free(pid.slot())?;
+        Ok(())
     }
 
     /// Drop page `pid` held exclusively in frame `idx` and return its slot to the allocator.
