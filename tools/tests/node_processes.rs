@@ -12,6 +12,15 @@ use std::time::{Duration, Instant};
 
 const LIMIT: Duration = Duration::from_secs(240);
 
+/// The tests start busy node processes; run one at a time, so that one test's processes do
+/// not starve another's on a 2-core machine into remote timeouts (seen in CI once the crash
+/// test ran beside the three-process one).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn increments() -> u64 {
     std::env::var("SHOAL_NODE_INCREMENTS")
         .ok()
@@ -119,6 +128,7 @@ fn run_cluster(file: &Path, dir: &Path, inc: u64) -> Vec<serde_json::Value> {
 
 #[test]
 fn three_processes_lose_no_update_and_a_restart_restores_every_counter() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let file = cluster_file(dir.path(), 3);
     let inc = increments();
@@ -156,6 +166,7 @@ fn three_processes_lose_no_update_and_a_restart_restores_every_counter() {
 
 #[test]
 fn a_killed_process_makes_the_others_report_errors_not_hang() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let file = cluster_file(dir.path(), 3);
     let t0 = Instant::now();
@@ -214,6 +225,7 @@ fn a_killed_process_makes_the_others_report_errors_not_hang() {
 /// refused with a reason that names the way out, and `--allow-unclean` opens it.
 #[test]
 fn a_crashed_node_restarts_only_with_allow_unclean() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let file = cluster_file(dir.path(), 1);
     let t0 = Instant::now();
