@@ -837,6 +837,8 @@ impl Coherence {
                         }
                     }
                 }
+                // (the census takes every shard's lock: not under the slot's)
+                log::warn!("node {}: {}", self.me, self.frame_census(inner));
                 return Err(EngineError::RemoteTimeout {
                     pid,
                     ms: self.timeout.as_millis() as u64,
@@ -846,6 +848,90 @@ impl Coherence {
             self.done_cv
                 .wait_for(&mut g, Duration::from_millis(1).min(deadline - now));
         }
+    }
+
+    /// What this node's frames hold, for a timeout's log line: free, latched, home pages, and
+    /// copies of pages homed elsewhere by the state of the node's copy (a node whose frames are
+    /// all tied up cannot take an arriving page).
+    fn frame_census(&self, inner: &Inner) -> String {
+        use std::collections::BTreeMap;
+        let mut c: BTreeMap<&str, usize> = BTreeMap::new();
+        let (mut cold, epoch) = (0, inner.current_epoch());
+        for i in 0..inner.pool.len() as u32 {
+            let f = inner.pool.frame(i);
+            let pid = f.pid();
+            let what = if f.state() != RESIDENT || pid == Pid::NONE {
+                "free or loading"
+            } else if f.latch.is_latched() {
+                "latched"
+            } else {
+                let shard = self.shard(pid).lock();
+                let slot = shard.get(&pid).filter(|s| s.copy.data == Some(i));
+                let home = pid.node() == self.me;
+                match slot.map(|s| {
+                    (
+                        s.copy.pending,
+                        s.held.is_empty(),
+                        s.copy.deferred.is_empty(),
+                    )
+                }) {
+                    None if home => "home copy not held here",
+                    None => "foreign page without a copy (!)",
+                    Some((Pending::Evicting, ..)) => "copy: eviction notice out",
+                    Some((Pending::Requested { .. }, ..)) => "copy: request out",
+                    Some((Pending::Completing { .. }, ..)) => "copy: completing",
+                    Some((Pending::Idle, false, _)) => "copy: messages held",
+                    Some((Pending::Idle, _, false)) => "copy: messages deferred",
+                    Some((Pending::Idle, ..)) if home => "home page held here, idle",
+                    Some((Pending::Idle, ..)) => "foreign copy, idle",
+                }
+            };
+            *c.entry(what).or_insert(0) += 1;
+            if f.state() == RESIDENT && f.epoch() < epoch {
+                cold += 1;
+            }
+        }
+        // slots that wait for something (at most 12): where a stall across nodes shows
+        let mut waiting = Vec::new();
+        let mut count = 0;
+        let retry: HashSet<Pid> = self.retry.lock().clone();
+        for shard in self.shards.iter() {
+            for (pid, s) in shard.lock().iter() {
+                let busy = s.copy.pending != Pending::Idle
+                    || !s.held.is_empty()
+                    || !s.copy.deferred.is_empty()
+                    || !s.dir_deferred.is_empty()
+                    || s.serve_due
+                    || s.revoking;
+                if !busy {
+                    continue;
+                }
+                count += 1;
+                if waiting.len() < 12 {
+                    waiting.push(format!(
+                        "{pid}: {:?} held {:?} deferred {:?} dir {:?}/{:?} serve_due {} revoking {} reserved {:?} waiter {} retry {}",
+                        s.copy.pending,
+                        s.held.iter().map(|n| (n.from, n.msg.name())).collect::<Vec<_>>(),
+                        s.copy.deferred,
+                        s.dir.holders,
+                        s.dir_deferred.iter().map(|n| (n.from, n.msg.name())).collect::<Vec<_>>(),
+                        s.serve_due,
+                        s.revoking,
+                        s.reserved.map(|t| t.elapsed()),
+                        s.waiter,
+                        retry.contains(pid)
+                    ));
+                }
+            }
+        }
+        format!(
+            "frames: {c:?}; {} on the free list (target {}), {cold} touched before epoch {epoch}, {} provider rounds, {} evictions; {count} slots wait: {}",
+            inner.free.len(),
+            inner.free_target,
+            inner.counters.provider_rounds.load(Ordering::Relaxed),
+            inner.counters.evictions.load(Ordering::Relaxed),
+            waiting.join("; ")
+        )
     }
 
     /// The worker whose request completed has latched the page: others may be served once it

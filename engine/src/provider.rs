@@ -5,18 +5,26 @@
 //! 1. **Sample** up to [`SAMPLE`] random resident frames and take the 10th-percentile access
 //!    epoch as the cut-off: frames last touched at or before it are cold.
 //! 2. **Scan** frames from a clock hand for unlatched cold frames, up to a batch of [`BATCH`].
-//! 3. **Write back** dirty candidates: under the shared latch (no writer can be active) copy the
+//! 3. **Evict the clean ones** at once (step 5 for each): they need no write, so the frames
+//!    they free do not wait for the device.
+//! 4. **Write back** dirty candidates: under the shared latch (no writer can be active) copy the
 //!    page into an aligned buffer and clear the dirty flag; write the whole batch through
 //!    io_uring with every request in flight; on failure set the page dirty again (it stays in
 //!    memory: nothing is lost) and remember the error for starving faults to report.
-//! 4. **Evict**: try the exclusive latch (never wait); if the page was dirtied again meanwhile, or
+//! 5. **Evict**: try the exclusive latch (never wait); if the page was dirtied again meanwhile, or
 //!    someone holds it, skip it; else unlink it from the table, bump the version and queue the
 //!    frame as free.
-//! 5. Advance the global epoch every `frames / 128` evictions, so access recency keeps its
+//! 6. Advance the global epoch every `frames / 128` evictions, so access recency keeps its
 //!    resolution as pages cycle through the cache.
 //!
 //! Fixed pages (shared or exclusive guard held) are never evicted: step 2 skips latched frames
-//! and step 4 only uses `try` latches.
+//! and step 5 only uses `try` latches.
+//!
+//! Why clean pages go before the write (step 3): under load a write-back batch of ten pages took
+//! 1.7 to 4.2 s on this machine's disk (measured in the 3-process test beside a second cluster
+//! and busy loops). Freeing nothing until the batch was written left a cluster node without a
+//! free frame for seconds, so arriving pages waited, and so did every node waiting for them: the
+//! 3-process test's remote waits of 3 s timed out (docs/cluster.md, "Stalls under load").
 //!
 //! **Write ordering invariant**: all page writes of a node are issued by this thread, one batch
 //! at a time, or by [`flush_all`] after this thread has stopped. So two writes of the same slot
@@ -45,6 +53,9 @@ pub const BATCH: usize = 128;
 pub const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// Longest pause between rounds whose write-backs all fail (the pause doubles from 1 ms).
 const MAX_FAILING_PAUSE: Duration = Duration::from_millis(100);
+/// A write-back batch slower than this is logged (at most once per [`ERROR_LOG_INTERVAL`]):
+/// a device this slow holds up the frames of dirty pages, and remote waits in a cluster.
+const SLOW_WRITE: Duration = Duration::from_secs(1);
 
 /// Logs the first error of a kind, then at most one line per [`ERROR_LOG_INTERVAL`] saying how
 /// many more there were.
@@ -98,6 +109,7 @@ impl ErrorLog {
 /// The provider thread's main loop.
 pub(crate) fn run(inner: Arc<Inner>) {
     let mut p = Provider {
+        slow: ErrorLog::new("slow write-back"),
         rng: SmallRng::seed_from_u64(0x5EED ^ inner.node as u64),
         hand: 0,
         bufs: (0..BATCH).map(|_| AlignedPage::new()).collect(),
@@ -141,6 +153,8 @@ pub(crate) fn run(inner: Arc<Inner>) {
 }
 
 struct Provider {
+    /// Write-back batches slower than [`SLOW_WRITE`] (rate-limited reports).
+    slow: ErrorLog,
     rng: SmallRng,
     hand: usize,
     bufs: Vec<AlignedPage>,
@@ -196,11 +210,21 @@ impl Provider {
             c.flush_batches();
         }
 
-        // 3. write back dirty candidates
+        // 3. evict the clean candidates now (no write to wait for)
+        let mut freed = 0;
+        let mut done = vec![false; cands.len()];
+        for (k, &i) in cands.iter().enumerate() {
+            if !inner.pool.frame(i).is_dirty() {
+                done[k] = true;
+                freed += usize::from(evict(inner, i));
+            }
+        }
+
+        // 4. write back dirty candidates
         let mut pending: Vec<(u32, Pid)> = Vec::new();
-        for &i in &cands {
+        for (k, &i) in cands.iter().enumerate() {
             let f = inner.pool.frame(i);
-            if !f.is_dirty() || !f.latch.try_lock_shared(None) {
+            if done[k] || !f.is_dirty() || !f.latch.try_lock_shared(None) {
                 continue;
             }
             if f.state() == RESIDENT && f.is_dirty() {
@@ -211,9 +235,18 @@ impl Provider {
             }
             f.latch.unlock_shared();
         }
-        let mut failed = vec![false; cands.len()];
         if !pending.is_empty() {
+            let t = Instant::now();
             let results = write_pages(inner, &pending, &mut self.bufs);
+            if t.elapsed() > SLOW_WRITE {
+                if let Some(n) = self.slow.due(Instant::now()) {
+                    log::warn!(
+                        "writing back {} pages took {:.1} s: the device, or the CPU that io_uring's workers need to carry the writes out, is saturated ({n} more slow batches since the last report)",
+                        pending.len(),
+                        t.elapsed().as_secs_f64()
+                    );
+                }
+            }
             let all_failed = results.iter().all(|r| r.is_err());
             self.failing_pause = if all_failed {
                 (self.failing_pause * 2).clamp(Duration::from_millis(1), MAX_FAILING_PAUSE)
@@ -227,7 +260,7 @@ impl Provider {
                         f.set_dirty(true);
                     }
                     if let Some(pos) = cands.iter().position(|c| c == i) {
-                        failed[pos] = true;
+                        done[pos] = true; // stays in memory, dirty
                     }
                     inner.counters.write_errors.fetch_add(1, Ordering::Relaxed);
                     self.errors.error(*pid, &e);
@@ -237,36 +270,18 @@ impl Provider {
             }
         }
 
-        // 4. evict
-        let mut freed = 0;
+        // 5. evict the written ones
         for (k, &i) in cands.iter().enumerate() {
-            if failed[k] {
-                continue;
+            if !done[k] {
+                freed += usize::from(evict(inner, i));
             }
-            let f = inner.pool.frame(i);
-            if !f.latch.try_lock_exclusive(None) {
-                continue;
-            }
-            // in a cluster the frame must still be a plain home copy: since `prepare_evict` the
-            // handler may have made it this node's own copy (a grant to a home worker has
-            // possession none until its acknowledgements arrive, so possession cannot tell)
-            let held_here = inner
-                .coh
-                .as_ref()
-                .is_some_and(|c| f.possession() != POSS_NONE || !c.droppable(f.pid(), i));
-            if f.state() != RESIDENT || f.is_dirty() || held_here {
-                f.latch.unlock_exclusive_unchanged();
-                continue;
-            }
-            inner.drop_frame(f.pid(), i);
-            freed += 1;
         }
         inner
             .counters
             .evictions
             .fetch_add(freed as u64, Ordering::Relaxed);
 
-        // 5. epoch
+        // 6. epoch
         self.since_epoch += freed;
         if self.since_epoch >= (n / 128).max(1) {
             self.since_epoch = 0;
@@ -277,6 +292,28 @@ impl Provider {
         }
         freed
     }
+}
+
+/// Evict candidate frame `i` if it is still a clean, unlatched page that may go: try the
+/// exclusive latch (never wait), check, unlink it and free the frame. Returns whether it did.
+fn evict(inner: &Inner, i: u32) -> bool {
+    let f = inner.pool.frame(i);
+    if !f.latch.try_lock_exclusive(None) {
+        return false;
+    }
+    // in a cluster the frame must still be a plain home copy: since `prepare_evict` the
+    // handler may have made it this node's own copy (a grant to a home worker has
+    // possession none until its acknowledgements arrive, so possession cannot tell)
+    let held_here = inner
+        .coh
+        .as_ref()
+        .is_some_and(|c| f.possession() != POSS_NONE || !c.droppable(f.pid(), i));
+    if f.state() != RESIDENT || f.is_dirty() || held_here {
+        f.latch.unlock_exclusive_unchanged();
+        return false;
+    }
+    inner.drop_frame(f.pid(), i);
+    true
 }
 
 /// Copy frame `idx`'s page into `buf`. The caller holds the frame's latch (shared or exclusive),

@@ -107,6 +107,8 @@ pub struct PageStore {
     sb: Mutex<Superblock>,
     stats: StoreStats,
     closed: AtomicBool,
+    /// Opened after an unclean shutdown (with `allow_unclean`).
+    opened_unclean: bool,
 }
 
 /// Most devices one store stripes over.
@@ -209,6 +211,7 @@ impl PageStore {
             sb: Mutex::new(sb),
             stats: StoreStats::default(),
             closed: AtomicBool::new(false),
+            opened_unclean: false,
         };
         store.write_superblocks()?;
         Ok(store)
@@ -241,6 +244,7 @@ impl PageStore {
             sb: Mutex::new(sb0.clone()),
             stats: StoreStats::default(),
             closed: AtomicBool::new(false),
+            opened_unclean: false,
         };
         let alloc = if sb0.clean {
             let free = store.read_freelist(sb0.freelist_head, sb0.freelist_len)?;
@@ -256,11 +260,18 @@ impl PageStore {
                 .map(|d| d.file.metadata().map(|m| m.len()).unwrap_or(0))
                 .collect();
             let next = mark_from_lengths(sb0.next_slot, &lens);
+            let skipped = next - sb0.next_slot;
             log::warn!(
-                "{} was not shut down cleanly; opening anyway (allocator mark {} -> {next}, free list dropped)",
+                "{} was not shut down cleanly; opening anyway: changes not written back before \
+                 the crash are lost; {skipped} slots ({} MiB) past the recorded allocator mark \
+                 {} are given up (the crashed run may have written pages there, and a written-back \
+                 page may point at them), as are the {} slots of the free list",
                 store.devices[0].path.display(),
-                sb0.next_slot
+                (skipped * PAGE_SIZE as u64) >> 20,
+                sb0.next_slot,
+                sb0.freelist_len
             );
+            store.opened_unclean = true;
             Allocator::new(next, Vec::new(), sb0.capacity)
         } else {
             return Err(StoreError::Unclean {
@@ -291,6 +302,12 @@ impl PageStore {
             d.file.sync_data().map_err(|e| io_err(&d.path, e))?;
         }
         Ok(())
+    }
+
+    /// The store was opened after an unclean shutdown (`allow_unclean`): changes not written
+    /// back before it are lost.
+    pub fn opened_unclean(&self) -> bool {
+        self.opened_unclean
     }
 
     /// Which device and byte offset hold `slot`.

@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 use shoal_engine::{ClusterFile, Engine};
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -85,20 +86,24 @@ pub fn run_processes(
         } else {
             c.stdout(Stdio::from(out));
         }
+        c.process_group(0);
         let child = c
             .spawn()
             .map_err(|e| format!("starting node {i} ({}): {e}", exe.display()))?;
+        crate::stop::remember_child(child.id());
         kids.push((child, json, log));
     }
     let mut codes: Vec<Option<i32>> = vec![None; kids.len()];
     let mut failed_at: Option<Instant> = None;
+    let mut forwarded = false;
     while codes.iter().any(|c| c.is_none()) {
         for (i, (k, _, _)) in kids.iter_mut().enumerate() {
             if codes[i].is_none() {
                 if let Some(st) = k.try_wait().map_err(|e| e.to_string())? {
-                    let code = st.code().unwrap_or(-1);
+                    crate::stop::forget_child(k.id());
+                    let code = exit_code(st);
                     codes[i] = Some(code);
-                    if code != 0 && failed_at.is_none() {
+                    if code != 0 && code != STOPPED_EXIT && failed_at.is_none() {
                         failed_at = Some(Instant::now());
                     }
                 }
@@ -109,7 +114,19 @@ pub fn run_processes(
                 if codes[i].is_none() {
                     let _ = k.kill();
                     let _ = k.wait();
-                    codes[i] = Some(-9);
+                    crate::stop::forget_child(k.id());
+                    codes[i] = Some(128 + libc::SIGKILL);
+                }
+            }
+        }
+        if crate::stop::requested() && !forwarded {
+            // the nodes run in their own process group (a terminal's Ctrl-C reaches only this
+            // process): pass the stop on once, each node stops cleanly
+            forwarded = true;
+            for (i, (k, _, _)) in kids.iter().enumerate() {
+                if codes[i].is_none() {
+                    // SAFETY: kill(2) with a pid of a child not yet reaped (so not reused).
+                    unsafe { libc::kill(k.id() as libc::pid_t, libc::SIGTERM) };
                 }
             }
         }
@@ -122,13 +139,15 @@ pub fn run_processes(
             .ok()
             .and_then(|t| serde_json::from_str::<Value>(&t).ok());
         match doc {
-            Some(d) if codes[i] == Some(0) || codes[i] == Some(1) => docs.push(d),
+            Some(d) if matches!(codes[i], Some(0 | 1 | STOPPED_EXIT)) => docs.push(d),
+            // stopped by a signal before it had results (during the load): nothing to merge
+            None if codes[i] == Some(STOPPED_EXIT) => {}
             _ => {
                 let text = std::fs::read_to_string(log).unwrap_or_default();
                 let tail: Vec<&str> = text.lines().rev().take(15).collect();
                 eprintln!(
-                    "node {i} failed (exit {:?}); last lines of {}:",
-                    codes[i],
+                    "node {i} failed ({}); last lines of {}:",
+                    codes[i].map_or("no exit status".into(), exit_text),
                     log.display()
                 );
                 for l in tail.iter().rev() {
@@ -141,7 +160,44 @@ pub fn run_processes(
     if !broken.is_empty() {
         return Err(format!("nodes {broken:?} of the tcp cluster failed"));
     }
-    Ok((docs, codes.iter().all(|c| *c == Some(0))))
+    if docs.len() < nodes {
+        return Err(format!(
+            "{}: the nodes stopped before their run had results; each closed its store clean",
+            crate::stop::STOPPED
+        ));
+    }
+    let ok = codes.iter().all(|c| matches!(c, Some(0 | STOPPED_EXIT)));
+    Ok((docs, ok))
+}
+
+const STOPPED_EXIT: i32 = crate::stop::STOPPED_EXIT as i32;
+
+/// A child's exit status as a number: its code, or 128 + the signal that ended it (as a shell
+/// reports it).
+fn exit_code(st: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
+}
+
+/// Words for [`exit_code`]'s number.
+fn exit_text(code: i32) -> String {
+    match code {
+        STOPPED_EXIT => "stopped by a signal, store closed".into(),
+        crate::stop::ABORTED_EXIT => "exited at once on a second signal, store not closed".into(),
+        c if c > 128 => {
+            let sig = c - 128;
+            let name = match sig {
+                libc::SIGKILL => " (SIGKILL)",
+                libc::SIGSEGV => " (SIGSEGV)",
+                libc::SIGABRT => " (SIGABRT)",
+                libc::SIGTERM => " (SIGTERM)",
+                libc::SIGINT => " (SIGINT)",
+                _ => "",
+            };
+            format!("killed by signal {sig}{name}")
+        }
+        c => format!("exit status {c}"),
+    }
 }
 
 /// `--duration` and `--warmup` in seconds: a positive duration, a non-negative warm-up, both
@@ -167,6 +223,14 @@ pub fn data_dir(
             let mut entries =
                 std::fs::read_dir(d).map_err(|e| format!("--data-dir {}: {e}", d.display()))?;
             if entries.next().is_some() {
+                if let Some(lock) = held_lock(d) {
+                    return Err(format!(
+                        "--data-dir {}: in use by another running process (it holds {}); stop \
+                         it or use another directory",
+                        d.display(),
+                        lock.display()
+                    ));
+                }
                 return Err(format!(
                     "--data-dir {}: not empty; shoal {what} loads a new data set into an empty directory \
                      (a load is not resumable): use a new or empty one (`shoal inspect {}` checks \
@@ -185,6 +249,49 @@ pub fn data_dir(
             Ok((t.path().to_path_buf(), Some(t)))
         }
     }
+}
+
+/// A store lock file (`node<i>.lock`, in `dir` or one level down) that a running engine holds.
+fn held_lock(dir: &Path) -> Option<PathBuf> {
+    use std::os::fd::AsRawFd;
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            files.extend(
+                std::fs::read_dir(&p)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|e| e.path()),
+            );
+        } else {
+            files.push(p);
+        }
+    }
+    files.into_iter().find(|p| {
+        let lock = p.extension().is_some_and(|x| x == "lock");
+        // a shared lock we cannot take: an engine holds it (ours, if taken, goes with `f`)
+        lock && std::fs::File::open(p).is_ok_and(|f| {
+            // SAFETY: flock on a file descriptor we own; no memory is involved.
+            unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) != 0 }
+        })
+    })
+}
+
+/// Check before a long run that an output file (`--json`) can be written, so that the results
+/// are not lost at the end; a file that did not exist is not left behind.
+pub fn check_output(flag: &str, path: &Path) -> Result<(), String> {
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .map_err(|e| format!("{flag} {}: cannot write there: {e}", path.display()))?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
 }
 
 /// A loading progress bar over `len` `unit`s (hidden with `quiet`).

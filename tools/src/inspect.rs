@@ -177,7 +177,7 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
     });
     match a.json.as_deref() {
         Some(p) if p == Path::new("-") => {
-            println!("{}", serde_json::to_string_pretty(&doc).expect("json"))
+            say!("{}", serde_json::to_string_pretty(&doc).expect("json"))
         }
         other => {
             print_summary(
@@ -391,11 +391,11 @@ fn print_summary(
     problems: &[String],
     notes: &[String],
 ) {
-    println!("inspect {}", dir.display());
+    say!("inspect {}", dir.display());
     for r in reports {
         let sb = r.reader.superblock();
         let bytes: u64 = r.reader.device_bytes().iter().sum();
-        println!(
+        say!(
             "node {}: {} device(s), {}, format {}, cluster {}, {}",
             r.node,
             r.devices.len(),
@@ -412,7 +412,7 @@ fn print_summary(
             .free
             .as_ref()
             .map_or("unknown (unclean)".to_string(), |f| f.len().to_string());
-        println!(
+        say!(
             "  slots: {} allocated, {free} free; checked {}: {} intact, {} never written, {} corrupt{}",
             sb.next_slot,
             r.scan.slots,
@@ -425,16 +425,16 @@ fn print_summary(
         );
     }
     match entries {
-        None => println!("catalog: not checked"),
+        None => say!("catalog: not checked"),
         Some(es) => {
-            println!(
+            say!(
                 "catalog: {} entr{}",
                 es.len(),
                 if es.len() == 1 { "y" } else { "ies" }
             );
             for e in es {
                 match &e.result {
-                    Ok(Some(t)) => println!(
+                    Ok(Some(t)) => say!(
                         "  {:<24} B-tree: {} entries, height {}, {} leaves + {} inner nodes, {:.0}% full, {} under a quarter full",
                         e.name,
                         t.entries,
@@ -444,21 +444,21 @@ fn print_summary(
                         t.fill() * 100.0,
                         t.underfull
                     ),
-                    Ok(None) => println!("  {:<24} page {} (not a B-tree: not checked)", e.name, e.root),
-                    Err(why) => println!("  {:<24} BROKEN: {why}", e.name),
+                    Ok(None) => say!("  {:<24} page {} (not a B-tree: not checked)", e.name, e.root),
+                    Err(why) => say!("  {:<24} BROKEN: {why}", e.name),
                 }
             }
         }
     }
     for n in notes {
-        println!("note: {n}");
+        say!("note: {n}");
     }
     if problems.is_empty() {
-        println!("ok: no problems found");
+        say!("ok: no problems found");
     } else {
-        println!("{} problem(s):", problems.len());
+        say!("{} problem(s):", problems.len());
         for p in problems {
-            println!("  {p}");
+            say!("  {p}");
         }
     }
 }

@@ -6,9 +6,22 @@
 //! only the public APIs of shoal-engine and shoal-btree; it must not reach into engine
 //! internals.
 
+/// `println!` that never panics: a closed standard output (`shoal ycsb | head -1`) makes the
+/// command stop as after Ctrl-C (workers stop, the store is closed clean) instead of panicking
+/// with dirty pages in memory.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if writeln!(std::io::stdout(), $($arg)*).is_err() {
+            $crate::stop::request();
+        }
+    }};
+}
+
 mod cli;
 mod inspect;
 mod node;
+mod stop;
 mod tpcc;
 mod value;
 mod workload;
@@ -54,6 +67,8 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
+    // Ctrl-C and SIGTERM stop a command cleanly; a second one exits at once (stop.rs).
+    stop::install();
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Ycsb(a) => ycsb::run(a),
@@ -65,7 +80,12 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(2)
+            if stop::requested() {
+                // stopped by a signal on the way (the error says where); stores were closed
+                ExitCode::from(stop::STOPPED_EXIT)
+            } else {
+                ExitCode::from(2)
+            }
         }
     }
 }

@@ -230,6 +230,9 @@ impl Keys {
 /// Run `shoal ycsb`.
 pub fn run(a: Args) -> Result<ExitCode, String> {
     let plan = validate(&a)?;
+    if let Some(p) = &a.json {
+        crate::cli::check_output("--json", p)?;
+    }
     if a.net.cluster.is_none() && a.net.transport == Transport::Tcp {
         return crate::ycsb_tcp::run_local(&a);
     }
@@ -317,7 +320,7 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> Result<ExitCode, String> {
         BTree::open(&w0, TABLE).map_err(|e| e.to_string())?
     };
     drop(w0);
-    println!(
+    say!(
         "shoal ycsb: {} ({}), {:?}, {} records x {} B, {} node{} ({}), {} workers/node, cache {}/node, {:?} access",
         plan.label,
         mix_text(&plan.mix),
@@ -328,10 +331,14 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> Result<ExitCode, String> {
         if nodes.cluster > 1 { "s" } else { "" },
         if nodes.member { "tcp member" } else if nodes.cluster > 1 { "mem" } else { "embedded" },
         a.workers,
-        format_bytes(plan.cache as u64),
+        format_bytes(cache_bytes(first)),
         a.access
     );
     let load_s = load(nodes, &tree, a)?;
+    if crate::stop::requested() {
+        // the records loaded so far stay (the caller closes the store clean)
+        return Ok(ExitCode::from(crate::stop::STOPPED_EXIT));
+    }
     nodes.barrier("loaded")?;
     let (results, secs, before, after) = run_phase(nodes, &tree, a, plan)?;
     nodes.barrier("run finished")?;
@@ -365,9 +372,17 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> Result<ExitCode, String> {
     let total: u64 = ops.iter().sum();
     let tput = total as f64 / secs;
     let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
-    println!("run: {secs:.1} s measured after {:.1} s warmup", a.warmup);
-    println!("  throughput    {:.0} ops/s ({total} ops)", tput);
-    println!(
+    say!(
+        "run: {secs:.1} s measured after {:.1} s warmup{}",
+        a.warmup,
+        if crate::stop::requested() {
+            format!(" ({})", crate::stop::STOPPED)
+        } else {
+            String::new()
+        }
+    );
+    say!("  throughput    {:.0} ops/s ({total} ops)", tput);
+    say!(
         "  latency       p50 {:.1} us  p99 {:.1} us  p99.9 {:.1} us  max {:.1} us",
         us(0.5),
         us(0.99),
@@ -378,9 +393,9 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> Result<ExitCode, String> {
         .filter(|&i| ops[i] > 0)
         .map(|i| format!("{} {:.0}/s", OP_NAMES[i], ops[i] as f64 / secs))
         .collect();
-    println!("  by type       {}", per_type.join(", "));
+    say!("  by type       {}", per_type.join(", "));
     for r in &reports {
-        println!(
+        say!(
             "  node {:<8} page hit ratio {:.2}%  remote fetches {:.0}/s  nvme reads {:.0}/s  writes {:.0}/s  evictions {:.0}/s",
             r.node,
             r.hit_ratio() * 100.0,
@@ -390,9 +405,9 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> Result<ExitCode, String> {
             r.d.evictions as f64 / secs
         );
     }
-    println!("  value errors  {errors}  (reads of keys inserted during the run and not yet visible: {misses})");
+    say!("  value errors  {errors}  (reads of keys inserted during the run and not yet visible: {misses})");
     if let Some(e) = &first_error {
-        println!("  first error   {e}");
+        say!("  first error   {e}");
     }
     if let Some(path) = &a.json {
         let doc = json!({
@@ -406,7 +421,9 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> Result<ExitCode, String> {
             "nodes": nodes.cluster,
             "transport": if nodes.member { "tcp" } else { "mem" },
             "workers_per_node": a.workers,
-            "cache_bytes_per_node": plan.cache,
+            // what the engine runs with (a tcp member's cache comes from the cluster file)
+            "cache_bytes_per_node": cache_bytes(first),
+            "stopped_by_signal": crate::stop::requested(),
             "load_s": load_s,
             "warmup_s": a.warmup,
             "duration_s": secs,
@@ -433,9 +450,16 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> Result<ExitCode, String> {
     Ok(if errors > 0 {
         eprintln!("error: {errors} values failed their check");
         ExitCode::from(1)
+    } else if crate::stop::requested() {
+        ExitCode::from(crate::stop::STOPPED_EXIT)
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The cache the node runs with, in bytes.
+fn cache_bytes(e: &Engine) -> u64 {
+    e.frames() as u64 * shoal_storage::PAGE_SIZE as u64
 }
 
 fn mix_text(m: &Mix) -> String {
@@ -500,14 +524,19 @@ fn load(nodes: &Nodes, tree: &BTree, a: &Args) -> Result<f64, String> {
                 hs.push(s.spawn(move || -> Result<(), TreeError> {
                     let w = e.worker();
                     let mut v = vec![0u8; a.value_size];
+                    let mut n = 0;
                     for k in from..to {
+                        if crate::stop::requested() {
+                            break;
+                        }
                         value::fill(&mut v, k, 0);
                         tree.insert(&w, &u64_key(k), &v)?;
-                        if (k - from) % 1024 == 1023 {
+                        n += 1;
+                        if n % 1024 == 0 {
                             done.fetch_add(1024, Ordering::Relaxed);
                         }
                     }
-                    done.fetch_add((to - from) % 1024, Ordering::Relaxed);
+                    done.fetch_add(n % 1024, Ordering::Relaxed);
                     Ok(())
                 }));
             }
@@ -517,9 +546,15 @@ fn load(nodes: &Nodes, tree: &BTree, a: &Args) -> Result<f64, String> {
     r?;
     bar.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
-    println!(
-        "load: {mine} records in {secs:.2} s ({:.0} records/s)",
-        mine as f64 / secs
+    let loaded = done.load(Ordering::Relaxed);
+    say!(
+        "load: {loaded} records in {secs:.2} s ({:.0} records/s){}",
+        loaded as f64 / secs,
+        if loaded < mine {
+            format!(" of {mine}: {}", crate::stop::STOPPED)
+        } else {
+            String::new()
+        }
     );
     Ok(secs)
 }
@@ -582,12 +617,16 @@ fn run_phase(nodes: &Nodes, tree: &BTree, a: &Args, plan: &Plan) -> Result<RunOu
             let stop_at = start + end;
             let wake = next.min(stop_at);
             if phase.load(Ordering::Relaxed) == WARMUP && start + warm <= wake {
-                std::thread::sleep((start + warm).saturating_duration_since(Instant::now()));
+                if !crate::stop::sleep_until(start + warm) {
+                    break;
+                }
                 before = snaps();
                 measure_start = Instant::now();
                 phase.store(MEASURE, Ordering::Relaxed);
             }
-            std::thread::sleep(wake.saturating_duration_since(Instant::now()));
+            if !crate::stop::sleep_until(wake) {
+                break; // Ctrl-C: report what was measured so far
+            }
             if hs.iter().any(|h| h.is_finished()) {
                 break; // a worker stopped early: an error; collected below
             }
@@ -601,7 +640,7 @@ fn run_phase(nodes: &Nodes, tree: &BTree, a: &Args, plan: &Plan) -> Result<RunOu
                 } else {
                     100.0
                 };
-                println!(
+                say!(
                     "[{:>4}s{}] {:>10.0} ops/s  hit {:>6.2}%  remote {:>7.0}/s  nvme r {:>7.0}/s w {:>7.0}/s",
                     tick,
                     if phase.load(Ordering::Relaxed) == WARMUP { " warm" } else { "" },

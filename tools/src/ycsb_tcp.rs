@@ -76,6 +76,8 @@ pub fn run_local(a: &Args) -> Result<ExitCode, String> {
     Ok(if errors > 0 || !all_ok {
         eprintln!("error: {errors} values failed their check");
         ExitCode::from(1)
+    } else if crate::stop::requested() {
+        ExitCode::from(crate::stop::STOPPED_EXIT)
     } else {
         ExitCode::SUCCESS
     })
@@ -138,17 +140,17 @@ fn merge(docs: &[Value]) -> Result<Value, String> {
 
 fn print_summary(m: &Value) {
     let f = |k: &str| m[k].as_f64().unwrap_or(0.0);
-    println!(
+    say!(
         "cluster of {} processes over tcp: {:.1} s measured",
         m["processes"],
         f("duration_s")
     );
-    println!(
+    say!(
         "  throughput    {:.0} ops/s ({} ops)",
         f("throughput_ops_per_s"),
         m["ops"]
     );
-    println!(
+    say!(
         "  latency       p50 {:.1} us  p99 {:.1} us  p99.9 {:.1} us  max {:.1} us",
         f("p50_us"),
         f("p99_us"),
@@ -158,7 +160,7 @@ fn print_summary(m: &Value) {
     let secs = f("duration_s").max(1e-9);
     for n in m["per_node"].as_array().into_iter().flatten() {
         let g = |k: &str| n[k].as_f64().unwrap_or(0.0);
-        println!(
+        say!(
             "  node {:<8} page hit ratio {:.2}%  remote fetches {:.0}/s  nvme reads {:.0}/s  writes {:.0}/s",
             n["node"],
             g("hit_ratio") * 100.0,
@@ -167,5 +169,5 @@ fn print_summary(m: &Value) {
             g("nvme_writes") / secs
         );
     }
-    println!("  value errors  {}", m["value_errors"]);
+    say!("  value errors  {}", m["value_errors"]);
 }

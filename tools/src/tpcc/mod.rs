@@ -116,6 +116,9 @@ fn share(warehouses: u16, n: usize, nodes: usize) -> (u16, u16) {
 /// Run `shoal tpcc`.
 pub fn run(a: Args) -> Result<ExitCode, String> {
     let cache = validate(&a)?;
+    if let Some(p) = &a.json {
+        crate::cli::check_output("--json", p)?;
+    }
     if let (Some(path), Some(id)) = (&a.net.cluster, a.net.id) {
         let file = ClusterFile::load(path).map_err(|e| e.to_string())?;
         if (a.warehouses as usize) < file.nodes.len() {
@@ -188,6 +191,13 @@ fn drive(nodes: &Nodes, a: &Args) -> Result<ExitCode, String> {
     let run_c = Constants::run(&load_c, &mut rng);
 
     let load_s = populate(nodes, &tables, a, &load_c)?;
+    if crate::stop::requested() {
+        say!(
+            "load {} after {load_s:.1} s: the database is incomplete (the store is closed clean)",
+            crate::stop::STOPPED
+        );
+        return Ok(ExitCode::from(crate::stop::STOPPED_EXIT));
+    }
     let pages: u64 = nodes.engines.iter().map(|e| e.store().high_water()).sum();
     let mine: u16 = nodes
         .engines
@@ -197,7 +207,7 @@ fn drive(nodes: &Nodes, a: &Args) -> Result<ExitCode, String> {
             hi - lo + 1
         })
         .sum();
-    println!(
+    say!(
         "load: {mine} warehouses in {load_s:.1} s, {} of pages ({} per warehouse)",
         format_bytes(pages * 4096),
         format_bytes(pages * 4096 / mine as u64),
@@ -240,6 +250,8 @@ fn exit_code(doc: &serde_json::Value) -> ExitCode {
         || doc["check"]["violations"].as_u64().is_some_and(|v| v > 0);
     if bad {
         ExitCode::from(1)
+    } else if crate::stop::requested() {
+        ExitCode::from(crate::stop::STOPPED_EXIT)
     } else {
         ExitCode::SUCCESS
     }
@@ -284,6 +296,9 @@ fn populate(nodes: &Nodes, t: &Tables, a: &Args, c: &Constants) -> Result<f64, S
                         load::items(&w, t, lo, hi, &mut rng, done).map_err(|e| e.to_string())?;
                     }
                     for wid in (lo..=hi).filter(|x| (x - lo) as usize % workers == k) {
+                        if crate::stop::requested() {
+                            break; // Ctrl-C: the warehouses loaded so far stay
+                        }
                         load::warehouse(&w, t, wid, c, &mut rng, done)
                             .map_err(|e| format!("loading warehouse {wid}: {e}"))?;
                     }
@@ -377,6 +392,15 @@ fn run_phase(
         match a.mode {
             Mode::Affinity => {
                 let workers = a.workers.min((hi - lo + 1) as usize);
+                if workers < a.workers {
+                    say!(
+                        "note: affinity mode runs one worker per warehouse: {workers} on node {} \
+                         ({} warehouses there), not the {} asked for",
+                        e.node_id(),
+                        hi - lo + 1,
+                        a.workers
+                    );
+                }
                 for k in 0..workers {
                     let mine = (lo..=hi)
                         .filter(|x| (x - lo) as usize % workers == k)
@@ -461,8 +485,17 @@ fn run_phase(
             })
             .collect();
         let sleep_until = |end: Instant| {
-            let mut last = (Instant::now(), total.load(Ordering::Relaxed), 0u64);
-            while Instant::now() < end && !failed.load(Ordering::Relaxed) {
+            // (the baseline is the current count: the first line of a phase reports that
+            // phase's rate, not everything since the start)
+            let mut last = (
+                Instant::now(),
+                total.load(Ordering::Relaxed),
+                new_orders.load(Ordering::Relaxed),
+            );
+            while Instant::now() < end
+                && !failed.load(Ordering::Relaxed)
+                && !crate::stop::requested()
+            {
                 std::thread::sleep(Duration::from_millis(200).min(end - Instant::now()));
                 if last.0.elapsed() >= Duration::from_secs(1) && !a.quiet {
                     let (t, no) = (
@@ -470,7 +503,7 @@ fn run_phase(
                         new_orders.load(Ordering::Relaxed),
                     );
                     let secs = last.0.elapsed().as_secs_f64();
-                    println!(
+                    say!(
                         "{:>10.0} txn/s  {:>10.0} NewOrders/min",
                         (t - last.1) as f64 / secs,
                         (no - last.2) as f64 / secs * 60.0
@@ -523,7 +556,7 @@ fn report(
     let tps = committed as f64 / o.secs;
     let new_orders = t.count[0] - t.rollbacks;
     let tpm_c = new_orders as f64 / o.secs * 60.0;
-    println!(
+    say!(
         "tpcc: {} warehouses, {} node(s) in this report, {} workers, mode {:?}, {:.1} s measured",
         a.warehouses,
         o.per_node.len(),
@@ -531,9 +564,19 @@ fn report(
         a.mode,
         o.secs
     );
-    println!(
+    if crate::stop::requested() {
+        say!(
+            "  ({}: the figures cover the part that ran)",
+            crate::stop::STOPPED
+        );
+    }
+    say!(
         "  {:<13} {:>10} {:>10} {:>10} {:>10}",
-        "transaction", "count", "per s", "p50 us", "p99 us"
+        "transaction",
+        "count",
+        "per s",
+        "p50 us",
+        "p99 us"
     );
     let mut types = serde_json::Map::new();
     let mut hists = serde_json::Map::new();
@@ -544,7 +587,7 @@ fn report(
         } else {
             (h.value_at_quantile(0.5), h.value_at_quantile(0.99))
         };
-        println!(
+        say!(
             "  {:<13} {:>10} {:>10.0} {:>10} {:>10}",
             name,
             t.count[i],
@@ -571,7 +614,7 @@ fn report(
             0.0
         }
     };
-    println!(
+    say!(
         "  total {tps:.0} txn/s; {tpm_c:.0} NewOrders/min; {} rollbacks ({:.2}% of NewOrders); remote-warehouse share {:.2}%, remote-node share {:.2}%; {} errors",
         t.rollbacks,
         100.0 * t.rollbacks as f64 / t.count[0].max(1) as f64,
@@ -580,7 +623,7 @@ fn report(
         t.errors
     );
     for (n, c) in &o.per_node {
-        println!(
+        say!(
             "  node {n}: remote fetches {:.0}/s, NVMe reads {:.0}/s, writes {:.0}/s",
             c[0] as f64 / o.secs,
             c[1] as f64 / o.secs,
@@ -588,12 +631,12 @@ fn report(
         );
     }
     if let Some(e) = &t.first_error {
-        println!("  first error (the run stopped there): {e}");
+        say!("  first error (the run stopped there): {e}");
     }
     // in affinity mode one worker owns a warehouse: a half-done order is a bug, not a race
     let anomalies_are_errors = a.mode == Mode::Affinity && t.anomalies > 0;
     if t.anomalies > 0 {
-        println!(
+        say!(
             "  {} reads saw an order half inserted by another worker{}",
             t.anomalies,
             if anomalies_are_errors {
@@ -605,20 +648,21 @@ fn report(
     }
     let check = check.map(|bad| {
         if bad.is_empty() {
-            println!(
+            say!(
                 "check: consistency conditions 1-4 hold on all {} warehouses",
                 a.warehouses
             );
         } else {
-            println!("check: {} violations", bad.len());
+            say!("check: {} violations", bad.len());
             for b in bad.iter().take(20) {
-                println!("  {b}");
+                say!("  {b}");
             }
         }
         json!({"violations": bad.len(), "first": bad.iter().take(20).collect::<Vec<_>>()})
     });
     Ok(json!({
         "command": "tpcc",
+        "stopped_by_signal": crate::stop::requested(),
         "warehouses": a.warehouses,
         "nodes": o.per_node.len(),
         "workers": o.threads,

@@ -95,7 +95,7 @@ pub fn run_local(a: &Args) -> Result<ExitCode, String> {
                 .push((id, [g("remote_fetches"), g("nvme_reads"), g("nvme_writes")]));
         }
     }
-    println!("cluster of {} processes over tcp:", docs.len());
+    say!("cluster of {} processes over tcp:", docs.len());
     // node 0 ran the check; its list of violations is the cluster's
     let check: Option<Vec<String>> = docs[0]["check"]["first"].as_array().map(|v| {
         v.iter()
