@@ -88,16 +88,21 @@ struct Device {
     path: PathBuf,
     file: File,
     direct: bool,
-    /// Bytes of the device with room reserved: the file's size at open, then what fallocate
-    /// reserved (regular files only; u64::MAX: fallocate unsupported, writes take the room).
+    /// Bytes of the device with room reserved: the file's size at open, then what was
+    /// reserved (regular files only).
     extent: AtomicU64,
     regular: bool,
+    /// Reserve room by writing zero pages instead of `fallocate` (set when `fallocate` is not
+    /// supported, or by `SHOAL_RESERVE_BY_WRITING=1`).
+    by_writing: AtomicBool,
 }
 
 /// Device files grow in chunks of this many bytes, preallocated with `fallocate`: an O_DIRECT
 /// write that extends a file takes ext4's inode lock exclusively and is serialised, while a
 /// write inside the file's size runs in parallel with the others.
 pub const GROW_CHUNK: u64 = 64 << 20;
+/// Room reserved by writing zeros (file systems without `fallocate`) grows this much at a time.
+pub const WRITE_CHUNK: u64 = 1 << 20;
 
 /// One node's page store.
 pub struct PageStore {
@@ -337,8 +342,9 @@ impl PageStore {
     /// Allocate a page slot, with room for it on its device: a slot is handed out only once
     /// the device space it will be written to is reserved (`fallocate`), so a full device
     /// refuses the allocation ([`StoreError::NoRoom`]) instead of failing a later write-back of
-    /// a page that then cannot leave memory. (On file systems without `fallocate` the space is
-    /// taken by the first write, and a full device shows up there.)
+    /// a page that then cannot leave memory. On file systems without `fallocate` (ext2, some
+    /// network and FUSE file systems) the room is reserved by writing zero pages, a
+    /// [`WRITE_CHUNK`] at a time, with the same guarantee.
     pub fn allocate(&self) -> StoreResult<u64> {
         // The allocator's lock is held while space is reserved so that a refused slot can be
         // taken back exactly (the next fresh slot again, not a free-list entry: free slots
@@ -366,23 +372,21 @@ impl PageStore {
         if !d.regular || end <= have {
             return Ok(());
         }
-        let chunk = end.div_ceil(GROW_CHUNK) * GROW_CHUNK;
+        let step = if d.by_writing.load(Ordering::Relaxed) {
+            WRITE_CHUNK
+        } else {
+            GROW_CHUNK
+        };
+        let chunk = end.div_ceil(step) * step;
         let mut last = None;
         for target in [chunk, end] {
-            match fallocate(&d.file, have, target - have) {
+            match reserve_range(d, have, target) {
                 Ok(()) => {
                     d.extent.store(target, Ordering::Release);
                     return Ok(());
                 }
                 Err(e) if is_full(&e) => last = Some(e),
-                Err(e) => {
-                    log::debug!(
-                        "{}: fallocate failed ({e}); writes will extend the file",
-                        d.path.display()
-                    );
-                    d.extent.store(u64::MAX, Ordering::Release); // do not try again
-                    return Ok(());
-                }
+                Err(e) => return Err(io_err(&d.path, e)),
             }
         }
         Err(StoreError::NoRoom {
@@ -706,6 +710,32 @@ fn classify_write_error(path: &Path, slot: u64, e: std::io::Error) -> StoreError
     }
 }
 
+/// Reserve the bytes `from..to` of device `d` (growing the file): `fallocate`, or zero pages
+/// written where `fallocate` is not supported. The range lies past every allocated slot, so
+/// writing zeros there overwrites nothing.
+fn reserve_range(d: &Device, from: u64, to: u64) -> std::io::Result<()> {
+    if !d.by_writing.load(Ordering::Relaxed) {
+        match fallocate(&d.file, from, to - from) {
+            Err(e) if !is_full(&e) => {
+                log::info!(
+                    "{}: fallocate is not supported here ({e}): reserving room by writing zeros",
+                    d.path.display()
+                );
+                d.by_writing.store(true, Ordering::Relaxed);
+            }
+            r => return r,
+        }
+    }
+    use std::os::unix::fs::FileExt;
+    let zero = AlignedPage::new(); // aligned, as O_DIRECT needs
+    let mut off = from / PAGE_SIZE as u64 * PAGE_SIZE as u64;
+    while off < to {
+        d.file.write_all_at(&zero[..], off)?;
+        off += PAGE_SIZE as u64;
+    }
+    Ok(())
+}
+
 /// Reserve `len` bytes of `file` from `off` (and grow its size to cover them).
 fn fallocate(file: &File, off: u64, len: u64) -> std::io::Result<()> {
     let (Ok(off), Ok(len)) = (libc::off_t::try_from(off), libc::off_t::try_from(len)) else {
@@ -754,6 +784,9 @@ fn open_device(path: &Path, create: bool) -> StoreResult<Device> {
             path: path.to_path_buf(),
             extent: AtomicU64::new(meta.len()),
             regular: meta.file_type().is_file(),
+            by_writing: AtomicBool::new(
+                std::env::var_os("SHOAL_RESERVE_BY_WRITING").is_some_and(|v| v == "1"),
+            ),
             file,
             direct,
         })

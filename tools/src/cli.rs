@@ -251,6 +251,18 @@ pub fn data_dir(
     }
 }
 
+/// The run's result after its store was closed: the run's own error comes first (a close
+/// that fails after a failed run is usually its consequence: it is named after it).
+pub fn first_error<T>(run: Result<T, String>, closed: Result<(), String>) -> Result<T, String> {
+    match (run, closed) {
+        (Err(e), Err(c)) => Err(format!(
+            "{e}\n(closing the store afterwards failed too: {c})"
+        )),
+        (Ok(_), Err(c)) => Err(c),
+        (r, Ok(())) => r,
+    }
+}
+
 /// A store lock file (`node<i>.lock`, in `dir` or one level down) that a running engine holds.
 fn held_lock(dir: &Path) -> Option<PathBuf> {
     use std::os::fd::AsRawFd;
@@ -408,10 +420,7 @@ pub fn drive_cluster<T>(
     }));
     let closed = cluster.close().map_err(|e| e.to_string());
     match r {
-        Ok(r) => {
-            closed?;
-            r
-        }
+        Ok(r) => first_error(r, closed),
         Err(panic) => {
             if let Err(e) = closed {
                 eprintln!("closing the cluster after a panic: {e}");

@@ -259,8 +259,7 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
             member: false,
         };
         let r = drive(&nodes, &a, &plan);
-        engine.close().map_err(|e| e.to_string())?;
-        return r;
+        return crate::cli::first_error(r, engine.close().map_err(|e| e.to_string()));
     }
     let cluster =
         Cluster::mem(a.net.nodes, Duration::from_secs(30), node_cfg).map_err(|e| e.to_string())?;

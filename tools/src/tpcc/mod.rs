@@ -150,8 +150,7 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
             member: false,
         };
         let r = drive(&nodes, &a);
-        e.close().map_err(|e| e.to_string())?;
-        return r;
+        return crate::cli::first_error(r, e.close().map_err(|e| e.to_string()));
     }
     let c = Cluster::mem(a.net.nodes, Duration::from_secs(30), cfg).map_err(|e| e.to_string())?;
     crate::cli::drive_cluster(c, |nodes| drive(nodes, &a))
