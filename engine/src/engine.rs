@@ -18,7 +18,7 @@ use crate::stats::{EngineCounters, StatsSnapshot, WorkerStats};
 use crate::table::TranslationTable;
 use parking_lot::{Condvar, Mutex};
 use shoal_messaging::{ChannelLayout, Channels, Transport, WaitMode};
-use shoal_storage::{PageStore, ReadRequest, StoreConfig, PAGE_DATA_SIZE};
+use shoal_storage::{BackendChoice, PageStore, ReadRequest, StoreConfig, PAGE_DATA_SIZE};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -149,7 +149,15 @@ impl Engine {
         let store = PageStore::open(&StoreConfig {
             devices: cfg.device_list(),
             mode: cfg.mode,
-            backend: cfg.backend,
+            backend: match (cfg.backend, &coh) {
+                // Cluster nodes use pread/pwrite unless io_uring is asked for by name: with both
+                // cores saturated, io_uring writes of a cluster node's provider were delayed by
+                // 1.7-30 s (until a remote wait timed out), stalling the cluster; with pread and
+                // pwrite the same runs had no slow write and no timeout (docs/cluster.md,
+                // "Stalls under load"). Single nodes keep io_uring (their batches need depth).
+                (BackendChoice::Auto, Some(_)) => BackendChoice::Pread,
+                (b, _) => b,
+            },
             node_id: cfg.node_id as u32,
             cluster_id: cfg.cluster_id,
             capacity_pages: if cfg.capacity_pages == 0 {

@@ -20,16 +20,10 @@
 //! Fixed pages (shared or exclusive guard held) are never evicted: step 2 skips latched frames
 //! and step 5 only uses `try` latches.
 //!
-//! Why clean pages go before the write (step 3): under load a write-back batch of ten pages took
-//! 1.7 to 4.2 s on this machine's disk (measured in the 3-process test beside a second cluster
-//! and busy loops). Freeing nothing until the batch was written left a cluster node without a
-//! free frame for seconds, so arriving pages waited, and so did every node waiting for them: the
-//! 3-process test's remote waits of 3 s timed out (docs/cluster.md, "Stalls under load").
-//!
-//! **Write ordering invariant**: all page writes of a node are issued by this thread, one batch
-//! at a time, or by [`flush_all`] after this thread has stopped. So two writes of the same slot
-//! can never be in flight together, and a later write of a slot is issued only after an earlier
-//! one completed.
+//! Why clean pages go before the write (step 3): a write-back batch can be slow (on cluster
+//! nodes under saturated CPU, io_uring writes of ten pages took 1.7 to 30 s, see
+//! docs/cluster.md "Stalls under load"; cluster nodes now write with pwrite), and until it is
+//! written a round that frees nothing leaves arriving pages without a frame.
 
 use crate::engine::Inner;
 use crate::error::EngineError;
@@ -241,7 +235,7 @@ impl Provider {
             if t.elapsed() > SLOW_WRITE {
                 if let Some(n) = self.slow.due(Instant::now()) {
                     log::warn!(
-                        "writing back {} pages took {:.1} s: the device, or the CPU that io_uring's workers need to carry the writes out, is saturated ({n} more slow batches since the last report)",
+                        "writing back {} pages took {:.1} s: the device or the I/O path is slow ({n} more slow batches since the last report)",
                         pending.len(),
                         t.elapsed().as_secs_f64()
                     );
