@@ -8,8 +8,9 @@
 //! 3. **Evict the clean ones** at once (step 5 for each): they need no write, so the frames
 //!    they free do not wait for the device.
 //! 4. **Write back** dirty candidates: under the shared latch (no writer can be active) copy the
-//!    page into an aligned buffer and clear the dirty flag; write the whole batch through
-//!    io_uring with every request in flight; on failure set the page dirty again (it stays in
+//!    page into an aligned buffer and clear the dirty flag; write the batch (`pwrite` one
+//!    page after another: see `PageStore::write_batch` for why not io_uring); on failure set
+//!    the page dirty again (it stays in
 //!    memory: nothing is lost) and remember the error for starving faults to report.
 //! 5. **Evict**: try the exclusive latch (never wait); if the page was dirtied again meanwhile, or
 //!    someone holds it, skip it; else unlink it from the table, bump the version and queue the
@@ -22,7 +23,7 @@
 //!
 //! Why clean pages go before the write (step 3): a write-back batch can be slow (on cluster
 //! nodes under saturated CPU, io_uring writes of ten pages took 1.7 to 30 s, see
-//! docs/cluster.md "Stalls under load"; cluster nodes now write with pwrite), and until it is
+//! docs/cluster.md "Stalls under load"; writes now go through pwrite), and until it is
 //! written a round that frees nothing leaves arriving pages without a frame.
 
 use crate::engine::Inner;

@@ -502,7 +502,16 @@ impl PageStore {
         })
     }
 
-    /// Seal and write a batch of pages, all in flight together. One result per request.
+    /// Seal and write a batch of pages, one `pwrite` after another, whatever the store's
+    /// backend. One result per request.
+    ///
+    /// Why not io_uring (2026-11-24, issue 22): with both cores saturated, io_uring write-backs
+    /// of 10-17 O_DIRECT pages were delayed by seconds, on cluster nodes until a remote wait
+    /// gave up (3 s or 30 s, whichever was set), on a single node past the 10 s free-frame
+    /// timeout (`btree/tests/concurrent.rs` failed 2 of 3 runs beside 3 busy loops); the
+    /// provider frees no dirty frame until its batch is written, so everything waiting for a
+    /// frame waited with it. With pwrite the same runs passed. Reads keep the backend (their
+    /// batches overlap cache misses).
     pub fn write_batch(&self, reqs: &mut [WriteRequest<'_>]) -> Vec<StoreResult<()>> {
         let mut ops = Vec::with_capacity(reqs.len());
         for r in reqs.iter_mut() {
@@ -518,7 +527,7 @@ impl PageStore {
         }
         let mut res = vec![0i64; ops.len()];
         // SAFETY: each buffer is an AlignedPage borrowed mutably by `reqs` for this call.
-        unsafe { io::run_batch(self.backend, &ops, &mut res) };
+        unsafe { io::run_batch(Backend::Pread, &ops, &mut res) };
         self.stats
             .writes
             .fetch_add(reqs.len() as u64, Ordering::Relaxed);
