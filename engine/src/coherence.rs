@@ -1942,6 +1942,7 @@ pub(crate) fn run_handler(inner: Arc<Inner>) {
 
 #[cfg(test)]
 mod tests {
+    use crate::possession::Pending;
     use crate::{Cluster, EngineConfig, Pid};
     use std::time::{Duration, Instant};
 
@@ -2103,10 +2104,25 @@ mod tests {
                 }
                 r
             });
-            // node 1 evicts its copy (clean: in a batch; dirty: alone, with the page)
+            // node 1 evicts its copy (clean: in a batch; dirty: alone, with the page). The
+            // provider may decline for a moment (its handler has not yet served what followed
+            // its worker's use of the page), so try until the notice is out.
             let idx1 = frame(other, pid).expect("node 1 holds it");
-            assert!(!coh1.prepare_evict(inner1, idx1), "a notice went home");
-            coh1.flush_batches();
+            let sent = || {
+                coh1.shard(pid)
+                    .lock()
+                    .get(&pid)
+                    .is_some_and(|s| s.copy.pending == Pending::Evicting)
+            };
+            while !sent() && frame(other, pid).is_some() {
+                assert!(!coh1.prepare_evict(inner1, idx1), "a page homed elsewhere");
+                coh1.flush_batches();
+                assert!(
+                    t0.elapsed() < HANG_GUARD,
+                    "hang guard: no notice left node 1"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
             while frame(other, pid).is_some() {
                 assert!(
                     t0.elapsed() < HANG_GUARD,
