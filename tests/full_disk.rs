@@ -33,15 +33,25 @@ fn set_fsize_limit(bytes: u64) {
     }
 }
 
-/// Allocate and stamp pages until an allocation fails: the pages and the error.
+/// Allocate and stamp pages until an allocation fails: the pages and the error. A wait for a
+/// free frame that ran out before the provider met the full device (a loaded machine: the
+/// provider had not run yet) says so without "is full"; such errors are retried for up to a
+/// minute, so the outcome does not depend on how fast the machine is.
 fn allocate_until_error(w: &shoal_engine::Worker) -> (Vec<Pid>, EngineError) {
     let mut pids: Vec<Pid> = Vec::new();
+    let t0 = std::time::Instant::now();
     loop {
         match w.allocate() {
             Ok(mut g) => {
                 let pid = g.pid();
                 stamp(&mut g.page_mut(), pid, 1);
                 pids.push(pid);
+            }
+            Err(e @ EngineError::NoFreeFrame { .. })
+                if !e.to_string().contains("is full")
+                    && t0.elapsed() < std::time::Duration::from_secs(60) =>
+            {
+                eprintln!("retrying after: {e}");
             }
             Err(e) => return (pids, e),
         }

@@ -19,15 +19,24 @@ fn exclusive_excludes_other_holders() {
     let pid = new_page(&w, 0);
     let g = w.run(|w| w.exclusive(pid)).unwrap();
     let got = Arc::new(AtomicBool::new(false));
+    let trying = Arc::new(AtomicBool::new(false));
     std::thread::scope(|s| {
-        let got2 = Arc::clone(&got);
+        let (got2, trying2) = (Arc::clone(&got), Arc::clone(&trying));
         let e = &e;
         let h = s.spawn(move || {
             let w2 = e.worker();
+            trying2.store(true, Ordering::SeqCst);
             let sg = w2.run(|w| w.shared(pid)).unwrap();
             got2.store(true, Ordering::SeqCst);
             sg.page().u64(0)
         });
+        // Wait until the reader runs, then give it 100 ms to (wrongly) get in. A loaded
+        // machine can only make the reader slower, so this cannot fail spuriously. Checked by
+        // breaking it on purpose (2026-11-24): with `Worker::shared` ignoring a failed
+        // `try_lock_shared`, the reader gets in and this fails.
+        while !trying.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
         std::thread::sleep(std::time::Duration::from_millis(100));
         assert!(
             !got.load(Ordering::SeqCst),
@@ -214,11 +223,24 @@ fn dropped_workers_keep_their_counts_and_free_their_slots() {
     let dir = tempfile::tempdir().unwrap();
     let e = engine(dir.path(), 512);
     let pid = new_page(&e.worker(), 1);
-    for _ in 0..1000 {
+    assert_eq!(e.stats().live_workers, 0, "the allocating worker left");
+    let kept = e.worker();
+    for k in 0..1000 {
         let w = e.worker();
         w.run(|w| w.optimistic(pid).map(|_| ())).unwrap();
+        assert_eq!(e.stats().live_workers, 2, "round {k}: this one and `kept`");
     }
+    // Checked by breaking it on purpose (2026-11-24): with `retire_worker` not removing the
+    // worker, `live_workers` reads 1001 here and the test fails; with it not folding the
+    // counts into `retired`, hits read 0.
+    assert_eq!(
+        e.stats().live_workers,
+        1,
+        "dropped workers free their slots"
+    );
     assert!(e.stats().hits >= 1000, "counts of dropped workers are kept");
+    drop(kept);
+    assert_eq!(e.stats().live_workers, 0);
 }
 
 #[test]

@@ -57,7 +57,8 @@ fn check_scan(tree: &BTree, w: &Worker, rng: &mut impl Rng, from: &[u8], n: usiz
     .unwrap();
 }
 
-fn stress(cache: usize, per_thread: u32, ops: usize) {
+/// Returns the tree's pages, the cache's frames and the evictions of the run.
+fn stress(cache: usize, per_thread: u32, ops: usize) -> (u64, u64, u64) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = EngineConfig::new(dir.path(), cache);
     let e = Engine::open(cfg.clone()).unwrap();
@@ -165,6 +166,7 @@ fn stress(cache: usize, per_thread: u32, ops: usize) {
     let height = check_all(&e, &tree);
     assert!(height >= 2, "the stress must split nodes");
     let evictions = e.stats().evictions;
+    let sizes = (e.store().slots_in_use(), e.frames() as u64, evictions);
     e.close().unwrap();
     drop(e);
     let mut cfg = cfg;
@@ -174,11 +176,16 @@ fn stress(cache: usize, per_thread: u32, ops: usize) {
     assert_eq!(reopened, tree);
     check_all(&e, &reopened);
     eprintln!("cache {cache}: height {height}, evictions {evictions}");
+    sizes
 }
 
 #[test]
 fn concurrent_ops_in_memory() {
-    stress(64 << 20, 20_000, 40_000);
+    let (pages, frames, _) = stress(64 << 20, 20_000, 40_000);
+    assert!(
+        pages < frames,
+        "the tree fits the cache: {pages} pages, {frames} frames"
+    );
 }
 
 #[test]
@@ -186,7 +193,11 @@ fn concurrent_ops_tree_four_times_the_cache() {
     // ~60K live entries of ~120 bytes in 4 KiB leaves at ~70% fill is ~10 MiB of leaves; a 2 MiB
     // cache holds about a fifth of it.
     let cache = 2 << 20;
-    stress(cache, 30_000, 60_000);
+    let (pages, frames, evictions) = stress(cache, 30_000, 60_000);
+    assert!(
+        pages >= 3 * frames && evictions >= pages - frames,
+        "the tree outgrew the cache and pages were evicted: {pages} pages, {frames} frames, {evictions} evictions"
+    );
 }
 
 #[test]
@@ -231,7 +242,8 @@ fn parallel_ascending_loads_leave_full_leaves() {
 
 /// Threads remove most of a loaded tree (merging nodes and freeing pages as leaves empty) while
 /// they also look keys up, one by one and in batches, scan, and insert some keys back.
-fn drain(cache: usize, per_thread: u32) {
+/// Returns the loaded tree's pages, the cache's frames and the evictions of the run.
+fn drain(cache: usize, per_thread: u32) -> (u64, u64, u64) {
     let dir = tempfile::tempdir().unwrap();
     let e = Engine::open(EngineConfig::new(dir.path(), cache)).unwrap();
     let tree = BTree::create(&e.worker(), "drain").unwrap();
@@ -337,15 +349,24 @@ fn drain(cache: usize, per_thread: u32) {
         pages * 3 < loaded_pages,
         "{pages} pages in use after removing most keys (was {loaded_pages})"
     );
+    (loaded_pages, e.frames() as u64, e.stats().evictions)
 }
 
 #[test]
 fn concurrent_removes_merge_nodes_in_memory() {
-    drain(64 << 20, 25_000);
+    let (pages, frames, _) = drain(64 << 20, 25_000);
+    assert!(
+        pages < frames,
+        "the tree fits the cache: {pages} pages, {frames} frames"
+    );
 }
 
 #[test]
 fn concurrent_removes_merge_nodes_with_eviction() {
     // 100K entries of ~120 bytes are ~15 MiB of leaves, 4x a 4 MiB cache
-    drain(4 << 20, 25_000);
+    let (pages, frames, evictions) = drain(4 << 20, 25_000);
+    assert!(
+        pages >= 3 * frames && evictions >= pages - frames,
+        "the tree outgrew the cache and pages were evicted: {pages} pages, {frames} frames, {evictions} evictions"
+    );
 }

@@ -2020,6 +2020,16 @@ mod tests {
                 !coh.droppable(pid, idx),
                 "the frame is the home worker's copy now"
             );
+            // the provider's eviction step itself keeps it. It evicts only written-back
+            // frames: mark it clean as its write-back would (the page stays in memory, and
+            // nothing here reads the store). Checked by breaking it on purpose (2026-11-24):
+            // without the `droppable` check in `provider::evict` this fails.
+            home.inner().pool.frame(idx).set_dirty(false);
+            assert!(
+                !crate::provider::evict(home.inner(), idx),
+                "the provider dropped the home worker's copy"
+            );
+            assert_eq!(frame(pid), idx, "still resident in its frame");
             drop(g1);
             writer.join().unwrap();
         });

@@ -362,6 +362,7 @@ impl Engine {
         let i = &self.inner;
         let mut s = StatsSnapshot::default();
         let workers = i.workers.lock();
+        s.live_workers = workers.len() as u64;
         for w in workers
             .iter()
             .map(|w| &**w)

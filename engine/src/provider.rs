@@ -291,7 +291,7 @@ impl Provider {
 
 /// Evict candidate frame `i` if it is still a clean, unlatched page that may go: try the
 /// exclusive latch (never wait), check, unlink it and free the frame. Returns whether it did.
-fn evict(inner: &Inner, i: u32) -> bool {
+pub(crate) fn evict(inner: &Inner, i: u32) -> bool {
     let f = inner.pool.frame(i);
     if !f.latch.try_lock_exclusive(None) {
         return false;

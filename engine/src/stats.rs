@@ -52,4 +52,6 @@ pub struct StatsSnapshot {
     pub frames: u64,
     pub free_frames: u64,
     pub epoch: u64,
+    /// Workers registered now (dropped workers leave; their counts stay in the totals).
+    pub live_workers: u64,
 }

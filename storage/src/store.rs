@@ -79,6 +79,9 @@ pub struct ReadRequest {
 #[derive(Debug, Default)]
 pub struct StoreStats {
     pub reads: AtomicU64,
+    /// Calls of [`PageStore::read_batch`] with at least one request: reads submitted together
+    /// (in one io_uring submission on that backend).
+    pub read_batches: AtomicU64,
     pub writes: AtomicU64,
     pub read_errors: AtomicU64,
     pub write_errors: AtomicU64,
@@ -454,6 +457,9 @@ impl PageStore {
         self.stats
             .reads
             .fetch_add(reqs.len() as u64, Ordering::Relaxed);
+        if !reqs.is_empty() {
+            self.stats.read_batches.fetch_add(1, Ordering::Relaxed);
+        }
         reqs.iter()
             .zip(res)
             .map(|(req, r)| {
