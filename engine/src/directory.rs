@@ -26,7 +26,14 @@
 //! or sharers to invalidate); each grant carries it, so every message about a possession says
 //! which possession it is about, and a stale one is recognised (see [`crate::possession`]).
 
-use crate::protocol::{bit, violation, Mode, Node, NodeSet, ProtocolError};
+use crate::protocol::{bit, violation, Epoch, Mode, Node, NodeSet, ProtocolError};
+
+/// The epoch after `e`. 64-bit epochs cannot wrap (see [`Epoch`]); the check makes the
+/// argument an assertion.
+fn next_epoch(e: Epoch) -> Epoch {
+    e.checked_add(1)
+        .expect("a page's conflict epoch ran out of 64 bits")
+}
 
 /// Who holds a page, as its home sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -44,7 +51,7 @@ pub enum Holders {
 pub struct DirEntry {
     pub holders: Holders,
     /// Conflict epoch: bumped whenever a request names other nodes.
-    pub epoch: u32,
+    pub epoch: Epoch,
     /// The exclusive holder that must copy the page back home (after a shared request took it).
     pub awaiting_copy_back: Option<Node>,
 }
@@ -57,7 +64,7 @@ pub enum DirDecision {
     /// Reply with this grant. `from_home`: push the home's copy of the page first.
     Grant {
         mode: Mode,
-        epoch: u32,
+        epoch: Epoch,
         from_home: bool,
         source: Option<Node>,
         invalidate: NodeSet,
@@ -132,7 +139,7 @@ impl DirEntry {
                 }
                 let others = s & !bit(from);
                 if others != 0 {
-                    self.epoch = self.epoch.wrapping_add(1);
+                    self.epoch = next_epoch(self.epoch);
                 }
                 self.holders = Holders::Exclusive(from);
                 Ok(grant(Mode::Exclusive, self.epoch, !member, None, others))
@@ -141,7 +148,7 @@ impl DirEntry {
                 violation(format!("node {from} asks for a page it holds exclusively"))
             }
             (Holders::Exclusive(o), _) => {
-                self.epoch = self.epoch.wrapping_add(1);
+                self.epoch = next_epoch(self.epoch);
                 match want {
                     Mode::Shared => {
                         self.holders = Holders::Shared(bit(from));
@@ -159,7 +166,7 @@ impl DirEntry {
     pub fn evict(
         &mut self,
         from: Node,
-        epoch: u32,
+        epoch: Epoch,
         dirty: bool,
     ) -> Result<EvictDecision, ProtocolError> {
         if epoch > self.epoch {
@@ -208,7 +215,7 @@ impl DirEntry {
 mod tests {
     use super::*;
 
-    fn g(d: DirDecision) -> (Mode, u32, bool, Option<Node>, NodeSet) {
+    fn g(d: DirDecision) -> (Mode, Epoch, bool, Option<Node>, NodeSet) {
         match d {
             DirDecision::Grant {
                 mode,

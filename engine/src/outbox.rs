@@ -134,7 +134,7 @@ impl Outboxes {
 mod tests {
     use super::*;
 
-    fn evict(epoch: u32) -> Msg<FrameIdx> {
+    fn evict(epoch: u64) -> Msg<FrameIdx> {
         Msg::Evict { epoch, data: None }
     }
 

@@ -24,7 +24,9 @@
 //! The engine calls these methods under the page's frame latch, and only when no local guard
 //! holds the page (a latched page defers the message, exactly like a page still in flight).
 
-use crate::protocol::{bit, members, violation, Grant, Mode, Msg, Node, NodeSet, ProtocolError};
+use crate::protocol::{
+    bit, members, violation, Epoch, Grant, Mode, Msg, Node, NodeSet, ProtocolError,
+};
 
 /// The node's outstanding directory interaction for a page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -47,8 +49,8 @@ pub enum Pending {
 /// A message that arrived but cannot be served yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Deferred {
-    Transfer { to: Node, want: Mode, epoch: u32 },
-    Invalidate { from: Node, epoch: u32 },
+    Transfer { to: Node, want: Mode, epoch: Epoch },
+    Invalidate { from: Node, epoch: Epoch },
 }
 
 /// What happened when a message was applied.
@@ -83,7 +85,7 @@ pub struct PageCopy<D> {
     /// The page is newer than the home's copy.
     pub dirty: bool,
     /// Epoch of the latest grant received.
-    pub epoch: u32,
+    pub epoch: Epoch,
     pub pending: Pending,
     pub deferred: Vec<Deferred>,
 }
@@ -223,7 +225,7 @@ impl<D: Clone> PageCopy<D> {
         &mut self,
         to: Node,
         want: Mode,
-        epoch: u32,
+        epoch: Epoch,
     ) -> Result<Step<D>, ProtocolError> {
         if epoch <= self.epoch && self.pending == Pending::Idle && self.data.is_some() {
             return violation(format!(
@@ -238,7 +240,7 @@ impl<D: Clone> PageCopy<D> {
     }
 
     /// `from` (now holding or about to hold the page exclusively) invalidates our copy.
-    pub fn on_invalidate(&mut self, from: Node, epoch: u32) -> Result<Step<D>, ProtocolError> {
+    pub fn on_invalidate(&mut self, from: Node, epoch: Epoch) -> Result<Step<D>, ProtocolError> {
         self.deferred.push(Deferred::Invalidate { from, epoch });
         let mut step = Step::default();
         self.serve_deferred(&mut step)?;

@@ -165,13 +165,13 @@ impl Message for Wire {
             }
             Msg::Grant(g) => {
                 w.u8(mode_byte(g.mode))
-                    .u32(g.epoch)
+                    .u64(g.epoch)
                     .opt_frame(g.data)
                     .u8(g.source.unwrap_or(NO_NODE))
                     .u64(g.invalidate);
             }
             Msg::Transfer { want, epoch } => {
-                w.u8(mode_byte(*want)).u32(*epoch);
+                w.u8(mode_byte(*want)).u64(*epoch);
             }
             Msg::Page { data, dirty } => {
                 w.u32(*data).u8(*dirty as u8);
@@ -180,11 +180,11 @@ impl Message for Wire {
                 w.opt_frame(*data);
             }
             Msg::Invalidate { epoch } => {
-                w.u32(*epoch);
+                w.u64(*epoch);
             }
             Msg::InvalidateAck => {}
             Msg::Evict { epoch, data } => {
-                w.u32(*epoch).opt_frame(*data);
+                w.u64(*epoch).opt_frame(*data);
             }
             Msg::EvictReply { accepted } => {
                 w.u8(*accepted as u8);
@@ -204,7 +204,7 @@ impl Message for Wire {
             },
             1 => {
                 let mode = r.mode()?;
-                let epoch = r.u32();
+                let epoch = r.u64();
                 let data = r.opt_frame()?;
                 let source = r.node()?;
                 let invalidate: NodeSet = r.u64();
@@ -223,7 +223,7 @@ impl Message for Wire {
             }
             2 => Msg::Transfer {
                 want: r.mode()?,
-                epoch: r.u32(),
+                epoch: r.u64(),
             },
             3 => Msg::Page {
                 data: r.u32(),
@@ -232,10 +232,10 @@ impl Message for Wire {
             4 => Msg::CopyBack {
                 data: r.opt_frame()?,
             },
-            5 => Msg::Invalidate { epoch: r.u32() },
+            5 => Msg::Invalidate { epoch: r.u64() },
             6 => Msg::InvalidateAck,
             7 => Msg::Evict {
-                epoch: r.u32(),
+                epoch: r.u64(),
                 data: r.opt_frame()?,
             },
             8 => Msg::EvictReply {
@@ -388,8 +388,8 @@ impl Message for Control {
     }
 }
 
-/// Bytes of one message in a batch: `pid u64 | tag u8 | epoch u32`.
-const BATCH_ENTRY: usize = 13;
+/// Bytes of one message in a batch: `pid u64 | tag u8 | epoch u64`.
+const BATCH_ENTRY: usize = 17;
 /// Most messages one batch carries.
 pub const BATCH_MAX: usize = PAGE_BYTES / BATCH_ENTRY;
 const TAG_EVICT: u8 = 0;
@@ -442,7 +442,7 @@ pub fn decode_batch(
         .enumerate()
         .map(|(i, e)| {
             let pid = u64::from_le_bytes(e[..8].try_into().expect("8 bytes"));
-            let epoch = u32::from_le_bytes(e[9..].try_into().expect("4 bytes"));
+            let epoch = u64::from_le_bytes(e[9..].try_into().expect("8 bytes"));
             let m = match (e[8], epoch) {
                 (TAG_EVICT, epoch) => Msg::Evict { epoch, data: None },
                 (TAG_DECLINED, 0) => Msg::EvictReply { accepted: false },
@@ -499,7 +499,7 @@ mod tests {
                 0,
                 Msg::Grant(Grant {
                     mode: Mode::Exclusive,
-                    epoch: u32::MAX,
+                    epoch: u64::MAX - 1, // above 32 bits: epochs travel whole
                     data: Some(12),
                     source: None,
                     invalidate: (1 << 63) | 0b1010,
@@ -589,7 +589,7 @@ mod tests {
             .map(|i| {
                 let m = match i % 3 {
                     0 => Msg::Evict {
-                        epoch: i as u32 * 7,
+                        epoch: i * 7 + (1 << 40),
                         data: None,
                     },
                     1 => Msg::EvictReply { accepted: true },
@@ -641,13 +641,13 @@ mod tests {
         let (k, mut b) = enc(&s[0]);
         b[13] = 7;
         assert!(Wire::decode(k, &b).is_err());
-        // source node 64
+        // source node 64 (grant: mode at 12, epoch at 13..21, frame at 21..26, source at 26)
         let (k, mut b) = enc(&s[2]);
-        b[22] = 64;
+        b[26] = 64;
         assert!(Wire::decode(k, &b).is_err());
         // source also invalidated
         let (k, mut b) = enc(&s[2]);
-        b[23] = 0b1000;
+        b[27] = 0b1000;
         assert!(Wire::decode(k, &b)
             .unwrap_err()
             .to_string()
