@@ -124,3 +124,69 @@ impl std::error::Error for ProtocolError {}
 pub(crate) fn violation<T>(what: impl Into<String>) -> Result<T, ProtocolError> {
     Err(ProtocolError(what.into()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_sets_hold_exactly_their_members() {
+        let s = bit(0) | bit(5) | bit(63);
+        assert_eq!(members(s).collect::<Vec<_>>(), vec![0, 5, 63]);
+        assert_eq!(members(0).count(), 0);
+        assert_eq!(members(NodeSet::MAX).count(), 64);
+    }
+
+    #[test]
+    fn messages_are_named_as_the_docs_name_them() {
+        let names: Vec<&str> = [
+            Msg::<u8>::Request {
+                want: Mode::Shared,
+                have: false,
+            },
+            Msg::Grant(Grant {
+                mode: Mode::Shared,
+                epoch: 0,
+                data: None,
+                source: None,
+                invalidate: 0,
+            }),
+            Msg::Transfer {
+                want: Mode::Shared,
+                epoch: 0,
+            },
+            Msg::Page {
+                data: 0,
+                dirty: false,
+            },
+            Msg::CopyBack { data: None },
+            Msg::Invalidate { epoch: 0 },
+            Msg::InvalidateAck,
+            Msg::Evict {
+                epoch: 0,
+                data: None,
+            },
+            Msg::EvictReply { accepted: true },
+        ]
+        .iter()
+        .map(Msg::name)
+        .collect();
+        let docs = include_str!("../../docs/protocol.md");
+        for n in &names {
+            assert!(
+                docs.contains(&format!("`{n}`")),
+                "docs/protocol.md names {n}"
+            );
+        }
+        assert_eq!(names.len(), 9);
+    }
+
+    #[test]
+    fn a_violation_says_it_is_one() {
+        let e: Result<(), _> = violation("node 3 did a thing");
+        assert_eq!(
+            e.unwrap_err().to_string(),
+            "coherence protocol violation: node 3 did a thing"
+        );
+    }
+}
