@@ -59,6 +59,16 @@ struct Sim {
     /// Fault injection for the owner-stability check: the home accepts every eviction notice,
     /// also from a node it has already pointed a successor at.
     accepting_home: bool,
+    /// Fault injection for the unsent-notice check: a notice whose batch failed leaves the copy
+    /// idle without serving what arrived meanwhile (the engine before issue 30).
+    unsent_not_served: bool,
+    /// What the engine does beside the protocol's messages, each a budget in exhaustive runs
+    /// and a chance per step in random ones: a waiting worker gives up (its remote wait timed
+    /// out, or its operation restarted; it tries again later), and a request or a batched
+    /// eviction notice never reaches the home (its send failed, or the home refused the
+    /// request without recording it).
+    give_ups: u64,
+    unsent: u64,
     reads: u64,
     writes: u64,
     remote: u64,
@@ -141,6 +151,9 @@ impl Sim {
             tracing: true,
             lying_sharers: false,
             accepting_home: false,
+            unsent_not_served: false,
+            give_ups: 0,
+            unsent: 0,
             reads: 0,
             writes: 0,
             remote: 0,
@@ -213,9 +226,9 @@ impl Sim {
                 }
             }
             if !served_any {
-                return Err(format!(
-                    "node {node} completed {mode:?} on page {page} and nobody could use it"
-                ));
+                // every worker that asked gave up meanwhile (the engine does this routinely: a
+                // timed-out wait, a restarted operation); the page is served on at once
+                self.note(|| format!("node {node} completed {mode:?} on page {page}, unused"));
             }
             let after = self.copies[node][page]
                 .served()
@@ -390,6 +403,51 @@ impl Sim {
         self.apply_step(to, p, step)
     }
 
+    /// Worker `actor`, waiting, gives up: its operation goes back to the front of its script
+    /// (the caller retries it). The node's request stays out.
+    fn give_up(&mut self, actor: usize) {
+        let op = self.waiting[actor].take().expect("a waiting worker");
+        self.scripts[actor].push_front(op);
+        self.give_ups += 1;
+        self.note(|| format!("worker {actor} gives up {op:?}"));
+    }
+
+    /// In-flight message `i` (a request, or an eviction notice without a page: the messages
+    /// whose failed send the engine undoes) never reaches the home. Its sender learns so
+    /// through the state machine, as the engine does.
+    fn unsend(&mut self, i: usize) -> Result<(), String> {
+        let e = self.net.swap_remove(i);
+        let (from, p) = (e.from as usize, e.page);
+        self.unsent += 1;
+        self.note(|| format!("unsent {} {}->{} page {p}", e.msg.name(), e.from, e.to));
+        let c = &mut self.copies[from][p];
+        match e.msg {
+            Msg::Request { .. } => {
+                c.request_unsent().map_err(|x| x.to_string())?;
+                // the worker that asked got an error, and the others waiting on the node's
+                // request: each retries its operation
+                for a in self.waiters(from, p) {
+                    self.give_up(a);
+                }
+            }
+            Msg::Evict { data: None, .. } => {
+                c.evict_unsent().map_err(|x| x.to_string())?;
+                if self.unsent_not_served {
+                    return Ok(());
+                }
+            }
+            m => return Err(format!("{} cannot be unsent", m.name())),
+        }
+        // what arrived meanwhile is served (the engine: by the handler's next `progress`)
+        let step = self.copies[from][p].served().map_err(|x| x.to_string())?;
+        self.apply_step(from, p, step)
+    }
+
+    fn unsendable(&self, i: usize) -> bool {
+        let e = &self.net[i];
+        e.from != e.to && matches!(e.msg, Msg::Request { .. } | Msg::Evict { data: None, .. })
+    }
+
     fn evict(&mut self, node: usize, page: usize) -> bool {
         if !self.waiters(node, page).is_empty() {
             return false;
@@ -438,6 +496,17 @@ impl Sim {
 
     /// Run to completion with random choices; `evict_chance` per step.
     fn run(&mut self, rng: &mut SmallRng, evict_chance: f64) -> Result<(), String> {
+        self.run_with(rng, evict_chance, 0.0)
+    }
+
+    /// Run to completion with random choices: `evict_chance` per step of an eviction,
+    /// `fault_chance` of a worker giving up or a request or notice not being sent.
+    fn run_with(
+        &mut self,
+        rng: &mut SmallRng,
+        evict_chance: f64,
+        fault_chance: f64,
+    ) -> Result<(), String> {
         let mut steps = 0u64;
         loop {
             self.check_invariants()?;
@@ -454,6 +523,22 @@ impl Sim {
                     rng.random_range(0..self.latest.len()),
                 );
                 if self.evict(n, p) {
+                    continue;
+                }
+            }
+            if fault_chance > 0.0 && rng.random_bool(fault_chance) {
+                let waiting: Vec<usize> = (0..self.waiting.len())
+                    .filter(|&a| self.waiting[a].is_some())
+                    .collect();
+                let unsendable: Vec<usize> = (0..self.net.len())
+                    .filter(|&i| self.unsendable(i))
+                    .collect();
+                if rng.random_bool(0.5) && !waiting.is_empty() {
+                    self.give_up(waiting[rng.random_range(0..waiting.len())]);
+                    continue;
+                }
+                if !unsendable.is_empty() {
+                    self.unsend(unsendable[rng.random_range(0..unsendable.len())])?;
                     continue;
                 }
             }
@@ -550,19 +635,20 @@ fn random_scripts(rng: &mut SmallRng, nodes: usize, pages: usize, ops: usize) ->
         .collect()
 }
 
-fn run_seed(seed: u64) -> Result<(u64, u64, u64), String> {
+fn run_seed(seed: u64) -> Result<(u64, u64, u64, u64), String> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let nodes = rng.random_range(2..=4);
     let pages = rng.random_range(1..=3);
     let ops = rng.random_range(1..=25);
     let evict = [0.0, 0.05, 0.3][rng.random_range(0..3)];
+    let faults = [0.0, 0.0, 0.02, 0.1][rng.random_range(0..4)];
     let workers = rng.random_range(1..=2);
     let scripts = random_scripts(&mut rng, nodes * workers, pages, ops);
     let mut sim = Sim::new(nodes, pages, scripts);
-    match sim.run(&mut rng, evict) {
-        Ok(()) => Ok((sim.reads, sim.writes, sim.remote)),
+    match sim.run_with(&mut rng, evict, faults) {
+        Ok(()) => Ok((sim.reads, sim.writes, sim.remote, sim.give_ups + sim.unsent)),
         Err(e) => Err(format!(
-            "seed {seed} ({nodes} nodes x {workers} workers, {pages} pages, {ops} ops/worker, evict {evict}): {e}\ntrace tail:\n{}",
+            "seed {seed} ({nodes} nodes x {workers} workers, {pages} pages, {ops} ops/worker, evict {evict}, faults {faults}): {e}\ntrace tail:\n{}",
             sim.trace_tail()
         )),
     }
@@ -574,21 +660,22 @@ fn random_schedules_keep_every_invariant() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(20_000);
-    let (mut reads, mut writes, mut remote) = (0, 0, 0);
+    let (mut reads, mut writes, mut remote, mut faults) = (0, 0, 0, 0);
     for seed in 0..seeds {
         match run_seed(seed) {
-            Ok((r, w, m)) => {
+            Ok((r, w, m, f)) => {
                 reads += r;
                 writes += w;
                 remote += m;
+                faults += f;
             }
             Err(e) => panic!("{e}"),
         }
     }
     eprintln!(
-        "{seeds} schedules: {reads} reads and {writes} writes checked, {remote} remote requests"
+        "{seeds} schedules: {reads} reads and {writes} writes checked, {remote} remote requests, {faults} give-ups and unsent messages"
     );
-    assert!(writes > 0 && reads > 0 && remote > 0);
+    assert!(writes > 0 && reads > 0 && remote > 0 && faults > 0);
 }
 
 /// All nodes hammering one page exclusively: every node finishes, in any message order.
@@ -704,11 +791,22 @@ enum Event {
     Deliver(usize),
     Start(usize),
     Evict(usize, usize),
+    /// A waiting worker gives up (costs one fault of the budget).
+    GiveUp(usize),
+    /// An in-flight request or batched notice never reaches the home (one fault).
+    Unsend(usize),
+}
+
+/// What an exhaustive run may still spend: evictions, and faults (give-ups, unsent messages).
+#[derive(Debug, Clone, Copy, Hash)]
+struct Budget {
+    evictions: u32,
+    faults: u32,
 }
 
 impl Sim {
     /// A 64-bit fingerprint of everything that determines the future (not the trace).
-    fn fingerprint(&self, evictions_left: u32) -> u64 {
+    fn fingerprint(&self, left: Budget) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         let mut net = self.net.clone();
@@ -725,7 +823,7 @@ impl Sim {
         }
         self.waiting.hash(&mut h);
         self.latest.hash(&mut h);
-        evictions_left.hash(&mut h);
+        left.hash(&mut h);
         h.finish()
     }
 
@@ -738,11 +836,21 @@ impl Sim {
     }
 
     /// Every event enabled in this state (identical in-flight messages counted once).
-    fn events(&self, evictions_left: u32) -> Vec<Event> {
+    fn events(&self, left: Budget) -> Vec<Event> {
         let mut ev = Vec::new();
         for i in 0..self.net.len() {
             if !self.net[..i].contains(&self.net[i]) {
                 ev.push(Event::Deliver(i));
+                if left.faults > 0 && self.unsendable(i) {
+                    ev.push(Event::Unsend(i));
+                }
+            }
+        }
+        if left.faults > 0 {
+            for a in 0..self.waiting.len() {
+                if self.waiting[a].is_some() {
+                    ev.push(Event::GiveUp(a));
+                }
             }
         }
         for a in 0..self.scripts.len() {
@@ -750,7 +858,7 @@ impl Sim {
                 ev.push(Event::Start(a));
             }
         }
-        if evictions_left > 0 {
+        if left.evictions > 0 {
             for n in 0..self.nodes {
                 for p in 0..self.latest.len() {
                     if self.can_evict(n, p) {
@@ -773,6 +881,11 @@ impl Sim {
                     Err("eviction was enabled but refused".into())
                 }
             }
+            Event::GiveUp(a) => {
+                self.give_up(a);
+                Ok(())
+            }
+            Event::Unsend(i) => self.unsend(i),
         }
     }
 }
@@ -786,7 +899,7 @@ struct Explored {
 /// Depth-first search over every interleaving, with a visited set of fingerprints. Fails on
 /// an invariant or protocol violation, a deadlock, a cycle (a livelock: the protocol could run
 /// forever without finishing the scripts), or a terminal state whose drain loses an update.
-fn explore(start: Sim, evictions: u32) -> Result<Explored, String> {
+fn explore(start: Sim, budget: Budget) -> Result<Explored, String> {
     use std::collections::HashMap;
     // colour: false = on the DFS stack, true = finished
     let mut seen: HashMap<u64, bool> = HashMap::new();
@@ -797,17 +910,17 @@ fn explore(start: Sim, evictions: u32) -> Result<Explored, String> {
     };
     struct Frame {
         sim: Sim,
-        left: u32,
+        left: Budget,
         key: u64,
         events: Vec<Event>,
         next: usize,
     }
-    let key = start.fingerprint(evictions);
-    let events = start.events(evictions);
+    let key = start.fingerprint(budget);
+    let events = start.events(budget);
     seen.insert(key, false);
     let mut stack = vec![Frame {
         sim: start,
-        left: evictions,
+        left: budget,
         key,
         events,
         next: 0,
@@ -833,8 +946,10 @@ fn explore(start: Sim, evictions: u32) -> Result<Explored, String> {
         top.next += 1;
         let mut sim = top.sim.clone();
         let mut left = top.left;
-        if let Event::Evict(..) = e {
-            left -= 1;
+        match e {
+            Event::Evict(..) => left.evictions -= 1,
+            Event::GiveUp(_) | Event::Unsend(_) => left.faults -= 1,
+            Event::Deliver(_) | Event::Start(_) => {}
         }
         sim.fire(e)?;
         sim.check_invariants()?;
@@ -883,6 +998,16 @@ fn exhaustive_four_nodes() {
 }
 
 fn exhaustive(nodes: usize, pages: usize, scripts: Vec<Vec<Op>>, evictions: u32) -> Explored {
+    exhaustive_with_faults(nodes, pages, scripts, evictions, 0)
+}
+
+fn exhaustive_with_faults(
+    nodes: usize,
+    pages: usize,
+    scripts: Vec<Vec<Op>>,
+    evictions: u32,
+    faults: u32,
+) -> Explored {
     let workers = scripts.len() / nodes;
     let mut sim = Sim::new(
         nodes,
@@ -890,10 +1015,11 @@ fn exhaustive(nodes: usize, pages: usize, scripts: Vec<Vec<Op>>, evictions: u32)
         scripts.into_iter().map(VecDeque::from).collect(),
     );
     sim.tracing = false;
-    let r = explore(sim, evictions)
-        .unwrap_or_else(|e| panic!("{nodes} nodes, {pages} pages, {evictions} evictions: {e}"));
+    let r = explore(sim, Budget { evictions, faults }).unwrap_or_else(|e| {
+        panic!("{nodes} nodes, {pages} pages, {evictions} evictions, {faults} faults: {e}")
+    });
     eprintln!(
-        "exhaustive: {nodes} nodes, {workers} workers/node, {pages} pages, {evictions} evictions: {} states, {} terminal, depth {}",
+        "exhaustive: {nodes} nodes, {workers} workers/node, {pages} pages, {evictions} evictions, {faults} faults: {} states, {} terminal, depth {}",
         r.states, r.terminal, r.max_depth
     );
     r
@@ -971,4 +1097,40 @@ fn exhaustive_three_nodes() {
                 > 0
         );
     }
+}
+
+/// What the engine does beside the protocol's messages (issue 30): workers giving up on a
+/// request (it then completes with nobody waiting), requests and batched eviction notices that
+/// never reach the home, at every point of every interleaving, within a budget.
+#[test]
+fn exhaustive_with_give_ups_and_unsent_messages() {
+    // one page, two nodes: upgrades and evictions with two faults anywhere
+    assert!(exhaustive_with_faults(2, 1, vec![vec![R0, W0], vec![W0, R0]], 2, 2).states > 0);
+    // two workers per node share the node's request: one gives up, the other still waits
+    assert!(
+        exhaustive_with_faults(2, 1, vec![vec![W0], vec![R0], vec![R0, W0], vec![W0]], 1, 1).states
+            > 0
+    );
+    // three nodes: a successor's Transfer may reach a node whose notice was not sent
+    assert!(exhaustive_with_faults(3, 1, vec![vec![W0], vec![W0], vec![R0, W0]], 2, 1).states > 0);
+}
+
+/// The fault events are not vacuous: a node whose unsent eviction notice leaves it idle
+/// without serving what arrived meanwhile (what the engine did before issue 30) must be caught
+/// in some schedule, as a successor waiting forever.
+#[test]
+fn the_model_catches_an_unsent_notice_left_unserved() {
+    let caught = (0..3000u64).find_map(|seed| {
+        let mut rng = SmallRng::seed_from_u64(5_000_000 + seed);
+        let scripts = random_scripts(&mut rng, 3, 1, 10);
+        let mut sim = Sim::new(3, 1, scripts);
+        sim.unsent_not_served = true;
+        sim.run_with(&mut rng, 0.3, 0.3).err()
+    });
+    let e = caught.expect("an unserved Transfer went unnoticed in 3000 schedules");
+    eprintln!("caught: {}", e.lines().next().unwrap_or(""));
+    assert!(
+        e.contains("deadlock") || e.contains("deferred") || e.contains("livelock"),
+        "{e}"
+    );
 }

@@ -418,7 +418,12 @@ impl Coherence {
                 f.latch.unlock_exclusive_unchanged();
                 continue;
             }
-            slot.copy.pending = Pending::Idle;
+            if let Err(e) = slot.copy.evict_unsent() {
+                log::error!("node {}: {pid}: {e}", self.me);
+            }
+            // what arrived meanwhile (a successor's Transfer: the home still lists this node)
+            // is served by the handler's next `progress`, under the latch
+            slot.serve_due |= !slot.copy.deferred.is_empty();
             f.set_possession(possession_of(&slot.copy));
             // as if just used: the provider tries other pages before this one again (else a
             // cache full of such copies is picked again and again while nothing is freed)
@@ -518,6 +523,18 @@ impl Coherence {
         self.first_dead(from.into_iter().chain(crate::protocol::members(acks)))
     }
 
+    /// This node's request for `pid` never reached the home, or the home refused it: the copy
+    /// is idle again, and what arrived meanwhile is served by the handler's next `progress`.
+    fn request_over(&self, pid: Pid, slot: &mut Slot) {
+        if let Err(e) = slot.copy.request_unsent() {
+            log::error!("node {}: {pid}: {e}", self.me);
+        }
+        if !slot.copy.deferred.is_empty() {
+            slot.serve_due = true;
+            self.retry.lock().insert(pid);
+        }
+    }
+
     /// The page's current copy died with `dead` before reaching us. Mark the page lost here,
     /// fail whoever waits for it from us (successors in its chain), and tell its home, which
     /// refuses it from now on. Losing updates silently is not an option: every later access,
@@ -531,12 +548,12 @@ impl Coherence {
             self.me
         );
         slot.lost = Some(dead);
-        slot.copy.pending = Pending::Idle;
+        let deferred = slot.copy.lose();
         slot.waiter = false;
         slot.reserved = None;
         slot.serve_due = false;
         slot.error = Some(EngineError::HolderDead(pid, dead));
-        for d in std::mem::take(&mut slot.copy.deferred) {
+        for d in deferred {
             self.answer_lost(pid, dead, d);
         }
         if pid.node() != self.me && self.ch.peer_alive(pid.node()) {
@@ -795,7 +812,7 @@ impl Coherence {
                     let mut shard = self.shard(pid).lock();
                     if let Some(s) = shard.get_mut(&pid) {
                         // the request never left: nothing to wait for
-                        s.copy.pending = Pending::Idle;
+                        self.request_over(pid, s);
                         s.waiter = false;
                     }
                     return Err(e);
@@ -957,9 +974,12 @@ impl Coherence {
             holders: crate::directory::Holders::Exclusive(self.me),
             ..slot.dir
         };
-        slot.copy.mode = Some(Mode::Exclusive);
-        slot.copy.data = Some(idx);
-        slot.copy.dirty = false;
+        if let Err(e) = slot.copy.created(idx) {
+            // a slot left over from an earlier page of this id: the new page replaces it
+            log::error!("node {}: {pid}: {e}", self.me);
+            slot.copy = PageCopy::new(pid.node(), self.me);
+            slot.copy.created(idx).expect("a fresh copy holds nothing");
+        }
     }
 
     // ---------------------------------------------------------------- provider
@@ -998,14 +1018,14 @@ impl Coherence {
             return false;
         }
         if !home && f.is_dirty() {
-            slot.copy.dirty = true;
+            slot.copy.mark_dirty();
         }
         if !home && !self.ch.peer_alive(pid.node()) {
             // the home died: the page can never go home, nor be asked for again
             slot.lost = Some(pid.node());
-            slot.copy.mode = None;
-            slot.copy.data = None;
-            slot.copy.dirty = false;
+            if let Err(e) = slot.copy.drop_for_dead_home() {
+                log::error!("node {}: {pid}: {e}", self.me); // checked idle above
+            }
             f.set_possession(POSS_NONE);
             inner.drop_frame(pid, idx);
             return false;
@@ -1048,8 +1068,11 @@ impl Coherence {
                 // it was in a batch that failed: `restore_unsent` makes it idle again
                 return false;
             }
-            // the notice never left: keep the page, as if just used (see `restore_unsent`)
-            slot.copy.pending = Pending::Idle;
+            // the notice never left: keep the page, as if just used (see `restore_unsent`);
+            // nothing can have been deferred meanwhile (the slot's shard stayed locked)
+            if let Err(e) = slot.copy.evict_unsent() {
+                log::error!("node {}: {pid}: {e}", self.me);
+            }
             f.touch(inner.current_epoch());
             // re-latch to restore possession (the provider never waits: try once)
             if f.latch.try_lock_exclusive(None) {
@@ -1210,7 +1233,7 @@ impl Coherence {
                         self.lose(pid, s, node);
                     } else if matches!(s.copy.pending, Pending::Requested { .. }) {
                         // the home did not record us: the request is over
-                        s.copy.pending = Pending::Idle;
+                        self.request_over(pid, s);
                         s.error = Some(refusal(pid, code, node, from));
                     }
                 }
@@ -1372,7 +1395,7 @@ impl Coherence {
         if pid.node() != self.me {
             if let Some(f) = slot.copy.data {
                 if inner.pool.frame(f).is_dirty() {
-                    slot.copy.dirty = true;
+                    slot.copy.mark_dirty();
                 }
             }
         }
@@ -1677,7 +1700,7 @@ impl Coherence {
         }
         let refuse = |slot: &mut Slot, code: u8, node: Node| {
             if from == self.me {
-                slot.copy.pending = Pending::Idle;
+                self.request_over(pid, slot);
                 slot.error = Some(refusal(pid, code, node, self.me));
             } else {
                 self.send_refusal(from, pid, code, node);

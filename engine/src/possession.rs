@@ -294,6 +294,79 @@ impl<D: Clone> PageCopy<D> {
         Ok(step)
     }
 
+    /// The request never reached the home (its send failed), or the home refused it without
+    /// recording it: the node is idle again and keeps what it held. Messages that arrived
+    /// meanwhile stay deferred: the caller serves them with [`served`](Self::served) (the
+    /// engine from its handler, under the frame latch), exactly as after a completion.
+    pub fn request_unsent(&mut self) -> Result<(), ProtocolError> {
+        if !matches!(self.pending, Pending::Requested { .. }) {
+            return violation(format!(
+                "node {}: a request that was not sent while {:?}",
+                self.me, self.pending
+            ));
+        }
+        self.pending = Pending::Idle;
+        Ok(())
+    }
+
+    /// The eviction notice never reached the home (the batch it was in failed): the node
+    /// keeps its copy, as if the home had declined, and the caller serves what arrived
+    /// meanwhile with [`served`](Self::served). A successor's `Transfer` may be among it: the
+    /// home pointed it at this node, which it still lists as the holder.
+    pub fn evict_unsent(&mut self) -> Result<(), ProtocolError> {
+        if self.pending != Pending::Evicting {
+            return violation(format!(
+                "node {}: an eviction notice that was not sent while {:?}",
+                self.me, self.pending
+            ));
+        }
+        self.pending = Pending::Idle;
+        Ok(())
+    }
+
+    /// A page just created at this node (allocated here): held exclusively and clean (the
+    /// directory lists this node as the exclusive holder; the epoch stays as it was).
+    pub fn created(&mut self, data: D) -> Result<(), ProtocolError> {
+        if self.pending != Pending::Idle || self.data.is_some() || !self.deferred.is_empty() {
+            return violation(format!(
+                "node {} creates a page it holds or asked for ({:?})",
+                self.me, self.pending
+            ));
+        }
+        self.mode = Some(Mode::Exclusive);
+        self.data = Some(data);
+        self.dirty = false;
+        Ok(())
+    }
+
+    /// A local guard wrote the page: the copy is newer than the home's (the engine learns of
+    /// writes from the frame's dirty flag, not through [`wrote`](Self::wrote)).
+    pub fn mark_dirty(&mut self) {
+        debug_assert!(self.data.is_some(), "a write without the page");
+        self.dirty = true;
+    }
+
+    /// The page's only current copy died with another node: nothing is awaited any more.
+    /// Returns the deferred messages, which the caller must answer with an error. (A page
+    /// still here, if any, stays for the caller to drop with its frame.)
+    pub fn lose(&mut self) -> Vec<Deferred> {
+        self.pending = Pending::Idle;
+        std::mem::take(&mut self.deferred)
+    }
+
+    /// The home died: the copy can never go home, nor be asked for again. Dropped without a
+    /// notice (only when idle: an outstanding interaction is the caller's to end first).
+    pub fn drop_for_dead_home(&mut self) -> Result<(), ProtocolError> {
+        if self.pending != Pending::Idle {
+            return violation(format!(
+                "node {} drops its copy while {:?}",
+                self.me, self.pending
+            ));
+        }
+        self.drop_copy();
+        Ok(())
+    }
+
     fn drop_copy(&mut self) {
         self.mode = None;
         self.data = None;
@@ -701,6 +774,83 @@ mod tests {
                 }
             )]
         );
+    }
+
+    #[test]
+    fn an_unsent_notice_keeps_the_copy_and_a_waiting_successor_is_served() {
+        let mut c = holding(Mode::Exclusive, 2, 1);
+        c.wrote(5);
+        assert!(c.evict_unsent().is_err(), "no notice out");
+        c.evict().unwrap();
+        // the home still lists us: a successor's Transfer arrives while the notice is "out"
+        assert!(c.on_transfer(3, Mode::Exclusive, 3).unwrap().out.is_empty());
+        c.evict_unsent().unwrap();
+        assert_eq!((c.pending, c.data, c.dirty), (Pending::Idle, Some(5), true));
+        let s = c.served().unwrap();
+        assert_eq!(
+            s.out,
+            vec![(
+                3,
+                Msg::Page {
+                    data: 5,
+                    dirty: true
+                }
+            )]
+        );
+    }
+
+    #[test]
+    fn an_unsent_or_refused_request_leaves_the_node_as_it_was() {
+        let mut c = holding(Mode::Shared, 1, 4);
+        assert!(c.request_unsent().is_err(), "no request out");
+        c.request(Mode::Exclusive).unwrap();
+        c.request_unsent().unwrap();
+        assert_eq!(
+            (c.pending, c.mode, c.data),
+            (Pending::Idle, Some(Mode::Shared), Some(4))
+        );
+        assert!(c.usable(Mode::Shared));
+        c.request(Mode::Exclusive).unwrap(); // and may ask again
+    }
+
+    #[test]
+    fn a_created_page_is_held_exclusively_and_a_lost_one_is_gone() {
+        let mut c = copy();
+        c.created(1).unwrap();
+        assert!(c.usable(Mode::Exclusive) && !c.dirty);
+        assert!(c.created(2).is_err(), "created twice");
+        c.mark_dirty();
+        assert_eq!(
+            c.evict().unwrap().1,
+            Msg::Evict {
+                epoch: 0,
+                data: Some(1)
+            }
+        );
+        let mut c = copy();
+        c.request(Mode::Exclusive).unwrap();
+        c.on_grant(Grant {
+            source: Some(2),
+            ..grant(Mode::Exclusive, 1, None)
+        })
+        .unwrap();
+        c.on_transfer(3, Mode::Exclusive, 2).unwrap();
+        let d = c.lose();
+        assert_eq!(
+            d,
+            vec![Deferred::Transfer {
+                to: 3,
+                want: Mode::Exclusive,
+                epoch: 2
+            }]
+        );
+        assert_eq!((c.pending, c.data, c.mode), (Pending::Idle, None, None));
+        // a copy whose home died goes without a notice, only when nothing is outstanding
+        let mut c = holding(Mode::Shared, 0, 3);
+        c.drop_for_dead_home().unwrap();
+        assert_eq!((c.mode, c.data), (None, None));
+        c.request(Mode::Shared).unwrap();
+        assert!(c.drop_for_dead_home().is_err());
     }
 
     #[test]
