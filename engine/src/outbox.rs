@@ -9,8 +9,10 @@
 //! - anything else is about to be sent to the same node: every send flushes the destination's
 //!   outbox first ([`Outboxes::flush_if_queued`]).
 //!
-//! The last rule is what keeps the protocol's order. The protocol assumes that a node's
-//! messages to another node arrive in the order it sent them (per-connection FIFO). A queued
+//! The last rule is what keeps the transports' order. The engine delivers a node's messages
+//! to another node in the order it sent them (per-connection FIFO); the model check does not
+//! even need that (it delivers in-flight messages in any order), but the handler's held queue
+//! and the documentation of each race are written for FIFO, and batching must not break it. A queued
 //! message counts as sent when it is queued, under its page's slot lock, with the page's
 //! state changed (say, a copy that is now `Evicting`). Any message to the same node sent after
 //! that (in happens-before order; for messages about the same page the slot lock provides it)
