@@ -15,9 +15,9 @@
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use shoal_engine::directory::{DirDecision, DirEntry, EvictDecision};
-use shoal_engine::possession::{PageCopy, Step};
-use shoal_engine::protocol::{Grant, Mode, Msg, Node};
+use shoal_engine::coherence::directory::{DirDecision, DirEntry, EvictDecision};
+use shoal_engine::coherence::possession::{PageCopy, Step};
+use shoal_engine::coherence::protocol::{Grant, Mode, Msg, Node};
 use std::collections::VecDeque;
 
 type Version = u64;
@@ -75,44 +75,11 @@ struct Sim {
 }
 
 /// Every message the protocol sends must survive the engine's 64-byte wire format unchanged
-/// (versions stand in for frame indexes).
+/// (a page, whatever it is, travels as the attachment: the message only says it has one).
 fn wire_round_trip(page: usize, msg: &Msg<Version>) {
-    use shoal_engine::wire::Wire;
+    use shoal_engine::coherence::wire::Wire;
     use shoal_messaging::Envelope;
-    let f = |v: Version| u32::try_from(v).expect("small versions");
-    let m: Msg<u32> = match msg.clone() {
-        Msg::Request { want, have } => Msg::Request { want, have },
-        Msg::Grant(g) => Msg::Grant(Grant {
-            mode: g.mode,
-            epoch: g.epoch,
-            data: g.data.map(f),
-            source: g.source,
-            invalidate: g.invalidate,
-        }),
-        Msg::Transfer { want, epoch } => Msg::Transfer { want, epoch },
-        Msg::Page { data, dirty } => Msg::Page {
-            data: f(data),
-            dirty,
-        },
-        Msg::CopyBack { data } => Msg::CopyBack { data: data.map(f) },
-        Msg::Invalidate { epoch } => Msg::Invalidate { epoch },
-        Msg::InvalidateAck => Msg::InvalidateAck,
-        Msg::Evict { epoch, data } => Msg::Evict {
-            epoch,
-            data: data.map(f),
-        },
-        Msg::EvictReply { accepted } => Msg::EvictReply { accepted },
-    };
-    let push_to = if matches!(m, Msg::Request { .. } | Msg::Transfer { .. }) {
-        page as u32 + 1
-    } else {
-        0
-    };
-    let w = Wire {
-        pid: page as u64,
-        push_to,
-        msg: m,
-    };
+    let w = Wire::new(page as u64, msg);
     let env = Envelope::new(&w, 0, 0, 1);
     let back = Envelope::from_bytes(&env.to_bytes(), 64)
         .and_then(|e| e.decode::<Wire>())
@@ -257,7 +224,7 @@ impl Sim {
             return self.perform(node, op);
         }
         self.waiting[actor] = Some(op);
-        if c.pending == shoal_engine::possession::Pending::Idle {
+        if c.pending == shoal_engine::coherence::possession::Pending::Idle {
             let (to, msg) = c.request(want).map_err(|e| e.to_string())?;
             self.remote += 1;
             self.note(|| {
@@ -283,7 +250,8 @@ impl Sim {
         self.waiting[actor].is_none()
             && self.scripts[actor].front().is_some_and(|op| {
                 // a node with an eviction notice out waits for its answer
-                self.copies[node][op.page].pending != shoal_engine::possession::Pending::Evicting
+                self.copies[node][op.page].pending
+                    != shoal_engine::coherence::possession::Pending::Evicting
             })
     }
 
@@ -382,7 +350,7 @@ impl Sim {
             Msg::Transfer { want, epoch } => {
                 // owner stability: a node the home pointed a successor at keeps the page (or
                 // is still getting it) until the successor's Transfer takes it
-                if c.pending == shoal_engine::possession::Pending::Idle && c.data.is_none() {
+                if c.pending == shoal_engine::coherence::possession::Pending::Idle && c.data.is_none() {
                     return Err(format!(
                         "owner stability: node {} was pointed at for page {p} (epoch {epoch}) by node {} but holds no copy and expects none",
                         e.to, e.from
@@ -830,7 +798,7 @@ impl Sim {
     fn can_evict(&self, node: usize, page: usize) -> bool {
         let c = &self.copies[node][page];
         self.waiters(node, page).is_empty()
-            && c.pending == shoal_engine::possession::Pending::Idle
+            && c.pending == shoal_engine::coherence::possession::Pending::Idle
             && c.data.is_some()
             && c.deferred.is_empty()
     }

@@ -230,7 +230,10 @@ pub fn join(file: &ClusterFile, id: u8, cfg: EngineConfig) -> Result<Engine, Eng
         listener,
         Arc::new(region),
     )
-    .map_err(|e| EngineError::Remote(format!("node {id}: joining the cluster: {e}")))?;
+    .map_err(|e| EngineError::Join {
+        node: id,
+        why: e.to_string(),
+    })?;
     let transport: Arc<dyn Transport> = tcp;
     Engine::open_member(
         cfg,

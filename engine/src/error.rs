@@ -36,8 +36,32 @@ pub enum EngineError {
     HolderDead(Pid, u8),
     #[error("page {pid}: no answer from the cluster within {ms} ms")]
     RemoteTimeout { pid: Pid, ms: u64 },
-    #[error("coherence: {0}")]
-    Remote(String),
+    #[error("node {node}: joining the cluster: {why}")]
+    Join { node: u8, why: String },
+    #[error("node {home} could not read page {pid} from its store (see its log)")]
+    RemoteRead { pid: Pid, home: u8 },
+    #[error("sending {what} to node {to} failed: {why}")]
+    SendFailed { to: u8, what: String, why: String },
+    #[error("barrier {generation}: nodes {late:?} did not arrive within {ms} ms")]
+    BarrierTimeout {
+        generation: u64,
+        late: Vec<u8>,
+        ms: u64,
+    },
+    #[error("node {home} could not allocate a page (store full or failing: see its log)")]
+    AllocationRefused { home: u8 },
+    #[error("node {home} did not answer an allocation within {ms} ms")]
+    AllocationTimeout { home: u8, ms: u64 },
+    #[error("page {pid}: protocol violation: {why}")]
+    ProtocolViolation { pid: Pid, why: String },
+    #[error("node {node}: {count} pages {why}")]
+    PagesAway { node: u8, count: usize, why: String },
+    #[error("cannot set up {what}: {source}")]
+    Resources {
+        what: String,
+        #[source]
+        source: Arc<std::io::Error>,
+    },
     #[error("the engine is shut down")]
     Shutdown,
 }

@@ -14,13 +14,14 @@
 //! non-resident page is read from the store first. Operations are written as closures returning
 //! [`OpResult`] and run by [`Worker::run`], which retries on [`Restart::Retry`].
 
-use crate::engine::Inner;
+use crate::buffer::frame::Frame;
+use crate::buffer::latch::Backoff;
+use crate::buffer::page::{PageMut, PageRef};
+use crate::buffer::{FrameIdx, Possession};
+use crate::coherence::protocol::Mode;
 use crate::error::{EngineError, OpResult, Restart};
-use crate::frame::{Frame, POSS_EXCLUSIVE, POSS_NONE, RESIDENT};
-use crate::latch::Backoff;
-use crate::page::{PageMut, PageRef};
+use crate::node::{Missed, Node};
 use crate::pid::Pid;
-use crate::protocol::Mode;
 use crate::stats::{bump, bump_by, WorkerStats};
 use shoal_storage::PAGE_DATA_SIZE;
 use std::cell::Cell;
@@ -31,7 +32,7 @@ use std::sync::Arc;
 /// A thread's registration with its node: the handle that takes guards. Not `Sync`: one thread
 /// uses it at a time (it owns per-thread counters, and will own mailbox slots).
 pub struct Worker {
-    inner: Arc<Inner>,
+    node: Arc<Node>,
     stats: Arc<WorkerStats>,
     /// Shared and exclusive guards this worker holds: a remote miss waits only when it is 0.
     held: Cell<u32>,
@@ -42,9 +43,10 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub(crate) fn new(inner: Arc<Inner>, stats: Arc<WorkerStats>) -> Worker {
+    pub(crate) fn new(node: Arc<Node>, stats: Arc<WorkerStats>) -> Worker {
+        node.register_worker(&stats);
         Worker {
-            inner,
+            node,
             stats,
             held: Cell::new(0),
             owed: Cell::new(None),
@@ -54,13 +56,13 @@ impl Worker {
 
     /// The node this worker belongs to.
     pub fn node_id(&self) -> u8 {
-        self.inner.node
+        self.node.id()
     }
 
     /// Pages this node freed and holds for its next allocations (cluster nodes only: see
     /// [`ExclusiveGuard::free`]).
     pub fn recycled_pages(&self) -> Vec<Pid> {
-        self.inner.recycled.lock().clone()
+        self.node.recycled()
     }
 
     /// `pid` is not resident, or not with possession `want`: bring it in. A single node reads
@@ -70,21 +72,13 @@ impl Worker {
     #[cold]
     fn miss(&self, pid: Pid, want: Mode) -> OpResult<()> {
         bump(&self.stats.faults);
-        match &self.inner.coh {
-            None => {
-                self.inner.fault(pid)?;
+        match self.node.miss(pid, want, self.held.get() == 0)? {
+            Missed::Here => Ok(()),
+            Missed::Brought => {
+                self.owed.set(Some(pid));
                 Ok(())
             }
-            Some(c) => {
-                if self.held.get() > 0 {
-                    c.acquire(&self.inner, pid, want, false)?;
-                    return Err(Restart::Retry);
-                }
-                if c.acquire(&self.inner, pid, want, true)? {
-                    self.owed.set(Some(pid));
-                }
-                Ok(())
-            }
+            Missed::Asked => Err(Restart::Retry),
         }
     }
 
@@ -94,9 +88,7 @@ impl Worker {
     fn settle(&self, pid: Pid) {
         if self.owed.get() == Some(pid) {
             self.owed.set(None);
-            if let Some(c) = &self.inner.coh {
-                c.used(pid);
-            }
+            self.node.used(pid);
         }
     }
 
@@ -111,32 +103,32 @@ impl Worker {
     }
 
     #[inline]
-    fn frame(&self, idx: u32) -> &Frame {
-        self.inner.pool.frame(idx)
+    fn frame(&self, idx: FrameIdx) -> &Frame {
+        self.node.buf.pool.frame(idx)
     }
 
     /// Atomic, total read access to frame `idx`'s page, whatever it holds right now.
     #[inline]
-    fn page_ref(&self, idx: u32) -> PageRef<'_> {
+    fn page_ref(&self, idx: FrameIdx) -> PageRef<'_> {
         // SAFETY: the pool's page memory lives as long as the engine (which `self` keeps alive)
         // and, while others may write it, is only accessed through atomics; PageRef reads only
         // with atomic loads and never out of range.
-        unsafe { PageRef::from_ptr(self.inner.pool.page_ptr(idx)) }
+        unsafe { PageRef::from_ptr(self.node.buf.pool.page_ptr(idx)) }
     }
 
     /// Hint that `pid` will be latched soon: starts loading its translation-table entry, so a
     /// caller can overlap that cache miss with other work (e.g. validating a parent node).
     #[inline]
     pub fn prefetch(&self, pid: Pid) {
-        self.inner.table.prefetch(pid);
+        self.node.buf.table.prefetch(pid);
     }
 
     /// Hint: bytes `off..off + len` of `pid`'s page will be read soon. Starts loading them in
-    /// the page's home frame ([`crate::frame::FramePool::home`]), where a page usually is
+    /// the page's home frame ([`crate::buffer::frame::FramePool::home`]), where a page usually is
     /// when the cache holds the data; wasted if it is elsewhere or not resident.
     #[inline]
     pub fn prefetch_range(&self, pid: Pid, off: usize, len: usize) {
-        let pool = &self.inner.pool;
+        let pool = &self.node.buf.pool;
         pool.prefetch_range(pool.home(pid), off, len);
     }
 
@@ -148,7 +140,8 @@ impl Worker {
     /// that such operations can [`Worker::load_many`] the others.
     #[inline]
     pub fn prefetch_frame(&self, pid: Pid) -> bool {
-        self.inner.table.prefetch_frame(&self.inner.pool, pid)
+        let buf = &self.node.buf;
+        buf.table.prefetch_frame(&buf.pool, pid)
     }
 
     /// Read the pages among `pids` that are not in memory from the store together (one batch
@@ -158,28 +151,26 @@ impl Worker {
     /// Each pid must be a page that exists (e.g. read from a validated node). On a cluster
     /// node this does nothing: its pages come through the coherence protocol one by one.
     pub fn load_many(&self, pids: &[Pid]) -> Result<(), EngineError> {
-        if self.inner.coh.is_some() || pids.is_empty() {
-            return Ok(());
-        }
-        let n = self.inner.fault_many(pids)?;
+        let n = self.node.load_many(pids)?;
         bump_by(&self.stats.faults, n as u64);
         Ok(())
     }
 
     /// The frame that probably holds `pid` (every caller checks the frame's pid again under
     /// its latch), or `None` if it is not resident. First its home frame (see
-    /// [`crate::frame::FramePool::home`]): if that frame says it holds `pid`, the translation
+    /// [`crate::buffer::frame::FramePool::home`]): if that frame says it holds `pid`, the translation
     /// entry is not needed at all, so the frame descriptor and the page's first lines are the
     /// only cache misses, and they overlap. Else the translation table.
     #[inline]
-    fn locate(&self, pid: Pid) -> Option<u32> {
-        let pool = &self.inner.pool;
+    fn locate(&self, pid: Pid) -> Option<FrameIdx> {
+        let buf = &self.node.buf;
+        let pool = &buf.pool;
         let home = pool.home(pid);
         pool.prefetch_page(home);
         if pool.frame(home).pid() == pid {
             return Some(home);
         }
-        self.inner.table.lookup(pool, pid)
+        buf.table.lookup(pool, pid)
     }
 
     /// Take an optimistic guard on `pid`. Waits while an exclusive holder is in.
@@ -193,12 +184,12 @@ impl Worker {
             };
             let f = self.frame(idx);
             match f.latch.optimistic_begin() {
-                Some(version) if f.pid() == pid && f.state() == RESIDENT => {
-                    if f.possession() == POSS_NONE {
+                Some(version) if f.pid() == pid && f.is_resident() => {
+                    if f.possession() == Possession::None {
                         self.miss(pid, Mode::Shared)?;
                         continue;
                     }
-                    f.touch(self.inner.current_epoch());
+                    f.touch(self.node.buf.clock());
                     bump(&self.stats.hits);
                     self.settle(pid);
                     return Ok(OptimisticGuard {
@@ -224,13 +215,13 @@ impl Worker {
             };
             let f = self.frame(idx);
             if f.latch.try_lock_shared(None) {
-                if f.pid() == pid && f.state() == RESIDENT {
-                    if f.possession() == POSS_NONE {
+                if f.pid() == pid && f.is_resident() {
+                    if f.possession() == Possession::None {
                         f.latch.unlock_shared();
                         self.miss(pid, Mode::Shared)?;
                         continue;
                     }
-                    f.touch(self.inner.current_epoch());
+                    f.touch(self.node.buf.clock());
                     bump(&self.stats.hits);
                     self.settle(pid);
                     return Ok(SharedGuard::new(self, idx, pid));
@@ -252,8 +243,8 @@ impl Worker {
             };
             let f = self.frame(idx);
             if f.latch.try_lock_exclusive(None) {
-                if f.pid() == pid && f.state() == RESIDENT {
-                    if f.possession() != POSS_EXCLUSIVE {
+                if f.pid() == pid && f.is_resident() {
+                    if f.possession() != Possession::Exclusive {
                         f.latch.unlock_exclusive_unchanged();
                         self.miss(pid, Mode::Exclusive)?;
                         continue;
@@ -273,19 +264,22 @@ impl Worker {
     /// or on a cluster node first a page this node freed earlier ([`ExclusiveGuard::free`]),
     /// which may be homed on any node: use [`Worker::allocate_on`] where the home matters.
     pub fn allocate(&self) -> Result<ExclusiveGuard<'_>, EngineError> {
-        if self.inner.coh.is_some() {
-            if let Some(g) = self.reuse_recycled() {
-                return Ok(g);
-            }
+        if let Some(g) = self.reuse_recycled() {
+            return Ok(g);
         }
         self.allocate_here()
     }
 
     /// A new page homed on this node, exclusively latched.
     fn allocate_here(&self) -> Result<ExclusiveGuard<'_>, EngineError> {
-        let (pid, idx) = self.inner.allocate_page()?;
+        let h = self.node.allocate_page()?;
+        let pid = h.pid();
         self.hold();
-        Ok(ExclusiveGuard { w: self, idx, pid })
+        Ok(ExclusiveGuard {
+            w: self,
+            idx: h.into_guarded(),
+            pid,
+        })
     }
 
     /// A page this cluster node freed earlier, exclusively latched and still zeroed, if
@@ -293,8 +287,7 @@ impl Worker {
     /// timed out) is given up: it stays allocated and unused (logged).
     fn reuse_recycled(&self) -> Option<ExclusiveGuard<'_>> {
         loop {
-            let next = self.inner.recycled.lock().pop();
-            let pid = next?;
+            let pid = self.node.take_recycled()?;
             match self.run(|w| w.exclusive(pid)) {
                 Ok(g) if g.data().iter().all(|&b| b == 0) => return Some(g),
                 Ok(g) => {
@@ -312,19 +305,13 @@ impl Worker {
     /// returns it exclusively latched. Another home allocates the slot and keeps the page,
     /// which then travels here like any remote page (two round trips).
     pub fn allocate_on(&self, node: u8) -> Result<ExclusiveGuard<'_>, EngineError> {
-        let Some(c) = self.inner.coh.as_ref().filter(|_| node != self.inner.node) else {
-            if node != self.inner.node {
-                return Err(EngineError::Config(format!(
-                    "node {node}: this engine is a single node ({})",
-                    self.inner.node
-                )));
-            }
+        if node == self.node.id() {
             return self.allocate_here();
-        };
-        if self.inner.is_shutdown() {
+        }
+        if self.node.buf.is_shutdown() {
             return Err(EngineError::Shutdown);
         }
-        let pid = c.allocate_on(node)?;
+        let pid = self.node.allocate_on(node)?;
         self.run(|w| w.exclusive(pid))
     }
 
@@ -350,7 +337,7 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        self.inner.retire_worker(&self.stats);
+        self.node.retire_worker(&self.stats);
     }
 }
 
@@ -359,7 +346,7 @@ impl Drop for Worker {
 #[derive(Clone)]
 pub struct OptimisticGuard<'w> {
     w: &'w Worker,
-    idx: u32,
+    idx: FrameIdx,
     pid: Pid,
     version: u64,
 }
@@ -369,7 +356,7 @@ impl<'w> OptimisticGuard<'w> {
         self.pid
     }
 
-    /// The page's bytes (atomic, total reads; see [`crate::page`]).
+    /// The page's bytes (atomic, total reads; see [`crate::buffer::page`]).
     #[inline]
     pub fn page(&self) -> PageRef<'w> {
         self.w.page_ref(self.idx)
@@ -425,12 +412,12 @@ impl<'w> OptimisticGuard<'w> {
 /// Shared access: the page is fixed and nobody writes it while this guard lives.
 pub struct SharedGuard<'w> {
     w: &'w Worker,
-    idx: u32,
+    idx: FrameIdx,
     pid: Pid,
 }
 
 impl<'w> SharedGuard<'w> {
-    fn new(w: &'w Worker, idx: u32, pid: Pid) -> SharedGuard<'w> {
+    fn new(w: &'w Worker, idx: FrameIdx, pid: Pid) -> SharedGuard<'w> {
         w.hold();
         SharedGuard { w, idx, pid }
     }
@@ -444,7 +431,9 @@ impl<'w> SharedGuard<'w> {
         // SAFETY: we hold the latch shared, so no thread writes this memory until we release
         // (exclusive holders are excluded; the provider only reads). Concurrent optimistic
         // readers only load. The memory lives as long as the engine.
-        unsafe { std::slice::from_raw_parts(self.w.inner.pool.page_ptr(self.idx), PAGE_DATA_SIZE) }
+        unsafe {
+            std::slice::from_raw_parts(self.w.node.buf.pool.page_ptr(self.idx), PAGE_DATA_SIZE)
+        }
     }
 
     /// The page's bytes through the same accessors optimistic readers use.
@@ -476,20 +465,20 @@ impl Drop for SharedGuard<'_> {
 /// Exclusive access: the only writer; the page is fixed and will be written back.
 pub struct ExclusiveGuard<'w> {
     w: &'w Worker,
-    idx: u32,
+    idx: FrameIdx,
     pid: Pid,
 }
 
 impl<'w> ExclusiveGuard<'w> {
     /// Finish acquiring: refuse new writes after shutdown, mark the page dirty.
-    fn start(w: &'w Worker, idx: u32, pid: Pid) -> OpResult<ExclusiveGuard<'w>> {
+    fn start(w: &'w Worker, idx: FrameIdx, pid: Pid) -> OpResult<ExclusiveGuard<'w>> {
         let f = w.frame(idx);
-        if w.inner.is_shutdown() {
+        if w.node.buf.is_shutdown() {
             f.latch.unlock_exclusive_unchanged();
             return Err(Restart::Fail(EngineError::Shutdown));
         }
         f.set_dirty(true);
-        f.touch(w.inner.current_epoch());
+        f.touch(w.node.buf.clock());
         w.hold();
         Ok(ExclusiveGuard { w, idx, pid })
     }
@@ -497,9 +486,9 @@ impl<'w> ExclusiveGuard<'w> {
     /// Finish a conversion to exclusive (the caller just took the exclusive latch from an
     /// optimistic or shared guard): with only node-shared possession, release the latch, ask
     /// for node-exclusive and restart the operation.
-    fn converted(w: &'w Worker, idx: u32, pid: Pid) -> OpResult<ExclusiveGuard<'w>> {
+    fn converted(w: &'w Worker, idx: FrameIdx, pid: Pid) -> OpResult<ExclusiveGuard<'w>> {
         let f = w.frame(idx);
-        if f.possession() != POSS_EXCLUSIVE {
+        if f.possession() != Possession::Exclusive {
             f.latch.unlock_exclusive_unchanged();
             w.miss(pid, Mode::Exclusive)?;
             return Err(Restart::Retry);
@@ -517,7 +506,9 @@ impl<'w> ExclusiveGuard<'w> {
         // SAFETY: we hold the latch exclusively, so only this guard writes the memory, and only
         // through `&mut self`, which cannot coexist with this borrow. Concurrent optimistic
         // readers only load.
-        unsafe { std::slice::from_raw_parts(self.w.inner.pool.page_ptr(self.idx), PAGE_DATA_SIZE) }
+        unsafe {
+            std::slice::from_raw_parts(self.w.node.buf.pool.page_ptr(self.idx), PAGE_DATA_SIZE)
+        }
     }
 
     /// Read accessors.
@@ -529,7 +520,7 @@ impl<'w> ExclusiveGuard<'w> {
     pub fn page_mut(&mut self) -> PageMut<'_> {
         // SAFETY: we hold the exclusive latch: the only writer of this page; `&mut self` makes
         // the returned writer unique.
-        unsafe { PageMut::from_ptr(self.w.inner.pool.page_ptr(self.idx)) }
+        unsafe { PageMut::from_ptr(self.w.node.buf.pool.page_ptr(self.idx)) }
     }
 
     /// Edit a private copy of the page with ordinary Rust code, then store it back. Convenient
@@ -562,17 +553,11 @@ impl<'w> ExclusiveGuard<'w> {
     /// change. Recycled pages are not remembered across a restart: they stay allocated,
     /// zeroed and unused (`shoal inspect` counts them as in use outside every tree), except
     /// those homed on the node itself, which a clean close returns to its store's free list.
-    pub fn free(mut self) -> Result<(), EngineError> {
-        if self.w.inner.coh.is_some() {
-            self.page_mut().fill(0, PAGE_DATA_SIZE, 0);
-            let (w, pid) = (self.w, self.pid);
-            drop(self); // unlocks with a new version: optimistic readers of the page restart
-            w.inner.recycled.lock().push(pid);
-            return Ok(());
-        }
+    pub fn free(self) -> Result<(), EngineError> {
         let me = ManuallyDrop::new(self);
         me.w.unhold();
-        me.w.inner.free_page(me.pid, me.idx)
+        let node = &me.w.node;
+        node.free_page(node.buf.held_by_guard(me.idx))
     }
 }
 

@@ -37,36 +37,27 @@
 //! engine.close().unwrap();
 //! ```
 
+mod buffer;
 pub mod catalog;
 pub mod cluster;
 pub mod cluster_file;
-pub(crate) mod coherence;
+pub mod coherence;
 pub mod config;
-pub mod directory;
 pub mod engine;
 pub mod error;
-pub mod frame;
-pub mod free_frames;
 pub mod guard;
-pub mod latch;
-pub mod mapped;
-pub mod outbox;
-pub mod page;
+mod node;
 pub mod pid;
-pub mod possession;
-pub mod protocol;
-pub mod provider;
+mod provider;
 pub mod stats;
-pub mod table;
-pub mod wire;
 
+pub use buffer::page::{PageMut, PageRef};
 pub use cluster::Cluster;
 pub use cluster_file::{join, ClusterFile};
 pub use config::{format_bytes, parse_bytes, EngineConfig, MIN_CACHE_FRAMES};
 pub use engine::{lock_for_reading, Engine, Membership, ProtocolStats};
 pub use error::{EngineError, OpResult, Restart};
 pub use guard::{ExclusiveGuard, OptimisticGuard, SharedGuard, Worker};
-pub use page::{PageMut, PageRef};
 pub use pid::{Pid, MAX_NODES};
 pub use shoal_messaging::ChannelLayout;
 pub use shoal_storage::{BackendChoice, OpenMode, PAGE_DATA_SIZE, PAGE_SIZE};

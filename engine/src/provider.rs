@@ -1,9 +1,11 @@
-//! The page provider: keeps free frames available by evicting cold pages (epoch LRU).
+//! The page provider: keeps free frames available by evicting cold pages (LRU by access
+//! clock: the "epoch LRU" of the papers, whose epoch is called the clock here so that
+//! "epoch" keeps one meaning, the coherence protocol's conflict epoch).
 //!
 //! One provider thread per node. Each round, while fewer than `free_target` frames are free:
 //!
-//! 1. **Sample** up to [`SAMPLE`] random resident frames and take the 10th-percentile access
-//!    epoch as the cut-off: frames last touched at or before it are cold.
+//! 1. **Sample** up to [`SAMPLE`] random resident frames and take the 10th-percentile
+//!    last-used clock value as the cut-off: frames last touched at or before it are cold.
 //! 2. **Scan** frames from a clock hand for unlatched cold frames, up to a batch of [`BATCH`].
 //! 3. **Evict the clean ones** at once (step 5 for each): they need no write, so the frames
 //!    they free do not wait for the device.
@@ -15,7 +17,7 @@
 //! 5. **Evict**: try the exclusive latch (never wait); if the page was dirtied again meanwhile, or
 //!    someone holds it, skip it; else unlink it from the table, bump the version and queue the
 //!    frame as free.
-//! 6. Advance the global epoch every `frames / 128` evictions, so access recency keeps its
+//! 6. Advance the access clock every `frames / 128` evictions, so access recency keeps its
 //!    resolution as pages cycle through the cache.
 //!
 //! Fixed pages (shared or exclusive guard held) are never evicted: step 2 skips latched frames
@@ -26,19 +28,18 @@
 //! docs/cluster.md "Stalls under load"; writes now go through pwrite), and until it is
 //! written a round that frees nothing leaves arriving pages without a frame.
 
-use crate::engine::Inner;
+use crate::buffer::{Buffer, FrameIdx};
 use crate::error::EngineError;
-use crate::frame::{POSS_NONE, RESIDENT};
-use crate::latch::Backoff;
+use crate::node::Node;
 use crate::pid::Pid;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use shoal_storage::{AlignedPage, WriteRequest, PAGE_SIZE};
+use shoal_storage::{AlignedPage, WriteRequest};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Frames sampled per round to find the epoch cut-off.
+/// Frames sampled per round to find the cut-off.
 pub const SAMPLE: usize = 64;
 /// Most pages evicted (and written) per round.
 pub const BATCH: usize = 128;
@@ -102,34 +103,26 @@ impl ErrorLog {
 }
 
 /// The provider thread's main loop.
-pub(crate) fn run(inner: Arc<Inner>) {
+pub(crate) fn run(node: Arc<Node>) {
+    let buf = &node.buf;
     let mut p = Provider {
         slow: ErrorLog::new("slow write-back"),
-        rng: SmallRng::seed_from_u64(0x5EED ^ inner.node as u64),
+        rng: SmallRng::seed_from_u64(0x5EED ^ buf.node as u64),
         hand: 0,
         bufs: (0..BATCH).map(|_| AlignedPage::new()).collect(),
-        since_epoch: 0,
+        since_tick: 0,
         errors: ErrorLog::new("writing back"),
         failing_pause: Duration::ZERO,
     };
-    while !inner.is_shutdown() {
-        if inner.free.len() >= inner.free_target {
-            let mut g = inner.provider_mx.lock();
-            if !inner.is_shutdown() && inner.free.len() >= inner.free_target {
-                inner
-                    .provider_wake
-                    .wait_for(&mut g, Duration::from_millis(10));
-            }
+    while !buf.is_shutdown() {
+        if buf.free.len() >= buf.free_target {
+            buf.wait_for_demand(Duration::from_millis(10));
             continue;
         }
-        let freed = p.round(&inner);
-        inner
-            .counters
-            .provider_rounds
-            .fetch_add(1, Ordering::Relaxed);
+        let freed = p.round(&node);
+        buf.counters.provider_rounds.fetch_add(1, Ordering::Relaxed);
         if freed > 0 {
-            let _g = inner.frames_mx.lock();
-            inner.frames_freed.notify_all();
+            buf.frames_were_freed();
         } else if !p.failing_pause.is_zero() {
             // Every write-back of the round failed: the device is full or failing. Retry
             // ever more slowly (the pages stay dirty in memory; a freed device takes them).
@@ -153,21 +146,22 @@ struct Provider {
     rng: SmallRng,
     hand: usize,
     bufs: Vec<AlignedPage>,
-    since_epoch: usize,
+    since_tick: usize,
     errors: ErrorLog,
     /// Pause after a round whose write-backs all failed (zero after one that wrote a page).
     failing_pause: Duration,
 }
 
 impl Provider {
-    fn round(&mut self, inner: &Inner) -> usize {
-        let n = inner.pool.len();
+    fn round(&mut self, node: &Node) -> usize {
+        let buf = &node.buf;
+        let n = buf.pool.len();
         // 1. sample
         let mut sample = Vec::with_capacity(SAMPLE);
         for _ in 0..SAMPLE * 4 {
-            let f = inner.pool.frame(self.rng.random_range(0..n) as u32);
-            if f.state() == RESIDENT {
-                sample.push(f.epoch());
+            let f = buf.pool.frame(FrameIdx(self.rng.random_range(0..n) as u32));
+            if f.is_resident() {
+                sample.push(f.last_used());
                 if sample.len() == SAMPLE {
                     break;
                 }
@@ -180,17 +174,17 @@ impl Provider {
         let cutoff = sample[sample.len() / 10];
 
         // 2. scan
-        let want = (inner.free_target * 2)
-            .saturating_sub(inner.free.len())
+        let want = (buf.free_target * 2)
+            .saturating_sub(buf.free.len())
             .clamp(1, BATCH);
-        let mut cands: Vec<u32> = Vec::with_capacity(want);
+        let mut cands: Vec<FrameIdx> = Vec::with_capacity(want);
         let mut scanned = 0;
         while cands.len() < want && scanned < n {
-            let i = self.hand as u32;
+            let i = FrameIdx(self.hand as u32);
             self.hand = (self.hand + 1) % n;
             scanned += 1;
-            let f = inner.pool.frame(i);
-            if f.state() == RESIDENT && !f.latch.is_latched() && f.epoch() <= cutoff {
+            let f = buf.pool.frame(i);
+            if f.is_resident() && !f.latch.is_latched() && f.last_used() <= cutoff {
                 cands.push(i);
             }
         }
@@ -199,40 +193,40 @@ impl Provider {
         // homed elsewhere leaves by an eviction notice (the handler frees its frame when the
         // home accepts), one homed here is released locally; what remains is plain home
         // copies, evicted below like a single node's pages
-        if let Some(c) = &inner.coh {
-            cands.retain(|&i| c.prepare_evict(inner, i));
-            // this pass's eviction notices leave in one batch per home
-            c.flush_batches();
-        }
+        cands.retain(|&i| node.prepare_evict(i));
+        // this pass's eviction notices leave in one batch per home
+        node.eviction_pass_done();
 
         // 3. evict the clean candidates now (no write to wait for)
         let mut freed = 0;
         let mut done = vec![false; cands.len()];
         for (k, &i) in cands.iter().enumerate() {
-            if !inner.pool.frame(i).is_dirty() {
+            if !buf.pool.frame(i).is_dirty() {
                 done[k] = true;
-                freed += usize::from(evict(inner, i));
+                freed += usize::from(evict(node, i));
             }
         }
 
         // 4. write back dirty candidates
-        let mut pending: Vec<(u32, Pid)> = Vec::new();
+        let mut pending: Vec<(FrameIdx, Pid)> = Vec::new();
         for (k, &i) in cands.iter().enumerate() {
-            let f = inner.pool.frame(i);
-            if done[k] || !f.is_dirty() || !f.latch.try_lock_shared(None) {
+            if done[k] || !buf.pool.frame(i).is_dirty() {
                 continue;
             }
-            if f.state() == RESIDENT && f.is_dirty() {
+            let Some(s) = buf.try_hold_shared(i) else {
+                continue;
+            };
+            let f = s.frame();
+            if f.is_resident() && f.is_dirty() {
                 let k = pending.len();
-                copy_page(inner, i, &mut self.bufs[k]);
+                self.bufs[k].copy_from_slice(s.bytes());
                 f.set_dirty(false);
                 pending.push((i, f.pid()));
             }
-            f.latch.unlock_shared();
         }
         if !pending.is_empty() {
             let t = Instant::now();
-            let results = write_pages(inner, &pending, &mut self.bufs);
+            let results = write_pages(buf, &pending, &mut self.bufs);
             if t.elapsed() > SLOW_WRITE {
                 if let Some(n) = self.slow.due(Instant::now()) {
                     log::warn!(
@@ -250,16 +244,16 @@ impl Provider {
             };
             for ((i, pid), r) in pending.iter().zip(results) {
                 if let Err(e) = r {
-                    let f = inner.pool.frame(*i);
+                    let f = buf.pool.frame(*i);
                     if f.pid() == *pid {
                         f.set_dirty(true);
                     }
                     if let Some(pos) = cands.iter().position(|c| c == i) {
                         done[pos] = true; // stays in memory, dirty
                     }
-                    inner.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+                    buf.counters.write_errors.fetch_add(1, Ordering::Relaxed);
                     self.errors.error(*pid, &e);
-                    *inner.provider_error.lock() =
+                    *buf.provider_error.lock() =
                         Some(format!("writing back page {pid} failed: {e}"));
                 }
             }
@@ -268,22 +262,21 @@ impl Provider {
         // 5. evict the written ones
         for (k, &i) in cands.iter().enumerate() {
             if !done[k] {
-                freed += usize::from(evict(inner, i));
+                freed += usize::from(evict(node, i));
             }
         }
-        inner
-            .counters
+        buf.counters
             .evictions
             .fetch_add(freed as u64, Ordering::Relaxed);
 
-        // 6. epoch
-        self.since_epoch += freed;
-        if self.since_epoch >= (n / 128).max(1) {
-            self.since_epoch = 0;
-            inner.epoch.fetch_add(1, Ordering::Relaxed);
+        // 6. clock
+        self.since_tick += freed;
+        if self.since_tick >= (n / 128).max(1) {
+            self.since_tick = 0;
+            buf.tick_clock();
         }
-        if freed > 0 && inner.free.len() >= inner.free_target {
-            *inner.provider_error.lock() = None;
+        if freed > 0 && buf.free.len() >= buf.free_target {
+            *buf.provider_error.lock() = None;
         }
         freed
     }
@@ -291,39 +284,25 @@ impl Provider {
 
 /// Evict candidate frame `i` if it is still a clean, unlatched page that may go: try the
 /// exclusive latch (never wait), check, unlink it and free the frame. Returns whether it did.
-pub(crate) fn evict(inner: &Inner, i: u32) -> bool {
-    let f = inner.pool.frame(i);
-    if !f.latch.try_lock_exclusive(None) {
+pub(crate) fn evict(node: &Node, i: FrameIdx) -> bool {
+    let buf = &node.buf;
+    let Some(h) = buf.try_hold_any(i) else {
         return false;
-    }
+    };
     // in a cluster the frame must still be a plain home copy: since `prepare_evict` the
     // handler may have made it this node's own copy (a grant to a home worker has
     // possession none until its acknowledgements arrive, so possession cannot tell)
-    let held_here = inner
-        .coh
-        .as_ref()
-        .is_some_and(|c| f.possession() != POSS_NONE || !c.droppable(f.pid(), i));
-    if f.state() != RESIDENT || f.is_dirty() || held_here {
-        f.latch.unlock_exclusive_unchanged();
+    if !h.frame().is_resident() || h.frame().is_dirty() || !node.may_drop(&h) {
+        h.release_unchanged();
         return false;
     }
-    inner.drop_frame(f.pid(), i);
+    h.drop_page();
     true
 }
 
-/// Copy frame `idx`'s page into `buf`. The caller holds the frame's latch (shared or exclusive),
-/// so nobody writes the page meanwhile.
-fn copy_page(inner: &Inner, idx: u32, buf: &mut AlignedPage) {
-    // SAFETY: the frame's page is PAGE_SIZE valid bytes; the caller's latch excludes writers, so
-    // this plain read races only with other reads; buf is a distinct allocation.
-    unsafe {
-        std::ptr::copy_nonoverlapping(inner.pool.page_ptr(idx), buf.as_mut_ptr(), PAGE_SIZE);
-    }
-}
-
 fn write_pages(
-    inner: &Inner,
-    pending: &[(u32, Pid)],
+    buf: &Buffer,
+    pending: &[(FrameIdx, Pid)],
     bufs: &mut [AlignedPage],
 ) -> Vec<Result<(), shoal_storage::StoreError>> {
     let mut reqs: Vec<WriteRequest<'_>> = pending
@@ -335,51 +314,51 @@ fn write_pages(
             page,
         })
         .collect();
-    let r = inner.store.write_batch(&mut reqs);
+    let r = buf.store.write_batch(&mut reqs);
     let ok = r.iter().filter(|r| r.is_ok()).count() as u64;
-    inner.counters.writebacks.fetch_add(ok, Ordering::Relaxed);
+    buf.counters.writebacks.fetch_add(ok, Ordering::Relaxed);
     r
 }
 
 /// Write every dirty page (shutdown; the provider thread must have stopped). Returns how many
 /// pages were written, or the first error (pages that failed stay dirty).
-pub(crate) fn flush_all(inner: &Inner) -> Result<usize, EngineError> {
+pub(crate) fn flush_all(buf: &Buffer) -> Result<usize, EngineError> {
     let mut bufs: Vec<AlignedPage> = (0..BATCH).map(|_| AlignedPage::new()).collect();
     let mut written = 0;
     let mut first_err: Option<EngineError> = None;
     let mut errors = ErrorLog::new("flushing");
     let mut failures = 0u64;
-    let n = inner.pool.len() as u32;
-    let mut i = 0;
-    while i < n {
-        let mut pending: Vec<(u32, Pid)> = Vec::with_capacity(BATCH);
-        while i < n && pending.len() < BATCH {
-            let f = inner.pool.frame(i);
+    let mut frames = buf.pool.indexes().peekable();
+    while frames.peek().is_some() {
+        let mut pending: Vec<(FrameIdx, Pid)> = Vec::with_capacity(BATCH);
+        for i in frames.by_ref() {
+            let f = buf.pool.frame(i);
             // pages homed elsewhere are never written here (they go home, see release_remote)
-            if f.state() == RESIDENT && f.is_dirty() && f.pid().node() == inner.node {
-                let mut b = Backoff::new();
-                while !f.latch.try_lock_shared(None) {
-                    b.snooze();
-                }
-                if f.state() == RESIDENT && f.is_dirty() && f.pid().node() == inner.node {
+            let mine = |f: &crate::buffer::frame::Frame| {
+                f.is_resident() && f.is_dirty() && f.pid().node() == buf.node
+            };
+            if mine(f) {
+                let s = buf.hold_shared(i);
+                if mine(f) {
                     let k = pending.len();
-                    copy_page(inner, i, &mut bufs[k]);
+                    bufs[k].copy_from_slice(s.bytes());
                     f.set_dirty(false);
                     pending.push((i, f.pid()));
                 }
-                f.latch.unlock_shared();
             }
-            i += 1;
+            if pending.len() == BATCH {
+                break;
+            }
         }
         if pending.is_empty() {
             continue;
         }
-        for ((idx, pid), r) in pending.iter().zip(write_pages(inner, &pending, &mut bufs)) {
+        for ((idx, pid), r) in pending.iter().zip(write_pages(buf, &pending, &mut bufs)) {
             match r {
                 Ok(()) => written += 1,
                 Err(e) => {
-                    inner.pool.frame(*idx).set_dirty(true);
-                    inner.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+                    buf.pool.frame(*idx).set_dirty(true);
+                    buf.counters.write_errors.fetch_add(1, Ordering::Relaxed);
                     errors.error(*pid, &e);
                     failures += 1;
                     first_err.get_or_insert(e.into());

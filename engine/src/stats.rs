@@ -51,7 +51,8 @@ pub struct StatsSnapshot {
     pub store_writes: u64,
     pub frames: u64,
     pub free_frames: u64,
-    pub epoch: u64,
+    /// The access clock (advanced by the provider as pages cycle through the cache).
+    pub clock: u64,
     /// Workers registered now (dropped workers leave; their counts stay in the totals).
     pub live_workers: u64,
 }

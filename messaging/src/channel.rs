@@ -33,7 +33,7 @@
 
 use crate::error::MsgError;
 use crate::mailbox::PAGE_BYTES;
-use crate::message::{Envelope, FULL, MSG_BYTES};
+use crate::message::{Envelope, Message, FULL, MSG_BYTES};
 use crate::region::{Region, SLOT_BYTES};
 use crate::transport::Transport;
 use crate::wait::WaitMode;
@@ -243,6 +243,16 @@ impl Channels {
             .write(peer, self.layout.ring_off(me, s.msgs), &env.to_bytes())?;
         s.msgs += 1;
         Ok(())
+    }
+
+    /// Send a typed message (see [`Channels::send`]): the channel fills in the header.
+    pub fn send_msg<M: Message>(
+        &self,
+        peer: u8,
+        m: &M,
+        page: Option<&[u8; PAGE_BYTES]>,
+    ) -> Result<(), MsgError> {
+        self.send(peer, Envelope::of(m), page)
     }
 
     /// Move every complete message from the rings into the inbox and return credit to the

@@ -45,6 +45,12 @@ impl Envelope {
         }
     }
 
+    /// Wrap a typed message whose header its channel fills in when it sends it (sender, the
+    /// channel's flags, the position in the stream).
+    pub fn of<M: Message>(m: &M) -> Envelope {
+        Envelope::new(m, 0, 0, 0)
+    }
+
     /// The wire image, flag set.
     pub fn to_bytes(&self) -> [u8; MSG_BYTES] {
         let mut b = [0u8; MSG_BYTES];

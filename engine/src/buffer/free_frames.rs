@@ -1,7 +1,7 @@
 //! The set of free frames: frames that hold no page and belong to nobody.
 //!
 //! A bitmap with one bit per frame (set = free), so that a fault or an allocation can ask for
-//! one *particular* frame, its page's home frame ([`crate::frame::FramePool::home`]), and take
+//! one *particular* frame, its page's home frame ([`crate::buffer::frame::FramePool::home`]), and take
 //! any other only when that one is busy. A page in its home frame is found without waiting for
 //! the translation table (the guards start loading the home frame while they read the table
 //! entry); when the pool holds the whole data set every page is at home.
@@ -14,6 +14,7 @@
 //! Owns only the bits: the frames' state (FREE, latch) is the caller's business, as before a
 //! frame is handed out: a frame is put back only when it is unlatched, FREE and unlinked.
 
+use crate::buffer::frame::FrameIdx;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 pub struct FreeFrames {
@@ -58,7 +59,7 @@ impl FreeFrames {
 
     /// Take frame `idx` if it is free.
     #[inline]
-    pub fn take(&self, idx: u32) -> bool {
+    pub fn take(&self, idx: FrameIdx) -> bool {
         let (w, m) = Self::at(idx);
         let Some(word) = self.bits.get(w) else {
             return false;
@@ -78,7 +79,7 @@ impl FreeFrames {
     }
 
     /// Take any free frame (the first one from where the last search ended).
-    pub fn take_any(&self) -> Option<u32> {
+    pub fn take_any(&self) -> Option<FrameIdx> {
         if self.is_empty() {
             return None; // the count is at least the number of set bits: no bit is set
         }
@@ -95,7 +96,7 @@ impl FreeFrames {
                 if before & m != 0 {
                     self.count.fetch_sub(1, Ordering::Relaxed);
                     self.cursor.store(w, Ordering::Relaxed);
-                    return Some((w * 64) as u32 + m.trailing_zeros());
+                    return Some(FrameIdx((w * 64) as u32 + m.trailing_zeros()));
                 }
                 v = before & !m; // lost that bit to another taker: try the word's others
             }
@@ -104,20 +105,20 @@ impl FreeFrames {
     }
 
     /// Give frame `idx` back. It must not be free already (a frame has one owner).
-    pub fn put(&self, idx: u32) {
-        assert!((idx as usize) < self.frames, "frame {idx} out of range");
+    pub fn put(&self, idx: FrameIdx) {
+        assert!(idx.get() < self.frames, "{idx} out of range");
         let (w, m) = Self::at(idx);
         // Count first, bit second: a taker decrements only after clearing a set bit, so the
         // count never drops below the number of set bits (and `take_any`'s empty test is safe).
         self.count.fetch_add(1, Ordering::Relaxed);
         // Release: publishes the frame's reset state (pid NONE, FREE) to its next taker.
         let before = self.bits[w].fetch_or(m, Ordering::Release);
-        assert!(before & m == 0, "frame {idx} was put back twice");
+        assert!(before & m == 0, "{idx} was put back twice");
     }
 
     #[inline]
-    fn at(idx: u32) -> (usize, u64) {
-        (idx as usize / 64, 1u64 << (idx % 64))
+    fn at(idx: FrameIdx) -> (usize, u64) {
+        (idx.get() / 64, 1u64 << (idx.0 % 64))
     }
 }
 
@@ -125,25 +126,28 @@ impl FreeFrames {
 mod tests {
     use super::*;
     use std::collections::HashSet;
+    const fn fx(i: u32) -> FrameIdx {
+        FrameIdx(i)
+    }
 
     #[test]
     fn takes_each_frame_once_then_none() {
         let f = FreeFrames::all(130);
         assert_eq!(f.len(), 130);
-        assert!(f.take(129));
-        assert!(!f.take(129), "taken twice");
-        assert!(!f.take(130), "out of range");
-        let mut seen = HashSet::from([129]);
+        assert!(f.take(fx(129)));
+        assert!(!f.take(fx(129)), "taken twice");
+        assert!(!f.take(fx(130)), "out of range");
+        let mut seen = HashSet::from([fx(129)]);
         while let Some(i) = f.take_any() {
-            assert!(i < 130 && seen.insert(i), "frame {i} handed out twice");
+            assert!(i.get() < 130 && seen.insert(i), "{i} handed out twice");
         }
         assert_eq!(seen.len(), 130);
         assert!(f.is_empty());
-        f.put(7);
+        f.put(fx(7));
         assert_eq!(f.len(), 1);
-        assert!(f.take(7));
-        f.put(64);
-        assert_eq!(f.take_any(), Some(64));
+        assert!(f.take(fx(7)));
+        f.put(fx(64));
+        assert_eq!(f.take_any(), Some(fx(64)));
         assert_eq!(f.take_any(), None);
     }
 
@@ -151,13 +155,13 @@ mod tests {
     #[should_panic(expected = "put back twice")]
     fn a_frame_put_back_twice_is_a_bug() {
         let f = FreeFrames::all(10);
-        f.put(3);
+        f.put(fx(3));
     }
 
     #[test]
     fn concurrent_takers_never_share_a_frame() {
         let f = FreeFrames::all(10_000);
-        let taken: Vec<Vec<u32>> = std::thread::scope(|s| {
+        let taken: Vec<Vec<FrameIdx>> = std::thread::scope(|s| {
             let hs: Vec<_> = (0..4u32)
                 .map(|t| {
                     let f = &f;
@@ -165,8 +169,8 @@ mod tests {
                         let mut mine = Vec::new();
                         for i in 0..5_000u32 {
                             // half by "home" (overlapping between threads), half any
-                            if f.take((i * 2 + t) % 10_000) {
-                                mine.push((i * 2 + t) % 10_000);
+                            if f.take(fx((i * 2 + t) % 10_000)) {
+                                mine.push(fx((i * 2 + t) % 10_000));
                             } else if let Some(x) = f.take_any() {
                                 mine.push(x);
                             }

@@ -24,7 +24,7 @@
 //! The engine calls these methods under the page's frame latch, and only when no local guard
 //! holds the page (a latched page defers the message, exactly like a page still in flight).
 
-use crate::protocol::{
+use crate::coherence::protocol::{
     bit, members, violation, Epoch, Grant, Mode, Msg, Node, NodeSet, ProtocolError,
 };
 

@@ -15,8 +15,8 @@
 //! A lock-free lookup is a *hint*: the frame it names may be evicted and reused at any moment.
 //! Callers re-check the frame's pid under its latch (and validation catches the rest).
 
-use crate::frame::FramePool;
-use crate::mapped::MappedSlice;
+use crate::buffer::frame::{FrameIdx, FramePool};
+use crate::buffer::mapped::MappedSlice;
 use crate::pid::{Pid, MAX_NODES};
 use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -92,7 +92,7 @@ impl TranslationTable {
 
     /// Lock-free lookup (a hint, see module docs).
     #[inline]
-    pub fn lookup(&self, pool: &FramePool, pid: Pid) -> Option<u32> {
+    pub fn lookup(&self, pool: &FramePool, pid: Pid) -> Option<FrameIdx> {
         // Acquire: pairs with the Release in `insert`, so the frame's pid written before the
         // entry is visible.
         let at = self.entry(pid)?.load(Ordering::Acquire);
@@ -101,15 +101,15 @@ impl TranslationTable {
         }
         // Start loading the page's first lines now, in parallel with the frame descriptor
         // (its pid and latch are the next, dependent, cache miss).
-        pool.prefetch_page(at - 1);
-        Some(at - 1)
+        pool.prefetch_page(FrameIdx(at - 1));
+        Some(FrameIdx(at - 1))
     }
 
     /// Hint: `pid` will be looked up soon.
     #[inline]
     pub fn prefetch(&self, pid: Pid) {
         if let Some(e) = self.entry(pid) {
-            crate::mapped::prefetch(e as *const AtomicU32 as *const u8);
+            crate::buffer::mapped::prefetch(e as *const AtomicU32 as *const u8);
         }
     }
 
@@ -121,7 +121,7 @@ impl TranslationTable {
         // Relaxed: only a hint; whatever frame it names is re-checked when it is latched.
         match self.entry(pid).map(|e| e.load(Ordering::Relaxed)) {
             Some(at) if at != 0 => {
-                pool.prefetch_frame(at - 1);
+                pool.prefetch_frame(FrameIdx(at - 1));
                 true
             }
             _ => false,
@@ -143,24 +143,24 @@ impl TranslationTable {
     }
 
     /// Exact lookup under the partition lock.
-    pub fn lookup_locked(&self, lock: &PartitionLock<'_>, pid: Pid) -> Option<u32> {
+    pub fn lookup_locked(&self, lock: &PartitionLock<'_>, pid: Pid) -> Option<FrameIdx> {
         debug_assert_eq!(lock.pid, pid);
         let at = self.entry(pid)?.load(Ordering::Relaxed);
-        (at != 0).then(|| at - 1)
+        (at != 0).then(|| FrameIdx(at - 1))
     }
 
     /// Point `lock`'s pid at frame `idx` (whose pid is already set).
-    pub fn insert(&self, pool: &FramePool, lock: &PartitionLock<'_>, idx: u32) {
+    pub fn insert(&self, pool: &FramePool, lock: &PartitionLock<'_>, idx: FrameIdx) {
         debug_assert_eq!(pool.frame(idx).pid(), lock.pid);
         // Release: publishes the frame's pid to lock-free readers of the entry.
         self.entry_or_map(lock.pid)
-            .store(idx + 1, Ordering::Release);
+            .store(idx.0 + 1, Ordering::Release);
     }
 
     /// Remove `lock`'s pid if it points at frame `idx`. Returns whether it did.
-    pub fn remove(&self, lock: &PartitionLock<'_>, idx: u32) -> bool {
+    pub fn remove(&self, lock: &PartitionLock<'_>, idx: FrameIdx) -> bool {
         match self.entry(lock.pid) {
-            Some(e) if e.load(Ordering::Relaxed) == idx + 1 => {
+            Some(e) if e.load(Ordering::Relaxed) == idx.0 + 1 => {
                 e.store(0, Ordering::Release);
                 true
             }

@@ -1,21 +1,22 @@
-//! Wire format of the coherence messages: [`crate::protocol::Msg`] in one 64-byte mailbox
-//! message (shoal-messaging's [`Envelope`] body of 55 bytes).
+//! Wire format of the coherence messages: a [`Msg`] about one page in one 64-byte channel
+//! message (shoal-messaging's [`shoal_messaging::Envelope`] body of 55 bytes).
 //!
-//! Page contents never travel inside a message: a page is pushed into a frame of the receiver
-//! before the message that announces it, so in the engine the protocol's data type is the
-//! receiver's frame index ([`FrameIdx`]). A `Request` and a `Transfer` also name the
-//! requester's frame into which the page is to be pushed (`push_to`).
+//! A message that carries a page travels with the page as the channel's attachment; the
+//! message itself only says that it has one ([`Attached`]). The sender's protocol data (its
+//! frame index) and the receiver's (the bytes that arrived) are both mapped from and to that
+//! with [`Msg::map_data`]: one message type on the wire, no placeholder fields.
 //!
-//! Body layout (little endian): `pid u64 | push_to u32 | fields of the kind`, every byte a
-//! kind does not use must be zero. Decoding rejects unknown kinds, modes and flags other than 0
-//! or 1, node ids of 64 and above, and non-zero padding, so a corrupt or foreign message is an
-//! error, never a wrong protocol action.
+//! Body layout (little endian): `pid u64 | fields of the kind`, every byte a kind does not use
+//! must be zero. Decoding rejects unknown kinds, modes and flags other than 0 or 1, node ids
+//! of 64 and above, and non-zero padding, so a corrupt or foreign message is an error, never a
+//! wrong protocol action.
 
-use crate::protocol::{Grant, Mode, Msg, Node, NodeSet};
+use crate::coherence::protocol::{Grant, Mode, Msg, Node, NodeSet};
 use shoal_messaging::{Message, MsgError, BODY_BYTES, PAGE_BYTES};
 
-/// A frame index at the receiving node (where a page was or is to be pushed).
-pub type FrameIdx = u32;
+/// The page of a message travels as the channel's attachment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Attached;
 
 /// First message kind of the coherence protocol (kinds below belong to other protocols).
 pub const KIND_BASE: u8 = 16;
@@ -26,12 +27,20 @@ const NO_NODE: u8 = 0xFF;
 pub struct Wire {
     /// The page (raw page id).
     pub pid: u64,
-    /// For `Request` and `Transfer`: the requester's frame to push the page into; else 0.
-    pub push_to: FrameIdx,
-    pub msg: Msg<FrameIdx>,
+    pub msg: Msg<Attached>,
 }
 
-fn kind_of(m: &Msg<FrameIdx>) -> u8 {
+impl Wire {
+    /// The wire form of `msg` about page `pid` (whatever its page is, it travels attached).
+    pub fn new<D: Clone>(pid: u64, msg: &Msg<D>) -> Wire {
+        Wire {
+            pid,
+            msg: msg.clone().map_data(|_| Attached),
+        }
+    }
+}
+
+fn kind_of(m: &Msg<Attached>) -> u8 {
     KIND_BASE
         + match m {
             Msg::Request { .. } => 0,
@@ -75,8 +84,8 @@ impl W<'_> {
         self.at += 8;
         self
     }
-    fn opt_frame(&mut self, f: Option<FrameIdx>) -> &mut Self {
-        self.u8(f.is_some() as u8).u32(f.unwrap_or(0))
+    fn opt_page(&mut self, p: Option<Attached>) -> &mut Self {
+        self.u8(p.is_some() as u8)
     }
 }
 
@@ -122,14 +131,8 @@ impl R<'_> {
             v => Err(bad(format!("possession mode {v} does not exist"))),
         }
     }
-    fn opt_frame(&mut self) -> Result<Option<FrameIdx>, MsgError> {
-        let has = self.flag("page")?;
-        let f = self.u32();
-        match (has, f) {
-            (true, f) => Ok(Some(f)),
-            (false, 0) => Ok(None),
-            (false, f) => Err(bad(format!("frame {f} given without a page"))),
-        }
+    fn opt_page(&mut self) -> Result<Option<Attached>, MsgError> {
+        Ok(self.flag("page")?.then_some(Attached))
     }
     fn node(&mut self) -> Result<Option<Node>, MsgError> {
         match self.u8() {
@@ -158,7 +161,7 @@ impl Message for Wire {
     fn encode(&self, b: &mut [u8; BODY_BYTES]) {
         b.fill(0);
         let mut w = W { b, at: 0 };
-        w.u64(self.pid).u32(self.push_to);
+        w.u64(self.pid);
         match &self.msg {
             Msg::Request { want, have } => {
                 w.u8(mode_byte(*want)).u8(*have as u8);
@@ -166,25 +169,28 @@ impl Message for Wire {
             Msg::Grant(g) => {
                 w.u8(mode_byte(g.mode))
                     .u64(g.epoch)
-                    .opt_frame(g.data)
+                    .opt_page(g.data)
                     .u8(g.source.unwrap_or(NO_NODE))
                     .u64(g.invalidate);
             }
             Msg::Transfer { want, epoch } => {
                 w.u8(mode_byte(*want)).u64(*epoch);
             }
-            Msg::Page { data, dirty } => {
-                w.u32(*data).u8(*dirty as u8);
+            Msg::Page {
+                data: Attached,
+                dirty,
+            } => {
+                w.u8(*dirty as u8);
             }
             Msg::CopyBack { data } => {
-                w.opt_frame(*data);
+                w.opt_page(*data);
             }
             Msg::Invalidate { epoch } => {
                 w.u64(*epoch);
             }
             Msg::InvalidateAck => {}
             Msg::Evict { epoch, data } => {
-                w.u64(*epoch).opt_frame(*data);
+                w.u64(*epoch).opt_page(*data);
             }
             Msg::EvictReply { accepted } => {
                 w.u8(*accepted as u8);
@@ -195,7 +201,6 @@ impl Message for Wire {
     fn decode(kind: u8, b: &[u8; BODY_BYTES]) -> Result<Self, MsgError> {
         let mut r = R { b, at: 0 };
         let pid = r.u64();
-        let push_to = r.u32();
         let k = kind.checked_sub(KIND_BASE).unwrap_or(u8::MAX);
         let msg = match k {
             0 => Msg::Request {
@@ -205,7 +210,7 @@ impl Message for Wire {
             1 => {
                 let mode = r.mode()?;
                 let epoch = r.u64();
-                let data = r.opt_frame()?;
+                let data = r.opt_page()?;
                 let source = r.node()?;
                 let invalidate: NodeSet = r.u64();
                 if source.is_some_and(|s| invalidate & (1u64 << s) != 0) {
@@ -226,17 +231,17 @@ impl Message for Wire {
                 epoch: r.u64(),
             },
             3 => Msg::Page {
-                data: r.u32(),
+                data: Attached,
                 dirty: r.flag("dirty")?,
             },
             4 => Msg::CopyBack {
-                data: r.opt_frame()?,
+                data: r.opt_page()?,
             },
             5 => Msg::Invalidate { epoch: r.u64() },
             6 => Msg::InvalidateAck,
             7 => Msg::Evict {
                 epoch: r.u64(),
-                data: r.opt_frame()?,
+                data: r.opt_page()?,
             },
             8 => Msg::EvictReply {
                 accepted: r.flag("accepted")?,
@@ -247,15 +252,8 @@ impl Message for Wire {
                 )))
             }
         };
-        let needs_push_target = matches!(msg, Msg::Request { .. } | Msg::Transfer { .. });
-        if !needs_push_target && push_to != 0 {
-            return Err(bad(format!(
-                "{} carries a push target ({push_to})",
-                msg.name()
-            )));
-        }
         r.end()?;
-        Ok(Wire { pid, push_to, msg })
+        Ok(Wire { pid, msg })
     }
 }
 
@@ -403,7 +401,7 @@ pub fn batchable<D>(m: &Msg<D>) -> bool {
 }
 
 /// Pack `msgs` (each [`batchable`], at most [`BATCH_MAX`]) into a page; unused bytes are zero.
-pub fn encode_batch(msgs: &[(u64, Msg<FrameIdx>)]) -> Box<[u8; PAGE_BYTES]> {
+pub fn encode_batch(msgs: &[(u64, Msg<Attached>)]) -> Box<[u8; PAGE_BYTES]> {
     assert!(
         !msgs.is_empty() && msgs.len() <= BATCH_MAX,
         "batch of {}",
@@ -429,7 +427,7 @@ pub fn encode_batch(msgs: &[(u64, Msg<FrameIdx>)]) -> Box<[u8; PAGE_BYTES]> {
 pub fn decode_batch(
     count: u16,
     page: &[u8; PAGE_BYTES],
-) -> Result<Vec<(u64, Msg<FrameIdx>)>, MsgError> {
+) -> Result<Vec<(u64, Msg<Attached>)>, MsgError> {
     let count = count as usize;
     if count == 0 || count > BATCH_MAX {
         return Err(bad(format!("a batch of {count} messages")));
@@ -465,9 +463,8 @@ mod tests {
     use shoal_messaging::Envelope;
 
     fn samples() -> Vec<Wire> {
-        let w = |push_to, msg| Wire {
+        let w = |_: u32, msg| Wire {
             pid: 0x0100_0000_0000_002A,
-            push_to,
             msg,
         };
         vec![
@@ -500,7 +497,7 @@ mod tests {
                 Msg::Grant(Grant {
                     mode: Mode::Exclusive,
                     epoch: u64::MAX - 1, // above 32 bits: epochs travel whole
-                    data: Some(12),
+                    data: Some(Attached),
                     source: None,
                     invalidate: (1 << 63) | 0b1010,
                 }),
@@ -515,19 +512,24 @@ mod tests {
             w(
                 0,
                 Msg::Page {
-                    data: 77,
+                    data: Attached,
                     dirty: true,
                 },
             ),
             w(0, Msg::CopyBack { data: None }),
-            w(0, Msg::CopyBack { data: Some(0) }),
+            w(
+                0,
+                Msg::CopyBack {
+                    data: Some(Attached),
+                },
+            ),
             w(0, Msg::Invalidate { epoch: 8 }),
             w(0, Msg::InvalidateAck),
             w(
                 0,
                 Msg::Evict {
                     epoch: 2,
-                    data: Some(9),
+                    data: Some(Attached),
                 },
             ),
             w(0, Msg::EvictReply { accepted: false }),
@@ -585,7 +587,7 @@ mod tests {
 
     #[test]
     fn batches_round_trip_and_reject_garbage() {
-        let msgs: Vec<(u64, Msg<FrameIdx>)> = (0..BATCH_MAX as u64)
+        let msgs: Vec<(u64, Msg<Attached>)> = (0..BATCH_MAX as u64)
             .map(|i| {
                 let m = match i % 3 {
                     0 => Msg::Evict {
@@ -614,15 +616,15 @@ mod tests {
         assert!(decode_batch(2, &page).is_err());
         assert!(decode_batch(0, &page).is_err());
         assert!(decode_batch(BATCH_MAX as u16 + 1, &page).is_err());
-        assert!(batchable(&Msg::<FrameIdx>::Evict {
+        assert!(batchable(&Msg::<Attached>::Evict {
             epoch: 1,
             data: None
         }));
-        assert!(!batchable(&Msg::<FrameIdx>::Evict {
+        assert!(!batchable(&Msg::<Attached>::Evict {
             epoch: 1,
-            data: Some(4)
+            data: Some(Attached)
         }));
-        assert!(!batchable(&Msg::<FrameIdx>::InvalidateAck));
+        assert!(!batchable(&Msg::<Attached>::InvalidateAck));
     }
 
     #[test]
@@ -633,21 +635,21 @@ mod tests {
             (m.kind(), b)
         };
         let s = samples();
-        // mode byte 2
+        // mode byte 2 (a request: mode at body byte 8, after the pid)
         let (k, mut b) = enc(&s[0]);
-        b[12] = 2;
+        b[8] = 2;
         assert!(Wire::decode(k, &b).is_err());
         // have flag 7
         let (k, mut b) = enc(&s[0]);
-        b[13] = 7;
+        b[9] = 7;
         assert!(Wire::decode(k, &b).is_err());
-        // source node 64 (grant: mode at 12, epoch at 13..21, frame at 21..26, source at 26)
+        // source node 64 (grant: mode at 8, epoch at 9..17, page flag at 17, source at 18)
         let (k, mut b) = enc(&s[2]);
-        b[26] = 64;
+        b[18] = 64;
         assert!(Wire::decode(k, &b).is_err());
-        // source also invalidated
+        // source also invalidated (invalidation set at 19..27; the source is node 3)
         let (k, mut b) = enc(&s[2]);
-        b[27] = 0b1000;
+        b[19] = 0b1000;
         assert!(Wire::decode(k, &b)
             .unwrap_err()
             .to_string()
@@ -659,13 +661,13 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("padding"));
-        // push target on a message without one
+        // a field on a message that has none
         let (k, mut b) = enc(&s[9]);
         b[8] = 1;
         assert!(Wire::decode(k, &b).is_err());
-        // frame without a page
+        // a page flag that is neither 0 nor 1
         let (k, mut b) = enc(&s[6]);
-        b[13] = 5;
+        b[8] = 2;
         assert!(Wire::decode(k, &b).is_err());
         // kinds outside the protocol
         for k in [0u8, 1, 15, KIND_BASE + 9, 255] {

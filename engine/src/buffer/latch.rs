@@ -24,7 +24,7 @@
 //! change the version, so optimistic readers run alongside them. **Exclusive** needs the state to
 //! be 0.
 //!
-//! Page data itself is only ever accessed through atomics (see [`crate::page`]), so a reader
+//! Page data itself is only ever accessed through atomics (see [`crate::buffer::page`]), so a reader
 //! racing with a writer is never a data race in Rust's memory model: it reads stale or mixed
 //! values, which validation then rejects.
 
@@ -76,11 +76,6 @@ impl HybridLatch {
         fence(Ordering::Acquire);
         let w = self.word.load(Ordering::Relaxed);
         state(w) != EXCLUSIVE && version(w) == v
-    }
-
-    /// Current version (racy snapshot, for diagnostics and eviction bookkeeping).
-    pub fn version(&self) -> u64 {
-        version(self.word.load(Ordering::Relaxed))
     }
 
     /// Whether any shared or exclusive holder is present (racy snapshot).

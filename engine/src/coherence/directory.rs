@@ -24,9 +24,9 @@
 //!
 //! The conflict epoch increases whenever a request names other nodes (a source to fetch from
 //! or sharers to invalidate); each grant carries it, so every message about a possession says
-//! which possession it is about, and a stale one is recognised (see [`crate::possession`]).
+//! which possession it is about, and a stale one is recognised (see [`crate::coherence::possession`]).
 
-use crate::protocol::{bit, violation, Epoch, Mode, Node, NodeSet, ProtocolError};
+use crate::coherence::protocol::{bit, violation, Epoch, Mode, Node, NodeSet, ProtocolError};
 
 /// The epoch after `e`. 64-bit epochs cannot wrap (see [`Epoch`]); the check makes the
 /// argument an assertion.

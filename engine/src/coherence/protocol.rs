@@ -1,6 +1,6 @@
 //! The coherence protocol's vocabulary: possession modes, node sets, the messages nodes send
-//! each other about a page, and protocol errors. The rules live in [`crate::directory`] (what
-//! a page's home node decides) and [`crate::possession`] (what every node does with its copy);
+//! each other about a page, and protocol errors. The rules live in [`crate::coherence::directory`] (what
+//! a page's home node decides) and [`crate::coherence::possession`] (what every node does with its copy);
 //! docs/protocol.md states them in prose with the argument for each race.
 //!
 //! Everything here is pure: no I/O, no latches, no threads. The engine drives these state
@@ -91,6 +91,33 @@ pub enum Msg<D> {
 }
 
 impl<D> Msg<D> {
+    /// The same message with its page (if it carries one) replaced by `f(page)`.
+    pub fn map_data<E>(self, f: impl FnOnce(D) -> E) -> Msg<E> {
+        match self {
+            Msg::Request { want, have } => Msg::Request { want, have },
+            Msg::Grant(g) => Msg::Grant(Grant {
+                mode: g.mode,
+                epoch: g.epoch,
+                data: g.data.map(f),
+                source: g.source,
+                invalidate: g.invalidate,
+            }),
+            Msg::Transfer { want, epoch } => Msg::Transfer { want, epoch },
+            Msg::Page { data, dirty } => Msg::Page {
+                data: f(data),
+                dirty,
+            },
+            Msg::CopyBack { data } => Msg::CopyBack { data: data.map(f) },
+            Msg::Invalidate { epoch } => Msg::Invalidate { epoch },
+            Msg::InvalidateAck => Msg::InvalidateAck,
+            Msg::Evict { epoch, data } => Msg::Evict {
+                epoch,
+                data: data.map(f),
+            },
+            Msg::EvictReply { accepted } => Msg::EvictReply { accepted },
+        }
+    }
+
     /// The message's name, as docs/protocol.md and the model use it.
     pub fn name(&self) -> &'static str {
         match self {
@@ -171,7 +198,7 @@ mod tests {
         .iter()
         .map(Msg::name)
         .collect();
-        let docs = include_str!("../../docs/protocol.md");
+        let docs = include_str!("../../../docs/protocol.md");
         for n in &names {
             assert!(
                 docs.contains(&format!("`{n}`")),

@@ -9,30 +9,66 @@
 //!
 //! | field | changed by | under |
 //! |---|---|---|
-//! | `pid`, `state` | fault, eviction, free | exclusive latch |
+//! | `pid`, `state` | fault, eviction, free ([`crate::buffer::HeldFrame`]) | exclusive latch |
 //! | `dirty` | set by exclusive guards; cleared by the provider when it copies the page out | exclusive / shared latch |
-//! | `epoch` | any accessor (only when it differs from the global epoch) | nothing (a hint) |
+//! | `last_used` | any accessor (only when it differs from the access clock) | nothing (a hint) |
+//! | `possession` | the coherence handler, the provider | exclusive latch (revocation: nothing, a hint) |
 
-use crate::latch::HybridLatch;
-use crate::mapped::MappedSlice;
+use crate::buffer::latch::HybridLatch;
+use crate::buffer::mapped::MappedSlice;
 use crate::pid::{Pid, MAX_NODES};
 use shoal_storage::PAGE_SIZE;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
-/// Frame holds no page and is in the free frames ([`crate::free_frames`]).
-pub const FREE: u8 = 0;
-/// Frame's page is being read from the store (the fault holds the exclusive latch).
-pub const LOADING: u8 = 1;
-/// Frame holds a valid page.
-pub const RESIDENT: u8 = 2;
+/// The index of a frame in its node's pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FrameIdx(pub(crate) u32);
 
-/// Possession: local guards may not use the page (a home copy this node does not hold, a page
-/// on its way, or one whose eviction notice is out).
-pub const POSS_NONE: u8 = 0;
-/// Possession: node-shared (optimistic and shared guards).
-pub const POSS_SHARED: u8 = 1;
-/// Possession: node-exclusive (every guard). A single-node engine holds every page so.
-pub const POSS_EXCLUSIVE: u8 = 2;
+impl FrameIdx {
+    /// The index as a `usize` (for slices and offsets).
+    #[inline]
+    pub fn get(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl std::fmt::Display for FrameIdx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "frame {}", self.0)
+    }
+}
+
+/// Where a frame is in its life cycle. Changed only under the frame's exclusive latch:
+///
+/// ```text
+/// Free --(fault claims it)--> Loading --(read verified)--> Resident --(drop)--> Free
+/// Free --(new page / page arriving from a node)--> Resident
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameState {
+    /// Holds no page and is in the free frames ([`crate::buffer::free_frames`]).
+    Free = 0,
+    /// The page is being read from the store (the fault holds the exclusive latch).
+    Loading = 1,
+    /// Holds a valid page.
+    Resident = 2,
+}
+
+/// What local guards may do with a resident frame's page (a cluster node's view of the
+/// coherence protocol; a single node holds every page [`Possession::Exclusive`]). Changed only
+/// under the exclusive latch, except [`Frame::revoke_possession`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Possession {
+    /// Local guards may not use the page: a home copy this node does not hold, a page on its
+    /// way, or one whose eviction notice is out.
+    None = 0,
+    /// Node-shared: optimistic and shared guards.
+    Shared = 1,
+    /// Node-exclusive: every guard.
+    Exclusive = 2,
+}
 
 /// Descriptor of one buffer frame. 64-byte aligned so neighbours do not share a cache line.
 #[repr(align(64))]
@@ -42,7 +78,8 @@ pub struct Frame {
     pid: AtomicU64,
     state: AtomicU8,
     dirty: AtomicBool,
-    epoch: AtomicU32,
+    /// The access clock's value at the last access ([`Frame::touch`]).
+    last_used: AtomicU32,
     possession: AtomicU8,
 }
 
@@ -51,10 +88,10 @@ impl Frame {
         Frame {
             latch: HybridLatch::new(),
             pid: AtomicU64::new(Pid::NONE.0),
-            state: AtomicU8::new(FREE),
+            state: AtomicU8::new(FrameState::Free as u8),
             dirty: AtomicBool::new(false),
-            epoch: AtomicU32::new(0),
-            possession: AtomicU8::new(POSS_NONE),
+            last_used: AtomicU32::new(0),
+            possession: AtomicU8::new(Possession::None as u8),
         }
     }
 
@@ -70,12 +107,21 @@ impl Frame {
         self.pid.store(pid.0, Ordering::Relaxed);
     }
     #[inline]
-    pub fn state(&self) -> u8 {
-        self.state.load(Ordering::Relaxed)
+    pub fn state(&self) -> FrameState {
+        match self.state.load(Ordering::Relaxed) {
+            0 => FrameState::Free,
+            1 => FrameState::Loading,
+            _ => FrameState::Resident,
+        }
+    }
+    /// Whether the frame holds a valid page (a racy snapshot, as [`Frame::pid`]).
+    #[inline]
+    pub fn is_resident(&self) -> bool {
+        self.state() == FrameState::Resident
     }
     /// Caller holds the exclusive latch.
-    pub(crate) fn set_state(&self, s: u8) {
-        self.state.store(s, Ordering::Relaxed);
+    pub(crate) fn set_state(&self, s: FrameState) {
+        self.state.store(s as u8, Ordering::Relaxed);
     }
     #[inline]
     pub fn is_dirty(&self) -> bool {
@@ -90,20 +136,24 @@ impl Frame {
         }
     }
     #[inline]
-    pub fn epoch(&self) -> u32 {
-        self.epoch.load(Ordering::Relaxed)
+    pub fn last_used(&self) -> u32 {
+        self.last_used.load(Ordering::Relaxed)
     }
-    /// What local guards may do with the page ([`POSS_NONE`], [`POSS_SHARED`],
-    /// [`POSS_EXCLUSIVE`]). Read under the latch (or validated after an optimistic read).
+    /// What local guards may do with the page. Read under the latch (or validated after an
+    /// optimistic read).
     #[inline]
-    pub fn possession(&self) -> u8 {
+    pub fn possession(&self) -> Possession {
         // Relaxed: changed only under the exclusive latch, whose acquire/release orders it.
-        self.possession.load(Ordering::Relaxed)
+        match self.possession.load(Ordering::Relaxed) {
+            0 => Possession::None,
+            1 => Possession::Shared,
+            _ => Possession::Exclusive,
+        }
     }
     /// Caller holds the exclusive latch.
     #[inline]
-    pub(crate) fn set_possession(&self, p: u8) {
-        self.possession.store(p, Ordering::Relaxed);
+    pub(crate) fn set_possession(&self, p: Possession) {
+        self.possession.store(p as u8, Ordering::Relaxed);
     }
     /// Turn new guards away without the latch (the coherence handler waits for the current
     /// holders to leave so that it can hand the page over). Holders keep their guards; the
@@ -112,13 +162,15 @@ impl Frame {
     pub(crate) fn revoke_possession(&self) {
         // Relaxed: a hint for new acquirers; they read it after taking the latch (or validate
         // after an optimistic read), and the handler's later latched store settles the value.
-        self.possession.store(POSS_NONE, Ordering::Relaxed);
+        self.possession
+            .store(Possession::None as u8, Ordering::Relaxed);
     }
-    /// Record an access in epoch `e`; writes the cache line only when the value changes.
+    /// Record an access at clock value `now`; writes the cache line only when the value
+    /// changes.
     #[inline]
-    pub(crate) fn touch(&self, e: u32) {
-        if self.epoch.load(Ordering::Relaxed) != e {
-            self.epoch.store(e, Ordering::Relaxed);
+    pub(crate) fn touch(&self, now: u32) {
+        if self.last_used.load(Ordering::Relaxed) != now {
+            self.last_used.store(now, Ordering::Relaxed);
         }
     }
 }
@@ -133,7 +185,7 @@ pub struct FramePool {
 }
 
 // SAFETY: `memory` is a private anonymous mapping owned by the pool; all access to it goes
-// through latches and atomics (see crate::page), so sharing the pointer across threads is sound.
+// through latches and atomics (see crate::buffer::page), so sharing the pointer across threads is sound.
 unsafe impl Send for FramePool {}
 // SAFETY: as above.
 unsafe impl Sync for FramePool {}
@@ -144,7 +196,7 @@ impl FramePool {
         let bytes = count
             .checked_mul(PAGE_SIZE)
             .ok_or_else(|| std::io::Error::other("frame pool size overflows"))?;
-        let memory = crate::mapped::map_anonymous(bytes)?;
+        let memory = crate::buffer::mapped::map_anonymous(bytes)?;
         let frames = MappedSlice::new(count, |_| Frame::new())?;
         // Node k's pages start at k times the golden ratio's fraction of the pool (mod 1):
         // node 0 at 0, node 1 at 0.62, node 2 at 0.24, ... so that the first pages of every
@@ -166,12 +218,12 @@ impl FramePool {
     /// a prefetch). Slot `s` of node 0 goes to frame `s mod frames`: when the pool is larger
     /// than the data, every page has a home frame of its own.
     #[inline]
-    pub fn home(&self, pid: Pid) -> u32 {
+    pub fn home(&self, pid: Pid) -> FrameIdx {
         let n = self.frames.len() as u64;
         let x = pid
             .slot()
             .wrapping_add(self.home_offset[pid.node() as usize % MAX_NODES]);
-        (if x < n { x } else { x % n.max(1) }) as u32
+        FrameIdx((if x < n { x } else { x % n.max(1) }) as u32)
     }
 
     #[inline]
@@ -180,21 +232,21 @@ impl FramePool {
     }
 
     #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.frames.is_empty()
+    pub fn frame(&self, idx: FrameIdx) -> &Frame {
+        &self.frames[idx.get()]
     }
 
-    #[inline]
-    pub fn frame(&self, idx: u32) -> &Frame {
-        &self.frames[idx as usize]
+    /// Every frame index of the pool, in order.
+    pub fn indexes(&self) -> impl Iterator<Item = FrameIdx> {
+        (0..self.frames.len() as u32).map(FrameIdx)
     }
 
     /// Page memory of frame `idx` (page aligned, [`PAGE_SIZE`] bytes, lives as long as the pool).
     #[inline]
-    pub fn page_ptr(&self, idx: u32) -> *mut u8 {
-        assert!((idx as usize) < self.frames.len());
+    pub fn page_ptr(&self, idx: FrameIdx) -> *mut u8 {
+        assert!(idx.get() < self.frames.len());
         // SAFETY: idx < count, so the offset is inside the mapping of count * PAGE_SIZE bytes.
-        unsafe { self.memory.add(idx as usize * PAGE_SIZE) }
+        unsafe { self.memory.add(idx.get() * PAGE_SIZE) }
     }
 }
 
@@ -206,30 +258,30 @@ impl FramePool {
     /// Hint: frame `idx`'s descriptor (latch, pid, state) and the first
     /// [`Self::PREFETCH_LINES`] lines of its page will be read soon.
     #[inline]
-    pub fn prefetch_frame(&self, idx: u32) {
-        if let Some(f) = self.frames.get(idx as usize) {
-            crate::mapped::prefetch((f as *const Frame).cast());
+    pub fn prefetch_frame(&self, idx: FrameIdx) {
+        if let Some(f) = self.frames.get(idx.get()) {
+            crate::buffer::mapped::prefetch((f as *const Frame).cast());
             self.prefetch_page(idx);
         }
     }
 
     /// Hint: the first [`Self::PREFETCH_LINES`] cache lines of frame `idx`'s page are needed.
     #[inline]
-    pub fn prefetch_page(&self, idx: u32) {
+    pub fn prefetch_page(&self, idx: FrameIdx) {
         self.prefetch_range(idx, 0, Self::PREFETCH_LINES * 64);
     }
 
     /// Hint: bytes `off..off + len` of the page in frame `idx` are needed soon.
     #[inline]
-    pub fn prefetch_range(&self, idx: u32, off: usize, len: usize) {
-        if (idx as usize) < self.frames.len() {
+    pub fn prefetch_range(&self, idx: FrameIdx, off: usize, len: usize) {
+        if idx.get() < self.frames.len() {
             // idx < count and the end is clamped to the page: the addresses lie inside the
             // mapping (and prefetch never faults anyway).
-            let base = self.memory.wrapping_add(idx as usize * PAGE_SIZE);
+            let base = self.memory.wrapping_add(idx.get() * PAGE_SIZE);
             let end = off.saturating_add(len).min(PAGE_SIZE);
             let mut o = off & !63;
             while o < end {
-                crate::mapped::prefetch(base.wrapping_add(o));
+                crate::buffer::mapped::prefetch(base.wrapping_add(o));
                 o += 64;
             }
         }
@@ -253,17 +305,17 @@ mod tests {
         let pool = FramePool::new(1000).unwrap();
         // node 0: slot s -> frame s while it fits, wrapping after
         for s in [0u64, 1, 999] {
-            assert_eq!(pool.home(Pid::new(0, s)), s as u32);
+            assert_eq!(pool.home(Pid::new(0, s)), FrameIdx(s as u32));
         }
-        assert_eq!(pool.home(Pid::new(0, 1000)), 0);
-        assert!(pool.home(Pid::new(0, (1 << 56) - 1)) < 1000);
+        assert_eq!(pool.home(Pid::new(0, 1000)), FrameIdx(0));
+        assert!(pool.home(Pid::new(0, (1 << 56) - 1)).get() < 1000);
         // other nodes start elsewhere: node 1 at 618 (golden ratio), and no two of the first
         // 8 nodes share their first page's frame
-        assert_eq!(pool.home(Pid::new(1, 0)), 618);
-        let firsts: std::collections::HashSet<u32> =
+        assert_eq!(pool.home(Pid::new(1, 0)), FrameIdx(618));
+        let firsts: std::collections::HashSet<FrameIdx> =
             (0..8).map(|k| pool.home(Pid::new(k, 0))).collect();
         assert_eq!(firsts.len(), 8);
         // the "no page" pid maps somewhere harmless
-        assert!(pool.home(Pid::NONE) < 1000);
+        assert!(pool.home(Pid::NONE).get() < 1000);
     }
 }

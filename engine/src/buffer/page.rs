@@ -6,7 +6,7 @@
 //! whenever a race is possible: as an array of `AtomicU64` words with `Relaxed` loads and stores.
 //! Byte-level reads load the covering words and extract bytes; byte-level writes (only ever done
 //! by the single exclusive holder) load, merge and store whole words. The latch's fences (see
-//! [`crate::latch`]) provide the ordering; validation rejects anything torn.
+//! [`crate::buffer::latch`]) provide the ordering; validation rejects anything torn.
 //!
 //! [`PageRef`] is *total*: every offset and length is accepted and out-of-range bytes read as
 //! zero, because an optimistic reader may compute offsets from a page that is changing under it.
@@ -126,7 +126,7 @@ impl<'a> PageRef<'a> {
         let end = off.saturating_add(len).min(PAGE_DATA_SIZE);
         let mut o = off & !63;
         while o < end {
-            crate::mapped::prefetch(base.wrapping_add(o));
+            crate::buffer::mapped::prefetch(base.wrapping_add(o));
             o += 64;
         }
     }

@@ -1,5 +1,5 @@
 //! Outboxes: small coherence messages to one node, gathered and sent as one
-//! [`Control::Batch`](crate::wire::Control::Batch).
+//! [`Control::Batch`](crate::coherence::wire::Control::Batch).
 //!
 //! Eviction notices without a page (from the provider) and eviction replies (from the home's
 //! handler) are queued here instead of being sent one by one; a batch leaves when
@@ -24,14 +24,14 @@
 //! slot lock), never before, and is held while its batch is on the wire, so a thread that
 //! finds the outbox empty knows every earlier batch has been handed to the channel.
 
+use crate::coherence::protocol::{Msg, Node};
+use crate::coherence::wire::{Attached, BATCH_MAX};
 use crate::error::EngineError;
-use crate::protocol::{Msg, Node};
-use crate::wire::{FrameIdx, BATCH_MAX};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A queued message: the raw page id and the message.
-pub type Queued = (u64, Msg<FrameIdx>);
+pub type Queued = (u64, Msg<Attached>);
 
 /// A batch that could not be sent, with the reason.
 pub struct Unsent {
@@ -69,7 +69,7 @@ impl Outboxes {
         &self,
         to: Node,
         pid: u64,
-        msg: Msg<FrameIdx>,
+        msg: Msg<Attached>,
         send: impl FnOnce(Node, &[Queued]) -> Result<(), EngineError>,
     ) -> Result<(), Unsent> {
         let b = &self.boxes[to as usize];
@@ -136,7 +136,7 @@ impl Outboxes {
 mod tests {
     use super::*;
 
-    fn evict(epoch: u64) -> Msg<FrameIdx> {
+    fn evict(epoch: u64) -> Msg<Attached> {
         Msg::Evict { epoch, data: None }
     }
 

@@ -1,0 +1,171 @@
+//! The worker side: a remote miss requests possession from the page's home and waits for it.
+
+use super::directory::{DirEntry, Holders};
+use super::possession::{PageCopy, Pending};
+use super::protocol::{Mode, Node};
+use super::{Coherence, PageState};
+use crate::buffer::{Buffer, FrameIdx};
+use crate::error::EngineError;
+use crate::pid::Pid;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+impl Coherence {
+    /// Obtain `want` possession of `pid` for a worker of this node. With `wait`, returns once
+    /// the node holds it (`Ok(true)`: this worker's request completed, and it owes
+    /// [`Coherence::used`] once it latched the page); without, only sends the request.
+    pub fn acquire(
+        &self,
+        buf: &Buffer,
+        pid: Pid,
+        want: Mode,
+        wait: bool,
+    ) -> Result<bool, EngineError> {
+        self.check_node(pid)?;
+        // The wait fails once the request made no progress for `timeout`: each step of it
+        // (granted, page arrived, an acknowledgement arrived) starts the time again. A request
+        // has a handful of steps, so the wait stays bounded, while a machine too loaded to run
+        // the nodes' threads for a while does not fail a request that is moving.
+        let mut deadline = Instant::now() + self.timeout;
+        let mut last_step: Option<Pending> = None;
+        let mut asked = false;
+        loop {
+            let mut out = None;
+            {
+                let mut shard = self.shard(pid).lock();
+                let ps = shard
+                    .entry(pid)
+                    .or_insert_with(|| PageState::new(pid, self.me));
+                if asked && last_step != Some(ps.copy.pending) {
+                    if last_step.is_some() {
+                        deadline = Instant::now() + self.timeout;
+                    }
+                    last_step = Some(ps.copy.pending);
+                }
+                if asked {
+                    if let Some(e) = ps.error.take() {
+                        return Err(e);
+                    }
+                }
+                if let Some(dead) = ps.lost {
+                    return Err(EngineError::HolderDead(pid, dead));
+                }
+                if ps.copy.usable(want) && !ps.revoking {
+                    return Ok(asked && ps.reserved.is_some());
+                }
+                if let Some(dead) = self.dead_source(ps) {
+                    self.lose(pid, ps, dead);
+                    return Err(EngineError::HolderDead(pid, dead));
+                }
+                if ps.copy.pending == Pending::Idle && !ps.serve_due && !ps.revoking {
+                    let m = ps
+                        .copy
+                        .request(want)
+                        .map_err(|e| EngineError::ProtocolViolation { pid, why: e.0 })?;
+                    ps.waiter = wait;
+                    ps.error = None;
+                    asked = true;
+                    out = Some(m);
+                }
+            }
+            if let Some((to, msg)) = out {
+                self.counters.requests.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = self.send(to, pid, &msg, None) {
+                    let mut shard = self.shard(pid).lock();
+                    if let Some(s) = shard.get_mut(&pid) {
+                        // the request never left: nothing to wait for
+                        self.request_over(pid, s);
+                        s.waiter = false;
+                    }
+                    return Err(e);
+                }
+            }
+            if !wait {
+                return Ok(false);
+            }
+            if !self.ch.peer_alive(pid.node()) {
+                return Err(EngineError::PeerDead(pid.node()));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                self.log_stuck(buf, pid);
+                return Err(EngineError::RemoteTimeout {
+                    pid,
+                    ms: self.timeout.as_millis() as u64,
+                });
+            }
+            let mut g = self.done_mx.lock();
+            self.done_cv
+                .wait_for(&mut g, Duration::from_millis(1).min(deadline - now));
+        }
+    }
+
+    /// Wait (up to `limit`) until `done` says the wait is over, checking with `dead` whether
+    /// a node it waits for died. `done` runs under no lock of ours; the handler notifies after
+    /// every message.
+    pub(super) fn wait_until<T>(
+        &self,
+        limit: Duration,
+        mut done: impl FnMut() -> Option<T>,
+        mut dead: impl FnMut() -> Option<Node>,
+    ) -> Result<Option<T>, EngineError> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(v) = done() {
+                return Ok(Some(v));
+            }
+            if let Some(n) = dead() {
+                // Acquire: pairs with the handler's Release, so what it did with n's last
+                // messages is visible to `done`.
+                let drained = self.dead_drained.load(Ordering::Acquire) & (1 << n) != 0;
+                if drained || self.stop.load(Ordering::Acquire) {
+                    // one last look: n's last messages may have finished the wait
+                    if let Some(v) = done() {
+                        return Ok(Some(v));
+                    }
+                    return Err(EngineError::PeerDead(n));
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            let mut g = self.done_mx.lock();
+            self.done_cv
+                .wait_for(&mut g, Duration::from_millis(5).min(deadline - now));
+        }
+    }
+
+    /// The worker whose request completed has latched the page: others may be served once it
+    /// releases the latch.
+    pub fn used(&self, pid: Pid) {
+        let mut shard = self.shard(pid).lock();
+        if let Some(s) = shard.get_mut(&pid) {
+            s.reserved = None;
+            s.waiter = false;
+            if s.serve_due || !s.held.is_empty() {
+                self.retry_later(pid);
+                self.ch.wake();
+            }
+        }
+    }
+
+    /// A page just allocated here, in frame `idx` (exclusively latched by the caller): this
+    /// node holds it exclusively.
+    pub fn adopt_new(&self, pid: Pid, idx: FrameIdx) {
+        let mut shard = self.shard(pid).lock();
+        let ps = shard
+            .entry(pid)
+            .or_insert_with(|| PageState::new(pid, self.me));
+        ps.dir = DirEntry {
+            holders: Holders::Exclusive(self.me),
+            ..ps.dir
+        };
+        if let Err(e) = ps.copy.created(idx) {
+            // a page state left over from an earlier page of this id: the new page replaces it
+            log::error!("node {}: {pid}: {e}", self.me);
+            ps.copy = PageCopy::new(pid.node(), self.me);
+            ps.copy.created(idx).expect("a fresh copy holds nothing");
+        }
+    }
+}

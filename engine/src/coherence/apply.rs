@@ -1,0 +1,491 @@
+//! Applying one message to a page, under the latches of the page's frames: this node's copy
+//! and, at the home, the home copy. A message that cannot be applied now (a latched frame, no
+//! free frame, a page reserved for the worker that asked) is held and retried later.
+
+use super::directory::EvictDecision;
+use super::possession::{Deferred, Step};
+use super::protocol::{Grant, Msg, ProtocolError};
+use super::wire::{REFUSE_HOLDER_DEAD, REFUSE_READ};
+use super::{possession_of, Coherence, Data, Note, PageState};
+use crate::buffer::{Buffer, FrameIdx, HeldFrame, Possession};
+use crate::error::EngineError;
+use crate::pid::Pid;
+use shoal_messaging::PAGE_BYTES;
+use shoal_storage::{AlignedPage, PAGE_DATA_SIZE};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// What applying a message came to.
+pub(super) enum Outcome {
+    Done,
+    /// Not applicable now: held, retried later.
+    Stuck(Note),
+}
+
+/// Frames the handler holds exclusively while it applies a message.
+#[derive(Default)]
+pub(super) struct Latched<'b> {
+    frames: Vec<HeldFrame<'b>>,
+    /// The frame the translation table maps the page to, when it is one of `frames` (looked
+    /// up once per message by `latch_for`, updated when a frame is added for the page).
+    pub(super) resident: Option<FrameIdx>,
+}
+
+impl<'b> Latched<'b> {
+    /// Hold frame `idx` if it still holds `pid` (or is held already).
+    fn try_take(&mut self, buf: &'b Buffer, idx: FrameIdx, pid: Pid) -> bool {
+        if self.frames.iter().any(|h| h.idx() == idx) {
+            return true;
+        }
+        match buf.try_hold(idx, pid) {
+            Some(h) => {
+                self.frames.push(h);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A frame held here. Panics if it is not: every frame the handler reads or writes was
+    /// latched first (an invariant, not an input).
+    pub(super) fn get(&self, idx: FrameIdx) -> &HeldFrame<'b> {
+        self.frames
+            .iter()
+            .find(|h| h.idx() == idx)
+            .unwrap_or_else(|| panic!("{idx} is not latched by the handler"))
+    }
+
+    fn get_mut(&mut self, idx: FrameIdx) -> &mut HeldFrame<'b> {
+        self.frames
+            .iter_mut()
+            .find(|h| h.idx() == idx)
+            .unwrap_or_else(|| panic!("{idx} is not latched by the handler"))
+    }
+
+    pub(super) fn push(&mut self, h: HeldFrame<'b>) {
+        self.frames.push(h);
+    }
+}
+
+impl Coherence {
+    /// Apply what can be applied for `pid`. Returns true if something is still waiting.
+    pub(super) fn progress(&self, buf: &Buffer, pid: Pid, ps: &mut PageState) -> bool {
+        if ps.serve_due && !ps.reserved_now() {
+            let mut l = Latched::default();
+            if !self.latch_for(buf, pid, ps, &mut l) {
+                self.release(pid, ps, l);
+                return true;
+            }
+            self.sync_dirty(buf, pid, ps);
+            match ps.copy.served() {
+                Ok(step) => self.effects(pid, ps, step, &mut l),
+                Err(e) => log::error!("node {}: {pid}: {e}", self.me),
+            }
+            ps.serve_due = false;
+            self.release(pid, ps, l);
+        }
+        // Apply held messages in arrival order, except that a message that cannot be applied
+        // yet holds back only the later messages *from the same sender*. Transports keep order
+        // per sender only, so letting another sender's message pass is an arrival order that
+        // could have happened anyway (the model explores every order). Holding everything behind
+        // one stuck message was a cluster-wide stall: a home's own request waiting for a free
+        // frame blocked the eviction notices of other nodes for the same page, whose frames were
+        // what would have become free (docs/protocol.md, "Eviction never waits for a frame").
+        let mut blocked: u64 = 0;
+        let mut i = 0;
+        while i < ps.held.len() {
+            let from = ps.held[i].from;
+            if blocked & (1u64 << from) != 0 {
+                i += 1;
+                continue;
+            }
+            let note = ps.held.remove(i).expect("index checked by the loop");
+            match self.apply(buf, pid, ps, note) {
+                Ok(Outcome::Done) => {
+                    // an applied message may unblock an earlier one (and a copy-back puts the
+                    // directory's deferred requests first): look again from the start
+                    blocked = 0;
+                    i = 0;
+                }
+                Ok(Outcome::Stuck(n)) => {
+                    self.counters.held.fetch_add(1, Ordering::Relaxed);
+                    ps.held.insert(i, n);
+                    blocked |= 1u64 << from;
+                    i += 1;
+                }
+                Err(e) => {
+                    log::error!("node {}: page {pid}: {e}", self.me);
+                    ps.error = Some(EngineError::ProtocolViolation { pid, why: e.0 });
+                    blocked = 0;
+                    i = 0;
+                }
+            }
+        }
+        !ps.held.is_empty() || ps.serve_due
+    }
+
+    /// Latch this node's copy frame and (at the home) the home frame. Elsewhere the table's
+    /// frame for the page is the copy's frame, so `l.resident` is known either way.
+    fn latch_for<'b>(
+        &self,
+        buf: &'b Buffer,
+        pid: Pid,
+        ps: &PageState,
+        l: &mut Latched<'b>,
+    ) -> bool {
+        if let Some(f) = ps.copy.data {
+            if !l.try_take(buf, f, pid) {
+                return false;
+            }
+        }
+        l.resident = if pid.node() == self.me {
+            let h = buf.resident_frame(pid);
+            if let Some(h) = h {
+                if !l.try_take(buf, h, pid) {
+                    return false;
+                }
+            }
+            h
+        } else {
+            ps.copy.data
+        };
+        true
+    }
+
+    /// The frames are done with: the copy's frame gets its possession, a home copy none, any
+    /// other frame (a copy this node dropped) is freed.
+    fn release(&self, pid: Pid, ps: &PageState, l: Latched<'_>) {
+        let home = pid.node() == self.me;
+        for h in l.frames {
+            if ps.copy.data == Some(h.idx()) {
+                h.frame().set_possession(possession_of(&ps.copy));
+            } else if home {
+                h.frame().set_possession(Possession::None);
+            } else {
+                h.drop_page();
+            }
+        }
+    }
+
+    /// A guard may have written the page since the copy arrived: the copy is then newer than
+    /// the home's.
+    fn sync_dirty(&self, buf: &Buffer, pid: Pid, ps: &mut PageState) {
+        if pid.node() != self.me {
+            if let Some(f) = ps.copy.data {
+                if buf.pool.frame(f).is_dirty() {
+                    ps.copy.mark_dirty();
+                }
+            }
+        }
+    }
+
+    /// Put `bytes` into this node's frame of `pid` (the home frame when there is one, else a
+    /// free frame, latched and added to `l`). `None` when no frame is free.
+    fn install<'b>(
+        &self,
+        buf: &'b Buffer,
+        pid: Pid,
+        bytes: &[u8; PAGE_BYTES],
+        l: &mut Latched<'b>,
+    ) -> Option<FrameIdx> {
+        let home = pid.node() == self.me;
+        let idx = match l.resident {
+            Some(i) => i,
+            None => {
+                let h = buf.take_frame_for(pid)?;
+                let i = h.idx();
+                l.push(h);
+                l.resident = Some(i);
+                i
+            }
+        };
+        let h = l.get_mut(idx);
+        let data: &[u8; PAGE_DATA_SIZE] =
+            bytes[..PAGE_DATA_SIZE].try_into().expect("page data area");
+        h.page_mut().copy_in(data);
+        // at the home the page may be newer than the store; elsewhere the store is not ours
+        h.frame().set_dirty(home);
+        h.frame().touch(buf.clock());
+        Some(idx)
+    }
+
+    /// Write `bytes` as the home copy of `pid` straight to the store (an evicted or copied-back
+    /// page arriving when no frame is free). Only for a page without a frame here (`l.resident`
+    /// is none): the provider writes only resident frames and finishes a frame's write before
+    /// dropping it, and only this thread gives a home page a frame, so no other write of the
+    /// slot can be in flight, nor start, before this one completes.
+    pub(super) fn write_home(
+        &self,
+        buf: &Buffer,
+        pid: Pid,
+        bytes: &[u8; PAGE_BYTES],
+        l: &Latched<'_>,
+    ) -> Result<(), EngineError> {
+        assert!(
+            pid.node() == self.me && l.resident.is_none(),
+            "write_home: {pid} must be homed here and have no frame"
+        );
+        let mut page = AlignedPage::new();
+        page[..PAGE_DATA_SIZE].copy_from_slice(&bytes[..PAGE_DATA_SIZE]);
+        let mut req = [shoal_storage::WriteRequest {
+            slot: pid.slot(),
+            pid: pid.raw(),
+            page: &mut page,
+        }];
+        let r = buf.store.write_batch(&mut req).pop();
+        r.expect("one result per request")?;
+        buf.counters.writebacks.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Read the home copy of `pid` from the store into a new frame (latched, in `l`).
+    /// `Err(None)`: no free frame now; `Err(Some(code))`: refuse the request.
+    pub(super) fn load_home<'b>(
+        &self,
+        buf: &'b Buffer,
+        pid: Pid,
+        l: &mut Latched<'b>,
+    ) -> Result<FrameIdx, Option<u8>> {
+        let h = buf.take_frame_for(pid).ok_or(None)?;
+        // SAFETY: we hold the new frame's exclusive latch; its memory is a valid, aligned page.
+        let r = unsafe { buf.store.read_into(pid.slot(), pid.raw(), h.page_ptr()) };
+        match r {
+            Ok(()) => {
+                let idx = h.idx();
+                l.push(h);
+                l.resident = Some(idx);
+                Ok(idx)
+            }
+            Err(e) => {
+                log::error!("node {}: reading home page {pid}: {e}", self.me);
+                h.drop_page();
+                Err(Some(REFUSE_READ))
+            }
+        }
+    }
+
+    fn apply(
+        &self,
+        buf: &Buffer,
+        pid: Pid,
+        ps: &mut PageState,
+        note: Note,
+    ) -> Result<Outcome, ProtocolError> {
+        if let Some(dead) = ps.lost {
+            match note.msg {
+                Msg::Transfer { want, epoch } => self.answer_lost(
+                    pid,
+                    dead,
+                    Deferred::Transfer {
+                        to: note.from,
+                        want,
+                        epoch,
+                    },
+                ),
+                Msg::Invalidate { epoch } => self.answer_lost(
+                    pid,
+                    dead,
+                    Deferred::Invalidate {
+                        from: note.from,
+                        epoch,
+                    },
+                ),
+                Msg::Evict { .. } => {
+                    // a clean copy going home: nothing of it is needed
+                    let r = self.send(
+                        note.from,
+                        pid,
+                        &Msg::<()>::EvictReply { accepted: true },
+                        None,
+                    );
+                    if let Err(e) = r {
+                        log::warn!("node {}: {e}", self.me);
+                    }
+                }
+                Msg::Request { .. } if note.from != self.me => {
+                    self.send_refusal(note.from, pid, REFUSE_HOLDER_DEAD, dead)
+                }
+                _ => {}
+            }
+            return Ok(Outcome::Done);
+        }
+        let takes = matches!(note.msg, Msg::Transfer { .. } | Msg::Invalidate { .. });
+        if takes && ps.reserved_now() {
+            return Ok(Outcome::Stuck(note));
+        }
+        let mut l = Latched::default();
+        if !self.latch_for(buf, pid, ps, &mut l) {
+            self.release(pid, ps, l);
+            if takes && !ps.revoking {
+                ps.revoking = true;
+                if let Some(f) = ps.copy.data {
+                    buf.pool.frame(f).revoke_possession();
+                }
+            }
+            return Ok(Outcome::Stuck(note));
+        }
+        if takes {
+            ps.revoking = false;
+        }
+        let r = self.apply_latched(buf, pid, ps, note, &mut l);
+        self.release(pid, ps, l);
+        r
+    }
+
+    fn apply_latched<'b>(
+        &self,
+        buf: &'b Buffer,
+        pid: Pid,
+        ps: &mut PageState,
+        note: Note,
+        l: &mut Latched<'b>,
+    ) -> Result<Outcome, ProtocolError> {
+        let from = note.from;
+        let step = match note.msg {
+            Msg::Request { .. } => return self.home_request(buf, pid, ps, note, l),
+            Msg::Evict { epoch, ref data } => {
+                let mut d = ps.dir;
+                let mut dec = d.evict(from, epoch, data.is_some())?;
+                if let (EvictDecision::Accept { store: true }, Some(Data::Bytes(b))) = (dec, data) {
+                    // Never wait for a frame here: the evicting node's frame is what may become
+                    // free. Without one, the page goes straight to the store.
+                    if self.install(buf, pid, b, l).is_none() {
+                        if let Err(e) = self.write_home(buf, pid, b, l) {
+                            // keep the page where it is (the holder keeps it, nothing changes)
+                            log::warn!(
+                                "node {}: writing {pid} evicted by node {from}: {e}; declined",
+                                self.me
+                            );
+                            d = ps.dir;
+                            dec = EvictDecision::Decline;
+                        }
+                    }
+                }
+                ps.dir = d;
+                let accepted = matches!(dec, EvictDecision::Accept { .. });
+                if let Err(e) = self.send(from, pid, &Msg::<()>::EvictReply { accepted }, None) {
+                    log::warn!("node {}: {e}", self.me);
+                }
+                return Ok(Outcome::Done);
+            }
+            Msg::CopyBack { ref data } => {
+                let mut d = ps.dir;
+                d.copy_back(from)?;
+                if let Some(Data::Bytes(b)) = data {
+                    // as for an eviction: no frame, then straight to the store
+                    if self.install(buf, pid, b, l).is_none() {
+                        if let Err(e) = self.write_home(buf, pid, b, l) {
+                            log::warn!(
+                                "node {}: writing {pid} copied back by node {from}: {e}; retrying",
+                                self.me
+                            );
+                            return Ok(Outcome::Stuck(note));
+                        }
+                    }
+                }
+                ps.dir = d;
+                self.requeue_deferred(ps);
+                return Ok(Outcome::Done);
+            }
+            Msg::Grant(ref g) => {
+                let data = match &g.data {
+                    None => None,
+                    Some(Data::Bytes(b)) => match self.install(buf, pid, b, l) {
+                        Some(i) => Some(i),
+                        None => return Ok(Outcome::Stuck(note)),
+                    },
+                    Some(Data::Home) => {
+                        return Err(ProtocolError(
+                            "a grant sent through the inbox names the home copy".into(),
+                        ))
+                    }
+                };
+                ps.page_from = g.source;
+                ps.copy.on_grant(Grant {
+                    mode: g.mode,
+                    epoch: g.epoch,
+                    data,
+                    source: g.source,
+                    invalidate: g.invalidate,
+                })?
+            }
+            Msg::Page { ref data, dirty } => {
+                let Data::Bytes(b) = data else {
+                    return Err(ProtocolError("a page message without a page".into()));
+                };
+                match self.install(buf, pid, b, l) {
+                    Some(i) => ps.copy.on_page(i, dirty)?,
+                    None => return Ok(Outcome::Stuck(note)),
+                }
+            }
+            Msg::Transfer { want, epoch } => {
+                self.sync_dirty(buf, pid, ps);
+                ps.copy.on_transfer(from, want, epoch)?
+            }
+            Msg::Invalidate { epoch } => {
+                self.sync_dirty(buf, pid, ps);
+                ps.copy.on_invalidate(from, epoch)?
+            }
+            Msg::InvalidateAck => ps.copy.on_invalidate_ack(from)?,
+            Msg::EvictReply { accepted } => {
+                self.sync_dirty(buf, pid, ps);
+                ps.copy.on_evict_reply(accepted)?
+            }
+        };
+        self.effects(pid, ps, step, l);
+        Ok(Outcome::Done)
+    }
+
+    /// The directory's requests that waited for a copy-back go first now.
+    pub(super) fn requeue_deferred(&self, ps: &mut PageState) {
+        while let Some(n) = ps.dir_deferred.pop_back() {
+            ps.held.push_front(n);
+        }
+    }
+
+    /// Carry out a state machine step: send its messages (pages from latched frames), note a
+    /// completed request.
+    pub(super) fn effects<'b>(
+        &self,
+        pid: Pid,
+        ps: &mut PageState,
+        step: Step<FrameIdx>,
+        l: &mut Latched<'b>,
+    ) {
+        for (to, msg) in step.out {
+            if to == self.me {
+                match msg {
+                    // we are the home and gave our own copy away to a shared requester: the
+                    // home frame already holds the page
+                    Msg::CopyBack { .. } => {
+                        if let Err(e) = ps.dir.copy_back(self.me) {
+                            log::error!("node {}: {pid}: {e}", self.me);
+                        }
+                        self.requeue_deferred(ps);
+                    }
+                    m => ps.held.push_back(Note {
+                        from: self.me,
+                        msg: m.map_data(|_| Data::Home),
+                    }),
+                }
+                continue;
+            }
+            let page = match &msg {
+                // the frame is this node's copy, latched by us (in `l`)
+                Msg::Page { data, .. } | Msg::CopyBack { data: Some(data) } => {
+                    Some(l.get(*data).bytes())
+                }
+                _ => None,
+            };
+            if let Err(e) = self.send(to, pid, &msg, page) {
+                log::warn!("node {}: {e}", self.me);
+            }
+        }
+        if step.completed.is_some() {
+            ps.serve_due = true;
+            if ps.waiter {
+                ps.reserved = Some(Instant::now());
+            }
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! The cluster barrier: every node's n-th call meets the others' n-th.
+
+use super::protocol::Node;
+use super::wire::Control;
+use super::Coherence;
+use crate::error::EngineError;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// One node's side of the barrier.
+#[derive(Default)]
+pub(super) struct Barrier {
+    /// Number of the last barrier this node entered; held while a barrier runs (further
+    /// callers of the node queue).
+    generation: Mutex<u64>,
+    /// Per barrier number, the nodes that arrived (a peer may be a barrier ahead of us).
+    arrived: Mutex<HashMap<u64, u64>>,
+}
+
+impl Barrier {
+    /// `from` arrived at barrier number `generation` (its `Control::Arrive`).
+    pub(super) fn arrive(&self, from: Node, generation: u64) {
+        *self.arrived.lock().entry(generation).or_insert(0) |= 1u64 << from;
+    }
+
+    /// The nodes of `others` that have not arrived at barrier `generation` yet.
+    fn missing(&self, generation: u64, others: u64) -> u64 {
+        others & !self.arrived.lock().get(&generation).copied().unwrap_or(0)
+    }
+}
+
+impl Coherence {
+    /// Block until every node of the cluster entered its barrier of the same number (each
+    /// node's n-th call meets the others' n-th). Fails if a node died or `limit` passed.
+    pub fn barrier(&self, limit: Duration) -> Result<(), EngineError> {
+        let b = &self.barrier;
+        let mut gen = b.generation.lock();
+        *gen += 1;
+        let g = *gen;
+        let others: u64 = (0..self.nodes)
+            .filter(|&n| n != self.me)
+            .fold(0, |m, n| m | (1u64 << n));
+        for n in 0..self.nodes {
+            if n != self.me {
+                self.try_send_control(n, &Control::Arrive { generation: g })?;
+            }
+        }
+        let r = self.wait_until(
+            limit,
+            || {
+                // (a cluster of one node waits for nobody: no entry, `others` is 0)
+                let mut a = b.arrived.lock();
+                (a.get(&g).copied().unwrap_or(0) == others).then(|| a.remove(&g))
+            },
+            || {
+                let m = b.missing(g, others);
+                (0..self.nodes).find(|&n| m & (1 << n) != 0 && !self.ch.peer_alive(n))
+            },
+        )?;
+        match r {
+            Some(_) => Ok(()),
+            None => {
+                let m = b.missing(g, others);
+                Err(EngineError::BarrierTimeout {
+                    generation: g,
+                    late: (0..self.nodes).filter(|&n| m & (1 << n) != 0).collect(),
+                    ms: limit.as_millis() as u64,
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! Dead nodes: pages whose only current copy died with a node are lost (every later access,
+//! on every node, fails naming the node), requests that need a dead node are refused, and
+//! waits on a dead node end.
+
+use super::possession::{Deferred, Pending};
+use super::protocol::{members, Msg, Node};
+use super::wire::{Control, REFUSE_HOLDER_DEAD, REFUSE_NO_PAGE};
+use super::{Coherence, PageState};
+use crate::error::EngineError;
+use crate::pid::Pid;
+
+impl Coherence {
+    /// The first of `nodes` (other than this one) that is dead.
+    pub(super) fn first_dead(&self, nodes: impl Iterator<Item = Node>) -> Option<Node> {
+        nodes
+            .filter(|&n| n != self.me)
+            .find(|&n| !self.ch.peer_alive(n))
+    }
+
+    /// A granted request waits for a node that died (the page's sender, or a sharer that must
+    /// acknowledge an invalidation).
+    pub(super) fn dead_source(&self, ps: &PageState) -> Option<Node> {
+        let Pending::Completing {
+            awaiting_page,
+            acks,
+            ..
+        } = ps.copy.pending
+        else {
+            return None;
+        };
+        let from = ps.page_from.filter(|_| awaiting_page);
+        self.first_dead(from.into_iter().chain(members(acks)))
+    }
+
+    /// This node's request for `pid` never reached the home, or the home refused it: the copy
+    /// is idle again, and what arrived meanwhile is served by the handler's next `progress`.
+    pub(super) fn request_over(&self, pid: Pid, ps: &mut PageState) {
+        if let Err(e) = ps.copy.request_unsent() {
+            log::error!("node {}: {pid}: {e}", self.me);
+        }
+        if !ps.copy.deferred.is_empty() {
+            ps.serve_due = true;
+            self.retry_later(pid);
+        }
+    }
+
+    /// The page's current copy died with `dead` before reaching us. Mark the page lost here,
+    /// fail whoever waits for it from us (successors in its chain), and tell its home, which
+    /// refuses it from now on. Losing updates silently is not an option: every later access,
+    /// on every node, is an error naming the dead node.
+    pub(super) fn lose(&self, pid: Pid, ps: &mut PageState, dead: Node) {
+        if ps.lost.is_some() {
+            return;
+        }
+        log::error!(
+            "node {}: page {pid} is lost: its copy was at node {dead}, which died",
+            self.me
+        );
+        ps.lost = Some(dead);
+        let deferred = ps.copy.lose();
+        ps.waiter = false;
+        ps.reserved = None;
+        ps.serve_due = false;
+        ps.error = Some(EngineError::HolderDead(pid, dead));
+        for d in deferred {
+            self.answer_lost(pid, dead, d);
+        }
+        if pid.node() != self.me && self.ch.peer_alive(pid.node()) {
+            self.send_control(
+                pid.node(),
+                &Control::Lost {
+                    pid: pid.raw(),
+                    node: dead,
+                },
+            );
+        }
+    }
+
+    /// Answer a message for a lost page: a hand-over request is refused, an invalidation
+    /// acknowledged (we hold no copy).
+    pub(super) fn answer_lost(&self, pid: Pid, dead: Node, d: Deferred) {
+        match d {
+            Deferred::Transfer { to, .. } if to != self.me => {
+                self.send_refusal(to, pid, REFUSE_HOLDER_DEAD, dead)
+            }
+            Deferred::Invalidate { from, .. } if from != self.me => {
+                if let Err(e) = self.send(from, pid, &Msg::<()>::InvalidateAck, None) {
+                    log::warn!("node {}: {e}", self.me);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// At the home: `pid` is lost with `dead`. Requests the directory deferred (for a
+    /// copy-back that will never come) are refused now, as are all later ones.
+    pub(super) fn mark_lost_home(&self, pid: Pid, ps: &mut PageState, dead: Node) {
+        ps.lost = Some(dead);
+        self.requeue_deferred(ps);
+        if !ps.held.is_empty() {
+            self.retry_later(pid);
+        }
+    }
+
+    /// After a peer died: every page whose granted request waits for it is lost; at the home,
+    /// every page whose copy-back must come from it, too.
+    pub(super) fn sweep_dead(&self) {
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            for (&pid, ps) in shard.iter_mut() {
+                if let Some(dead) = self.dead_source(ps) {
+                    self.lose(pid, ps, dead);
+                }
+                if let Some(n) = ps.dir.awaiting_copy_back {
+                    if pid.node() == self.me && ps.lost.is_none() && !self.ch.peer_alive(n) {
+                        log::error!("node {}: page {pid} is lost: its copy-back was due from node {n}, which died", self.me);
+                        self.mark_lost_home(pid, ps, n);
+                    }
+                }
+            }
+        }
+        self.notify();
+    }
+
+    /// Tell `to` its request for `pid` is refused (see [`refusal`]).
+    pub(super) fn send_refusal(&self, to: Node, pid: Pid, code: u8, node: Node) {
+        self.send_control(
+            to,
+            &Control::Refuse {
+                pid: pid.raw(),
+                code,
+                node,
+            },
+        );
+    }
+}
+
+/// The error a worker gets for a refused request (`by`: the refusing node).
+pub(super) fn refusal(pid: Pid, code: u8, node: Node, by: Node) -> EngineError {
+    match code {
+        REFUSE_NO_PAGE => EngineError::NoSuchPage(pid),
+        REFUSE_HOLDER_DEAD => EngineError::HolderDead(pid, node),
+        _ => EngineError::RemoteRead { pid, home: by },
+    }
+}

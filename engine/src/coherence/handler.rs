@@ -1,0 +1,247 @@
+//! The handler: applies every incoming message, in order per sender, and retries those that
+//! could not be applied yet.
+//!
+//! Handling is a **role**: one holder at a time runs a [`Coherence::round`] (so per-sender
+//! order is kept exactly as the model assumes), whoever that is. Today the node's handler
+//! thread takes it every round.
+
+use super::possession::Pending;
+use super::protocol::{Msg, Node};
+use super::wire::{decode_batch, Attached, Control, Wire, CONTROL_BASE, REFUSE_HOLDER_DEAD};
+use super::{failure::refusal, msg_has_page, Coherence, Data, Note, PageState};
+use crate::buffer::Buffer;
+use crate::pid::Pid;
+use shoal_messaging::Incoming;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// Most incoming messages one round applies before it retries held ones again.
+const ROUND: usize = 64;
+
+/// What the holder of the handler role keeps between rounds.
+#[derive(Default)]
+pub(super) struct Role {
+    /// Nodes seen dead (their pages were swept once).
+    dead_seen: u64,
+}
+
+/// What a round did.
+struct Round {
+    /// Incoming messages applied.
+    applied: usize,
+    /// Held messages or allocations were retried (more may follow soon).
+    retried: bool,
+}
+
+impl Coherence {
+    /// Decode and queue an incoming message, then apply what can be applied.
+    fn receive(&self, buf: &Buffer, inc: Incoming) {
+        let from = inc.env.from_node;
+        let kind = inc.env.kind;
+        if kind >= CONTROL_BASE {
+            match (inc.env.decode::<Control>(), inc.page) {
+                (Ok(Control::Batch { count }), Some(page)) => match decode_batch(count, &page) {
+                    Ok(msgs) => {
+                        for (pid, msg) in msgs {
+                            // (batches carry only messages without a page)
+                            match attach(msg, None) {
+                                Some(m) => self.deliver(buf, from, Pid(pid), m),
+                                None => log::error!(
+                                    "node {}: a page message in a batch from node {from}: dropped",
+                                    self.me
+                                ),
+                            }
+                        }
+                    }
+                    Err(e) => log::error!("node {}: bad batch from node {from}: {e}", self.me),
+                },
+                (Ok(c), None) if !matches!(c, Control::Batch { .. }) => {
+                    self.on_control(buf, from, c)
+                }
+                (Ok(c), _) => log::error!(
+                    "node {}: {c:?} from node {from} with a page attachment mismatch: dropped",
+                    self.me
+                ),
+                (Err(e), _) => {
+                    log::error!("node {}: bad control message from {from}: {e}", self.me)
+                }
+            }
+            return;
+        }
+        let w: Wire = match inc.env.decode() {
+            Ok(w) => w,
+            Err(e) => {
+                log::error!("node {}: malformed message from node {from}: {e}", self.me);
+                return;
+            }
+        };
+        let pid = Pid(w.pid);
+        let has = msg_has_page(&w.msg);
+        let data = match (has, inc.page, from == self.me) {
+            (true, _, true) => Some(Data::Home),
+            (true, Some(p), false) => Some(Data::Bytes(p)),
+            (false, None, _) => None,
+            (true, None, false) | (false, Some(_), _) => {
+                log::error!(
+                    "node {}: {} from node {from} for {pid} with a page attachment mismatch: dropped",
+                    self.me,
+                    w.msg.name()
+                );
+                return;
+            }
+        };
+        let Some(msg) = attach(w.msg, data) else {
+            unreachable!("the page was checked against the message above")
+        };
+        self.deliver(buf, from, pid, msg);
+    }
+
+    /// Queue a decoded message about `pid` and apply what can be applied.
+    fn deliver(&self, buf: &Buffer, from: Node, pid: Pid, msg: Msg<Data>) {
+        if pid.node() >= self.nodes {
+            log::error!(
+                "node {}: {} from {from} about {pid}, outside the cluster",
+                self.me,
+                msg.name()
+            );
+            return;
+        }
+        let mut shard = self.shard(pid).lock();
+        let ps = shard
+            .entry(pid)
+            .or_insert_with(|| PageState::new(pid, self.me));
+        ps.held.push_back(Note { from, msg });
+        if self.progress(buf, pid, ps) {
+            self.retry_later(pid);
+        }
+        drop(shard);
+        self.notify();
+    }
+
+    fn on_control(&self, buf: &Buffer, from: Node, c: Control) {
+        match c {
+            Control::Arrive { generation } => {
+                self.barrier.arrive(from, generation);
+                self.notify();
+            }
+            Control::Alloc { request } => self.alloc_asked(buf, from, request),
+            Control::Allocated { request, pid } => self.alloc_answered(from, request, pid),
+            Control::Unused { pid } => self.free_unused(buf, from, Pid(pid)),
+            Control::Lost { pid, node } => {
+                let pid = Pid(pid);
+                if pid.node() == self.me {
+                    let mut shard = self.shard(pid).lock();
+                    let ps = shard
+                        .entry(pid)
+                        .or_insert_with(|| PageState::new(pid, self.me));
+                    if ps.lost.is_none() {
+                        log::error!(
+                            "node {}: page {pid} is lost with node {node} (reported by node {from})",
+                            self.me
+                        );
+                        self.mark_lost_home(pid, ps, node);
+                    }
+                }
+            }
+            Control::Batch { .. } => {
+                unreachable!("receive unpacks batches")
+            }
+            Control::Refuse { pid, code, node } => {
+                let pid = Pid(pid);
+                let mut shard = self.shard(pid).lock();
+                if let Some(s) = shard.get_mut(&pid) {
+                    if code == REFUSE_HOLDER_DEAD
+                        && matches!(s.copy.pending, Pending::Completing { .. })
+                    {
+                        // our predecessor in the page's chain lost it
+                        self.lose(pid, s, node);
+                    } else if matches!(s.copy.pending, Pending::Requested { .. }) {
+                        // the home did not record us: the request is over
+                        self.request_over(pid, s);
+                        s.error = Some(refusal(pid, code, node, from));
+                    }
+                }
+                drop(shard);
+                self.notify();
+            }
+        }
+    }
+
+    /// Retry the held messages of `pid`.
+    pub(super) fn kick(&self, buf: &Buffer, pid: Pid) {
+        let mut shard = self.shard(pid).lock();
+        if let Some(ps) = shard.get_mut(&pid) {
+            if self.progress(buf, pid, ps) {
+                self.retry_later(pid);
+            }
+        }
+        drop(shard);
+        self.notify();
+    }
+
+    /// One round of the handler's job, by whoever holds the role: notice deaths, retry held
+    /// messages, serve waiting allocations, apply up to [`ROUND`] incoming messages, send the
+    /// round's batches. Returns what it did.
+    fn round(&self, buf: &Buffer, role: &mut Role) -> Round {
+        let dead = (0..self.nodes)
+            .filter(|&n| n != self.me && !self.ch.peer_alive(n))
+            .fold(0u64, |m, n| m | (1 << n));
+        if dead & !role.dead_seen != 0 {
+            role.dead_seen |= dead;
+            self.sweep_dead();
+        }
+        let retry: Vec<Pid> = self.retry.lock().drain().collect();
+        let retried = !retry.is_empty() | self.serve_allocs(buf);
+        for pid in retry {
+            self.kick(buf, pid);
+        }
+        let mut applied = 0;
+        while let Some(inc) = self.ch.try_recv() {
+            self.receive(buf, inc);
+            applied += 1;
+            if applied == ROUND {
+                break;
+            }
+        }
+        // the eviction replies of this round leave together
+        self.flush_batches();
+        self.restore_unsent(buf);
+        if applied < ROUND && dead != 0 {
+            // This round began after `dead` was seen (an Acquire load of each peer's liveness,
+            // which its transport clears only after storing everything the peer sent), and it
+            // drained the rings empty: all those messages are handled. Release: see
+            // `dead_drained`.
+            self.dead_drained.fetch_or(dead, Ordering::Release);
+        }
+        Round { applied, retried }
+    }
+
+    /// The handler thread of a node: rounds until the node stops, waiting for messages
+    /// between rounds that found nothing.
+    pub fn run_handler(&self, buf: &Buffer) {
+        while !self.stop.load(Ordering::Acquire) {
+            let r = {
+                let mut role = self.role.lock();
+                self.round(buf, &mut role)
+            };
+            if r.applied == 0 {
+                let t = if r.retried || !self.retry.lock().is_empty() {
+                    Duration::from_micros(50)
+                } else {
+                    Duration::from_millis(10)
+                };
+                self.ch.wait(t, &self.stop);
+            }
+        }
+    }
+}
+
+/// The same message with `data` as its page; `None` if the message carries a page and `data`
+/// is none (or the reverse).
+fn attach(m: Msg<Attached>, data: Option<Data>) -> Option<Msg<Data>> {
+    if msg_has_page(&m) != data.is_some() {
+        return None;
+    }
+    let mut data = data;
+    Some(m.map_data(|_| data.take().unwrap_or(Data::Home)))
+}

@@ -1,0 +1,122 @@
+//! A page's home answers requests: the directory decides, and the grant goes out.
+
+use super::apply::{Latched, Outcome};
+use super::directory::DirDecision;
+use super::protocol::{members, Grant, Msg, Node, ProtocolError};
+use super::wire::{REFUSE_HOLDER_DEAD, REFUSE_NO_PAGE, REFUSE_READ};
+use super::{failure::refusal, Coherence, Note, PageState};
+use crate::buffer::Buffer;
+use crate::pid::Pid;
+use shoal_messaging::PAGE_BYTES;
+use shoal_storage::AlignedPage;
+
+impl Coherence {
+    /// A request for `pid` at its home (this node): the directory decides; the grant goes
+    /// out with the home's copy when it carries the page (from the home frame, or read from
+    /// the store). A request that needs a dead node, or a page that does not exist or cannot
+    /// be read, is refused and leaves the directory as it was.
+    pub(super) fn home_request<'b>(
+        &self,
+        buf: &'b Buffer,
+        pid: Pid,
+        ps: &mut PageState,
+        note: Note,
+        l: &mut Latched<'b>,
+    ) -> Result<Outcome, ProtocolError> {
+        let from = note.from;
+        let Msg::Request { want, have } = note.msg else {
+            unreachable!("home_request is called for requests")
+        };
+        if pid.node() != self.me {
+            return Err(ProtocolError(format!(
+                "node {from} sent a request for {pid} to a node that is not its home"
+            )));
+        }
+        let refuse = |ps: &mut PageState, code: u8, node: Node| {
+            if from == self.me {
+                self.request_over(pid, ps);
+                ps.error = Some(refusal(pid, code, node, self.me));
+            } else {
+                self.send_refusal(from, pid, code, node);
+            }
+            Ok(Outcome::Done)
+        };
+        if pid.slot() >= buf.store.high_water() {
+            return refuse(ps, REFUSE_NO_PAGE, 0);
+        }
+        let mut d = ps.dir;
+        let (mode, epoch, from_home, source, invalidate) = match d.request(from, want, have)? {
+            DirDecision::Defer => {
+                ps.dir_deferred.push_back(note);
+                return Ok(Outcome::Done);
+            }
+            DirDecision::Grant {
+                mode,
+                epoch,
+                from_home,
+                source,
+                invalidate,
+            } => (mode, epoch, from_home, source, invalidate),
+        };
+        // A node that must hand the page over or drop its copy is gone: the request would wait
+        // forever. Refuse it (the directory is left as it was: `d` is not stored).
+        let needed = source.into_iter().chain(members(invalidate));
+        if let Some(dead) = self.first_dead(needed) {
+            return refuse(ps, REFUSE_HOLDER_DEAD, dead);
+        }
+        // the home copy, if the grant carries it: the home frame, or the store
+        let mut home_idx = l.resident;
+        let mut copy: Option<AlignedPage> = None;
+        if from_home && home_idx.is_none() {
+            if from == self.me {
+                match self.load_home(buf, pid, l) {
+                    Ok(i) => home_idx = Some(i),
+                    Err(None) => return Ok(Outcome::Stuck(note)),
+                    Err(Some(code)) => return refuse(ps, code, 0),
+                }
+            } else {
+                let mut b = AlignedPage::new();
+                // SAFETY: b is an owned, aligned page buffer.
+                if let Err(e) =
+                    unsafe { buf.store.read_into(pid.slot(), pid.raw(), b.as_mut_ptr()) }
+                {
+                    log::error!("node {}: reading home page {pid}: {e}", self.me);
+                    return refuse(ps, REFUSE_READ, 0);
+                }
+                copy = Some(b);
+            }
+        }
+        ps.dir = d;
+        if from == self.me {
+            // our own grant: delivered at once, while the home frame is latched
+            ps.page_from = source;
+            let step = ps.copy.on_grant(Grant {
+                mode,
+                epoch,
+                data: if from_home { home_idx } else { None },
+                source,
+                invalidate,
+            })?;
+            self.effects(pid, ps, step, l);
+        } else {
+            let page: Option<&[u8; PAGE_BYTES]> = match (&copy, home_idx) {
+                _ if !from_home => None,
+                (Some(b), _) => Some(b),
+                // the home frame is in `l`: exclusively latched by us
+                (None, Some(i)) => Some(l.get(i).bytes()),
+                (None, None) => unreachable!("home copy loaded above"),
+            };
+            let g = Msg::Grant(Grant {
+                mode,
+                epoch,
+                data: from_home.then_some(()),
+                source,
+                invalidate,
+            });
+            if let Err(e) = self.send(from, pid, &g, page) {
+                log::warn!("node {}: {e}", self.me);
+            }
+        }
+        Ok(Outcome::Done)
+    }
+}

@@ -1,0 +1,277 @@
+//! The coherence protocol of a cluster node.
+//!
+//! **The rules** are pure state machines, checked by the model in tests/coherence_model.rs:
+//!
+//! | file | what |
+//! |---|---|
+//! | [`protocol`] | modes, node sets, the messages about a page, protocol errors |
+//! | [`directory`] | what a page's home decides (holders, conflict epoch, anticipatory chaining) |
+//! | [`possession`] | what a node does with its copy of a page |
+//! | [`wire`] | the messages as 64-byte channel messages; control messages; batches |
+//!
+//! **The driver** runs them for one node over its [`Buffer`], split by job:
+//!
+//! | file | who runs it | what |
+//! |---|---|---|
+//! | `acquire.rs` | workers | a page that is not resident with enough possession is requested from its home; the worker waits holding no latch, then looks the page up again |
+//! | `evict.rs` | the page provider | a page homed elsewhere leaves by an eviction notice; one homed here through the directory, locally |
+//! | `handler.rs` | the handler | applies every incoming message; never waits for a latch: a message whose frame is latched, that needs a free frame, or that would take a page its completing worker has not used yet stays held and is retried in order |
+//! | `apply.rs` | the handler | one message under the page's frame latches: home requests, grants, pages, notices |
+//! | `send.rs` | everyone | sending, batches of small messages per destination ([`outbox`]) |
+//! | `failure.rs` | everyone | dead nodes: lost pages, refusals |
+//! | `barrier.rs`, `alloc.rs` | workers, the handler | the cluster barrier; pages allocated on another node |
+//! | `census.rs` | a timed-out worker | what this node's frames and pages wait for, for the log |
+//!
+//! Per page this node has touched it keeps a [`PageState`]: the page's directory entry
+//! (meaningful at the page's home only), this node's [`PageCopy`] (whose data is the frame
+//! holding the page), and the messages it could not apply yet.
+//!
+//! Frames and the home copy: at a page's home, the frame of the page (if resident) *is* the
+//! home's copy of the page (the one the directory grants from); when this node holds the page
+//! itself, the same frame is also its copy. The frame's [`Possession`] says what local guards
+//! may do with it; a home copy that this node does not hold has possession none. At other
+//! nodes a frame exists exactly while this node's copy holds it. Frames of pages homed
+//! elsewhere are never written to the local store.
+//!
+//! Locks: a page's state is only touched under its shard's mutex; frames are latched with `try`
+//! only (by the handler and the provider), so holding a shard mutex never waits for a latch.
+//!
+//! It must not know about guards, workers' operations or the provider's policy: it is given
+//! page ids and frames, and answers with frames and errors.
+
+pub mod directory;
+pub mod outbox;
+pub mod possession;
+pub mod protocol;
+pub mod wire;
+
+mod acquire;
+mod alloc;
+mod apply;
+mod barrier;
+mod census;
+mod evict;
+mod failure;
+mod handler;
+mod home;
+mod send;
+#[cfg(test)]
+mod tests;
+
+use crate::buffer::{FrameIdx, Possession};
+use crate::error::EngineError;
+use crate::pid::Pid;
+use alloc::RemoteAlloc;
+use barrier::Barrier;
+use directory::DirEntry;
+use outbox::Outboxes;
+use parking_lot::{Condvar, Mutex};
+use possession::PageCopy;
+use protocol::{Mode, Msg, Node};
+use shoal_messaging::{Channels, PAGE_BYTES};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::time::{Duration, Instant};
+
+/// Shards of the page-state map.
+const SHARDS: usize = 64;
+/// Longest time a completed request keeps its page for the worker that asked.
+const RESERVE: Duration = Duration::from_millis(10);
+
+/// A page travelling in a message, as the receiver sees it.
+#[derive(Debug, Clone)]
+pub(crate) enum Data {
+    /// The home's own copy (a message the home sends itself).
+    Home,
+    /// Bytes that arrived attached to the message.
+    Bytes(Box<[u8; PAGE_BYTES]>),
+}
+
+/// A message for a page, from `from`.
+#[derive(Debug)]
+pub(crate) struct Note {
+    from: Node,
+    msg: Msg<Data>,
+}
+
+/// What this node knows and holds of one page.
+struct PageState {
+    /// The directory entry (used only when this node is the page's home).
+    dir: DirEntry,
+    copy: PageCopy<FrameIdx>,
+    /// Messages not applied yet, in arrival order.
+    held: VecDeque<Note>,
+    /// Requests the directory deferred (a copy-back is outstanding).
+    dir_deferred: VecDeque<Note>,
+    /// A worker waits for the outstanding request (it will call `used`).
+    waiter: bool,
+    /// The request completed at this instant; its worker has not used the page yet.
+    reserved: Option<Instant>,
+    /// `copy.served()` is still to be called.
+    serve_due: bool,
+    /// The home refused the outstanding request.
+    error: Option<EngineError>,
+    /// A Transfer or Invalidate waits for local guards to leave the page: new local guards
+    /// stay away (they wait), so a busy local worker cannot starve the other nodes.
+    revoking: bool,
+    /// The node the last grant said the page comes from (to notice when it died).
+    page_from: Option<Node>,
+    /// The page's only current copy died with this node: every access fails.
+    lost: Option<Node>,
+}
+
+impl PageState {
+    fn new(pid: Pid, me: Node) -> PageState {
+        PageState {
+            dir: DirEntry::new(),
+            copy: PageCopy::new(pid.node(), me),
+            held: VecDeque::new(),
+            dir_deferred: VecDeque::new(),
+            waiter: false,
+            reserved: None,
+            serve_due: false,
+            error: None,
+            revoking: false,
+            page_from: None,
+            lost: None,
+        }
+    }
+
+    fn reserved_now(&mut self) -> bool {
+        if self.reserved.is_some_and(|t| t.elapsed() > RESERVE) {
+            self.reserved = None;
+        }
+        self.reserved.is_some()
+    }
+
+    /// Whether anything waits on this page: an outstanding interaction, held or deferred
+    /// messages, a due serve, a revocation.
+    fn busy(&self) -> bool {
+        self.copy.pending != possession::Pending::Idle
+            || !self.held.is_empty()
+            || !self.copy.deferred.is_empty()
+            || !self.dir_deferred.is_empty()
+            || self.serve_due
+            || self.revoking
+    }
+}
+
+/// Counters of the protocol at one node.
+#[derive(Debug, Default)]
+pub struct CoherenceCounters {
+    /// Possession requests this node's workers sent.
+    pub requests: AtomicU64,
+    /// Protocol messages sent to other nodes.
+    pub messages: AtomicU64,
+    /// Pages sent to other nodes.
+    pub pages: AtomicU64,
+    /// Eviction notices sent.
+    pub evict_notices: AtomicU64,
+    /// Batches sent (each one message carrying several eviction notices or replies).
+    pub batches: AtomicU64,
+    /// Messages the handler had to hold and retry.
+    pub held: AtomicU64,
+}
+
+/// One node's protocol state.
+pub(crate) struct Coherence {
+    pub ch: Channels,
+    me: Node,
+    nodes: u8,
+    shards: Box<[Mutex<HashMap<Pid, PageState>>]>,
+    /// Pages whose held messages or due serve the handler must retry.
+    retry: Mutex<HashSet<Pid>>,
+    done_mx: Mutex<()>,
+    done_cv: Condvar,
+    /// How long a worker waits for a remote page before failing.
+    pub timeout: Duration,
+    pub counters: CoherenceCounters,
+    pub stop: AtomicBool,
+    /// Bit n: node n is dead and the handler has handled everything it sent (a round that
+    /// began with n seen dead ended with the inbox and rings empty). Waiters believe a death
+    /// only then: a peer's last messages (a barrier arrival, say) may still sit in our rings
+    /// when its closed connection is noticed.
+    dead_drained: AtomicU64,
+    /// The handler role: whoever holds it applies incoming messages (see `handler.rs`).
+    role: Mutex<handler::Role>,
+    barrier: Barrier,
+    alloc: RemoteAlloc,
+    /// Eviction notices and replies waiting to go out in batches, per destination.
+    outbox: Outboxes,
+    /// Pages whose eviction notice was queued but could not be sent (the handler makes their
+    /// copies idle again).
+    unsent: Mutex<Vec<Pid>>,
+}
+
+impl Coherence {
+    pub fn new(ch: Channels, timeout: Duration) -> Coherence {
+        let nodes = ch.nodes();
+        Coherence {
+            me: ch.node(),
+            nodes,
+            ch,
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            retry: Mutex::new(HashSet::new()),
+            done_mx: Mutex::new(()),
+            done_cv: Condvar::new(),
+            timeout,
+            counters: CoherenceCounters::default(),
+            stop: AtomicBool::new(false),
+            dead_drained: AtomicU64::new(0),
+            role: Mutex::new(handler::Role::default()),
+            barrier: Barrier::default(),
+            alloc: RemoteAlloc::default(),
+            outbox: Outboxes::new(nodes),
+            unsent: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Nodes in the cluster.
+    pub fn nodes(&self) -> u8 {
+        self.nodes
+    }
+
+    fn shard(&self, pid: Pid) -> &Mutex<HashMap<Pid, PageState>> {
+        let h = (pid.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize;
+        &self.shards[h % SHARDS]
+    }
+
+    /// Wake the workers waiting in [`Coherence::acquire`] (and barrier, allocation waits).
+    fn notify(&self) {
+        let _g = self.done_mx.lock();
+        self.done_cv.notify_all();
+    }
+
+    fn check_node(&self, pid: Pid) -> Result<(), EngineError> {
+        if pid.node() >= self.nodes {
+            return Err(EngineError::NoSuchNode(pid, self.nodes));
+        }
+        Ok(())
+    }
+
+    /// Schedule `pid`'s held messages (or due serve) for the handler's next round.
+    fn retry_later(&self, pid: Pid) {
+        self.retry.lock().insert(pid);
+    }
+}
+
+/// The possession local guards get from a copy in this state.
+fn possession_of(c: &PageCopy<FrameIdx>) -> Possession {
+    if c.usable(Mode::Exclusive) {
+        Possession::Exclusive
+    } else if c.usable(Mode::Shared) {
+        Possession::Shared
+    } else {
+        Possession::None
+    }
+}
+
+/// Whether a message carries a page.
+fn msg_has_page<D>(m: &Msg<D>) -> bool {
+    match m {
+        Msg::Grant(g) => g.data.is_some(),
+        Msg::Page { .. } => true,
+        Msg::CopyBack { data } | Msg::Evict { data, .. } => data.is_some(),
+        _ => false,
+    }
+}

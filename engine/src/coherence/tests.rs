@@ -1,0 +1,256 @@
+//! Regression tests of the driver that reach inside a node (the provider, the handler).
+
+use crate::coherence::possession::Pending;
+use crate::{Cluster, EngineConfig, Pid};
+use std::time::{Duration, Instant};
+
+/// `n` nodes over mem with 256-frame caches, their stores under `dir`.
+fn cluster(dir: &std::path::Path, n: usize) -> Cluster {
+    let d = dir.to_path_buf();
+    Cluster::mem(n, Duration::from_secs(20), move |i| {
+        EngineConfig::new(d.join(format!("n{i}")), 256 * 4096)
+    })
+    .unwrap()
+}
+
+/// Regression (found by the 3-process `shoal node` test after batching made the window
+/// wider): the provider chose a home frame as a plain home copy (`prepare_evict` said yes),
+/// then the handler granted the page to a home worker from that very frame (its copy, with
+/// possession none until the sharers' acknowledgements arrive), then the provider dropped
+/// the frame: the copy pointed at a freed frame and the acknowledgements were held forever.
+/// The provider now asks `droppable` under the frame's latch before dropping.
+#[test]
+fn a_home_frame_granted_to_its_own_worker_is_not_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(dir.path(), 2);
+    let (home, other) = (c.node(0), c.node(1));
+    let w0 = home.worker();
+    let pid = {
+        let mut g = w0.allocate().unwrap();
+        g.page_mut().set_u64(0, 41);
+        g.pid()
+    };
+    let frame = |pid: Pid| {
+        home.node()
+            .buf
+            .resident_frame(pid)
+            .expect("resident at home")
+    };
+    let idx = frame(pid);
+    let coh = home.node().coh.as_ref().unwrap();
+    // the home holds it exclusively: its own copy, not droppable
+    assert!(!coh.droppable(pid, idx));
+    // node 1 takes a shared copy and keeps its guard: the home's copy goes, the home frame
+    // stays as a plain home copy, droppable
+    let w1 = other.worker();
+    let g1 = w1.shared(pid).unwrap();
+    assert_eq!(g1.page().u64(0), 41);
+    assert_eq!(frame(pid), idx);
+    assert!(coh.droppable(pid, idx), "a plain home copy may go");
+    // a home worker asks for it exclusively: granted from the home frame, waiting for node
+    // 1's acknowledgement (held there while the shared guard lives)
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let w = home.worker();
+            let mut g = w.exclusive(pid).unwrap();
+            let v = g.page().u64(0);
+            g.page_mut().set_u64(0, v + 1);
+        });
+        let t0 = Instant::now();
+        loop {
+            let completing = coh
+                .shard(pid)
+                .lock()
+                .get(&pid)
+                .is_some_and(|s| s.copy.data == Some(idx));
+            if completing {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "hang guard: no grant"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            !coh.droppable(pid, idx),
+            "the frame is the home worker's copy now"
+        );
+        // the provider's eviction step itself keeps it. It evicts only written-back
+        // frames: mark it clean as its write-back would (the page stays in memory, and
+        // nothing here reads the store). Checked by breaking it on purpose (2026-11-24):
+        // without the `droppable` check in `provider::evict` this fails.
+        home.node().buf.pool.frame(idx).set_dirty(false);
+        assert!(
+            !crate::provider::evict(home.node(), idx),
+            "the provider dropped the home worker's copy"
+        );
+        assert_eq!(frame(pid), idx, "still resident in its frame");
+        drop(g1);
+        writer.join().unwrap();
+    });
+    assert_eq!(w1.shared(pid).unwrap().page().u64(0), 42);
+    drop((w0, w1));
+    c.close().unwrap();
+}
+
+/// Node 1 holds `pid` (homed on node 0) shared, or exclusive and written (`dirty`); node 0
+/// holds no frame of it (its image is in node 0's store) and every frame of node 0 is fixed
+/// by a guard. Node 1 sends its eviction notice; in the shared case a worker of node 0 has
+/// asked for the page first, and its request waits at node 0's handler for a free frame.
+/// The notice must be answered while node 0 has no free frame (node 1's frame is freed),
+/// and once node 0's frames are released it reads the page's last value.
+///
+/// Checked on purpose (throw-away patches): with held messages applied strictly in order
+/// again, the clean case fails at "was not answered" (the waiting request held the notice
+/// back: the 3-process `shoal node` stall); with a dirty notice waiting for a frame again
+/// instead of going to the store, the dirty case fails there too.
+fn eviction_needs_no_free_frame_at_the_home(dirty: bool) {
+    // a hang guard, not a speed check: the broken behaviour never answers (10 s was once
+    // too short for the dirty case beside 3 busy loops and the other tests)
+    const HANG_GUARD: Duration = Duration::from_secs(60);
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(dir.path(), 2);
+    let (home, other) = (c.node(0), c.node(1));
+    let (node0, node1) = (home.node(), other.node());
+    let (buf0, buf1) = (&node0.buf, &node1.buf);
+    let (coh0, coh1) = (node0.coh.as_ref().unwrap(), node1.coh.as_ref().unwrap());
+    let frame = |e: &crate::Engine, pid: Pid| e.node().buf.resident_frame(pid);
+    let w0 = home.worker();
+    let pid = {
+        let mut g = w0.allocate().unwrap();
+        g.page_mut().set_u64(0, 41);
+        g.pid()
+    };
+    let w1 = other.worker();
+    let want = if dirty {
+        let mut g = w1.exclusive(pid).unwrap();
+        g.page_mut().set_u64(0, 42);
+        42
+    } else {
+        assert_eq!(w1.shared(pid).unwrap().page().u64(0), 41);
+        41
+    };
+    // node 0 writes its frame of the page to its store and drops it (a plain home copy now)
+    let idx = frame(home, pid).expect("resident at home");
+    let h = buf0.try_hold(idx, pid).expect("nobody holds it");
+    assert!(coh0.droppable(pid, idx), "node 0 does not hold it any more");
+    let bytes = Box::new(*h.bytes());
+    h.drop_page();
+    coh0.write_home(buf0, pid, &bytes, &super::apply::Latched::default())
+        .unwrap();
+    // fix every frame of node 0
+    let pinner = home.worker();
+    let pins: Vec<_> = (0..buf0.pool.len())
+        .map(|_| pinner.allocate().unwrap())
+        .collect();
+    assert_eq!(buf0.free.len(), 0, "no frame is free at node 0");
+    std::thread::scope(|s| {
+        let t0 = Instant::now();
+        let reader = (!dirty).then(|| {
+            let r = s.spawn(|| home.worker().shared(pid).map(|g| g.page().u64(0)));
+            // its request reached node 0's handler and waits there for a frame
+            let waits = || {
+                coh0.shard(pid)
+                    .lock()
+                    .get(&pid)
+                    .is_some_and(|s| s.held.iter().any(|n| n.from == 0))
+            };
+            while !waits() {
+                assert!(t0.elapsed() < HANG_GUARD, "hang guard: no request");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            r
+        });
+        // node 1 evicts its copy (clean: in a batch; dirty: alone, with the page). The
+        // provider may decline for a moment (its handler has not yet served what followed
+        // its worker's use of the page), so try until the notice is out.
+        let idx1 = frame(other, pid).expect("node 1 holds it");
+        let sent = || {
+            coh1.shard(pid)
+                .lock()
+                .get(&pid)
+                .is_some_and(|s| s.copy.pending == Pending::Evicting)
+        };
+        while !sent() && frame(other, pid).is_some() {
+            assert!(!coh1.prepare_evict(buf1, idx1), "a page homed elsewhere");
+            coh1.flush_batches();
+            assert!(
+                t0.elapsed() < HANG_GUARD,
+                "hang guard: no notice left node 1"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        while frame(other, pid).is_some() {
+            assert!(
+                t0.elapsed() < HANG_GUARD,
+                "node 1's eviction notice was not answered while node 0 has no free frame"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if let Some(r) = &reader {
+            assert!(!r.is_finished(), "the request still waits for a frame");
+        }
+        drop(pins);
+        if let Some(r) = reader {
+            assert_eq!(r.join().unwrap().unwrap(), want);
+        }
+    });
+    assert_eq!(w0.shared(pid).unwrap().page().u64(0), want);
+    drop((w0, w1, pinner));
+    c.close().unwrap();
+}
+
+#[test]
+fn a_clean_eviction_notice_is_answered_while_a_request_for_the_page_waits_for_a_frame() {
+    eviction_needs_no_free_frame_at_the_home(false);
+}
+
+/// The dirty page goes straight to the home's store (no frame is free to take it).
+#[test]
+fn a_dirty_eviction_notice_is_accepted_when_the_home_has_no_free_frame() {
+    eviction_needs_no_free_frame_at_the_home(true);
+}
+
+/// `Control::Unused` frees only a page its home allocated for the sender and that no node
+/// ever asked for: not the home's own page, not a page the sender used, not a page
+/// allocated for another node. Each stays readable with its contents.
+#[test]
+fn unused_notices_free_nothing_that_may_be_in_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(dir.path(), 3);
+    let home = c.node(0);
+    let (w0, w1, w2) = (home.worker(), c.node(1).worker(), c.node(2).worker());
+    let own = {
+        let mut g = w0.allocate().unwrap();
+        g.page_mut().set_u64(0, 1);
+        g.pid()
+    };
+    let used = {
+        let mut g = w1.allocate_on(0).unwrap();
+        g.page_mut().set_u64(0, 2);
+        g.pid()
+    };
+    let other = {
+        let mut g = w2.allocate_on(0).unwrap();
+        g.page_mut().set_u64(0, 3);
+        g.pid()
+    };
+    let in_use = home.store().slots_in_use();
+    let node = home.node();
+    let coh = node.coh.as_ref().unwrap();
+    for (from, pid) in [(1, own), (1, used), (1, other), (2, own), (0, used)] {
+        coh.free_unused(&node.buf, from, pid);
+    }
+    assert_eq!(home.store().slots_in_use(), in_use);
+    for (pid, v) in [(own, 1), (used, 2), (other, 3)] {
+        for w in [&w0, &w1, &w2] {
+            assert_eq!(
+                w.run(|w| w.shared(pid).map(|g| g.page().u64(0))).unwrap(),
+                v
+            );
+        }
+    }
+    drop((w0, w1, w2));
+    c.close().unwrap();
+}
