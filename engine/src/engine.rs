@@ -74,7 +74,7 @@ impl Engine {
         Engine::open_with(cfg, None)
     }
 
-    /// Open node `cfg.node_id` of a cluster (see [`crate::cluster`] for building one).
+    /// Open node `cfg.node_id` of a cluster (see [`crate::Cluster`] for building one).
     pub fn open_member(cfg: EngineConfig, m: Membership) -> Result<Engine, EngineError> {
         Engine::open_with(cfg, Some(m))
     }
@@ -479,8 +479,8 @@ mod tests {
         e.node.buf.resident_frame(pid)
     }
 
-    /// The home-frame layout (`FramePool::home`): when the pool holds every page, each page
-    /// sits in its home frame, whatever order pages are created or read back in; when it does
+    /// The home-frame layout (`FramePool::preferred`): when the pool holds every page, each page
+    /// sits in its preferred frame, whatever order pages are created or read back in; when it does
     /// not, pages go wherever a frame is free and stay readable.
     #[test]
     fn pages_sit_in_their_home_frames_when_the_pool_holds_them_all() {
@@ -498,7 +498,7 @@ mod tests {
             for &pid in &pids {
                 assert_eq!(
                     frame_of(&e, pid),
-                    Some(e.node.buf.pool.home(pid)),
+                    Some(e.node.buf.pool.preferred(pid)),
                     "{pid:?}"
                 );
             }
@@ -506,7 +506,7 @@ mod tests {
             e.close().unwrap();
             pids
         };
-        // Read back in reverse: faults take each page's home frame again.
+        // Read back in reverse: faults take each page's preferred frame again.
         let e = Engine::open(EngineConfig::new(dir.path(), 8 << 20)).unwrap();
         let w = e.worker();
         for (i, &pid) in pids.iter().enumerate().rev() {
@@ -514,7 +514,7 @@ mod tests {
             assert_eq!(v, i as u64);
             assert_eq!(
                 frame_of(&e, pid),
-                Some(e.node.buf.pool.home(pid)),
+                Some(e.node.buf.pool.preferred(pid)),
                 "{pid:?}"
             );
         }

@@ -124,12 +124,12 @@ impl Worker {
     }
 
     /// Hint: bytes `off..off + len` of `pid`'s page will be read soon. Starts loading them in
-    /// the page's home frame ([`crate::buffer::frame::FramePool::home`]), where a page usually is
+    /// the page's preferred frame (a fixed function of its id, see docs/architecture.md), where a page usually is
     /// when the cache holds the data; wasted if it is elsewhere or not resident.
     #[inline]
     pub fn prefetch_range(&self, pid: Pid, off: usize, len: usize) {
         let pool = &self.node.buf.pool;
-        pool.prefetch_range(pool.home(pid), off, len);
+        pool.prefetch_range(pool.preferred(pid), off, len);
     }
 
     /// Second hint, after [`Worker::prefetch`] had time to load the translation entry: if
@@ -157,18 +157,18 @@ impl Worker {
     }
 
     /// The frame that probably holds `pid` (every caller checks the frame's pid again under
-    /// its latch), or `None` if it is not resident. First its home frame (see
-    /// [`crate::buffer::frame::FramePool::home`]): if that frame says it holds `pid`, the translation
+    /// its latch), or `None` if it is not resident. First its preferred frame (see
+    /// [`crate::buffer::frame::FramePool::preferred`]): if that frame says it holds `pid`, the translation
     /// entry is not needed at all, so the frame descriptor and the page's first lines are the
     /// only cache misses, and they overlap. Else the translation table.
     #[inline]
     fn locate(&self, pid: Pid) -> Option<FrameIdx> {
         let buf = &self.node.buf;
         let pool = &buf.pool;
-        let home = pool.home(pid);
-        pool.prefetch_page(home);
-        if pool.frame(home).pid() == pid {
-            return Some(home);
+        let preferred = pool.preferred(pid);
+        pool.prefetch_page(preferred);
+        if pool.frame(preferred).pid() == pid {
+            return Some(preferred);
         }
         buf.table.lookup(pool, pid)
     }
@@ -356,7 +356,7 @@ impl<'w> OptimisticGuard<'w> {
         self.pid
     }
 
-    /// The page's bytes (atomic, total reads; see [`crate::buffer::page`]).
+    /// The page's bytes (atomic, total reads: see [`PageRef`]).
     #[inline]
     pub fn page(&self) -> PageRef<'w> {
         self.w.page_ref(self.idx)

@@ -1,20 +1,19 @@
 //! # shoal-engine: the buffer manager
 //!
-//! This crate owns a node's view of pages: buffer frames and their pool ([`frame`]), the free
-//! frames ([`free_frames`]), the translation table from page id to frame ([`table`]), the
-//! hybrid latch ([`latch`]), race-free page byte access ([`page`]), the guards and workers
-//! that are the public API ([`guard`]), the page provider that evicts cold pages to NVMe
-//! ([`provider`]), the catalog page ([`catalog`]), configuration ([`config`]) and the engine
-//! itself ([`engine`]).
+//! One node's view of pages, built in layers (each knows only the ones below it):
 //!
-//! The coherence protocol's rules exist as pure state machines: [`protocol`] (modes and
-//! messages), [`directory`] (a page's home: holders, conflict epoch, anticipatory chaining) and
-//! [`possession`] (a node's copy of a page), checked by the model in tests/coherence_model.rs;
-//! [`wire`] packs the messages into 64-byte mailbox messages and [`outbox`] gathers small ones
-//! into batches per destination. `coherence` (crate-private) drives them for a node of a
-//! cluster: a handler thread per node, worker-side remote misses, and the provider's eviction
-//! notices. [`cluster`] runs N nodes in one process; [`cluster_file`] reads
-//! a TOML cluster file and starts one node of it per process over `tcp` ([`join`]).
+//! | layer | where | what |
+//! |---|---|---|
+//! | engine | `engine.rs`, `cluster.rs`, `cluster_file.rs` | open, close, threads; [`Engine`], [`Cluster`], [`join`] |
+//! | guards | `guard.rs`, `provider.rs` | [`Worker`] and the page guards (the API); the page provider |
+//! | node | `node.rs` | a buffer, plus the coherence protocol on a cluster: the one place that tells the two apart |
+//! | coherence | [`coherence`] | the protocol's rules as pure state machines, and the driver that runs them over a buffer |
+//! | buffer | `buffer/` | frames, hybrid latches, page bytes, translation table, free frames, the page store |
+//!
+//! The public surface is what this page re-exports, the [`catalog`] page format and the
+//! coherence rules ([`coherence::protocol`], [`coherence::directory`],
+//! [`coherence::possession`], [`coherence::wire`], [`coherence::outbox`]), which the model in
+//! tests/coherence_model.rs drives; everything else is private.
 //!
 //! It must not know about B-tree layouts or workloads: it hands out latched pages by id.
 //!
@@ -39,17 +38,17 @@
 
 mod buffer;
 pub mod catalog;
-pub mod cluster;
-pub mod cluster_file;
+mod cluster;
+mod cluster_file;
 pub mod coherence;
-pub mod config;
-pub mod engine;
-pub mod error;
-pub mod guard;
+mod config;
+mod engine;
+mod error;
+mod guard;
 mod node;
-pub mod pid;
+mod pid;
 mod provider;
-pub mod stats;
+mod stats;
 
 pub use buffer::page::{PageMut, PageRef};
 pub use cluster::Cluster;

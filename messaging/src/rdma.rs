@@ -913,10 +913,10 @@ impl Transport for RdmaTransport {
         let mut sge = ffi::ibv_sge {
             addr: sge_addr,
             length: data.len() as u32,
-            // SAFETY: the staging MR lives as long as the link.
             lkey: if plan.inline {
                 0
             } else {
+                // SAFETY: the staging MR lives as long as the link.
                 unsafe { (*st.mr).lkey }
             },
         };

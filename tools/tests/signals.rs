@@ -64,10 +64,8 @@ impl Running {
 
     fn signal(&self, sig: libc::c_int) {
         // SAFETY: kill(2) on our own child, not reaped yet (so its pid is not reused).
-        assert_eq!(
-            unsafe { libc::kill(self.child.id() as libc::pid_t, sig) },
-            0
-        );
+        let r = unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
+        assert_eq!(r, 0);
     }
 
     /// Wait for the exit (bounded): the exit code and the output.

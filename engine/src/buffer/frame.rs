@@ -180,8 +180,8 @@ pub struct FramePool {
     frames: MappedSlice<Frame>,
     memory: *mut u8,
     bytes: usize,
-    /// Where each node's pages start in the pool's home-frame layout (see [`FramePool::home`]).
-    home_offset: [u64; MAX_NODES],
+    /// Where each node's pages start in the pool's home-frame layout (see [`FramePool::preferred`]).
+    preferred_offset: [u64; MAX_NODES],
 }
 
 // SAFETY: `memory` is a private anonymous mapping owned by the pool; all access to it goes
@@ -200,15 +200,15 @@ impl FramePool {
         let frames = MappedSlice::new(count, |_| Frame::new())?;
         // Node k's pages start at k times the golden ratio's fraction of the pool (mod 1):
         // node 0 at 0, node 1 at 0.62, node 2 at 0.24, ... so that the first pages of every
-        // node have different home frames while each node's stay contiguous.
-        let home_offset = std::array::from_fn(|k| {
+        // node have different preferred frames while each node's stay contiguous.
+        let preferred_offset = std::array::from_fn(|k| {
             (((k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) as u128 * count as u128) >> 64) as u64
         });
         Ok(FramePool {
             frames,
             memory: memory.as_ptr(),
             bytes,
-            home_offset,
+            preferred_offset,
         })
     }
 
@@ -216,13 +216,13 @@ impl FramePool {
     /// a reader can start loading a page's frame and first lines *while* it reads the page's
     /// translation entry, instead of after (the entry stays the authority: the guess is only
     /// a prefetch). Slot `s` of node 0 goes to frame `s mod frames`: when the pool is larger
-    /// than the data, every page has a home frame of its own.
+    /// than the data, every page has a preferred frame of its own.
     #[inline]
-    pub fn home(&self, pid: Pid) -> FrameIdx {
+    pub fn preferred(&self, pid: Pid) -> FrameIdx {
         let n = self.frames.len() as u64;
         let x = pid
             .slot()
-            .wrapping_add(self.home_offset[pid.node() as usize % MAX_NODES]);
+            .wrapping_add(self.preferred_offset[pid.node() as usize % MAX_NODES]);
         FrameIdx((if x < n { x } else { x % n.max(1) }) as u32)
     }
 
@@ -301,21 +301,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn home_frames_are_in_range_and_keep_nodes_apart() {
+    fn preferred_frames_are_in_range_and_keep_nodes_apart() {
         let pool = FramePool::new(1000).unwrap();
         // node 0: slot s -> frame s while it fits, wrapping after
         for s in [0u64, 1, 999] {
-            assert_eq!(pool.home(Pid::new(0, s)), FrameIdx(s as u32));
+            assert_eq!(pool.preferred(Pid::new(0, s)), FrameIdx(s as u32));
         }
-        assert_eq!(pool.home(Pid::new(0, 1000)), FrameIdx(0));
-        assert!(pool.home(Pid::new(0, (1 << 56) - 1)).get() < 1000);
+        assert_eq!(pool.preferred(Pid::new(0, 1000)), FrameIdx(0));
+        assert!(pool.preferred(Pid::new(0, (1 << 56) - 1)).get() < 1000);
         // other nodes start elsewhere: node 1 at 618 (golden ratio), and no two of the first
         // 8 nodes share their first page's frame
-        assert_eq!(pool.home(Pid::new(1, 0)), FrameIdx(618));
+        assert_eq!(pool.preferred(Pid::new(1, 0)), FrameIdx(618));
         let firsts: std::collections::HashSet<FrameIdx> =
-            (0..8).map(|k| pool.home(Pid::new(k, 0))).collect();
+            (0..8).map(|k| pool.preferred(Pid::new(k, 0))).collect();
         assert_eq!(firsts.len(), 8);
         // the "no page" pid maps somewhere harmless
-        assert!(pool.home(Pid::NONE).get() < 1000);
+        assert!(pool.preferred(Pid::NONE).get() < 1000);
     }
 }

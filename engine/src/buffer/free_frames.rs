@@ -1,9 +1,9 @@
 //! The set of free frames: frames that hold no page and belong to nobody.
 //!
 //! A bitmap with one bit per frame (set = free), so that a fault or an allocation can ask for
-//! one *particular* frame, its page's home frame ([`crate::buffer::frame::FramePool::home`]), and take
-//! any other only when that one is busy. A page in its home frame is found without waiting for
-//! the translation table (the guards start loading the home frame while they read the table
+//! one *particular* frame, its page's preferred frame ([`crate::buffer::frame::FramePool::preferred`]), and take
+//! any other only when that one is busy. A page in its preferred frame is found without waiting for
+//! the translation table (the guards start loading the preferred frame while they read the table
 //! entry); when the pool holds the whole data set every page is at home.
 //!
 //! Taking a frame clears its bit with one atomic read-modify-write, so exactly one taker wins
@@ -64,7 +64,7 @@ impl FreeFrames {
         let Some(word) = self.bits.get(w) else {
             return false;
         };
-        // Cheap test first: a busy home frame (the common case once the pool is full) costs a
+        // Cheap test first: a busy preferred frame (the common case once the pool is full) costs a
         // read, not a cache-line write. Relaxed: only a hint; the claim below decides.
         if word.load(Ordering::Relaxed) & m == 0 {
             return false;

@@ -133,12 +133,12 @@ impl Buffer {
         self.frames_freed.notify_all();
     }
 
-    /// Take a frame for `pid` that is free right now, if any: its home frame if that is free
-    /// (see [`FramePool::home`]), else any. Wakes the provider when free frames run low (or out).
+    /// Take a frame for `pid` that is free right now, if any: its preferred frame if that is free
+    /// (see [`FramePool::preferred`]), else any. Wakes the provider when free frames run low (or out).
     pub fn try_take_free_frame(&self, pid: Pid) -> Option<FrameIdx> {
-        let home = self.pool.home(pid);
-        let i = if self.free.take(home) {
-            Some(home)
+        let preferred = self.pool.preferred(pid);
+        let i = if self.free.take(preferred) {
+            Some(preferred)
         } else {
             self.free.take_any()
         };

@@ -37,8 +37,9 @@ impl<'a> PageRef<'a> {
     /// `'a` and that is only accessed through atomics (or by the kernel for I/O) while shared.
     pub(crate) unsafe fn from_ptr(ptr: *const u8) -> Self {
         debug_assert_eq!(ptr as usize % 8, 0);
-        // SAFETY: AtomicU64 has the size and alignment of u64; the caller guarantees validity.
         PageRef {
+            // SAFETY: AtomicU64 has the size and alignment of u64; the caller guarantees the
+            // memory is valid, 8-aligned, long enough and only accessed atomically while shared.
             words: unsafe { &*(ptr as *const [AtomicU64; WORDS]) },
         }
     }
@@ -159,8 +160,8 @@ impl<'a> PageMut<'a> {
     /// As [`PageRef::from_ptr`], and the caller must be the only writer of this memory for `'a`.
     pub(crate) unsafe fn from_ptr(ptr: *mut u8) -> Self {
         debug_assert_eq!(ptr as usize % 8, 0);
-        // SAFETY: see PageRef::from_ptr.
         PageMut {
+            // SAFETY: as in PageRef::from_ptr; the caller is the only writer for 'a.
             words: unsafe { &*(ptr as *const [AtomicU64; WORDS]) },
         }
     }

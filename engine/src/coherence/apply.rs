@@ -124,7 +124,7 @@ impl Coherence {
         !ps.held.is_empty() || ps.serve_due
     }
 
-    /// Latch this node's copy frame and (at the home) the home frame. Elsewhere the table's
+    /// Latch this node's copy frame and (at the home) the home's frame. Elsewhere the table's
     /// frame for the page is the copy's frame, so `l.resident` is known either way.
     fn latch_for<'b>(
         &self,
@@ -179,7 +179,7 @@ impl Coherence {
         }
     }
 
-    /// Put `bytes` into this node's frame of `pid` (the home frame when there is one, else a
+    /// Put `bytes` into this node's frame of `pid` (the home's frame when there is one, else a
     /// free frame, latched and added to `l`). `None` when no frame is free.
     fn install<'b>(
         &self,
@@ -456,7 +456,7 @@ impl Coherence {
             if to == self.me {
                 match msg {
                     // we are the home and gave our own copy away to a shared requester: the
-                    // home frame already holds the page
+                    // home's frame already holds the page
                     Msg::CopyBack { .. } => {
                         if let Err(e) = ps.dir.copy_back(self.me) {
                             log::error!("node {}: {pid}: {e}", self.me);

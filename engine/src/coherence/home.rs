@@ -12,7 +12,7 @@ use shoal_storage::AlignedPage;
 
 impl Coherence {
     /// A request for `pid` at its home (this node): the directory decides; the grant goes
-    /// out with the home's copy when it carries the page (from the home frame, or read from
+    /// out with the home's copy when it carries the page (from the home's frame, or read from
     /// the store). A request that needs a dead node, or a page that does not exist or cannot
     /// be read, is refused and leaves the directory as it was.
     pub(super) fn home_request<'b>(
@@ -64,7 +64,7 @@ impl Coherence {
         if let Some(dead) = self.first_dead(needed) {
             return refuse(ps, REFUSE_HOLDER_DEAD, dead);
         }
-        // the home copy, if the grant carries it: the home frame, or the store
+        // the home copy, if the grant carries it: the home's frame, or the store
         let mut home_idx = l.resident;
         let mut copy: Option<AlignedPage> = None;
         if from_home && home_idx.is_none() {
@@ -76,10 +76,9 @@ impl Coherence {
                 }
             } else {
                 let mut b = AlignedPage::new();
-                // SAFETY: b is an owned, aligned page buffer.
-                if let Err(e) =
-                    unsafe { buf.store.read_into(pid.slot(), pid.raw(), b.as_mut_ptr()) }
-                {
+                // SAFETY: b is an owned, aligned page buffer that nothing else references.
+                let r = unsafe { buf.store.read_into(pid.slot(), pid.raw(), b.as_mut_ptr()) };
+                if let Err(e) = r {
                     log::error!("node {}: reading home page {pid}: {e}", self.me);
                     return refuse(ps, REFUSE_READ, 0);
                 }
@@ -88,7 +87,7 @@ impl Coherence {
         }
         ps.dir = d;
         if from == self.me {
-            // our own grant: delivered at once, while the home frame is latched
+            // our own grant: delivered at once, while the home's frame is latched
             ps.page_from = source;
             let step = ps.copy.on_grant(Grant {
                 mode,
@@ -102,7 +101,7 @@ impl Coherence {
             let page: Option<&[u8; PAGE_BYTES]> = match (&copy, home_idx) {
                 _ if !from_home => None,
                 (Some(b), _) => Some(b),
-                // the home frame is in `l`: exclusively latched by us
+                // the home's frame is in `l`: exclusively latched by us
                 (None, Some(i)) => Some(l.get(i).bytes()),
                 (None, None) => unreachable!("home copy loaded above"),
             };

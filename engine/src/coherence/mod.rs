@@ -9,7 +9,7 @@
 //! | [`possession`] | what a node does with its copy of a page |
 //! | [`wire`] | the messages as 64-byte channel messages; control messages; batches |
 //!
-//! **The driver** runs them for one node over its [`Buffer`], split by job:
+//! **The driver** runs them for one node over its `Buffer`, split by job:
 //!
 //! | file | who runs it | what |
 //! |---|---|---|
@@ -22,13 +22,13 @@
 //! | `barrier.rs`, `alloc.rs` | workers, the handler | the cluster barrier; pages allocated on another node |
 //! | `census.rs` | a timed-out worker | what this node's frames and pages wait for, for the log |
 //!
-//! Per page this node has touched it keeps a [`PageState`]: the page's directory entry
+//! Per page this node has touched it keeps a `PageState`: the page's directory entry
 //! (meaningful at the page's home only), this node's [`PageCopy`] (whose data is the frame
 //! holding the page), and the messages it could not apply yet.
 //!
 //! Frames and the home copy: at a page's home, the frame of the page (if resident) *is* the
 //! home's copy of the page (the one the directory grants from); when this node holds the page
-//! itself, the same frame is also its copy. The frame's [`Possession`] says what local guards
+//! itself, the same frame is also its copy. The frame's `Possession` says what local guards
 //! may do with it; a home copy that this node does not hold has possession none. At other
 //! nodes a frame exists exactly while this node's copy holds it. Frames of pages homed
 //! elsewhere are never written to the local store.

@@ -14,7 +14,7 @@ fn cluster(dir: &std::path::Path, n: usize) -> Cluster {
 }
 
 /// Regression (found by the 3-process `shoal node` test after batching made the window
-/// wider): the provider chose a home frame as a plain home copy (`prepare_evict` said yes),
+/// wider): the provider chose the home's frame as a plain home copy (`prepare_evict` said yes),
 /// then the handler granted the page to a home worker from that very frame (its copy, with
 /// possession none until the sharers' acknowledgements arrive), then the provider dropped
 /// the frame: the copy pointed at a freed frame and the acknowledgements were held forever.
@@ -40,14 +40,14 @@ fn a_home_frame_granted_to_its_own_worker_is_not_dropped() {
     let coh = home.node().coh.as_ref().unwrap();
     // the home holds it exclusively: its own copy, not droppable
     assert!(!coh.droppable(pid, idx));
-    // node 1 takes a shared copy and keeps its guard: the home's copy goes, the home frame
+    // node 1 takes a shared copy and keeps its guard: the home's copy goes, the home's frame
     // stays as a plain home copy, droppable
     let w1 = other.worker();
     let g1 = w1.shared(pid).unwrap();
     assert_eq!(g1.page().u64(0), 41);
     assert_eq!(frame(pid), idx);
     assert!(coh.droppable(pid, idx), "a plain home copy may go");
-    // a home worker asks for it exclusively: granted from the home frame, waiting for node
+    // a home worker asks for it exclusively: granted from the home's frame, waiting for node
     // 1's acknowledgement (held there while the shared guard lives)
     std::thread::scope(|s| {
         let writer = s.spawn(|| {
