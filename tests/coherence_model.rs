@@ -431,6 +431,16 @@ impl Sim {
     }
 
     fn check_invariants(&self) -> Result<(), String> {
+        // the state machines' own invariants (the engine debug-asserts the same ones)
+        for (p, d) in self.dirs.iter().enumerate() {
+            d.check().map_err(|e| format!("page {p} directory: {e}"))?;
+        }
+        for (n, copies) in self.copies.iter().enumerate() {
+            for (p, c) in copies.iter().enumerate() {
+                c.check()
+                    .map_err(|e| format!("page {p} at node {n}: {e}"))?;
+            }
+        }
         for p in 0..self.latest.len() {
             let writers: Vec<usize> = (0..self.nodes)
                 .filter(|&n| self.copies[n][p].usable(Mode::Exclusive))

@@ -104,6 +104,7 @@ impl Frame {
     }
     /// Caller holds the exclusive latch.
     pub(crate) fn set_pid(&self, pid: Pid) {
+        debug_assert!(self.latch.is_exclusive(), "set_pid without the latch");
         self.pid.store(pid.0, Ordering::Relaxed);
     }
     #[inline]
@@ -121,6 +122,20 @@ impl Frame {
     }
     /// Caller holds the exclusive latch.
     pub(crate) fn set_state(&self, s: FrameState) {
+        debug_assert!(self.latch.is_exclusive(), "set_state without the latch");
+        debug_assert!(
+            matches!(
+                (self.state(), s),
+                (FrameState::Free, FrameState::Loading | FrameState::Resident)
+                    | (FrameState::Loading, FrameState::Resident | FrameState::Free)
+                    | (
+                        FrameState::Resident,
+                        FrameState::Resident | FrameState::Free
+                    )
+            ),
+            "frame state {:?} -> {s:?}",
+            self.state()
+        );
         self.state.store(s as u8, Ordering::Relaxed);
     }
     #[inline]
@@ -153,6 +168,14 @@ impl Frame {
     /// Caller holds the exclusive latch.
     #[inline]
     pub(crate) fn set_possession(&self, p: Possession) {
+        debug_assert!(
+            self.latch.is_exclusive(),
+            "set_possession without the latch"
+        );
+        debug_assert!(
+            p == Possession::None || self.state() == FrameState::Resident,
+            "possession {p:?} of a frame that holds no page"
+        );
         self.possession.store(p as u8, Ordering::Relaxed);
     }
     /// Turn new guards away without the latch (the coherence handler waits for the current

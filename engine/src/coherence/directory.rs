@@ -89,6 +89,19 @@ impl Default for DirEntry {
 }
 
 impl DirEntry {
+    /// The entry's invariants (the model checks them after every step; the engine in debug
+    /// builds after every message): a shared holder set is never empty, and while a copy-back
+    /// is outstanding nobody holds the page node-exclusive (exclusive requests wait for it).
+    pub fn check(&self) -> Result<(), ProtocolError> {
+        match (self.holders, self.awaiting_copy_back) {
+            (Holders::Shared(0), _) => violation("an empty shared holder set"),
+            (Holders::Exclusive(n), Some(o)) => violation(format!(
+                "node {n} holds the page exclusively while a copy-back from node {o} is due"
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// A page nobody caches (just allocated or only on the home's store).
     pub const fn new() -> DirEntry {
         DirEntry {

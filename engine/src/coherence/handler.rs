@@ -114,6 +114,7 @@ impl Coherence {
         if self.progress(buf, pid, ps) {
             self.retry_later(pid);
         }
+        ps.debug_check(pid, self.me);
         drop(shard);
         self.notify();
     }
@@ -174,6 +175,7 @@ impl Coherence {
             if self.progress(buf, pid, ps) {
                 self.retry_later(pid);
             }
+            ps.debug_check(pid, self.me);
         }
         drop(shard);
         self.notify();

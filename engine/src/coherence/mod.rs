@@ -144,6 +144,31 @@ impl PageState {
         self.reserved.is_some()
     }
 
+    /// Debug builds: the page's invariants hold (its copy's and, at the home, its directory
+    /// entry's, as the model checks them; a lost page has no copy; a page kept for the worker
+    /// that asked for it is there).
+    fn debug_check(&self, pid: Pid, me: Node) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        if let Err(e) = self.copy.check() {
+            panic!("{pid}: {e}");
+        }
+        if pid.node() == me {
+            if let Err(e) = self.dir.check() {
+                panic!("{pid}: directory: {e}");
+            }
+        }
+        assert!(
+            self.lost.is_none() || self.copy.data.is_none(),
+            "{pid}: lost, but a copy is held"
+        );
+        assert!(
+            self.reserved.is_none() || self.copy.data.is_some(),
+            "{pid}: kept for its worker, but not here"
+        );
+    }
+
     /// Whether anything waits on this page: an outstanding interaction, held or deferred
     /// messages, a due serve, a revocation.
     fn busy(&self) -> bool {

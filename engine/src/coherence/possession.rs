@@ -104,6 +104,31 @@ impl<D: Clone> PageCopy<D> {
         }
     }
 
+    /// The copy's invariants (the model checks them after every step; the engine in debug
+    /// builds after every message): an idle copy that holds a mode holds the page; a dirty
+    /// copy holds the page; a request never waits for this node's own acknowledgement; a
+    /// copy that is being created or has nothing holds no mode.
+    pub fn check(&self) -> Result<(), ProtocolError> {
+        if self.pending == Pending::Idle && self.mode.is_some() && self.data.is_none() {
+            return violation(format!(
+                "node {}: idle, holds {:?} but no page",
+                self.me, self.mode
+            ));
+        }
+        if self.dirty && self.data.is_none() {
+            return violation(format!("node {}: dirty without a page", self.me));
+        }
+        if let Pending::Completing { acks, .. } = self.pending {
+            if acks & bit(self.me) != 0 {
+                return violation(format!(
+                    "node {}: waits for its own acknowledgement",
+                    self.me
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The node may use the page in `want` without asking anyone (the local hot path).
     pub fn usable(&self, want: Mode) -> bool {
         self.pending == Pending::Idle
