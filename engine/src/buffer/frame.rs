@@ -315,7 +315,12 @@ impl Drop for FramePool {
     fn drop(&mut self) {
         // SAFETY: memory/bytes are the mapping created in `new`; no references outlive the pool
         // (guards borrow the engine, which owns the pool).
-        unsafe { libc::munmap(self.memory.cast(), self.bytes) };
+        unsafe {
+            crate::buffer::mapped::unmap(
+                std::ptr::NonNull::new(self.memory).expect("mapped at new"),
+                self.bytes,
+            )
+        };
     }
 }
 

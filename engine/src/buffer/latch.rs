@@ -28,6 +28,11 @@
 //! racing with a writer is never a data race in Rust's memory model: it reads stale or mixed
 //! values, which validation then rejects.
 
+// Under `--cfg loom` the latch runs on loom's atomics, so the loom tests below explore every
+// interleaving (and every value a relaxed load may return) of the protocol as written here.
+#[cfg(loom)]
+use loom::sync::atomic::{fence, AtomicU64, Ordering};
+#[cfg(not(loom))]
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 const STATE_SHIFT: u32 = 56;
@@ -38,7 +43,7 @@ pub const MAX_SHARED: u64 = 0xFE;
 const ONE_SHARED: u64 = 1 << STATE_SHIFT;
 
 /// A hybrid optimistic / shared / exclusive latch.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct HybridLatch {
     word: AtomicU64,
 }
@@ -53,7 +58,7 @@ fn version(w: u64) -> u64 {
 }
 
 impl HybridLatch {
-    pub const fn new() -> Self {
+    pub fn new() -> Self {
         HybridLatch {
             word: AtomicU64::new(0),
         }
@@ -202,6 +207,188 @@ impl Backoff {
             std::thread::sleep(std::time::Duration::from_micros(50));
         }
         self.step = self.step.saturating_add(1);
+    }
+}
+
+impl Default for HybridLatch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The latch's orderings checked by loom (interleavings of two or three threads up to a
+/// preemption bound, and every value the memory model lets a relaxed load return). Run with
+/// `RUSTFLAGS="--cfg loom" cargo test -p shoal-engine --lib --release loom` (CI does).
+/// Broken on purpose once (2026-11-24): without the Release fence after taking the exclusive
+/// latch, `a_validated_optimistic_read_never_sees_a_torn_write` fails; with a Relaxed store
+/// in `unlock_exclusive`, `shared_and_exclusive_holders_never_overlap` fails.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::cell::UnsafeCell;
+    use loom::sync::atomic::AtomicU64 as Word;
+    use loom::sync::Arc;
+    use loom::thread;
+
+    /// Every interleaving with at most 3 preemptions (loom's advice for spin loops: the
+    /// unbounded search does not end), every relaxed value.
+    fn model(f: impl Fn() + Sync + Send + 'static) {
+        let mut b = loom::model::Builder::new();
+        b.preemption_bound = Some(3);
+        b.check(f);
+    }
+
+    fn lock_exclusive(l: &HybridLatch) {
+        while !l.try_lock_exclusive(None) {
+            thread::yield_now();
+        }
+    }
+
+    /// The optimistic read of page words (relaxed atomic loads, as `page.rs` does) against a
+    /// writer that changes two words under the exclusive latch: a read that validates saw
+    /// both words of one version, never one old and one new.
+    #[test]
+    fn a_validated_optimistic_read_never_sees_a_torn_write() {
+        model(|| {
+            let latch = Arc::new(HybridLatch::new());
+            let words = Arc::new([Word::new(0), Word::new(0)]);
+            let writer = {
+                let (latch, words) = (Arc::clone(&latch), Arc::clone(&words));
+                thread::spawn(move || {
+                    lock_exclusive(&latch);
+                    words[0].store(1, Ordering::Relaxed);
+                    words[1].store(1, Ordering::Relaxed);
+                    latch.unlock_exclusive();
+                })
+            };
+            if let Some(v) = latch.optimistic_begin() {
+                let a = words[0].load(Ordering::Relaxed);
+                let b = words[1].load(Ordering::Relaxed);
+                if latch.validate(v) {
+                    assert_eq!(a, b, "validated a torn read");
+                }
+            }
+            writer.join().unwrap();
+            // after the writer left, a new optimistic read sees its whole write
+            let v = latch.optimistic_begin().expect("no writer left");
+            let (a, b) = (
+                words[0].load(Ordering::Relaxed),
+                words[1].load(Ordering::Relaxed),
+            );
+            assert!(latch.validate(v));
+            assert_eq!((a, b), (1, 1));
+        });
+    }
+
+    /// Shared holders only read, exclusive holders write: loom's checked cell reports any
+    /// access the latch fails to order (a data race), and the count any lost update. Each
+    /// thread tries once (no spinning, so the search stays finite).
+    #[test]
+    fn shared_and_exclusive_holders_never_overlap() {
+        model(|| {
+            let latch = Arc::new(HybridLatch::new());
+            let cell = Arc::new(UnsafeCell::new(0u64));
+            let wins = Arc::new(Word::new(0));
+            let writers: Vec<_> = (0..2)
+                .map(|_| {
+                    let (latch, cell, wins) =
+                        (Arc::clone(&latch), Arc::clone(&cell), Arc::clone(&wins));
+                    thread::spawn(move || {
+                        if latch.try_lock_exclusive(None) {
+                            // SAFETY (of the test's own cell): the exclusive latch is held;
+                            // loom checks that claim.
+                            cell.with_mut(|p| unsafe { *p += 1 });
+                            wins.fetch_add(1, Ordering::Relaxed);
+                            latch.unlock_exclusive();
+                        }
+                    })
+                })
+                .collect();
+            if latch.try_lock_shared(None) {
+                // SAFETY: as above, with the shared latch (readers only).
+                let v = cell.with(|p| unsafe { *p });
+                assert!(v <= 2);
+                latch.unlock_shared();
+            }
+            for w in writers {
+                w.join().unwrap();
+            }
+            assert!(latch.try_lock_shared(None));
+            // SAFETY: as above.
+            let v = cell.with(|p| unsafe { *p });
+            assert_eq!(v, wins.load(Ordering::Relaxed), "an update was lost");
+            latch.unlock_shared();
+        });
+    }
+
+    /// Two sharers that both try to upgrade: at most one becomes exclusive (it must be the
+    /// only sharer), and its write is ordered against the other's read.
+    #[test]
+    fn of_two_sharers_at_most_one_upgrades() {
+        model(|| {
+            let latch = Arc::new(HybridLatch::new());
+            let cell = Arc::new(UnsafeCell::new(0u64));
+            let upgrades = Arc::new(Word::new(0));
+            let hs: Vec<_> = (0..2)
+                .map(|_| {
+                    let (latch, cell, upgrades) =
+                        (Arc::clone(&latch), Arc::clone(&cell), Arc::clone(&upgrades));
+                    thread::spawn(move || {
+                        while !latch.try_lock_shared(None) {
+                            thread::yield_now();
+                        }
+                        // SAFETY: shared latch held: reading.
+                        let _ = cell.with(|p| unsafe { *p });
+                        if latch.try_upgrade_shared() {
+                            upgrades.fetch_add(1, Ordering::Relaxed);
+                            // SAFETY: exclusive now: writing.
+                            cell.with_mut(|p| unsafe { *p += 1 });
+                            latch.downgrade();
+                        }
+                        latch.unlock_shared();
+                    })
+                })
+                .collect();
+            for h in hs {
+                h.join().unwrap();
+            }
+            let n = upgrades.load(Ordering::Relaxed);
+            assert!(n <= 2);
+            // SAFETY: every thread left.
+            assert_eq!(cell.with(|p| unsafe { *p }), n);
+            assert!(!latch.is_latched());
+        });
+    }
+
+    /// A downgrade (exclusive -> shared) publishes the write and bumps the version: an
+    /// optimistic reader that began before it fails validation, one after it sees the write.
+    #[test]
+    fn a_downgrade_publishes_the_write_and_fails_older_readers() {
+        model(|| {
+            let latch = Arc::new(HybridLatch::new());
+            let word = Arc::new(Word::new(0));
+            let v0 = latch.optimistic_begin().expect("unlatched");
+            let writer = {
+                let (latch, word) = (Arc::clone(&latch), Arc::clone(&word));
+                thread::spawn(move || {
+                    lock_exclusive(&latch);
+                    word.store(7, Ordering::Relaxed);
+                    latch.downgrade();
+                    latch.unlock_shared();
+                })
+            };
+            if let Some(v) = latch.optimistic_begin() {
+                let x = word.load(Ordering::Relaxed);
+                if latch.validate(v) {
+                    assert!(x == 0 || x == 7);
+                    if v != v0 {
+                        assert_eq!(x, 7, "a reader of the new version missed the write");
+                    }
+                }
+            }
+            writer.join().unwrap();
+            assert!(!latch.validate(v0), "the version was not bumped");
+        });
     }
 }
 

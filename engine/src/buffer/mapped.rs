@@ -8,7 +8,8 @@ use std::ops::Deref;
 use std::ptr::NonNull;
 
 /// Map `bytes` of zeroed, private, anonymous memory (reserved; the kernel commits it on first
-/// touch), advised to use transparent huge pages. Release it with `libc::munmap(ptr, bytes)`.
+/// touch), advised to use transparent huge pages. Release it with [`unmap`].
+#[cfg(not(miri))]
 pub fn map_anonymous(bytes: usize) -> std::io::Result<NonNull<u8>> {
     let bytes = bytes.max(1);
     // SAFETY: anonymous private mapping with valid arguments; the result is checked.
@@ -28,6 +29,40 @@ pub fn map_anonymous(bytes: usize) -> std::io::Result<NonNull<u8>> {
     // SAFETY: the range was just mapped by us; the advice is only a hint.
     unsafe { libc::madvise(raw, bytes, libc::MADV_HUGEPAGE) };
     Ok(NonNull::new(raw.cast::<u8>()).expect("mmap returned a non-null address"))
+}
+
+/// Release a mapping made by [`map_anonymous`].
+///
+/// # Safety
+/// `ptr` and `bytes` are a mapping from [`map_anonymous`], released once, with no reference
+/// into it left.
+#[cfg(not(miri))]
+pub unsafe fn unmap(ptr: NonNull<u8>, bytes: usize) {
+    // SAFETY: the caller passes a live mapping of ours (see the contract).
+    unsafe { libc::munmap(ptr.as_ptr().cast(), bytes.max(1)) };
+}
+
+/// Under miri (which has no mmap): page-aligned zeroed heap memory, so that the unsafe-heavy
+/// unit tests (frame pool, page bytes, latch) run under its checks. The translation table's
+/// 16 GiB reservations do not fit: its tests are not in the miri set.
+#[cfg(miri)]
+pub fn map_anonymous(bytes: usize) -> std::io::Result<NonNull<u8>> {
+    let layout = std::alloc::Layout::from_size_align(bytes.max(1), 4096)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    // SAFETY: the layout's size is not zero.
+    let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+    NonNull::new(raw).ok_or_else(|| std::io::Error::other("out of memory"))
+}
+
+/// Under miri: release memory from [`map_anonymous`].
+///
+/// # Safety
+/// As the mmap version's.
+#[cfg(miri)]
+pub unsafe fn unmap(ptr: NonNull<u8>, bytes: usize) {
+    let layout = std::alloc::Layout::from_size_align(bytes.max(1), 4096).expect("mapped before");
+    // SAFETY: allocated by `map_anonymous` with this layout (see the contract).
+    unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
 }
 
 /// A fixed-length array of `T` in its own anonymous mapping.
@@ -94,7 +129,7 @@ impl<T> Drop for MappedSlice<T> {
                 self.ptr.as_ptr(),
                 self.len,
             ));
-            libc::munmap(self.ptr.as_ptr().cast(), self.bytes);
+            unmap(self.ptr.cast(), self.bytes);
         }
     }
 }
