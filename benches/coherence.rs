@@ -7,7 +7,8 @@
 //! 3. the contended single-page workload: every node increments one page under exclusive
 //!    guards (anticipatory chaining moves it in request order); throughput and per-node share.
 //!
-//! `cargo bench -p shoal-benches --bench coherence` (`SHOAL_BENCH_QUICK=1`: fewer pages).
+//! `cargo bench -p shoal-benches --bench coherence` (`SHOAL_BENCH_QUICK=1`: fewer pages;
+//! `SHOAL_BENCH_TRANSPORTS=mem` or `tcp`: only that transport).
 
 use hdrhistogram::Histogram;
 use shoal_engine::{ChannelLayout, Cluster, EngineConfig, OpResult, Pid};
@@ -51,6 +52,16 @@ fn fetch_latency(name: &str, c: &Cluster, pages: usize) {
         drop(w2.shared(p).unwrap());
     }
     let w1 = c.node(1).worker();
+    // Warm-up: node 1 reads the pages once and sends them home again, so that the measured
+    // reads land in frames whose memory the kernel has already mapped (a first touch of page
+    // memory costs a page fault that zeroes a 2 MiB huge page: a steady-state engine does not
+    // pay it, and it would dominate the tail here).
+    for &p in &pids {
+        drop(w1.shared(p).unwrap());
+    }
+    c.node(1)
+        .send_pages_home(Duration::from_secs(30))
+        .expect("node 1's copies go home");
     let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
     let m0 = total_messages(c);
     for &p in &pids {
@@ -159,10 +170,18 @@ fn contended(name: &str, c: &Arc<Cluster>, secs: f64) {
 fn main() {
     let quick = std::env::var("SHOAL_BENCH_QUICK").is_ok();
     let pages = if quick { 2_000 } else { 20_000 };
+    // SHOAL_BENCH_TRANSPORTS=mem (or tcp): only those (e.g. to profile one)
+    let only = std::env::var("SHOAL_BENCH_TRANSPORTS").ok();
     for (name, make) in [
         ("mem", mem as fn(usize, &std::path::Path) -> Cluster),
         ("tcp", tcp),
     ] {
+        if only
+            .as_deref()
+            .is_some_and(|o| !o.split(',').any(|t| t == name))
+        {
+            continue;
+        }
         let dir = tempfile::tempdir().unwrap();
         let c = Arc::new(make(3, dir.path()));
         fetch_latency(name, &c, pages);

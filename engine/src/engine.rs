@@ -168,6 +168,14 @@ impl Engine {
                 c.adopt_new(Pid::CATALOG, h.idx());
             }
         }
+        if let Some(c) = &node.coh {
+            // Threads that wait for this node's answers may run its handler round themselves
+            // (on `mem`, other nodes' workers: `Transport::assist`).
+            let weak = Arc::downgrade(&node);
+            c.ch.transport()
+                .region()
+                .set_service(Box::new(move || weak.upgrade().is_some_and(|n| n.help())));
+        }
         let p = Arc::clone(&node);
         let handle = std::thread::Builder::new()
             .name(format!("shoal-provider-{}", node.id()))
@@ -258,7 +266,7 @@ impl Engine {
     /// node at a time (further callers queue). A single node returns at once.
     pub fn barrier(&self, limit: Duration) -> Result<(), EngineError> {
         match &self.node.coh {
-            Some(c) => c.barrier(limit),
+            Some(c) => c.barrier(&self.node.buf, limit),
             None => Ok(()),
         }
     }
@@ -360,6 +368,8 @@ impl Engine {
                     log::error!("the message handler thread panicked");
                 }
             }
+            // and no helper is inside a round any more (none starts one after `stop`)
+            c.quiesce();
         }
         // With the handler stopped, nothing changes the directory any more: if another node
         // may still hold a newer image of a page homed here (no orderly shutdown: see

@@ -96,6 +96,12 @@ impl Node {
         }
     }
 
+    /// Run a round of this node's message handler if nobody is running one and messages
+    /// wait (for threads waiting for this node's answer; see `Coherence::help`).
+    pub fn help(&self) -> bool {
+        self.coh.as_ref().is_some_and(|c| c.help(&self.buf))
+    }
+
     /// The worker whose request brought `pid` ([`Missed::Brought`]) latched it.
     pub fn used(&self, pid: Pid) {
         if let Some(c) = &self.coh {
@@ -142,7 +148,7 @@ impl Node {
     /// with a guard like any remote page.
     pub fn allocate_on(&self, home: u8) -> Result<Pid, EngineError> {
         match &self.coh {
-            Some(c) => c.allocate_on(home),
+            Some(c) => c.allocate_on(&self.buf, home),
             None => Err(EngineError::Config(format!(
                 "node {home}: this engine is a single node ({})",
                 self.id()

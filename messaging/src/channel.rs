@@ -200,7 +200,7 @@ impl Channels {
                 env,
                 page: page.map(|p| Box::new(*p)),
             });
-            self.t.region().queue(0).wake();
+            self.t.region().wake_unless_helped(0);
             return Ok(());
         }
         let mut s = self.sent[peer as usize].lock();
@@ -321,7 +321,7 @@ impl Channels {
         }
         drop(rx);
         if moved > 0 {
-            self.t.region().queue(0).wake();
+            self.t.region().wake_unless_helped(0);
         }
         moved
     }
@@ -335,6 +335,24 @@ impl Channels {
         self.inbox.lock().pop_front()
     }
 
+    /// Whether a message may be ready: the inbox is not empty, or a ring has a complete
+    /// message (a racy snapshot; cheap: one load per source).
+    pub fn pending(&self) -> bool {
+        let r = self.t.region();
+        let l = &self.layout;
+        let me = self.t.node();
+        !self.inbox.lock().is_empty()
+            || (0..l.nodes).any(|s| {
+                s != me && {
+                    let rx = self.received.try_lock();
+                    // a drain in progress: treat as pending (its caller applies what it moves)
+                    rx.is_none_or(|rx| {
+                        (r.load(l.ring_off(s, rx[s as usize].msgs) + 56) >> 56) as u8 == FULL
+                    })
+                }
+            })
+    }
+
     /// Wait until a message may be ready, `timeout` passed or `stop` is set. Only one thread
     /// (the node's handler) may wait.
     pub fn wait(&self, timeout: Duration, stop: &AtomicBool) {
@@ -342,7 +360,16 @@ impl Channels {
         let r = self.t.region();
         let l = &self.layout;
         let me = self.t.node();
-        self.t.region().queue(0).wait(
+        // while threads waiting for answers poll the rings themselves, spinning here only
+        // takes the core from them: park at once (writers do not wake us meanwhile; the last
+        // helper looks once more when it leaves, see `Region::stop_helping`)
+        let spins = if r.helpers() > 0 {
+            0
+        } else {
+            crate::wait::SPINS
+        };
+        self.t.region().queue(0).wait_spinning(
+            spins,
             self.mode,
             Some(deadline),
             || {
@@ -364,6 +391,26 @@ impl Channels {
     /// Wake the thread in [`Channels::wait`] (e.g. to notice `stop`, or new local work).
     pub fn wake(&self) {
         self.t.region().queue(0).wake();
+    }
+
+    /// This thread polls the channels for answers until the guard is dropped (see
+    /// [`crate::Region::helpers`]).
+    pub fn helping(&self) -> Helping<'_> {
+        self.t.helping(true);
+        Helping { ch: self }
+    }
+}
+
+/// A thread polling for answers on behalf of the regions its transport can serve; dropping it
+/// ends that (see [`Channels::helping`]).
+#[must_use]
+pub struct Helping<'a> {
+    ch: &'a Channels,
+}
+
+impl Drop for Helping<'_> {
+    fn drop(&mut self) {
+        self.ch.t.helping(false);
     }
 }
 

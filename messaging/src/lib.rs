@@ -31,6 +31,6 @@ pub use channel::{ChannelLayout, Channels, Incoming};
 pub use error::MsgError;
 pub use mailbox::{Layout, Mailboxes, Responder, PAGE_BYTES};
 pub use message::{Echo, Envelope, Message, BODY_BYTES, MSG_BYTES};
-pub use region::Region;
+pub use region::{Region, Service};
 pub use transport::{mem_cluster, MemTransport, Transport};
 pub use wait::WaitMode;

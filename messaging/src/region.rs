@@ -10,10 +10,22 @@
 //!
 //! Each 64-byte slot of the mailbox area may be tied to a wait queue; after applying a write
 //! that ends in such a slot, the writer wakes the queue's parked thread (see [`crate::wait`]).
+//!
+//! A region may also carry its owner's **service** ([`Region::set_service`]): what the owning
+//! node does with what arrives, callable by any thread (see [`Region::serve`]). A thread that
+//! waits for an answer can then do the receiver's work itself instead of waking the thread
+//! that would (the engine registers a round of its message handler). While such **helpers**
+//! poll a region ([`Region::helpers`]), writes into it wake nobody. This crate does not know
+//! what the service does.
 
 use crate::error::MsgError;
-use crate::wait::WaitQueue;
-use std::sync::atomic::{AtomicU64, Ordering};
+pub use crate::wait::WaitQueue;
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// A region owner's service: handle what arrived, if nobody else is doing it right now.
+/// Returns whether it did some work. Must not block for long (it runs on other threads).
+pub type Service = Box<dyn Fn() -> bool + Send + Sync>;
 
 /// Bytes of one mailbox slot (one message).
 pub const SLOT_BYTES: usize = 64;
@@ -23,6 +35,9 @@ pub struct Region {
     /// Wait queue of each slot of the mailbox area (`slot_queue[i]` for slot `i`), if any.
     slot_queue: Box<[u32]>,
     queues: Box<[WaitQueue]>,
+    service: OnceLock<Service>,
+    /// Threads polling this region on its owner's behalf right now (see `helpers`).
+    helpers: AtomicU32,
 }
 
 /// Marks a slot that no queue waits on.
@@ -50,7 +65,49 @@ impl Region {
             words: (0..bytes / 8).map(|_| AtomicU64::new(0)).collect(),
             slot_queue: slot_queue.into_boxed_slice(),
             queues: (0..queues).map(|_| WaitQueue::new()).collect(),
+            service: OnceLock::new(),
+            helpers: AtomicU32::new(0),
         })
+    }
+
+    /// Threads that poll this region and run its service themselves right now (workers that
+    /// wait for an answer). While there are any, writers do not wake the region's parked
+    /// threads (a wake-up is a system call on the writer's path and a context switch on a busy
+    /// machine): a helper sees the message. See [`Region::stop_helping`] for why nothing is
+    /// left behind when the last helper goes.
+    pub fn helpers(&self) -> u32 {
+        self.helpers.load(Ordering::SeqCst)
+    }
+
+    /// A thread starts polling this region (and running its service) for its owner.
+    pub fn start_helping(&self) {
+        self.helpers.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A thread stops polling this region. The last one runs the service once more: a write
+    /// that came after its last look saw helpers there and woke nobody. Dekker's argument (as
+    /// in [`crate::wait`]): the writer publishes its message, fences (SeqCst) and reads the
+    /// count; the helper decrements, fences and looks for messages. Either the writer reads
+    /// zero and wakes the owner's threads, or this last look finds the message. If the look
+    /// cannot take the owner's handler role, its holder is the owner's own thread (every
+    /// other holder is a counted helper), which looks again before it parks.
+    pub fn stop_helping(&self) {
+        let before = self.helpers.fetch_sub(1, Ordering::SeqCst);
+        debug_assert!(before > 0, "stop_helping without start_helping");
+        if before == 1 {
+            fence(Ordering::SeqCst);
+            self.serve();
+        }
+    }
+
+    /// Register the owner's service (once; later calls are ignored and return false).
+    pub fn set_service(&self, s: Service) -> bool {
+        self.service.set(s).is_ok()
+    }
+
+    /// Run the owner's service, if one is registered. Returns whether it did some work.
+    pub fn serve(&self) -> bool {
+        self.service.get().is_some_and(|s| s())
     }
 
     /// Size in bytes.
@@ -104,9 +161,21 @@ impl Region {
     pub fn wake_slot(&self, slot: usize) {
         if let Some(&q) = self.slot_queue.get(slot) {
             if q != NO_QUEUE {
-                self.queues[q as usize].wake();
+                self.wake_unless_helped(q);
             }
         }
+    }
+
+    /// Wake queue `q`'s parked thread about new work, unless helpers poll this region (they
+    /// take the work; see [`Region::stop_helping`] for why none is left behind).
+    pub fn wake_unless_helped(&self, q: u32) {
+        // SeqCst fence: orders the work just published before the load of `helpers`; a helper
+        // that is there will see the work.
+        fence(Ordering::SeqCst);
+        if self.helpers.load(Ordering::Relaxed) > 0 {
+            return;
+        }
+        self.queues[q as usize].wake();
     }
 
     /// Number of mailbox slots (the first `wake_slots() * SLOT_BYTES` bytes) that may have

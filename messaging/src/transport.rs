@@ -36,6 +36,23 @@ pub trait Transport: Send + Sync + 'static {
     /// The cluster is shutting down: peers closing their connections from now on is expected
     /// (not logged as an error).
     fn departing(&self) {}
+    /// Do `peer`'s receiving work on this thread, if the transport can ([`Region::serve`] of
+    /// the peer's region: only `mem`, whose nodes share the process). Returns whether some
+    /// work was done. For a thread that waits for `peer`'s answer: it runs the code that would
+    /// produce it instead of waking the thread that would.
+    fn assist(&self, peer: u8) -> bool {
+        let _ = peer;
+        false
+    }
+    /// This thread starts (`true`) or stops (`false`) polling for answers on behalf of the
+    /// regions it can serve: this node's, and on `mem` every node's ([`Region::helpers`]).
+    fn helping(&self, on: bool) {
+        if on {
+            self.region().start_helping();
+        } else {
+            self.region().stop_helping();
+        }
+    }
 }
 
 /// `mem`: nodes are thread groups in one process; a write is a copy plus a release store.
@@ -107,5 +124,19 @@ impl Transport for MemTransport {
     fn sever(&self, peer: u8) {
         // In one process there is no connection to close: the peer is dead for every node.
         self.kill(peer);
+    }
+    fn assist(&self, peer: u8) -> bool {
+        peer != self.node
+            && self.peer_alive(peer)
+            && self.regions.get(peer as usize).is_some_and(|r| r.serve())
+    }
+    fn helping(&self, on: bool) {
+        for r in self.regions.iter() {
+            if on {
+                r.start_helping();
+            } else {
+                r.stop_helping();
+            }
+        }
     }
 }

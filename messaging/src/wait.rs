@@ -70,10 +70,22 @@ impl WaitQueue {
         &self,
         mode: WaitMode,
         deadline: Option<Instant>,
+        ready: impl FnMut() -> bool,
+        give_up: impl FnMut() -> bool,
+    ) -> bool {
+        self.wait_spinning(SPINS, mode, deadline, ready, give_up)
+    }
+
+    /// [`WaitQueue::wait`], spinning `spins` times (instead of [`SPINS`]) before it parks.
+    pub fn wait_spinning(
+        &self,
+        spins: u32,
+        mode: WaitMode,
+        deadline: Option<Instant>,
         mut ready: impl FnMut() -> bool,
         mut give_up: impl FnMut() -> bool,
     ) -> bool {
-        for _ in 0..SPINS {
+        for _ in 0..spins {
             if ready() {
                 return true;
             }

@@ -10,6 +10,11 @@ use crate::pid::Pid;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+/// How long a waiting worker that finds nothing to do keeps looking before it parks. Yielding
+/// instead of spinning was measured worse (a yield on a busy 2-core machine can cost a time
+/// slice); parking at once costs a wake-up when a round held by another thread ends.
+const SPIN_FOR: Duration = Duration::from_micros(20);
+
 impl Coherence {
     /// Obtain `want` possession of `pid` for a worker of this node. With `wait`, returns once
     /// the node holds it (`Ok(true)`: this worker's request completed, and it owes
@@ -29,6 +34,12 @@ impl Coherence {
         let mut deadline = Instant::now() + self.timeout;
         let mut last_step: Option<Pending> = None;
         let mut asked = false;
+        // since when this thread has found nothing to do
+        let mut idle: Option<Instant> = None;
+        // while this thread polls for its answer, the handler threads it stands in for need
+        // not be woken by every message (see `Region::helpers`): from before the request
+        // leaves, so that not even the request wakes the home's handler thread
+        let mut helping = wait.then(|| self.ch.helping());
         loop {
             let mut out = None;
             {
@@ -94,10 +105,62 @@ impl Coherence {
                     ms: self.timeout.as_millis() as u64,
                 });
             }
-            let mut g = self.done_mx.lock();
-            self.done_cv
-                .wait_for(&mut g, Duration::from_millis(1).min(deadline - now));
+            // Do the work that produces the answer instead of waking the threads that would:
+            // this node's handler round and, where the transport allows (`mem`), the other
+            // nodes' (the home, a source, sharers). An uncontended remote miss then completes
+            // on this thread without a single wake-up.
+            if self.help_everyone(buf) {
+                idle = None;
+                continue;
+            }
+            // Nothing to do here: another thread holds a role and is at it, or the answer comes
+            // over the network. Look again for a moment (a round in progress elsewhere ends in
+            // microseconds), then park until a handler round changes this page (it unparks the
+            // page's waiters), 1 ms at most.
+            let since = *idle.get_or_insert(now);
+            if now.duration_since(since) < SPIN_FOR {
+                for _ in 0..16 {
+                    std::hint::spin_loop();
+                }
+                continue;
+            }
+            // not polling while parked: the handler threads take over again
+            drop(helping.take());
+            self.park_on(pid, Duration::from_millis(1).min(deadline - now));
+            let _ = helping.insert(self.ch.helping());
+            idle = None;
         }
+    }
+
+    /// Run this node's handler round if nobody is running it and messages wait, and on
+    /// transports that allow it the other nodes' (see [`Coherence::help`]). Returns whether
+    /// any message was applied.
+    pub(super) fn help_everyone(&self, buf: &Buffer) -> bool {
+        let mut did = self.help(buf);
+        let t = self.ch.transport();
+        for n in 0..self.nodes {
+            if n != self.me {
+                did |= t.assist(n);
+            }
+        }
+        did
+    }
+
+    /// Park this thread until a handler round changes page `pid` (or `max` passes): the
+    /// round unparks every thread listed in the page's `parked` (see [`Coherence::wake`]).
+    fn park_on(&self, pid: Pid, max: Duration) {
+        {
+            let mut shard = self.shard(pid).lock();
+            let Some(ps) = shard.get_mut(&pid) else {
+                return;
+            };
+            let me = std::thread::current();
+            if !ps.parked.iter().any(|t| t.id() == me.id()) {
+                ps.parked.push(me);
+            }
+        }
+        // An unpark between the registration and here leaves a token: park returns at once.
+        std::thread::park_timeout(max);
     }
 
     /// Wait (up to `limit`) until `done` says the wait is over, checking with `dead` whether
@@ -105,6 +168,7 @@ impl Coherence {
     /// every message.
     pub(super) fn wait_until<T>(
         &self,
+        buf: &Buffer,
         limit: Duration,
         mut done: impl FnMut() -> Option<T>,
         mut dead: impl FnMut() -> Option<Node>,
@@ -130,6 +194,14 @@ impl Coherence {
             if now >= deadline {
                 return Ok(None);
             }
+            // as a remote miss does: produce the answer rather than wait for it
+            let helped = {
+                let _helping = self.ch.helping();
+                self.help_everyone(buf)
+            };
+            if helped {
+                continue;
+            }
             let mut g = self.done_mx.lock();
             self.done_cv
                 .wait_for(&mut g, Duration::from_millis(5).min(deadline - now));
@@ -143,10 +215,16 @@ impl Coherence {
         if let Some(s) = shard.get_mut(&pid) {
             s.reserved = None;
             s.waiter = false;
+            if s.serve_due && s.copy.deferred.is_empty() {
+                // nothing arrived meanwhile: serving is a no-op (`PageCopy::served` serves the
+                // deferred messages only), so the handler need not be woken for it
+                s.serve_due = false;
+            }
             if s.serve_due || !s.held.is_empty() {
                 self.retry_later(pid);
                 self.ch.wake();
             }
+            Self::wake(s);
         }
     }
 

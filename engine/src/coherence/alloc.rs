@@ -55,7 +55,7 @@ struct Answers {
 impl Coherence {
     /// Allocate a new page homed on `home` (another node): it is zeroed and resident there;
     /// take it with a guard as any other page.
-    pub fn allocate_on(&self, home: Node) -> Result<Pid, EngineError> {
+    pub fn allocate_on(&self, buf: &Buffer, home: Node) -> Result<Pid, EngineError> {
         if home >= self.nodes {
             return Err(EngineError::Config(format!(
                 "node {home} is outside this cluster of {} nodes",
@@ -67,6 +67,7 @@ impl Coherence {
         self.try_send_control(home, &Control::Alloc { request })?;
         // A dead home answers no more: nothing is left behind there.
         let r = self.wait_until(
+            buf,
             self.timeout,
             || a.answers.lock().done.remove(&request),
             || (!self.ch.peer_alive(home)).then_some(home),

@@ -3,6 +3,7 @@
 use super::protocol::Node;
 use super::wire::Control;
 use super::Coherence;
+use crate::buffer::Buffer;
 use crate::error::EngineError;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -33,7 +34,7 @@ impl Barrier {
 impl Coherence {
     /// Block until every node of the cluster entered its barrier of the same number (each
     /// node's n-th call meets the others' n-th). Fails if a node died or `limit` passed.
-    pub fn barrier(&self, limit: Duration) -> Result<(), EngineError> {
+    pub fn barrier(&self, buf: &Buffer, limit: Duration) -> Result<(), EngineError> {
         let b = &self.barrier;
         let mut gen = b.generation.lock();
         *gen += 1;
@@ -47,6 +48,7 @@ impl Coherence {
             }
         }
         let r = self.wait_until(
+            buf,
             limit,
             || {
                 // (a cluster of one node waits for nobody: no entry, `others` is 0)

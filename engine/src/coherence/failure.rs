@@ -111,6 +111,7 @@ impl Coherence {
                 if let Some(dead) = self.dead_source(ps) {
                     self.lose(pid, ps, dead);
                 }
+                Self::wake(ps);
                 if let Some(n) = ps.dir.awaiting_copy_back {
                     if pid.node() == self.me && ps.lost.is_none() && !self.ch.peer_alive(n) {
                         log::error!("node {}: page {pid} is lost: its copy-back was due from node {n}, which died", self.me);

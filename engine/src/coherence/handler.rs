@@ -1,9 +1,11 @@
 //! The handler: applies every incoming message, in order per sender, and retries those that
 //! could not be applied yet.
 //!
-//! Handling is a **role**: one holder at a time runs a [`Coherence::round`] (so per-sender
-//! order is kept exactly as the model assumes), whoever that is. Today the node's handler
-//! thread takes it every round.
+//! Handling is a **role**: one holder at a time runs a round (so per-sender order is kept
+//! exactly as the model assumes), whoever that is: the node's handler thread, or a thread that
+//! waits for an answer and takes the role when it is free ([`Coherence::help`]): a worker of
+//! this node in a remote miss, or on `mem` a worker of another node whose answer this node must
+//! produce. The handler thread is the fallback that guarantees progress when nobody waits.
 
 use super::possession::Pending;
 use super::protocol::{Msg, Node};
@@ -115,8 +117,7 @@ impl Coherence {
             self.retry_later(pid);
         }
         ps.debug_check(pid, self.me);
-        drop(shard);
-        self.notify();
+        Self::wake(ps);
     }
 
     fn on_control(&self, buf: &Buffer, from: Node, c: Control) {
@@ -142,6 +143,7 @@ impl Coherence {
                         );
                         self.mark_lost_home(pid, ps, node);
                     }
+                    Self::wake(ps);
                 }
             }
             Control::Batch { .. } => {
@@ -161,9 +163,8 @@ impl Coherence {
                         self.request_over(pid, s);
                         s.error = Some(refusal(pid, code, node, from));
                     }
+                    Self::wake(s);
                 }
-                drop(shard);
-                self.notify();
             }
         }
     }
@@ -176,9 +177,8 @@ impl Coherence {
                 self.retry_later(pid);
             }
             ps.debug_check(pid, self.me);
+            Self::wake(ps);
         }
-        drop(shard);
-        self.notify();
     }
 
     /// One round of the handler's job, by whoever holds the role: notice deaths, retry held
@@ -216,6 +216,31 @@ impl Coherence {
             self.dead_drained.fetch_or(dead, Ordering::Release);
         }
         Round { applied, retried }
+    }
+
+    /// Take the handler role if it is free and messages wait, and run a round: for threads
+    /// that wait for an answer (a worker's remote miss, on `mem` also another node's worker,
+    /// through [`shoal_messaging::Region::serve`]), so that they do the handler's work instead
+    /// of waking it. Returns whether the round applied any message. Does nothing once the node
+    /// stops (`Engine::close` takes the role after setting `stop`, so no round runs after it).
+    pub fn help(&self, buf: &Buffer) -> bool {
+        if !self.ch.pending() {
+            return false;
+        }
+        let Some(mut role) = self.role.try_lock() else {
+            return false;
+        };
+        if self.stop.load(Ordering::Acquire) {
+            return false;
+        }
+        self.round(buf, &mut role).applied > 0
+    }
+
+    /// Wait for a round in progress (by a helper) to end; with `stop` set, no round starts
+    /// after it ([`Coherence::help`]).
+    pub fn quiesce(&self) {
+        debug_assert!(self.stop.load(Ordering::Acquire));
+        drop(self.role.lock());
     }
 
     /// The handler thread of a node: rounds until the node stops, waiting for messages

@@ -118,6 +118,8 @@ struct PageState {
     page_from: Option<Node>,
     /// The page's only current copy died with this node: every access fails.
     lost: Option<Node>,
+    /// Workers of this node parked until a handler round changes this page.
+    parked: Vec<std::thread::Thread>,
 }
 
 impl PageState {
@@ -134,6 +136,7 @@ impl PageState {
             revoking: false,
             page_from: None,
             lost: None,
+            parked: Vec::new(),
         }
     }
 
@@ -272,6 +275,13 @@ impl Coherence {
             return Err(EngineError::NoSuchNode(pid, self.nodes));
         }
         Ok(())
+    }
+
+    /// Unpark the workers parked on a page that just changed (they look at it again).
+    fn wake(ps: &mut PageState) {
+        for t in ps.parked.drain(..) {
+            t.unpark();
+        }
     }
 
     /// Schedule `pid`'s held messages (or due serve) for the handler's next round.

@@ -124,6 +124,7 @@ impl Coherence {
             // cache full of such copies is picked again and again while nothing is freed)
             h.frame().touch(buf.clock());
             drop(h);
+            Self::wake(ps);
             self.retry_later(pid);
         }
     }
