@@ -5,7 +5,7 @@
 use super::directory::EvictDecision;
 use super::possession::{Deferred, Step};
 use super::protocol::{Grant, Msg, ProtocolError};
-use super::wire::{REFUSE_HOLDER_DEAD, REFUSE_READ};
+use super::wire::REFUSE_HOLDER_DEAD;
 use super::{possession_of, Coherence, Data, Note, PageState};
 use crate::buffer::{Buffer, FrameIdx, HeldFrame, Possession};
 use crate::error::EngineError;
@@ -121,6 +121,10 @@ impl Coherence {
                 }
             }
         }
+        if matches!(ps.store_copy, super::StoreCopy::Read { .. }) {
+            // a store read serves the requests of the pass it arrived for; pages are not kept
+            ps.store_copy = super::StoreCopy::None;
+        }
         !ps.held.is_empty() || ps.serve_due
     }
 
@@ -181,7 +185,7 @@ impl Coherence {
 
     /// Put `bytes` into this node's frame of `pid` (the home's frame when there is one, else a
     /// free frame, latched and added to `l`). `None` when no frame is free.
-    fn install<'b>(
+    pub(super) fn install<'b>(
         &self,
         buf: &'b Buffer,
         pid: Pid,
@@ -236,32 +240,6 @@ impl Coherence {
         r.expect("one result per request")?;
         buf.counters.writebacks.fetch_add(1, Ordering::Relaxed);
         Ok(())
-    }
-
-    /// Read the home copy of `pid` from the store into a new frame (latched, in `l`).
-    /// `Err(None)`: no free frame now; `Err(Some(code))`: refuse the request.
-    pub(super) fn load_home<'b>(
-        &self,
-        buf: &'b Buffer,
-        pid: Pid,
-        l: &mut Latched<'b>,
-    ) -> Result<FrameIdx, Option<u8>> {
-        let h = buf.take_frame_for(pid).ok_or(None)?;
-        // SAFETY: we hold the new frame's exclusive latch; its memory is a valid, aligned page.
-        let r = unsafe { buf.store.read_into(pid.slot(), pid.raw(), h.page_ptr()) };
-        match r {
-            Ok(()) => {
-                let idx = h.idx();
-                l.push(h);
-                l.resident = Some(idx);
-                Ok(idx)
-            }
-            Err(e) => {
-                log::error!("node {}: reading home page {pid}: {e}", self.me);
-                h.drop_page();
-                Err(Some(REFUSE_READ))
-            }
-        }
     }
 
     fn apply(
@@ -347,6 +325,8 @@ impl Coherence {
                 let mut d = ps.dir;
                 let mut dec = d.evict(from, epoch, data.is_some())?;
                 if let (EvictDecision::Accept { store: true }, Some(Data::Bytes(b))) = (dec, data) {
+                    // the home's copy changes: a store read in flight is stale
+                    ps.home_gen += 1;
                     // Never wait for a frame here: the evicting node's frame is what may become
                     // free. Without one, the page goes straight to the store.
                     if self.install(buf, pid, b, l).is_none() {
@@ -372,7 +352,9 @@ impl Coherence {
                 let mut d = ps.dir;
                 d.copy_back(from)?;
                 if let Some(Data::Bytes(b)) = data {
-                    // as for an eviction: no frame, then straight to the store
+                    // as for an eviction: a store read in flight is stale; no frame, then
+                    // straight to the store
+                    ps.home_gen += 1;
                     if self.install(buf, pid, b, l).is_none() {
                         if let Err(e) = self.write_home(buf, pid, b, l) {
                             log::warn!(

@@ -224,16 +224,21 @@ impl Coherence {
     /// of waking it. Returns whether the round applied any message. Does nothing once the node
     /// stops (`Engine::close` takes the role after setting `stop`, so no round runs after it).
     pub fn help(&self, buf: &Buffer) -> bool {
-        if !self.ch.pending() {
+        // home copies to read come first, outside the role (several helpers read in parallel)
+        let read = !self.stop.load(Ordering::Acquire) && self.do_store_reads(buf);
+        if !read && !self.ch.pending() && self.retry.lock().is_empty() {
             return false;
         }
         let Some(mut role) = self.role.try_lock() else {
-            return false;
+            return read;
         };
         if self.stop.load(Ordering::Acquire) {
             return false;
         }
-        self.round(buf, &mut role).applied > 0
+        let applied = self.round(buf, &mut role).applied;
+        drop(role);
+        // the round may have asked for store reads: do them now (the answer waits for them)
+        (applied > 0) | self.do_store_reads(buf) | read
     }
 
     /// Wait for a round in progress (by a helper) to end; with `stop` set, no round starts
@@ -251,7 +256,9 @@ impl Coherence {
                 let mut role = self.role.lock();
                 self.round(buf, &mut role)
             };
-            if r.applied == 0 {
+            // the round's store reads, outside the role (helpers may take some of them)
+            let read = self.do_store_reads(buf);
+            if r.applied == 0 && !read {
                 let t = if r.retried || !self.retry.lock().is_empty() {
                     Duration::from_micros(50)
                 } else {

@@ -4,7 +4,7 @@ use super::apply::{Latched, Outcome};
 use super::directory::DirDecision;
 use super::protocol::{members, Grant, Msg, Node, ProtocolError};
 use super::wire::{REFUSE_HOLDER_DEAD, REFUSE_NO_PAGE, REFUSE_READ};
-use super::{failure::refusal, Coherence, Note, PageState};
+use super::{failure::refusal, Coherence, Note, PageState, StoreCopy};
 use crate::buffer::Buffer;
 use crate::pid::Pid;
 use shoal_messaging::PAGE_BYTES;
@@ -64,25 +64,36 @@ impl Coherence {
         if let Some(dead) = self.first_dead(needed) {
             return refuse(ps, REFUSE_HOLDER_DEAD, dead);
         }
-        // the home copy, if the grant carries it: the home's frame, or the store
+        // the home copy, if the grant carries it: the home's frame, or the store (read outside
+        // the handler role: the request waits, held, until the read is done)
         let mut home_idx = l.resident;
-        let mut copy: Option<AlignedPage> = None;
+        let mut copy: Option<(u64, Box<AlignedPage>)> = None;
         if from_home && home_idx.is_none() {
-            if from == self.me {
-                match self.load_home(buf, pid, l) {
-                    Ok(i) => home_idx = Some(i),
-                    Err(None) => return Ok(Outcome::Stuck(note)),
-                    Err(Some(code)) => return refuse(ps, code, 0),
+            match std::mem::take(&mut ps.store_copy) {
+                StoreCopy::Read { gen, page } if gen == ps.home_gen => {
+                    if from == self.me {
+                        // our own request: the page takes a frame here (the home's frame)
+                        let Some(i) = self.install(buf, pid, &page, l) else {
+                            ps.store_copy = StoreCopy::Read { gen, page };
+                            return Ok(Outcome::Stuck(note));
+                        };
+                        // clean: the store holds this image
+                        l.get(i).frame().set_dirty(false);
+                        home_idx = Some(i);
+                    } else {
+                        copy = Some((gen, page));
+                    }
                 }
-            } else {
-                let mut b = AlignedPage::new();
-                // SAFETY: b is an owned, aligned page buffer that nothing else references.
-                let r = unsafe { buf.store.read_into(pid.slot(), pid.raw(), b.as_mut_ptr()) };
-                if let Err(e) = r {
-                    log::error!("node {}: reading home page {pid}: {e}", self.me);
-                    return refuse(ps, REFUSE_READ, 0);
+                StoreCopy::Reading { gen } => {
+                    ps.store_copy = StoreCopy::Reading { gen };
+                    return Ok(Outcome::Stuck(note));
                 }
-                copy = Some(b);
+                StoreCopy::Failed => return refuse(ps, REFUSE_READ, 0),
+                StoreCopy::None | StoreCopy::Read { .. } => {
+                    ps.store_copy = StoreCopy::Reading { gen: ps.home_gen };
+                    self.reads_due.lock().push(pid);
+                    return Ok(Outcome::Stuck(note));
+                }
             }
         }
         ps.dir = d;
@@ -100,7 +111,7 @@ impl Coherence {
         } else {
             let page: Option<&[u8; PAGE_BYTES]> = match (&copy, home_idx) {
                 _ if !from_home => None,
-                (Some(b), _) => Some(b),
+                (Some((_, b)), _) => Some(b),
                 // the home's frame is in `l`: exclusively latched by us
                 (None, Some(i)) => Some(l.get(i).bytes()),
                 (None, None) => unreachable!("home copy loaded above"),
@@ -115,7 +126,45 @@ impl Coherence {
             if let Err(e) = self.send(from, pid, &g, page) {
                 log::warn!("node {}: {e}", self.me);
             }
+            if let Some((gen, page)) = copy {
+                // kept for the other requests this pass applies (`progress` drops it after)
+                ps.store_copy = StoreCopy::Read { gen, page };
+            }
         }
         Ok(Outcome::Done)
+    }
+}
+
+impl Coherence {
+    /// Read the home copies that rounds asked for ([`StoreCopy::Reading`]), outside the
+    /// handler role, one page at a time (several threads read in parallel); each page's held
+    /// request is retried once its copy is there. Returns whether any page was read.
+    pub(super) fn do_store_reads(&self, buf: &Buffer) -> bool {
+        let mut did = false;
+        loop {
+            let Some(pid) = self.reads_due.lock().pop() else {
+                return did;
+            };
+            let mut page = Box::new(AlignedPage::new());
+            // SAFETY: `page` is an owned, aligned page buffer that nothing else references.
+            let r = unsafe {
+                buf.store
+                    .read_into(pid.slot(), pid.raw(), page.as_mut_ptr())
+            };
+            let mut shard = self.shard(pid).lock();
+            if let Some(ps) = shard.get_mut(&pid) {
+                if let StoreCopy::Reading { gen } = ps.store_copy {
+                    ps.store_copy = match r {
+                        Ok(()) => StoreCopy::Read { gen, page },
+                        Err(e) => {
+                            log::error!("node {}: reading home page {pid}: {e}", self.me);
+                            StoreCopy::Failed
+                        }
+                    };
+                }
+                self.retry_later(pid);
+            }
+            did = true;
+        }
     }
 }

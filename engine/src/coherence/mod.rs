@@ -120,6 +120,30 @@ struct PageState {
     lost: Option<Node>,
     /// Workers of this node parked until a handler round changes this page.
     parked: Vec<std::thread::Thread>,
+    /// At the home: the home's copy read from the store outside the handler role (home.rs).
+    store_copy: StoreCopy,
+    /// At the home: bumped whenever the home's copy changes (an evicted or copied-back page
+    /// arrives), so that a store read that was in flight meanwhile is not used.
+    home_gen: u64,
+}
+
+/// A page's home copy as read from the store for a request, outside the handler role: the
+/// device read is done by whoever takes it from `Coherence::reads_due` (a helper, the
+/// handler thread), so no round waits for the device and the reads of several threads overlap.
+#[derive(Default)]
+enum StoreCopy {
+    #[default]
+    None,
+    /// Asked for when the page's `home_gen` was `gen`; the request that needs it is held.
+    Reading { gen: u64 },
+    /// Read; valid while `home_gen` is still `gen`. Dropped at the end of the `progress` that
+    /// could use it (pages are not kept here).
+    Read {
+        gen: u64,
+        page: Box<shoal_storage::AlignedPage>,
+    },
+    /// The read failed: the request is refused.
+    Failed,
 }
 
 impl PageState {
@@ -137,6 +161,8 @@ impl PageState {
             page_from: None,
             lost: None,
             parked: Vec::new(),
+            store_copy: StoreCopy::None,
+            home_gen: 0,
         }
     }
 
@@ -229,6 +255,8 @@ pub(crate) struct Coherence {
     /// Pages whose eviction notice was queued but could not be sent (the handler makes their
     /// copies idle again).
     unsent: Mutex<Vec<Pid>>,
+    /// Pages whose home copy a round asked to read from the store ([`StoreCopy::Reading`]).
+    reads_due: Mutex<Vec<Pid>>,
 }
 
 impl Coherence {
@@ -251,6 +279,7 @@ impl Coherence {
             alloc: RemoteAlloc::default(),
             outbox: Outboxes::new(nodes),
             unsent: Mutex::new(Vec::new()),
+            reads_due: Mutex::new(Vec::new()),
         }
     }
 
