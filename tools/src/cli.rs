@@ -34,16 +34,18 @@ pub struct ClusterArgs {
 }
 
 impl ClusterArgs {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> anyhow::Result<()> {
         if self.nodes == 0 || self.nodes > shoal_engine::MAX_NODES {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "--nodes {}: a cluster has 1 to {} nodes",
                 self.nodes,
                 shoal_engine::MAX_NODES
             ));
         }
         if self.cluster.is_some() && self.id.is_none() {
-            return Err("--cluster needs --id (this node's id in the file)".into());
+            return Err(anyhow::anyhow!(
+                "--cluster needs --id (this node's id in the file)"
+            ));
         }
         Ok(())
     }
@@ -64,21 +66,23 @@ pub fn run_processes(
     cache: &str,
     quiet: bool,
     args: impl Fn(usize, &Path, &Path) -> Vec<String>,
-) -> Result<(Vec<Value>, bool), String> {
+) -> anyhow::Result<(Vec<Value>, bool)> {
     // free loopback ports outside the ephemeral range (no outgoing connection can take one
     // before its node binds it)
     let addrs = shoal_messaging::tcp::free_loopback_addrs(nodes)
-        .map_err(|e| format!("cannot find free loopback ports: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("cannot find free loopback ports: {e}"))?;
     let file = dir.join("cluster.toml");
     std::fs::write(&file, ClusterFile::local_text(&addrs, dir, cache))
-        .map_err(|e| format!("writing {}: {e}", file.display()))?;
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find the shoal binary: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", file.display()))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| anyhow::anyhow!("cannot find the shoal binary: {e}"))?;
     let mut kids: Vec<(Child, PathBuf, PathBuf)> = Vec::new();
     for i in 0..nodes {
         let json = dir.join(format!("node{i}.json"));
         let log = dir.join(format!("node{i}.log"));
-        let out = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let out =
+            std::fs::File::create(&log).map_err(|e| anyhow::anyhow!("{}: {e}", log.display()))?;
+        let err = out.try_clone().map_err(anyhow::Error::from)?;
         let mut c = Command::new(&exe);
         c.args(args(i, &file, &json)).stderr(Stdio::from(err));
         if i == 0 && !quiet {
@@ -89,7 +93,7 @@ pub fn run_processes(
         c.process_group(0);
         let child = c
             .spawn()
-            .map_err(|e| format!("starting node {i} ({}): {e}", exe.display()))?;
+            .map_err(|e| anyhow::anyhow!("starting node {i} ({}): {e}", exe.display()))?;
         crate::stop::remember_child(child.id());
         kids.push((child, json, log));
     }
@@ -99,7 +103,7 @@ pub fn run_processes(
     while codes.iter().any(|c| c.is_none()) {
         for (i, (k, _, _)) in kids.iter_mut().enumerate() {
             if codes[i].is_none() {
-                if let Some(st) = k.try_wait().map_err(|e| e.to_string())? {
+                if let Some(st) = k.try_wait().map_err(anyhow::Error::from)? {
                     crate::stop::forget_child(k.id());
                     let code = exit_code(st);
                     codes[i] = Some(code);
@@ -158,10 +162,12 @@ pub fn run_processes(
         }
     }
     if !broken.is_empty() {
-        return Err(format!("nodes {broken:?} of the tcp cluster failed"));
+        return Err(anyhow::anyhow!(
+            "nodes {broken:?} of the tcp cluster failed"
+        ));
     }
     if docs.len() < nodes {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "{}: the nodes stopped before their run had results; each closed its store clean",
             crate::stop::STOPPED
         ));
@@ -202,10 +208,12 @@ fn exit_text(code: i32) -> String {
 
 /// `--duration` and `--warmup` in seconds: a positive duration, a non-negative warm-up, both
 /// at most 1e7 (also rules out NaN and infinities, on which `Duration::from_secs_f64` panics).
-pub fn check_run_secs(duration: f64, warmup: f64) -> Result<(), String> {
+pub fn check_run_secs(duration: f64, warmup: f64) -> anyhow::Result<()> {
     let secs_ok = |s: f64| s.is_finite() && (0.0..=1e7).contains(&s);
     if !secs_ok(duration) || duration == 0.0 || !secs_ok(warmup) {
-        return Err("--duration must be > 0 and --warmup >= 0 (seconds, at most 1e7)".into());
+        return Err(anyhow::anyhow!(
+            "--duration must be > 0 and --warmup >= 0 (seconds, at most 1e7)"
+        ));
     }
     Ok(())
 }
@@ -216,22 +224,23 @@ pub fn check_run_secs(duration: f64, warmup: f64) -> Result<(), String> {
 pub fn data_dir(
     dir: Option<&Path>,
     what: &str,
-) -> Result<(PathBuf, Option<tempfile::TempDir>), String> {
+) -> anyhow::Result<(PathBuf, Option<tempfile::TempDir>)> {
     match dir {
         Some(d) => {
-            std::fs::create_dir_all(d).map_err(|e| format!("--data-dir {}: {e}", d.display()))?;
-            let mut entries =
-                std::fs::read_dir(d).map_err(|e| format!("--data-dir {}: {e}", d.display()))?;
+            std::fs::create_dir_all(d)
+                .map_err(|e| anyhow::anyhow!("--data-dir {}: {e}", d.display()))?;
+            let mut entries = std::fs::read_dir(d)
+                .map_err(|e| anyhow::anyhow!("--data-dir {}: {e}", d.display()))?;
             if entries.next().is_some() {
                 if let Some(lock) = held_lock(d) {
-                    return Err(format!(
+                    return Err(anyhow::anyhow!(
                         "--data-dir {}: in use by another running process (it holds {}); stop \
                          it or use another directory",
                         d.display(),
                         lock.display()
                     ));
                 }
-                return Err(format!(
+                return Err(anyhow::anyhow!(
                     "--data-dir {}: not empty; shoal {what} loads a new data set into an empty directory \
                      (a load is not resumable): use a new or empty one (`shoal inspect {}` checks \
                      what this one holds)",
@@ -245,7 +254,7 @@ pub fn data_dir(
             let t = tempfile::Builder::new()
                 .prefix(&format!("shoal-{what}-"))
                 .tempdir()
-                .map_err(|e| format!("cannot create a temporary data directory: {e}"))?;
+                .map_err(|e| anyhow::anyhow!("cannot create a temporary data directory: {e}"))?;
             Ok((t.path().to_path_buf(), Some(t)))
         }
     }
@@ -253,9 +262,9 @@ pub fn data_dir(
 
 /// The run's result after its store was closed: the run's own error comes first (a close
 /// that fails after a failed run is usually its consequence: it is named after it).
-pub fn first_error<T>(run: Result<T, String>, closed: Result<(), String>) -> Result<T, String> {
+pub fn first_error<T>(run: anyhow::Result<T>, closed: anyhow::Result<()>) -> anyhow::Result<T> {
     match (run, closed) {
-        (Err(e), Err(c)) => Err(format!(
+        (Err(e), Err(c)) => Err(anyhow::anyhow!(
             "{e}\n(closing the store afterwards failed too: {c})"
         )),
         (Ok(_), Err(c)) => Err(c),
@@ -293,13 +302,13 @@ fn held_lock(dir: &Path) -> Option<PathBuf> {
 
 /// Check before a long run that an output file (`--json`) can be written, so that the results
 /// are not lost at the end; a file that did not exist is not left behind.
-pub fn check_output(flag: &str, path: &Path) -> Result<(), String> {
+pub fn check_output(flag: &str, path: &Path) -> anyhow::Result<()> {
     let existed = path.exists();
     std::fs::OpenOptions::new()
         .append(true)
         .create(true)
         .open(path)
-        .map_err(|e| format!("{flag} {}: cannot write there: {e}", path.display()))?;
+        .map_err(|e| anyhow::anyhow!("{flag} {}: cannot write there: {e}", path.display()))?;
     if !existed {
         let _ = std::fs::remove_file(path);
     }
@@ -334,15 +343,15 @@ pub fn join_loaders<E>(
     bar: &indicatif::ProgressBar,
     done: &std::sync::atomic::AtomicU64,
     total: u64,
-    describe: impl Fn(E) -> String,
-) -> Result<(), String> {
+    describe: impl Fn(E) -> anyhow::Error,
+) -> anyhow::Result<()> {
     while !hs.iter().all(|h| h.is_finished()) {
         bar.set_position(done.load(std::sync::atomic::Ordering::Relaxed).min(total));
         std::thread::sleep(Duration::from_millis(100));
     }
     for h in hs {
         h.join()
-            .map_err(|_| "a loader thread panicked".to_string())?
+            .map_err(|_| anyhow::anyhow!("a loader thread panicked"))?
             .map_err(&describe)?;
     }
     Ok(())
@@ -362,11 +371,11 @@ pub struct Nodes<'e> {
 pub fn run_as_member<T>(
     file: &ClusterFile,
     id: u8,
-    drive: impl FnOnce(&Nodes) -> Result<T, String>,
-) -> Result<T, String> {
+    drive: impl FnOnce(&Nodes) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
     // the cluster file sets each node's cache and data directory
-    let cfg = file.engine_config(id).map_err(|e| e.to_string())?;
-    let engine = shoal_engine::join(file, id, cfg).map_err(|e| e.to_string())?;
+    let cfg = file.engine_config(id).map_err(anyhow::Error::from)?;
+    let engine = shoal_engine::join(file, id, cfg).map_err(anyhow::Error::from)?;
     let nodes = Nodes {
         engines: vec![&engine],
         cluster: file.nodes.len(),
@@ -376,7 +385,7 @@ pub fn run_as_member<T>(
     if r.is_ok() {
         engine
             .leave(BARRIER_LIMIT)
-            .map_err(|e| format!("leaving the cluster: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("leaving the cluster: {e}"))?;
     } else if let Err(e) = engine.close() {
         eprintln!("closing node {id}: {e}");
     }
@@ -388,13 +397,13 @@ pub const BARRIER_LIMIT: Duration = Duration::from_secs(3600);
 
 impl Nodes<'_> {
     /// In a multi-process cluster, wait until every node got here (`what` names the phase).
-    pub fn barrier(&self, what: &str) -> Result<(), String> {
+    pub fn barrier(&self, what: &str) -> anyhow::Result<()> {
         if !self.member {
             return Ok(());
         }
         self.engines[0]
             .barrier(BARRIER_LIMIT)
-            .map_err(|e| format!("waiting for the other nodes ({what}): {e}"))
+            .map_err(|e| anyhow::anyhow!("waiting for the other nodes ({what}): {e}"))
     }
     /// This process holds node 0 (which creates shared structures and checks).
     pub fn leads(&self) -> bool {
@@ -408,8 +417,8 @@ impl Nodes<'_> {
 /// after the close; an error of `drive` is returned after it.
 pub fn drive_cluster<T>(
     cluster: shoal_engine::Cluster,
-    drive: impl FnOnce(&Nodes) -> Result<T, String>,
-) -> Result<T, String> {
+    drive: impl FnOnce(&Nodes) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let engines: Vec<&Engine> = cluster.nodes().iter().collect();
         drive(&Nodes {
@@ -418,7 +427,7 @@ pub fn drive_cluster<T>(
             member: false,
         })
     }));
-    let closed = cluster.close().map_err(|e| e.to_string());
+    let closed = cluster.close().map_err(anyhow::Error::from);
     match r {
         Ok(r) => first_error(r, closed),
         Err(panic) => {

@@ -55,19 +55,20 @@ struct Entry {
     result: Result<Option<TreeReport>, String>,
 }
 
-pub fn run(a: Args) -> Result<ExitCode, String> {
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let nodes = find_stores(&a.dir)?;
     // Hold every node's lock (shared) for the whole inspection.
     let mut _locks = Vec::new();
     for (node, store) in &nodes {
-        _locks.push(lock_for_reading(&store.dir, *node).map_err(|e| e.to_string())?);
+        _locks.push(lock_for_reading(&store.dir, *node)?);
     }
     let mut reports = Vec::new();
     for (node, Store { devices, .. }) in nodes {
-        let reader = StoreReader::open(&devices).map_err(|e| format!("node {node}: {e}"))?;
+        let reader =
+            StoreReader::open(&devices).map_err(|e| anyhow::anyhow!("node {node}: {e}"))?;
         let free = reader
             .free_slots()
-            .map_err(|e| format!("node {node}: {e}"))?
+            .map_err(|e| anyhow::anyhow!("node {node}: {e}"))?
             .map(|f| f.into_iter().collect::<HashSet<u64>>());
         let bar = progress_bar(
             reader.slot_limit(),
@@ -193,7 +194,7 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
                     path,
                     serde_json::to_string_pretty(&doc).expect("json") + "\n",
                 )
-                .map_err(|e| format!("--json {}: {e}", path.display()))?;
+                .map_err(|e| anyhow::anyhow!("--json {}: {e}", path.display()))?;
             }
         }
     }
@@ -213,15 +214,15 @@ struct Store {
 
 /// The stores in `dir`: device files right in it, and in subdirectories `node<i>` (where
 /// `shoal ycsb --data-dir` puts the nodes of a cluster).
-fn find_stores(dir: &Path) -> Result<BTreeMap<u8, Store>, String> {
+fn find_stores(dir: &Path) -> anyhow::Result<BTreeMap<u8, Store>> {
     let mut found: BTreeMap<u8, (PathBuf, BTreeMap<usize, PathBuf>)> = BTreeMap::new();
     let mut dirs = vec![dir.to_path_buf()];
     let mut i = 0;
     while i < dirs.len() {
-        let list =
-            std::fs::read_dir(&dirs[i]).map_err(|e| format!("{}: {e}", dirs[i].display()))?;
+        let list = std::fs::read_dir(&dirs[i])
+            .map_err(|e| anyhow::anyhow!("{}: {e}", dirs[i].display()))?;
         for entry in list {
-            let entry = entry.map_err(|e| format!("{}: {e}", dirs[i].display()))?;
+            let entry = entry.map_err(|e| anyhow::anyhow!("{}: {e}", dirs[i].display()))?;
             let name = entry.file_name();
             let Some(name) = name.to_str() else { continue };
             if i == 0 && entry.path().is_dir() && parse_node_dir(name).is_some() {
@@ -235,7 +236,7 @@ fn find_stores(dir: &Path) -> Result<BTreeMap<u8, Store>, String> {
                 .entry(node)
                 .or_insert_with(|| (dirs[i].clone(), BTreeMap::new()));
             if *at != dirs[i] {
-                return Err(format!(
+                return Err(anyhow::anyhow!(
                     "device files of node {node} in both {} and {}",
                     at.display(),
                     dirs[i].display()
@@ -246,7 +247,7 @@ fn find_stores(dir: &Path) -> Result<BTreeMap<u8, Store>, String> {
         i += 1;
     }
     if found.is_empty() {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "no Shoal store in {}: expected device files named node<N>-<i>.dat (in it or in \
              subdirectories node<N>)",
             dir.display()
@@ -257,7 +258,7 @@ fn find_stores(dir: &Path) -> Result<BTreeMap<u8, Store>, String> {
         .map(|(node, (at, files))| {
             // stripe order: node<N>-0.dat, -1, ... without gaps
             if let Some((i, _)) = files.keys().enumerate().find(|(i, k)| i != *k) {
-                return Err(format!(
+                return Err(anyhow::anyhow!(
                     "node {node}: device file node{node}-{i}.dat is missing from {}",
                     at.display()
                 ));

@@ -26,7 +26,6 @@ mod tpcc;
 mod value;
 mod workload;
 mod ycsb;
-mod ycsb_tcp;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -79,7 +78,7 @@ fn main() -> ExitCode {
     match r {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {e:#}");
             if stop::requested() {
                 // stopped by a signal on the way (the error says where); stores were closed
                 ExitCode::from(stop::STOPPED_EXIT)

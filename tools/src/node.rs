@@ -81,9 +81,9 @@ fn read_u64(w: &Worker, pid: Pid, at: usize) -> Result<u64, EngineError> {
 }
 
 /// Find (or on the first run create) node `me`'s pages.
-fn own_pages(w: &Worker, me: u8, pages: usize) -> Result<Owned, String> {
+fn own_pages(w: &Worker, me: u8, pages: usize) -> anyhow::Result<Owned> {
     let name = format!("check/{me}");
-    let e = |e: EngineError| format!("setting up node {me}'s counter pages: {e}");
+    let e = |e: EngineError| anyhow::anyhow!("setting up node {me}'s counter pages: {e}");
     if let Some(tally) = w.catalog_lookup(&name).map_err(e)? {
         return load_owned(w, me, tally);
     }
@@ -106,13 +106,13 @@ fn own_pages(w: &Worker, me: u8, pages: usize) -> Result<Owned, String> {
     Ok(Owned { tally, pages: pids })
 }
 
-fn load_owned(w: &Worker, node: u8, tally: Pid) -> Result<Owned, String> {
-    let e = |e: EngineError| format!("reading node {node}'s tally page {tally}: {e}");
+fn load_owned(w: &Worker, node: u8, tally: Pid) -> anyhow::Result<Owned> {
+    let e = |e: EngineError| anyhow::anyhow!("reading node {node}'s tally page {tally}: {e}");
     let g = w.run(|w| w.shared(tally)).map_err(e)?;
     let p = g.page();
     let n = p.u64(8) as usize;
     if p.u64(0) != MAGIC || n == 0 || n > MAX_PAGES {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "node {node}'s tally page {tally} is not a check tally (magic {:#x}, {n} pages)",
             p.u64(0)
         ));
@@ -158,22 +158,24 @@ fn error_kind(e: &EngineError) -> &'static str {
 }
 
 /// Run `shoal node`.
-pub fn run(a: Args) -> Result<ExitCode, String> {
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if a.workers == 0 || a.workers > 1024 {
-        return Err(format!("--workers {}: use 1 to 1024", a.workers));
+        return Err(anyhow::anyhow!("--workers {}: use 1 to 1024", a.workers));
     }
     if a.pages == 0 || a.pages > MAX_PAGES {
-        return Err(format!("--pages {}: use 1 to {MAX_PAGES}", a.pages));
+        return Err(anyhow::anyhow!("--pages {}: use 1 to {MAX_PAGES}", a.pages));
     }
     if !(a.barrier_timeout.is_finite() && a.barrier_timeout > 0.0 && a.barrier_timeout < 1e6) {
-        return Err("--barrier-timeout must be a positive number of seconds".into());
+        return Err(anyhow::anyhow!(
+            "--barrier-timeout must be a positive number of seconds"
+        ));
     }
     let limit = Duration::from_secs_f64(a.barrier_timeout);
     if let Some(p) = &a.json {
         crate::cli::check_output("--json", p)?;
     }
-    let file = ClusterFile::load(&a.config).map_err(|e| e.to_string())?;
-    let mut cfg = file.engine_config(a.id).map_err(|e| e.to_string())?;
+    let file = ClusterFile::load(&a.config).map_err(anyhow::Error::from)?;
+    let mut cfg = file.engine_config(a.id).map_err(anyhow::Error::from)?;
     cfg.allow_unclean = a.allow_unclean;
     let n = file.nodes.len();
     say!(
@@ -183,7 +185,7 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
         cfg.data_dir.display()
     );
     let t_join = Instant::now();
-    let engine = join(&file, a.id, cfg).map_err(|e| e.to_string())?;
+    let engine = join(&file, a.id, cfg).map_err(anyhow::Error::from)?;
     say!(
         "node {}: connected in {:.2} s",
         a.id,
@@ -202,12 +204,12 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
             path,
             serde_json::to_string_pretty(&report).expect("json") + "\n",
         )
-        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
     }
     if ok {
         engine
             .leave(limit)
-            .map_err(|e| format!("leaving the cluster: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("leaving the cluster: {e}"))?;
         say!("node {}: left the cluster cleanly", a.id);
         Ok(if crate::stop::requested() {
             ExitCode::from(crate::stop::STOPPED_EXIT)
@@ -235,12 +237,12 @@ fn check(
     a: &Args,
     n: usize,
     limit: Duration,
-) -> Result<(serde_json::Value, bool), String> {
+) -> anyhow::Result<(serde_json::Value, bool)> {
     let me = a.id;
     let barrier = |what: &str| {
         engine
             .barrier(limit)
-            .map_err(|e| format!("node {me}: waiting for the cluster ({what}): {e}"))
+            .map_err(|e| anyhow::anyhow!("node {me}: waiting for the cluster ({what}): {e}"))
     };
     let w = engine.worker();
     let mine = own_pages(&w, me, a.pages)?;
@@ -256,11 +258,11 @@ fn check(
         }
         let tally = w
             .catalog_lookup(&format!("check/{j}"))
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("node {j} registered no counter pages"))?;
+            .map_err(anyhow::Error::from)?
+            .ok_or_else(|| anyhow::anyhow!("node {j} registered no counter pages"))?;
         all.push(load_owned(&w, j, tally)?);
     }
-    let (c0, t0) = sums(&w, &all).map_err(|e| format!("reading the counters: {e}"))?;
+    let (c0, t0) = sums(&w, &all).map_err(|e| anyhow::anyhow!("reading the counters: {e}"))?;
     let unclean = engine.store().opened_unclean();
     say!(
         "node {me}: start: counters sum {c0}, tallies sum {t0} ({}){}",
@@ -357,7 +359,7 @@ fn check(
             g.page_mut().set_u64(16, v);
             Ok(v)
         })
-        .map_err(|e| format!("writing the tally: {e}"));
+        .map_err(|e| anyhow::anyhow!("writing the tally: {e}"));
     let finished = tally.and_then(|_| barrier("end of the run"));
     let mut verdict = json!(null);
     let mut exact = false;

@@ -77,12 +77,13 @@ pub struct Args {
     pub quiet: bool,
 }
 
-fn validate(a: &Args) -> Result<u64, String> {
+fn validate(a: &Args) -> anyhow::Result<u64> {
     a.net.validate()?;
     if a.warehouses == 0 || (a.warehouses as usize) < a.net.nodes {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "--warehouses {} with --nodes {}: every node needs at least one warehouse",
-            a.warehouses, a.net.nodes
+            a.warehouses,
+            a.net.nodes
         ));
     }
     if schema::Tables::catalog_bytes(a.net.nodes) > shoal_engine::catalog::CAPACITY {
@@ -90,19 +91,19 @@ fn validate(a: &Args) -> Result<u64, String> {
             .rev()
             .find(|&n| schema::Tables::catalog_bytes(n) <= shoal_engine::catalog::CAPACITY)
             .unwrap_or(1);
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "--nodes {}: TPC-C keeps one set of tables per node in the catalog, which has \
              room for the sets of at most {most} nodes",
             a.net.nodes
         ));
     }
     if a.workers == 0 || a.workers > 1024 {
-        return Err(format!("--workers {}: 1 to 1024", a.workers));
+        return Err(anyhow::anyhow!("--workers {}: 1 to 1024", a.workers));
     }
     crate::cli::check_run_secs(a.duration, a.warmup)?;
-    let cache = parse_bytes(&a.cache).map_err(|e| format!("--cache: {e}"))?;
+    let cache = parse_bytes(&a.cache).map_err(|e| anyhow::anyhow!("--cache: {e}"))?;
     if cache < 4 << 20 {
-        return Err(format!("--cache {}: at least 4MiB", a.cache));
+        return Err(anyhow::anyhow!("--cache {}: at least 4MiB", a.cache));
     }
     Ok(cache)
 }
@@ -114,15 +115,15 @@ fn share(warehouses: u16, n: usize, nodes: usize) -> (u16, u16) {
 }
 
 /// Run `shoal tpcc`.
-pub fn run(a: Args) -> Result<ExitCode, String> {
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let cache = validate(&a)?;
     if let Some(p) = &a.json {
         crate::cli::check_output("--json", p)?;
     }
     if let (Some(path), Some(id)) = (&a.net.cluster, a.net.id) {
-        let file = ClusterFile::load(path).map_err(|e| e.to_string())?;
+        let file = ClusterFile::load(path).map_err(anyhow::Error::from)?;
         if (a.warehouses as usize) < file.nodes.len() {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "--warehouses {} for a cluster of {} nodes: every node needs at least one warehouse",
                 a.warehouses,
                 file.nodes.len()
@@ -143,20 +144,20 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
         EngineConfig::new(d, cache as usize)
     };
     if a.net.nodes == 1 {
-        let e = Engine::open(cfg(0)).map_err(|e| e.to_string())?;
+        let e = Engine::open(cfg(0)).map_err(anyhow::Error::from)?;
         let nodes = Nodes {
             engines: vec![&e],
             cluster: 1,
             member: false,
         };
         let r = drive(&nodes, &a);
-        return crate::cli::first_error(r, e.close().map_err(|e| e.to_string()));
+        return crate::cli::first_error(r, e.close().map_err(anyhow::Error::from));
     }
-    let c = Cluster::mem(a.net.nodes, Duration::from_secs(30), cfg).map_err(|e| e.to_string())?;
+    let c = Cluster::mem(a.net.nodes, Duration::from_secs(30), cfg).map_err(anyhow::Error::from)?;
     crate::cli::drive_cluster(c, |nodes| drive(nodes, &a))
 }
 
-fn drive(nodes: &Nodes, a: &Args) -> Result<ExitCode, String> {
+fn drive(nodes: &Nodes, a: &Args) -> anyhow::Result<ExitCode> {
     let w0 = nodes.engines[0].worker();
     let node_of: Vec<u8> = (1..=a.warehouses)
         .map(|w| {
@@ -170,10 +171,10 @@ fn drive(nodes: &Nodes, a: &Args) -> Result<ExitCode, String> {
         .collect();
     let made = if nodes.leads() {
         let exists = |e: shoal_btree::TreeError| match e {
-            shoal_btree::TreeError::Exists(_) => format!(
+            shoal_btree::TreeError::Exists(_) => anyhow::anyhow!(
                 "the data directory already holds a TPC-C database; use an empty --data-dir ({e})"
             ),
-            e => e.to_string(),
+            e => anyhow::Error::from(e),
         };
         Some(Tables::get(&w0, true, node_of.clone()).map_err(exists))
     } else {
@@ -183,7 +184,8 @@ fn drive(nodes: &Nodes, a: &Args) -> Result<ExitCode, String> {
     nodes.barrier("tables created")?;
     let tables = match made {
         Some(t) => t?,
-        None => Tables::get(&w0, false, node_of).map_err(|e| format!("opening the tables: {e}"))?,
+        None => Tables::get(&w0, false, node_of)
+            .map_err(|e| anyhow::anyhow!("opening the tables: {e}"))?,
     };
     let mut rng = SmallRng::seed_from_u64(a.seed);
     let load_c = Constants::load(&mut rng);
@@ -218,7 +220,7 @@ fn drive(nodes: &Nodes, a: &Args) -> Result<ExitCode, String> {
     let check = if a.check && nodes.leads() {
         let mut bad = Vec::new();
         for w in 1..=a.warehouses {
-            bad.extend(check::warehouse(&w0, &tables, w).map_err(|e| e.to_string())?);
+            bad.extend(check::warehouse(&w0, &tables, w).map_err(anyhow::Error::from)?);
         }
         Some(bad)
     } else {
@@ -231,13 +233,13 @@ fn drive(nodes: &Nodes, a: &Args) -> Result<ExitCode, String> {
     Ok(exit_code(&doc))
 }
 
-fn write_json(a: &Args, doc: &serde_json::Value) -> Result<(), String> {
+fn write_json(a: &Args, doc: &serde_json::Value) -> anyhow::Result<()> {
     if let Some(path) = &a.json {
         std::fs::write(
             path,
             serde_json::to_string_pretty(doc).expect("json") + "\n",
         )
-        .map_err(|e| format!("--json {}: {e}", path.display()))?;
+        .map_err(|e| anyhow::anyhow!("--json {}: {e}", path.display()))?;
     }
     Ok(())
 }
@@ -257,7 +259,7 @@ fn exit_code(doc: &serde_json::Value) -> ExitCode {
 }
 
 /// Load every node's warehouses with its own workers (items on node 0); progress bar.
-fn populate(nodes: &Nodes, t: &Tables, a: &Args, c: &Constants) -> Result<f64, String> {
+fn populate(nodes: &Nodes, t: &Tables, a: &Args, c: &Constants) -> anyhow::Result<f64> {
     let t0 = Instant::now();
     let done = AtomicU64::new(0);
     let whs: u64 = nodes
@@ -271,7 +273,7 @@ fn populate(nodes: &Nodes, t: &Tables, a: &Args, c: &Constants) -> Result<f64, S
     let items = if nodes.leads() { load::ITEMS as u64 } else { 0 };
     let total = items + whs * load::ROWS_PER_WAREHOUSE;
     let bar = crate::cli::progress(total, "rows", a.quiet);
-    let r: Result<(), String> = std::thread::scope(|s| {
+    let r: anyhow::Result<()> = std::thread::scope(|s| {
         let mut hs = Vec::new();
         for &e in &nodes.engines {
             let n = e.node_id() as usize;
@@ -280,7 +282,7 @@ fn populate(nodes: &Nodes, t: &Tables, a: &Args, c: &Constants) -> Result<f64, S
             for k in 0..workers {
                 let done = &done;
                 let seed = a.seed ^ ((n as u64) << 32 | k as u64).wrapping_mul(0x9E37_79B9);
-                hs.push(s.spawn(move || -> Result<(), String> {
+                hs.push(s.spawn(move || -> anyhow::Result<()> {
                     let w = e.worker();
                     let mut rng = SmallRng::seed_from_u64(seed);
                     if n == 0 {
@@ -292,14 +294,14 @@ fn populate(nodes: &Nodes, t: &Tables, a: &Args, c: &Constants) -> Result<f64, S
                         } else {
                             lo + per - 1
                         };
-                        load::items(&w, t, lo, hi, &mut rng, done).map_err(|e| e.to_string())?;
+                        load::items(&w, t, lo, hi, &mut rng, done).map_err(anyhow::Error::from)?;
                     }
                     for wid in (lo..=hi).filter(|x| (x - lo) as usize % workers == k) {
                         if crate::stop::requested() {
                             break; // Ctrl-C: the warehouses loaded so far stay
                         }
                         load::warehouse(&w, t, wid, c, &mut rng, done)
-                            .map_err(|e| format!("loading warehouse {wid}: {e}"))?;
+                            .map_err(|e| anyhow::anyhow!("loading warehouse {wid}: {e}"))?;
                     }
                     Ok(())
                 }));
@@ -378,7 +380,7 @@ fn run_phase(
     a: &Args,
     c: &Constants,
     node_of: &[u8],
-) -> Result<RunOut, String> {
+) -> anyhow::Result<RunOut> {
     let phase = AtomicU8::new(WARMUP);
     let total = AtomicU64::new(0);
     let new_orders = AtomicU64::new(0);
@@ -549,7 +551,7 @@ fn report(
     pages: u64,
     load_s: f64,
     check: Option<&[String]>,
-) -> Result<serde_json::Value, String> {
+) -> anyhow::Result<serde_json::Value> {
     let t = &o.tally;
     let committed: u64 = t.count.iter().sum();
     let tps = committed as f64 / o.secs;

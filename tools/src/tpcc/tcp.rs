@@ -46,8 +46,8 @@ fn node_args(a: &Args, file: &Path, id: usize, json: &Path) -> Vec<String> {
 }
 
 /// A node's tally back from its report.
-fn tally_of(d: &Value) -> Result<Tally, String> {
-    let bad = || format!("a node wrote an unreadable report: {d}");
+fn tally_of(d: &Value) -> anyhow::Result<Tally> {
+    let bad = || anyhow::anyhow!("a node wrote an unreadable report: {d}");
     let u = |k: &str| d[k].as_u64().ok_or_else(bad);
     let mut t = Tally::new();
     for (i, name) in txn::TYPES.iter().enumerate() {
@@ -56,7 +56,9 @@ fn tally_of(d: &Value) -> Result<Tally, String> {
             let (Some(v), Some(c)) = (pair[0].as_u64(), pair[1].as_u64()) else {
                 return Err(bad());
             };
-            t.hist[i].record_n(v.max(1), c).map_err(|e| e.to_string())?;
+            t.hist[i]
+                .record_n(v.max(1), c)
+                .map_err(anyhow::Error::from)?;
         }
     }
     t.rollbacks = u("rollbacks")?;
@@ -69,7 +71,7 @@ fn tally_of(d: &Value) -> Result<Tally, String> {
 }
 
 /// Run the cluster of local processes and report.
-pub fn run_local(a: &Args) -> Result<ExitCode, String> {
+pub fn run_local(a: &Args) -> anyhow::Result<ExitCode> {
     let (dir, _tmp) = crate::cli::data_dir(a.data_dir.as_deref(), "tpcc")?;
     let (docs, all_ok) =
         crate::cli::run_processes(a.net.nodes, &dir, &a.cache, a.quiet, |i, f, j| {

@@ -4,7 +4,7 @@
 //! histograms included) into one summary. Node 0's per-second lines are shown; every node's
 //! output is kept in `<data dir>/node<i>.log`.
 
-use crate::ycsb::{Access, Args, Distribution};
+use super::{Access, Args, Distribution};
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 use std::path::Path;
@@ -57,7 +57,7 @@ fn node_args(a: &Args, file: &Path, id: usize, json: &Path) -> Vec<String> {
 }
 
 /// Run the cluster of local processes and report.
-pub fn run_local(a: &Args) -> Result<ExitCode, String> {
+pub fn run_local(a: &Args) -> anyhow::Result<ExitCode> {
     let (dir, _tmp) = crate::cli::data_dir(a.data_dir.as_deref(), "ycsb")?;
     let (docs, all_ok) =
         crate::cli::run_processes(a.net.nodes, &dir, &a.cache, a.quiet, |i, file, json| {
@@ -70,7 +70,7 @@ pub fn run_local(a: &Args) -> Result<ExitCode, String> {
             path,
             serde_json::to_string_pretty(&merged).expect("json") + "\n",
         )
-        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
     }
     let errors = merged["value_errors"].as_u64().unwrap_or(0);
     Ok(if errors > 0 || !all_ok {
@@ -84,14 +84,14 @@ pub fn run_local(a: &Args) -> Result<ExitCode, String> {
 }
 
 /// One report for the whole cluster from the nodes' reports.
-fn merge(docs: &[Value]) -> Result<Value, String> {
+fn merge(docs: &[Value]) -> anyhow::Result<Value> {
     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("bounds");
     let (mut ops, mut tput, mut errors, mut misses, mut dur) = (0u64, 0f64, 0u64, 0u64, 0f64);
     let mut by_type = serde_json::Map::new();
     let mut per_node = Vec::new();
     let mut first_error = Value::Null;
     for d in docs {
-        let bad = || format!("a node wrote an unreadable report: {d}");
+        let bad = || anyhow::anyhow!("a node wrote an unreadable report: {d}");
         ops += d["ops"].as_u64().ok_or_else(bad)?;
         tput += d["throughput_ops_per_s"].as_f64().ok_or_else(bad)?;
         errors += d["value_errors"].as_u64().ok_or_else(bad)?;
@@ -110,7 +110,8 @@ fn merge(docs: &[Value]) -> Result<Value, String> {
             let (Some(v), Some(c)) = (v, c) else {
                 return Err(bad());
             };
-            hist.record_n(v.max(1), c).map_err(|e| format!("{e}"))?;
+            hist.record_n(v.max(1), c)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
         }
     }
     let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;

@@ -3,6 +3,8 @@
 //! with `--json`). Every value read is checked (see [`crate::value`]); a run with value errors
 //! exits with status 1.
 
+mod tcp;
+
 use crate::cli::{ClusterArgs, Nodes, Transport};
 use crate::value;
 use crate::workload::{Dist, KeyChooser, Mix, Op};
@@ -97,47 +99,50 @@ struct Plan {
     label: String,
 }
 
-fn validate(a: &Args) -> Result<Plan, String> {
+fn validate(a: &Args) -> anyhow::Result<Plan> {
     a.net.validate()?;
     if a.records == 0 {
-        return Err("--records must be at least 1".into());
+        return Err(anyhow::anyhow!("--records must be at least 1"));
     }
     if a.records < a.net.nodes as u64 {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "--records {}: every node loads a share, so use at least --nodes ({})",
-            a.records, a.net.nodes
+            a.records,
+            a.net.nodes
         ));
     }
     if a.workers == 0 || a.workers > 1024 {
-        return Err(format!("--workers {}: use 1 to 1024", a.workers));
+        return Err(anyhow::anyhow!("--workers {}: use 1 to 1024", a.workers));
     }
     let max_value = MAX_RECORD - 8;
     if a.value_size < value::MIN_VALUE || a.value_size > max_value {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "--value-size {}: values hold their key and a checksum, so use {} to {max_value} bytes",
             a.value_size,
             value::MIN_VALUE
         ));
     }
     if a.zipf_theta.is_nan() || a.zipf_theta <= 0.0 || a.zipf_theta > 3.0 {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "--zipf-theta {}: use a value in (0, 3]",
             a.zipf_theta
         ));
     }
     crate::cli::check_run_secs(a.duration, a.warmup)?;
     if a.max_scan == 0 {
-        return Err("--max-scan must be at least 1".into());
+        return Err(anyhow::anyhow!("--max-scan must be at least 1"));
     }
     let wl = a.workload.to_ascii_lowercase();
     let wc = wl.chars().next().filter(|_| wl.len() == 1);
     let mut mix = wc
         .and_then(Mix::of)
-        .ok_or_else(|| format!("--workload {}: use one of a, b, c, d, e, f", a.workload))?;
+        .ok_or_else(|| anyhow::anyhow!("--workload {}: use one of a, b, c, d, e, f", a.workload))?;
     let mut label = format!("workload {wl}");
     if let Some(r) = a.read_ratio {
         if !(0.0..=1.0).contains(&r) {
-            return Err(format!("--read-ratio {r}: use a fraction in [0, 1]"));
+            return Err(anyhow::anyhow!(
+                "--read-ratio {r}: use a fraction in [0, 1]"
+            ));
         }
         mix = Mix::read_ratio(r);
         label = format!("read ratio {r}");
@@ -149,7 +154,7 @@ fn validate(a: &Args) -> Result<Plan, String> {
         None if wc == Some('d') => Dist::Latest(a.zipf_theta),
         None => Dist::Uniform,
     };
-    let cache = parse_bytes(&a.cache).map_err(|e| format!("--cache: {e}"))? as usize;
+    let cache = parse_bytes(&a.cache).map_err(|e| anyhow::anyhow!("--cache: {e}"))? as usize;
     Ok(Plan {
         mix,
         dist,
@@ -228,13 +233,13 @@ impl Keys {
 }
 
 /// Run `shoal ycsb`.
-pub fn run(a: Args) -> Result<ExitCode, String> {
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let plan = validate(&a)?;
     if let Some(p) = &a.json {
         crate::cli::check_output("--json", p)?;
     }
     if a.net.cluster.is_none() && a.net.transport == Transport::Tcp {
-        return crate::ycsb_tcp::run_local(&a);
+        return tcp::run_local(&a);
     }
     let (dir, _tmp) = crate::cli::data_dir(a.data_dir.as_deref(), "ycsb")?;
     let node_cfg = |i: u8| {
@@ -248,21 +253,21 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
         cfg
     };
     if let (Some(path), Some(id)) = (&a.net.cluster, a.net.id) {
-        let file = ClusterFile::load(path).map_err(|e| e.to_string())?;
+        let file = ClusterFile::load(path).map_err(anyhow::Error::from)?;
         return crate::cli::run_as_member(&file, id, |nodes| drive(nodes, &a, &plan));
     }
     if a.net.nodes == 1 {
-        let engine = Engine::open(node_cfg(0)).map_err(|e| e.to_string())?;
+        let engine = Engine::open(node_cfg(0)).map_err(anyhow::Error::from)?;
         let nodes = Nodes {
             engines: vec![&engine],
             cluster: 1,
             member: false,
         };
         let r = drive(&nodes, &a, &plan);
-        return crate::cli::first_error(r, engine.close().map_err(|e| e.to_string()));
+        return crate::cli::first_error(r, engine.close().map_err(anyhow::Error::from));
     }
-    let cluster =
-        Cluster::mem(a.net.nodes, Duration::from_secs(30), node_cfg).map_err(|e| e.to_string())?;
+    let cluster = Cluster::mem(a.net.nodes, Duration::from_secs(30), node_cfg)
+        .map_err(anyhow::Error::from)?;
     crate::cli::drive_cluster(cluster, |nodes| drive(nodes, &a, &plan))
 }
 
@@ -302,21 +307,21 @@ fn snap(e: &Engine) -> (StatsSnapshot, u64) {
 }
 
 /// Create or open the table, load this process's share, run, report.
-fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> Result<ExitCode, String> {
+fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
     let first = nodes.engines[0];
     let w0 = first.worker();
     let tree = if first.node_id() == 0 {
         if BTree::open(&w0, TABLE).is_ok() {
-            return Err(
-                "the data directory already holds a YCSB table; use an empty --data-dir".into(),
-            );
+            return Err(anyhow::anyhow!(
+                "the data directory already holds a YCSB table; use an empty --data-dir"
+            ));
         }
-        let t = BTree::create(&w0, TABLE).map_err(|e| e.to_string())?;
+        let t = BTree::create(&w0, TABLE).map_err(anyhow::Error::from)?;
         nodes.barrier("table created")?;
         t
     } else {
         nodes.barrier("table created")?;
-        BTree::open(&w0, TABLE).map_err(|e| e.to_string())?
+        BTree::open(&w0, TABLE).map_err(anyhow::Error::from)?
     };
     drop(w0);
     say!(
@@ -444,7 +449,7 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> Result<ExitCode, String> {
             path,
             serde_json::to_string_pretty(&doc).expect("json") + "\n",
         )
-        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
     }
     Ok(if errors > 0 {
         eprintln!("error: {errors} values failed their check");
@@ -491,7 +496,7 @@ fn delta(a: &StatsSnapshot, b: &StatsSnapshot) -> StatsSnapshot {
     }
 }
 
-fn load(nodes: &Nodes, tree: &BTree, a: &Args) -> Result<f64, String> {
+fn load(nodes: &Nodes, tree: &BTree, a: &Args) -> anyhow::Result<f64> {
     let done = AtomicU64::new(0);
     let t0 = Instant::now();
     let keys = |e: &Engine| Keys {
@@ -509,7 +514,7 @@ fn load(nodes: &Nodes, tree: &BTree, a: &Args) -> Result<f64, String> {
         })
         .sum();
     let bar = crate::cli::progress(mine, "records", a.quiet);
-    let r: Result<(), String> = std::thread::scope(|s| {
+    let r: anyhow::Result<()> = std::thread::scope(|s| {
         let mut hs = Vec::new();
         for &e in &nodes.engines {
             let (lo, hi) = keys(e).share();
@@ -540,7 +545,9 @@ fn load(nodes: &Nodes, tree: &BTree, a: &Args) -> Result<f64, String> {
                 }));
             }
         }
-        crate::cli::join_loaders(hs, &bar, &done, mine, |e| format!("loading failed: {e}"))
+        crate::cli::join_loaders(hs, &bar, &done, mine, |e| {
+            anyhow::anyhow!("loading failed: {e}")
+        })
     });
     r?;
     bar.finish_and_clear();
@@ -561,7 +568,7 @@ fn load(nodes: &Nodes, tree: &BTree, a: &Args) -> Result<f64, String> {
 type Snap = (StatsSnapshot, u64);
 type RunOutput = (Vec<WorkerResult>, f64, Vec<Snap>, Vec<Snap>);
 
-fn run_phase(nodes: &Nodes, tree: &BTree, a: &Args, plan: &Plan) -> Result<RunOutput, String> {
+fn run_phase(nodes: &Nodes, tree: &BTree, a: &Args, plan: &Plan) -> anyhow::Result<RunOutput> {
     let phase = AtomicU8::new(WARMUP);
     // (index of the engine in `nodes.engines`, worker number on it)
     let threads: Vec<(usize, usize)> = (0..nodes.engines.len())
@@ -663,8 +670,8 @@ fn run_phase(nodes: &Nodes, tree: &BTree, a: &Args, plan: &Plan) -> Result<RunOu
         for h in hs {
             out.push(
                 h.join()
-                    .map_err(|_| "a worker thread panicked".to_string())?
-                    .map_err(|e| format!("the run failed: {e}"))?,
+                    .map_err(|_| anyhow::anyhow!("a worker thread panicked"))?
+                    .map_err(|e| anyhow::anyhow!("the run failed: {e}"))?,
             );
         }
         Ok((out, secs, before, after))
