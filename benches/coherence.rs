@@ -5,13 +5,20 @@
 //! 2. messages per remote miss by case, counted by the nodes' protocol counters, next to the
 //!    protocol's minimum;
 //! 3. the contended single-page workload: every node increments one page under exclusive
-//!    guards (anticipatory chaining moves it in request order); throughput and per-node share.
+//!    guards (anticipatory chaining moves it in request order); throughput and per-node share;
+//! 4. the latency ladder (issue 24): a local hit, a remote DRAM fetch and an NVMe read of one
+//!    page, median and p99 side by side, all measured here on this machine (the NVMe read is a
+//!    one-node engine's miss on a store opened with an empty cache: O_DIRECT, no page cache).
 //!
 //! `cargo bench -p shoal-benches --bench coherence` (`SHOAL_BENCH_QUICK=1`: fewer pages;
-//! `SHOAL_BENCH_TRANSPORTS=mem` or `tcp`: only that transport).
+//! `SHOAL_BENCH_TRANSPORTS=mem` or `tcp`: only that transport; `SHOAL_BENCH_DIR`: where the
+//! NVMe ladder step's store goes; `SHOAL_BENCH_ONLY=fetch`: only the remote fetch and local hit
+//! steps, e.g. to profile them, with `SHOAL_BENCH_FETCH_ROUNDS=N` to fetch every page N times).
 
 use hdrhistogram::Histogram;
-use shoal_engine::{ChannelLayout, Cluster, EngineConfig, OpResult, Pid};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use shoal_engine::{ChannelLayout, Cluster, Engine, EngineConfig, OpResult, OpenMode, Pid};
 use shoal_messaging::Transport;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -41,7 +48,14 @@ fn total_messages(c: &Cluster) -> u64 {
     c.nodes().iter().map(|e| e.protocol_stats().messages).sum()
 }
 
-fn fetch_latency(name: &str, c: &Cluster, pages: usize) {
+type Hist = Histogram<u64>;
+
+fn hist() -> Hist {
+    Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds")
+}
+
+/// Remote fetch latency and the local hit latency of the same pages afterwards.
+fn fetch_latency(name: &str, c: &Cluster, pages: usize) -> (Hist, Hist) {
     let w0 = c.node(0).worker();
     let pids: Vec<Pid> = (0..pages).map(|_| w0.allocate().unwrap().pid()).collect();
     // a new page is held exclusively by the node that allocated it: node 2 reads every page
@@ -62,14 +76,28 @@ fn fetch_latency(name: &str, c: &Cluster, pages: usize) {
     c.node(1)
         .send_pages_home(Duration::from_secs(30))
         .expect("node 1's copies go home");
-    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+    // SHOAL_BENCH_FETCH_ROUNDS=N: fetch every page N times (sending them home in between), so
+    // that a profile of the run is mostly remote fetches; the figures are of all rounds
+    let rounds: usize = std::env::var("SHOAL_BENCH_FETCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(1);
+    let mut h = hist();
     let m0 = total_messages(c);
-    for &p in &pids {
-        let t = Instant::now();
-        let g = w1.shared(p).unwrap();
-        h.record(t.elapsed().as_nanos() as u64).unwrap();
-        drop(g);
+    for r in 0..rounds {
+        if r > 0 {
+            c.node(1)
+                .send_pages_home(Duration::from_secs(30))
+                .expect("node 1's copies go home");
+        }
+        for &p in &pids {
+            let t = Instant::now();
+            let g = w1.shared(p).unwrap();
+            h.record(t.elapsed().as_nanos() as u64).unwrap();
+            drop(g);
+        }
     }
+    let pages = pages * rounds;
     let msgs = (total_messages(c) - m0) as f64 / pages as f64;
     println!(
         "{name}: remote fetch (base case, {pages} pages): median {:.1} us, p99 {:.1} us, p99.9 {:.1} us; {msgs:.2} messages per miss (minimum 2: request, grant with the page)",
@@ -77,15 +105,65 @@ fn fetch_latency(name: &str, c: &Cluster, pages: usize) {
         h.value_at_quantile(0.99) as f64 / 1e3,
         h.value_at_quantile(0.999) as f64 / 1e3,
     );
-    // local hits of the same pages, for scale
-    let t = Instant::now();
+    // local hits of the same pages, for scale (each timed: the clock's own cost, some 20-40
+    // ns, is in the figure)
+    let mut local = hist();
     for &p in &pids {
-        drop(w1.shared(p).unwrap());
+        let t = Instant::now();
+        let g = w1.shared(p).unwrap();
+        local.record(t.elapsed().as_nanos() as u64).unwrap();
+        drop(g);
     }
-    println!(
-        "{name}: local hit of the same pages: {:.2} us each",
-        t.elapsed().as_secs_f64() * 1e6 / pages as f64
+    (h, local)
+}
+
+/// NVMe read latency through a one-node engine: a store of 4x the cache, opened again with an
+/// empty cache, read in a random order so that every timed read misses (the first cache-full
+/// of reads is a warm-up that touches the frames' memory once).
+fn nvme_read_latency(pages: usize) -> Hist {
+    let dir = shoal_benches::bench_dir();
+    let frames = (pages / 4).max(1024);
+    let mut cfg = EngineConfig::new(dir.path().join("nvme"), frames * shoal_engine::PAGE_SIZE);
+    let mut pids = Vec::with_capacity(frames * 4);
+    {
+        let e = Engine::open(cfg.clone()).unwrap();
+        let w = e.worker();
+        for i in 0..frames * 4 {
+            let mut g = w.allocate().unwrap();
+            g.page_mut().set_u64(0, i as u64);
+            pids.push(g.pid());
+        }
+        drop(w);
+        e.close().unwrap();
+    }
+    cfg.mode = OpenMode::Open;
+    let e = Engine::open(cfg).unwrap();
+    let w = e.worker();
+    pids.shuffle(&mut rand::rngs::SmallRng::seed_from_u64(7));
+    let mut h = hist();
+    for (i, &p) in pids.iter().enumerate() {
+        let t = Instant::now();
+        let g = w.shared(p).unwrap();
+        let ns = t.elapsed().as_nanos() as u64;
+        drop(g);
+        if i >= frames {
+            h.record(ns).unwrap();
+        }
+    }
+    let s = e.stats();
+    assert!(
+        s.store_reads >= pids.len() as u64,
+        "every page was read from the device ({} reads for {} pages)",
+        s.store_reads,
+        pids.len()
     );
+    drop(w);
+    e.close().unwrap();
+    h
+}
+
+fn us(h: &Hist, q: f64) -> f64 {
+    h.value_at_quantile(q) as f64 / 1e3
 }
 
 fn messages_by_case(name: &str, c: &Cluster, pages: usize) {
@@ -172,6 +250,8 @@ fn main() {
     let pages = if quick { 2_000 } else { 20_000 };
     // SHOAL_BENCH_TRANSPORTS=mem (or tcp): only those (e.g. to profile one)
     let only = std::env::var("SHOAL_BENCH_TRANSPORTS").ok();
+    let fetch_only = std::env::var("SHOAL_BENCH_ONLY").is_ok_and(|o| o == "fetch");
+    let mut ladder = Vec::new();
     for (name, make) in [
         ("mem", mem as fn(usize, &std::path::Path) -> Cluster),
         ("tcp", tcp),
@@ -184,9 +264,37 @@ fn main() {
         }
         let dir = tempfile::tempdir().unwrap();
         let c = Arc::new(make(3, dir.path()));
-        fetch_latency(name, &c, pages);
-        messages_by_case(name, &c, pages / 10);
-        contended(name, &c, if quick { 1.0 } else { 5.0 });
+        let (remote, local) = fetch_latency(name, &c, pages);
+        ladder.push((name, remote, local));
+        if !fetch_only {
+            messages_by_case(name, &c, pages / 10);
+            contended(name, &c, if quick { 1.0 } else { 5.0 });
+        }
         Arc::try_unwrap(c).ok().unwrap().close().unwrap();
+    }
+    let nvme = (!fetch_only).then(|| nvme_read_latency(pages));
+    println!("\nlatency ladder (one page, one thread; us):");
+    println!("{:<28} {:>8} {:>8}", "", "median", "p99");
+    for (name, remote, local) in &ladder {
+        println!(
+            "{:<28} {:>8.2} {:>8.2}",
+            format!("local hit ({name} node)"),
+            us(local, 0.5),
+            us(local, 0.99)
+        );
+        println!(
+            "{:<28} {:>8.2} {:>8.2}",
+            format!("remote DRAM ({name})"),
+            us(remote, 0.5),
+            us(remote, 0.99)
+        );
+    }
+    if let Some(nvme) = nvme {
+        println!(
+            "{:<28} {:>8.2} {:>8.2}",
+            "NVMe read (one node)",
+            us(&nvme, 0.5),
+            us(&nvme, 0.99)
+        );
     }
 }

@@ -943,3 +943,152 @@ fn eviction_notices_that_cannot_leave_keep_their_copies() {
     drop((w0, w1));
     c.close().unwrap();
 }
+
+/// Issue 24's stress: every node's workers take handler roles (theirs, and on `mem` the other
+/// nodes') while eviction runs on every node and homes read pages back from the store outside
+/// the role. Writers rewrite whole pages (every word the page's new version); readers check
+/// that no page they accept is torn or older than a version already committed; at the end every
+/// page's version is exactly the number of increments made to it.
+#[test]
+fn workers_taking_handler_roles_while_eviction_runs_lose_no_update_and_read_nothing_stale() {
+    const NODES: usize = 3;
+    const PAGES_PER_NODE: usize = 400;
+    const FRAMES: usize = 256; // 768 frames in all for 1200 pages: homes read from their stores
+    const WORDS: usize = shoal_engine::PAGE_DATA_SIZE / 8;
+    let writes = 8_000 * scale();
+    let dir = tempfile::tempdir().unwrap();
+    let c = Arc::new(cluster(dir.path(), NODES, FRAMES));
+    let mut pids = Vec::new();
+    for n in 0..NODES {
+        pids.extend(allocate(&c.node(n).worker(), PAGES_PER_NODE));
+    }
+    let pids = Arc::new(pids);
+    let committed: Arc<Vec<AtomicU64>> =
+        Arc::new((0..pids.len()).map(|_| AtomicU64::new(0)).collect());
+    let writers_left = Arc::new(AtomicU64::new(NODES as u64));
+    let mut writers = Vec::new();
+    let mut readers = Vec::new();
+    for n in 0..NODES {
+        let (c2, p2, k2, l2) = (
+            Arc::clone(&c),
+            Arc::clone(&pids),
+            Arc::clone(&committed),
+            Arc::clone(&writers_left),
+        );
+        writers.push(std::thread::spawn(move || {
+            let (c, pids, committed, left) = (c2, p2, k2, l2);
+            let w = c.node(n).worker();
+            let mut mine = vec![0u64; pids.len()];
+            let mut x = n as u64 * 7919 + 1;
+            for _ in 0..writes {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let p = (x % pids.len() as u64) as usize;
+                let v = w
+                    .run(|w| -> OpResult<u64> {
+                        let mut g = w.exclusive(pids[p])?;
+                        let v = g.page().u64(0) + 1;
+                        let mut m = g.page_mut();
+                        for k in 0..WORDS {
+                            m.set_u64(k * 8, v);
+                        }
+                        Ok(v)
+                    })
+                    .expect("increment");
+                committed[p].fetch_max(v, Ordering::SeqCst);
+                mine[p] += 1;
+            }
+            left.fetch_sub(1, Ordering::SeqCst);
+            mine
+        }));
+        let (c2, p2, k2, l2) = (
+            Arc::clone(&c),
+            Arc::clone(&pids),
+            Arc::clone(&committed),
+            Arc::clone(&writers_left),
+        );
+        readers.push(std::thread::spawn(move || {
+            let (c, pids, committed, left) = (c2, p2, k2, l2);
+            let w = c.node(n).worker();
+            let mut checked = 0u64;
+            let mut x = n as u64 * 104_729 + 3;
+            while left.load(Ordering::SeqCst) > 0 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let p = (x % pids.len() as u64) as usize;
+                let floor = committed[p].load(Ordering::SeqCst);
+                let words: Vec<u64> = if x & 1 == 0 {
+                    w.run(|w| -> OpResult<Vec<u64>> {
+                        let g = w.optimistic(pids[p])?;
+                        let page = g.page();
+                        let words = (0..WORDS).map(|k| page.u64(k * 8)).collect();
+                        g.validate()?;
+                        Ok(words)
+                    })
+                    .expect("optimistic read")
+                } else {
+                    let g = w.run(|w| w.shared(pids[p])).expect("shared read");
+                    let page = g.page();
+                    (0..WORDS).map(|k| page.u64(k * 8)).collect()
+                };
+                assert!(
+                    words.iter().all(|&v| v == words[0]),
+                    "node {n} accepted a torn image of page {p}"
+                );
+                assert!(
+                    words[0] >= floor,
+                    "node {n} read version {} of page {p} after version {floor} was committed",
+                    words[0]
+                );
+                checked += 1;
+            }
+            checked
+        }));
+    }
+    let mut expect = vec![0u64; pids.len()];
+    for t in writers {
+        for (e, m) in expect.iter_mut().zip(t.join().unwrap()) {
+            *e += m;
+        }
+    }
+    let checked: u64 = readers.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(checked > 100, "readers checked {checked} pages");
+    for n in 0..NODES {
+        let w = c.node(n).worker();
+        for (i, &p) in pids.iter().enumerate() {
+            let g = w.shared(p).unwrap();
+            assert_eq!(g.page().u64(0), expect[i], "node {n}, page {i}: increments");
+        }
+    }
+    for (n, e) in c.nodes().iter().enumerate() {
+        let (s, ps) = (e.stats(), e.protocol_stats());
+        assert!(s.evictions > 0, "node {n} evicted ({s:?})");
+        assert!(
+            ps.helped > 0,
+            "waiting workers applied messages at node {n} ({ps:?})"
+        );
+        assert!(
+            ps.home_reads > 0,
+            "node {n} read home copies from its store ({ps:?})"
+        );
+    }
+    eprintln!(
+        "{} increments, {checked} checked reads; helped {:?}, home reads {:?}",
+        expect.iter().sum::<u64>(),
+        c.nodes()
+            .iter()
+            .map(|e| e.protocol_stats().helped)
+            .collect::<Vec<_>>(),
+        c.nodes()
+            .iter()
+            .map(|e| e.protocol_stats().home_reads)
+            .collect::<Vec<_>>()
+    );
+    Arc::try_unwrap(c)
+        .ok()
+        .expect("threads done")
+        .close()
+        .unwrap();
+}

@@ -52,6 +52,12 @@ pub struct ProtocolStats {
     pub batches: u64,
     /// Messages the handler had to hold and retry (latched page, no free frame, reserved).
     pub held: u64,
+    /// Messages applied by threads that waited for an answer (this node's workers, on `mem`
+    /// also other nodes' workers) rather than by the node's handler thread.
+    pub helped: u64,
+    /// Home copies read from the store for other nodes' or own requests (outside the handler
+    /// role, by whichever thread takes the read).
+    pub home_reads: u64,
 }
 
 /// How a node joins a cluster: its transport (whose region has the [`ChannelLayout`] of the
@@ -302,6 +308,8 @@ impl Engine {
             evict_notices: l(&k.evict_notices),
             batches: l(&k.batches),
             held: l(&k.held),
+            helped: l(&k.helped),
+            home_reads: l(&k.home_reads),
         }
     }
 

@@ -238,6 +238,11 @@ impl Transport for TcpTransport {
         }
         self.shutdown();
     }
+    fn answer_poll(&self) -> Duration {
+        // a loopback round trip through two reader threads and the home's handler: 60-100 us
+        // on a busy 2-core machine (docs/BENCHMARKS.md, issue 24)
+        Duration::from_micros(200)
+    }
     fn node(&self) -> u8 {
         self.node
     }

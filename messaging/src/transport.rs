@@ -44,6 +44,13 @@ pub trait Transport: Send + Sync + 'static {
         let _ = peer;
         false
     }
+    /// How long a thread that waits for an answer from a peer should keep polling for it
+    /// before it parks: about one uncontended round trip. `mem` answers within microseconds
+    /// (the waiting thread usually does the work itself); over a network the answer takes a
+    /// round trip, and a thread that parked before it lands costs a wake-up more.
+    fn answer_poll(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(20)
+    }
     /// This thread starts (`true`) or stops (`false`) polling for answers on behalf of the
     /// regions it can serve: this node's, and on `mem` every node's ([`Region::helpers`]).
     fn helping(&self, on: bool) {

@@ -10,9 +10,12 @@ use crate::pid::Pid;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-/// How long a waiting worker that finds nothing to do keeps looking before it parks. Yielding
-/// instead of spinning was measured worse (a yield on a busy 2-core machine can cost a time
-/// slice); parking at once costs a wake-up when a round held by another thread ends.
+/// How long a waiting worker that finds nothing to do spins before it yields between looks.
+/// Yielding at once was measured worse on `mem` (a yield on a busy 2-core machine can cost a
+/// time slice); parking at once costs a wake-up when a round held by another thread ends. How
+/// long it looks in all before it parks is the transport's [`Transport::answer_poll`].
+///
+/// [`Transport::answer_poll`]: shoal_messaging::Transport::answer_poll
 const SPIN_FOR: Duration = Duration::from_micros(20);
 
 impl Coherence {
@@ -118,10 +121,16 @@ impl Coherence {
             // microseconds), then park until a handler round changes this page (it unparks the
             // page's waiters), 1 ms at most.
             let since = *idle.get_or_insert(now);
-            if now.duration_since(since) < SPIN_FOR {
+            let idle_for = now.duration_since(since);
+            if idle_for < SPIN_FOR {
                 for _ in 0..16 {
                     std::hint::spin_loop();
                 }
+                continue;
+            }
+            if idle_for < self.answer_poll {
+                // the answer comes over the network: keep looking, leaving the core to others
+                std::thread::yield_now();
                 continue;
             }
             // not polling while parked: the handler threads take over again

@@ -237,6 +237,9 @@ impl Coherence {
         }
         let applied = self.round(buf, &mut role).applied;
         drop(role);
+        self.counters
+            .helped
+            .fetch_add(applied as u64, Ordering::Relaxed);
         // the round may have asked for store reads: do them now (the answer waits for them)
         (applied > 0) | self.do_store_reads(buf) | read
     }

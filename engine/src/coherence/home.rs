@@ -9,6 +9,7 @@ use crate::buffer::Buffer;
 use crate::pid::Pid;
 use shoal_messaging::PAGE_BYTES;
 use shoal_storage::AlignedPage;
+use std::sync::atomic::Ordering;
 
 impl Coherence {
     /// A request for `pid` at its home (this node): the directory decides; the grant goes
@@ -151,6 +152,7 @@ impl Coherence {
                 buf.store
                     .read_into(pid.slot(), pid.raw(), page.as_mut_ptr())
             };
+            self.counters.home_reads.fetch_add(1, Ordering::Relaxed);
             let mut shard = self.shard(pid).lock();
             if let Some(ps) = shard.get_mut(&pid) {
                 if let StoreCopy::Reading { gen } = ps.store_copy {

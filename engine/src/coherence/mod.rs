@@ -225,6 +225,11 @@ pub struct CoherenceCounters {
     pub batches: AtomicU64,
     /// Messages the handler had to hold and retry.
     pub held: AtomicU64,
+    /// Messages applied by threads that waited for an answer (this node's workers, on `mem`
+    /// also other nodes' workers) instead of the node's handler thread.
+    pub helped: AtomicU64,
+    /// Home copies read from the store for requests (outside the handler role).
+    pub home_reads: AtomicU64,
 }
 
 /// One node's protocol state.
@@ -257,12 +262,17 @@ pub(crate) struct Coherence {
     unsent: Mutex<Vec<Pid>>,
     /// Pages whose home copy a round asked to read from the store ([`StoreCopy::Reading`]).
     reads_due: Mutex<Vec<Pid>>,
+    /// How long a worker waiting for an answer polls before it parks (the transport's
+    /// `answer_poll`).
+    answer_poll: Duration,
 }
 
 impl Coherence {
     pub fn new(ch: Channels, timeout: Duration) -> Coherence {
         let nodes = ch.nodes();
+        let answer_poll = ch.transport().answer_poll();
         Coherence {
+            answer_poll,
             me: ch.node(),
             nodes,
             ch,
