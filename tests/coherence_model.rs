@@ -15,9 +15,9 @@
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use shoal_engine::coherence::directory::{DirDecision, DirEntry, EvictDecision};
-use shoal_engine::coherence::possession::{PageCopy, Step};
-use shoal_engine::coherence::protocol::{Grant, Mode, Msg, Node};
+use shoal_engine::coherence::directory::{DirDecision, DirEntry, EvictDecision, Holders};
+use shoal_engine::coherence::possession::{Deferred, PageCopy, Pending, Step};
+use shoal_engine::coherence::protocol::{members, Grant, Mode, Msg, Node};
 use std::collections::VecDeque;
 
 type Version = u64;
@@ -28,6 +28,23 @@ struct Envelope {
     to: Node,
     page: usize,
     msg: Msg<Version>,
+}
+
+/// The engine's control messages about dead nodes (`wire::Control`), beside the protocol's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum CtlKind {
+    /// `Refuse{HOLDER_DEAD, node}`: the request cannot be granted, `node` is dead.
+    Refuse { node: Node },
+    /// `Lost{node}`: a node lost the page with `node`; the home refuses it from now on.
+    Lost { node: Node },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Ctl {
+    from: Node,
+    to: Node,
+    page: usize,
+    kind: CtlKind,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -62,6 +79,12 @@ struct Sim {
     /// Fault injection for the unsent-notice check: a notice whose batch failed leaves the copy
     /// idle without serving what arrived meanwhile (the engine before issue 30).
     unsent_not_served: bool,
+    /// Fault injection for the death checks: a node that notices a death does nothing about
+    /// it (no sweep: copies waiting for the dead node keep waiting).
+    no_sweep: bool,
+    /// Random runs: the chance per step that a node dies, and how many may.
+    death_chance: f64,
+    max_deaths: u64,
     /// What the engine does beside the protocol's messages, each a budget in exhaustive runs
     /// and a chance per step in random ones: a waiting worker gives up (its remote wait timed
     /// out, or its operation restarted; it tries again later), and a request or a batched
@@ -69,6 +92,21 @@ struct Sim {
     /// request without recording it).
     give_ups: u64,
     unsent: u64,
+    /// Node deaths (issue 30): which nodes are alive, which dead nodes each node has noticed
+    /// (the engine's handler sweeps its pages when it notices one), pages each node holds lost
+    /// (`PageState::lost`), where a completing copy's page comes from (`PageState::page_from`),
+    /// the control messages in flight, and operations that ended with an error.
+    alive: Vec<bool>,
+    knows_dead: Vec<u64>,
+    lost: Vec<Vec<Option<Node>>>,
+    page_from: Vec<Vec<Option<Node>>>,
+    ctl: Vec<Ctl>,
+    failed: u64,
+    deaths: u64,
+    /// Pages left unavailable after a death (refused from then on), counted at the drain.
+    unavailable: u64,
+    /// Operations that ended by a timeout (see `time_out_stalled`).
+    timeouts: u64,
     reads: u64,
     writes: u64,
     remote: u64,
@@ -119,8 +157,20 @@ impl Sim {
             lying_sharers: false,
             accepting_home: false,
             unsent_not_served: false,
+            no_sweep: false,
+            death_chance: 0.0,
+            max_deaths: 0,
             give_ups: 0,
             unsent: 0,
+            alive: vec![true; nodes],
+            knows_dead: vec![0; nodes],
+            lost: vec![vec![None; pages]; nodes],
+            page_from: vec![vec![None; pages]; nodes],
+            ctl: Vec::new(),
+            failed: 0,
+            deaths: 0,
+            unavailable: 0,
+            timeouts: 0,
             reads: 0,
             writes: 0,
             remote: 0,
@@ -130,6 +180,11 @@ impl Sim {
     fn send(&mut self, from: Node, page: usize, out: Vec<(Node, Msg<Version>)>) {
         for (to, msg) in out {
             wire_round_trip(page, &msg);
+            if !self.alive[to as usize] {
+                // a send to a dead node fails; what its sender does about it happens when the
+                // sender notices the death (`notice`)
+                continue;
+            }
             self.net.push(Envelope {
                 from,
                 to,
@@ -201,8 +256,11 @@ impl Sim {
                 .served()
                 .map_err(|e| e.to_string())?;
             self.send(node as Node, page, after.out);
-            // writers that waited behind a shared request ask for exclusive now
-            if !self.waiters(node, page).is_empty() {
+            // writers that waited behind a shared request ask for exclusive now (or fail,
+            // if the home is known dead)
+            if self.knows(node, home(page, self.nodes)) {
+                self.fail_waiters(node, page, "home dead");
+            } else if !self.waiters(node, page).is_empty() {
                 let (to, msg) = self.copies[node][page]
                     .request(Mode::Exclusive)
                     .map_err(|e| e.to_string())?;
@@ -219,9 +277,22 @@ impl Sim {
         let node = actor / self.workers;
         let op = self.scripts[actor].pop_front().expect("enabled");
         let want = Self::want_of(op);
+        if self.lost[node][op.page].is_some() {
+            // the engine: `ps.lost` -> HolderDead (a lost copy's frame has no possession)
+            self.failed += 1;
+            self.note(|| format!("worker {actor} (node {node}): {op:?} fails, page lost"));
+            return Ok(());
+        }
+        let home_dead = self.knows(node, home(op.page, self.nodes));
         let c = &mut self.copies[node][op.page];
         if c.usable(want) {
             return self.perform(node, op);
+        }
+        if home_dead {
+            // the engine: `PeerDead` at once (a cached copy is still read above)
+            self.failed += 1;
+            self.note(|| format!("worker {actor} (node {node}): {op:?} fails, home dead"));
+            return Ok(());
         }
         self.waiting[actor] = Some(op);
         if c.pending == shoal_engine::coherence::possession::Pending::Idle {
@@ -247,11 +318,14 @@ impl Sim {
 
     fn can_start(&self, actor: usize) -> bool {
         let node = actor / self.workers;
-        self.waiting[actor].is_none()
+        self.alive[node]
+            && self.waiting[actor].is_none()
             && self.scripts[actor].front().is_some_and(|op| {
-                // a node with an eviction notice out waits for its answer
-                self.copies[node][op.page].pending
-                    != shoal_engine::coherence::possession::Pending::Evicting
+                // a node with an eviction notice out waits for its answer (unless the page
+                // is lost here or its home is known dead: the operation fails at once)
+                self.copies[node][op.page].pending != Pending::Evicting
+                    || self.lost[node][op.page].is_some()
+                    || self.knows(node, home(op.page, self.nodes))
             })
     }
 
@@ -261,10 +335,28 @@ impl Sim {
         let reply = |msg| (e.from, msg);
         match &e.msg {
             Msg::Request { want, have } => {
-                match self.dirs[p]
-                    .request(e.from, *want, *have)
-                    .map_err(|x| x.to_string())?
+                // the engine's `home_request`: decide on a copy of the entry, refuse (leaving
+                // the entry as it was) if the grant needs a node this home knows is dead
+                let mut d = self.dirs[p];
+                let decision = d.request(e.from, *want, *have).map_err(|x| x.to_string())?;
+                if let DirDecision::Grant {
+                    source, invalidate, ..
+                } = decision
                 {
+                    let me = e.to;
+                    let dead = source
+                        .into_iter()
+                        .chain(members(invalidate))
+                        .find(|&n| n != me && self.knows(me as usize, n));
+                    if let Some(dead) = dead {
+                        self.refuse(me, e.from, p, dead);
+                        return Ok(true);
+                    }
+                }
+                if !matches!(decision, DirDecision::Defer) {
+                    self.dirs[p] = d;
+                }
+                match decision {
                     DirDecision::Defer => return Ok(false),
                     DirDecision::Grant {
                         mode,
@@ -338,6 +430,18 @@ impl Sim {
             )
         });
         let (to, p) = (e.to as usize, e.page);
+        if let Some(dead) = self.lost[to][p] {
+            self.at_lost(&e, dead);
+            let c = &self.copies[to][p];
+            if c.pending != Pending::Idle || !c.deferred.is_empty() {
+                // the page was marked lost (at its home) while this copy was busy: end it
+                self.lose(to, p, dead)?;
+            }
+            return Ok(());
+        }
+        if let Msg::Grant(g) = &e.msg {
+            self.page_from[to][p] = g.source;
+        }
         let c = &mut self.copies[to][p];
         let step = match e.msg.clone() {
             Msg::Request { .. } | Msg::Evict { .. } | Msg::CopyBack { .. } => {
@@ -368,7 +472,290 @@ impl Sim {
             Msg::EvictReply { accepted } => c.on_evict_reply(accepted),
         }
         .map_err(|x| x.to_string())?;
-        self.apply_step(to, p, step)
+        self.apply_step(to, p, step)?;
+        self.lose_if_dead_source(to, p)
+    }
+
+    /// A copy that now waits for a node known dead loses the page at once (the engine: at
+    /// the end of the handler's `progress`, and in a waiting worker's loop).
+    fn lose_if_dead_source(&mut self, node: usize, p: usize) -> Result<(), String> {
+        if self.no_sweep {
+            return Ok(());
+        }
+        match self.dead_source(node, p) {
+            Some(dead) => self.lose(node, p, dead),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the directory of page `p` still names a dead node (a holder, or the node a
+    /// copy-back is due from).
+    fn names_dead(&self, p: usize) -> bool {
+        let dead = |x: Node| !self.alive[x as usize];
+        (match self.dirs[p].holders {
+            Holders::Exclusive(x) => dead(x),
+            Holders::Shared(set) => members(set).any(dead),
+            Holders::None => false,
+        }) || self.dirs[p].awaiting_copy_back.is_some_and(dead)
+    }
+
+    /// Nothing else can happen: waiting workers whose page's directory names a dead node
+    /// time out (the engine's `remote_timeout`). A grant to a node that died before it asked
+    /// its source for the page leaves the directory waiting for a hand-over or copy-back that
+    /// never comes (found by this model; see docs/protocol.md "Failures"): requests for that
+    /// page wait at the home until their requesters time out. Returns whether any did.
+    fn time_out_stalled(&mut self) -> bool {
+        let stalled: Vec<usize> = (0..self.waiting.len())
+            .filter(|&a| self.waiting[a].is_some_and(|op| self.names_dead(op.page)))
+            .collect();
+        for &a in &stalled {
+            let op = self.waiting[a].take().expect("waiting");
+            self.failed += 1;
+            self.timeouts += 1;
+            self.note(|| {
+                format!("worker {a}: {op:?} times out (the page's directory names a dead node)")
+            });
+        }
+        !stalled.is_empty()
+    }
+
+    /// What the waiting workers wait for (for a deadlock's report).
+    fn stuck(&self) -> String {
+        (0..self.waiting.len())
+            .filter_map(|a| {
+                let op = self.waiting[a]?;
+                let n = a / self.workers;
+                Some(format!(
+                    "worker {a} (node {n}) waits for {op:?}: copy {:?} (page from {:?}), lost {:?}, dead known {:b}, directory {:?}",
+                    self.copies[n][op.page],
+                    self.page_from[n][op.page],
+                    self.lost[n][op.page],
+                    self.knows_dead[n],
+                    self.dirs[op.page]
+                ))
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// Whether `node` has noticed that `n` died.
+    fn knows(&self, node: usize, n: Node) -> bool {
+        self.knows_dead[node] & (1 << n) != 0
+    }
+
+    fn send_ctl(&mut self, from: Node, to: Node, page: usize, kind: CtlKind) {
+        if self.alive[to as usize] {
+            self.ctl.push(Ctl {
+                from,
+                to,
+                page,
+                kind,
+            });
+        }
+    }
+
+    /// `home` refuses `to`'s request for `page`: `dead` would have to take part.
+    fn refuse(&mut self, home: Node, to: Node, page: usize, dead: Node) {
+        self.note(|| format!("home {home} refuses node {to} page {page}: node {dead} is dead"));
+        if to == home {
+            // the engine: `request_over` and the error for the home's own worker
+            let c = &mut self.copies[home as usize][page];
+            if matches!(c.pending, Pending::Requested { .. }) {
+                c.request_unsent().expect("requested");
+            }
+            self.fail_waiters(home as usize, page, "refused");
+        } else {
+            self.send_ctl(home, to, page, CtlKind::Refuse { node: dead });
+        }
+    }
+
+    /// The waiting workers of `node` for `page` get an error (their operations end).
+    fn fail_waiters(&mut self, node: usize, page: usize, why: &str) {
+        for a in self.waiters(node, page) {
+            let op = self.waiting[a].take().expect("waiter");
+            self.failed += 1;
+            self.note(|| format!("worker {a} (node {node}): {op:?} fails, {why}"));
+        }
+    }
+
+    /// Node `k` dies: its workers stop, messages to it are gone; what it sent is still
+    /// delivered (it is in its peers' rings already).
+    fn kill(&mut self, k: usize) {
+        self.alive[k] = false;
+        self.deaths += 1;
+        for a in k * self.workers..(k + 1) * self.workers {
+            self.scripts[a].clear();
+            self.waiting[a] = None;
+        }
+        self.net.retain(|e| e.to as usize != k);
+        self.ctl.retain(|c| c.to as usize != k);
+        self.note(|| format!("node {k} dies"));
+    }
+
+    /// A dead node `node` has not noticed yet.
+    fn unnoticed(&self, node: usize) -> Option<Node> {
+        (0..self.nodes)
+            .find(|&k| !self.alive[k] && !self.knows(node, k as Node))
+            .map(|k| k as Node)
+    }
+
+    /// `node` notices that `k` died: the engine's `sweep_dead` (and the checks a waiting
+    /// worker makes in `acquire`).
+    fn notice(&mut self, node: usize, k: Node) -> Result<(), String> {
+        self.knows_dead[node] |= 1 << k;
+        self.note(|| format!("node {node} notices node {k} died"));
+        if self.no_sweep {
+            return Ok(());
+        }
+        for p in 0..self.latest.len() {
+            if let Some(dead) = self.dead_source(node, p) {
+                self.lose(node, p, dead)?;
+            }
+            if home(p, self.nodes) as usize == node && self.lost[node][p].is_none() {
+                if let Some(x) = self.dirs[p].awaiting_copy_back {
+                    if self.knows(node, x) {
+                        self.mark_lost_home(p, x)?;
+                    }
+                }
+            }
+            let h = home(p, self.nodes);
+            if self.knows(node, h) {
+                self.fail_waiters(node, p, "home dead");
+                if self.copies[node][p].pending != Pending::Idle {
+                    // an interaction with the dead home never ends: the page is lost here
+                    // (an idle copy is dropped by the provider later)
+                    self.lose(node, p, h)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A completing copy waits for a node known dead (the page's sender or an ack).
+    fn dead_source(&self, node: usize, p: usize) -> Option<Node> {
+        let Pending::Completing {
+            awaiting_page,
+            acks,
+            ..
+        } = self.copies[node][p].pending
+        else {
+            return None;
+        };
+        let from = self.page_from[node][p].filter(|_| awaiting_page);
+        from.into_iter()
+            .chain(members(acks))
+            .find(|&n| n as usize != node && self.knows(node, n))
+    }
+
+    /// The engine's `lose`: the page's current copy died with `dead` before reaching `node`.
+    /// A page already lost here (at its home, by another node's report) still has its copy
+    /// ended and what waits behind it answered.
+    fn lose(&mut self, node: usize, p: usize, dead: Node) -> Result<(), String> {
+        let first = self.lost[node][p].is_none();
+        self.note(|| format!("node {node} loses page {p} with node {dead}"));
+        let dead = *self.lost[node][p].get_or_insert(dead);
+        let (deferred, _page) = self.copies[node][p].lose();
+        self.fail_waiters(node, p, "page lost");
+        for d in deferred {
+            self.answer_lost(node, p, dead, d);
+        }
+        let h = home(p, self.nodes);
+        if !first {
+        } else if h as usize == node {
+            // the home's own copy: what waits at its directory is refused now too
+            self.mark_lost_home(p, dead)?;
+        } else if !self.knows(node, h) {
+            self.send_ctl(node as Node, h, p, CtlKind::Lost { node: dead });
+        }
+        Ok(())
+    }
+
+    fn answer_lost(&mut self, node: usize, p: usize, dead: Node, d: Deferred) {
+        let me = node as Node;
+        match d {
+            Deferred::Transfer { to, .. } if to != me => {
+                self.send_ctl(me, to, p, CtlKind::Refuse { node: dead })
+            }
+            Deferred::Invalidate { from, .. } if from != me => {
+                self.send(me, p, vec![(from, Msg::InvalidateAck)])
+            }
+            _ => {}
+        }
+    }
+
+    /// The engine's `mark_lost_home`: what waited at the directory is refused now.
+    fn mark_lost_home(&mut self, p: usize, dead: Node) -> Result<(), String> {
+        let h = home(p, self.nodes);
+        self.note(|| format!("home {h} marks page {p} lost with node {dead}"));
+        self.lost[h as usize][p] = Some(dead);
+        self.fail_waiters(h as usize, p, "page lost");
+        let waiting: Vec<Envelope> = self.dir_deferred[p].drain(..).collect();
+        for w in waiting {
+            self.at_lost(&w, dead);
+        }
+        Ok(())
+    }
+
+    /// A protocol message for a page lost at its receiver (the engine's `apply`, lost branch).
+    fn at_lost(&mut self, e: &Envelope, dead: Node) {
+        let (to, p) = (e.to, e.page);
+        match e.msg {
+            Msg::Transfer { want, epoch } => self.answer_lost(
+                to as usize,
+                p,
+                dead,
+                Deferred::Transfer {
+                    to: e.from,
+                    want,
+                    epoch,
+                },
+            ),
+            Msg::Invalidate { epoch } => self.answer_lost(
+                to as usize,
+                p,
+                dead,
+                Deferred::Invalidate {
+                    from: e.from,
+                    epoch,
+                },
+            ),
+            // an eviction notice for a lost page: the page is lost at the evicting node too
+            // (a plain "accepted" would be a violation when an invalidation waits there)
+            Msg::Evict { .. } if e.from != to => {
+                self.send_ctl(to, e.from, p, CtlKind::Refuse { node: dead })
+            }
+            Msg::Request { .. } if e.from != to => {
+                self.send_ctl(to, e.from, p, CtlKind::Refuse { node: dead })
+            }
+            _ => {}
+        }
+    }
+
+    /// Control message `i` arrives.
+    fn deliver_ctl(&mut self, i: usize) -> Result<(), String> {
+        let c = self.ctl.swap_remove(i);
+        let (to, p) = (c.to as usize, c.page);
+        self.note(|| format!("deliver {:?} {}->{} page {p}", c.kind, c.from, c.to));
+        match c.kind {
+            CtlKind::Refuse { node } => match self.copies[to][p].pending {
+                Pending::Completing { .. } | Pending::Evicting => self.lose(to, p, node)?,
+                Pending::Requested { .. } => {
+                    self.copies[to][p]
+                        .request_unsent()
+                        .map_err(|x| x.to_string())?;
+                    self.fail_waiters(to, p, "refused");
+                    let step = self.copies[to][p].served().map_err(|x| x.to_string())?;
+                    self.apply_step(to, p, step)?;
+                }
+                _ => {}
+            },
+            CtlKind::Lost { node } => {
+                if self.lost[to][p].is_none() {
+                    self.mark_lost_home(p, node)?;
+                }
+            }
+        }
+        self.lose_if_dead_source(to, p)
     }
 
     /// Worker `actor`, waiting, gives up: its operation goes back to the front of its script
@@ -413,12 +800,27 @@ impl Sim {
 
     fn unsendable(&self, i: usize) -> bool {
         let e = &self.net[i];
-        e.from != e.to && matches!(e.msg, Msg::Request { .. } | Msg::Evict { data: None, .. })
+        self.alive[e.from as usize]
+            && e.from != e.to
+            && matches!(e.msg, Msg::Request { .. } | Msg::Evict { data: None, .. })
     }
 
     fn evict(&mut self, node: usize, page: usize) -> bool {
-        if !self.waiters(node, page).is_empty() {
+        if !self.alive[node] || !self.waiters(node, page).is_empty() {
             return false;
+        }
+        let h = home(page, self.nodes);
+        if self.knows(node, h) {
+            // the engine's `prepare_evict`: a page whose home died can never go home; an
+            // idle copy is dropped without a notice
+            let c = &mut self.copies[node][page];
+            if c.pending != Pending::Idle || c.data.is_none() || !c.deferred.is_empty() {
+                return false;
+            }
+            c.drop_for_dead_home().expect("idle");
+            self.lost[node][page] = Some(h);
+            self.note(|| format!("node {node} drops page {page}: its home died"));
+            return true;
         }
         match self.copies[node][page].evict() {
             Some((to, msg)) => {
@@ -442,10 +844,14 @@ impl Sim {
             }
         }
         for p in 0..self.latest.len() {
+            // a dead node uses nothing; a lost copy is never used (the engine: `ps.lost`)
+            let live = |n: &usize| self.alive[*n] && self.lost[*n][p].is_none();
             let writers: Vec<usize> = (0..self.nodes)
+                .filter(live)
                 .filter(|&n| self.copies[n][p].usable(Mode::Exclusive))
                 .collect();
             let readers: Vec<usize> = (0..self.nodes)
+                .filter(live)
                 .filter(|&n| self.copies[n][p].usable(Mode::Shared))
                 .collect();
             if writers.len() > 1 || (writers.len() == 1 && readers.len() > 1) {
@@ -468,6 +874,7 @@ impl Sim {
 
     fn done(&self) -> bool {
         self.net.is_empty()
+            && self.ctl.is_empty()
             && self.waiting.iter().all(Option::is_none)
             && self.scripts.iter().all(VecDeque::is_empty)
     }
@@ -520,39 +927,104 @@ impl Sim {
                     continue;
                 }
             }
+            let alive = self.alive.iter().filter(|&&a| a).count();
+            if self.deaths < self.max_deaths && alive > 1 && rng.random_bool(self.death_chance) {
+                let k = rng.random_range(0..self.nodes);
+                if self.alive[k] {
+                    self.kill(k);
+                    continue;
+                }
+            }
             let starters: Vec<usize> = (0..self.scripts.len())
                 .filter(|&a| self.can_start(a))
                 .collect();
-            let choices = self.net.len() + starters.len();
+            let noticers: Vec<usize> = (0..self.nodes)
+                .filter(|&n| self.alive[n] && self.unnoticed(n).is_some())
+                .collect();
+            let (nets, ctls) = (self.net.len(), self.ctl.len());
+            let choices = nets + ctls + starters.len() + noticers.len();
+            if choices == 0 && self.time_out_stalled() {
+                continue;
+            }
             if choices == 0 {
-                return Err("deadlock: no message in flight and no node can start".into());
+                return Err(format!(
+                    "deadlock: no message in flight and no node can start; {}",
+                    self.stuck()
+                ));
             }
             let k = rng.random_range(0..choices);
-            if k < self.net.len() {
+            if k < nets {
                 self.deliver(k)?;
+            } else if k < nets + ctls {
+                self.deliver_ctl(k - nets)?;
+            } else if k < nets + ctls + starters.len() {
+                self.start(starters[k - nets - ctls])?;
             } else {
-                self.start(starters[k - self.net.len()])?;
+                let n = noticers[k - nets - ctls - starters.len()];
+                let dead = self.unnoticed(n).expect("a death to notice");
+                self.notice(n, dead)?;
             }
         }
-        // drain: every node evicts everything it holds, until nothing is cached
+        self.drain(rng)
+    }
+
+    /// Every live node notices every death, then evicts everything it holds, until nothing is
+    /// cached; then every page that survived is home with its last write.
+    fn drain(&mut self, rng: &mut SmallRng) -> Result<(), String> {
+        for n in 0..self.nodes {
+            while self.alive[n] {
+                let Some(k) = self.unnoticed(n) else { break };
+                self.notice(n, k)?;
+            }
+        }
+        let pages = self.latest.len();
+        let home_alive = |s: &Sim, p: usize| s.alive[home(p, s.nodes) as usize];
         for _ in 0..1000 {
             let mut any = false;
             for n in 0..self.nodes {
-                for p in 0..self.latest.len() {
-                    any |= self.evict(n, p);
+                for p in 0..pages {
+                    // copies of pages whose home died are dropped by the engine's provider
+                    if self.alive[n] && home_alive(self, p) && self.lost[n][p].is_none() {
+                        any |= self.evict(n, p);
+                    }
                 }
             }
-            while !self.net.is_empty() {
-                let k = rng.random_range(0..self.net.len());
-                self.deliver(k)?;
+            while !self.net.is_empty() || !self.ctl.is_empty() {
+                let k = rng.random_range(0..self.net.len() + self.ctl.len());
+                if k < self.net.len() {
+                    self.deliver(k)?;
+                } else {
+                    self.deliver_ctl(k - self.net.len())?;
+                }
                 self.check_invariants()?;
             }
             if !any {
                 break;
             }
         }
-        for p in 0..self.latest.len() {
-            if let Some(n) = (0..self.nodes).find(|&n| self.copies[n][p].data.is_some()) {
+        for p in 0..pages {
+            if !home_alive(self, p) {
+                continue; // the page is gone with its home: every access is an error
+            }
+            // a page whose current copy died with a node: every access is an error, and its
+            // last writes are gone with that node
+            let h = home(p, self.nodes) as usize;
+            let dead = |x: Node| !self.alive[x as usize];
+            // the directory still names a dead node: the engine refuses the page from now on
+            // (a dead sharer cannot be invalidated, a dead owner cannot hand over), even where
+            // a live node still holds its last version (a grant to a node that then died,
+            // before the source handed the page over): such a copy is stranded, not used
+            let _ = dead;
+            let gone = self.names_dead(p)
+                || self.lost[h][p].is_some()
+                || (0..self.nodes).any(|n| self.alive[n] && self.lost[n][p].is_some());
+            if gone {
+                self.unavailable += 1;
+                continue;
+            }
+            if let Some(n) = (0..self.nodes).find(|&n| {
+                self.alive[n] && self.lost[n][p].is_none() && self.copies[n][p].data.is_some()
+            }) {
                 return Err(format!(
                     "page {p}: node {n} still holds a copy after draining"
                 ));
@@ -568,9 +1040,12 @@ impl Sim {
             }
         }
         for n in 0..self.nodes {
-            for p in 0..self.latest.len() {
-                if !self.copies[n][p].deferred.is_empty() {
-                    return Err(format!("node {n} page {p}: messages left deferred"));
+            for p in 0..pages {
+                if self.alive[n] && !self.copies[n][p].deferred.is_empty() {
+                    return Err(format!(
+                        "node {n} page {p}: messages left deferred: {:?}, lost {:?}, dead known {:b}, directory {:?}",
+                        self.copies[n][p], self.lost[n][p], self.knows_dead[n], self.dirs[p]
+                    ));
                 }
             }
         }
@@ -613,7 +1088,19 @@ fn random_scripts(rng: &mut SmallRng, nodes: usize, pages: usize, ops: usize) ->
         .collect()
 }
 
-fn run_seed(seed: u64) -> Result<(u64, u64, u64, u64), String> {
+#[derive(Default)]
+struct Tally {
+    reads: u64,
+    writes: u64,
+    remote: u64,
+    faults: u64,
+    deaths: u64,
+    failed: u64,
+    unavailable: u64,
+    timeouts: u64,
+}
+
+fn run_seed(seed: u64) -> Result<Tally, String> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let nodes = rng.random_range(2..=4);
     let pages = rng.random_range(1..=3);
@@ -623,10 +1110,25 @@ fn run_seed(seed: u64) -> Result<(u64, u64, u64, u64), String> {
     let workers = rng.random_range(1..=2);
     let scripts = random_scripts(&mut rng, nodes * workers, pages, ops);
     let mut sim = Sim::new(nodes, pages, scripts);
+    // a quarter of the runs lose a node at a random moment (issue 30: deaths)
+    if rng.random_bool(0.25) {
+        sim.max_deaths = 1;
+        sim.death_chance = [0.005, 0.02, 0.1][rng.random_range(0..3)];
+    }
     match sim.run_with(&mut rng, evict, faults) {
-        Ok(()) => Ok((sim.reads, sim.writes, sim.remote, sim.give_ups + sim.unsent)),
+        Ok(()) => Ok(Tally {
+            reads: sim.reads,
+            writes: sim.writes,
+            remote: sim.remote,
+            faults: sim.give_ups + sim.unsent,
+            deaths: sim.deaths,
+            failed: sim.failed,
+            unavailable: sim.unavailable,
+            timeouts: sim.timeouts,
+        }),
         Err(e) => Err(format!(
-            "seed {seed} ({nodes} nodes x {workers} workers, {pages} pages, {ops} ops/worker, evict {evict}, faults {faults}): {e}\ntrace tail:\n{}",
+            "seed {seed} ({nodes} nodes x {workers} workers, {pages} pages, {ops} ops/worker, evict {evict}, faults {faults}, deaths {}): {e}\ntrace tail:\n{}",
+            sim.deaths,
             sim.trace_tail()
         )),
     }
@@ -638,22 +1140,31 @@ fn random_schedules_keep_every_invariant() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(20_000);
-    let (mut reads, mut writes, mut remote, mut faults) = (0, 0, 0, 0);
+    let mut t = Tally::default();
     for seed in 0..seeds {
         match run_seed(seed) {
-            Ok((r, w, m, f)) => {
-                reads += r;
-                writes += w;
-                remote += m;
-                faults += f;
+            Ok(r) => {
+                t.reads += r.reads;
+                t.writes += r.writes;
+                t.remote += r.remote;
+                t.faults += r.faults;
+                t.deaths += r.deaths;
+                t.failed += r.failed;
+                t.unavailable += r.unavailable;
+                t.timeouts += r.timeouts;
             }
             Err(e) => panic!("{e}"),
         }
     }
     eprintln!(
-        "{seeds} schedules: {reads} reads and {writes} writes checked, {remote} remote requests, {faults} give-ups and unsent messages"
+        "{seeds} schedules: {} reads and {} writes checked, {} remote requests, {} give-ups and unsent messages, {} node deaths, {} operations ended by an error, {} pages left unavailable, {} operations timed out behind a dead grantee",
+        t.reads, t.writes, t.remote, t.faults, t.deaths, t.failed, t.unavailable, t.timeouts
     );
-    assert!(writes > 0 && reads > 0 && remote > 0 && faults > 0);
+    assert!(t.writes > 0 && t.reads > 0 && t.remote > 0 && t.faults > 0);
+    assert!(
+        t.deaths > 0 && t.failed > 0,
+        "deaths were drawn and ended operations"
+    );
 }
 
 /// All nodes hammering one page exclusively: every node finishes, in any message order.
@@ -773,6 +1284,14 @@ enum Event {
     GiveUp(usize),
     /// An in-flight request or batched notice never reaches the home (one fault).
     Unsend(usize),
+    /// Node `k` dies (one death of the budget).
+    Kill(usize),
+    /// A live node notices a death (its handler's sweep).
+    Notice(usize),
+    /// A control message (refusal, lost page) arrives.
+    DeliverCtl(usize),
+    /// Nothing else can happen: workers stalled behind a dead grantee time out.
+    TimeOut,
 }
 
 /// What an exhaustive run may still spend: evictions, and faults (give-ups, unsent messages).
@@ -780,6 +1299,7 @@ enum Event {
 struct Budget {
     evictions: u32,
     faults: u32,
+    deaths: u32,
 }
 
 impl Sim {
@@ -801,13 +1321,21 @@ impl Sim {
         }
         self.waiting.hash(&mut h);
         self.latest.hash(&mut h);
+        self.alive.hash(&mut h);
+        self.knows_dead.hash(&mut h);
+        self.lost.hash(&mut h);
+        self.page_from.hash(&mut h);
+        let mut ctl = self.ctl.clone();
+        ctl.sort();
+        ctl.hash(&mut h);
         left.hash(&mut h);
         h.finish()
     }
 
     fn can_evict(&self, node: usize, page: usize) -> bool {
         let c = &self.copies[node][page];
-        self.waiters(node, page).is_empty()
+        self.alive[node]
+            && self.waiters(node, page).is_empty()
             && c.pending == shoal_engine::coherence::possession::Pending::Idle
             && c.data.is_some()
             && c.deferred.is_empty()
@@ -845,6 +1373,30 @@ impl Sim {
                 }
             }
         }
+        for i in 0..self.ctl.len() {
+            if !self.ctl[..i].contains(&self.ctl[i]) {
+                ev.push(Event::DeliverCtl(i));
+            }
+        }
+        for n in 0..self.nodes {
+            if self.alive[n] && self.unnoticed(n).is_some() {
+                ev.push(Event::Notice(n));
+            }
+        }
+        let alive = self.alive.iter().filter(|&&a| a).count();
+        if left.deaths > 0 && alive > 1 && !self.done() {
+            for k in 0..self.nodes {
+                if self.alive[k] {
+                    ev.push(Event::Kill(k));
+                }
+            }
+        }
+        if ev.is_empty()
+            && (0..self.waiting.len())
+                .any(|a| self.waiting[a].is_some_and(|op| self.names_dead(op.page)))
+        {
+            ev.push(Event::TimeOut);
+        }
         ev
     }
 
@@ -864,6 +1416,22 @@ impl Sim {
                 Ok(())
             }
             Event::Unsend(i) => self.unsend(i),
+            Event::Kill(k) => {
+                self.kill(k);
+                Ok(())
+            }
+            Event::Notice(n) => {
+                let k = self.unnoticed(n).expect("enabled");
+                self.notice(n, k)
+            }
+            Event::DeliverCtl(i) => self.deliver_ctl(i),
+            Event::TimeOut => {
+                if self.time_out_stalled() {
+                    Ok(())
+                } else {
+                    Err("time-out enabled with nobody stalled".into())
+                }
+            }
         }
     }
 }
@@ -927,7 +1495,12 @@ fn explore(start: Sim, budget: Budget) -> Result<Explored, String> {
         match e {
             Event::Evict(..) => left.evictions -= 1,
             Event::GiveUp(_) | Event::Unsend(_) => left.faults -= 1,
-            Event::Deliver(_) | Event::Start(_) => {}
+            Event::Kill(_) => left.deaths -= 1,
+            Event::Deliver(_)
+            | Event::Start(_)
+            | Event::Notice(_)
+            | Event::DeliverCtl(_)
+            | Event::TimeOut => {}
         }
         sim.fire(e)?;
         sim.check_invariants()?;
@@ -986,6 +1559,17 @@ fn exhaustive_with_faults(
     evictions: u32,
     faults: u32,
 ) -> Explored {
+    exhaustive_with_deaths(nodes, pages, scripts, evictions, faults, 0)
+}
+
+fn exhaustive_with_deaths(
+    nodes: usize,
+    pages: usize,
+    scripts: Vec<Vec<Op>>,
+    evictions: u32,
+    faults: u32,
+    deaths: u32,
+) -> Explored {
     let workers = scripts.len() / nodes;
     let mut sim = Sim::new(
         nodes,
@@ -993,11 +1577,19 @@ fn exhaustive_with_faults(
         scripts.into_iter().map(VecDeque::from).collect(),
     );
     sim.tracing = false;
-    let r = explore(sim, Budget { evictions, faults }).unwrap_or_else(|e| {
-        panic!("{nodes} nodes, {pages} pages, {evictions} evictions, {faults} faults: {e}")
+    let r = explore(
+        sim,
+        Budget {
+            evictions,
+            faults,
+            deaths,
+        },
+    )
+    .unwrap_or_else(|e| {
+        panic!("{nodes} nodes, {pages} pages, {evictions} evictions, {faults} faults, {deaths} deaths: {e}")
     });
     eprintln!(
-        "exhaustive: {nodes} nodes, {workers} workers/node, {pages} pages, {evictions} evictions, {faults} faults: {} states, {} terminal, depth {}",
+        "exhaustive: {nodes} nodes, {workers} workers/node, {pages} pages, {evictions} evictions, {faults} faults, {deaths} deaths: {} states, {} terminal, depth {}",
         r.states, r.terminal, r.max_depth
     );
     r
@@ -1111,4 +1703,59 @@ fn the_model_catches_an_unsent_notice_left_unserved() {
         e.contains("deadlock") || e.contains("deferred") || e.contains("livelock"),
         "{e}"
     );
+}
+
+/// Node deaths (issue 30) at every point of every interleaving: a node dies (its workers stop,
+/// messages to it are gone, what it sent is still delivered), each live node notices it at any
+/// later point (the engine's sweep), and the engine's failure rules run: requests that need a
+/// dead node are refused, copies that wait for one lose the page and tell its home, a home
+/// refuses a lost page from then on. Checked: no live node ever uses a stale or second
+/// writable copy, every live worker's operation ends (done, or an error), nothing is left
+/// deferred, and every page that survived is home with its last write.
+#[test]
+fn exhaustive_with_a_node_death() {
+    // two nodes: the home or the other node dies while they trade one page
+    assert!(exhaustive_with_deaths(2, 1, vec![vec![R0, W0], vec![W0, R0]], 1, 0, 1).states > 0);
+    // three nodes, one page: chains and invalidations cut by a death
+    assert!(
+        exhaustive_with_deaths(3, 1, vec![vec![R0, W0], vec![W0], vec![R0, W0]], 1, 0, 1).states
+            > 0
+    );
+    // three nodes, two pages homed on different nodes
+    assert!(
+        exhaustive_with_deaths(3, 2, vec![vec![W0, R1], vec![R0, W1], vec![W1]], 0, 0, 1).states
+            > 0
+    );
+    // three nodes reading and upgrading one page, two evictions (the CI's largest death run)
+    assert!(
+        exhaustive_with_deaths(
+            3,
+            1,
+            vec![vec![R0, W0], vec![R0, W0], vec![W0, R0]],
+            2,
+            0,
+            1
+        )
+        .states
+            > 0
+    );
+}
+
+/// The death checks are not vacuous: nodes that notice a death but do nothing about it (no
+/// sweep, no loss of pages that wait for the dead node) must be caught in some schedule, as a
+/// worker waiting for ever.
+#[test]
+fn the_model_catches_a_death_nobody_handles() {
+    let caught = (0..3000u64).find_map(|seed| {
+        let mut rng = SmallRng::seed_from_u64(6_000_000 + seed);
+        let scripts = random_scripts(&mut rng, 3, 1, 10);
+        let mut sim = Sim::new(3, 1, scripts);
+        sim.no_sweep = true;
+        sim.max_deaths = 1;
+        sim.death_chance = 0.05;
+        sim.run_with(&mut rng, 0.1, 0.0).err()
+    });
+    let e = caught.expect("an unhandled death went unnoticed in 3000 schedules");
+    eprintln!("caught: {}", e.lines().next().unwrap_or(""));
+    assert!(e.contains("deadlock") || e.contains("deferred"), "{e}");
 }

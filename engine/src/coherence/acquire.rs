@@ -68,7 +68,7 @@ impl Coherence {
                     return Ok(asked && ps.reserved.is_some());
                 }
                 if let Some(dead) = self.dead_source(ps) {
-                    self.lose(pid, ps, dead);
+                    self.lose(buf, pid, ps, dead);
                     return Err(EngineError::HolderDead(pid, dead));
                 }
                 if ps.copy.pending == Pending::Idle && !ps.serve_due && !ps.revoking {

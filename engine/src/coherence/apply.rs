@@ -3,7 +3,7 @@
 //! free frame, a page reserved for the worker that asked) is held and retried later.
 
 use super::directory::EvictDecision;
-use super::possession::{Deferred, Step};
+use super::possession::{Deferred, Pending, Step};
 use super::protocol::{Grant, Msg, ProtocolError};
 use super::wire::REFUSE_HOLDER_DEAD;
 use super::{possession_of, Coherence, Data, Note, PageState};
@@ -124,6 +124,12 @@ impl Coherence {
         if matches!(ps.store_copy, super::StoreCopy::Read { .. }) {
             // a store read serves the requests of the pass it arrived for; pages are not kept
             ps.store_copy = super::StoreCopy::None;
+        }
+        if let Some(dead) = self.dead_source(ps) {
+            // a grant naming a node that already died (the sweep for that death is over):
+            // nobody else would end the wait if no worker waits here now (found by the model
+            // with deaths)
+            self.lose(buf, pid, ps, dead);
         }
         !ps.held.is_empty() || ps.serve_due
     }
@@ -268,22 +274,22 @@ impl Coherence {
                         epoch,
                     },
                 ),
-                Msg::Evict { .. } => {
-                    // a clean copy going home: nothing of it is needed
-                    let r = self.send(
-                        note.from,
-                        pid,
-                        &Msg::<()>::EvictReply { accepted: true },
-                        None,
-                    );
-                    if let Err(e) = r {
-                        log::warn!("node {}: {e}", self.me);
-                    }
+                Msg::Evict { .. } if note.from != self.me => {
+                    // the page is lost at the evicting node too: it drops its copy and answers
+                    // what waits there (a plain "accepted" is a protocol violation when an
+                    // invalidation waits for that copy; found by the model with deaths)
+                    self.send_refusal(note.from, pid, REFUSE_HOLDER_DEAD, dead)
                 }
                 Msg::Request { .. } if note.from != self.me => {
                     self.send_refusal(note.from, pid, REFUSE_HOLDER_DEAD, dead)
                 }
                 _ => {}
+            }
+            if ps.copy.pending != Pending::Idle || !ps.copy.deferred.is_empty() {
+                // the page was marked lost (at its home, by another node's report) while
+                // this copy was busy: end it, answer what waits behind it (found by the model
+                // with deaths)
+                self.lose(buf, pid, ps, dead);
             }
             return Ok(Outcome::Done);
         }

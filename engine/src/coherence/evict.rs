@@ -29,6 +29,14 @@ impl Coherence {
             return home; // a home copy nobody asked for through the protocol
         };
         if ps.copy.data != Some(idx) {
+            if !home && ps.lost.is_some() {
+                // the frame of a copy lost with a dead node (`Coherence::lose`): nothing
+                // refers to it any more; free it
+                if let Some(h) = buf.try_hold(idx, pid) {
+                    h.drop_page();
+                }
+                return false;
+            }
             return home && f.possession() == Possession::None;
         }
         if ps.copy.pending != Pending::Idle

@@ -6,6 +6,7 @@ use super::possession::{Deferred, Pending};
 use super::protocol::{members, Msg, Node};
 use super::wire::{Control, REFUSE_HOLDER_DEAD, REFUSE_NO_PAGE};
 use super::{Coherence, PageState};
+use crate::buffer::Buffer;
 use crate::error::EngineError;
 use crate::pid::Pid;
 
@@ -48,16 +49,27 @@ impl Coherence {
     /// fail whoever waits for it from us (successors in its chain), and tell its home, which
     /// refuses it from now on. Losing updates silently is not an option: every later access,
     /// on every node, is an error naming the dead node.
-    pub(super) fn lose(&self, pid: Pid, ps: &mut PageState, dead: Node) {
-        if ps.lost.is_some() {
-            return;
+    ///
+    /// A page already marked lost (at its home, by another node's report) still has its
+    /// copy here ended: an interaction in progress is over and what waits behind it is
+    /// answered (found by the model with deaths: the home's own copy kept a successor's
+    /// Transfer for ever).
+    pub(super) fn lose(&self, buf: &Buffer, pid: Pid, ps: &mut PageState, dead: Node) {
+        let first = ps.lost.is_none();
+        if first {
+            log::error!(
+                "node {}: page {pid} is lost: its copy was at node {dead}, which died",
+                self.me
+            );
+            ps.lost = Some(dead);
         }
-        log::error!(
-            "node {}: page {pid} is lost: its copy was at node {dead}, which died",
-            self.me
-        );
-        ps.lost = Some(dead);
-        let deferred = ps.copy.lose();
+        let dead = ps.lost.unwrap_or(dead);
+        let (deferred, frame) = ps.copy.lose();
+        if let Some(f) = frame {
+            // No guard may use the frame again; the provider frees it (`prepare_evict`: a
+            // lost page's frame that its copy no longer names).
+            buf.pool.frame(f).revoke_possession();
+        }
         ps.waiter = false;
         ps.reserved = None;
         ps.serve_due = false;
@@ -65,7 +77,12 @@ impl Coherence {
         for d in deferred {
             self.answer_lost(pid, dead, d);
         }
-        if pid.node() != self.me && self.ch.peer_alive(pid.node()) {
+        if !first {
+        } else if pid.node() == self.me {
+            // our own page: requests its directory deferred (for a copy-back from this very
+            // copy) are refused now, not left waiting (found by the model with deaths)
+            self.mark_lost_home(pid, ps, dead);
+        } else if self.ch.peer_alive(pid.node()) {
             self.send_control(
                 pid.node(),
                 &Control::Lost {
@@ -104,12 +121,21 @@ impl Coherence {
 
     /// After a peer died: every page whose granted request waits for it is lost; at the home,
     /// every page whose copy-back must come from it, too.
-    pub(super) fn sweep_dead(&self) {
+    pub(super) fn sweep_dead(&self, buf: &Buffer) {
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
             for (&pid, ps) in shard.iter_mut() {
                 if let Some(dead) = self.dead_source(ps) {
-                    self.lose(pid, ps, dead);
+                    self.lose(buf, pid, ps, dead);
+                }
+                let home = pid.node();
+                if home != self.me && !self.ch.peer_alive(home) && ps.copy.pending != Pending::Idle
+                {
+                    // an interaction with the dead home (a request, an eviction notice) never
+                    // ends: the page is lost here, what waits behind it is answered, and the
+                    // provider frees the frame (found by the model with deaths: an eviction
+                    // notice to a dead home kept its frame and a successor's Transfer forever)
+                    self.lose(buf, pid, ps, home);
                 }
                 Self::wake(ps);
                 if let Some(n) = ps.dir.awaiting_copy_back {

@@ -154,10 +154,14 @@ impl Coherence {
                 let mut shard = self.shard(pid).lock();
                 if let Some(s) = shard.get_mut(&pid) {
                     if code == REFUSE_HOLDER_DEAD
-                        && matches!(s.copy.pending, Pending::Completing { .. })
+                        && matches!(
+                            s.copy.pending,
+                            Pending::Completing { .. } | Pending::Evicting
+                        )
                     {
-                        // our predecessor in the page's chain lost it
-                        self.lose(pid, s, node);
+                        // our predecessor in the page's chain lost it, or (to an eviction
+                        // notice) its home marked it lost
+                        self.lose(buf, pid, s, node);
                     } else if matches!(s.copy.pending, Pending::Requested { .. }) {
                         // the home did not record us: the request is over
                         self.request_over(pid, s);
@@ -190,7 +194,7 @@ impl Coherence {
             .fold(0u64, |m, n| m | (1 << n));
         if dead & !role.dead_seen != 0 {
             role.dead_seen |= dead;
-            self.sweep_dead();
+            self.sweep_dead(buf);
         }
         let retry: Vec<Pid> = self.retry.lock().drain().collect();
         let retried = !retry.is_empty() | self.serve_allocs(buf);

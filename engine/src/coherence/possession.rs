@@ -371,12 +371,16 @@ impl<D: Clone> PageCopy<D> {
         self.dirty = true;
     }
 
-    /// The page's only current copy died with another node: nothing is awaited any more.
-    /// Returns the deferred messages, which the caller must answer with an error. (A page
-    /// still here, if any, stays for the caller to drop with its frame.)
-    pub fn lose(&mut self) -> Vec<Deferred> {
+    /// The page's only current copy died with another node: nothing is awaited any more and
+    /// the copy is dropped (a page still here is not current: an upgrade that waited for a
+    /// dead sharer's acknowledgement, or a copy invalidated while the grant was on its way).
+    /// Returns the deferred messages, which the caller must answer with an error, and the
+    /// dropped page, if any, for the caller to free with its frame.
+    pub fn lose(&mut self) -> (Vec<Deferred>, Option<D>) {
         self.pending = Pending::Idle;
-        std::mem::take(&mut self.deferred)
+        let page = self.data.take();
+        self.drop_copy();
+        (std::mem::take(&mut self.deferred), page)
     }
 
     /// The home died: the copy can never go home, nor be asked for again. Dropped without a

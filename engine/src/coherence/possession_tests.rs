@@ -372,7 +372,7 @@ fn a_created_page_is_held_exclusively_and_a_lost_one_is_gone() {
     })
     .unwrap();
     c.on_transfer(3, Mode::Exclusive, 2).unwrap();
-    let d = c.lose();
+    let (d, page) = c.lose();
     assert_eq!(
         d,
         vec![Deferred::Transfer {
@@ -381,7 +381,24 @@ fn a_created_page_is_held_exclusively_and_a_lost_one_is_gone() {
             epoch: 2
         }]
     );
+    assert_eq!(page, None);
     assert_eq!((c.pending, c.data, c.mode), (Pending::Idle, None, None));
+    // an upgrade that waits for a sharer's acknowledgement holds the page (and its shared
+    // mode): losing it drops both, so the copy stays consistent (found by the model with
+    // deaths: the engine kept the mode without the page), and the page goes to the caller
+    let mut c = holding(Mode::Shared, 0, 3);
+    c.request(Mode::Exclusive).unwrap();
+    c.on_grant(Grant {
+        invalidate: bit(2),
+        ..grant(Mode::Exclusive, 1, None)
+    })
+    .unwrap();
+    assert!(matches!(c.pending, Pending::Completing { .. }));
+    let (d, page) = c.lose();
+    assert!(d.is_empty());
+    assert_eq!(page, Some(3));
+    assert_eq!((c.pending, c.data, c.mode), (Pending::Idle, None, None));
+    c.check().unwrap();
     // a copy whose home died goes without a notice, only when nothing is outstanding
     let mut c = holding(Mode::Shared, 0, 3);
     c.drop_for_dead_home().unwrap();
