@@ -60,6 +60,13 @@ struct Sim {
     workers: usize,
     dirs: Vec<DirEntry>,
     home_store: Vec<Version>,
+    /// The home's frame of each page (issue 30, "the home frame's double role"): its content
+    /// and dirty flag. It is the home copy when present (the store's is then older or equal),
+    /// and the same frame is the home node's own copy whenever that node holds the page. The
+    /// engine's rules: every page installed at the home is dirty (it may be newer than the
+    /// store), a page read from the store is clean, the provider writes a dirty frame back
+    /// (then clean) and drops only a clean frame that is not the home node's own copy.
+    home_frame: Vec<Option<(Version, bool)>>,
     dir_deferred: Vec<VecDeque<Envelope>>,
     copies: Vec<Vec<PageCopy<Version>>>,
     net: Vec<Envelope>,
@@ -79,6 +86,10 @@ struct Sim {
     /// Fault injection for the unsent-notice check: a notice whose batch failed leaves the copy
     /// idle without serving what arrived meanwhile (the engine before issue 30).
     unsent_not_served: bool,
+    /// Fault injection for the home frame: pages installed at the home are marked clean (as if
+    /// the engine's `install` did not set the dirty flag), so the provider may drop a frame
+    /// newer than the store.
+    clean_installs: bool,
     /// Fault injection for the death checks: a node that notices a death does nothing about
     /// it (no sweep: copies waiting for the dead node keep waiting).
     no_sweep: bool,
@@ -140,6 +151,7 @@ impl Sim {
             workers,
             dirs: vec![DirEntry::new(); pages],
             home_store: vec![0; pages],
+            home_frame: vec![None; pages],
             dir_deferred: vec![VecDeque::new(); pages],
             copies: (0..nodes)
                 .map(|n| {
@@ -158,6 +170,7 @@ impl Sim {
             accepting_home: false,
             unsent_not_served: false,
             no_sweep: false,
+            clean_installs: false,
             death_chance: 0.0,
             max_deaths: 0,
             give_ups: 0,
@@ -204,6 +217,10 @@ impl Sim {
             self.latest[op.page] += 1;
             c.wrote(self.latest[op.page]);
             self.writes += 1;
+            if home(op.page, self.nodes) as usize == node {
+                // the home node's copy is the home's frame: the home copy changes with it
+                self.home_frame[op.page] = Some((self.latest[op.page], true));
+            }
         } else {
             let v = c.data.expect("usable implies data");
             if v != self.latest[op.page] {
@@ -368,7 +385,7 @@ impl Sim {
                         let g = Grant {
                             mode,
                             epoch,
-                            data: from_home.then_some(self.home_store[p]),
+                            data: from_home.then(|| self.home_copy_for(p, e.from == e.to)),
                             source,
                             invalidate,
                         };
@@ -390,7 +407,7 @@ impl Sim {
                 match decision {
                     EvictDecision::Accept { store } => {
                         if store {
-                            self.home_store[p] = data.expect("store implies data");
+                            self.arrive_home(p, data.expect("store implies data"));
                         }
                         self.send(e.to, p, vec![reply(Msg::EvictReply { accepted: true })]);
                     }
@@ -402,7 +419,7 @@ impl Sim {
             Msg::CopyBack { data } => {
                 self.dirs[p].copy_back(e.from).map_err(|x| x.to_string())?;
                 if let Some(d) = data {
-                    self.home_store[p] = *d;
+                    self.arrive_home(p, *d);
                 }
                 // retry what waited for the copy-back, in arrival order
                 let waiting: Vec<Envelope> = self.dir_deferred[p].drain(..).collect();
@@ -472,6 +489,7 @@ impl Sim {
             Msg::EvictReply { accepted } => c.on_evict_reply(accepted),
         }
         .map_err(|x| x.to_string())?;
+        self.sync_home_frame(to, p);
         self.apply_step(to, p, step)?;
         self.lose_if_dead_source(to, p)
     }
@@ -536,6 +554,73 @@ impl Sim {
             })
             .collect::<Vec<_>>()
             .join("; ")
+    }
+
+    /// The home copy of `p`: the home's frame if it has one, else the store's.
+    fn home_copy(&self, p: usize) -> Version {
+        self.home_frame[p].map_or(self.home_store[p], |(v, _)| v)
+    }
+
+    /// The home copy a grant carries. A grant to the home node itself gives the page a frame
+    /// (read from the store: clean), which is then also the home node's own copy.
+    fn home_copy_for(&mut self, p: usize, to_home: bool) -> Version {
+        if to_home && self.home_frame[p].is_none() {
+            self.home_frame[p] = Some((self.home_store[p], false));
+        }
+        self.home_copy(p)
+    }
+
+    /// An evicted or copied-back page arrives home: into the home's frame if it has one
+    /// (dirty: newer than the store), else straight to the store (`write_home`).
+    fn arrive_home(&mut self, p: usize, v: Version) {
+        let dirty = !self.clean_installs;
+        match &mut self.home_frame[p] {
+            Some(f) => *f = (v, dirty),
+            None => self.home_store[p] = v,
+        }
+    }
+
+    /// After a step at the home node: a page its own copy received (a grant's or a sender's
+    /// page) was installed into the home's frame, dirty.
+    fn sync_home_frame(&mut self, node: usize, p: usize) {
+        if home(p, self.nodes) as usize != node {
+            return;
+        }
+        if let Some(v) = self.copies[node][p].data {
+            if self.home_frame[p].map(|(f, _)| f) != Some(v) {
+                self.home_frame[p] = Some((v, !self.clean_installs));
+            }
+        }
+    }
+
+    /// The home's provider writes the frame of `p` back (`true` if it was dirty).
+    fn write_back(&mut self, p: usize) -> bool {
+        match &mut self.home_frame[p] {
+            Some((v, dirty @ true)) => {
+                self.home_store[p] = *v;
+                *dirty = false;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the home's provider may drop the frame of `p`: clean, and not the home node's
+    /// own copy (`Coherence::droppable`).
+    fn can_drop_frame(&self, p: usize) -> bool {
+        let h = home(p, self.nodes) as usize;
+        self.alive[h]
+            && matches!(self.home_frame[p], Some((_, false)))
+            && self.copies[h][p].data.is_none()
+    }
+
+    fn drop_frame(&mut self, p: usize) -> bool {
+        if !self.can_drop_frame(p) {
+            return false;
+        }
+        self.home_frame[p] = None;
+        self.note(|| format!("home drops its frame of page {p}"));
+        true
     }
 
     /// Whether `node` has noticed that `n` died.
@@ -823,6 +908,27 @@ impl Sim {
             return true;
         }
         match self.copies[node][page].evict() {
+            Some((to, msg)) if to as usize == node => {
+                // the home evicts its own copy: its directory decides at once, in the same
+                // step (the engine's `prepare_evict`); the frame stays as the home copy
+                let Msg::Evict { epoch, data } = msg else {
+                    unreachable!("PageCopy::evict sends Evict")
+                };
+                let accepted = match self.dirs[page].evict(to, epoch, data.is_some()) {
+                    Ok(EvictDecision::Accept { .. }) => true,
+                    Ok(EvictDecision::Decline) => false,
+                    Err(e) => panic!("the home evicting its own page {page}: {e}"),
+                };
+                if let (true, Some(v)) = (accepted, data) {
+                    self.arrive_home(page, v);
+                }
+                let step = self.copies[node][page]
+                    .on_evict_reply(accepted)
+                    .expect("the home's own eviction reply");
+                assert!(step.out.is_empty() && step.completed.is_none());
+                self.note(|| format!("home {node} evicts its own page {page}: {accepted}"));
+                true
+            }
             Some((to, msg)) => {
                 self.note(|| format!("node {node} evicts page {page}"));
                 self.send(node as Node, page, vec![(to, msg)]);
@@ -844,6 +950,23 @@ impl Sim {
             }
         }
         for p in 0..self.latest.len() {
+            if let Some((v, false)) = self.home_frame[p] {
+                if v != self.home_store[p] {
+                    return Err(format!(
+                        "page {p}: the home's frame is clean with version {v}, the store holds {}",
+                        self.home_store[p]
+                    ));
+                }
+            }
+            let h = home(p, self.nodes) as usize;
+            if let Some(v) = self.copies[h][p].data {
+                if self.home_frame[p].map(|(f, _)| f) != Some(v) {
+                    return Err(format!(
+                        "page {p}: the home node's copy holds version {v} but the home's frame {:?}",
+                        self.home_frame[p]
+                    ));
+                }
+            }
             // a dead node uses nothing; a lost copy is never used (the engine: `ps.lost`)
             let live = |n: &usize| self.alive[*n] && self.lost[*n][p].is_none();
             let writers: Vec<usize> = (0..self.nodes)
@@ -908,6 +1031,11 @@ impl Sim {
                     rng.random_range(0..self.latest.len()),
                 );
                 if self.evict(n, p) {
+                    continue;
+                }
+                // the home's provider: write the page's frame back, or drop it
+                let h = home(p, self.nodes) as usize;
+                if self.alive[h] && (self.write_back(p) || self.drop_frame(p)) {
                     continue;
                 }
             }
@@ -1029,10 +1157,11 @@ impl Sim {
                     "page {p}: node {n} still holds a copy after draining"
                 ));
             }
-            if self.home_store[p] != self.latest[p] {
+            if self.home_copy(p) != self.latest[p] {
                 return Err(format!(
                     "page {p}: home holds version {}, last write {} (lost update)",
-                    self.home_store[p], self.latest[p]
+                    self.home_copy(p),
+                    self.latest[p]
                 ));
             }
             if !self.dir_deferred[p].is_empty() {
@@ -1186,7 +1315,7 @@ fn contended_page_every_node_finishes() {
         let mut sim = Sim::new(nodes, 1, scripts);
         sim.run_checked(&mut rng, 0.1, &format!("seed {seed}"));
         assert_eq!(sim.latest[0], 80);
-        assert_eq!(sim.home_store[0], 80);
+        assert_eq!(sim.home_copy(0), 80);
     }
 }
 
@@ -1292,6 +1421,10 @@ enum Event {
     DeliverCtl(usize),
     /// Nothing else can happen: workers stalled behind a dead grantee time out.
     TimeOut,
+    /// The home's provider writes page `p`'s dirty frame back (one eviction of the budget).
+    WriteBack(usize),
+    /// The home's provider drops page `p`'s clean frame (one eviction of the budget).
+    DropFrame(usize),
 }
 
 /// What an exhaustive run may still spend: evictions, and faults (give-ups, unsent messages).
@@ -1312,6 +1445,7 @@ impl Sim {
         net.hash(&mut h);
         self.dirs.hash(&mut h);
         self.home_store.hash(&mut h);
+        self.home_frame.hash(&mut h);
         for d in &self.dir_deferred {
             d.hash(&mut h);
         }
@@ -1372,6 +1506,15 @@ impl Sim {
                     }
                 }
             }
+            for p in 0..self.latest.len() {
+                let h = home(p, self.nodes) as usize;
+                if self.alive[h] && matches!(self.home_frame[p], Some((_, true))) {
+                    ev.push(Event::WriteBack(p));
+                }
+                if self.can_drop_frame(p) {
+                    ev.push(Event::DropFrame(p));
+                }
+            }
         }
         for i in 0..self.ctl.len() {
             if !self.ctl[..i].contains(&self.ctl[i]) {
@@ -1425,6 +1568,20 @@ impl Sim {
                 self.notice(n, k)
             }
             Event::DeliverCtl(i) => self.deliver_ctl(i),
+            Event::WriteBack(p) => {
+                if self.write_back(p) {
+                    Ok(())
+                } else {
+                    Err("write-back enabled on a clean frame".into())
+                }
+            }
+            Event::DropFrame(p) => {
+                if self.drop_frame(p) {
+                    Ok(())
+                } else {
+                    Err("frame drop enabled but refused".into())
+                }
+            }
             Event::TimeOut => {
                 if self.time_out_stalled() {
                     Ok(())
@@ -1493,7 +1650,7 @@ fn explore(start: Sim, budget: Budget) -> Result<Explored, String> {
         let mut sim = top.sim.clone();
         let mut left = top.left;
         match e {
-            Event::Evict(..) => left.evictions -= 1,
+            Event::Evict(..) | Event::WriteBack(_) | Event::DropFrame(_) => left.evictions -= 1,
             Event::GiveUp(_) | Event::Unsend(_) => left.faults -= 1,
             Event::Kill(_) => left.deaths -= 1,
             Event::Deliver(_)
@@ -1758,4 +1915,24 @@ fn the_model_catches_a_death_nobody_handles() {
     let e = caught.expect("an unhandled death went unnoticed in 3000 schedules");
     eprintln!("caught: {}", e.lines().next().unwrap_or(""));
     assert!(e.contains("deadlock") || e.contains("deferred"), "{e}");
+}
+
+/// The home frame's double role is checked, not assumed: with pages installed at the home
+/// marked clean, the provider drops a frame newer than the store, and some schedule must
+/// catch it (a clean frame that differs from the store, a stale read, or a lost update).
+#[test]
+fn the_model_catches_a_home_frame_dropped_with_news() {
+    let caught = (0..3000u64).find_map(|seed| {
+        let mut rng = SmallRng::seed_from_u64(7_000_000 + seed);
+        let scripts = random_scripts(&mut rng, 3, 1, 10);
+        let mut sim = Sim::new(3, 1, scripts);
+        sim.clean_installs = true;
+        sim.run(&mut rng, 0.3).err()
+    });
+    let e = caught.expect("clean installs at the home went unnoticed in 3000 schedules");
+    eprintln!("caught: {}", e.lines().next().unwrap_or(""));
+    assert!(
+        e.contains("clean") || e.contains("version") || e.contains("lost update"),
+        "{e}"
+    );
 }
