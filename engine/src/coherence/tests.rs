@@ -254,3 +254,80 @@ fn unused_notices_free_nothing_that_may_be_in_use() {
     drop((w0, w1, w2));
     c.close().unwrap();
 }
+
+/// Regression (found by the model with node deaths, issue 30): a sharer upgrading to
+/// exclusive holds the page while it waits for the other sharers' acknowledgements; when one
+/// of them dies, the page is lost at the upgrader, and `PageCopy::lose` used to keep the
+/// copy's mode and page, which the page state's own check rejects (a lost page holds no copy:
+/// a debug-build panic in the handler). Now the worker gets `HolderDead`, the copy is dropped
+/// and the frame's possession revoked, so no guard can use it, and the home refuses the page.
+/// (With the old `lose` put back, the test fails at "the copy is dropped".)
+#[test]
+fn an_upgrade_waiting_for_a_dead_sharer_loses_the_page_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(dir.path(), 3);
+    let w0 = c.node(0).worker();
+    let pid = {
+        let mut g = w0.allocate().unwrap();
+        g.page_mut().set_u64(0, 7);
+        g.pid()
+    };
+    drop(w0);
+    let (w1, w2) = (c.node(1).worker(), c.node(2).worker());
+    assert_eq!(w1.shared(pid).unwrap().page().u64(0), 7);
+    // node 2 keeps a shared guard: the invalidation of its copy waits for it
+    let g2 = w2.shared(pid).unwrap();
+    std::thread::scope(|s| {
+        let upgrader = s.spawn(|| {
+            let w = c.node(1).worker();
+            w.run(|w| w.exclusive(pid).map(|_| ()))
+        });
+        // wait until node 1's upgrade is granted and waits for node 2's acknowledgement
+        let coh1 = c.node(1).node().coh.as_ref().unwrap();
+        let t0 = Instant::now();
+        loop {
+            let waiting = coh1.shard(pid).lock().get(&pid).is_some_and(
+                |s| matches!(s.copy.pending, Pending::Completing { acks, .. } if acks != 0),
+            );
+            if waiting {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "hang guard: no grant"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        c.kill(2);
+        let r = upgrader.join().unwrap();
+        assert!(
+            matches!(r, Err(crate::EngineError::HolderDead(p, 2)) if p == pid),
+            "{r:?}"
+        );
+        let s = coh1.shard(pid).lock();
+        let ps = s.get(&pid).unwrap();
+        assert_eq!(ps.lost, Some(2));
+        assert_eq!(
+            (ps.copy.data, ps.copy.mode),
+            (None, None),
+            "the copy is dropped"
+        );
+    });
+    drop(g2);
+    // every later access on node 1 is an error naming node 2, and so is one from the home
+    // once node 1's report arrived
+    let e = w1.run(|w| w.shared(pid).map(|_| ())).unwrap_err();
+    assert!(matches!(e, crate::EngineError::HolderDead(_, 2)), "{e}");
+    let w0 = c.node(0).worker();
+    let t0 = Instant::now();
+    loop {
+        match w0.run(|w| w.exclusive(pid).map(|_| ())) {
+            Err(crate::EngineError::HolderDead(_, 2)) => break,
+            r => assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the home still grants the lost page: {r:?}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
