@@ -34,6 +34,60 @@ fn allocate(w: &Worker, count: usize) -> Vec<Pid> {
         .collect()
 }
 
+/// Words in a page's data area: the torn/stale tests write every one of them.
+const WORDS: usize = shoal_engine::PAGE_DATA_SIZE / 8;
+
+/// Rewrite every word of page `pid` with its next version (word 0 plus one), under an
+/// exclusive guard; returns that version.
+fn rewrite_page(w: &Worker, pid: Pid) -> u64 {
+    w.run(|w| -> OpResult<u64> {
+        let mut g = w.exclusive(pid)?;
+        let v = g.page().u64(0) + 1;
+        let mut m = g.page_mut();
+        for k in 0..WORDS {
+            m.set_u64(k * 8, v);
+        }
+        Ok(v)
+    })
+    .expect("rewrite")
+}
+
+/// Read every word of page `pid`, optimistically (validated) or under a shared guard. With
+/// `torn`, counts optimistic images that were torn before validation rejected them.
+fn read_words(w: &Worker, pid: Pid, optimistic: bool, torn: &mut u64) -> Vec<u64> {
+    if optimistic {
+        w.run(|w| -> OpResult<Vec<u64>> {
+            let g = w.optimistic(pid)?;
+            let page = g.page();
+            let words: Vec<u64> = (0..WORDS).map(|k| page.u64(k * 8)).collect();
+            if words.iter().any(|&x| x != words[0]) {
+                *torn += 1; // must fail validation below
+            }
+            g.validate()?;
+            Ok(words)
+        })
+        .expect("optimistic read")
+    } else {
+        let g = w.run(|w| w.shared(pid)).expect("shared read");
+        let page = g.page();
+        (0..WORDS).map(|k| page.u64(k * 8)).collect()
+    }
+}
+
+/// A page image accepted by a reader is one version (not torn), not older than `floor`.
+fn check_image(node: usize, p: usize, words: &[u64], floor: u64) {
+    assert!(
+        words.iter().all(|&x| x == words[0]),
+        "node {node} accepted a torn page {p}: {:?}..",
+        &words[..4]
+    );
+    assert!(
+        words[0] >= floor,
+        "node {node} read version {} of page {p} after version {floor} was committed",
+        words[0]
+    );
+}
+
 #[test]
 fn a_page_written_on_one_node_is_read_on_every_other() {
     let dir = tempfile::tempdir().unwrap();
@@ -390,7 +444,6 @@ fn fairness_on_one_hot_page() {
 fn no_torn_or_stale_reads() {
     const NODES: usize = 3;
     const PAGES: usize = 12;
-    const WORDS: usize = shoal_engine::PAGE_DATA_SIZE / 8;
     let writes = 1500 * scale();
     let dir = tempfile::tempdir().unwrap();
     let c = Arc::new(cluster(dir.path(), NODES, 512));
@@ -413,17 +466,7 @@ fn no_torn_or_stale_reads() {
             let w = c.node(n).worker();
             for i in 0..writes {
                 let p = (i as usize * 7 + n * 5) % PAGES;
-                let v = w
-                    .run(|w| -> OpResult<u64> {
-                        let mut g = w.exclusive(pids[p])?;
-                        let v = g.page().u64(0) + 1;
-                        let mut m = g.page_mut();
-                        for k in 0..WORDS {
-                            m.set_u64(k * 8, v);
-                        }
-                        Ok(v)
-                    })
-                    .unwrap();
+                let v = rewrite_page(&w, pids[p]);
                 committed[p].fetch_max(v, Ordering::SeqCst);
             }
             left.fetch_sub(1, Ordering::SeqCst);
@@ -444,34 +487,10 @@ fn no_torn_or_stale_reads() {
                 i += 1;
                 let p = (i * 5 + n) % PAGES;
                 let floor = committed[p].load(Ordering::SeqCst);
-                let words = if i.is_multiple_of(2) {
-                    optimistic += 1;
-                    w.run(|w| -> OpResult<Vec<u64>> {
-                        let g = w.optimistic(pids[p])?;
-                        let page = g.page();
-                        let words: Vec<u64> = (0..WORDS).map(|k| page.u64(k * 8)).collect();
-                        if words.iter().any(|&x| x != words[0]) {
-                            torn_rejected += 1; // must fail validation below
-                        }
-                        g.validate()?;
-                        Ok(words)
-                    })
-                    .unwrap()
-                } else {
-                    let g = w.run(|w| w.shared(pids[p])).unwrap();
-                    let page = g.page();
-                    (0..WORDS).map(|k| page.u64(k * 8)).collect()
-                };
-                assert!(
-                    words.iter().all(|&x| x == words[0]),
-                    "node {n} accepted a torn page {p}: {:?}..",
-                    &words[..4]
-                );
-                assert!(
-                    words[0] >= floor,
-                    "node {n} read version {} of page {p} after version {floor} completed",
-                    words[0]
-                );
+                let opt = i.is_multiple_of(2);
+                optimistic += u64::from(opt);
+                let words = read_words(&w, pids[p], opt, &mut torn_rejected);
+                check_image(n, p, &words, floor);
                 checked += 1;
             }
             (checked, optimistic, torn_rejected)
@@ -954,7 +973,6 @@ fn workers_taking_handler_roles_while_eviction_runs_lose_no_update_and_read_noth
     const NODES: usize = 3;
     const PAGES_PER_NODE: usize = 400;
     const FRAMES: usize = 256; // 768 frames in all for 1200 pages: homes read from their stores
-    const WORDS: usize = shoal_engine::PAGE_DATA_SIZE / 8;
     let writes = 8_000 * scale();
     let dir = tempfile::tempdir().unwrap();
     let c = Arc::new(cluster(dir.path(), NODES, FRAMES));
@@ -985,17 +1003,7 @@ fn workers_taking_handler_roles_while_eviction_runs_lose_no_update_and_read_noth
                 x ^= x >> 7;
                 x ^= x << 17;
                 let p = (x % pids.len() as u64) as usize;
-                let v = w
-                    .run(|w| -> OpResult<u64> {
-                        let mut g = w.exclusive(pids[p])?;
-                        let v = g.page().u64(0) + 1;
-                        let mut m = g.page_mut();
-                        for k in 0..WORDS {
-                            m.set_u64(k * 8, v);
-                        }
-                        Ok(v)
-                    })
-                    .expect("increment");
+                let v = rewrite_page(&w, pids[p]);
                 committed[p].fetch_max(v, Ordering::SeqCst);
                 mine[p] += 1;
             }
@@ -1019,29 +1027,8 @@ fn workers_taking_handler_roles_while_eviction_runs_lose_no_update_and_read_noth
                 x ^= x << 17;
                 let p = (x % pids.len() as u64) as usize;
                 let floor = committed[p].load(Ordering::SeqCst);
-                let words: Vec<u64> = if x & 1 == 0 {
-                    w.run(|w| -> OpResult<Vec<u64>> {
-                        let g = w.optimistic(pids[p])?;
-                        let page = g.page();
-                        let words = (0..WORDS).map(|k| page.u64(k * 8)).collect();
-                        g.validate()?;
-                        Ok(words)
-                    })
-                    .expect("optimistic read")
-                } else {
-                    let g = w.run(|w| w.shared(pids[p])).expect("shared read");
-                    let page = g.page();
-                    (0..WORDS).map(|k| page.u64(k * 8)).collect()
-                };
-                assert!(
-                    words.iter().all(|&v| v == words[0]),
-                    "node {n} accepted a torn image of page {p}"
-                );
-                assert!(
-                    words[0] >= floor,
-                    "node {n} read version {} of page {p} after version {floor} was committed",
-                    words[0]
-                );
+                let words = read_words(&w, pids[p], x & 1 == 0, &mut 0);
+                check_image(n, p, &words, floor);
                 checked += 1;
             }
             checked
