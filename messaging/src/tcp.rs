@@ -405,7 +405,10 @@ pub(crate) fn connect_mesh(
     // keep rejecting strangers on the listener for the life of the process
     std::thread::Builder::new()
         .name(format!("shoal-tcp-reject-{}", cfg.node))
-        .spawn(move || reject_strangers(listener))
+        .spawn({
+            let me = cfg.node;
+            move || reject_strangers(listener, me)
+        })
         .map_err(io)?;
     Ok(streams)
 }
@@ -445,8 +448,21 @@ fn dial(
                 s.write_all(&hello(magic, cluster, me, peer))
                     .map_err(|e| hs(e.to_string()))?;
                 let mut b = [0u8; HELLO];
-                s.read_exact(&mut b)
-                    .map_err(|e| hs(format!("no handshake reply: {e}")))?;
+                s.read_exact(&mut b).map_err(|e| {
+                    hs(match e.kind() {
+                        std::io::ErrorKind::UnexpectedEof
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::BrokenPipe => format!(
+                            "node {peer} closed the connection instead of answering: it refused \
+                             this node (another cluster id, a node {me} it already has, or not a \
+                             shoal node at that address; see its log)"
+                        ),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                            format!("node {peer} accepted the connection but never answered")
+                        }
+                        _ => format!("no handshake reply from node {peer}: {e}"),
+                    })
+                })?;
                 let from = check_hello(&b, magic, cluster, me, nodes).map_err(hs)?;
                 if from != peer {
                     return Err(hs(format!("expected node {peer}, node {from} answered")));
@@ -458,6 +474,84 @@ fn dial(
     }
 }
 
+/// How long a connection may take to send its hello before the acceptor gives up on it.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Connections whose hello is awaited at once. While that many are pending, the acceptor
+/// takes no more: further connections wait in the listen backlog (a real peer's hello with
+/// them) until a slot frees, which takes at most [`HANDSHAKE_TIMEOUT`].
+const MAX_PENDING_HANDSHAKES: usize = 32;
+/// At most one log line per this interval for refused connections (with a count).
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// Refused connections, logged at most once per [`REFUSAL_LOG_EVERY`] with how many there were
+/// since the last line (a stranger that keeps reconnecting must not flood the log).
+struct RefusalLog {
+    me: u8,
+    since: Option<Instant>,
+    unlogged: u64,
+}
+
+impl RefusalLog {
+    fn new(me: u8) -> RefusalLog {
+        RefusalLog {
+            me,
+            since: None,
+            unlogged: 0,
+        }
+    }
+
+    /// Count a refusal; returns whether a line was logged for it.
+    fn refused(&mut self, from: Option<SocketAddr>, why: &str) -> bool {
+        self.unlogged += 1;
+        let due = self.since.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY);
+        if due {
+            let more = match self.unlogged {
+                1 => String::new(),
+                n => format!(" ({} more refused since the last report)", n - 1),
+            };
+            log::error!(
+                "node {}: refusing a connection from {}: {why}{more}",
+                self.me,
+                from.map_or("?".to_string(), |a| a.to_string())
+            );
+            self.since = Some(Instant::now());
+            self.unlogged = 0;
+        }
+        due
+    }
+}
+
+/// Read and check a connecting node's hello (at most [`HANDSHAKE_TIMEOUT`], or until
+/// `deadline`). Returns the node it says it is.
+fn read_hello(
+    s: &mut TcpStream,
+    magic: [u8; 4],
+    cluster: u64,
+    me: u8,
+    nodes: u8,
+    deadline: Instant,
+) -> Result<u8, String> {
+    s.set_nonblocking(false).map_err(|e| e.to_string())?;
+    s.set_nodelay(true).map_err(|e| e.to_string())?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    s.set_read_timeout(Some(
+        HANDSHAKE_TIMEOUT.min(left).max(Duration::from_millis(10)),
+    ))
+    .map_err(|e| e.to_string())?;
+    let mut b = [0u8; HELLO];
+    s.read_exact(&mut b).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            "no hello in time".to_string()
+        }
+        _ => format!("no hello: {e}"),
+    })?;
+    check_hello(&b, magic, cluster, me, nodes)
+}
+
+/// Accept the `expect` lower-numbered peers. Each connection's hello is read on a thread of
+/// its own (at most [`MAX_PENDING_HANDSHAKES`] at once, each for at most
+/// [`HANDSHAKE_TIMEOUT`]), so idle or slow connections cannot hold up the real peers (issue
+/// 29: ten idle connections used to fail a start-up, one 5 s read at a time).
 fn accept_peers(
     listener: TcpListener,
     magic: [u8; 4],
@@ -467,7 +561,11 @@ fn accept_peers(
     expect: usize,
     deadline: Instant,
 ) -> Result<Vec<(u8, TcpStream)>, MsgError> {
+    type Checked = (Option<SocketAddr>, TcpStream, Result<u8, String>);
     let mut got: Vec<(u8, TcpStream)> = Vec::new();
+    let mut log = RefusalLog::new(me);
+    let (tx, rx) = std::sync::mpsc::channel::<Checked>();
+    let mut pending = 0usize;
     listener.set_nonblocking(true).map_err(io)?;
     while got.len() < expect {
         if Instant::now() >= deadline {
@@ -482,35 +580,53 @@ fn accept_peers(
                 why: format!("nodes {missing:?} did not connect in time"),
             });
         }
-        let (mut s, from_addr) = match listener.accept() {
+        // hellos read meanwhile
+        while let Ok((from_addr, mut s, r)) = rx.try_recv() {
+            pending -= 1;
+            let r = r.and_then(|from| {
+                if from as usize >= expect || got.iter().any(|(g, _)| *g == from) {
+                    return Err(format!("unexpected connection from node {from}"));
+                }
+                s.set_read_timeout(None).map_err(|e| e.to_string())?;
+                s.write_all(&hello(magic, cluster, me, from))
+                    .map_err(|e| e.to_string())?;
+                Ok(from)
+            });
+            match r {
+                Ok(from) => got.push((from, s)),
+                Err(why) => {
+                    log.refused(from_addr, &why);
+                    let _ = s.shutdown(Shutdown::Both);
+                }
+            }
+        }
+        if got.len() == expect {
+            break;
+        }
+        if pending >= MAX_PENDING_HANDSHAKES {
+            std::thread::sleep(Duration::from_millis(2));
+            continue;
+        }
+        let (s, from_addr) = match listener.accept() {
             Ok(x) => x,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(5));
+                std::thread::sleep(Duration::from_millis(2));
                 continue;
             }
             Err(e) => return Err(io(e)),
         };
-        let r = (|| -> Result<u8, String> {
-            s.set_nonblocking(false).map_err(|e| e.to_string())?;
-            s.set_nodelay(true).map_err(|e| e.to_string())?;
-            s.set_read_timeout(Some(Duration::from_secs(5)))
-                .map_err(|e| e.to_string())?;
-            let mut b = [0u8; HELLO];
-            s.read_exact(&mut b)
-                .map_err(|e| format!("no handshake: {e}"))?;
-            let from = check_hello(&b, magic, cluster, me, nodes)?;
-            if from as usize >= expect || got.iter().any(|(g, _)| *g == from) {
-                return Err(format!("unexpected connection from node {from}"));
-            }
-            s.write_all(&hello(magic, cluster, me, from))
-                .map_err(|e| e.to_string())?;
-            Ok(from)
-        })();
-        match r {
-            Ok(from) => got.push((from, s)),
-            Err(why) => {
-                log::error!("node {me}: refusing connection from {from_addr}: {why}");
-                let _ = s.shutdown(Shutdown::Both);
+        let tx = tx.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("shoal-tcp-hello-{me}"))
+            .spawn(move || {
+                let mut s = s;
+                let r = read_hello(&mut s, magic, cluster, me, nodes, deadline);
+                let _ = tx.send((Some(from_addr), s, r));
+            });
+        match spawned {
+            Ok(_) => pending += 1,
+            Err(e) => {
+                log.refused(Some(from_addr), &format!("no thread for its hello: {e}"));
             }
         }
     }
@@ -518,14 +634,12 @@ fn accept_peers(
     Ok(got)
 }
 
-fn reject_strangers(listener: TcpListener) {
+fn reject_strangers(listener: TcpListener, me: u8) {
+    let mut log = RefusalLog::new(me);
     for s in listener.incoming() {
         match s {
             Ok(s) => {
-                log::error!(
-                    "refusing a connection from {:?}: the cluster is already complete",
-                    s.peer_addr().ok()
-                );
+                log.refused(s.peer_addr().ok(), "the cluster is already complete");
                 let _ = s.shutdown(Shutdown::Both);
             }
             Err(_) => std::thread::sleep(Duration::from_millis(10)),
@@ -536,6 +650,22 @@ fn reject_strangers(listener: TcpListener) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refused_connections_are_logged_once_per_interval_with_a_count() {
+        let mut log = RefusalLog::new(1);
+        let lines = (0..1000)
+            .filter(|_| log.refused(None, "the cluster is already complete"))
+            .count();
+        assert_eq!(lines, 1, "a burst of refusals makes one line");
+        assert_eq!(log.unlogged, 999, "the rest are counted for the next line");
+        log.since = Some(Instant::now() - REFUSAL_LOG_EVERY);
+        assert!(
+            log.refused(None, "again"),
+            "a line once the interval passed"
+        );
+        assert_eq!(log.unlogged, 0);
+    }
 
     #[test]
     fn hello_validation() {

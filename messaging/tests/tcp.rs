@@ -301,3 +301,43 @@ fn killed_peer_process_fails_requests_in_bounded_time() {
         "new requests fail at once"
     );
 }
+
+/// Issue 29: strangers that connect to a node's port while the cluster forms and then say
+/// nothing must not keep the real peers out (each hello is read on a thread of its own, for
+/// at most 2 s). Before, the acceptor read one connection at a time for up to 5 s each, and
+/// ten idle connections made both nodes fail their 20 s connect timeout. The nodes here must
+/// form within their 10 s connect timeout (else `start` fails).
+#[test]
+fn fifty_idle_connections_do_not_stop_a_cluster_forming() {
+    let layout = Layout { nodes: 2, ..LAYOUT };
+    let (ls, addrs) = listeners(2);
+    // node 1 accepts node 0; fifty strangers get to its port first and stay silent
+    let idle: Vec<TcpStream> = (0..50)
+        .map(|_| TcpStream::connect(addrs[1]).expect("connect"))
+        .collect();
+    let t0 = Instant::now();
+    let hs: Vec<_> = ls
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let c = cfg(i as u8, &addrs);
+            std::thread::spawn(move || {
+                TcpTransport::start(c, l, Arc::new(layout.region().unwrap()))
+            })
+        })
+        .collect();
+    let nodes: Vec<_> = hs
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .unwrap()
+                .expect("the node starts despite the idle connections")
+        })
+        .collect();
+    eprintln!(
+        "cluster formed in {:?} beside 50 idle connections",
+        t0.elapsed()
+    );
+    assert!(nodes.iter().all(|t| t.peer_alive(0) && t.peer_alive(1)));
+    drop(idle);
+}
