@@ -104,6 +104,7 @@ pub fn loopback_tcp(
                 cluster_id: 7,
                 addrs: addrs.clone(),
                 connect_timeout: Duration::from_secs(10),
+                secret: Vec::new(),
             };
             let r = std::sync::Arc::new(region());
             std::thread::spawn(move || TcpTransport::start(cfg, l, r).expect("tcp transport"))

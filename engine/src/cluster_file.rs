@@ -7,6 +7,9 @@
 //! cache = "256MiB"            # optional default cache per node
 //! remote_timeout_ms = 10000   # optional: how long a worker waits for a remote page
 //! connect_timeout_ms = 60000  # optional: how long start-up waits for every peer
+//! secret_file = "cluster.secret"  # the cluster secret (make one with `shoal secret FILE`);
+//!                             # or `secret = "<hex>"` in the file itself. Without one, only
+//!                             # loopback addresses are allowed unless `allow_insecure = true`
 //!
 //! [[node]]
 //! id = 0
@@ -44,6 +47,10 @@ struct RawFile {
     cache: Option<String>,
     remote_timeout_ms: Option<u64>,
     connect_timeout_ms: Option<u64>,
+    secret: Option<String>,
+    secret_file: Option<PathBuf>,
+    #[serde(default)]
+    allow_insecure: bool,
     #[serde(default)]
     node: Vec<RawNode>,
 }
@@ -82,6 +89,55 @@ pub struct ClusterFile {
     pub nodes: Vec<NodeEntry>,
     pub remote_timeout: Duration,
     pub connect_timeout: Duration,
+    /// The secret every connection proves (empty: none; see [`Secret`]).
+    pub secret: Secret,
+}
+
+/// A cluster secret: bytes both ends of every tcp connection prove they know (the transport's
+/// handshake, HMAC-SHA256 over fresh nonces). Never printed.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Secret(pub Vec<u8>);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_empty() {
+            f.write_str("Secret(none)")
+        } else {
+            write!(f, "Secret({} bytes)", self.0.len())
+        }
+    }
+}
+
+/// Bytes of a secret made by [`new_secret_hex`]; a secret given by hand must have at least 16.
+pub const SECRET_BYTES: usize = 32;
+const MIN_SECRET_BYTES: usize = 16;
+
+/// A new random cluster secret, as hex (from the operating system's random source).
+pub fn new_secret_hex() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut b = [0u8; SECRET_BYTES];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+fn parse_secret_hex(text: &str, what: &str) -> Result<Vec<u8>, String> {
+    let t = text.trim();
+    if !t.len().is_multiple_of(2) || !t.bytes().all(|c| c.is_ascii_hexdigit()) {
+        return Err(format!(
+            "{what}: the secret must be hex digits (an even number of them)"
+        ));
+    }
+    let b: Vec<u8> = (0..t.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&t[i..i + 2], 16).expect("hex checked"))
+        .collect();
+    if b.len() < MIN_SECRET_BYTES {
+        return Err(format!(
+            "{what}: the secret has {} bytes, at least {MIN_SECRET_BYTES} are needed (`shoal secret FILE` makes one of {SECRET_BYTES})",
+            b.len()
+        ));
+    }
+    Ok(b)
 }
 
 impl ClusterFile {
@@ -155,6 +211,32 @@ impl ClusterFile {
                 ));
             }
         }
+        let secret = match (raw.secret, raw.secret_file) {
+            (Some(_), Some(_)) => {
+                return Err("give either secret or secret_file, not both".into());
+            }
+            (Some(h), None) => parse_secret_hex(&h, "secret")?,
+            (None, Some(f)) => {
+                let f = if f.is_absolute() { f } else { base.join(f) };
+                let what = format!("secret_file {}", f.display());
+                let text = std::fs::read_to_string(&f)
+                    .map_err(|e| format!("{what}: cannot read it: {e}"))?;
+                parse_secret_hex(&text, &what)?
+            }
+            (None, None) => Vec::new(),
+        };
+        if secret.is_empty() && !raw.allow_insecure {
+            if let Some(e) = nodes.iter().find(|e| !e.address.ip().is_loopback()) {
+                return Err(format!(
+                    "node {} listens on {}, which is not a loopback address, and the file has \
+                     no secret: any process that reaches that port could join as a node. Add \
+                     `secret_file = \"cluster.secret\"` (make the file with `shoal secret \
+                     cluster.secret` and copy it to every host), or set `allow_insecure = true` \
+                     on a network you trust",
+                    e.id, e.address
+                ));
+            }
+        }
         let ms = |v: Option<u64>, d: u64, what: &str| match v.unwrap_or(d) {
             0 => Err(format!("{what} must be at least 1 ms")),
             v => Ok(Duration::from_millis(v)),
@@ -164,13 +246,23 @@ impl ClusterFile {
             remote_timeout: ms(raw.remote_timeout_ms, 10_000, "remote_timeout_ms")?,
             connect_timeout: ms(raw.connect_timeout_ms, 60_000, "connect_timeout_ms")?,
             nodes,
+            secret: Secret(secret),
         })
     }
 
     /// The text of a file for nodes listening on `addrs` (node i on `addrs[i]`), with data
     /// directories `dir/node<i>` (what `shoal ycsb --transport tcp` writes for its processes).
-    pub fn local_text(addrs: &[SocketAddr], dir: &Path, cache: &str) -> String {
+    /// `secret`: hex, or `None` (a loopback-only file without one works, with a warning).
+    pub fn local_text(
+        addrs: &[SocketAddr],
+        dir: &Path,
+        cache: &str,
+        secret: Option<&str>,
+    ) -> String {
         let mut s = format!("cluster_id = {}\ncache = \"{cache}\"\n", std::process::id());
+        if let Some(h) = secret {
+            s += &format!("secret = \"{h}\"\n");
+        }
         for (i, a) in addrs.iter().enumerate() {
             s += &format!(
                 "\n[[node]]\nid = {i}\naddress = \"{a}\"\ndata_dir = \"{}\"\n",
@@ -213,6 +305,12 @@ pub fn join(file: &ClusterFile, id: u8, cfg: EngineConfig) -> Result<Engine, Eng
         )));
     }
     cfg.validate()?;
+    if file.secret.0.is_empty() {
+        log::warn!(
+            "node {id}: the cluster file has no secret: any local process that reaches a node's \
+             port could join as a node (loopback addresses only; see docs/cluster.md, Security)"
+        );
+    }
     let listener = TcpListener::bind(me.address).map_err(|e| {
         EngineError::Config(format!("node {id}: cannot listen on {}: {e}", me.address))
     })?;
@@ -226,6 +324,7 @@ pub fn join(file: &ClusterFile, id: u8, cfg: EngineConfig) -> Result<Engine, Eng
             cluster_id: file.cluster_id,
             addrs: file.nodes.iter().map(|n| n.address).collect(),
             connect_timeout: file.connect_timeout,
+            secret: file.secret.0.clone(),
         },
         listener,
         Arc::new(region),
@@ -298,12 +397,66 @@ data_dir = "/abs/n0"
     }
 
     #[test]
+    fn secrets_come_from_the_file_or_a_file_it_names_and_other_hosts_need_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = |id: u32, host: &str| {
+            format!(
+                "[[node]]\nid = {id}\naddress = \"{host}:{}\"\ndata_dir = \"d{id}\"\n",
+                7700 + id
+            )
+        };
+        let two = |host: &str| format!("{}{}", node(0, host), node(1, host));
+        let hex = new_secret_hex().unwrap();
+        std::fs::write(dir.path().join("c.secret"), format!("{hex}\n")).unwrap();
+        let parse = |head: &str, host: &str| {
+            ClusterFile::parse(&format!("{head}\n{}", two(host)), dir.path())
+        };
+        let f = parse(&format!("secret = \"{hex}\""), "10.1.2.3").unwrap();
+        assert_eq!(f.secret.0.len(), SECRET_BYTES);
+        let g = parse("secret_file = \"c.secret\"", "10.1.2.3").unwrap();
+        assert_eq!(
+            g.secret, f.secret,
+            "a secret file relative to the cluster file's folder"
+        );
+        // no secret: loopback only, unless allowed
+        assert!(parse("", "127.0.0.1").unwrap().secret.0.is_empty());
+        let e = parse("", "10.1.2.3").unwrap_err();
+        assert!(
+            e.contains("not a loopback address") && e.contains("shoal secret"),
+            "{e}"
+        );
+        assert!(parse("allow_insecure = true", "10.1.2.3").is_ok());
+        // bad secrets
+        let e = parse("secret = \"abcd\"", "127.0.0.1").unwrap_err();
+        assert!(e.contains("at least 16"), "{e}");
+        let e = parse("secret = \"not hex at all!\"", "127.0.0.1").unwrap_err();
+        assert!(e.contains("hex"), "{e}");
+        let e = parse(
+            &format!("secret = \"{hex}\"\nsecret_file = \"c.secret\""),
+            "127.0.0.1",
+        )
+        .unwrap_err();
+        assert!(e.contains("not both"), "{e}");
+        let e = parse("secret_file = \"missing\"", "127.0.0.1").unwrap_err();
+        assert!(e.contains("cannot read"), "{e}");
+    }
+
+    #[test]
     fn the_local_file_round_trips() {
         let addrs: Vec<SocketAddr> = (0..3)
             .map(|i| format!("127.0.0.1:{}", 7600 + i).parse().unwrap())
             .collect();
-        let t = ClusterFile::local_text(&addrs, Path::new("/tmp/x"), "32MiB");
+        let t = ClusterFile::local_text(&addrs, Path::new("/tmp/x"), "32MiB", None);
         let f = ClusterFile::parse(&t, Path::new("/")).unwrap();
+        assert!(f.secret.0.is_empty());
+        let h = new_secret_hex().unwrap();
+        let t = ClusterFile::local_text(&addrs, Path::new("/tmp/x"), "32MiB", Some(&h));
+        let g = ClusterFile::parse(&t, Path::new("/")).unwrap();
+        assert_eq!(g.secret.0.len(), SECRET_BYTES);
+        assert!(
+            !format!("{g:?}").contains(&h[..8]),
+            "the secret is never printed"
+        );
         assert_eq!(f.nodes.len(), 3);
         assert_eq!(f.nodes[2].address, "127.0.0.1:7602".parse().unwrap());
         assert_eq!(f.nodes[2].data_dir, PathBuf::from("/tmp/x/node2"));

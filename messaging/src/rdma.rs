@@ -1105,6 +1105,7 @@ mod tests {
             cluster_id: 1,
             addrs: vec!["127.0.0.1:1".parse().unwrap()],
             connect_timeout: Duration::from_secs(1),
+            secret: Vec::new(),
         });
         cfg.device = Some("shoal-no-such-device".into());
         match open_device(&cfg) {
@@ -1133,6 +1134,7 @@ mod tests {
             cluster_id: 1,
             addrs: vec![me, "127.0.0.1:9".parse().unwrap()],
             connect_timeout: Duration::from_secs(30),
+            secret: Vec::new(),
         });
         let region = Arc::new(Region::new(4096, vec![], 0).unwrap());
         // Had `start` dialled node 1 (nothing listens there) it would fail with a handshake

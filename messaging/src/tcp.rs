@@ -29,11 +29,16 @@ use std::time::{Duration, Instant};
 
 /// Hello magic of the `tcp` transport.
 const MAGIC: [u8; 4] = *b"SHLM";
-/// Wire protocol version; both sides must match.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Wire protocol version; both sides must match (2: the handshake proves the cluster secret).
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Largest single write a peer may send (a page plus slack).
 pub const MAX_FRAME: usize = 1 << 20;
 const HELLO: usize = 16;
+/// Handshake nonce bytes (fresh per connection and side: a recorded handshake does not verify
+/// against a new nonce).
+const NONCE: usize = 16;
+/// HMAC-SHA256 proof bytes.
+const PROOF: usize = 32;
 const HEADER: usize = 16;
 
 /// Cluster membership and timing of a TCP node.
@@ -45,6 +50,10 @@ pub struct TcpConfig {
     pub addrs: Vec<SocketAddr>,
     /// How long `start` waits for all peers to connect.
     pub connect_timeout: Duration,
+    /// The cluster secret both ends of every connection prove they know (HMAC-SHA256 over both
+    /// sides' hellos and fresh nonces). Empty: no secret, the proofs are still exchanged but
+    /// anyone can make them (loopback and trusted networks only; see docs/cluster.md).
+    pub secret: Vec<u8>,
 }
 
 struct Peer {
@@ -72,6 +81,136 @@ fn hello(magic: [u8; 4], cluster_id: u64, from: u8, to: u8) -> [u8; HELLO] {
     b[7] = to;
     b[8..16].copy_from_slice(&cluster_id.to_le_bytes());
     b
+}
+
+/// One side's proof for a handshake: HMAC-SHA256 under the cluster secret of the role and both
+/// sides' hellos and nonces.
+fn proof(
+    secret: &[u8],
+    role: &[u8],
+    dialer: (&[u8; HELLO], &[u8; NONCE]),
+    acceptor: (&[u8; HELLO], &[u8; NONCE]),
+) -> hmac::Hmac<sha2::Sha256> {
+    use hmac::Mac;
+    let mut m = <hmac::Hmac<sha2::Sha256> as Mac>::new_from_slice(secret)
+        .expect("HMAC takes keys of any length");
+    m.update(role);
+    m.update(dialer.0);
+    m.update(dialer.1);
+    m.update(acceptor.0);
+    m.update(acceptor.1);
+    m
+}
+
+const ACCEPTOR: &[u8] = b"shoal tcp acceptor";
+
+/// A fresh handshake nonce from the operating system's random source.
+fn nonce() -> Result<[u8; NONCE], String> {
+    use rand::{RngCore, SeedableRng};
+    let mut rng = rand::rngs::StdRng::try_from_os_rng()
+        .map_err(|e| format!("no random nonce for the handshake: {e}"))?;
+    let mut b = [0u8; NONCE];
+    rng.fill_bytes(&mut b);
+    Ok(b)
+}
+const DIALER: &[u8] = b"shoal tcp dialer";
+
+fn make_proof(
+    secret: &[u8],
+    role: &[u8],
+    dialer: (&[u8; HELLO], &[u8; NONCE]),
+    acceptor: (&[u8; HELLO], &[u8; NONCE]),
+) -> [u8; PROOF] {
+    use hmac::Mac;
+    proof(secret, role, dialer, acceptor)
+        .finalize()
+        .into_bytes()
+        .into()
+}
+
+/// Whether `got` is the proof for these hellos and nonces (compared in constant time).
+fn proof_ok(
+    secret: &[u8],
+    role: &[u8],
+    dialer: (&[u8; HELLO], &[u8; NONCE]),
+    acceptor: (&[u8; HELLO], &[u8; NONCE]),
+    got: &[u8],
+) -> bool {
+    use hmac::Mac;
+    proof(secret, role, dialer, acceptor)
+        .verify_slice(got)
+        .is_ok()
+}
+
+/// The dialing side of a handshake on a connected stream: hello and nonce out; the acceptor's
+/// hello, nonce and proof back (checked); our proof out; the acceptor's one-byte welcome back.
+/// Public for tests and tools that must speak the wire protocol as a node would.
+pub fn dial_handshake(
+    s: &mut TcpStream,
+    cluster_id: u64,
+    me: u8,
+    peer: u8,
+    nodes: u8,
+    secret: &[u8],
+) -> Result<(), String> {
+    handshake_dial(s, MAGIC, cluster_id, me, peer, nodes, secret)
+}
+
+fn handshake_dial(
+    s: &mut TcpStream,
+    magic: [u8; 4],
+    cluster: u64,
+    me: u8,
+    peer: u8,
+    nodes: u8,
+    secret: &[u8],
+) -> Result<(), String> {
+    let hd = hello(magic, cluster, me, peer);
+    let nd = nonce()?;
+    let mut out = [0u8; HELLO + NONCE];
+    out[..HELLO].copy_from_slice(&hd);
+    out[HELLO..].copy_from_slice(&nd);
+    s.write_all(&out).map_err(|e| e.to_string())?;
+    let closed = |e: std::io::Error, what: &str| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof
+        | std::io::ErrorKind::ConnectionReset
+        | std::io::ErrorKind::BrokenPipe => format!(
+            "node {peer} closed the connection {what}: it refused this node (another cluster \
+             id or secret, a node {me} it already has, or not a shoal node at that address; \
+             see its log)"
+        ),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            format!("node {peer} accepted the connection but never answered")
+        }
+        _ => format!("no handshake reply from node {peer}: {e}"),
+    };
+    let mut back = [0u8; HELLO + NONCE + PROOF];
+    s.read_exact(&mut back)
+        .map_err(|e| closed(e, "instead of answering"))?;
+    let ha: [u8; HELLO] = back[..HELLO].try_into().expect("hello bytes");
+    let na: [u8; NONCE] = back[HELLO..HELLO + NONCE].try_into().expect("nonce bytes");
+    let from = check_hello(&ha, magic, cluster, me, nodes)?;
+    if from != peer {
+        return Err(format!("expected node {peer}, node {from} answered"));
+    }
+    if !proof_ok(
+        secret,
+        ACCEPTOR,
+        (&hd, &nd),
+        (&ha, &na),
+        &back[HELLO + NONCE..],
+    ) {
+        return Err(format!(
+            "node {peer} could not prove it knows the cluster secret (bad credentials: the \
+             secrets differ, or another process answers at its address)"
+        ));
+    }
+    s.write_all(&make_proof(secret, DIALER, (&hd, &nd), (&ha, &na)))
+        .map_err(|e| e.to_string())?;
+    let mut welcome = [0u8; 1];
+    s.read_exact(&mut welcome)
+        .map_err(|e| closed(e, "after this node's proof"))?;
+    Ok(())
 }
 
 /// Check a peer's hello; returns the sender node.
@@ -384,16 +523,33 @@ pub(crate) fn connect_mesh(
     let acceptor = {
         let listener = listener.try_clone().map_err(io)?;
         let (cluster, me) = (cfg.cluster_id, cfg.node);
+        let secret: Arc<[u8]> = cfg.secret.clone().into();
         std::thread::Builder::new()
             .name(format!("shoal-tcp-accept-{me}"))
             .spawn(move || {
-                accept_peers(listener, magic, cluster, me, nodes, expect_lower, deadline)
+                let who = Who {
+                    magic,
+                    cluster,
+                    me,
+                    nodes,
+                    secret,
+                };
+                accept_peers(listener, who, expect_lower, deadline)
             })
             .map_err(io)?
     };
     for peer in cfg.node + 1..nodes {
         let addr = cfg.addrs[peer as usize];
-        let s = dial(addr, magic, cfg.cluster_id, cfg.node, peer, nodes, deadline)?;
+        let s = dial(
+            addr,
+            magic,
+            cfg.cluster_id,
+            cfg.node,
+            peer,
+            nodes,
+            deadline,
+            &cfg.secret,
+        )?;
         streams[peer as usize] = Some(s);
     }
     let accepted = acceptor
@@ -413,6 +569,7 @@ pub(crate) fn connect_mesh(
     Ok(streams)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn dial(
     addr: SocketAddr,
     magic: [u8; 4],
@@ -421,6 +578,7 @@ fn dial(
     peer: u8,
     nodes: u8,
     deadline: Instant,
+    secret: &[u8],
 ) -> Result<TcpStream, MsgError> {
     let hs = |why: String| MsgError::Handshake {
         addr: addr.to_string(),
@@ -445,28 +603,8 @@ fn dial(
                 s.set_nodelay(true).map_err(io)?;
                 s.set_read_timeout(Some(left.max(Duration::from_millis(10))))
                     .map_err(io)?;
-                s.write_all(&hello(magic, cluster, me, peer))
-                    .map_err(|e| hs(e.to_string()))?;
-                let mut b = [0u8; HELLO];
-                s.read_exact(&mut b).map_err(|e| {
-                    hs(match e.kind() {
-                        std::io::ErrorKind::UnexpectedEof
-                        | std::io::ErrorKind::ConnectionReset
-                        | std::io::ErrorKind::BrokenPipe => format!(
-                            "node {peer} closed the connection instead of answering: it refused \
-                             this node (another cluster id, a node {me} it already has, or not a \
-                             shoal node at that address; see its log)"
-                        ),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-                            format!("node {peer} accepted the connection but never answered")
-                        }
-                        _ => format!("no handshake reply from node {peer}: {e}"),
-                    })
-                })?;
-                let from = check_hello(&b, magic, cluster, me, nodes).map_err(hs)?;
-                if from != peer {
-                    return Err(hs(format!("expected node {peer}, node {from} answered")));
-                }
+                handshake_dial(&mut s, magic, cluster, me, peer, nodes, secret).map_err(hs)?;
+                s.set_read_timeout(None).map_err(io)?;
                 return Ok(s);
             }
             Err(_) => std::thread::sleep(Duration::from_millis(20)), // not listening yet
@@ -521,16 +659,20 @@ impl RefusalLog {
     }
 }
 
-/// Read and check a connecting node's hello (at most [`HANDSHAKE_TIMEOUT`], or until
-/// `deadline`). Returns the node it says it is.
-fn read_hello(
-    s: &mut TcpStream,
+/// What an acceptor checks a connecting node against.
+struct Who {
     magic: [u8; 4],
     cluster: u64,
     me: u8,
     nodes: u8,
-    deadline: Instant,
-) -> Result<u8, String> {
+    secret: Arc<[u8]>,
+}
+
+/// The accepting side of a handshake (at most [`HANDSHAKE_TIMEOUT`] per read, or until
+/// `deadline`): the dialer's hello and nonce in (checked); our hello, nonce and proof out; the
+/// dialer's proof in (checked). Returns the node the dialer proved to be; the caller sends the
+/// one-byte welcome once it keeps the connection.
+fn handshake_accept(s: &mut TcpStream, who: &Who, deadline: Instant) -> Result<u8, String> {
     s.set_nonblocking(false).map_err(|e| e.to_string())?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
     let left = deadline.saturating_duration_since(Instant::now());
@@ -538,14 +680,38 @@ fn read_hello(
         HANDSHAKE_TIMEOUT.min(left).max(Duration::from_millis(10)),
     ))
     .map_err(|e| e.to_string())?;
-    let mut b = [0u8; HELLO];
-    s.read_exact(&mut b).map_err(|e| match e.kind() {
+    let silent = |e: std::io::Error, what: &str| match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-            "no hello in time".to_string()
+            format!("no {what} in time")
         }
-        _ => format!("no hello: {e}"),
-    })?;
-    check_hello(&b, magic, cluster, me, nodes)
+        _ => format!("no {what}: {e}"),
+    };
+    let mut first = [0u8; HELLO + NONCE];
+    s.read_exact(&mut first).map_err(|e| silent(e, "hello"))?;
+    let hd: [u8; HELLO] = first[..HELLO].try_into().expect("hello bytes");
+    let nd: [u8; NONCE] = first[HELLO..].try_into().expect("nonce bytes");
+    let from = check_hello(&hd, who.magic, who.cluster, who.me, who.nodes)?;
+    let ha = hello(who.magic, who.cluster, who.me, from);
+    let na = nonce()?;
+    let mut out = [0u8; HELLO + NONCE + PROOF];
+    out[..HELLO].copy_from_slice(&ha);
+    out[HELLO..HELLO + NONCE].copy_from_slice(&na);
+    out[HELLO + NONCE..].copy_from_slice(&make_proof(
+        &who.secret,
+        ACCEPTOR,
+        (&hd, &nd),
+        (&ha, &na),
+    ));
+    s.write_all(&out).map_err(|e| e.to_string())?;
+    let mut got = [0u8; PROOF];
+    s.read_exact(&mut got).map_err(|e| silent(e, "proof"))?;
+    if !proof_ok(&who.secret, DIALER, (&hd, &nd), (&ha, &na), &got) {
+        return Err(format!(
+            "it says it is node {from} but cannot prove it knows the cluster secret (bad \
+             credentials)"
+        ));
+    }
+    Ok(from)
 }
 
 /// Accept the `expect` lower-numbered peers. Each connection's hello is read on a thread of
@@ -554,13 +720,12 @@ fn read_hello(
 /// 29: ten idle connections used to fail a start-up, one 5 s read at a time).
 fn accept_peers(
     listener: TcpListener,
-    magic: [u8; 4],
-    cluster: u64,
-    me: u8,
-    nodes: u8,
+    who: Who,
     expect: usize,
     deadline: Instant,
 ) -> Result<Vec<(u8, TcpStream)>, MsgError> {
+    let me = who.me;
+    let who = Arc::new(who);
     type Checked = (Option<SocketAddr>, TcpStream, Result<u8, String>);
     let mut got: Vec<(u8, TcpStream)> = Vec::new();
     let mut log = RefusalLog::new(me);
@@ -588,8 +753,7 @@ fn accept_peers(
                     return Err(format!("unexpected connection from node {from}"));
                 }
                 s.set_read_timeout(None).map_err(|e| e.to_string())?;
-                s.write_all(&hello(magic, cluster, me, from))
-                    .map_err(|e| e.to_string())?;
+                s.write_all(&[1]).map_err(|e| e.to_string())?; // welcome
                 Ok(from)
             });
             match r {
@@ -616,11 +780,12 @@ fn accept_peers(
             Err(e) => return Err(io(e)),
         };
         let tx = tx.clone();
+        let who = Arc::clone(&who);
         let spawned = std::thread::Builder::new()
             .name(format!("shoal-tcp-hello-{me}"))
             .spawn(move || {
                 let mut s = s;
-                let r = read_hello(&mut s, magic, cluster, me, nodes, deadline);
+                let r = handshake_accept(&mut s, &who, deadline);
                 let _ = tx.send((Some(from_addr), s, r));
             });
         match spawned {
@@ -650,6 +815,28 @@ fn reject_strangers(listener: TcpListener, me: u8) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_handshake_proof_verifies_only_with_the_same_secret_and_nonces() {
+        let hd = hello(MAGIC, 7, 0, 1);
+        let ha = hello(MAGIC, 7, 1, 0);
+        let (nd, na) = (nonce().unwrap(), nonce().unwrap());
+        assert_ne!(nd, na, "fresh nonces");
+        let p = make_proof(b"s3cret", DIALER, (&hd, &nd), (&ha, &na));
+        assert!(proof_ok(b"s3cret", DIALER, (&hd, &nd), (&ha, &na), &p));
+        // another secret, the other role, or a replay against a new acceptor nonce: refused
+        assert!(!proof_ok(b"other", DIALER, (&hd, &nd), (&ha, &na), &p));
+        assert!(!proof_ok(b"s3cret", ACCEPTOR, (&hd, &nd), (&ha, &na), &p));
+        let na2 = nonce().unwrap();
+        assert!(!proof_ok(b"s3cret", DIALER, (&hd, &nd), (&ha, &na2), &p));
+        assert!(!proof_ok(
+            b"s3cret",
+            DIALER,
+            (&hd, &nd),
+            (&ha, &na),
+            &p[..31]
+        ));
+    }
 
     #[test]
     fn refused_connections_are_logged_once_per_interval_with_a_count() {

@@ -34,6 +34,7 @@ fn cfg(node: u8, addrs: &[SocketAddr]) -> TcpConfig {
         cluster_id: CLUSTER,
         addrs: addrs.to_vec(),
         connect_timeout: Duration::from_secs(10),
+        secret: Vec::new(),
     }
 }
 
@@ -169,16 +170,9 @@ fn fake_peer_sends(bad: &[u8]) {
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    let mut h = [0u8; 16];
-    h[..4].copy_from_slice(b"SHLM");
-    h[4..6].copy_from_slice(&1u16.to_le_bytes());
-    h[6] = 0;
-    h[7] = 1;
-    h[8..16].copy_from_slice(&CLUSTER.to_le_bytes());
-    s.write_all(&h).unwrap();
-    let mut back = [0u8; 16];
-    s.read_exact(&mut back).unwrap();
-    assert_eq!(&back[..4], b"SHLM");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    shoal_messaging::tcp::dial_handshake(&mut s, CLUSTER, 0, 1, 2, &[])
+        .expect("handshake as node 0");
     let t1 = node1.join().unwrap().expect("node 1 started");
     assert!(t1.peer_alive(0));
     let _ = s.write_all(bad);
@@ -340,4 +334,41 @@ fn fifty_idle_connections_do_not_stop_a_cluster_forming() {
     );
     assert!(nodes.iter().all(|t| t.peer_alive(0) && t.peer_alive(1)));
     drop(idle);
+}
+
+/// Issue 29: a process that knows the cluster id but not the secret, connecting first and
+/// claiming to be node 0, is refused (its handshake fails with "bad credentials" on both
+/// sides), and the real node 0 then joins; a dialer with the wrong secret learns that the
+/// other side could not prove the secret either.
+#[test]
+fn an_impostor_without_the_secret_is_refused_and_the_real_node_joins() {
+    let layout = Layout { nodes: 2, ..LAYOUT };
+    let (ls, addrs) = listeners(2);
+    let mut ls = ls.into_iter();
+    let (l0, l1) = (ls.next().unwrap(), ls.next().unwrap());
+    let with_secret = |node: u8, secret: &[u8]| TcpConfig {
+        secret: secret.to_vec(),
+        ..cfg(node, &addrs)
+    };
+    let c1 = with_secret(1, b"the real secret");
+    let node1 =
+        std::thread::spawn(move || TcpTransport::start(c1, l1, Arc::new(layout.region().unwrap())));
+    // the impostor: right cluster id, claims node 0, wrong secret
+    let mut s = loop {
+        if let Ok(s) = TcpStream::connect(addrs[1]) {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let e = shoal_messaging::tcp::dial_handshake(&mut s, CLUSTER, 0, 1, 2, b"a guess")
+        .expect_err("the impostor gets in");
+    assert!(e.contains("bad credentials"), "{e}");
+    drop(s);
+    // the real node 0 joins
+    let c0 = with_secret(0, b"the real secret");
+    let t0 = TcpTransport::start(c0, l0, Arc::new(layout.region().unwrap()))
+        .expect("the real node 0 joins after the impostor");
+    let t1 = node1.join().unwrap().expect("node 1 starts");
+    assert!(t0.peer_alive(1) && t1.peer_alive(0));
 }

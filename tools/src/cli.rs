@@ -72,8 +72,14 @@ pub fn run_processes(
     let addrs = shoal_messaging::tcp::free_loopback_addrs(nodes)
         .map_err(|e| anyhow::anyhow!("cannot find free loopback ports: {e}"))?;
     let file = dir.join("cluster.toml");
-    std::fs::write(&file, ClusterFile::local_text(&addrs, dir, cache))
-        .map_err(|e| anyhow::anyhow!("writing {}: {e}", file.display()))?;
+    // a fresh secret per run: other local processes cannot join these nodes
+    let secret = shoal_engine::new_secret_hex()
+        .map_err(|e| anyhow::anyhow!("cannot make a cluster secret: {e}"))?;
+    std::fs::write(
+        &file,
+        ClusterFile::local_text(&addrs, dir, cache, Some(&secret)),
+    )
+    .map_err(|e| anyhow::anyhow!("writing {}: {e}", file.display()))?;
     let exe = std::env::current_exe()
         .map_err(|e| anyhow::anyhow!("cannot find the shoal binary: {e}"))?;
     let mut kids: Vec<(Child, PathBuf, PathBuf)> = Vec::new();

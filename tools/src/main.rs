@@ -21,6 +21,7 @@ macro_rules! say {
 mod cli;
 mod inspect;
 mod node;
+mod secret;
 mod stop;
 mod tpcc;
 mod value;
@@ -54,6 +55,8 @@ enum Cmd {
     /// Check a data directory without starting an engine: superblocks, every page's checksum,
     /// and the structure of every B-tree in the catalog. Writes nothing.
     Inspect(inspect::Args),
+    /// Make a new cluster secret in FILE (for a cluster file's `secret_file`).
+    Secret(secret::Args),
 }
 
 fn main() -> ExitCode {
@@ -74,6 +77,7 @@ fn main() -> ExitCode {
         Cmd::Node(a) => node::run(a),
         Cmd::Tpcc(a) => tpcc::run(a),
         Cmd::Inspect(a) => inspect::run(a),
+        Cmd::Secret(a) => secret::run(a),
     };
     match r {
         Ok(code) => code,

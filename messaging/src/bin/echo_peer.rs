@@ -45,6 +45,7 @@ fn run() -> Result<(), String> {
         cluster_id: CLUSTER,
         addrs: vec![parent, me],
         connect_timeout: Duration::from_secs(10),
+        secret: Vec::new(),
     };
     let region = Arc::new(layout.region().map_err(|e| e.to_string())?);
     let t = TcpTransport::start(cfg, l, region).map_err(|e| e.to_string())?;
