@@ -154,6 +154,20 @@ fn garbage_at_the_listener_is_refused_and_the_node_keeps_working() {
     });
 }
 
+/// Connect to node 1 of a 2-node cluster at `addr` (retrying until it listens) and do the
+/// handshake as node 0 with `secret`.
+fn dial_as_node_0(addr: SocketAddr, secret: &[u8]) -> (TcpStream, Result<(), String>) {
+    let mut s = loop {
+        if let Ok(s) = TcpStream::connect(addr) {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let r = shoal_messaging::tcp::dial_handshake(&mut s, CLUSTER, 0, 1, 2, secret);
+    (s, r)
+}
+
 /// Act as node 0 towards a real node 1: handshake, then send `bad` bytes.
 fn fake_peer_sends(bad: &[u8]) {
     let (ls, addrs) = listeners(2);
@@ -164,15 +178,8 @@ fn fake_peer_sends(bad: &[u8]) {
     let c = cfg(1, &addrs);
     let node1 =
         std::thread::spawn(move || TcpTransport::start(c, l1, Arc::new(layout.region().unwrap())));
-    let mut s = loop {
-        if let Ok(s) = TcpStream::connect(addrs[1]) {
-            break s;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    shoal_messaging::tcp::dial_handshake(&mut s, CLUSTER, 0, 1, 2, &[])
-        .expect("handshake as node 0");
+    let (mut s, r) = dial_as_node_0(addrs[1], &[]);
+    r.expect("handshake as node 0");
     let t1 = node1.join().unwrap().expect("node 1 started");
     assert!(t1.peer_alive(0));
     let _ = s.write_all(bad);
@@ -354,15 +361,8 @@ fn an_impostor_without_the_secret_is_refused_and_the_real_node_joins() {
     let node1 =
         std::thread::spawn(move || TcpTransport::start(c1, l1, Arc::new(layout.region().unwrap())));
     // the impostor: right cluster id, claims node 0, wrong secret
-    let mut s = loop {
-        if let Ok(s) = TcpStream::connect(addrs[1]) {
-            break s;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let e = shoal_messaging::tcp::dial_handshake(&mut s, CLUSTER, 0, 1, 2, b"a guess")
-        .expect_err("the impostor gets in");
+    let (s, r) = dial_as_node_0(addrs[1], b"a guess");
+    let e = r.expect_err("the impostor gets in");
     assert!(e.contains("bad credentials"), "{e}");
     drop(s);
     // the real node 0 joins
