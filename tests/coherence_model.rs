@@ -356,19 +356,13 @@ impl Sim {
                 // the entry as it was) if the grant needs a node this home knows is dead
                 let mut d = self.dirs[p];
                 let decision = d.request(e.from, *want, *have).map_err(|x| x.to_string())?;
-                if let DirDecision::Grant {
-                    source, invalidate, ..
-                } = decision
+                let me = e.to;
+                if let Some(dead) = decision
+                    .needs()
+                    .find(|&n| n != me && self.knows(me as usize, n))
                 {
-                    let me = e.to;
-                    let dead = source
-                        .into_iter()
-                        .chain(members(invalidate))
-                        .find(|&n| n != me && self.knows(me as usize, n));
-                    if let Some(dead) = dead {
-                        self.refuse(me, e.from, p, dead);
-                        return Ok(true);
-                    }
+                    self.refuse(me, e.from, p, dead);
+                    return Ok(true);
                 }
                 if !matches!(decision, DirDecision::Defer) {
                     self.dirs[p] = d;

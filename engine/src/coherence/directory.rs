@@ -26,7 +26,9 @@
 //! or sharers to invalidate); each grant carries it, so every message about a possession says
 //! which possession it is about, and a stale one is recognised (see [`crate::coherence::possession`]).
 
-use crate::coherence::protocol::{bit, violation, Epoch, Mode, Node, NodeSet, ProtocolError};
+use crate::coherence::protocol::{
+    bit, members, violation, Epoch, Mode, Node, NodeSet, ProtocolError,
+};
 
 /// The epoch after `e`. 64-bit epochs cannot wrap (see [`Epoch`]); the check makes the
 /// argument an assertion.
@@ -85,6 +87,22 @@ pub enum EvictDecision {
 impl Default for DirEntry {
     fn default() -> Self {
         DirEntry::new()
+    }
+}
+
+impl DirDecision {
+    /// The nodes a grant needs to take part: the source that hands the page over and the
+    /// sharers that must drop their copies. A home refuses a request whose grant needs a node
+    /// it knows is dead, leaving its entry as it was (the engine's `home_request`; the model
+    /// check uses the same rule).
+    pub fn needs(&self) -> impl Iterator<Item = Node> {
+        let (source, invalidate) = match *self {
+            DirDecision::Grant {
+                source, invalidate, ..
+            } => (source, invalidate),
+            DirDecision::Defer => (None, 0),
+        };
+        source.into_iter().chain(members(invalidate))
     }
 }
 
@@ -239,6 +257,21 @@ mod tests {
             } => (mode, epoch, from_home, source, invalidate),
             DirDecision::Defer => panic!("deferred"),
         }
+    }
+
+    #[test]
+    fn a_grant_needs_its_source_and_the_sharers_it_invalidates() {
+        let mut d = DirEntry::new();
+        assert_eq!(
+            d.request(1, Mode::Shared, false).unwrap().needs().count(),
+            0
+        );
+        d.request(2, Mode::Shared, false).unwrap();
+        let inv = d.request(3, Mode::Exclusive, false).unwrap();
+        assert_eq!(inv.needs().collect::<Vec<_>>(), vec![1, 2]);
+        let handover = d.request(0, Mode::Exclusive, false).unwrap();
+        assert_eq!(handover.needs().collect::<Vec<_>>(), vec![3]);
+        assert_eq!(DirDecision::Defer.needs().count(), 0);
     }
 
     #[test]

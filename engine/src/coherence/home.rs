@@ -2,7 +2,7 @@
 
 use super::apply::{Latched, Outcome};
 use super::directory::DirDecision;
-use super::protocol::{members, Grant, Msg, Node, ProtocolError};
+use super::protocol::{Grant, Msg, Node, ProtocolError};
 use super::wire::{REFUSE_HOLDER_DEAD, REFUSE_NO_PAGE, REFUSE_READ};
 use super::{failure::refusal, Coherence, Note, PageState, StoreCopy};
 use crate::buffer::Buffer;
@@ -46,7 +46,13 @@ impl Coherence {
             return refuse(ps, REFUSE_NO_PAGE, 0);
         }
         let mut d = ps.dir;
-        let (mode, epoch, from_home, source, invalidate) = match d.request(from, want, have)? {
+        let decision = d.request(from, want, have)?;
+        // A node that must hand the page over or drop its copy is gone: the request would wait
+        // forever. Refuse it (the directory is left as it was: `d` is not stored).
+        if let Some(dead) = self.first_dead(decision.needs()) {
+            return refuse(ps, REFUSE_HOLDER_DEAD, dead);
+        }
+        let (mode, epoch, from_home, source, invalidate) = match decision {
             DirDecision::Defer => {
                 ps.dir_deferred.push_back(note);
                 return Ok(Outcome::Done);
@@ -59,12 +65,6 @@ impl Coherence {
                 invalidate,
             } => (mode, epoch, from_home, source, invalidate),
         };
-        // A node that must hand the page over or drop its copy is gone: the request would wait
-        // forever. Refuse it (the directory is left as it was: `d` is not stored).
-        let needed = source.into_iter().chain(members(invalidate));
-        if let Some(dead) = self.first_dead(needed) {
-            return refuse(ps, REFUSE_HOLDER_DEAD, dead);
-        }
         // the home copy, if the grant carries it: the home's frame, or the store (read outside
         // the handler role: the request waits, held, until the read is done)
         let mut home_idx = l.resident;
