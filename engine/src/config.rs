@@ -32,6 +32,61 @@ pub struct EngineConfig {
     /// How long a page fault waits for a free frame before failing with `NoFreeFrame` (the
     /// provider cannot evict: pages fixed by guards, or write-back failing).
     pub free_frame_timeout: std::time::Duration,
+    /// When changes become durable (docs/durability.md). Single nodes only.
+    pub durability: Durability,
+    /// Size of the write-ahead log file (with a log; 4 KiB multiple, at least 1 MiB).
+    pub wal_bytes: u64,
+}
+
+/// When a change survives a crash (kill -9, power loss).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// No log: only a clean close makes changes durable; after a crash the store refuses to
+    /// open (unless `allow_unclean`, which loses what was not written back).
+    #[default]
+    None,
+    /// [`crate::Worker::commit`] returns once everything the worker changed is durable
+    /// (group commit: one `fdatasync` covers every worker waiting).
+    Commit,
+    /// The log is flushed every this many milliseconds; `commit` does not wait. A crash loses
+    /// at most the last interval's changes, never leaves a page half-changed.
+    FlushEveryMs(u32),
+}
+
+impl Durability {
+    /// Parse `none`, `commit` or `flush-every-ms=N` (or `flush-every-N-ms`).
+    pub fn parse(s: &str) -> Result<Durability, String> {
+        let t = s.trim();
+        match t {
+            "none" => return Ok(Durability::None),
+            "commit" => return Ok(Durability::Commit),
+            _ => {}
+        }
+        let n = t
+            .strip_prefix("flush-every-ms=")
+            .or_else(|| t.strip_prefix("flush-every-ms:"))
+            .or_else(|| t.strip_prefix("flush-every-").and_then(|r| r.strip_suffix("ms")));
+        match n.map(|n| n.parse::<u32>()) {
+            Some(Ok(ms)) if (1..=60_000).contains(&ms) => Ok(Durability::FlushEveryMs(ms)),
+            _ => Err(format!(
+                "durability must be none, commit or flush-every-ms=N (N in 1..=60000), got {s:?}"
+            )),
+        }
+    }
+
+    pub fn logged(self) -> bool {
+        self != Durability::None
+    }
+}
+
+impl std::fmt::Display for Durability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Durability::None => write!(f, "none"),
+            Durability::Commit => write!(f, "commit"),
+            Durability::FlushEveryMs(n) => write!(f, "flush-every-ms={n}"),
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -49,6 +104,8 @@ impl Default for EngineConfig {
             capacity_pages: 0,
             free_target_percent: 5,
             free_frame_timeout: std::time::Duration::from_secs(10),
+            durability: Durability::None,
+            wal_bytes: 256 << 20,
         }
     }
 }
@@ -95,6 +152,12 @@ impl EngineConfig {
                 self.devices
             )));
         }
+        if self.durability.logged() && (self.wal_bytes < (1 << 20) || self.wal_bytes % 4096 != 0) {
+            return Err(EngineError::Config(format!(
+                "the write-ahead log size must be a multiple of 4 KiB and at least 1 MiB, got {}",
+                format_bytes(self.wal_bytes)
+            )));
+        }
         if !(1..=50).contains(&self.free_target_percent) {
             return Err(EngineError::Config(format!(
                 "free_target_percent must be 1..=50, got {}",
@@ -105,6 +168,19 @@ impl EngineConfig {
     }
 
     /// The device files of this node.
+    /// The write-ahead log's configuration (None without one).
+    pub fn wal_config(&self) -> Option<shoal_storage::WalConfig> {
+        if !self.durability.logged() {
+            return None;
+        }
+        let dev0 = self.device_list().into_iter().next()?;
+        let mut w = shoal_storage::WalConfig::new(shoal_storage::store::default_log_path(&dev0));
+        w.file_bytes = self.wal_bytes;
+        // the ring holds what a flush takes at once: 1/16 of the log, 1..=16 MiB
+        w.ring_bytes = ((self.wal_bytes / 16).clamp(1 << 20, 16 << 20) as usize).next_power_of_two();
+        Some(w)
+    }
+
     pub fn device_list(&self) -> Vec<PathBuf> {
         if !self.device_paths.is_empty() {
             return self.device_paths.clone();

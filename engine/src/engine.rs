@@ -87,6 +87,12 @@ impl Engine {
 
     fn open_with(cfg: EngineConfig, member: Option<Membership>) -> Result<Engine, EngineError> {
         cfg.validate()?;
+        if member.is_some() && cfg.durability.logged() {
+            return Err(EngineError::Config(format!(
+                "durability {} is for single nodes: a cluster node has no write-ahead log yet (docs/durability.md)",
+                cfg.durability
+            )));
+        }
         let coh = match member {
             None => None,
             Some(m) => {
@@ -140,6 +146,7 @@ impl Engine {
                 cfg.capacity_pages.min(max)
             },
             allow_unclean: cfg.allow_unclean,
+            wal: if coh.is_some() { None } else { cfg.wal_config() },
         })?;
         let frames = cfg.frames();
         let buf = Buffer::new(

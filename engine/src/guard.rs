@@ -16,7 +16,7 @@
 
 use crate::buffer::frame::Frame;
 use crate::buffer::latch::Backoff;
-use crate::buffer::page::{PageMut, PageRef};
+use crate::buffer::page::{Changed, PageMut, PageRef};
 use crate::buffer::{FrameIdx, Possession};
 use crate::coherence::protocol::Mode;
 use crate::error::{EngineError, OpResult, Restart};
@@ -24,7 +24,7 @@ use crate::node::{Missed, Node};
 use crate::pid::Pid;
 use crate::stats::{bump, bump_by, WorkerStats};
 use shoal_storage::PAGE_DATA_SIZE;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
@@ -39,18 +39,177 @@ pub struct Worker {
     /// A page whose request this worker waited for: the handler keeps it for us until we
     /// latched it (see `Coherence::used`).
     owed: Cell<Option<Pid>>,
+    /// This worker's part of the write-ahead log (None: the node has no log).
+    log: Option<RefCell<LogGroup>>,
     _not_sync: PhantomData<Cell<()>>,
+}
+
+/// A worker's log buffer and its open *group*: the exclusive guards a worker holds at once
+/// (a split's parent and children, a merge's three nodes) are logged as one chunk, which
+/// recovery replays whole or not at all. A guard that changed its page and is dropped while
+/// others are still held keeps its latch until the group is logged: no other writer's change
+/// to the page can enter the log before this one (log order is each page's change order).
+/// Rule: while a worker holds an exclusive guard it must not latch a page it changed and
+/// dropped in the same group (it would wait for itself; debug builds panic).
+#[derive(Default)]
+struct LogGroup {
+    /// Exclusive guards held now.
+    open: u32,
+    /// Changed pages whose guards were dropped, latches still held.
+    pages: Vec<(FrameIdx, Pid, Changed)>,
+    /// Slots of pages freed in the group: given back after the group is logged (a slot must
+    /// not be reused before the change that unlinked its page is in the log).
+    frees: Vec<u64>,
+    /// The worker's own log buffer (a chunk is encoded here, then copied into the ring).
+    buf: Vec<u8>,
+    /// LSN just past this worker's last chunk.
+    last: u64,
+    /// Logging a group failed: the error `commit` reports.
+    failed: Option<EngineError>,
 }
 
 impl Worker {
     pub(crate) fn new(node: Arc<Node>, stats: Arc<WorkerStats>) -> Worker {
         node.register_worker(&stats);
         Worker {
-            node,
             stats,
+            log: node
+                .buf
+                .store
+                .wal()
+                .map(|_| RefCell::new(LogGroup::default())),
             held: Cell::new(0),
             owed: Cell::new(None),
+            node,
             _not_sync: PhantomData,
+        }
+    }
+
+    /// Make everything this worker changed durable, as the engine's durability says: with
+    /// `commit`, wait until the log holding it is on the device (one flush serves every worker
+    /// waiting); with `flush-every-ms` or `none`, return at once. Call it with no guard held.
+    pub fn commit(&self) -> Result<(), EngineError> {
+        let Some(log) = &self.log else {
+            return Ok(());
+        };
+        let (last, failed) = {
+            let mut g = log.borrow_mut();
+            debug_assert_eq!(g.open, 0, "commit while holding an exclusive guard");
+            (g.last, g.failed.take())
+        };
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if self.node.cfg.durability == crate::config::Durability::Commit {
+            if let Some(w) = self.node.buf.store.wal() {
+                w.flush_to(last)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// An exclusive guard on `idx` begins.
+    fn log_open(&self) {
+        if let Some(log) = &self.log {
+            log.borrow_mut().open += 1;
+        }
+    }
+
+    /// Exclusive guard on `idx` ends with `changed`: unlock it now (unchanged, or no log), or
+    /// keep it latched until its group is logged.
+    fn log_close(&self, idx: FrameIdx, pid: Pid, changed: Changed) {
+        let Some(log) = &self.log else {
+            self.frame(idx).latch.unlock_exclusive();
+            return;
+        };
+        let mut g = log.borrow_mut();
+        debug_assert!(g.open > 0);
+        g.open -= 1;
+        if changed.is_empty() {
+            self.frame(idx).latch.unlock_exclusive();
+        } else {
+            g.pages.push((idx, pid, changed));
+        }
+        if g.open == 0 {
+            self.publish(&mut g);
+        }
+    }
+
+    /// Log the group (latches still held), then release its latches and freed slots.
+    fn publish(&self, g: &mut LogGroup) {
+        self.publish_keeping(g, FrameIdx(u32::MAX));
+    }
+
+    /// [`Worker::publish`], but leave frame `keep`'s latch held.
+    fn publish_keeping(&self, g: &mut LogGroup, keep: FrameIdx) {
+        if g.pages.is_empty() && g.frees.is_empty() {
+            return;
+        }
+        let buf = &self.node.buf;
+        let wal = buf.store.wal().expect("a worker with a log group has a log");
+        let LogGroup {
+            pages,
+            buf: lbuf,
+            ..
+        } = g;
+        let result = if pages.is_empty() {
+            Ok(0)
+        } else {
+            wal.append(lbuf, |c, b| {
+                for (idx, pid, changed) in pages.iter() {
+                    // SAFETY: this worker holds frame `idx`'s exclusive latch (kept for the
+                    // group), so nobody writes the page while we read it.
+                    let data = unsafe {
+                        std::slice::from_raw_parts(buf.pool.page_ptr(*idx), PAGE_DATA_SIZE)
+                    };
+                    // a page whose last logged change precedes the latest checkpoint's start
+                    // (or was never logged here) goes in whole: recovery from that checkpoint
+                    // needs no page from the store
+                    if buf.pool.frame(*idx).lsn() <= c {
+                        shoal_storage::wal::put_image(b, pid.slot(), pid.raw(), data);
+                    } else {
+                        shoal_storage::wal::put_diff(b, pid.slot(), pid.raw(), &changed.ranges(), data);
+                    }
+                }
+            })
+        };
+        let end = match result {
+            Ok(end) => end,
+            Err(e) => {
+                log::error!("node {}: logging a change failed: {e}", self.node.id());
+                g.failed.get_or_insert(e.into());
+                // never written back: the write-ahead rule cannot be met for these pages
+                u64::MAX
+            }
+        };
+        for (idx, _, _) in g.pages.drain(..) {
+            let f = self.frame(idx);
+            if end != 0 {
+                f.set_lsn(end);
+            }
+            if idx != keep {
+                f.latch.unlock_exclusive();
+            }
+        }
+        if end != 0 && end != u64::MAX {
+            g.last = end;
+        }
+        for slot in g.frees.drain(..) {
+            if let Err(e) = buf.store.free(slot) {
+                log::warn!("node {}: giving back slot {slot}: {e}", self.node.id());
+            }
+        }
+    }
+
+    /// Debug check of the group rule: `idx` is not latched by this worker's open group.
+    fn check_not_deferred(&self, idx: FrameIdx) {
+        if cfg!(debug_assertions) {
+            if let Some(log) = &self.log {
+                assert!(
+                    !log.borrow().pages.iter().any(|p| p.0 == idx),
+                    "a worker latched a page it changed earlier in the same log group (it would wait for itself)"
+                );
+            }
         }
     }
 
@@ -255,6 +414,7 @@ impl Worker {
                 }
                 f.latch.unlock_exclusive_unchanged();
             } else {
+                self.check_not_deferred(idx);
                 backoff.snooze();
             }
         }
@@ -275,10 +435,15 @@ impl Worker {
         let h = self.node.allocate_page()?;
         let pid = h.pid();
         self.hold();
+        self.log_open();
+        let mut changed = Changed::default();
+        // a new page is logged whole even if nothing is written into it
+        changed.note(0, PAGE_DATA_SIZE);
         Ok(ExclusiveGuard {
             w: self,
             idx: h.into_guarded(),
             pid,
+            changed,
         })
     }
 
@@ -467,6 +632,8 @@ pub struct ExclusiveGuard<'w> {
     w: &'w Worker,
     idx: FrameIdx,
     pid: Pid,
+    /// What this guard wrote (for the write-ahead log).
+    changed: Changed,
 }
 
 impl<'w> ExclusiveGuard<'w> {
@@ -480,7 +647,13 @@ impl<'w> ExclusiveGuard<'w> {
         f.set_dirty(true);
         f.touch(w.node.buf.clock());
         w.hold();
-        Ok(ExclusiveGuard { w, idx, pid })
+        w.log_open();
+        Ok(ExclusiveGuard {
+            w,
+            idx,
+            pid,
+            changed: Changed::default(),
+        })
     }
 
     /// Finish a conversion to exclusive (the caller just took the exclusive latch from an
@@ -520,22 +693,58 @@ impl<'w> ExclusiveGuard<'w> {
     pub fn page_mut(&mut self) -> PageMut<'_> {
         // SAFETY: we hold the exclusive latch: the only writer of this page; `&mut self` makes
         // the returned writer unique.
-        unsafe { PageMut::from_ptr(self.w.node.buf.pool.page_ptr(self.idx)) }
+        let m = unsafe { PageMut::from_ptr(self.w.node.buf.pool.page_ptr(self.idx)) };
+        if self.w.log.is_some() {
+            m.tracking(&mut self.changed)
+        } else {
+            m
+        }
     }
 
     /// Edit a private copy of the page with ordinary Rust code, then store it back. Convenient
     /// for structural changes (splits, compaction); costs two 4 KiB copies.
+    /// Only the words that differ are stored back (and logged).
     pub fn modify<T>(&mut self, f: impl FnOnce(&mut [u8; PAGE_DATA_SIZE]) -> T) -> T {
         let mut copy = Box::new([0u8; PAGE_DATA_SIZE]);
         copy.copy_from_slice(self.data());
         let r = f(&mut copy);
-        self.page_mut().copy_in(&copy);
+        let old = self.data();
+        // runs of differing 8-byte words
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        let mut w = 0;
+        while w < PAGE_DATA_SIZE {
+            if old[w..w + 8] != copy[w..w + 8] {
+                match runs.last_mut() {
+                    Some((_, e)) if *e == w => *e = w + 8,
+                    _ => runs.push((w, w + 8)),
+                }
+            }
+            w += 8;
+        }
+        let mut m = self.page_mut();
+        for (s, e) in runs {
+            m.write(s, &copy[s..e]);
+        }
         r
     }
 
     /// Become a shared guard (bumps the version: optimistic readers of the old state restart).
+    /// With a log, the page's change is logged now, in a chunk of its own (not with the
+    /// worker's other open guards).
     pub fn to_shared(self) -> SharedGuard<'w> {
-        let me = ManuallyDrop::new(self);
+        let mut me = ManuallyDrop::new(self);
+        if let Some(log) = &me.w.log {
+            let mut g = log.borrow_mut();
+            g.open -= 1;
+            let changed = std::mem::take(&mut me.changed);
+            if !changed.is_empty() {
+                let held = std::mem::take(&mut g.pages);
+                g.pages.push((me.idx, me.pid, changed));
+                // publish only this page; keep its latch (downgraded below)
+                me.w.publish_keeping(&mut g, me.idx);
+                g.pages = held;
+            }
+        }
         me.w.frame(me.idx).latch.downgrade();
         // the exclusive guard's hold passes to the shared one
         SharedGuard {
@@ -557,13 +766,26 @@ impl<'w> ExclusiveGuard<'w> {
         let me = ManuallyDrop::new(self);
         me.w.unhold();
         let node = &me.w.node;
+        if let Some(log) = &me.w.log {
+            // the slot goes back after the group (with the change that unlinked the page) is
+            // logged; the page itself is gone now
+            let slot = node.buf.drop_freed(node.buf.held_by_guard(me.idx));
+            let mut g = log.borrow_mut();
+            g.frees.push(slot);
+            g.open -= 1;
+            if g.open == 0 {
+                me.w.publish(&mut g);
+            }
+            return Ok(());
+        }
         node.free_page(node.buf.held_by_guard(me.idx))
     }
 }
 
 impl Drop for ExclusiveGuard<'_> {
     fn drop(&mut self) {
-        self.w.frame(self.idx).latch.unlock_exclusive();
+        let changed = std::mem::take(&mut self.changed);
+        self.w.log_close(self.idx, self.pid, changed);
         self.w.unhold();
     }
 }

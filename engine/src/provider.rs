@@ -114,9 +114,29 @@ pub(crate) fn run(node: Arc<Node>) {
         errors: ErrorLog::new("writing back"),
         failing_pause: Duration::ZERO,
     };
+    let mut last_flush = Instant::now();
     while !buf.is_shutdown() {
+        if let Some(w) = buf.store.wal() {
+            if let crate::config::Durability::FlushEveryMs(ms) = node.cfg.durability {
+                if last_flush.elapsed() >= Duration::from_millis(ms as u64) {
+                    if let Err(e) = w.flush_some() {
+                        p.errors.error(Pid::NONE, &e);
+                    }
+                    last_flush = Instant::now();
+                }
+            }
+            if w.used_bytes() > w.capacity_bytes() / 4 {
+                if let Err(e) = p.checkpoint(&node) {
+                    p.errors.error(Pid::NONE, &e);
+                }
+            }
+        }
         if buf.free.len() >= buf.free_target {
-            buf.wait_for_demand(Duration::from_millis(10));
+            let wait = match node.cfg.durability {
+                crate::config::Durability::FlushEveryMs(ms) => (ms as u64).min(10),
+                _ => 10,
+            };
+            buf.wait_for_demand(Duration::from_millis(wait));
             continue;
         }
         let freed = p.round(&node);
@@ -153,6 +173,79 @@ struct Provider {
 }
 
 impl Provider {
+    /// A checkpoint (docs/durability.md): begin it in the log, write back every page dirty
+    /// at its start (the write-ahead rule applies), sync, record it. Frames latched by a
+    /// worker are come back to, with eviction rounds between, so that a worker that waits for
+    /// a free frame while holding a latch is not waited for in turn.
+    fn checkpoint(&mut self, node: &Node) -> Result<(), EngineError> {
+        let buf = &node.buf;
+        let Some(c) = buf.store.begin_checkpoint()? else {
+            return Ok(());
+        };
+        let t0 = Instant::now();
+        let mut todo: Vec<FrameIdx> = buf
+            .pool
+            .indexes()
+            .filter(|&i| buf.pool.frame(i).is_dirty())
+            .collect();
+        let mut written = 0usize;
+        while !todo.is_empty() {
+            let mut later = Vec::new();
+            let mut k = 0;
+            while k < todo.len() {
+                let mut pending: Vec<(FrameIdx, Pid)> = Vec::with_capacity(BATCH);
+                let mut upto = 0;
+                while k < todo.len() && pending.len() < BATCH {
+                    let i = todo[k];
+                    k += 1;
+                    let Some(s) = buf.try_hold_shared(i) else {
+                        later.push(i);
+                        continue;
+                    };
+                    let f = s.frame();
+                    if f.is_resident() && f.is_dirty() {
+                        self.bufs[pending.len()].copy_from_slice(s.bytes());
+                        f.set_dirty(false);
+                        upto = upto.max(f.lsn());
+                        pending.push((i, f.pid()));
+                    }
+                }
+                let results = write_pages(buf, &pending, &mut self.bufs, upto);
+                for ((i, pid), r) in pending.iter().zip(results) {
+                    match r {
+                        Ok(()) => written += 1,
+                        Err(e) => {
+                            let f = buf.pool.frame(*i);
+                            if f.pid() == *pid {
+                                f.set_dirty(true);
+                            }
+                            buf.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+                            return Err(e.into());
+                        }
+                    }
+                }
+            }
+            todo = later;
+            if !todo.is_empty() {
+                if buf.is_shutdown() {
+                    return Ok(()); // close writes everything and checkpoints itself
+                }
+                if buf.free.len() < buf.free_target {
+                    self.round(node);
+                    buf.frames_were_freed();
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        buf.store.finish_checkpoint(c)?;
+        log::debug!(
+            "node {}: checkpoint at LSN {c}: {written} pages written in {:.2} s",
+            node.id(),
+            t0.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+
     fn round(&mut self, node: &Node) -> usize {
         let buf = &node.buf;
         let n = buf.pool.len();
@@ -209,6 +302,7 @@ impl Provider {
 
         // 4. write back dirty candidates
         let mut pending: Vec<(FrameIdx, Pid)> = Vec::new();
+        let mut upto = 0;
         for (k, &i) in cands.iter().enumerate() {
             if done[k] || !buf.pool.frame(i).is_dirty() {
                 continue;
@@ -221,12 +315,13 @@ impl Provider {
                 let k = pending.len();
                 self.bufs[k].copy_from_slice(s.bytes());
                 f.set_dirty(false);
+                upto = upto.max(f.lsn());
                 pending.push((i, f.pid()));
             }
         }
         if !pending.is_empty() {
             let t = Instant::now();
-            let results = write_pages(buf, &pending, &mut self.bufs);
+            let results = write_pages(buf, &pending, &mut self.bufs, upto);
             if t.elapsed() > SLOW_WRITE {
                 if let Some(n) = self.slow.due(Instant::now()) {
                     log::warn!(
@@ -300,11 +395,30 @@ pub(crate) fn evict(node: &Node, i: FrameIdx) -> bool {
     true
 }
 
+/// Write the copies in `bufs` of the pages `pending` names; `upto` is the highest LSN among
+/// them: the log up to it is made durable first (the write-ahead rule: no page reaches the
+/// store before the log records of its changes).
 fn write_pages(
     buf: &Buffer,
     pending: &[(FrameIdx, Pid)],
     bufs: &mut [AlignedPage],
+    upto: u64,
 ) -> Vec<Result<(), shoal_storage::StoreError>> {
+    if let Some(w) = buf.store.wal() {
+        if let Err(e) = w.flush_to(upto) {
+            let why = e.to_string();
+            return pending
+                .iter()
+                .map(|_| {
+                    Err(shoal_storage::StoreError::BadLog {
+                        path: w.path().to_path_buf(),
+                        why: format!("page not written back: its log records cannot be made durable: {why}"),
+                    })
+                })
+                .collect();
+        }
+        debug_assert!(w.durable() >= upto, "write-ahead rule: page LSN {upto} beyond the durable log");
+    }
     let mut reqs: Vec<WriteRequest<'_>> = pending
         .iter()
         .zip(bufs.iter_mut())
@@ -331,6 +445,7 @@ pub(crate) fn flush_all(buf: &Buffer) -> Result<usize, EngineError> {
     let mut frames = buf.pool.indexes().peekable();
     while frames.peek().is_some() {
         let mut pending: Vec<(FrameIdx, Pid)> = Vec::with_capacity(BATCH);
+        let mut upto = 0;
         for i in frames.by_ref() {
             let f = buf.pool.frame(i);
             // pages homed elsewhere are never written here (they go home, see release_remote)
@@ -343,6 +458,7 @@ pub(crate) fn flush_all(buf: &Buffer) -> Result<usize, EngineError> {
                     let k = pending.len();
                     bufs[k].copy_from_slice(s.bytes());
                     f.set_dirty(false);
+                    upto = upto.max(f.lsn());
                     pending.push((i, f.pid()));
                 }
             }
@@ -353,7 +469,10 @@ pub(crate) fn flush_all(buf: &Buffer) -> Result<usize, EngineError> {
         if pending.is_empty() {
             continue;
         }
-        for ((idx, pid), r) in pending.iter().zip(write_pages(buf, &pending, &mut bufs)) {
+        for ((idx, pid), r) in pending
+            .iter()
+            .zip(write_pages(buf, &pending, &mut bufs, upto))
+        {
             match r {
                 Ok(()) => written += 1,
                 Err(e) => {

@@ -83,6 +83,24 @@ impl Allocator {
         Ok(())
     }
 
+    /// Recovery: the log says `slot` was handed out (idempotent: replaying a record the
+    /// snapshot already reflects changes nothing).
+    pub fn replay_allocated(&mut self, slot: u64) {
+        if slot >= self.next_slot {
+            // slots skipped between were handed out before the snapshot or leak; never reused
+            self.next_slot = slot + 1;
+        } else if let Some(i) = self.free.iter().position(|&s| s == slot) {
+            self.free.swap_remove(i);
+        }
+    }
+
+    /// Recovery: the log says `slot` was given back (idempotent).
+    pub fn replay_freed(&mut self, slot: u64) {
+        if slot < self.next_slot && !self.free.contains(&slot) {
+            self.free.push(slot);
+        }
+    }
+
     pub fn next_slot(&self) -> u64 {
         self.next_slot
     }

@@ -70,11 +70,26 @@ pub enum StoreError {
     #[error("device set mismatch: {0}")]
     DeviceMismatch(String),
     #[error(
-        "the store at {path} was not shut down cleanly; Shoal has no write-ahead log yet, so pages written since the last clean shutdown may be missing. `shoal inspect` shows what it holds; open it with `allow_unclean` (`shoal node --allow-unclean`) to use it anyway"
+        "the store at {path} was not shut down cleanly and was run without a write-ahead log (durability \"none\"), so pages written since the last clean shutdown may be missing. `shoal inspect` shows what it holds; open it with `allow_unclean` (`shoal node --allow-unclean`) to use it anyway"
     )]
     Unclean { path: PathBuf },
     #[error("invalid store configuration: {0}")]
     Config(String),
+    #[error("write-ahead log {path}: {why}")]
+    BadLog { path: PathBuf, why: String },
+    #[error(
+        "write-ahead log {path} is full: all {} MiB hold changes since the last checkpoint and none finished in time; nothing acknowledged is lost, new commits are refused: give the log more room (`wal_size`) or find what stalls the page provider's write-backs", bytes >> 20
+    )]
+    LogFull { path: PathBuf, bytes: u64 },
+    #[error(
+        "no room for the write-ahead log {path} ({} MiB): {source}; free space on its device or choose a smaller `wal_size`", bytes >> 20
+    )]
+    NoRoomForLog {
+        path: PathBuf,
+        bytes: u64,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("slot {slot} is out of range (store has {limit} slots allocated)")]
     SlotOutOfRange { slot: u64, limit: u64 },
 }

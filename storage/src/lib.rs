@@ -26,8 +26,10 @@ pub mod io;
 pub mod page;
 pub mod store;
 pub mod superblock;
+pub mod wal;
 
 pub use error::{StoreError, StoreResult};
 pub use io::BackendChoice;
 pub use page::{AlignedPage, PAGE_DATA_SIZE, PAGE_SIZE, TRAILER_SIZE};
+pub use wal::{Wal, WalConfig};
 pub use store::{OpenMode, PageStore, ReadRequest, StoreConfig, StoreStats, WriteRequest};

@@ -7,11 +7,12 @@
 use crate::allocator::{decode_chain_page, encode_chain_page, Allocator, NO_SLOT};
 use crate::error::{StoreError, StoreResult};
 use crate::io::{self, Backend, BackendChoice, IoOp};
-use crate::page::{seal, verify, AlignedPage, PAGE_SIZE};
+use crate::page::{seal, verify, AlignedPage, PAGE_DATA_SIZE, PAGE_SIZE};
 use crate::superblock::{Superblock, FORMAT_VERSION, FREELIST_PID};
 use parking_lot::Mutex;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
+use crate::wal::{apply_diff, rec, slot_pid as wal_slot_pid, Replay, Wal};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -44,6 +45,9 @@ pub struct StoreConfig {
     /// Open a store that was not closed cleanly (no WAL exists: data since the last clean
     /// shutdown may be missing).
     pub allow_unclean: bool,
+    /// The write-ahead log (None: durability "none", no log; a log left by an earlier run is
+    /// deleted at open, as the store is about to change without it).
+    pub wal: Option<crate::wal::WalConfig>,
 }
 
 impl StoreConfig {
@@ -56,6 +60,7 @@ impl StoreConfig {
             cluster_id: 0,
             capacity_pages: 0,
             allow_unclean: false,
+            wal: None,
         }
     }
 }
@@ -117,6 +122,9 @@ pub struct PageStore {
     closed: AtomicBool,
     /// Opened after an unclean shutdown (with `allow_unclean`).
     opened_unclean: bool,
+    wal: Option<Wal>,
+    /// What recovery replayed at open (None: nothing to recover).
+    replayed: Option<Replay>,
 }
 
 /// Most devices one store stripes over.
@@ -220,8 +228,12 @@ impl PageStore {
             stats: StoreStats::default(),
             closed: AtomicBool::new(false),
             opened_unclean: false,
+            wal: None,
+            replayed: None,
         };
         store.write_superblocks()?;
+        let mut store = store;
+        store.attach_log(cfg, false)?;
         Ok(store)
     }
 
@@ -253,10 +265,16 @@ impl PageStore {
             stats: StoreStats::default(),
             closed: AtomicBool::new(false),
             opened_unclean: false,
+            wal: None,
+            replayed: None,
         };
+        let recoverable = !sb0.clean && cfg.wal.as_ref().is_some_and(|w| w.path.exists());
         let alloc = if sb0.clean {
             let free = store.read_freelist(sb0.freelist_head, sb0.freelist_len)?;
             Allocator::new(sb0.next_slot, free, sb0.capacity)
+        } else if recoverable {
+            // replaced by the log's snapshot in `attach_log`
+            Allocator::new(sb0.next_slot, Vec::new(), sb0.capacity)
         } else if cfg.allow_unclean {
             // Slots beyond the recorded high-water mark may have been written since; derive the
             // mark from the device sizes so no written slot is handed out again (preallocated
@@ -287,10 +305,136 @@ impl PageStore {
             });
         };
         *store.alloc.get_mut() = alloc;
+        store.attach_log(cfg, recoverable)?;
         // Mark the store open (unclean) until close.
         store.sb.get_mut().clean = false;
         store.write_superblocks()?;
         Ok(store)
+    }
+
+    /// Set up the write-ahead log `cfg.wal` names: recover from it first if the store was not
+    /// closed cleanly (`recover`), continue it if it exists, create it if not. Without a log,
+    /// delete one an earlier run left (it no longer describes the store).
+    fn attach_log(&mut self, cfg: &StoreConfig, recover: bool) -> StoreResult<()> {
+        let Some(wc) = &cfg.wal else {
+            if let Some(p) = cfg.devices.first().map(|d| default_log_path(d)) {
+                remove_log(&p);
+            }
+            return Ok(());
+        };
+        if !wc.path.exists() {
+            let alloc = self.alloc.lock().clone();
+            self.wal = Some(Wal::create(wc, &alloc)?);
+            return Ok(());
+        }
+        let (found, file) = Wal::read_existing(&wc.path)?;
+        if !recover {
+            // a clean store: its log holds nothing to replay (the last checkpoint of a clean
+            // close is its end); continue after what is there
+            let (end, _) = Wal::scan(&wc.path, &file, &found, |_, _, _| Ok(()))?;
+            let alloc = self.alloc.lock().clone();
+            self.wal = Some(Wal::resume(wc, file, &found, end, &alloc)?);
+            return Ok(());
+        }
+        let mut alloc = Wal::read_alloc(&wc.path, &found, self.sb.get_mut().capacity)?;
+        let mut images: std::collections::HashMap<u64, (u64, AlignedPage)> =
+            std::collections::HashMap::new();
+        let (end, mut replay) = Wal::scan(&wc.path, &file, &found, |lsn, kind, body| {
+            match kind {
+                rec::IMAGE => {
+                    let (slot, pid) = wal_slot_pid(body);
+                    let mut page = AlignedPage::new();
+                    page[..PAGE_DATA_SIZE].copy_from_slice(&body[16..16 + PAGE_DATA_SIZE]);
+                    images.insert(slot, (pid, page));
+                }
+                rec::DIFF => {
+                    let (slot, _) = wal_slot_pid(body);
+                    let Some((_, page)) = images.get_mut(&slot) else {
+                        return Err(StoreError::BadLog {
+                            path: wc.path.clone(),
+                            why: format!(
+                                "the change at LSN {lsn} to slot {slot} has no page image before it since the redo point (the log breaks its own rule)"
+                            ),
+                        });
+                    };
+                    apply_diff(body, &mut page[..PAGE_DATA_SIZE]);
+                }
+                rec::ALLOC => alloc.replay_allocated(u64::from_le_bytes(
+                    body[..8].try_into().expect("8 bytes"),
+                )),
+                rec::FREE => {
+                    let slot = u64::from_le_bytes(body[..8].try_into().expect("8 bytes"));
+                    images.remove(&slot);
+                    alloc.replay_freed(slot);
+                }
+                _ => {}
+            }
+            Ok(())
+        })?;
+        // write the replayed pages, a batch at a time, then make them durable
+        let mut all: Vec<(u64, (u64, AlignedPage))> = images.into_iter().collect();
+        all.sort_unstable_by_key(|(slot, _)| *slot);
+        replay.pages = all.len() as u64;
+        for batch in all.chunks_mut(64) {
+            let mut reqs: Vec<WriteRequest<'_>> = batch
+                .iter_mut()
+                .map(|(slot, (pid, page))| WriteRequest {
+                    slot: *slot,
+                    pid: *pid,
+                    page,
+                })
+                .collect();
+            for r in self.write_batch(&mut reqs) {
+                r?;
+            }
+        }
+        self.sync()?;
+        *self.alloc.get_mut() = alloc.clone();
+        self.wal = Some(Wal::resume(wc, file, &found, end, &alloc)?);
+        log::warn!(
+            "{} was not shut down cleanly: recovered from its log: {} chunks ({} records, {:.1} MiB) replayed into {} pages in {:.2} s",
+            self.devices[0].path.display(),
+            replay.chunks,
+            replay.records,
+            replay.log_bytes as f64 / (1u64 << 20) as f64,
+            replay.pages,
+            replay.seconds
+        );
+        self.replayed = Some(replay);
+        Ok(())
+    }
+
+    /// The write-ahead log, if the store has one.
+    pub fn wal(&self) -> Option<&Wal> {
+        self.wal.as_ref()
+    }
+
+    /// What recovery replayed at open, if the store was recovered.
+    pub fn replayed(&self) -> Option<&Replay> {
+        self.replayed.as_ref()
+    }
+
+    /// Begin a checkpoint (see [`Wal::begin_checkpoint`]); None without a log.
+    pub fn begin_checkpoint(&self) -> StoreResult<Option<u64>> {
+        self.wal.as_ref().map(|w| w.begin_checkpoint()).transpose()
+    }
+
+    /// Finish the checkpoint begun at `c`: the caller has written back every page dirty at `c`.
+    /// Syncs the devices, then records the allocator (after the log holding every allocation
+    /// it reflects is durable) and the new redo point.
+    pub fn finish_checkpoint(&self, c: u64) -> StoreResult<()> {
+        let Some(w) = &self.wal else {
+            return Ok(());
+        };
+        self.sync()?;
+        let (alloc, upto) = {
+            let a = self.alloc.lock();
+            // every allocation and free reflected in `a` was logged under this lock, before
+            // the tail read here
+            (a.clone(), w.tail())
+        };
+        w.flush_to(upto)?;
+        w.finish_checkpoint(c, &alloc)
     }
 
     fn read_freelist(&self, head: u64, len: u64) -> StoreResult<Vec<u64>> {
@@ -358,6 +502,13 @@ impl PageStore {
             alloc.unallocate(slot);
             return Err(e);
         }
+        if let Some(w) = &self.wal {
+            // logged under the allocator's lock: log order is allocation order
+            if let Err(e) = log_slot(w, rec::ALLOC, slot) {
+                alloc.unallocate(slot);
+                return Err(e);
+            }
+        }
         Ok(slot)
     }
 
@@ -406,7 +557,12 @@ impl PageStore {
 
     /// Return a slot to the allocator.
     pub fn free(&self, slot: u64) -> StoreResult<()> {
-        self.alloc.lock().free(slot)
+        let mut alloc = self.alloc.lock();
+        alloc.free(slot)?;
+        if let Some(w) = &self.wal {
+            log_slot(w, rec::FREE, slot)?;
+        }
+        Ok(())
     }
 
     /// Slots allocated at least once (the high-water mark).
@@ -573,6 +729,11 @@ impl PageStore {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        if let Some(w) = &self.wal {
+            // a last checkpoint, so that the next open finds the log's end at once
+            let c = w.begin_checkpoint()?;
+            self.finish_checkpoint(c)?;
+        }
         let alloc = self.alloc.lock().clone();
         let chain = alloc.chain_pages();
         let mut bufs: Vec<AlignedPage> = chain.iter().map(|_| AlignedPage::new()).collect();
@@ -606,6 +767,39 @@ impl PageStore {
         }
         self.write_superblocks()
     }
+}
+
+fn log_slot(w: &Wal, kind: u8, slot: u64) -> StoreResult<u64> {
+    let mut buf = Vec::with_capacity(16);
+    w.append(&mut buf, |_, b| {
+        b.push(kind);
+        b.extend_from_slice(&slot.to_le_bytes());
+    })
+}
+
+/// Where a store's log lives by default: beside device 0, named after it (`node0-0.dat` ->
+/// `node0-0.wal`).
+pub fn default_log_path(device0: &Path) -> PathBuf {
+    device0.with_extension("wal")
+}
+
+/// Delete a log and its allocator snapshots (a store opened without a log).
+fn remove_log(path: &Path) {
+    if path.exists() {
+        log::warn!(
+            "{}: deleting the write-ahead log of an earlier run: this run has durability \"none\" and the log would not describe the store any more",
+            path.display()
+        );
+        for p in [path.to_path_buf(), log_side(path, 0), log_side(path, 1)] {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+fn log_side(path: &Path, k: u32) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(format!(".alloc{k}"));
+    PathBuf::from(s)
 }
 
 /// Check that the superblocks read from `paths` (in configured order) describe one store
@@ -706,7 +900,7 @@ fn io_err(path: &Path, source: std::io::Error) -> StoreError {
 }
 
 /// Whether `e` says the device (or the file's size limit, or the user's quota) has no room.
-fn is_full(e: &std::io::Error) -> bool {
+pub(crate) fn is_full(e: &std::io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(libc::ENOSPC) | Some(libc::EFBIG) | Some(libc::EDQUOT)
@@ -752,7 +946,7 @@ fn reserve_range(d: &Device, from: u64, to: u64) -> std::io::Result<()> {
 }
 
 /// Reserve `len` bytes of `file` from `off` (and grow its size to cover them).
-fn fallocate(file: &File, off: u64, len: u64) -> std::io::Result<()> {
+pub(crate) fn fallocate(file: &File, off: u64, len: u64) -> std::io::Result<()> {
     let (Ok(off), Ok(len)) = (libc::off_t::try_from(off), libc::off_t::try_from(len)) else {
         return Err(std::io::Error::from_raw_os_error(libc::EFBIG));
     };

@@ -81,6 +81,10 @@ pub struct Frame {
     /// The access clock's value at the last access ([`Frame::touch`]).
     last_used: AtomicU32,
     possession: AtomicU8,
+    /// LSN just past the log chunk holding the page's last change (0: no change logged since
+    /// it came into this frame, so its next change is logged whole). Written under the
+    /// exclusive latch; the write-ahead rule reads it under the shared one.
+    lsn: AtomicU64,
 }
 
 impl Frame {
@@ -92,7 +96,17 @@ impl Frame {
             dirty: AtomicBool::new(false),
             last_used: AtomicU32::new(0),
             possession: AtomicU8::new(Possession::None as u8),
+            lsn: AtomicU64::new(0),
         }
+    }
+
+    /// See the field. Relaxed: read and written under the latch, whose fences order it.
+    pub(crate) fn lsn(&self) -> u64 {
+        self.lsn.load(Ordering::Relaxed)
+    }
+    pub(crate) fn set_lsn(&self, lsn: u64) {
+        debug_assert!(self.latch.is_exclusive(), "set_lsn without the latch");
+        self.lsn.store(lsn, Ordering::Relaxed);
     }
 
     /// The page this frame holds (a racy snapshot unless the caller holds the latch or
@@ -106,6 +120,7 @@ impl Frame {
     pub(crate) fn set_pid(&self, pid: Pid) {
         debug_assert!(self.latch.is_exclusive(), "set_pid without the latch");
         self.pid.store(pid.0, Ordering::Relaxed);
+        self.lsn.store(0, Ordering::Relaxed);
     }
     #[inline]
     pub fn state(&self) -> FrameState {

@@ -380,6 +380,15 @@ impl Buffer {
         Ok(())
     }
 
+    /// Drop page `h` holds and return its slot, which the caller gives back to the allocator
+    /// later (after the change that unlinked the page is logged).
+    pub fn drop_freed(&self, h: HeldFrame<'_>) -> u64 {
+        let pid = h.pid();
+        debug_assert_eq!(pid.node(), self.node, "only pages homed here are freed");
+        h.drop_page();
+        pid.slot()
+    }
+
     /// Drop page `h` holds and return its slot to the allocator.
     pub fn free_page(&self, h: HeldFrame<'_>) -> Result<(), EngineError> {
         let pid = h.pid();

@@ -29,6 +29,68 @@ pub struct PageRef<'a> {
 /// Write access to one page's data area (held only by the exclusive latch holder).
 pub struct PageMut<'a> {
     words: &'a [AtomicU64; WORDS],
+    /// Where the writes went, for the write-ahead log (None: not logged).
+    changed: Option<&'a mut Changed>,
+}
+
+/// The byte ranges of a page an exclusive guard changed: at most [`Changed::MAX`] ranges,
+/// sorted and disjoint; when more would be needed, the two closest merge (logging a few
+/// unchanged bytes costs less than bookkeeping). Ranges closer than [`Changed::GAP`] merge.
+/// Fixed size: no allocation per guard.
+#[derive(Debug, Clone, Default)]
+pub struct Changed {
+    ranges: [(u16, u16); Changed::MAX + 1], // (start, end)
+    n: usize,
+}
+
+impl Changed {
+    pub const MAX: usize = 8;
+    pub const GAP: u16 = 16;
+
+    /// Nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Note a write of `len` bytes at `off` (within the data area).
+    pub fn note(&mut self, off: usize, len: usize) {
+        if len == 0 {
+            return;
+        }
+        debug_assert!(off + len <= PAGE_DATA_SIZE);
+        let (mut s, mut e) = (off as u16, (off + len) as u16);
+        // merge every range that overlaps or nearly touches [s, e)
+        let mut i = 0;
+        while i < self.n {
+            let (rs, re) = self.ranges[i];
+            if rs <= e.saturating_add(Self::GAP) && s <= re.saturating_add(Self::GAP) {
+                s = s.min(rs);
+                e = e.max(re);
+                self.ranges.copy_within(i + 1..self.n, i);
+                self.n -= 1;
+            } else {
+                i += 1;
+            }
+        }
+        let at = self.ranges[..self.n].partition_point(|r| r.0 < s);
+        self.ranges.copy_within(at..self.n, at + 1);
+        self.ranges[at] = (s, e);
+        self.n += 1;
+        if self.n > Self::MAX {
+            let k = (0..self.n - 1)
+                .min_by_key(|&k| self.ranges[k + 1].0 - self.ranges[k].1)
+                .expect("at least two ranges");
+            self.ranges[k].1 = self.ranges[k + 1].1;
+            self.ranges.copy_within(k + 2..self.n, k + 1);
+            self.n -= 1;
+        }
+        debug_assert!(self.ranges[..self.n].windows(2).all(|w| w[0].1 < w[1].0));
+    }
+
+    /// The changed ranges as (offset, length).
+    pub fn ranges(&self) -> Vec<(u16, u16)> {
+        self.ranges[..self.n].iter().map(|&(s, e)| (s, e - s)).collect()
+    }
 }
 
 impl<'a> PageRef<'a> {
@@ -163,7 +225,14 @@ impl<'a> PageMut<'a> {
         PageMut {
             // SAFETY: as in PageRef::from_ptr; the caller is the only writer for 'a.
             words: unsafe { &*(ptr as *const [AtomicU64; WORDS]) },
+            changed: None,
         }
+    }
+
+    /// Record every write in `changed` (for the write-ahead log).
+    pub(crate) fn tracking(mut self, changed: &'a mut Changed) -> Self {
+        self.changed = Some(changed);
+        self
     }
 
     /// Read view of the same page.
@@ -184,6 +253,9 @@ impl<'a> PageMut<'a> {
     #[inline]
     pub fn write(&mut self, off: usize, src: &[u8]) {
         Self::check(off, src.len());
+        if let Some(c) = self.changed.as_deref_mut() {
+            c.note(off, src.len());
+        }
         let mut i = 0;
         let mut pos = off;
         while i < src.len() {
@@ -241,6 +313,9 @@ impl<'a> PageMut<'a> {
 
     /// Replace the whole data area.
     pub fn copy_in(&mut self, src: &[u8; PAGE_DATA_SIZE]) {
+        if let Some(c) = self.changed.as_deref_mut() {
+            c.note(0, PAGE_DATA_SIZE);
+        }
         for (i, w) in self.words.iter().enumerate() {
             w.store(
                 u64::from_le_bytes(src[i * 8..i * 8 + 8].try_into().expect("8 bytes")),
