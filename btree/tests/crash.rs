@@ -20,9 +20,16 @@ const CHILD: &str = "SHOAL_CRASH_CHILD_DIR";
 const KEYS: u64 = 20_000;
 
 fn config(dir: &Path) -> EngineConfig {
-    let mut c = EngineConfig::new(dir, 2 << 20); // 512 frames: evictions all the time
+    let cache: usize = std::env::var("SHOAL_CRASH_CACHE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2 << 20);
+    let mut c = EngineConfig::new(dir, cache); // 512 frames: evictions all the time
     c.durability = Durability::Commit;
-    c.wal_bytes = 4 << 20; // checkpoints every MiB of log, wraps often
+    c.wal_bytes = std::env::var("SHOAL_CRASH_WAL")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4 << 20); // checkpoints every MiB of log, wraps often
     c
 }
 
@@ -31,7 +38,11 @@ fn config(dir: &Path) -> EngineConfig {
 fn value(k: u64, v: u64) -> Vec<u8> {
     let len = 8 + (k.wrapping_mul(7).wrapping_add(v.wrapping_mul(13)) % 120) as usize;
     let mut out = v.to_le_bytes().to_vec();
-    out.extend((0..len - 8).map(|i| (k as usize).wrapping_add((v as usize).wrapping_mul(3)).wrapping_add(i) as u8));
+    out.extend((0..len - 8).map(|i| {
+        (k as usize)
+            .wrapping_add((v as usize).wrapping_mul(3))
+            .wrapping_add(i) as u8
+    }));
     out
 }
 
@@ -41,24 +52,43 @@ fn child(dir: &Path, seed: u64) {
     let w = e.worker();
     let t = BTree::open_or_create(&w, "crash").expect("tree");
     w.commit().expect("commit the tree");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let out = std::io::stdout();
     let mut out = out.lock();
     writeln!(out, "ready").unwrap();
     out.flush().unwrap();
-    loop {
-        let k = rng.random_range(0..KEYS);
-        let v = rng.random_range(1..u64::MAX / 2);
-        if rng.random_range(0..10) == 0 {
-            t.remove(&w, &u64_key(k)).expect("remove");
-            w.commit().expect("commit");
-            writeln!(out, "del {k}").unwrap();
-        } else {
-            t.upsert(&w, &u64_key(k), &value(k, v)).expect("upsert");
-            w.commit().expect("commit");
-            writeln!(out, "put {k} {v}").unwrap();
+    for (k, v) in Ops::new(seed) {
+        match v {
+            None => {
+                t.remove(&w, &u64_key(k)).expect("remove");
+                w.commit().expect("commit");
+                writeln!(out, "del {k}").unwrap();
+            }
+            Some(v) => {
+                t.upsert(&w, &u64_key(k), &value(k, v)).expect("upsert");
+                w.commit().expect("commit");
+                writeln!(out, "put {k} {v}").unwrap();
+            }
         }
         out.flush().unwrap();
+    }
+}
+
+/// The child's writes, from its seed: (key, Some(version)) to put, (key, None) to delete. The
+/// parent replays the same sequence to know the one write that was in flight at the kill.
+struct Ops(rand::rngs::StdRng);
+
+impl Ops {
+    fn new(seed: u64) -> Ops {
+        Ops(rand::rngs::StdRng::seed_from_u64(seed))
+    }
+}
+
+impl Iterator for Ops {
+    type Item = (u64, Option<u64>);
+    fn next(&mut self) -> Option<(u64, Option<u64>)> {
+        let k = self.0.random_range(0..KEYS);
+        let v = self.0.random_range(1..u64::MAX / 2);
+        Some((k, (self.0.random_range(0..10) != 0).then_some(v)))
     }
 }
 
@@ -138,6 +168,13 @@ fn kill_9_at_random_moments_loses_no_acknowledged_write() {
             }
         }
         let _ = ready;
+        let n_acked = lines
+            .iter()
+            .filter(|l| l.starts_with("put ") || l.starts_with("del "))
+            .filter(|l| l.split_whitespace().count() == if l.starts_with("put") { 3 } else { 2 })
+            .count();
+        // the one write that may or may not have made it: the first one not acknowledged
+        let in_flight = Ops::new(round as u64 + 1).nth(n_acked);
         // reopen: recovery, then check every key
         let e = Engine::open(config(dir.path()))
             .unwrap_or_else(|err| panic!("round {round}: reopening after kill -9 failed: {err}"));
@@ -152,43 +189,47 @@ fn kill_9_at_random_moments_loses_no_acknowledged_write() {
                 continue;
             }
         };
-        t.verify(&w)
-            .unwrap_or_else(|err| panic!("round {round}: the tree is broken after recovery: {err}"));
+        t.verify(&w).unwrap_or_else(|err| {
+            panic!("round {round}: the tree is broken after recovery: {err}")
+        });
         let mut buf = Vec::new();
         for k in 0..KEYS {
             let found = t.lookup(&w, &u64_key(k), &mut buf).unwrap();
             let want = acked.get(&k).copied().flatten();
-            match (found, want) {
-                (true, Some(v)) => {
-                    let got = u64::from_le_bytes(buf[..8].try_into().unwrap());
-                    // the last acknowledged version, or a later unacknowledged one
-                    if got != v {
+            let got = found.then(|| u64::from_le_bytes(buf[..8].try_into().unwrap()));
+            if let Some((fk, fv)) = in_flight {
+                if fk == k && got == fv && got != want {
+                    // the in-flight write made it (durable though not acknowledged)
+                    if let Some(v) = fv {
                         assert_eq!(
                             buf,
-                            value(k, got),
+                            value(k, v),
                             "round {round}: key {k} holds a torn value"
                         );
-                    } else {
-                        assert_eq!(buf, value(k, v), "round {round}: key {k} value differs");
                     }
+                    acked.insert(k, got);
+                    continue;
+                }
+            }
+            match (found, want) {
+                (true, Some(v)) => {
+                    assert_eq!(got, Some(v), "round {round}: key {k} holds another version than the acknowledged one");
+                    assert_eq!(buf, value(k, v), "round {round}: key {k} value differs");
                 }
                 (false, Some(v)) => {
-                    panic!("round {round}: key {k} lost its acknowledged version {v}")
+                    let last_line = lines.iter().rposition(|l| l.split_whitespace().nth(1) == Some(&k.to_string()));
+                    panic!(
+                        "round {round}: key {k} lost its acknowledged version {v} (this round's line {:?} of {}; replayed {:?})",
+                        last_line,
+                        lines.len(),
+                        e.store().replayed()
+                    )
                 }
-                (true, None) => {
-                    // deleted (acknowledged) or never written: only an unacknowledged later
-                    // write can have put it there; keep it as the known state
-                    let got = u64::from_le_bytes(buf[..8].try_into().unwrap());
-                    assert_eq!(buf, value(k, got), "round {round}: key {k} holds a torn value");
-                }
+                (true, None) => panic!(
+                    "round {round}: key {k} is there (version {got:?}) though its acknowledged state is deleted or never written"
+                ),
                 (false, None) => {}
             }
-            // the state now is what later rounds must keep (it may include an unacknowledged
-            // write that made it: recovery made it durable)
-            acked.insert(
-                k,
-                found.then(|| u64::from_le_bytes(buf[..8].try_into().unwrap())),
-            );
         }
         e.close().unwrap();
     }

@@ -65,7 +65,10 @@ impl Durability {
         let n = t
             .strip_prefix("flush-every-ms=")
             .or_else(|| t.strip_prefix("flush-every-ms:"))
-            .or_else(|| t.strip_prefix("flush-every-").and_then(|r| r.strip_suffix("ms")));
+            .or_else(|| {
+                t.strip_prefix("flush-every-")
+                    .and_then(|r| r.strip_suffix("ms"))
+            });
         match n.map(|n| n.parse::<u32>()) {
             Some(Ok(ms)) if (1..=60_000).contains(&ms) => Ok(Durability::FlushEveryMs(ms)),
             _ => Err(format!(
@@ -177,7 +180,8 @@ impl EngineConfig {
         let mut w = shoal_storage::WalConfig::new(shoal_storage::store::default_log_path(&dev0));
         w.file_bytes = self.wal_bytes;
         // the ring holds what a flush takes at once: 1/16 of the log, 1..=16 MiB
-        w.ring_bytes = ((self.wal_bytes / 16).clamp(1 << 20, 16 << 20) as usize).next_power_of_two();
+        w.ring_bytes =
+            ((self.wal_bytes / 16).clamp(1 << 20, 16 << 20) as usize).next_power_of_two();
         Some(w)
     }
 

@@ -146,7 +146,11 @@ impl Engine {
                 cfg.capacity_pages.min(max)
             },
             allow_unclean: cfg.allow_unclean,
-            wal: if coh.is_some() { None } else { cfg.wal_config() },
+            wal: if coh.is_some() {
+                None
+            } else {
+                cfg.wal_config()
+            },
         })?;
         let frames = cfg.frames();
         let buf = Buffer::new(

@@ -146,11 +146,12 @@ impl Worker {
             return;
         }
         let buf = &self.node.buf;
-        let wal = buf.store.wal().expect("a worker with a log group has a log");
+        let wal = buf
+            .store
+            .wal()
+            .expect("a worker with a log group has a log");
         let LogGroup {
-            pages,
-            buf: lbuf,
-            ..
+            pages, buf: lbuf, ..
         } = g;
         let result = if pages.is_empty() {
             Ok(0)
@@ -168,7 +169,13 @@ impl Worker {
                     if buf.pool.frame(*idx).lsn() <= c {
                         shoal_storage::wal::put_image(b, pid.slot(), pid.raw(), data);
                     } else {
-                        shoal_storage::wal::put_diff(b, pid.slot(), pid.raw(), &changed.ranges(), data);
+                        shoal_storage::wal::put_diff(
+                            b,
+                            pid.slot(),
+                            pid.raw(),
+                            &changed.ranges(),
+                            data,
+                        );
                     }
                 }
             })

@@ -412,12 +412,17 @@ fn write_pages(
                 .map(|_| {
                     Err(shoal_storage::StoreError::BadLog {
                         path: w.path().to_path_buf(),
-                        why: format!("page not written back: its log records cannot be made durable: {why}"),
+                        why: format!(
+                            "page not written back: its log records cannot be made durable: {why}"
+                        ),
                     })
                 })
                 .collect();
         }
-        debug_assert!(w.durable() >= upto, "write-ahead rule: page LSN {upto} beyond the durable log");
+        debug_assert!(
+            w.durable() >= upto,
+            "write-ahead rule: page LSN {upto} beyond the durable log"
+        );
     }
     let mut reqs: Vec<WriteRequest<'_>> = pending
         .iter()

@@ -31,5 +31,5 @@ pub mod wal;
 pub use error::{StoreError, StoreResult};
 pub use io::BackendChoice;
 pub use page::{AlignedPage, PAGE_DATA_SIZE, PAGE_SIZE, TRAILER_SIZE};
-pub use wal::{Wal, WalConfig};
 pub use store::{OpenMode, PageStore, ReadRequest, StoreConfig, StoreStats, WriteRequest};
+pub use wal::{Wal, WalConfig};

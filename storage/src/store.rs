@@ -9,10 +9,10 @@ use crate::error::{StoreError, StoreResult};
 use crate::io::{self, Backend, BackendChoice, IoOp};
 use crate::page::{seal, verify, AlignedPage, PAGE_DATA_SIZE, PAGE_SIZE};
 use crate::superblock::{Superblock, FORMAT_VERSION, FREELIST_PID};
+use crate::wal::{apply_diff, rec, slot_pid as wal_slot_pid, Replay, Wal};
 use parking_lot::Mutex;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
-use crate::wal::{apply_diff, rec, slot_pid as wal_slot_pid, Replay, Wal};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -359,9 +359,8 @@ impl PageStore {
                     };
                     apply_diff(body, &mut page[..PAGE_DATA_SIZE]);
                 }
-                rec::ALLOC => alloc.replay_allocated(u64::from_le_bytes(
-                    body[..8].try_into().expect("8 bytes"),
-                )),
+                rec::ALLOC => alloc
+                    .replay_allocated(u64::from_le_bytes(body[..8].try_into().expect("8 bytes"))),
                 rec::FREE => {
                     let slot = u64::from_le_bytes(body[..8].try_into().expect("8 bytes"));
                     images.remove(&slot);

@@ -60,7 +60,7 @@ const LSN_MASK: u64 = (1 << LSN_BITS) - 1;
 const FIRST_LSN: u64 = BLOCK;
 /// After recovery the log continues this far beyond the last valid chunk, past any LSN a torn
 /// flush of the crashed run can have left in the file.
-const RESTART_GAP: u64 = 1 << 32;
+const RESTART_GAP: u64 = 1 << 26;
 const HEADER_MAGIC: u64 = 0x4c41_5720_4c41_4f48; // "HOAL WAL"
 const ALLOC_MAGIC: u64 = 0x434f_4c41_4c41_4f48; // "HOALALOC"
 const FORMAT: u32 = 1;
@@ -84,7 +84,11 @@ pub mod rec {
 
 /// Append a whole-page record to a chunk being built.
 pub fn put_image(buf: &mut Vec<u8>, slot: u64, pid: u64, data: &[u8]) {
-    assert_eq!(data.len(), PAGE_DATA_SIZE, "a page image is the whole data area");
+    assert_eq!(
+        data.len(),
+        PAGE_DATA_SIZE,
+        "a page image is the whole data area"
+    );
     buf.push(rec::IMAGE);
     buf.extend_from_slice(&slot.to_le_bytes());
     buf.extend_from_slice(&pid.to_le_bytes());
@@ -99,7 +103,10 @@ pub fn put_diff(buf: &mut Vec<u8>, slot: u64, pid: u64, ranges: &[(u16, u16)], p
     buf.extend_from_slice(&(ranges.len() as u16).to_le_bytes());
     for &(off, len) in ranges {
         let (o, l) = (off as usize, len as usize);
-        assert!(o + l <= PAGE_DATA_SIZE, "range {o}+{l} beyond the data area");
+        assert!(
+            o + l <= PAGE_DATA_SIZE,
+            "range {o}+{l} beyond the data area"
+        );
         buf.extend_from_slice(&off.to_le_bytes());
         buf.extend_from_slice(&len.to_le_bytes());
         buf.extend_from_slice(&page[o..o + l]);
@@ -365,9 +372,12 @@ impl Wal {
                 cfg.file_bytes
             )));
         }
-        if !cfg.ring_bytes.is_power_of_two() || cfg.ring_bytes < (256 << 10) {
+        if !cfg.ring_bytes.is_power_of_two()
+            || cfg.ring_bytes < (256 << 10)
+            || cfg.ring_bytes as u64 > RESTART_GAP / 2
+        {
             return Err(bad_cfg(format!(
-                "log ring size {} must be a power of two of at least 256 KiB",
+                "log ring size {} must be a power of two of 256 KiB to 32 MiB",
                 cfg.ring_bytes
             )));
         }
@@ -439,7 +449,10 @@ impl Wal {
         let p = alloc_path(path, found.header.seq);
         let b = std::fs::read(&p).map_err(|e| io_err(&p, e))?;
         if crc32fast::hash(&b) != found.header.alloc_crc {
-            return Err(bad(&p, "allocator snapshot does not match the log header".into()));
+            return Err(bad(
+                &p,
+                "allocator snapshot does not match the log header".into(),
+            ));
         }
         decode_alloc(&b, capacity).ok_or_else(|| bad(&p, "malformed allocator snapshot".into()))
     }
@@ -461,7 +474,11 @@ impl Wal {
         // read the data area in 1 MiB windows
         let mut win: Vec<u8> = Vec::new();
         let mut win_start = u64::MAX; // fpos of win[0]
-        let read = |fpos: u64, len: u64, win: &mut Vec<u8>, win_start: &mut u64| -> StoreResult<Vec<u8>> {
+        let read = |fpos: u64,
+                    len: u64,
+                    win: &mut Vec<u8>,
+                    win_start: &mut u64|
+         -> StoreResult<Vec<u8>> {
             let mut out = Vec::with_capacity(len as usize);
             let mut p = fpos;
             while (out.len() as u64) < len {
@@ -772,8 +789,9 @@ impl Wal {
                 let w = self.word(lsn + 8 * i).load(Ordering::Relaxed);
                 f.wbuf.extend_from_slice(&w.to_le_bytes());
             }
-            if len > 0 && (self.word(lsn + CHUNK_HEADER).load(Ordering::Relaxed) & 0xff) as u8
-                == rec::CHECKPOINT
+            if len > 0
+                && (self.word(lsn + CHUNK_HEADER).load(Ordering::Relaxed) & 0xff) as u8
+                    == rec::CHECKPOINT
             {
                 f.last_checkpoint = Some(RedoPoint { lsn, fpos: pos });
             }
@@ -840,7 +858,10 @@ impl Wal {
             .fetch_add(f.wbuf.len() as u64, Ordering::Relaxed);
         f.next = lsn;
         f.fpos = pos;
-        debug_assert!(f.fpos - f.redo.fpos <= s, "the log overwrote its redo point");
+        debug_assert!(
+            f.fpos - f.redo.fpos <= s,
+            "the log overwrote its redo point"
+        );
         // Release: whoever reads the new durable point may act on it (write pages back, ack).
         self.durable.store(lsn, Ordering::Release);
         Ok(true)

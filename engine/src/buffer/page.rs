@@ -89,7 +89,10 @@ impl Changed {
 
     /// The changed ranges as (offset, length).
     pub fn ranges(&self) -> Vec<(u16, u16)> {
-        self.ranges[..self.n].iter().map(|&(s, e)| (s, e - s)).collect()
+        self.ranges[..self.n]
+            .iter()
+            .map(|&(s, e)| (s, e - s))
+            .collect()
     }
 }
 
