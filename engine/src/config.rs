@@ -155,7 +155,9 @@ impl EngineConfig {
                 self.devices
             )));
         }
-        if self.durability.logged() && (self.wal_bytes < (1 << 20) || self.wal_bytes % 4096 != 0) {
+        if self.durability.logged()
+            && (self.wal_bytes < (1 << 20) || !self.wal_bytes.is_multiple_of(4096))
+        {
             return Err(EngineError::Config(format!(
                 "the write-ahead log size must be a multiple of 4 KiB and at least 1 MiB, got {}",
                 format_bytes(self.wal_bytes)

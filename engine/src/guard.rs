@@ -108,6 +108,19 @@ impl Worker {
         Ok(())
     }
 
+    /// A new group would begin while the log is nearly full (see `Wal::tight`).
+    fn log_must_wait(&self) -> bool {
+        match &self.log {
+            Some(log) => {
+                let g = log.borrow();
+                g.open == 0
+                    && g.pages.is_empty()
+                    && self.node.buf.store.wal().is_some_and(|w| w.tight())
+            }
+            None => false,
+        }
+    }
+
     /// An exclusive guard on `idx` begins.
     fn log_open(&self) {
         if let Some(log) = &self.log {
@@ -650,6 +663,15 @@ impl<'w> ExclusiveGuard<'w> {
         if w.node.buf.is_shutdown() {
             f.latch.unlock_exclusive_unchanged();
             return Err(Restart::Fail(EngineError::Shutdown));
+        }
+        if w.log_must_wait() {
+            // the log is nearly full: wait for a checkpoint holding no exclusive latch (the
+            // checkpoint may need to write this page), then start over
+            f.latch.unlock_exclusive_unchanged();
+            if let Some(wal) = w.node.buf.store.wal() {
+                wal.wait_for_room().map_err(|e| Restart::Fail(e.into()))?;
+            }
+            return Err(Restart::Retry);
         }
         f.set_dirty(true);
         f.touch(w.node.buf.clock());

@@ -207,6 +207,8 @@ pub struct Wal {
     header: Mutex<HeaderState>,
     /// A write or sync failed: nothing after the durable point can be promised any more.
     failed: AtomicBool,
+    /// The log is used beyond [`Wal::admit_limit`]: new changes wait for a checkpoint.
+    tight: AtomicBool,
     pub stats: WalStats,
 }
 
@@ -366,7 +368,7 @@ impl Wal {
             path: cfg.path.clone(),
             why,
         };
-        if cfg.file_bytes < (1 << 20) || cfg.file_bytes % BLOCK != 0 {
+        if cfg.file_bytes < (1 << 20) || !cfg.file_bytes.is_multiple_of(BLOCK) {
             return Err(bad_cfg(format!(
                 "log size {} must be a multiple of 4 KiB and at least 1 MiB",
                 cfg.file_bytes
@@ -406,6 +408,7 @@ impl Wal {
             space: Condvar::new(),
             header: Mutex::new(HeaderState { seq }),
             failed: AtomicBool::new(false),
+            tight: AtomicBool::new(false),
             stats: WalStats::default(),
         }
     }
@@ -615,6 +618,38 @@ impl Wal {
         split(self.tail.load(Ordering::Acquire)).1
     }
 
+    /// Used bytes beyond which new changes wait for a checkpoint: the rest (twice the ring)
+    /// is room for what is in the ring and the groups already begun, so that a checkpoint can
+    /// always flush what the pages it writes need and finish.
+    fn admit_limit(&self) -> u64 {
+        self.data_bytes - (2 * self.ring_bytes).min(self.data_bytes / 2)
+    }
+
+    /// The log is nearly full: a worker about to begin a change (holding no exclusive latch)
+    /// should [`Wal::wait_for_room`] first.
+    pub fn tight(&self) -> bool {
+        self.tight.load(Ordering::Acquire)
+    }
+
+    /// Wait until a checkpoint made room (at most 30 s, then [`StoreError::LogFull`]).
+    pub fn wait_for_room(&self) -> StoreResult<()> {
+        let deadline = Instant::now() + FULL_WAIT;
+        let mut f = self.flusher.lock();
+        self.stats.full_waits.fetch_add(1, Ordering::Relaxed);
+        while self.tight() {
+            if self.failed.load(Ordering::Acquire) {
+                return Err(self.failure());
+            }
+            if self.space.wait_until(&mut f, deadline).timed_out() && self.tight() {
+                return Err(StoreError::LogFull {
+                    path: self.path.clone(),
+                    bytes: self.data_bytes,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Bytes of the data area in use (from the redo point to the last flush).
     pub fn used_bytes(&self) -> u64 {
         let f = self.flusher.lock();
@@ -715,6 +750,16 @@ impl Wal {
 
     /// Make everything before `lsn` durable (group commit: one caller flushes for all).
     pub fn flush_to(&self, lsn: u64) -> StoreResult<()> {
+        self.flush_upto(lsn, false)
+    }
+
+    /// [`Wal::flush_to`] for the page provider's write-backs (checkpoints among them). The log
+    /// keeps room for it: see [`Wal::tight`].
+    pub fn flush_to_reserved(&self, lsn: u64) -> StoreResult<()> {
+        self.flush_upto(lsn, true)
+    }
+
+    fn flush_upto(&self, lsn: u64, reserved: bool) -> StoreResult<()> {
         let t0 = Instant::now();
         while self.durable() < lsn {
             if self.failed.load(Ordering::Acquire) {
@@ -724,7 +769,7 @@ impl Wal {
             if self.durable() >= lsn {
                 break;
             }
-            if !self.flush_locked(&mut f)? {
+            if !self.flush_locked(&mut f, reserved)? {
                 // a chunk before `lsn` is still being copied in: its writer finishes shortly
                 drop(f);
                 if t0.elapsed() > Duration::from_millis(1) {
@@ -740,7 +785,7 @@ impl Wal {
     /// Flush whatever is complete (for ring space and the timed flush).
     pub fn flush_some(&self) -> StoreResult<()> {
         let mut f = self.flusher.lock();
-        if !self.flush_locked(&mut f)? {
+        if !self.flush_locked(&mut f, false)? {
             drop(f);
             std::thread::yield_now();
         }
@@ -761,8 +806,14 @@ impl Wal {
 
     /// Copy the complete chunks after `f.next` out of the ring and write them durably.
     /// Returns whether anything was written.
-    fn flush_locked(&self, f: &mut parking_lot::MutexGuard<'_, Flusher>) -> StoreResult<bool> {
+    fn flush_locked(
+        &self,
+        f: &mut parking_lot::MutexGuard<'_, Flusher>,
+        reserved: bool,
+    ) -> StoreResult<bool> {
         let s = self.data_bytes;
+        let _ = reserved;
+        let room = s;
         let start_lsn = f.next;
         let start_fpos = f.fpos;
         debug_assert_eq!(start_fpos % BLOCK, 0);
@@ -782,7 +833,7 @@ impl Wal {
                 let n = s - pos % s;
                 Self::pad_to(&mut f.wbuf, &mut pos, n);
             }
-            if pos + size > f.redo.fpos + s {
+            if pos + size > f.redo.fpos + room {
                 break; // the log is full up to the redo point
             }
             for i in 0..size / 8 {
@@ -858,6 +909,8 @@ impl Wal {
             .fetch_add(f.wbuf.len() as u64, Ordering::Relaxed);
         f.next = lsn;
         f.fpos = pos;
+        self.tight
+            .store(f.fpos - f.redo.fpos > self.admit_limit(), Ordering::Release);
         debug_assert!(
             f.fpos - f.redo.fpos <= s,
             "the log overwrote its redo point"
@@ -873,7 +926,7 @@ impl Wal {
         let end = *pos + n;
         let mut first = true;
         while *pos < end {
-            if first || *pos % BLOCK == 0 {
+            if first || (*pos).is_multiple_of(BLOCK) {
                 buf.extend_from_slice(&PAD.to_le_bytes());
             } else {
                 buf.extend_from_slice(&0u64.to_le_bytes());
@@ -929,7 +982,12 @@ impl Wal {
             }
         };
         self.write_header(redo, alloc)?;
-        self.flusher.lock().redo = redo;
+        {
+            let mut f = self.flusher.lock();
+            f.redo = redo;
+            self.tight
+                .store(f.fpos - f.redo.fpos > self.admit_limit(), Ordering::Release);
+        }
         self.space.notify_all();
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
         Ok(())

@@ -39,6 +39,12 @@ pub enum Mode {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
+    /// When changes become durable: none (only a clean end; a crash loses changes since),
+    /// commit (each write/transaction waits for the log: group commit), or flush-every-ms=N
+    /// (the log is flushed every N ms; a crash loses at most that). Single nodes only;
+    /// docs/durability.md.
+    #[arg(long, default_value = "none", value_parser = shoal_engine::Durability::parse)]
+    pub durability: shoal_engine::Durability,
     /// Warehouses in the database (about 110 MiB of pages each).
     #[arg(long, default_value_t = 1)]
     pub warehouses: u16,
@@ -141,7 +147,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         } else {
             dir.clone()
         };
-        EngineConfig::new(d, cache as usize)
+        let mut c = EngineConfig::new(d, cache as usize);
+        c.durability = a.durability;
+        c
     };
     if a.net.nodes == 1 {
         let e = Engine::open(cfg(0)).map_err(anyhow::Error::from)?;
@@ -667,6 +675,7 @@ fn report(
         "warehouses": a.warehouses,
         "nodes": o.per_node.len(),
         "workers": o.threads,
+        "durability": a.durability.to_string(),
         "mode": format!("{:?}", a.mode).to_lowercase(),
         "cache": a.cache,
         "data_bytes": pages * 4096,

@@ -50,6 +50,9 @@ pub fn pick(rng: &mut SmallRng) -> usize {
 pub enum TxError {
     #[error(transparent)]
     Tree(#[from] TreeError),
+    /// Making the transaction durable failed (the log): it may or may not survive a crash.
+    #[error("commit failed: {0}")]
+    Commit(shoal_engine::EngineError),
     /// A row the transaction needs is absent: the database is inconsistent.
     #[error("{0}")]
     Missing(String),
@@ -193,7 +196,8 @@ impl Ctx<'_> {
                     undo,
                 }),
             },
-            ok => ok,
+            // durable before it counts (with durability "commit")
+            Ok(done) => self.w.commit().map(|()| done).map_err(TxError::Commit),
         }
     }
 

@@ -38,6 +38,12 @@ pub enum Access {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
+    /// When changes become durable: none (only a clean end; a crash loses changes since),
+    /// commit (each write/transaction waits for the log: group commit), or flush-every-ms=N
+    /// (the log is flushed every N ms; a crash loses at most that). Single nodes only;
+    /// docs/durability.md.
+    #[arg(long, default_value = "none", value_parser = shoal_engine::Durability::parse)]
+    pub durability: shoal_engine::Durability,
     #[command(flatten)]
     pub net: ClusterArgs,
     /// Worker threads per node.
@@ -250,6 +256,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         };
         let mut cfg = EngineConfig::new(d, plan.cache);
         cfg.devices = a.devices;
+        cfg.durability = a.durability;
         cfg
     };
     if let (Some(path), Some(id)) = (&a.net.cluster, a.net.id) {
@@ -427,6 +434,7 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
             "workers_per_node": a.workers,
             // what the engine runs with (a tcp member's cache comes from the cluster file)
             "cache_bytes_per_node": cache_bytes(first),
+            "durability": a.durability.to_string(),
             "stopped_by_signal": crate::stop::requested(),
             "load_s": load_s,
             "warmup_s": a.warmup,
@@ -747,6 +755,7 @@ fn worker_loop(
                     };
                     value::fill(v, k, s);
                 })?;
+                w.commit()?;
                 if !found {
                     note(&mut res, format!("update of loaded key {k}: not found"));
                 } else if bad {
@@ -759,6 +768,7 @@ fn worker_loop(
                 if !tree.insert(&w, &u64_key(k), &val)? {
                     note(&mut res, format!("insert of new key {k}: already present"));
                 }
+                w.commit()?;
             }
             Op::Scan => {
                 let k = keys.live(&mut chooser, live, &mut rng);
