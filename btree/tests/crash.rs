@@ -146,8 +146,8 @@ fn kill_9_at_random_moments_loses_no_acknowledged_write() {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        // SAFETY: plain FFI call with a pid we own; SIGKILL as a crash would.
-        unsafe { libc_kill(ch.id() as i32) };
+        // SIGKILL (what `Child::kill` sends on Unix), as a crash would
+        ch.kill().unwrap();
         let _ = ch.wait();
         let lines = reader.join().unwrap();
         // pipe lines after "ready" are acknowledged (printed after commit returned)
@@ -234,14 +234,4 @@ fn kill_9_at_random_moments_loses_no_acknowledged_write() {
         e.close().unwrap();
     }
     eprintln!("{rounds} kills, {total_acks} acknowledged writes, none lost");
-}
-
-unsafe fn libc_kill(pid: i32) {
-    extern "C" {
-        fn kill(pid: i32, sig: i32) -> i32;
-    }
-    // SAFETY: kill(2) with a child's pid and SIGKILL (9) touches no memory of ours.
-    unsafe {
-        kill(pid, 9);
-    }
 }

@@ -405,7 +405,7 @@ fn write_pages(
     upto: u64,
 ) -> Vec<Result<(), shoal_storage::StoreError>> {
     if let Some(w) = buf.store.wal() {
-        if let Err(e) = w.flush_to_reserved(upto) {
+        if let Err(e) = w.flush_to(upto) {
             let why = e.to_string();
             return pending
                 .iter()

@@ -214,3 +214,29 @@ unsafe fn uring_batch(ring: &mut io_uring::IoUring, ops: &[IoOp], results: &mut 
         }
     }
 }
+
+/// Whether `e` says the device (or the file's size limit, or the user's quota) has no room.
+pub(crate) fn is_full(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOSPC) | Some(libc::EFBIG) | Some(libc::EDQUOT)
+    )
+}
+
+/// Reserve `len` bytes of `file` from `off` (and grow its size to cover them).
+pub(crate) fn fallocate(file: &std::fs::File, off: u64, len: u64) -> std::io::Result<()> {
+    let (Ok(off), Ok(len)) = (libc::off_t::try_from(off), libc::off_t::try_from(len)) else {
+        return Err(std::io::Error::from_raw_os_error(libc::EFBIG));
+    };
+    loop {
+        // SAFETY: fallocate on a file descriptor `file` owns; no memory is passed.
+        let r = unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(file), 0, off, len) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}

@@ -6,10 +6,10 @@
 
 use crate::allocator::{decode_chain_page, encode_chain_page, Allocator, NO_SLOT};
 use crate::error::{StoreError, StoreResult};
-use crate::io::{self, Backend, BackendChoice, IoOp};
+use crate::io::{self, fallocate, is_full, Backend, BackendChoice, IoOp};
 use crate::page::{seal, verify, AlignedPage, PAGE_DATA_SIZE, PAGE_SIZE};
 use crate::superblock::{Superblock, FORMAT_VERSION, FREELIST_PID};
-use crate::wal::{apply_diff, rec, slot_pid as wal_slot_pid, Replay, Wal};
+use crate::wal::{alloc_path, apply_diff, rec, slot_pid as wal_slot_pid, Replay, Wal};
 use parking_lot::Mutex;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -789,16 +789,10 @@ fn remove_log(path: &Path) {
             "{}: deleting the write-ahead log of an earlier run: this run has durability \"none\" and the log would not describe the store any more",
             path.display()
         );
-        for p in [path.to_path_buf(), log_side(path, 0), log_side(path, 1)] {
+        for p in [path.to_path_buf(), alloc_path(path, 0), alloc_path(path, 1)] {
             let _ = std::fs::remove_file(p);
         }
     }
-}
-
-fn log_side(path: &Path, k: u32) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(format!(".alloc{k}"));
-    PathBuf::from(s)
 }
 
 /// Check that the superblocks read from `paths` (in configured order) describe one store
@@ -898,14 +892,6 @@ fn io_err(path: &Path, source: std::io::Error) -> StoreError {
     }
 }
 
-/// Whether `e` says the device (or the file's size limit, or the user's quota) has no room.
-pub(crate) fn is_full(e: &std::io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::ENOSPC) | Some(libc::EFBIG) | Some(libc::EDQUOT)
-    )
-}
-
 fn classify_write_error(path: &Path, slot: u64, e: std::io::Error) -> StoreError {
     if is_full(&e) {
         StoreError::DeviceFull {
@@ -942,24 +928,6 @@ fn reserve_range(d: &Device, from: u64, to: u64) -> std::io::Result<()> {
         off += PAGE_SIZE as u64;
     }
     Ok(())
-}
-
-/// Reserve `len` bytes of `file` from `off` (and grow its size to cover them).
-pub(crate) fn fallocate(file: &File, off: u64, len: u64) -> std::io::Result<()> {
-    let (Ok(off), Ok(len)) = (libc::off_t::try_from(off), libc::off_t::try_from(len)) else {
-        return Err(std::io::Error::from_raw_os_error(libc::EFBIG));
-    };
-    loop {
-        // SAFETY: fallocate on a file descriptor `file` owns; no memory is passed.
-        let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, off, len) };
-        if r == 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
 }
 
 fn open_device(path: &Path, create: bool) -> StoreResult<Device> {

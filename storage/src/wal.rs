@@ -292,7 +292,7 @@ impl Header {
     }
 }
 
-fn alloc_path(path: &Path, seq: u64) -> PathBuf {
+pub(crate) fn alloc_path(path: &Path, seq: u64) -> PathBuf {
     let mut s = path.as_os_str().to_owned();
     s.push(format!(".alloc{}", seq % 2));
     PathBuf::from(s)
@@ -342,8 +342,8 @@ impl Wal {
             .open(&cfg.path)
             .map_err(|e| io_err(&cfg.path, e))?;
         // Reserve the whole file now: a full device is an error at open, never at a commit.
-        crate::store::fallocate(&file, 0, cfg.file_bytes).map_err(|e| {
-            if crate::store::is_full(&e) {
+        crate::io::fallocate(&file, 0, cfg.file_bytes).map_err(|e| {
+            if crate::io::is_full(&e) {
                 StoreError::NoRoomForLog {
                     path: cfg.path.clone(),
                     bytes: cfg.file_bytes,
@@ -749,17 +749,9 @@ impl Wal {
     }
 
     /// Make everything before `lsn` durable (group commit: one caller flushes for all).
+    /// The log keeps room for what the provider's write-backs (checkpoints among them) need
+    /// flushed: see [`Wal::tight`].
     pub fn flush_to(&self, lsn: u64) -> StoreResult<()> {
-        self.flush_upto(lsn, false)
-    }
-
-    /// [`Wal::flush_to`] for the page provider's write-backs (checkpoints among them). The log
-    /// keeps room for it: see [`Wal::tight`].
-    pub fn flush_to_reserved(&self, lsn: u64) -> StoreResult<()> {
-        self.flush_upto(lsn, true)
-    }
-
-    fn flush_upto(&self, lsn: u64, reserved: bool) -> StoreResult<()> {
         let t0 = Instant::now();
         while self.durable() < lsn {
             if self.failed.load(Ordering::Acquire) {
@@ -769,7 +761,7 @@ impl Wal {
             if self.durable() >= lsn {
                 break;
             }
-            if !self.flush_locked(&mut f, reserved)? {
+            if !self.flush_locked(&mut f)? {
                 // a chunk before `lsn` is still being copied in: its writer finishes shortly
                 drop(f);
                 if t0.elapsed() > Duration::from_millis(1) {
@@ -785,7 +777,7 @@ impl Wal {
     /// Flush whatever is complete (for ring space and the timed flush).
     pub fn flush_some(&self) -> StoreResult<()> {
         let mut f = self.flusher.lock();
-        if !self.flush_locked(&mut f, false)? {
+        if !self.flush_locked(&mut f)? {
             drop(f);
             std::thread::yield_now();
         }
@@ -806,14 +798,8 @@ impl Wal {
 
     /// Copy the complete chunks after `f.next` out of the ring and write them durably.
     /// Returns whether anything was written.
-    fn flush_locked(
-        &self,
-        f: &mut parking_lot::MutexGuard<'_, Flusher>,
-        reserved: bool,
-    ) -> StoreResult<bool> {
+    fn flush_locked(&self, f: &mut parking_lot::MutexGuard<'_, Flusher>) -> StoreResult<bool> {
         let s = self.data_bytes;
-        let _ = reserved;
-        let room = s;
         let start_lsn = f.next;
         let start_fpos = f.fpos;
         debug_assert_eq!(start_fpos % BLOCK, 0);
@@ -833,7 +819,7 @@ impl Wal {
                 let n = s - pos % s;
                 Self::pad_to(&mut f.wbuf, &mut pos, n);
             }
-            if pos + size > f.redo.fpos + room {
+            if pos + size > f.redo.fpos + s {
                 break; // the log is full up to the redo point
             }
             for i in 0..size / 8 {
