@@ -34,7 +34,8 @@ pub struct EngineConfig {
     pub free_frame_timeout: std::time::Duration,
     /// When changes become durable (docs/durability.md). Single nodes only.
     pub durability: Durability,
-    /// Size of the write-ahead log file (with a log; 4 KiB multiple, at least 1 MiB).
+    /// Size of the write-ahead log file (with a log; 4 KiB multiple, at least 1 MiB; default
+    /// 1 GiB). A checkpoint begins when half of it is in use.
     pub wal_bytes: u64,
 }
 
@@ -108,7 +109,7 @@ impl Default for EngineConfig {
             free_target_percent: 5,
             free_frame_timeout: std::time::Duration::from_secs(10),
             durability: Durability::None,
-            wal_bytes: 256 << 20,
+            wal_bytes: 1 << 30,
         }
     }
 }

@@ -33,6 +33,7 @@ pub const LEAVE_LINGER: Duration = Duration::from_secs(5);
 pub struct Engine {
     node: Arc<Node>,
     provider: Mutex<Option<JoinHandle<()>>>,
+    log_writer: Mutex<Option<JoinHandle<()>>>,
     handler: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
 }
@@ -201,6 +202,36 @@ impl Engine {
                 what: "the page provider thread".into(),
                 source: Arc::new(e),
             })?;
+        // The log writer (durability commit or flush-every-ms): flushes in the background, so
+        // that workers committing without waiting are acknowledged, and nobody waits for a
+        // timed flush.
+        let log_writer = match (node.buf.store.wal(), node.cfg.durability) {
+            (Some(_), d) => {
+                let every = match d {
+                    crate::config::Durability::FlushEveryMs(ms) => {
+                        Some(Duration::from_millis(ms as u64))
+                    }
+                    _ => None,
+                };
+                let n = Arc::clone(&node);
+                Some(
+                    std::thread::Builder::new()
+                        .name(format!("shoal-log-{}", node.id()))
+                        .spawn(move || {
+                            if let Some(w) = n.buf.store.wal() {
+                                if let Err(e) = w.run_writer(every) {
+                                    log::error!("node {}: the log writer stopped: {e}", n.id());
+                                }
+                            }
+                        })
+                        .map_err(|e| EngineError::Resources {
+                            what: "the log writer thread".into(),
+                            source: Arc::new(e),
+                        })?,
+                )
+            }
+            (None, _) => None,
+        };
         let handler = match &node.coh {
             None => None,
             Some(_) => {
@@ -231,6 +262,7 @@ impl Engine {
         Ok(Engine {
             node,
             provider: Mutex::new(Some(handle)),
+            log_writer: Mutex::new(log_writer),
             handler: Mutex::new(handler),
             closed: AtomicBool::new(false),
         })
@@ -362,6 +394,11 @@ impl Engine {
             frames: buf.pool.len() as u64,
             free_frames: buf.free.len() as u64,
             clock: buf.clock() as u64,
+            log: buf
+                .store
+                .wal()
+                .map(|w| w.stats.snapshot())
+                .unwrap_or_default(),
         }
     }
 
@@ -377,6 +414,14 @@ impl Engine {
         if let Some(h) = self.provider.lock().take() {
             if h.join().is_err() {
                 log::error!("the page provider thread panicked");
+            }
+        }
+        if let Some(h) = self.log_writer.lock().take() {
+            if let Some(w) = buf.store.wal() {
+                w.stop_writer();
+            }
+            if h.join().is_err() {
+                log::error!("the log writer thread panicked");
             }
         }
         if let Some(c) = &node.coh {

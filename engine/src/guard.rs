@@ -44,6 +44,12 @@ pub struct Worker {
     _not_sync: PhantomData<Cell<()>>,
 }
 
+/// A point in the log ([`Worker::commit_later`]): the commit is durable once the log is
+/// durable up to here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[must_use = "a commit is durable only once is_durable(point) says so"]
+pub struct CommitPoint(u64);
+
 /// A worker's log buffer and its open *group*: the exclusive guards a worker holds at once
 /// (a split's parent and children, a merge's three nodes) are logged as one chunk, which
 /// recovery replays whole or not at all. A guard that changed its page and is dropped while
@@ -62,8 +68,6 @@ struct LogGroup {
     frees: Vec<u64>,
     /// The worker's own log buffer (a chunk is encoded here, then copied into the ring).
     buf: Vec<u8>,
-    /// LSN just past this worker's last chunk.
-    last: u64,
     /// Logging a group failed: the error `commit` reports.
     failed: Option<EngineError>,
 }
@@ -88,24 +92,67 @@ impl Worker {
     /// Make everything this worker changed durable, as the engine's durability says: with
     /// `commit`, wait until the log holding it is on the device (one flush serves every worker
     /// waiting); with `flush-every-ms` or `none`, return at once. Call it with no guard held.
+    /// The same as [`Worker::commit_later`] then, with `commit`, [`Worker::wait_durable`].
     pub fn commit(&self) -> Result<(), EngineError> {
-        let Some(log) = &self.log else {
-            return Ok(());
-        };
-        let (last, failed) = {
-            let mut g = log.borrow_mut();
-            debug_assert_eq!(g.open, 0, "commit while holding an exclusive guard");
-            (g.last, g.failed.take())
-        };
-        if let Some(e) = failed {
-            return Err(e);
-        }
+        let point = self.commit_later()?;
         if self.node.cfg.durability == crate::config::Durability::Commit {
-            if let Some(w) = self.node.buf.store.wal() {
-                w.flush_to(last)?;
-            }
+            self.wait_durable(point)?;
         }
         Ok(())
+    }
+
+    /// Commit without waiting: returns the point in the log that must be durable before the
+    /// caller may tell anyone the work is done. It covers everything this worker changed and
+    /// everything it could have read (the log's tail now: a change is in the log before its
+    /// page is unlatched). Meanwhile the worker goes on (the log writer flushes in the
+    /// background: group commit without a waiting thread); [`Worker::is_durable`] says when.
+    /// Call it with no guard held.
+    pub fn commit_later(&self) -> Result<CommitPoint, EngineError> {
+        let Some(log) = &self.log else {
+            return Ok(CommitPoint(0));
+        };
+        {
+            let mut g = log.borrow_mut();
+            debug_assert_eq!(g.open, 0, "commit while holding an exclusive guard");
+            if let Some(e) = g.failed.take() {
+                return Err(e);
+            }
+        }
+        let w = self.wal();
+        w.stats
+            .commits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(CommitPoint(w.tail()))
+    }
+
+    /// Whether everything before `point` is durable (an error if the log failed: then it
+    /// never will be).
+    pub fn is_durable(&self, point: CommitPoint) -> Result<bool, EngineError> {
+        if point.0 == 0 {
+            return Ok(true);
+        }
+        let w = self.wal();
+        if w.durable() >= point.0 {
+            return Ok(true);
+        }
+        w.check_failed()?;
+        Ok(false)
+    }
+
+    /// Wait until everything before `point` is durable (flushing it if nobody else is).
+    pub fn wait_durable(&self, point: CommitPoint) -> Result<(), EngineError> {
+        if point.0 == 0 {
+            return Ok(());
+        }
+        Ok(self.wal().flush_to(point.0)?)
+    }
+
+    fn wal(&self) -> &shoal_storage::Wal {
+        self.node
+            .buf
+            .store
+            .wal()
+            .expect("a worker with a log group has a log")
     }
 
     /// A new group would begin while the log is nearly full (see `Wal::tight`).
@@ -166,10 +213,12 @@ impl Worker {
         let LogGroup {
             pages, buf: lbuf, ..
         } = g;
+        let mut images = 0u64;
         let result = if pages.is_empty() {
             Ok(0)
         } else {
             wal.append(lbuf, |c, b| {
+                images = 0;
                 for (idx, pid, changed) in pages.iter() {
                     // SAFETY: this worker holds frame `idx`'s exclusive latch (kept for the
                     // group), so nobody writes the page while we read it.
@@ -180,19 +229,25 @@ impl Worker {
                     // (or was never logged here) goes in whole: recovery from that checkpoint
                     // needs no page from the store
                     if buf.pool.frame(*idx).lsn() <= c {
+                        images += 1;
                         shoal_storage::wal::put_image(b, pid.slot(), pid.raw(), data);
                     } else {
                         shoal_storage::wal::put_diff(
                             b,
                             pid.slot(),
                             pid.raw(),
-                            &changed.ranges(),
+                            changed.ranges(),
                             data,
                         );
                     }
                 }
             })
         };
+        if images > 0 {
+            wal.stats
+                .images
+                .fetch_add(images, std::sync::atomic::Ordering::Relaxed);
+        }
         let end = match result {
             Ok(end) => end,
             Err(e) => {
@@ -210,9 +265,6 @@ impl Worker {
             if idx != keep {
                 f.latch.unlock_exclusive();
             }
-        }
-        if end != 0 && end != u64::MAX {
-            g.last = end;
         }
         for slot in g.frees.drain(..) {
             if let Err(e) = buf.store.free(slot) {

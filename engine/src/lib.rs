@@ -56,7 +56,7 @@ pub use cluster_file::{join, new_secret_hex, ClusterFile, Secret, SECRET_BYTES};
 pub use config::{format_bytes, parse_bytes, Durability, EngineConfig, MIN_CACHE_FRAMES};
 pub use engine::{lock_for_reading, Engine, Membership, ProtocolStats};
 pub use error::{EngineError, OpResult, Restart};
-pub use guard::{ExclusiveGuard, OptimisticGuard, SharedGuard, Worker};
+pub use guard::{CommitPoint, ExclusiveGuard, OptimisticGuard, SharedGuard, Worker};
 pub use pid::{Pid, MAX_NODES};
 pub use shoal_messaging::ChannelLayout;
 pub use shoal_storage::{BackendChoice, OpenMode, PAGE_DATA_SIZE, PAGE_SIZE};

@@ -114,29 +114,16 @@ pub(crate) fn run(node: Arc<Node>) {
         errors: ErrorLog::new("writing back"),
         failing_pause: Duration::ZERO,
     };
-    let mut last_flush = Instant::now();
     while !buf.is_shutdown() {
         if let Some(w) = buf.store.wal() {
-            if let crate::config::Durability::FlushEveryMs(ms) = node.cfg.durability {
-                if last_flush.elapsed() >= Duration::from_millis(ms as u64) {
-                    if let Err(e) = w.flush_some() {
-                        p.errors.error(Pid::NONE, &e);
-                    }
-                    last_flush = Instant::now();
-                }
-            }
-            if w.used_bytes() > w.capacity_bytes() / 4 {
+            if w.used_bytes() > w.capacity_bytes() / 2 {
                 if let Err(e) = p.checkpoint(&node) {
                     p.errors.error(Pid::NONE, &e);
                 }
             }
         }
         if buf.free.len() >= buf.free_target {
-            let wait = match node.cfg.durability {
-                crate::config::Durability::FlushEveryMs(ms) => (ms as u64).min(10),
-                _ => 10,
-            };
-            buf.wait_for_demand(Duration::from_millis(wait));
+            buf.wait_for_demand(Duration::from_millis(10));
             continue;
         }
         let freed = p.round(&node);

@@ -55,4 +55,6 @@ pub struct StatsSnapshot {
     pub clock: u64,
     /// Workers registered now (dropped workers leave; their counts stay in the totals).
     pub live_workers: u64,
+    /// The write-ahead log's counters (zero without a log).
+    pub log: shoal_storage::LogCounters,
 }

@@ -32,4 +32,4 @@ pub use error::{StoreError, StoreResult};
 pub use io::BackendChoice;
 pub use page::{AlignedPage, PAGE_DATA_SIZE, PAGE_SIZE, TRAILER_SIZE};
 pub use store::{OpenMode, PageStore, ReadRequest, StoreConfig, StoreStats, WriteRequest};
-pub use wal::{Wal, WalConfig};
+pub use wal::{LogCounters, Wal, WalConfig};

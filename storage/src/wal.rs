@@ -96,12 +96,18 @@ pub fn put_image(buf: &mut Vec<u8>, slot: u64, pid: u64, data: &[u8]) {
 }
 
 /// Append a changed-ranges record: `ranges` are (offset, length) into `page` (the data area).
-pub fn put_diff(buf: &mut Vec<u8>, slot: u64, pid: u64, ranges: &[(u16, u16)], page: &[u8]) {
+pub fn put_diff(
+    buf: &mut Vec<u8>,
+    slot: u64,
+    pid: u64,
+    ranges: impl ExactSizeIterator<Item = (u16, u16)>,
+    page: &[u8],
+) {
     buf.push(rec::DIFF);
     buf.extend_from_slice(&slot.to_le_bytes());
     buf.extend_from_slice(&pid.to_le_bytes());
     buf.extend_from_slice(&(ranges.len() as u16).to_le_bytes());
-    for &(off, len) in ranges {
+    for (off, len) in ranges {
         let (o, l) = (off as usize, len as usize);
         assert!(
             o + l <= PAGE_DATA_SIZE,
@@ -141,13 +147,82 @@ impl WalConfig {
 #[derive(Debug, Default)]
 pub struct WalStats {
     pub chunks: AtomicU64,
+    /// Whole page images logged (the first change of a page after a checkpoint began).
     pub images: AtomicU64,
+    /// Commits that asked for durability (blocking or not).
+    pub commits: AtomicU64,
     pub flushes: AtomicU64,
     pub bytes_written: AtomicU64,
     pub sync_nanos: AtomicU64,
+    pub sync_max_nanos: AtomicU64,
     pub checkpoints: AtomicU64,
     /// Flushes that waited for a checkpoint to free log space.
     pub full_waits: AtomicU64,
+}
+
+/// A copy of [`WalStats`] at one moment.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LogCounters {
+    pub chunks: u64,
+    pub images: u64,
+    pub commits: u64,
+    pub flushes: u64,
+    pub bytes_written: u64,
+    pub sync_nanos: u64,
+    /// The longest single fdatasync since open (not a difference in [`LogCounters::since`]).
+    pub sync_max_nanos: u64,
+    pub checkpoints: u64,
+    pub full_waits: u64,
+}
+
+impl WalStats {
+    pub fn snapshot(&self) -> LogCounters {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        LogCounters {
+            chunks: l(&self.chunks),
+            images: l(&self.images),
+            commits: l(&self.commits),
+            flushes: l(&self.flushes),
+            bytes_written: l(&self.bytes_written),
+            sync_nanos: l(&self.sync_nanos),
+            sync_max_nanos: l(&self.sync_max_nanos),
+            checkpoints: l(&self.checkpoints),
+            full_waits: l(&self.full_waits),
+        }
+    }
+}
+
+impl LogCounters {
+    /// What happened between `earlier` and `self` (the maximum stays the later one's).
+    pub fn since(&self, earlier: &LogCounters) -> LogCounters {
+        LogCounters {
+            chunks: self.chunks - earlier.chunks,
+            images: self.images - earlier.images,
+            commits: self.commits - earlier.commits,
+            flushes: self.flushes - earlier.flushes,
+            bytes_written: self.bytes_written - earlier.bytes_written,
+            sync_nanos: self.sync_nanos - earlier.sync_nanos,
+            sync_max_nanos: self.sync_max_nanos,
+            checkpoints: self.checkpoints - earlier.checkpoints,
+            full_waits: self.full_waits - earlier.full_waits,
+        }
+    }
+
+    /// One readable line: log MB/s, commits per flush, fdatasync mean and max.
+    pub fn summary(&self, secs: f64) -> String {
+        let per_flush = |n: u64| n as f64 / self.flushes.max(1) as f64;
+        format!(
+            "{:.1} MB/s, {:.0} flushes/s, {:.1} commits/flush, fdatasync mean {:.0} us max {:.0} us, {:.0} whole images/s, {} checkpoints, {} waits for space",
+            self.bytes_written as f64 / 1e6 / secs,
+            self.flushes as f64 / secs,
+            per_flush(self.commits),
+            per_flush(self.sync_nanos) / 1e3,
+            self.sync_max_nanos as f64 / 1e3,
+            self.images as f64 / secs,
+            self.checkpoints,
+            self.full_waits
+        )
+    }
 }
 
 /// The redo start recorded by the last finished checkpoint.
@@ -177,7 +252,49 @@ struct Flusher {
     redo: RedoPoint,
     /// The last checkpoint record copied out: (lsn, fpos).
     last_checkpoint: Option<RedoPoint>,
-    wbuf: Vec<u8>,
+    wbuf: BlockBuf,
+}
+
+/// One 4 KiB block, aligned as O_DIRECT needs.
+#[repr(C, align(4096))]
+struct Block([u8; BLOCK as usize]);
+
+/// A fixed-capacity byte buffer of aligned blocks: what one flush writes.
+struct BlockBuf {
+    blocks: Box<[Block]>,
+    len: usize,
+}
+
+impl BlockBuf {
+    fn new(bytes: u64) -> BlockBuf {
+        let n = bytes.div_ceil(BLOCK) as usize;
+        BlockBuf {
+            blocks: (0..n).map(|_| Block([0; BLOCK as usize])).collect(),
+            len: 0,
+        }
+    }
+
+    fn all(&mut self) -> &mut [u8] {
+        let n = self.blocks.len() * BLOCK as usize;
+        // SAFETY: `Block` is `repr(C)` around a byte array whose size equals its alignment, so
+        // the boxed slice is `n` contiguous, initialised bytes, borrowed mutably with `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.blocks.as_mut_ptr().cast::<u8>(), n) }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: as in `all`, shared.
+        unsafe { std::slice::from_raw_parts(self.blocks.as_ptr().cast::<u8>(), self.len) }
+    }
+
+    fn room(&self) -> usize {
+        self.blocks.len() * BLOCK as usize - self.len
+    }
+
+    fn push_word(&mut self, w: u64) {
+        let at = self.len;
+        self.all()[at..at + 8].copy_from_slice(&w.to_le_bytes());
+        self.len += 8;
+    }
 }
 
 struct HeaderState {
@@ -188,6 +305,9 @@ struct HeaderState {
 pub struct Wal {
     path: PathBuf,
     file: File,
+    /// The same file opened with O_DIRECT for the data area's writes (no copy into the page
+    /// cache; `None` where the file system refuses O_DIRECT: then `file` writes).
+    direct: Option<File>,
     /// Bytes of the data area.
     data_bytes: u64,
     ring: Box<[AtomicU64]>,
@@ -207,6 +327,12 @@ pub struct Wal {
     header: Mutex<HeaderState>,
     /// A write or sync failed: nothing after the durable point can be promised any more.
     failed: AtomicBool,
+    /// The log writer ([`Wal::run_writer`]) is about to sleep: a writer placing a chunk wakes it.
+    writer_idle: AtomicBool,
+    writer_stop: AtomicBool,
+    /// Lock and condition of the writer's sleep (the lock guards nothing else).
+    writer_sleep: Mutex<()>,
+    writer_wake: Condvar,
     /// The log is used beyond [`Wal::admit_limit`]: new changes wait for a checkpoint.
     tight: AtomicBool,
     pub stats: WalStats,
@@ -324,6 +450,35 @@ fn decode_alloc(b: &[u8], capacity: u64) -> Option<Allocator> {
     Some(Allocator::new(next, free, capacity))
 }
 
+/// What a log holds, read without opening a store ([`survey`], for `shoal inspect`).
+#[derive(Debug, Clone)]
+pub struct LogInfo {
+    pub file_bytes: u64,
+    /// Checkpoints finished over the log's life (the header's sequence number).
+    pub checkpoints: u64,
+    /// Where recovery would begin (LSN of the last finished checkpoint).
+    pub redo_lsn: u64,
+    /// LSN just past the last valid chunk.
+    pub end_lsn: u64,
+    /// What recovery would replay (its `pages` and `seconds` are 0: nothing is applied).
+    pub pending: Replay,
+}
+
+/// Read the log at `path`: its header and the chunks after its redo point (nothing written).
+pub fn survey(path: &Path) -> StoreResult<LogInfo> {
+    let (found, file) = Wal::read_existing(path)?;
+    let file_bytes = file.metadata().map_err(|e| io_err(path, e))?.len();
+    let (end, mut pending) = Wal::scan(path, &file, &found, |_, _, _| Ok(()))?;
+    pending.seconds = 0.0;
+    Ok(LogInfo {
+        file_bytes,
+        checkpoints: found.header.seq,
+        redo_lsn: found.header.redo.lsn,
+        end_lsn: end.lsn,
+        pending,
+    })
+}
+
 /// What [`Wal::open`] found in an existing log.
 pub(crate) struct Found {
     header: Header,
@@ -388,9 +543,18 @@ impl Wal {
 
     fn new(cfg: &WalConfig, file: File, data_bytes: u64, redo: RedoPoint, seq: u64) -> Wal {
         let words = cfg.ring_bytes / 8;
+        let direct = {
+            use std::os::unix::fs::OpenOptionsExt;
+            OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(&cfg.path)
+                .ok()
+        };
         Wal {
             path: cfg.path.clone(),
             file,
+            direct,
             data_bytes,
             ring: (0..words).map(|_| AtomicU64::new(0)).collect(),
             ring_bytes: cfg.ring_bytes as u64,
@@ -403,12 +567,17 @@ impl Wal {
                 fpos: redo.fpos,
                 redo,
                 last_checkpoint: None,
-                wbuf: Vec::new(),
+                // one flush takes at most a ring of chunks, a wrap's padding and a block's
+                wbuf: BlockBuf::new(2 * cfg.ring_bytes as u64 + BLOCK),
             }),
             space: Condvar::new(),
             header: Mutex::new(HeaderState { seq }),
             failed: AtomicBool::new(false),
             tight: AtomicBool::new(false),
+            writer_idle: AtomicBool::new(false),
+            writer_stop: AtomicBool::new(false),
+            writer_sleep: Mutex::new(()),
+            writer_wake: Condvar::new(),
             stats: WalStats::default(),
         }
     }
@@ -711,12 +880,14 @@ impl Wal {
             } else {
                 epoch
             };
+            // SeqCst (on x86 the same instruction as AcqRel): with the SeqCst load of
+            // `writer_idle` in `wake_writer`, see `run_writer`.
             if self
                 .tail
                 .compare_exchange_weak(
                     t,
                     join(next_epoch, lsn + size),
-                    Ordering::AcqRel,
+                    Ordering::SeqCst,
                     Ordering::Relaxed,
                 )
                 .is_err()
@@ -727,21 +898,39 @@ impl Wal {
             buf.resize(pad8(len), 0);
             let crc = crc32fast::hash(&buf[..len]);
             self.put_word(lsn + 8, (len as u64) | ((crc as u64) << 32));
-            for (i, w) in buf.chunks_exact(8).enumerate() {
-                self.put_word(
-                    lsn + CHUNK_HEADER + 8 * i as u64,
-                    u64::from_le_bytes(w.try_into().expect("8 bytes")),
-                );
-            }
+            self.copy_in(lsn + CHUNK_HEADER, buf);
             // Release: the flusher that reads this mark (Acquire) sees the words above.
             self.word(lsn).store(lsn, Ordering::Release);
             self.stats.chunks.fetch_add(1, Ordering::Relaxed);
+            self.wake_writer();
             return Ok((lsn, lsn + size));
         }
     }
 
     fn word(&self, lsn: u64) -> &AtomicU64 {
         &self.ring[((lsn % self.ring_bytes) / 8) as usize]
+    }
+
+    /// Copy `bytes` (a multiple of 8) into the ring at `lsn`, wrapping at its end.
+    fn copy_in(&self, lsn: u64, bytes: &[u8]) {
+        debug_assert!(bytes.len().is_multiple_of(8));
+        let start = ((lsn % self.ring_bytes) / 8) as usize;
+        let words = bytes.len() / 8;
+        let first = words.min(self.ring.len() - start);
+        let (a, b) = bytes.split_at(first * 8);
+        for (part, at) in [(a, start), (b, 0)] {
+            let dst = &self.ring[at..at + part.len() / 8];
+            // SAFETY: these words belong to this thread's reserved chunk and are not its mark:
+            // no thread reads or writes them until the mark is stored (Release, afterwards),
+            // so plain writes to the `AtomicU64`s (same layout as u64) race with nothing.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    part.as_ptr(),
+                    dst.as_ptr().cast::<u8>().cast_mut(),
+                    part.len(),
+                )
+            };
+        }
     }
 
     fn put_word(&self, lsn: u64, v: u64) {
@@ -784,9 +973,105 @@ impl Wal {
         Ok(())
     }
 
+    /// The log writer's loop, on a thread of its own until [`Wal::stop_writer`]: with `every`,
+    /// flush whatever is complete once per interval (durability `flush-every-ms`); without,
+    /// flush as soon as anything is complete (durability `commit`: one flush after another,
+    /// each taking every chunk placed while the previous one ran; workers that committed
+    /// without waiting see [`Wal::durable`] pass their point). Sleeps while the ring is empty.
+    /// Returns the first error (the log is then failed for everyone).
+    pub fn run_writer(&self, every: Option<Duration>) -> StoreResult<()> {
+        const NAP: Duration = Duration::from_millis(1);
+        const GATHER: Duration = Duration::from_micros(200);
+
+        let mut next_tick = Instant::now();
+        while !self.writer_stop.load(Ordering::Acquire) {
+            if let Some(every) = every {
+                next_tick += every;
+                let now = Instant::now();
+                if next_tick > now {
+                    let mut g = self.writer_sleep.lock();
+                    if !self.writer_stop.load(Ordering::Acquire) {
+                        self.writer_wake.wait_for(&mut g, next_tick - now);
+                    }
+                } else {
+                    next_tick = now;
+                }
+                self.flush_complete()?;
+                continue;
+            }
+            if self.flush_complete()? {
+                // let commits gather: fewer, larger flushes (measured on a 2-core VM: 1,400
+                // instead of 3,500 flushes/s and 6% more YCSB-A throughput, +60 us median
+                // latency). A thread waiting in `flush_to` flushes itself, not after this.
+                std::thread::sleep(GATHER);
+                continue;
+            }
+            // Sleep only while nothing is reserved beyond what was copied out. No lost wake-up:
+            // this SeqCst store of `writer_idle` and the SeqCst load of the tail below, against
+            // a placer's SeqCst compare-and-swap of the tail and its SeqCst load of
+            // `writer_idle` (`wake_writer`): either we see its reservation or it sees us idle,
+            // and it notifies holding `writer_sleep`, which we hold from the check to the wait.
+            // (A reservation still being copied in: yield until it is complete.)
+            self.writer_idle.store(true, Ordering::SeqCst);
+            {
+                let mut g = self.writer_sleep.lock();
+                let reserved = split(self.tail.load(Ordering::SeqCst)).1;
+                if reserved == self.released.load(Ordering::Acquire)
+                    && !self.writer_stop.load(Ordering::Acquire)
+                {
+                    self.writer_wake.wait_for(&mut g, NAP);
+                } else if !self.has_complete_chunk() {
+                    drop(g);
+                    std::thread::yield_now();
+                }
+            }
+            self.writer_idle.store(false, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Wake the log writer if it sleeps (after a reservation: see `run_writer`).
+    fn wake_writer(&self) {
+        if self.writer_idle.load(Ordering::SeqCst) {
+            let _g = self.writer_sleep.lock();
+            self.writer_wake.notify_one();
+        }
+    }
+
+    /// Make [`Wal::run_writer`] return (after its current flush).
+    pub fn stop_writer(&self) {
+        self.writer_stop.store(true, Ordering::Release);
+        let _g = self.writer_sleep.lock();
+        self.writer_wake.notify_all();
+    }
+
+    /// The chunk after the last one copied out is complete.
+    fn has_complete_chunk(&self) -> bool {
+        // Acquire: as in `flush_locked`, which reads the chunk after this says it is there.
+        let next = self.released.load(Ordering::Acquire);
+        self.word(next).load(Ordering::Acquire) == next
+    }
+
+    /// Flush the complete chunks, if any; returns whether anything was written.
+    fn flush_complete(&self) -> StoreResult<bool> {
+        if !self.has_complete_chunk() {
+            return Ok(false);
+        }
+        let mut f = self.flusher.lock();
+        self.flush_locked(&mut f)
+    }
+
     /// Everything appended so far is durable.
     pub fn flush_all(&self) -> StoreResult<()> {
         self.flush_to(self.tail())
+    }
+
+    /// An error if a write or sync of the log failed (nothing more can be made durable).
+    pub fn check_failed(&self) -> StoreResult<()> {
+        if self.failed.load(Ordering::Acquire) {
+            return Err(self.failure());
+        }
+        Ok(())
     }
 
     fn failure(&self) -> StoreError {
@@ -803,7 +1088,7 @@ impl Wal {
         let start_lsn = f.next;
         let start_fpos = f.fpos;
         debug_assert_eq!(start_fpos % BLOCK, 0);
-        f.wbuf.clear();
+        f.wbuf.len = 0;
         let mut pos = f.fpos; // fpos of the next byte of wbuf
         let mut lsn = f.next;
         loop {
@@ -822,10 +1107,10 @@ impl Wal {
             if pos + size > f.redo.fpos + s {
                 break; // the log is full up to the redo point
             }
-            for i in 0..size / 8 {
-                let w = self.word(lsn + 8 * i).load(Ordering::Relaxed);
-                f.wbuf.extend_from_slice(&w.to_le_bytes());
+            if size as usize + 2 * BLOCK as usize > f.wbuf.room() {
+                break; // the rest in the next flush
             }
+            self.copy_out(lsn, size, &mut f.wbuf);
             if len > 0
                 && (self.word(lsn + CHUNK_HEADER).load(Ordering::Relaxed) & 0xff) as u8
                     == rec::CHECKPOINT
@@ -869,13 +1154,12 @@ impl Wal {
         // write, wrapping at the end of the data area
         let mut off = 0usize;
         let mut p = start_fpos;
-        while off < f.wbuf.len() {
+        let out = self.direct.as_ref().unwrap_or(&self.file);
+        let wbuf = f.wbuf.bytes();
+        while off < wbuf.len() {
             let at = p % s;
-            let n = ((s - at) as usize).min(f.wbuf.len() - off);
-            if let Err(e) = self
-                .file
-                .write_all_at(&f.wbuf[off..off + n], HEADER_BYTES + at)
-            {
+            let n = ((s - at) as usize).min(wbuf.len() - off);
+            if let Err(e) = out.write_all_at(&wbuf[off..off + n], HEADER_BYTES + at) {
                 self.failed.store(true, Ordering::Release);
                 return Err(io_err(&self.path, e));
             }
@@ -888,11 +1172,12 @@ impl Wal {
             return Err(io_err(&self.path, e));
         }
         let st = &self.stats;
-        st.sync_nanos
-            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let took = t.elapsed().as_nanos() as u64;
+        st.sync_nanos.fetch_add(took, Ordering::Relaxed);
+        st.sync_max_nanos.fetch_max(took, Ordering::Relaxed);
         st.flushes.fetch_add(1, Ordering::Relaxed);
         st.bytes_written
-            .fetch_add(f.wbuf.len() as u64, Ordering::Relaxed);
+            .fetch_add(f.wbuf.len as u64, Ordering::Relaxed);
         f.next = lsn;
         f.fpos = pos;
         self.tight
@@ -906,16 +1191,38 @@ impl Wal {
         Ok(true)
     }
 
+    /// Copy the complete chunk of `size` bytes at `lsn` out of the ring into `out`.
+    fn copy_out(&self, lsn: u64, size: u64, out: &mut BlockBuf) {
+        let start = ((lsn % self.ring_bytes) / 8) as usize;
+        let words = (size / 8) as usize;
+        let first = words.min(self.ring.len() - start);
+        for part in [
+            &self.ring[start..start + first],
+            &self.ring[..words - first],
+        ] {
+            let at = out.len;
+            let n = part.len() * 8;
+            // SAFETY: the chunk is complete (its mark was read with Acquire, after its writer's
+            // Release), and no thread writes these words until `released` passes them, which
+            // only this flush (holding the flusher lock) does afterwards: plain reads of the
+            // `AtomicU64`s (same layout as u64) race with no write. Other threads may only
+            // read them (mark checks), and reads do not race with reads.
+            let src = unsafe { std::slice::from_raw_parts(part.as_ptr().cast::<u8>(), n) };
+            out.all()[at..at + n].copy_from_slice(src);
+            out.len += n;
+        }
+    }
+
     /// Append `n` bytes of padding (a PAD word at each chunk position that starts a block or
     /// the padding).
-    fn pad_to(buf: &mut Vec<u8>, pos: &mut u64, n: u64) {
+    fn pad_to(buf: &mut BlockBuf, pos: &mut u64, n: u64) {
         let end = *pos + n;
         let mut first = true;
         while *pos < end {
             if first || (*pos).is_multiple_of(BLOCK) {
-                buf.extend_from_slice(&PAD.to_le_bytes());
+                buf.push_word(PAD);
             } else {
-                buf.extend_from_slice(&0u64.to_le_bytes());
+                buf.push_word(0);
             }
             first = false;
             *pos += 8;

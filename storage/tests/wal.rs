@@ -41,7 +41,9 @@ fn a_torn_page_write_is_repaired_from_the_log_at_open() {
             .unwrap();
         page[100..108].copy_from_slice(b"changed!");
         let end = w
-            .append(&mut buf, |_, b| put_diff(b, slot, slot, &[(100, 8)], &page))
+            .append(&mut buf, |_, b| {
+                put_diff(b, slot, slot, [(100u16, 8u16)].into_iter(), &page)
+            })
             .unwrap();
         w.flush_to(end).unwrap();
         // the write-back of the new image is torn: only its first half reaches the device

@@ -444,3 +444,24 @@ pub fn drive_cluster<T>(
         }
     }
 }
+
+/// The write-ahead log's figures over a measured interval, as JSON (`null` without a log).
+pub fn log_json(d: &shoal_storage::LogCounters, secs: f64, logged: bool) -> serde_json::Value {
+    if !logged {
+        return serde_json::Value::Null;
+    }
+    let flushes = d.flushes.max(1) as f64;
+    serde_json::json!({
+        "bytes_written": d.bytes_written,
+        "mb_per_s": d.bytes_written as f64 / 1e6 / secs,
+        "flushes": d.flushes,
+        "commits": d.commits,
+        "commits_per_flush": d.commits as f64 / flushes,
+        "fdatasync_mean_us": d.sync_nanos as f64 / flushes / 1e3,
+        "fdatasync_max_us": d.sync_max_nanos as f64 / 1e3,
+        "chunks": d.chunks,
+        "whole_images": d.images,
+        "checkpoints": d.checkpoints,
+        "waits_for_space": d.full_waits,
+    })
+}

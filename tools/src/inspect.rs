@@ -8,14 +8,21 @@
 //! engine's store is refused (its lock file is held), and an engine cannot open a store while
 //! it is inspected.
 //!
+//! The write-ahead log beside each store (`node<N>-0.wal`) is read too: its size, checkpoints,
+//! and what recovery would replay. A store that was not shut down cleanly is reported as
+//! needing recovery (with a log: `shoal recover DIR`) or as having lost its recent changes
+//! (without one), never as "ok".
+//!
 //! Exit status: 0 when everything checks out, 1 when anything is corrupt or broken, 2 when
-//! DIR cannot be inspected at all (no store, unreadable device, an engine is running).
+//! DIR cannot be inspected at all (no store, unreadable device, an engine is running), 3 when
+//! a store was not shut down cleanly (the findings are from before any recovery).
 
 use crate::cli::progress_bar;
 use serde_json::json;
 use shoal_btree::{verify_tree, TreeReport};
 use shoal_engine::{catalog, lock_for_reading, Pid, PAGE_DATA_SIZE};
 use shoal_storage::inspect::{SlotScan, StoreReader};
+use shoal_storage::wal::{survey, LogInfo};
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -45,6 +52,19 @@ struct NodeReport {
     /// `None`: unclean store (its free list is stale).
     free: Option<HashSet<u64>>,
     scan: SlotScan,
+    /// The log beside the store, if there is one (or why it could not be read).
+    log: Option<(PathBuf, Result<LogInfo, String>)>,
+}
+
+impl NodeReport {
+    /// "clean", "needs_recovery" (unclean, with a log) or "unclean_without_log".
+    fn state(&self) -> &'static str {
+        match (self.reader.superblock().clean, &self.log) {
+            (true, _) => "clean",
+            (false, Some((_, Ok(_)))) => "needs_recovery",
+            (false, _) => "unclean_without_log",
+        }
+    }
 }
 
 /// One catalog entry.
@@ -82,12 +102,21 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             |done| bar.set_position(done),
         );
         bar.finish_and_clear();
+        let log = devices
+            .first()
+            .map(|d| shoal_storage::store::default_log_path(d))
+            .filter(|p| p.exists())
+            .map(|p| {
+                let info = survey(&p).map_err(|e| e.to_string());
+                (p, info)
+            });
         reports.push(NodeReport {
             node,
             devices,
             reader,
             free,
             scan,
+            log,
         });
     }
     let mut problems: Vec<String> = Vec::new();
@@ -100,6 +129,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                  be missing; slots up to the end of the devices were checked",
                 r.node
             ));
+        }
+        if let Some((p, Err(why))) = &r.log {
+            problems.push(format!("node {}: log {}: {why}", r.node, p.display()));
         }
         if sb.node_id != r.node as u32 {
             problems.push(format!(
@@ -167,7 +199,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 .collect()
         });
 
-    let ok = problems.is_empty();
+    let ok = problems.is_empty() && reports.iter().all(|r| r.state() == "clean");
     let doc = json!({
         "dir": a.dir.display().to_string(),
         "ok": ok,
@@ -198,7 +230,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    Ok(if ok {
+    Ok(if reports.iter().any(|r| r.state() != "clean") {
+        ExitCode::from(3)
+    } else if ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
@@ -207,14 +241,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 
 /// One node's store: the directory holding its files and lock, and its device files in
 /// stripe order.
-struct Store {
-    dir: PathBuf,
-    devices: Vec<PathBuf>,
+pub(crate) struct Store {
+    pub dir: PathBuf,
+    pub devices: Vec<PathBuf>,
 }
 
 /// The stores in `dir`: device files right in it, and in subdirectories `node<i>` (where
 /// `shoal ycsb --data-dir` puts the nodes of a cluster).
-fn find_stores(dir: &Path) -> anyhow::Result<BTreeMap<u8, Store>> {
+pub(crate) fn find_stores(dir: &Path) -> anyhow::Result<BTreeMap<u8, Store>> {
     let mut found: BTreeMap<u8, (PathBuf, BTreeMap<usize, PathBuf>)> = BTreeMap::new();
     let mut dirs = vec![dir.to_path_buf()];
     let mut i = 0;
@@ -361,6 +395,20 @@ fn node_json(r: &NodeReport, outside: Option<&BTreeMap<u8, u64>>) -> serde_json:
             "slot": s, "pid": Pid::new(r.node, *s).raw(), "error": why,
         })).collect::<Vec<_>>(),
         "pages_outside_trees": outside.and_then(|o| o.get(&r.node)),
+        "state": r.state(),
+        "log": r.log.as_ref().map(|(p, info)| match info {
+            Ok(l) => json!({
+                "path": p.display().to_string(),
+                "file_bytes": l.file_bytes,
+                "checkpoints": l.checkpoints,
+                "redo_lsn": l.redo_lsn,
+                "end_lsn": l.end_lsn,
+                "pending_chunks": l.pending.chunks,
+                "pending_records": l.pending.records,
+                "pending_bytes": l.pending.log_bytes,
+            }),
+            Err(why) => json!({"path": p.display().to_string(), "error": why}),
+        }),
     })
 }
 
@@ -424,6 +472,24 @@ fn print_summary(
                 .and_then(|o| o.get(&r.node))
                 .map_or(String::new(), |n| format!("; {n} in use outside every tree"))
         );
+        match &r.log {
+            None => say!("  log: none (durability none)"),
+            Some((p, Err(why))) => say!("  log: {}: UNREADABLE: {why}", p.display()),
+            Some((p, Ok(l))) => say!(
+                "  log: {}, {}, {} checkpoints; after the last (LSN {}): {} chunks, {:.1} MB{}",
+                p.display(),
+                shoal_engine::format_bytes(l.file_bytes),
+                l.checkpoints,
+                l.redo_lsn,
+                l.pending.chunks,
+                l.pending.log_bytes as f64 / 1e6,
+                if sb.clean {
+                    " (nothing to replay: clean)"
+                } else {
+                    " to replay"
+                }
+            ),
+        }
     }
     match entries {
         None => say!("catalog: not checked"),
@@ -454,13 +520,28 @@ fn print_summary(
     for n in notes {
         say!("note: {n}");
     }
-    if problems.is_empty() {
-        say!("ok: no problems found");
-    } else {
+    if !problems.is_empty() {
         say!("{} problem(s):", problems.len());
         for p in problems {
             say!("  {p}");
         }
+    }
+    for r in reports {
+        match r.state() {
+            "needs_recovery" => say!(
+                "node {}: NEEDS RECOVERY (not shut down cleanly; its log holds the changes): run `shoal recover {}`, or open it with a log (durability commit or flush-every-ms); the findings above are from before recovery",
+                r.node,
+                dir.display()
+            ),
+            "unclean_without_log" => say!(
+                "node {}: NOT shut down cleanly and no log: changes since its last clean shutdown are lost (an engine opens it only with allow_unclean)",
+                r.node
+            ),
+            _ => {}
+        }
+    }
+    if problems.is_empty() && reports.iter().all(|r| r.state() == "clean") {
+        say!("ok: no problems found");
     }
 }
 

@@ -18,9 +18,11 @@ macro_rules! say {
     }};
 }
 
+mod acks;
 mod cli;
 mod inspect;
 mod node;
+mod recover;
 mod secret;
 mod stop;
 mod tpcc;
@@ -55,6 +57,9 @@ enum Cmd {
     /// Check a data directory without starting an engine: superblocks, every page's checksum,
     /// and the structure of every B-tree in the catalog. Writes nothing.
     Inspect(inspect::Args),
+    /// Recover the stores a crash left unclean (replay their logs) without running a workload,
+    /// and report what was replayed.
+    Recover(recover::Args),
     /// Make a new cluster secret in FILE (for a cluster file's `secret_file`).
     Secret(secret::Args),
 }
@@ -77,6 +82,7 @@ fn main() -> ExitCode {
         Cmd::Node(a) => node::run(a),
         Cmd::Tpcc(a) => tpcc::run(a),
         Cmd::Inspect(a) => inspect::run(a),
+        Cmd::Recover(a) => recover::run(a),
         Cmd::Secret(a) => secret::run(a),
     };
     match r {

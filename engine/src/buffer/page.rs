@@ -87,12 +87,9 @@ impl Changed {
         debug_assert!(self.ranges[..self.n].windows(2).all(|w| w[0].1 < w[1].0));
     }
 
-    /// The changed ranges as (offset, length).
-    pub fn ranges(&self) -> Vec<(u16, u16)> {
-        self.ranges[..self.n]
-            .iter()
-            .map(|&(s, e)| (s, e - s))
-            .collect()
+    /// The changed ranges as (offset, length), in offset order.
+    pub fn ranges(&self) -> impl ExactSizeIterator<Item = (u16, u16)> + '_ {
+        self.ranges[..self.n].iter().map(|&(s, e)| (s, e - s))
     }
 }
 

@@ -45,6 +45,11 @@ pub struct Args {
     /// docs/durability.md.
     #[arg(long, default_value = "none", value_parser = shoal_engine::Durability::parse)]
     pub durability: shoal_engine::Durability,
+    /// With --durability commit: transactions a worker may have waiting for the log at once.
+    /// Each counts (and its latency is taken) only when durable; the worker goes on with its
+    /// next transaction meanwhile. 0: each transaction waits for its flush first.
+    #[arg(long, default_value_t = 10_000)]
+    pub pipeline: usize,
     /// Warehouses in the database (about 110 MiB of pages each).
     #[arg(long, default_value_t = 1)]
     pub warehouses: u16,
@@ -375,6 +380,8 @@ struct RunOut {
     threads: usize,
     /// Per node over the measured interval: node id, (remote fetches, NVMe reads, NVMe writes).
     per_node: Vec<(u8, [u64; 3])>,
+    /// The first node's log over the measured interval (single nodes with a log).
+    log: shoal_storage::LogCounters,
 }
 
 fn node_counters(e: &Engine) -> [u64; 3] {
@@ -433,6 +440,7 @@ fn run_phase(
     let mut measured = 0.0;
     let mut before = Vec::new();
     let mut after = Vec::new();
+    let (mut log0, mut log1) = Default::default();
     let tallies: Vec<Tally> = std::thread::scope(|s| {
         let hs: Vec<_> = plan
             .iter()
@@ -454,6 +462,16 @@ fn run_phase(
                         journal: Default::default(),
                     };
                     let mut tally = Tally::new();
+                    // with durability "commit", a transaction counts once its log is durable
+                    let pipelined = a.durability == shoal_engine::Durability::Commit;
+                    let mut acks = crate::acks::Acks::new(a.pipeline);
+                    let fail = |tally: &mut Tally, ty: usize, e: &dyn std::fmt::Display| {
+                        // (undone: see txn::Ctx::run) A failed transaction makes the run's
+                        // numbers meaningless, in warm-up too: stop the run.
+                        tally.errors += 1;
+                        tally.first_error = Some(format!("{}: {e}", txn::TYPES[ty]));
+                        failed.store(true, Ordering::Relaxed);
+                    };
                     loop {
                         let p = phase.load(Ordering::Relaxed);
                         if p == STOP {
@@ -462,32 +480,38 @@ fn run_phase(
                         let ty = txn::pick(&mut ctx.rng);
                         let home = homes[ctx.rng.random_range(0..homes.len())];
                         let t0 = Instant::now();
-                        let r = ctx.run(ty, home);
-                        let us = t0.elapsed().as_micros() as u64;
-                        total.fetch_add(1, Ordering::Relaxed);
-                        let d = match r {
-                            Ok(d) => d,
-                            Err(e) => {
-                                // (undone: see txn::Ctx::run) A failed transaction makes the
-                                // run's numbers meaningless, in warm-up too: stop the run.
-                                tally.errors += 1;
-                                tally.first_error = Some(format!("{}: {e}", txn::TYPES[ty]));
-                                failed.store(true, Ordering::Relaxed);
-                                break;
+                        let mut done = |t0: Instant, (ty, d): (usize, txn::Done)| {
+                            total.fetch_add(1, Ordering::Relaxed);
+                            if ty == 0 && !d.rolled_back {
+                                new_orders.fetch_add(1, Ordering::Relaxed);
                             }
+                            if phase.load(Ordering::Relaxed) != MEASURE {
+                                return;
+                            }
+                            let us = t0.elapsed().as_micros() as u64;
+                            tally.count[ty] += 1;
+                            tally.hist[ty].saturating_record(us.max(1));
+                            tally.rollbacks += d.rolled_back as u64;
+                            tally.remote_warehouse += d.remote_warehouse as u64;
+                            tally.remote_node += d.remote_node as u64;
+                            tally.anomalies += d.anomaly as u64;
                         };
-                        if ty == 0 && !d.rolled_back {
-                            new_orders.fetch_add(1, Ordering::Relaxed);
+                        let r = if pipelined {
+                            ctx.run_later(ty, home).and_then(|(d, point)| {
+                                acks.push(ctx.w, point, t0, (ty, d), &mut done)
+                                    .map_err(txn::TxError::Commit)
+                            })
+                        } else {
+                            ctx.run(ty, home).map(|d| done(t0, (ty, d)))
+                        };
+                        if let Err(e) = r {
+                            fail(&mut tally, ty, &e);
+                            break;
                         }
-                        if p != MEASURE {
-                            continue;
-                        }
-                        tally.count[ty] += 1;
-                        tally.hist[ty].saturating_record(us.max(1));
-                        tally.rollbacks += d.rolled_back as u64;
-                        tally.remote_warehouse += d.remote_warehouse as u64;
-                        tally.remote_node += d.remote_node as u64;
-                        tally.anomalies += d.anomaly as u64;
+                    }
+                    // what is still waiting was committed after the measurement: not counted
+                    if let Err(e) = acks.drain(ctx.w, |_, _| {}) {
+                        fail(&mut tally, 0, &e);
                     }
                     tally
                 })
@@ -524,10 +548,12 @@ fn run_phase(
         sleep_until(Instant::now() + Duration::from_secs_f64(a.warmup));
         let m0 = Instant::now();
         before = nodes.engines.iter().map(|e| node_counters(e)).collect();
+        log0 = nodes.engines[0].stats().log;
         phase.store(MEASURE, Ordering::Relaxed);
         sleep_until(m0 + Duration::from_secs_f64(a.duration));
         phase.store(STOP, Ordering::Relaxed);
         after = nodes.engines.iter().map(|e| node_counters(e)).collect();
+        log1 = nodes.engines[0].stats().log;
         measured = m0.elapsed().as_secs_f64();
         hs.into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Tally::new()))
@@ -547,6 +573,7 @@ fn run_phase(
             .zip(before.iter().zip(&after))
             .map(|(e, (b, a))| (e.node_id(), [0, 1, 2].map(|i| a[i] - b[i])))
             .collect(),
+        log: log1.since(&log0),
     })
 }
 
@@ -639,6 +666,9 @@ fn report(
             c[2] as f64 / o.secs
         );
     }
+    if a.durability.logged() {
+        say!("  log: {}", o.log.summary(o.secs));
+    }
     if let Some(e) = &t.first_error {
         say!("  first error (the run stopped there): {e}");
     }
@@ -676,6 +706,7 @@ fn report(
         "nodes": o.per_node.len(),
         "workers": o.threads,
         "durability": a.durability.to_string(),
+        "log": crate::cli::log_json(&o.log, o.secs, a.durability.logged()),
         "mode": format!("{:?}", a.mode).to_lowercase(),
         "cache": a.cache,
         "data_bytes": pages * 4096,

@@ -82,6 +82,7 @@ pub fn run_local(a: &Args) -> anyhow::Result<ExitCode> {
         secs: 0.0,
         threads: 0,
         per_node: Vec::new(),
+        log: Default::default(),
     };
     let (mut pages, mut load_s) = (0u64, 0f64);
     for d in &docs {

@@ -21,7 +21,7 @@ use super::schema::*;
 use rand::rngs::SmallRng;
 use rand::Rng;
 use shoal_btree::{BTree, Direction, TreeError};
-use shoal_engine::Worker;
+use shoal_engine::{CommitPoint, Worker};
 use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::ops::Range;
@@ -180,6 +180,21 @@ impl Ctx<'_> {
     /// Run one transaction of type `ty` (an index into [`TYPES`]). One that fails part-way is
     /// undone before its error is returned.
     pub fn run(&mut self, ty: usize, home: u16) -> Result<Done, TxError> {
+        let done = self.execute(ty, home)?;
+        // durable before it counts (with durability "commit")
+        self.w.commit().map_err(TxError::Commit)?;
+        Ok(done)
+    }
+
+    /// [`Ctx::run`], but commit without waiting for the log: the transaction counts once
+    /// the returned point is durable (`Worker::is_durable`).
+    pub fn run_later(&mut self, ty: usize, home: u16) -> Result<(Done, CommitPoint), TxError> {
+        let done = self.execute(ty, home)?;
+        let point = self.w.commit_later().map_err(TxError::Commit)?;
+        Ok((done, point))
+    }
+
+    fn execute(&mut self, ty: usize, home: u16) -> Result<Done, TxError> {
         self.journal.get_mut().clear();
         let r = match ty {
             0 => self.new_order(home),
@@ -196,8 +211,7 @@ impl Ctx<'_> {
                     undo,
                 }),
             },
-            // durable before it counts (with durability "commit")
-            Ok(done) => self.w.commit().map(|()| done).map_err(TxError::Commit),
+            Ok(done) => Ok(done),
         }
     }
 

@@ -90,6 +90,11 @@ pub struct Args {
     /// Longest scan of workload e.
     #[arg(long, default_value_t = 100)]
     pub max_scan: usize,
+    /// With --durability commit: writes a worker may have waiting for the log at once. Each
+    /// is acknowledged (counted, its latency taken) only when durable; the worker goes on with
+    /// its next operation meanwhile. 0: each write waits for its flush first.
+    #[arg(long, default_value_t = 10_000)]
+    pub pipeline: usize,
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -283,6 +288,8 @@ struct NodeReport {
     node: u8,
     d: StatsSnapshot,
     remote: u64,
+    secs: f64,
+    logged: bool,
 }
 
 impl NodeReport {
@@ -304,6 +311,7 @@ impl NodeReport {
             "nvme_writes": self.d.store_writes,
             "evictions": self.d.evictions,
             "restarts": self.d.restarts,
+            "log": crate::cli::log_json(&self.d.log, self.secs, self.logged),
         })
     }
 }
@@ -378,6 +386,8 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
             node: e.node_id(),
             d: delta(&b.0, &f.0),
             remote: f.1 - b.1,
+            secs,
+            logged: a.durability.logged(),
         })
         .collect();
     let total: u64 = ops.iter().sum();
@@ -415,6 +425,11 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
             r.d.store_writes as f64 / secs,
             r.d.evictions as f64 / secs
         );
+    }
+    if a.durability.logged() {
+        for r in &reports {
+            say!("  log node {:<4} {}", r.node, r.d.log.summary(secs));
+        }
     }
     say!("  value errors  {errors}  (reads of keys inserted during the run and not yet visible: {misses})");
     if let Some(e) = &first_error {
@@ -500,6 +515,7 @@ fn delta(a: &StatsSnapshot, b: &StatsSnapshot) -> StatsSnapshot {
         write_errors: b.write_errors - a.write_errors,
         store_reads: b.store_reads - a.store_reads,
         store_writes: b.store_writes - a.store_writes,
+        log: b.log.since(&a.log),
         ..b.clone()
     }
 }
@@ -707,6 +723,8 @@ fn worker_loop(
     let mut val = vec![0u8; a.value_size];
     let mut measuring = false;
     let mut n_ops = 0u64;
+    let pipelined = a.durability == shoal_engine::Durability::Commit;
+    let mut acks = crate::acks::Acks::new(a.pipeline);
     let vs = a.value_size;
     let note = |res: &mut WorkerResult, msg: String| {
         res.errors += 1;
@@ -727,6 +745,7 @@ fn worker_loop(
         let op = plan.mix.pick(&mut rng);
         let live = inserted.load(Ordering::Relaxed);
         let t0 = Instant::now();
+        let mut ack = false;
         match op {
             Op::Read => {
                 let k = keys.live(&mut chooser, live, &mut rng);
@@ -755,7 +774,7 @@ fn worker_loop(
                     };
                     value::fill(v, k, s);
                 })?;
-                w.commit()?;
+                ack = true;
                 if !found {
                     note(&mut res, format!("update of loaded key {k}: not found"));
                 } else if bad {
@@ -768,7 +787,7 @@ fn worker_loop(
                 if !tree.insert(&w, &u64_key(k), &val)? {
                     note(&mut res, format!("insert of new key {k}: already present"));
                 }
-                w.commit()?;
+                ack = true;
             }
             Op::Scan => {
                 let k = keys.live(&mut chooser, live, &mut rng);
@@ -788,13 +807,27 @@ fn worker_loop(
                 }
             }
         }
-        if measuring {
-            let _ = hist.record(t0.elapsed().as_nanos().max(1) as u64);
-            res.ops[op_index(op)] += 1;
+        let mut done = |t0: Instant, op: usize| {
+            if measuring {
+                let _ = hist.record(t0.elapsed().as_nanos().max(1) as u64);
+                res.ops[op] += 1;
+            }
+            n_ops += 1;
+        };
+        if ack && pipelined {
+            // counted when durable
+            acks.push(&w, w.commit_later()?, t0, op_index(op), &mut done)?;
+        } else {
+            if ack {
+                w.commit()?; // durability none or flush-every-ms: returns at once
+            }
+            done(t0, op_index(op));
+            acks.poll(&w, &mut done)?;
         }
-        n_ops += 1;
         counter.store(n_ops, Ordering::Relaxed);
     }
+    // the writes still waiting were made after the measurement ended: not counted
+    acks.drain(&w, |_, _| {})?;
     res.hist = Some(hist);
     Ok(res)
 }
