@@ -78,11 +78,11 @@ pub enum StoreError {
     #[error("write-ahead log {path}: {why}")]
     BadLog { path: PathBuf, why: String },
     #[error(
-        "write-ahead log {path} is full: all {} MiB hold changes since the last checkpoint and none finished in time; nothing acknowledged is lost, new commits are refused: give the log more room (`wal_size`) or find what stalls the page provider's write-backs", bytes >> 20
+        "write-ahead log {path} is full: all {} MiB hold changes since the last checkpoint and none finished in time; nothing acknowledged is lost, new commits are refused: give the log more room (`EngineConfig::wal_bytes`, `--wal-size`) or find what stalls the page provider's write-backs", bytes >> 20
     )]
     LogFull { path: PathBuf, bytes: u64 },
     #[error(
-        "no room for the write-ahead log {path} ({} MiB): {source}; free space on its device or choose a smaller `wal_size`", bytes >> 20
+        "no room for the write-ahead log {path} ({} MiB): {source}; free space on its device or choose a smaller log (`EngineConfig::wal_bytes`, `--wal-size`)", bytes >> 20
     )]
     NoRoomForLog {
         path: PathBuf,

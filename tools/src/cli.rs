@@ -465,3 +465,14 @@ pub fn log_json(d: &shoal_storage::LogCounters, secs: f64, logged: bool) -> serd
         "waits_for_space": d.full_waits,
     })
 }
+
+/// `--wal-size`: a size of at least 1 MiB, a multiple of 4 KiB.
+pub fn parse_wal_size(s: &str) -> Result<u64, String> {
+    let b = shoal_engine::parse_bytes(s)?;
+    if b < (1 << 20) || !b.is_multiple_of(4096) {
+        return Err(format!(
+            "the log must be at least 1 MiB and a multiple of 4 KiB, got {s}"
+        ));
+    }
+    Ok(b)
+}

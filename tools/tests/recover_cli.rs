@@ -97,3 +97,41 @@ fn a_run_killed_without_a_log_is_reported_as_having_lost_its_changes() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stdout).contains("cannot be recovered"));
 }
+
+#[test]
+fn a_log_that_does_not_fit_is_a_clear_error_at_start_not_at_a_commit() {
+    // A file-size limit of 200 MiB stands in for a full device (EFBIG, as ENOSPC): the 1 GiB
+    // log is preallocated at open, so the run stops before its first write, with the reason.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -f 204800; exec {} ycsb --durability commit --records 1000 --warmup 0 \
+             --duration 1 --quiet --data-dir {}",
+            env!("CARGO_BIN_EXE_shoal"),
+            data.display()
+        ))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("no room for the write-ahead log"), "{err}");
+    assert!(err.contains("--wal-size"), "{err}");
+    // a log that fits under the same limit works
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -f 204800; exec {} ycsb --durability commit --wal-size 64MiB --records 1000 \
+             --warmup 0 --duration 1 --quiet --data-dir {}",
+            env!("CARGO_BIN_EXE_shoal"),
+            dir.path().join("e").display()
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

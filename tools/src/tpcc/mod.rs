@@ -13,7 +13,7 @@ mod schema;
 mod tcp;
 mod txn;
 
-use crate::cli::{ClusterArgs, Nodes, Transport};
+use crate::cli::{parse_wal_size, ClusterArgs, Nodes, Transport};
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -45,6 +45,10 @@ pub struct Args {
     /// docs/durability.md.
     #[arg(long, default_value = "none", value_parser = shoal_engine::Durability::parse)]
     pub durability: shoal_engine::Durability,
+    /// Size of the write-ahead log file with a log, e.g. 256MiB, 1GiB (preallocated at start;
+    /// a checkpoint begins when half is in use).
+    #[arg(long, default_value = "1GiB", value_parser = parse_wal_size)]
+    pub wal_size: u64,
     /// With --durability commit: transactions a worker may have waiting for the log at once.
     /// Each counts (and its latency is taken) only when durable; the worker goes on with its
     /// next transaction meanwhile. 0: each transaction waits for its flush first.
@@ -154,6 +158,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         };
         let mut c = EngineConfig::new(d, cache as usize);
         c.durability = a.durability;
+        c.wal_bytes = a.wal_size;
         c
     };
     if a.net.nodes == 1 {

@@ -5,7 +5,7 @@
 
 mod tcp;
 
-use crate::cli::{ClusterArgs, Nodes, Transport};
+use crate::cli::{parse_wal_size, ClusterArgs, Nodes, Transport};
 use crate::value;
 use crate::workload::{Dist, KeyChooser, Mix, Op};
 use hdrhistogram::Histogram;
@@ -44,6 +44,10 @@ pub struct Args {
     /// docs/durability.md.
     #[arg(long, default_value = "none", value_parser = shoal_engine::Durability::parse)]
     pub durability: shoal_engine::Durability,
+    /// Size of the write-ahead log file with a log, e.g. 256MiB, 1GiB (preallocated at start;
+    /// a checkpoint begins when half is in use).
+    #[arg(long, default_value = "1GiB", value_parser = parse_wal_size)]
+    pub wal_size: u64,
     #[command(flatten)]
     pub net: ClusterArgs,
     /// Worker threads per node.
@@ -262,6 +266,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         let mut cfg = EngineConfig::new(d, plan.cache);
         cfg.devices = a.devices;
         cfg.durability = a.durability;
+        cfg.wal_bytes = a.wal_size;
         cfg
     };
     if let (Some(path), Some(id)) = (&a.net.cluster, a.net.id) {
