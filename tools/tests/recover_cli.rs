@@ -135,3 +135,63 @@ fn a_log_that_does_not_fit_is_a_clear_error_at_start_not_at_a_commit() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+#[ignore = "fails today: a multi-operation transaction is not atomic across a crash (each B-tree \
+            operation is); seen: condition 2, D_NEXT_O_ID - 1 = 3972 but max O_ID = 3971. See \
+            docs/durability.md, 'Transactions'. Run with --ignored."]
+fn tpcc_killed_mid_run_recovers_to_a_consistent_database() {
+    // After kill -9 the recovered database must meet TPC-C's consistency conditions 1-4 (no
+    // half transaction: an order without its lines, a district counter without its order, a
+    // payment without its history row).
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .args(["tpcc", "--warehouses", "1", "--durability", "commit"])
+        .args([
+            "--wal-size",
+            "256MiB",
+            "--duration",
+            "60",
+            "--quiet",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    loop {
+        let mut line = String::new();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "tpcc ended before its load finished"
+        );
+        if line.starts_with("load:") {
+            break;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .args([
+            "tpcc",
+            "--warehouses",
+            "1",
+            "--check-existing",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("recovered:"), "{text}");
+    assert!(text.contains("consistency conditions 1-4 hold"), "{text}");
+}
