@@ -20,5 +20,5 @@ pub mod verify;
 pub use error::TreeError;
 pub use key::{decode_u64, u64_key, KeyBuilder};
 pub use node::{MAX_KEY, MAX_RECORD};
-pub use tree::{BTree, Direction, Put, LOOKUP_GROUP};
+pub use tree::{roll_back, BTree, Direction, Put, LOOKUP_GROUP};
 pub use verify::{verify_tree, TreeReport};

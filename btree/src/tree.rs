@@ -377,12 +377,14 @@ impl BTree {
     fn put(&self, w: &Worker, key: &[u8], value: &[u8], mode: Mode) -> Result<Put, TreeError> {
         Self::check_sizes(key, value.len())?;
         let need = node::entry_space(key.len(), value.len());
+        let undo = w.logs_undo();
+        let mut old: Vec<u8> = Vec::new();
         loop {
             let step = w.run(|w| {
                 let leaf = self.find_leaf(w, key)?;
                 let mut x = leaf.to_exclusive()?;
                 let pid = x.pid();
-                Ok(x.modify(|b| {
+                let step = x.modify(|b| {
                     let mut n = NodeMut::new(b);
                     let (i, exact) = n.lower_bound(key);
                     if exact {
@@ -390,6 +392,10 @@ impl BTree {
                             return Step::Done(Put::Exists);
                         }
                         if n.free_space() + n.value(i).len() >= value.len() {
+                            if undo {
+                                old.clear();
+                                old.extend_from_slice(n.value(i));
+                            }
                             n.replace_value(i, value);
                             return Step::Done(Put::Replaced);
                         }
@@ -400,7 +406,17 @@ impl BTree {
                     } else {
                         Step::Split(pid, need)
                     }
-                }))
+                });
+                if undo {
+                    match step {
+                        Step::Done(Put::Inserted) => w.log_undo(&undo_record(self.root, key, None)),
+                        Step::Done(Put::Replaced) => {
+                            w.log_undo(&undo_record(self.root, key, Some(&old)))
+                        }
+                        _ => {}
+                    }
+                }
+                Ok(step)
             })?;
             match step {
                 Step::Done(p) => return Ok(p),
@@ -429,6 +445,9 @@ impl BTree {
             let off = node::value_offset(p, i);
             let mut v = Vec::new();
             node::value_into(p, i, &mut v);
+            if w.logs_undo() {
+                w.log_undo(&undo_record(self.root, key, Some(&v)));
+            }
             f(&mut v);
             x.page_mut().write(off, &v);
             Ok(true)
@@ -448,15 +467,23 @@ impl BTree {
                 return Ok((false, None));
             }
             let mut x = leaf.to_exclusive()?;
+            let undo = w.logs_undo();
+            let mut old = Vec::new();
             let exact = x.modify(|b| {
                 let mut n = NodeMut::new(b);
                 let (i, exact) = n.lower_bound(key);
                 debug_assert!(exact, "leaf unchanged since validation");
                 if exact {
+                    if undo {
+                        old.extend_from_slice(n.value(i));
+                    }
                     n.remove_at(i);
                 }
                 exact
             });
+            if undo && exact {
+                w.log_undo(&undo_record(self.root, key, Some(&old)));
+            }
             let underfull = exact && node::is_underfull(x.page());
             Ok((exact, underfull.then(|| (parent, x.pid()))))
         })?;
@@ -965,5 +992,54 @@ fn split_child(
         n.set_child(j, rpid.raw());
         n.insert_at(j, &sep, &xpid.raw().to_le_bytes());
     });
+    Ok(())
+}
+
+/// How to undo one change of a tree in a transaction (`Worker::log_undo`): the tree's root
+/// (fixed for its life), the key, and the value before (absent: the key was not there).
+/// Layout: root u64, key length u16, present u8, key, old value.
+fn undo_record(root: Pid, key: &[u8], old: Option<&[u8]>) -> Vec<u8> {
+    let mut r = Vec::with_capacity(11 + key.len() + old.map_or(0, <[u8]>::len));
+    r.extend_from_slice(&root.raw().to_le_bytes());
+    r.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    r.push(old.is_some() as u8);
+    r.extend_from_slice(key);
+    r.extend_from_slice(old.unwrap_or(&[]));
+    r
+}
+
+/// The engine's roll-back hook for B-tree transactions (`EngineConfig::roll_back`): after a
+/// crash, each transaction cut off is undone newest change first, by putting back the value
+/// each key had before (or removing a key the transaction inserted). Undoing twice (a crash
+/// during the roll-back) gives the same result.
+pub fn roll_back() -> shoal_engine::RollBack {
+    shoal_engine::RollBack(std::sync::Arc::new(|engine, unfinished| {
+        let w = engine.worker();
+        for t in unfinished {
+            for r in t.undo.iter().rev() {
+                undo_one(&w, r).map_err(|e| format!("transaction {}: {e}", t.txn))?;
+            }
+        }
+        Ok(())
+    }))
+}
+
+fn undo_one(w: &Worker, r: &[u8]) -> Result<(), String> {
+    if r.len() < 11 {
+        return Err(format!("undo record of {} bytes is too short", r.len()));
+    }
+    let root = Pid(u64::from_le_bytes(r[0..8].try_into().expect("8 bytes")));
+    let klen = u16::from_le_bytes([r[8], r[9]]) as usize;
+    let present = r[10] == 1;
+    let Some(key) = r.get(11..11 + klen) else {
+        return Err("undo record cut short".into());
+    };
+    let tree = BTree { root };
+    if present {
+        tree.upsert(w, key, &r[11 + klen..])
+            .map_err(|e| e.to_string())?;
+    } else {
+        tree.remove(w, key).map_err(|e| e.to_string())?;
+    }
     Ok(())
 }

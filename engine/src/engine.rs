@@ -21,7 +21,7 @@ use shoal_messaging::{ChannelLayout, Channels, Transport, WaitMode};
 use shoal_storage::{BackendChoice, PageStore, StoreConfig};
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -34,6 +34,8 @@ pub struct Engine {
     node: Arc<Node>,
     provider: Mutex<Option<JoinHandle<()>>>,
     log_writer: Mutex<Option<JoinHandle<()>>>,
+    /// Transactions cut off by a crash and rolled back at open.
+    rolled_back: AtomicU64,
     handler: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
 }
@@ -259,13 +261,60 @@ impl Engine {
             node.buf.free_target,
             node.buf.store.backend()
         );
-        Ok(Engine {
+        let engine = Engine {
             node,
             provider: Mutex::new(Some(handle)),
             log_writer: Mutex::new(log_writer),
             handler: Mutex::new(handler),
             closed: AtomicBool::new(false),
-        })
+            rolled_back: AtomicU64::new(0),
+        };
+        engine.roll_back_unfinished()?;
+        Ok(engine)
+    }
+
+    /// Roll back the transactions recovery found cut off (through `cfg.roll_back`), then log
+    /// their ends durably. Without the hook the open fails (and the store stays unclean).
+    fn roll_back_unfinished(&self) -> Result<(), EngineError> {
+        let store = &self.node.buf.store;
+        let un = store.unfinished();
+        if un.is_empty() {
+            return Ok(());
+        }
+        let fail = |why: String| EngineError::Unfinished {
+            count: un.len(),
+            why,
+        };
+        let Some(hook) = &self.node.cfg.roll_back else {
+            return Err(fail(
+                "no roll-back hook (EngineConfig::roll_back; for B-trees shoal_btree::roll_back())"
+                    .into(),
+            ));
+        };
+        (hook.0)(self, &un).map_err(fail)?;
+        let w = store
+            .wal()
+            .expect("unfinished transactions come from a log");
+        let mut b = Vec::new();
+        w.append(&mut b, |_, b| {
+            for u in &un {
+                shoal_storage::wal::put_end(b, u.txn);
+            }
+        })?;
+        w.flush_all()?;
+        store.unfinished_resolved();
+        self.rolled_back.store(un.len() as u64, Ordering::Relaxed);
+        log::warn!(
+            "node {}: rolled back {} transaction(s) cut off by the crash",
+            self.node.id(),
+            un.len()
+        );
+        Ok(())
+    }
+
+    /// How many transactions cut off by a crash this open rolled back.
+    pub fn rolled_back(&self) -> u64 {
+        self.rolled_back.load(Ordering::Relaxed)
     }
 
     /// Register a worker: the handle a thread uses to take guards.

@@ -27,6 +27,7 @@ use shoal_storage::PAGE_DATA_SIZE;
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// A thread's registration with its node: the handle that takes guards. Not `Sync`: one thread
@@ -50,6 +51,15 @@ pub struct Worker {
 #[must_use = "a commit is durable only once is_durable(point) says so"]
 pub struct CommitPoint(u64);
 
+/// A transaction of one worker ([`Worker::begin_transaction`]).
+#[derive(Debug, Default)]
+struct Tx {
+    /// Its id: the LSN of the chunk with its first undo record (0: none placed yet).
+    id: u64,
+    /// Its owner is undoing it: operations log no more undo.
+    rolling_back: bool,
+}
+
 /// A worker's log buffer and its open *group*: the exclusive guards a worker holds at once
 /// (a split's parent and children, a merge's three nodes) are logged as one chunk, which
 /// recovery replays whole or not at all. A guard that changed its page and is dropped while
@@ -70,6 +80,10 @@ struct LogGroup {
     buf: Vec<u8>,
     /// Logging a group failed: the error `commit` reports.
     failed: Option<EngineError>,
+    /// Undo records for the open group (encoded, placed with its pages).
+    undo: Vec<u8>,
+    /// The running transaction, if any.
+    tx: Option<Tx>,
 }
 
 impl Worker {
@@ -117,11 +131,10 @@ impl Worker {
             if let Some(e) = g.failed.take() {
                 return Err(e);
             }
+            self.end_transaction(&mut g)?;
         }
         let w = self.wal();
-        w.stats
-            .commits
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        w.stats.commits.fetch_add(1, Ordering::Relaxed);
         Ok(CommitPoint(w.tail()))
     }
 
@@ -145,6 +158,82 @@ impl Worker {
             return Ok(());
         }
         Ok(self.wal().flush_to(point.0)?)
+    }
+
+    /// Begin a transaction: until the next [`Worker::commit`] / [`Worker::commit_later`], the
+    /// changes this worker makes through a layer that logs undo (the B-tree's `insert`,
+    /// `upsert`, `update`, `remove`) are rolled back after a crash unless the commit made it
+    /// into the log: a crash never leaves half a transaction (docs/durability.md,
+    /// "Transactions"). Without a log (durability none) it does nothing. Call it with no guard
+    /// held; a transaction still running is committed first.
+    pub fn begin_transaction(&self) -> Result<(), EngineError> {
+        let Some(log) = &self.log else {
+            return Ok(());
+        };
+        let mut g = log.borrow_mut();
+        debug_assert_eq!(
+            g.open, 0,
+            "begin_transaction while holding an exclusive guard"
+        );
+        self.end_transaction(&mut g)?;
+        g.tx = Some(Tx::default());
+        Ok(())
+    }
+
+    /// The running transaction is being undone by its owner: operations from now on log no
+    /// undo (undoing them again after a crash is what the first undo records do). The next
+    /// commit ends it.
+    pub fn rolling_back(&self) {
+        if let Some(log) = &self.log {
+            if let Some(tx) = &mut log.borrow_mut().tx {
+                tx.rolling_back = true;
+            }
+        }
+    }
+
+    /// Whether operations should log undo now (a transaction runs, not being rolled back).
+    pub fn logs_undo(&self) -> bool {
+        self.log
+            .as_ref()
+            .is_some_and(|l| l.borrow().tx.as_ref().is_some_and(|t| !t.rolling_back))
+    }
+
+    /// Log how to undo the change just made under the exclusive guard this worker holds (it
+    /// goes into the same chunk as the change: both are in the log or neither). `undo` is
+    /// opaque here; after a crash the layer that wrote it gets it back through
+    /// `Engine::unfinished`. Does nothing unless [`Worker::logs_undo`].
+    pub fn log_undo(&self, undo: &[u8]) {
+        let Some(log) = &self.log else { return };
+        let mut g = log.borrow_mut();
+        let Some(tx) = &g.tx else { return };
+        if tx.rolling_back {
+            return;
+        }
+        debug_assert!(g.open > 0, "log_undo outside an exclusive guard");
+        let id = tx.id;
+        if id == 0 && g.undo.is_empty() {
+            // the transaction's first undo: checkpoints keep the log from here on (SeqCst:
+            // see `Node::oldest_transaction`)
+            let t = self.wal().tail();
+            if self.stats.tx_first.load(Ordering::Relaxed) == 0 {
+                self.stats.tx_first.store(t, Ordering::SeqCst);
+            }
+        }
+        shoal_storage::wal::put_undo(&mut g.undo, id, undo);
+    }
+
+    /// End the running transaction, if any: an END record if it logged undo.
+    fn end_transaction(&self, g: &mut LogGroup) -> Result<(), EngineError> {
+        let Some(tx) = g.tx.take() else {
+            return Ok(());
+        };
+        if tx.id != 0 {
+            let mut b = Vec::with_capacity(16);
+            self.wal()
+                .append(&mut b, |_, b| shoal_storage::wal::put_end(b, tx.id))?;
+        }
+        self.stats.tx_first.store(0, Ordering::Release);
+        Ok(())
     }
 
     fn wal(&self) -> &shoal_storage::Wal {
@@ -202,7 +291,7 @@ impl Worker {
 
     /// [`Worker::publish`], but leave frame `keep`'s latch held.
     fn publish_keeping(&self, g: &mut LogGroup, keep: FrameIdx) {
-        if g.pages.is_empty() && g.frees.is_empty() {
+        if g.pages.is_empty() && g.frees.is_empty() && g.undo.is_empty() {
             return;
         }
         let buf = &self.node.buf;
@@ -211,13 +300,16 @@ impl Worker {
             .wal()
             .expect("a worker with a log group has a log");
         let LogGroup {
-            pages, buf: lbuf, ..
+            pages,
+            buf: lbuf,
+            undo,
+            ..
         } = g;
         let mut images = 0u64;
-        let result = if pages.is_empty() {
-            Ok(0)
+        let result = if pages.is_empty() && undo.is_empty() {
+            Ok((0, 0))
         } else {
-            wal.append(lbuf, |c, b| {
+            wal.append_span(lbuf, |c, b| {
                 images = 0;
                 for (idx, pid, changed) in pages.iter() {
                     // SAFETY: this worker holds frame `idx`'s exclusive latch (kept for the
@@ -241,18 +333,28 @@ impl Worker {
                         );
                     }
                 }
+                b.extend_from_slice(undo);
             })
         };
         if images > 0 {
-            wal.stats
-                .images
-                .fetch_add(images, std::sync::atomic::Ordering::Relaxed);
+            wal.stats.images.fetch_add(images, Ordering::Relaxed);
         }
         let end = match result {
-            Ok(end) => end,
+            Ok((start, end)) => {
+                if !g.undo.is_empty() {
+                    if let Some(tx) = &mut g.tx {
+                        if tx.id == 0 {
+                            tx.id = start; // its first undo records said 0: "this chunk"
+                        }
+                    }
+                    g.undo.clear();
+                }
+                end
+            }
             Err(e) => {
                 log::error!("node {}: logging a change failed: {e}", self.node.id());
                 g.failed.get_or_insert(e.into());
+                g.undo.clear();
                 // never written back: the write-ahead rule cannot be met for these pages
                 u64::MAX
             }
@@ -574,6 +676,21 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
+        if let Some(log) = &self.log {
+            let mut g = log.borrow_mut();
+            if g.tx.is_some() {
+                // dropped mid-transaction (an early return, a panic): what it did stays, as
+                // without a transaction; its end is logged so that checkpoints stop keeping
+                // the log for it and recovery does not undo it
+                log::warn!(
+                    "node {}: a worker was dropped inside a transaction: its changes are kept",
+                    self.node.id()
+                );
+                if let Err(e) = self.end_transaction(&mut g) {
+                    log::error!("node {}: ending the transaction: {e}", self.node.id());
+                }
+            }
+        }
         self.node.retire_worker(&self.stats);
     }
 }

@@ -53,7 +53,7 @@ mod stats;
 pub use buffer::page::{PageMut, PageRef};
 pub use cluster::Cluster;
 pub use cluster_file::{join, new_secret_hex, ClusterFile, Secret, SECRET_BYTES};
-pub use config::{format_bytes, parse_bytes, Durability, EngineConfig, MIN_CACHE_FRAMES};
+pub use config::{format_bytes, parse_bytes, Durability, EngineConfig, RollBack, MIN_CACHE_FRAMES};
 pub use engine::{lock_for_reading, Engine, Membership, ProtocolStats};
 pub use error::{EngineError, OpResult, Restart};
 pub use guard::{CommitPoint, ExclusiveGuard, OptimisticGuard, SharedGuard, Worker};

@@ -224,7 +224,7 @@ impl Provider {
                 std::thread::sleep(Duration::from_micros(100));
             }
         }
-        buf.store.finish_checkpoint(c)?;
+        buf.store.finish_checkpoint(c, node.oldest_transaction())?;
         log::debug!(
             "node {}: checkpoint at LSN {c}: {written} pages written in {:.2} s",
             node.id(),

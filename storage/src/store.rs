@@ -125,6 +125,17 @@ pub struct PageStore {
     wal: Option<Wal>,
     /// What recovery replayed at open (None: nothing to recover).
     replayed: Option<Replay>,
+    /// Transactions the crash cut off (undo records, no end record), not rolled back yet,
+    /// and the LSN where their undo records were carried into the resumed log.
+    unfinished: Mutex<(Vec<Unfinished>, Option<u64>)>,
+}
+
+/// A transaction a crash cut off: its undo records, oldest first (the layer that wrote them
+/// rolls it back: newest first).
+#[derive(Debug, Clone)]
+pub struct Unfinished {
+    pub txn: u64,
+    pub undo: Vec<Vec<u8>>,
 }
 
 /// Most devices one store stripes over.
@@ -230,6 +241,7 @@ impl PageStore {
             opened_unclean: false,
             wal: None,
             replayed: None,
+            unfinished: Mutex::new((Vec::new(), None)),
         };
         store.write_superblocks()?;
         let mut store = store;
@@ -267,6 +279,7 @@ impl PageStore {
             opened_unclean: false,
             wal: None,
             replayed: None,
+            unfinished: Mutex::new((Vec::new(), None)),
         };
         let recoverable = !sb0.clean && cfg.wal.as_ref().is_some_and(|w| w.path.exists());
         let alloc = if sb0.clean {
@@ -339,7 +352,15 @@ impl PageStore {
         let mut alloc = Wal::read_alloc(&wc.path, &found, self.sb.get_mut().capacity)?;
         let mut images: std::collections::HashMap<u64, (u64, AlignedPage)> =
             std::collections::HashMap::new();
+        // transactions seen (first LSN -> undo records), in order of their first record
+        let mut txns: std::collections::BTreeMap<u64, Vec<Vec<u8>>> = Default::default();
+        let redo_lsn = found.redo_lsn();
         let (end, mut replay) = Wal::scan(&wc.path, &file, &found, |lsn, kind, body| {
+            // before the redo point (kept for transactions running at the checkpoint) only
+            // transactions' records count: the pages were written back by the checkpoint
+            if lsn < redo_lsn && kind != rec::UNDO && kind != rec::END {
+                return Ok(());
+            }
             match kind {
                 rec::IMAGE => {
                     let (slot, pid) = wal_slot_pid(body);
@@ -366,6 +387,15 @@ impl PageStore {
                     images.remove(&slot);
                     alloc.replay_freed(slot);
                 }
+                rec::UNDO => {
+                    let txn = u64::from_le_bytes(body[..8].try_into().expect("8 bytes"));
+                    // 0: the transaction begins in this chunk, whose LSN is its id
+                    let id = if txn == 0 { lsn } else { txn };
+                    txns.entry(id).or_default().push(body[12..].to_vec());
+                }
+                rec::END => {
+                    txns.remove(&u64::from_le_bytes(body[..8].try_into().expect("8 bytes")));
+                }
                 _ => {}
             }
             Ok(())
@@ -389,7 +419,35 @@ impl PageStore {
         }
         self.sync()?;
         *self.alloc.get_mut() = alloc.clone();
-        self.wal = Some(Wal::resume(wc, file, &found, end, &alloc)?);
+        let wal = Wal::resume(wc, file, &found, end, &alloc)?;
+        // Carry the undo records of the transactions the crash cut off into the resumed log
+        // (the old part is no longer read): if the engine stops again before they are rolled
+        // back, the next recovery finds them there.
+        let unfinished: Vec<Unfinished> = txns
+            .into_iter()
+            .map(|(txn, undo)| Unfinished { txn, undo })
+            .collect();
+        let mut carried = None;
+        let mut buf = Vec::new();
+        for u in &unfinished {
+            carried.get_or_insert(wal.tail());
+            wal.append(&mut buf, |_, b| {
+                for r in &u.undo {
+                    crate::wal::put_undo(b, u.txn, r);
+                }
+            })?;
+        }
+        if carried.is_some() {
+            wal.flush_all()?;
+            log::warn!(
+                "{}: {} transaction(s) were cut off by the crash; they must be rolled back \
+                 (PageStore::unfinished)",
+                self.devices[0].path.display(),
+                unfinished.len()
+            );
+        }
+        *self.unfinished.get_mut() = (unfinished, carried);
+        self.wal = Some(wal);
         log::warn!(
             "{} was not shut down cleanly: recovered from its log: {} chunks ({} records, {:.1} MiB) replayed into {} pages in {:.2} s",
             self.devices[0].path.display(),
@@ -408,6 +466,17 @@ impl PageStore {
         self.wal.as_ref()
     }
 
+    /// The transactions a crash cut off, found by recovery at open and not rolled back yet.
+    pub fn unfinished(&self) -> Vec<Unfinished> {
+        self.unfinished.lock().0.clone()
+    }
+
+    /// The caller rolled back every transaction [`PageStore::unfinished`] returned and logged
+    /// their end records durably: the log need not keep their undo records any more.
+    pub fn unfinished_resolved(&self) {
+        *self.unfinished.lock() = (Vec::new(), None);
+    }
+
     /// What recovery replayed at open, if the store was recovered.
     pub fn replayed(&self) -> Option<&Replay> {
         self.replayed.as_ref()
@@ -420,8 +489,8 @@ impl PageStore {
 
     /// Finish the checkpoint begun at `c`: the caller has written back every page dirty at `c`.
     /// Syncs the devices, then records the allocator (after the log holding every allocation
-    /// it reflects is durable) and the new redo point.
-    pub fn finish_checkpoint(&self, c: u64) -> StoreResult<()> {
+    /// it reflects is durable) and the new redo point. `oldest`: see [`Wal::finish_checkpoint`].
+    pub fn finish_checkpoint(&self, c: u64, oldest: Option<u64>) -> StoreResult<()> {
         let Some(w) = &self.wal else {
             return Ok(());
         };
@@ -433,7 +502,13 @@ impl PageStore {
             (a.clone(), w.tail())
         };
         w.flush_to(upto)?;
-        w.finish_checkpoint(c, &alloc)
+        // unfinished transactions' undo records carried at open stay readable until resolved
+        let carried = self.unfinished.lock().1;
+        let oldest = match (oldest, carried) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        w.finish_checkpoint(c, oldest, &alloc)
     }
 
     fn read_freelist(&self, head: u64, len: u64) -> StoreResult<Vec<u64>> {
@@ -729,9 +804,19 @@ impl PageStore {
             return Ok(());
         }
         if let Some(w) = &self.wal {
+            let n = self.unfinished.lock().0.len();
+            if n > 0 {
+                self.closed.store(false, Ordering::Release);
+                return Err(StoreError::BadLog {
+                    path: w.path().to_path_buf(),
+                    why: format!(
+                        "{n} transaction(s) cut off by a crash were not rolled back; the store stays unclean (the next open recovers it again)"
+                    ),
+                });
+            }
             // a last checkpoint, so that the next open finds the log's end at once
             let c = w.begin_checkpoint()?;
-            self.finish_checkpoint(c)?;
+            self.finish_checkpoint(c, None)?;
         }
         let alloc = self.alloc.lock().clone();
         let chain = alloc.chain_pages();

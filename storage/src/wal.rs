@@ -63,7 +63,9 @@ const FIRST_LSN: u64 = BLOCK;
 const RESTART_GAP: u64 = 1 << 26;
 const HEADER_MAGIC: u64 = 0x4c41_5720_4c41_4f48; // "HOAL WAL"
 const ALLOC_MAGIC: u64 = 0x434f_4c41_4c41_4f48; // "HOALALOC"
-const FORMAT: u32 = 1;
+/// Format 2 adds the keep point (transactions' undo records); format 1 headers are read with
+/// keep = redo.
+const FORMAT: u32 = 2;
 /// How long a flush waits for a checkpoint to free log space before it reports the log full.
 const FULL_WAIT: Duration = Duration::from_secs(30);
 
@@ -80,6 +82,26 @@ pub mod rec {
     pub const FREE: u8 = 4;
     /// A checkpoint began here (no body).
     pub const CHECKPOINT: u8 = 5;
+    /// How to undo one operation of a transaction (opaque to the log: the layer that made it
+    /// applies it after a crash): txn u64 (0: the transaction begins with this chunk, its id
+    /// is the LSN just past the chunk), len u32, the bytes.
+    pub const UNDO: u8 = 6;
+    /// A transaction ended (committed, or rolled back by its owner): txn u64.
+    pub const END: u8 = 7;
+}
+
+/// Append an undo record of transaction `txn` (0: it begins in this chunk).
+pub fn put_undo(buf: &mut Vec<u8>, txn: u64, undo: &[u8]) {
+    buf.push(rec::UNDO);
+    buf.extend_from_slice(&txn.to_le_bytes());
+    buf.extend_from_slice(&(undo.len() as u32).to_le_bytes());
+    buf.extend_from_slice(undo);
+}
+
+/// Append the end record of transaction `txn`.
+pub fn put_end(buf: &mut Vec<u8>, txn: u64) {
+    buf.push(rec::END);
+    buf.extend_from_slice(&txn.to_le_bytes());
 }
 
 /// Append a whole-page record to a chunk being built.
@@ -248,8 +270,12 @@ struct Flusher {
     next: u64,
     /// Data-area position (since the log's start, never wrapping) of the next block to write.
     fpos: u64,
-    /// The redo point: the data area before it may be overwritten.
+    /// The redo point: where replaying pages begins.
     redo: RedoPoint,
+    /// The keep point (<= redo): the data area before it may be overwritten. Before `redo`
+    /// only when a transaction that was running at the last checkpoint began before it (its
+    /// undo records must stay readable).
+    keep: RedoPoint,
     /// The last checkpoint record copied out: (lsn, fpos).
     last_checkpoint: Option<RedoPoint>,
     wbuf: BlockBuf,
@@ -380,6 +406,7 @@ struct Header {
     seq: u64,
     data_bytes: u64,
     redo: RedoPoint,
+    keep: RedoPoint,
     /// CRC of the allocator snapshot written with this header (file `seq % 2`).
     alloc_crc: u32,
 }
@@ -394,26 +421,46 @@ impl Header {
         b[24..32].copy_from_slice(&self.data_bytes.to_le_bytes());
         b[32..40].copy_from_slice(&self.redo.lsn.to_le_bytes());
         b[40..48].copy_from_slice(&self.redo.fpos.to_le_bytes());
-        let crc = crc32fast::hash(&b[..48]);
-        b[48..52].copy_from_slice(&crc.to_le_bytes());
+        b[48..56].copy_from_slice(&self.keep.lsn.to_le_bytes());
+        b[56..64].copy_from_slice(&self.keep.fpos.to_le_bytes());
+        let crc = crc32fast::hash(&b[..64]);
+        b[64..68].copy_from_slice(&crc.to_le_bytes());
         b
     }
 
     fn decode(b: &[u8]) -> Option<Header> {
         let u64at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
         let u32at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
-        if u64at(0) != HEADER_MAGIC || u32at(8) != FORMAT || crc32fast::hash(&b[..48]) != u32at(48)
-        {
+        let format = u32at(8);
+        let crc_at = match format {
+            1 => 48,
+            FORMAT => 64,
+            _ => return None,
+        };
+        if u64at(0) != HEADER_MAGIC || crc32fast::hash(&b[..crc_at]) != u32at(crc_at) {
+            return None;
+        }
+        let redo = RedoPoint {
+            lsn: u64at(32),
+            fpos: u64at(40),
+        };
+        let keep = if format == 1 {
+            redo
+        } else {
+            RedoPoint {
+                lsn: u64at(48),
+                fpos: u64at(56),
+            }
+        };
+        if keep.lsn > redo.lsn || keep.fpos > redo.fpos {
             return None;
         }
         Some(Header {
             alloc_crc: u32at(12),
             seq: u64at(16),
             data_bytes: u64at(24),
-            redo: RedoPoint {
-                lsn: u64at(32),
-                fpos: u64at(40),
-            },
+            redo,
+            keep,
         })
     }
 }
@@ -484,6 +531,14 @@ pub(crate) struct Found {
     header: Header,
 }
 
+impl Found {
+    /// Where replaying pages begins (records before it, from the keep point, are read for
+    /// transactions only).
+    pub(crate) fn redo_lsn(&self) -> u64 {
+        self.header.redo.lsn
+    }
+}
+
 impl Wal {
     /// Create a new, empty log at `cfg.path` (preallocated). `alloc` is the allocator state the
     /// log starts from.
@@ -514,7 +569,7 @@ impl Wal {
             fpos: 0,
         };
         let wal = Wal::new(cfg, file, data_bytes, redo, 0);
-        wal.write_header(redo, alloc)?;
+        wal.write_header(redo, redo, alloc)?;
         Ok(wal)
     }
 
@@ -566,6 +621,7 @@ impl Wal {
                 next: redo.lsn,
                 fpos: redo.fpos,
                 redo,
+                keep: redo,
                 last_checkpoint: None,
                 // one flush takes at most a ring of chunks, a wrap's padding and a block's
                 wbuf: BlockBuf::new(2 * cfg.ring_bytes as u64 + BLOCK),
@@ -641,7 +697,7 @@ impl Wal {
         let t0 = Instant::now();
         let h = &found.header;
         let s = h.data_bytes;
-        let mut at = h.redo;
+        let mut at = h.keep;
         let mut out = Replay::default();
         // read the data area in 1 MiB windows
         let mut win: Vec<u8> = Vec::new();
@@ -669,7 +725,7 @@ impl Wal {
             }
             Ok(out)
         };
-        let limit = h.redo.fpos + s;
+        let limit = h.keep.fpos + s;
         loop {
             if at.fpos + CHUNK_HEADER > limit {
                 break;
@@ -735,7 +791,7 @@ impl Wal {
         // the old chunks from the new start on must not look like the continuation: the first
         // block is overwritten by a PAD now
         wal.write_pad_block(fpos)?;
-        wal.write_header(redo, alloc)?;
+        wal.write_header(redo, redo, alloc)?;
         Ok(wal)
     }
 
@@ -748,7 +804,7 @@ impl Wal {
     }
 
     /// Write the allocator snapshot and then the header naming `redo` (both synced).
-    fn write_header(&self, redo: RedoPoint, alloc: &Allocator) -> StoreResult<()> {
+    fn write_header(&self, redo: RedoPoint, keep: RedoPoint, alloc: &Allocator) -> StoreResult<()> {
         let mut hs = self.header.lock();
         let seq = hs.seq + 1;
         let snap = encode_alloc(alloc);
@@ -763,6 +819,7 @@ impl Wal {
             seq,
             data_bytes: self.data_bytes,
             redo,
+            keep,
             alloc_crc: crc32fast::hash(&snap),
         };
         self.file
@@ -822,7 +879,7 @@ impl Wal {
     /// Bytes of the data area in use (from the redo point to the last flush).
     pub fn used_bytes(&self) -> u64 {
         let f = self.flusher.lock();
-        f.fpos - f.redo.fpos
+        f.fpos - f.keep.fpos
     }
 
     /// Bytes of the data area.
@@ -840,6 +897,15 @@ impl Wal {
         encode: impl FnMut(u64, &mut Vec<u8>),
     ) -> StoreResult<u64> {
         self.place(buf, encode, false).map(|(_, end)| end)
+    }
+
+    /// [`Wal::append`], returning the chunk's LSN too: (start, end).
+    pub fn append_span(
+        &self,
+        buf: &mut Vec<u8>,
+        encode: impl FnMut(u64, &mut Vec<u8>),
+    ) -> StoreResult<(u64, u64)> {
+        self.place(buf, encode, false)
     }
 
     fn place(
@@ -1104,7 +1170,7 @@ impl Wal {
                 let n = s - pos % s;
                 Self::pad_to(&mut f.wbuf, &mut pos, n);
             }
-            if pos + size > f.redo.fpos + s {
+            if pos + size > f.keep.fpos + s {
                 break; // the log is full up to the redo point
             }
             if size as usize + 2 * BLOCK as usize > f.wbuf.room() {
@@ -1126,8 +1192,8 @@ impl Wal {
                 // the next chunk is complete but the log has no room: wait for a checkpoint
                 self.stats.full_waits.fetch_add(1, Ordering::Relaxed);
                 let deadline = Instant::now() + FULL_WAIT;
-                let redo = f.redo;
-                return if self.wait_space(f, redo, deadline) {
+                let keep = f.keep;
+                return if self.wait_space(f, keep, deadline) {
                     Ok(true)
                 } else {
                     self.failed.store(true, Ordering::Release);
@@ -1181,9 +1247,9 @@ impl Wal {
         f.next = lsn;
         f.fpos = pos;
         self.tight
-            .store(f.fpos - f.redo.fpos > self.admit_limit(), Ordering::Release);
+            .store(f.fpos - f.keep.fpos > self.admit_limit(), Ordering::Release);
         debug_assert!(
-            f.fpos - f.redo.fpos <= s,
+            f.fpos - f.keep.fpos <= s,
             "the log overwrote its redo point"
         );
         // Release: whoever reads the new durable point may act on it (write pages back, ack).
@@ -1232,7 +1298,7 @@ impl Wal {
     fn wait_space(
         &self,
         f: &mut parking_lot::MutexGuard<'_, Flusher>,
-        redo: RedoPoint,
+        keep: RedoPoint,
         deadline: Instant,
     ) -> bool {
         log::warn!(
@@ -1240,9 +1306,9 @@ impl Wal {
             self.path.display(),
             self.data_bytes >> 20
         );
-        while f.redo == redo {
+        while f.keep == keep {
             if self.space.wait_until(f, deadline).timed_out() {
-                return f.redo != redo;
+                return f.keep != keep;
             }
         }
         true
@@ -1261,10 +1327,18 @@ impl Wal {
     /// Finish the checkpoint begun at `c`: every page changed before `c` is durable in the
     /// store. Writes `alloc` (the allocator as it is now; allocations logged before now are in
     /// it, and replaying them again is harmless) and a header naming `c` as the redo start.
-    pub fn finish_checkpoint(&self, c: u64, alloc: &Allocator) -> StoreResult<()> {
-        let redo = {
+    /// `oldest` is the lowest [`Wal::tail`] any transaction running at `c` saw before its
+    /// first undo record (read after `c` was placed): the log is kept from the latest earlier
+    /// checkpoint at or before it, so that recovery still reads that transaction's undo.
+    pub fn finish_checkpoint(
+        &self,
+        c: u64,
+        oldest: Option<u64>,
+        alloc: &Allocator,
+    ) -> StoreResult<()> {
+        let (redo, keep) = {
             let f = self.flusher.lock();
-            match f.last_checkpoint {
+            let redo = match f.last_checkpoint {
                 Some(r) if r.lsn == c => r,
                 _ => {
                     return Err(bad(
@@ -1272,14 +1346,28 @@ impl Wal {
                         format!("checkpoint {c} is not the last one written"),
                     ))
                 }
-            }
+            };
+            // Every transaction running now began after the previous keep point (it was
+            // chosen the same way, or the transaction began after that checkpoint), so one of
+            // these three always qualifies.
+            let limit = oldest.unwrap_or(u64::MAX).min(c);
+            let keep = [redo, f.redo, f.keep]
+                .into_iter()
+                .find(|p| p.lsn <= limit)
+                .unwrap_or(f.keep);
+            debug_assert!(
+                keep.lsn <= limit,
+                "no kept checkpoint precedes a running transaction"
+            );
+            (redo, keep)
         };
-        self.write_header(redo, alloc)?;
+        self.write_header(redo, keep, alloc)?;
         {
             let mut f = self.flusher.lock();
             f.redo = redo;
+            f.keep = keep;
             self.tight
-                .store(f.fpos - f.redo.fpos > self.admit_limit(), Ordering::Release);
+                .store(f.fpos - f.keep.fpos > self.admit_limit(), Ordering::Release);
         }
         self.space.notify_all();
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
@@ -1315,8 +1403,14 @@ pub(crate) fn for_each_record(
                 }
                 l
             }
-            rec::ALLOC | rec::FREE => 8,
+            rec::ALLOC | rec::FREE | rec::END => 8,
             rec::CHECKPOINT => 0,
+            rec::UNDO => {
+                if rest.len() < 12 {
+                    return Err("short undo record".into());
+                }
+                12 + u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes")) as usize
+            }
             k => return Err(format!("unknown record kind {k}")),
         };
         if rest.len() < len {

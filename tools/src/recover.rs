@@ -60,11 +60,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         cfg.devices = store.devices.len();
         cfg.mode = OpenMode::Open;
         cfg.durability = Durability::Commit;
+        cfg.roll_back = Some(shoal_btree::roll_back());
         cfg.wal_bytes = std::fs::metadata(&log)
             .map_err(|e| anyhow::anyhow!("{}: {e}", log.display()))?
             .len();
         let engine = Engine::open(cfg).map_err(|e| anyhow::anyhow!("node {node}: {e}"))?;
         let r = engine.store().replayed().cloned().unwrap_or_default();
+        let rolled_back = engine.rolled_back();
         engine
             .close()
             .map_err(|e| anyhow::anyhow!("node {node}: closing after recovery: {e}"))?;
@@ -72,7 +74,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         let rate = if r.seconds > 0.0 { mb / r.seconds } else { 0.0 };
         say!(
             "node {node}: recovered: {} chunks, {} records, {mb:.1} MB of log, {} pages written, \
-             {:.2} s ({rate:.0} MB/s of log); the store is clean",
+             {:.2} s ({rate:.0} MB/s of log), {rolled_back} unfinished transaction(s) rolled \
+             back; the store is clean",
             r.chunks,
             r.records,
             r.pages,
@@ -87,6 +90,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             "pages": r.pages,
             "seconds": r.seconds,
             "log_mb_per_s": rate,
+            "transactions_rolled_back": rolled_back,
         }));
     }
     if let Some(path) = &a.json {

@@ -137,9 +137,6 @@ fn a_log_that_does_not_fit_is_a_clear_error_at_start_not_at_a_commit() {
 }
 
 #[test]
-#[ignore = "fails today: a multi-operation transaction is not atomic across a crash (each B-tree \
-            operation is); seen: condition 2, D_NEXT_O_ID - 1 = 3972 but max O_ID = 3971. See \
-            docs/durability.md, 'Transactions'. Run with --ignored."]
 fn tpcc_killed_mid_run_recovers_to_a_consistent_database() {
     // After kill -9 the recovered database must meet TPC-C's consistency conditions 1-4 (no
     // half transaction: an order without its lines, a district counter without its order, a

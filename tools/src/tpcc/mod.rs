@@ -167,6 +167,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         let mut c = EngineConfig::new(d, cache as usize);
         c.durability = a.durability;
         c.wal_bytes = a.wal_size;
+        c.roll_back = Some(shoal_btree::roll_back());
         c
     };
     if a.net.nodes == 1 {
@@ -193,6 +194,7 @@ fn check_existing(a: &Args, cache: u64) -> anyhow::Result<ExitCode> {
     let dir = a.data_dir.as_deref().expect("clap requires --data-dir");
     let mut c = EngineConfig::new(dir, cache as usize);
     c.mode = shoal_engine::OpenMode::Open;
+    c.roll_back = Some(shoal_btree::roll_back());
     // a log left by a run with durability is used to recover the store, not deleted
     c.durability = if shoal_storage::store::default_log_path(&c.device_list()[0]).exists() {
         shoal_engine::Durability::Commit
@@ -202,12 +204,13 @@ fn check_existing(a: &Args, cache: u64) -> anyhow::Result<ExitCode> {
     let e = Engine::open(c).map_err(anyhow::Error::from)?;
     if let Some(r) = e.store().replayed() {
         say!(
-            "recovered: {} chunks, {} records, {:.1} MB of log, {} pages, {:.2} s",
+            "recovered: {} chunks, {} records, {:.1} MB of log, {} pages, {:.2} s; {} unfinished transaction(s) rolled back",
             r.chunks,
             r.records,
             r.log_bytes as f64 / 1e6,
             r.pages,
-            r.seconds
+            r.seconds,
+            e.rolled_back()
         );
     }
     let r = (|| {

@@ -196,6 +196,8 @@ impl Ctx<'_> {
 
     fn execute(&mut self, ty: usize, home: u16) -> Result<Done, TxError> {
         self.journal.get_mut().clear();
+        // with a log: a crash never leaves half of it (undone at the next open)
+        self.w.begin_transaction().map_err(TxError::Commit)?;
         let r = match ty {
             0 => self.new_order(home),
             1 => self.payment(home),
@@ -203,15 +205,19 @@ impl Ctx<'_> {
             3 => self.delivery(home),
             _ => self.stock_level(home),
         };
-        match r {
-            Err(error) => match self.journal.get_mut().undo(self.w) {
-                Ok(()) => Err(error),
-                Err(undo) => Err(TxError::UndoFailed {
-                    error: Box::new(error),
-                    undo,
-                }),
-            },
-            Ok(done) => Ok(done),
+        let Err(error) = r else { return r };
+        self.w.rolling_back();
+        match self.journal.get_mut().undo(self.w) {
+            Ok(()) => {
+                // undone here: its end goes into the log now, before anyone else writes what
+                // it wrote (a crash must not undo it again over their changes)
+                let _done = self.w.commit_later().map_err(TxError::Commit)?;
+                Err(error)
+            }
+            Err(undo) => Err(TxError::UndoFailed {
+                error: Box::new(error),
+                undo,
+            }),
         }
     }
 
