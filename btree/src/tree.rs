@@ -445,10 +445,21 @@ impl BTree {
             let off = node::value_offset(p, i);
             let mut v = Vec::new();
             node::value_into(p, i, &mut v);
-            if w.logs_undo() {
-                w.log_undo(&undo_record(self.root, key, Some(&v)));
-            }
+            let before = w.logs_undo().then(|| v.clone());
             f(&mut v);
+            if let Some(old) = before {
+                // only the bytes that changed (rows change a few fields)
+                if let Some(first) = old.iter().zip(&v).position(|(a, b)| a != b) {
+                    let last = old.len()
+                        - old
+                            .iter()
+                            .zip(&v)
+                            .rev()
+                            .position(|(a, b)| a != b)
+                            .unwrap_or(0);
+                    w.log_undo(&undo_range(self.root, key, first, &old[first..last]));
+                }
+            }
             x.page_mut().write(off, &v);
             Ok(true)
         })?)
@@ -997,7 +1008,8 @@ fn split_child(
 
 /// How to undo one change of a tree in a transaction (`Worker::log_undo`): the tree's root
 /// (fixed for its life), the key, and the value before (absent: the key was not there).
-/// Layout: root u64, key length u16, present u8, key, old value.
+/// Layout: root u64, key length u16, kind u8 (0: the key was absent; 1: its old value
+/// follows the key; 2: an offset u16 and the old bytes there follow, `undo_range`), key, rest.
 fn undo_record(root: Pid, key: &[u8], old: Option<&[u8]>) -> Vec<u8> {
     let mut r = Vec::with_capacity(11 + key.len() + old.map_or(0, <[u8]>::len));
     r.extend_from_slice(&root.raw().to_le_bytes());
@@ -1005,6 +1017,18 @@ fn undo_record(root: Pid, key: &[u8], old: Option<&[u8]>) -> Vec<u8> {
     r.push(old.is_some() as u8);
     r.extend_from_slice(key);
     r.extend_from_slice(old.unwrap_or(&[]));
+    r
+}
+
+/// How to undo an in-place update: put `old` back at byte `off` of the value (kind 2).
+fn undo_range(root: Pid, key: &[u8], off: usize, old: &[u8]) -> Vec<u8> {
+    let mut r = Vec::with_capacity(13 + key.len() + old.len());
+    r.extend_from_slice(&root.raw().to_le_bytes());
+    r.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    r.push(2);
+    r.extend_from_slice(key);
+    r.extend_from_slice(&(off as u16).to_le_bytes());
+    r.extend_from_slice(old);
     r
 }
 
@@ -1030,16 +1054,36 @@ fn undo_one(w: &Worker, r: &[u8]) -> Result<(), String> {
     }
     let root = Pid(u64::from_le_bytes(r[0..8].try_into().expect("8 bytes")));
     let klen = u16::from_le_bytes([r[8], r[9]]) as usize;
-    let present = r[10] == 1;
     let Some(key) = r.get(11..11 + klen) else {
         return Err("undo record cut short".into());
     };
     let tree = BTree { root };
-    if present {
-        tree.upsert(w, key, &r[11 + klen..])
-            .map_err(|e| e.to_string())?;
-    } else {
-        tree.remove(w, key).map_err(|e| e.to_string())?;
+    let rest = &r[11 + klen..];
+    match r[10] {
+        0 => {
+            tree.remove(w, key).map_err(|e| e.to_string())?;
+        }
+        1 => {
+            tree.upsert(w, key, rest).map_err(|e| e.to_string())?;
+        }
+        2 if rest.len() >= 2 => {
+            let off = u16::from_le_bytes([rest[0], rest[1]]) as usize;
+            let old = &rest[2..];
+            let mut fits = true;
+            let found = tree
+                .update(w, key, |v| match v.get_mut(off..off + old.len()) {
+                    Some(dst) => dst.copy_from_slice(old),
+                    None => fits = false,
+                })
+                .map_err(|e| e.to_string())?;
+            if !found || !fits {
+                return Err(format!(
+                    "undoing an update of a key of {} bytes: the key is gone or its value shorter",
+                    key.len()
+                ));
+            }
+        }
+        k => return Err(format!("undo record of unknown kind {k}")),
     }
     Ok(())
 }

@@ -201,7 +201,7 @@ impl Worker {
     /// Log how to undo the change just made under the exclusive guard this worker holds (it
     /// goes into the same chunk as the change: both are in the log or neither). `undo` is
     /// opaque here; after a crash the layer that wrote it gets it back through
-    /// `Engine::unfinished`. Does nothing unless [`Worker::logs_undo`].
+    /// `EngineConfig::roll_back` at the next open. Does nothing unless [`Worker::logs_undo`].
     pub fn log_undo(&self, undo: &[u8]) {
         let Some(log) = &self.log else { return };
         let mut g = log.borrow_mut();

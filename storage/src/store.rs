@@ -188,12 +188,15 @@ impl PageStore {
         } else {
             Self::load(devices, backend, cfg)?
         };
+        // (one lock: two in one format call would be held together and deadlock)
+        let (allocated, free) = {
+            let a = store.alloc.lock();
+            (a.next_slot(), a.free_slots().len())
+        };
         log::info!(
-            "page store on {} device(s) via {}: {} slots allocated, {} free",
+            "page store on {} device(s) via {}: {allocated} slots allocated, {free} free",
             store.devices.len(),
             store.backend,
-            store.alloc.lock().next_slot(),
-            store.alloc.lock().free_slots().len()
         );
         Ok(store)
     }

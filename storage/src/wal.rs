@@ -361,6 +361,8 @@ pub struct Wal {
     writer_wake: Condvar,
     /// The log is used beyond [`Wal::admit_limit`]: new changes wait for a checkpoint.
     tight: AtomicBool,
+    /// Bytes in use ([`Wal::used_bytes`]), set with `tight`.
+    used: AtomicU64,
     pub stats: WalStats,
 }
 
@@ -630,6 +632,7 @@ impl Wal {
             header: Mutex::new(HeaderState { seq }),
             failed: AtomicBool::new(false),
             tight: AtomicBool::new(false),
+            used: AtomicU64::new(0),
             writer_idle: AtomicBool::new(false),
             writer_stop: AtomicBool::new(false),
             writer_sleep: Mutex::new(()),
@@ -876,10 +879,17 @@ impl Wal {
         Ok(())
     }
 
-    /// Bytes of the data area in use (from the redo point to the last flush).
+    /// Bytes of the data area in use (from the keep point to the last flush; a lock-free
+    /// copy updated by flushes and checkpoints).
     pub fn used_bytes(&self) -> u64 {
-        let f = self.flusher.lock();
-        f.fpos - f.keep.fpos
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Record the bytes in use (under the flusher lock): `tight` follows.
+    fn set_used(&self, used: u64) {
+        self.used.store(used, Ordering::Relaxed);
+        self.tight
+            .store(used > self.admit_limit(), Ordering::Release);
     }
 
     /// Bytes of the data area.
@@ -1246,8 +1256,7 @@ impl Wal {
             .fetch_add(f.wbuf.len as u64, Ordering::Relaxed);
         f.next = lsn;
         f.fpos = pos;
-        self.tight
-            .store(f.fpos - f.keep.fpos > self.admit_limit(), Ordering::Release);
+        self.set_used(f.fpos - f.keep.fpos);
         debug_assert!(
             f.fpos - f.keep.fpos <= s,
             "the log overwrote its redo point"
@@ -1366,8 +1375,7 @@ impl Wal {
             let mut f = self.flusher.lock();
             f.redo = redo;
             f.keep = keep;
-            self.tight
-                .store(f.fpos - f.keep.fpos > self.admit_limit(), Ordering::Release);
+            self.set_used(f.fpos - f.keep.fpos);
         }
         self.space.notify_all();
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);

@@ -307,3 +307,34 @@ fn a_store_killed_before_any_write_back_still_has_its_catalog() {
     assert!(!report.contains("catalog: not checked"), "{report}");
     assert!(!report.contains("the catalog:"), "{report}");
 }
+
+#[test]
+fn a_run_with_info_logging_finishes() {
+    // opening a store logged its allocator under two locks held at once: with RUST_LOG=info
+    // the process hung before its load (a self-deadlock, found 2026-11-25)
+    let mut child = shoal()
+        .args(["ycsb", "--records", "2000", "--durability", "commit"])
+        .args([
+            "--wal-size",
+            "8MiB",
+            "--quiet",
+            "--warmup",
+            "0",
+            "--duration",
+            "0.5",
+        ])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > std::time::Duration::from_secs(60) {
+            child.kill().unwrap();
+            panic!("shoal ycsb with RUST_LOG=info did not finish in 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(child.wait().unwrap().success());
+}
