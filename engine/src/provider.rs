@@ -175,6 +175,9 @@ impl Provider {
             .indexes()
             .filter(|&i| buf.pool.frame(i).is_dirty())
             .collect();
+        // in slot order: a batch of neighbouring slots is merged by the block layer into few
+        // large writes (on a VM each request costs a device notification; measured below)
+        todo.sort_unstable_by_key(|&i| buf.pool.frame(i).pid().raw());
         let mut written = 0usize;
         while !todo.is_empty() {
             let mut later = Vec::new();

@@ -741,8 +741,9 @@ impl PageStore {
         })
     }
 
-    /// Seal and write a batch of pages, one `pwrite` after another, whatever the store's
-    /// backend. One result per request.
+    /// Seal and write a batch of pages with `pwrite`, whatever the store's backend; pages in
+    /// neighbouring slots of one device go out as one `pwritev` (`io::write_runs`). One
+    /// result per request.
     ///
     /// Why not io_uring (2026-11-24, issue 22): with both cores saturated, io_uring write-backs
     /// of 10-17 O_DIRECT pages were delayed by seconds, on cluster nodes until a remote wait
@@ -766,7 +767,7 @@ impl PageStore {
         }
         let mut res = vec![0i64; ops.len()];
         // SAFETY: each buffer is an AlignedPage borrowed mutably by `reqs` for this call.
-        unsafe { io::run_batch(Backend::Pread, &ops, &mut res) };
+        unsafe { io::write_runs(&ops, &mut res) };
         self.stats
             .writes
             .fetch_add(reqs.len() as u64, Ordering::Relaxed);
