@@ -59,5 +59,6 @@ pub use error::{EngineError, OpResult, Restart};
 pub use guard::{CommitPoint, ExclusiveGuard, OptimisticGuard, SharedGuard, Worker};
 pub use pid::{Pid, MAX_NODES};
 pub use shoal_messaging::ChannelLayout;
+pub use shoal_storage::store::Unfinished;
 pub use shoal_storage::{BackendChoice, OpenMode, PAGE_DATA_SIZE, PAGE_SIZE};
 pub use stats::StatsSnapshot;
