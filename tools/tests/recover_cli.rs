@@ -1,6 +1,7 @@
-//! `shoal recover` and `shoal inspect` after a real kill -9 of `shoal ycsb`: with a log the
-//! store is reported as needing recovery, recovery brings back every record and leaves it
-//! clean; without a log the store is reported as having lost its recent changes.
+//! After a real kill -9: `shoal inspect` reports a store with a log as needing recovery,
+//! `shoal recover` brings back every record and leaves it clean, a store without a log is
+//! reported as having lost its recent changes, and TPC-C recovers to a database that meets its
+//! consistency conditions. Also: a log that does not fit is a clear error at start.
 
 use std::io::BufRead;
 use std::path::Path;
@@ -9,18 +10,11 @@ use std::time::Duration;
 
 const RECORDS: u64 = 20_000;
 
-/// Run `shoal ycsb` on `dir` and kill it with SIGKILL a second into its run.
-fn run_and_kill(dir: &Path, durability: &str) {
+/// Run `shoal ARGS --data-dir DIR` and kill it with SIGKILL `after` its load line.
+fn kill_after_load(args: &[&str], dir: &Path, after: Duration) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_shoal"))
-        .args([
-            "ycsb",
-            "--records",
-            &RECORDS.to_string(),
-            "--cache",
-            "16MiB",
-        ])
-        .args(["--durability", durability])
-        .args(["--warmup", "0", "--duration", "60", "--quiet", "--data-dir"])
+        .args(args)
+        .args(["--duration", "60", "--quiet", "--data-dir"])
         .arg(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -31,15 +25,31 @@ fn run_and_kill(dir: &Path, durability: &str) {
         let mut line = String::new();
         assert!(
             out.read_line(&mut line).unwrap() > 0,
-            "ycsb ended before its load finished"
+            "shoal {args:?} ended before its load finished"
         );
         if line.starts_with("load:") {
             break;
         }
     }
-    std::thread::sleep(Duration::from_secs(1));
+    std::thread::sleep(after);
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
+}
+
+/// Run `shoal ycsb` on `dir` and kill it with SIGKILL a second into its run.
+fn run_and_kill(dir: &Path, durability: &str) {
+    let records = RECORDS.to_string();
+    let args = [
+        "ycsb",
+        "--records",
+        &records,
+        "--cache",
+        "16MiB",
+        "--warmup",
+        "0",
+    ];
+    let args = [&args[..], &["--durability", durability]].concat();
+    kill_after_load(&args, dir, Duration::from_secs(1));
 }
 
 fn shoal(args: &[&str], dir: &Path) -> Output {
@@ -142,35 +152,19 @@ fn tpcc_killed_mid_run_recovers_to_a_consistent_database() {
     // half transaction: an order without its lines, a district counter without its order, a
     // payment without its history row).
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shoal"))
-        .args(["tpcc", "--warehouses", "1", "--durability", "commit"])
-        .args([
+    kill_after_load(
+        &[
+            "tpcc",
+            "--warehouses",
+            "1",
+            "--durability",
+            "commit",
             "--wal-size",
             "256MiB",
-            "--duration",
-            "60",
-            "--quiet",
-            "--data-dir",
-        ])
-        .arg(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    loop {
-        let mut line = String::new();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "tpcc ended before its load finished"
-        );
-        if line.starts_with("load:") {
-            break;
-        }
-    }
-    std::thread::sleep(Duration::from_millis(1500));
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
+        ],
+        dir.path(),
+        Duration::from_millis(1500),
+    );
     let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
         .args([
             "tpcc",
