@@ -7,14 +7,15 @@
 //!
 //! Rounds: `SHOAL_CRASH_ROUNDS` (default 20); the long run in docs/BENCHMARKS.md uses 500.
 
+mod common;
+
 use rand::{Rng, SeedableRng};
 use shoal_btree::{u64_key, BTree};
 use shoal_engine::{Durability, Engine, EngineConfig};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const CHILD: &str = "SHOAL_CRASH_CHILD_DIR";
 const KEYS: u64 = 20_000;
@@ -95,61 +96,25 @@ impl Iterator for Ops {
 #[test]
 fn kill_9_at_random_moments_loses_no_acknowledged_write() {
     if let Ok(dir) = std::env::var(CHILD) {
-        let seed = std::env::var("SHOAL_CRASH_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(1);
-        child(Path::new(&dir), seed);
+        child(Path::new(&dir), common::env_num("SHOAL_CRASH_SEED", 1));
         return;
     }
-    let rounds: usize = std::env::var("SHOAL_CRASH_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
+    let rounds: usize = common::env_num("SHOAL_CRASH_ROUNDS", 20);
     let dir = tempfile::tempdir().unwrap();
-    let exe = std::env::current_exe().unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(0xC0FFEE);
     // what the store must hold: key -> Some(version) / None (deleted), acknowledged writes only
     let mut acked: HashMap<u64, Option<u64>> = HashMap::new();
     let mut total_acks = 0u64;
     for round in 0..rounds {
-        let mut ch = Command::new(&exe)
-            .args([
-                "--exact",
-                "kill_9_at_random_moments_loses_no_acknowledged_write",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD, dir.path())
-            .env("SHOAL_CRASH_SEED", (round as u64 + 1).to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = ch.stdout.take().unwrap();
+        let ch = common::respawn(
+            "kill_9_at_random_moments_loses_no_acknowledged_write",
+            &[
+                (CHILD, dir.path().display().to_string()),
+                ("SHOAL_CRASH_SEED", (round as u64 + 1).to_string()),
+            ],
+        );
         let kill_after = Duration::from_millis(rng.random_range(50..1200));
-        // read acknowledgements on a thread; kill from here
-        let reader = std::thread::spawn(move || {
-            let mut lines = Vec::new();
-            for l in BufReader::new(stdout).lines() {
-                match l {
-                    Ok(l) => lines.push(l),
-                    Err(_) => break,
-                }
-            }
-            lines
-        });
-        let t0 = Instant::now();
-        while t0.elapsed() < kill_after {
-            if let Some(st) = ch.try_wait().unwrap() {
-                panic!("round {round}: the child ended by itself ({st})");
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        // SIGKILL (what `Child::kill` sends on Unix), as a crash would
-        ch.kill().unwrap();
-        let _ = ch.wait();
-        let lines = reader.join().unwrap();
+        let lines = common::kill_after(ch, kill_after, round);
         // pipe lines after "ready" are acknowledged (printed after commit returned)
         let mut ready = false;
         for l in &lines {

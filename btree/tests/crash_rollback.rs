@@ -7,12 +7,13 @@
 //! phase 2's open, phase 3 would find nothing to roll back and the half-undone transaction
 //! would stay.
 
+mod common;
+
 use rand::{Rng, SeedableRng};
 use shoal_btree::{decode_u64, u64_key, BTree, Direction};
 use shoal_engine::{Durability, Engine, EngineConfig, RollBack};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -95,19 +96,10 @@ fn half_roll_back(dir: &Path) {
 }
 
 fn run_child(phase: &str, dir: &Path) -> std::process::Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "a_crash_during_the_roll_back_rolls_back_again",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(PHASE, phase)
-        .env(DIR, dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
+    common::respawn(
+        "a_crash_during_the_roll_back_rolls_back_again",
+        &[(PHASE, phase.to_string()), (DIR, dir.display().to_string())],
+    )
 }
 
 #[test]

@@ -11,14 +11,15 @@
 //!
 //! Rounds: `SHOAL_CRASH_TXN_ROUNDS` (default 12).
 
+mod common;
+
 use rand::{Rng, SeedableRng};
 use shoal_btree::{decode_u64, u64_key, BTree, Direction};
 use shoal_engine::{CommitPoint, Durability, Engine, EngineConfig};
 use std::collections::{HashSet, VecDeque};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const CHILD: &str = "SHOAL_CRASH_TXN_CHILD_DIR";
 const ACCOUNTS: u64 = 2_000;
@@ -112,54 +113,24 @@ fn child(dir: &Path, seed: u64) {
 #[test]
 fn kill_9_never_leaves_half_a_transaction() {
     if let Ok(dir) = std::env::var(CHILD) {
-        let seed = std::env::var("SHOAL_CRASH_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(1);
-        child(Path::new(&dir), seed);
+        child(Path::new(&dir), common::env_num("SHOAL_CRASH_SEED", 1));
         return;
     }
-    let rounds: usize = std::env::var("SHOAL_CRASH_TXN_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(12);
+    let rounds: usize = common::env_num("SHOAL_CRASH_TXN_ROUNDS", 12);
     let dir = tempfile::tempdir().unwrap();
-    let exe = std::env::current_exe().unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(0xFEED);
     let mut acked: HashSet<u64> = HashSet::new();
     let mut rolled_back = 0;
     for round in 0..rounds {
-        let mut ch = Command::new(&exe)
-            .args([
-                "--exact",
-                "kill_9_never_leaves_half_a_transaction",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD, dir.path())
-            .env("SHOAL_CRASH_SEED", (round as u64 + 1).to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = ch.stdout.take().unwrap();
-        let reader = std::thread::spawn(move || {
-            BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-                .collect::<Vec<_>>()
-        });
+        let ch = common::respawn(
+            "kill_9_never_leaves_half_a_transaction",
+            &[
+                (CHILD, dir.path().display().to_string()),
+                ("SHOAL_CRASH_SEED", (round as u64 + 1).to_string()),
+            ],
+        );
         let kill_after = Duration::from_millis(rng.random_range(100..1500));
-        let t0 = Instant::now();
-        while t0.elapsed() < kill_after {
-            if let Some(st) = ch.try_wait().unwrap() {
-                panic!("round {round}: the child ended by itself ({st})");
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        ch.kill().unwrap(); // SIGKILL
-        let _ = ch.wait();
-        for l in reader.join().unwrap() {
+        for l in common::kill_after(ch, kill_after, round) {
             if let Some(id) = l.strip_prefix("ack ").and_then(|s| s.parse().ok()) {
                 acked.insert(id);
             }

@@ -295,10 +295,7 @@ impl Worker {
             return;
         }
         let buf = &self.node.buf;
-        let wal = buf
-            .store
-            .wal()
-            .expect("a worker with a log group has a log");
+        let wal = self.wal();
         let LogGroup {
             pages,
             buf: lbuf,

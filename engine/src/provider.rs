@@ -175,8 +175,8 @@ impl Provider {
             .indexes()
             .filter(|&i| buf.pool.frame(i).is_dirty())
             .collect();
-        // in slot order: a batch of neighbouring slots is merged by the block layer into few
-        // large writes (on a VM each request costs a device notification; measured below)
+        // in slot order: the write-backs of a batch of neighbouring slots go out as a few
+        // `pwritev` runs (`PageStore::write_batch`; docs/BENCHMARKS.md "Durability")
         todo.sort_unstable_by_key(|&i| buf.pool.frame(i).pid().raw());
         let mut written = 0usize;
         while !todo.is_empty() {

@@ -445,6 +445,22 @@ pub fn drive_cluster<T>(
     }
 }
 
+/// Open the existing store of `node` in `dir` as recovery does (`shoal recover`, `shoal tpcc
+/// --check-existing`): with its log if it has one (kept at its size; without it the open
+/// would delete the log), rolling back the B-tree transactions a crash cut off.
+pub fn recovering_config(dir: &Path, node: u8, cache: usize) -> shoal_engine::EngineConfig {
+    let mut c = shoal_engine::EngineConfig::new(dir, cache);
+    c.node_id = node;
+    c.mode = shoal_engine::OpenMode::Open;
+    c.roll_back = Some(shoal_btree::roll_back());
+    let log = shoal_storage::store::default_log_path(&c.device_list()[0]);
+    if let Ok(m) = std::fs::metadata(&log) {
+        c.durability = shoal_engine::Durability::Commit;
+        c.wal_bytes = m.len();
+    }
+    c
+}
+
 /// The write-ahead log's figures over a measured interval, as JSON (`null` without a log).
 pub fn log_json(d: &shoal_storage::LogCounters, secs: f64, logged: bool) -> serde_json::Value {
     if !logged {

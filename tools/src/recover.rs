@@ -8,7 +8,7 @@
 //! (no log), 2 when DIR cannot be read or recovery failed.
 
 use serde_json::json;
-use shoal_engine::{lock_for_reading, Durability, Engine, EngineConfig, OpenMode};
+use shoal_engine::{lock_for_reading, Durability, Engine};
 use shoal_storage::inspect::StoreReader;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -54,16 +54,15 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             lost += 1;
             continue;
         };
-        let mut cfg = EngineConfig::new(&store.dir, 16 << 20);
-        cfg.node_id = node;
+        let mut cfg = crate::cli::recovering_config(&store.dir, node, 16 << 20);
         cfg.cluster_id = sb.cluster_id;
         cfg.devices = store.devices.len();
-        cfg.mode = OpenMode::Open;
-        cfg.durability = Durability::Commit;
-        cfg.roll_back = Some(shoal_btree::roll_back());
-        cfg.wal_bytes = std::fs::metadata(&log)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", log.display()))?
-            .len();
+        debug_assert_eq!(
+            cfg.durability,
+            Durability::Commit,
+            "{} has a log",
+            log.display()
+        );
         let engine = Engine::open(cfg).map_err(|e| anyhow::anyhow!("node {node}: {e}"))?;
         let r = engine.store().replayed().cloned().unwrap_or_default();
         let rolled_back = engine.rolled_back();

@@ -192,15 +192,7 @@ fn check_existing(a: &Args, cache: u64) -> anyhow::Result<ExitCode> {
         ));
     }
     let dir = a.data_dir.as_deref().expect("clap requires --data-dir");
-    let mut c = EngineConfig::new(dir, cache as usize);
-    c.mode = shoal_engine::OpenMode::Open;
-    c.roll_back = Some(shoal_btree::roll_back());
-    // a log left by a run with durability is used to recover the store, not deleted
-    c.durability = if shoal_storage::store::default_log_path(&c.device_list()[0]).exists() {
-        shoal_engine::Durability::Commit
-    } else {
-        shoal_engine::Durability::None
-    };
+    let c = crate::cli::recovering_config(dir, 0, cache as usize);
     let e = Engine::open(c).map_err(anyhow::Error::from)?;
     if let Some(r) = e.store().replayed() {
         say!(
@@ -221,21 +213,26 @@ fn check_existing(a: &Args, cache: u64) -> anyhow::Result<ExitCode> {
         for wh in 1..=a.warehouses {
             bad.extend(check::warehouse(&w, &tables, wh).map_err(anyhow::Error::from)?);
         }
-        if bad.is_empty() {
-            say!(
-                "check: consistency conditions 1-4 hold on all {} warehouses",
-                a.warehouses
-            );
-            Ok(ExitCode::SUCCESS)
+        say_check(&bad, a.warehouses);
+        Ok(if bad.is_empty() {
+            ExitCode::SUCCESS
         } else {
-            say!("check: {} violations", bad.len());
-            for b in bad.iter().take(20) {
-                say!("  {b}");
-            }
-            Ok(ExitCode::from(1))
-        }
+            ExitCode::from(1)
+        })
     })();
     crate::cli::first_error(r, e.close().map_err(anyhow::Error::from))
+}
+
+/// Print the consistency check's result (the first 20 violations).
+fn say_check(bad: &[String], warehouses: u16) {
+    if bad.is_empty() {
+        say!("check: consistency conditions 1-4 hold on all {warehouses} warehouses");
+    } else {
+        say!("check: {} violations", bad.len());
+        for b in bad.iter().take(20) {
+            say!("  {b}");
+        }
+    }
 }
 
 fn drive(nodes: &Nodes, a: &Args) -> anyhow::Result<ExitCode> {
@@ -754,17 +751,7 @@ fn report(
         );
     }
     let check = check.map(|bad| {
-        if bad.is_empty() {
-            say!(
-                "check: consistency conditions 1-4 hold on all {} warehouses",
-                a.warehouses
-            );
-        } else {
-            say!("check: {} violations", bad.len());
-            for b in bad.iter().take(20) {
-                say!("  {b}");
-            }
-        }
+        say_check(bad, a.warehouses);
         json!({"violations": bad.len(), "first": bad.iter().take(20).collect::<Vec<_>>()})
     });
     Ok(json!({
