@@ -180,7 +180,7 @@ fn a_store_on_three_files_stripes_across_all_of_them() {
         let mine: Vec<&Pid> = pids.iter().filter(|p| p.slot() % 3 == d as u64).collect();
         assert!(mine.len() >= 99, "device {d} holds {} pages", mine.len());
         for pid in mine {
-            let off = (1 + pid.slot() as usize / 3) * PAGE_SIZE;
+            let off = (2 + pid.slot() as usize / 3) * PAGE_SIZE;
             let page = &data[off..off + PAGE_SIZE];
             let trailer_pid =
                 u64::from_le_bytes(page[PAGE_SIZE - 16..PAGE_SIZE - 8].try_into().unwrap());

@@ -10,9 +10,9 @@
 //! sequentially in large chunks, which is what a buffered read does best.
 
 use crate::error::{StoreError, StoreResult};
-use crate::page::{verify, AlignedPage, PAGE_SIZE};
+use crate::page::{verify, PAGE_SIZE};
 use crate::store::{check_device_set, mark_from_lengths, walk_freelist, MAX_DEVICES};
-use crate::superblock::{Superblock, FREELIST_PID};
+use crate::superblock::{self, header_pages, DeviceCopies, Superblock, FREELIST_PID};
 use std::collections::HashSet;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -27,6 +27,8 @@ pub const MAX_LISTED: usize = 100;
 pub struct StoreReader {
     devices: Vec<(PathBuf, File)>,
     superblock: Superblock,
+    copies: Vec<DeviceCopies>,
+    header: u64,
     lens: Vec<u64>,
 }
 
@@ -59,7 +61,6 @@ impl StoreReader {
             )));
         }
         let mut devices = Vec::with_capacity(paths.len());
-        let mut sbs = Vec::with_capacity(paths.len());
         let mut lens = Vec::with_capacity(paths.len());
         for p in paths {
             let io = |source| StoreError::Io {
@@ -68,31 +69,35 @@ impl StoreReader {
             };
             let f = File::open(p).map_err(io)?;
             let len = f.metadata().map_err(io)?.len();
-            let mut buf = AlignedPage::new();
-            let n = read_full(&f, 0, &mut buf[..]).map_err(io)?;
-            if n < PAGE_SIZE {
-                return Err(StoreError::NotAStore {
-                    path: p.clone(),
-                    why: format!("the device is too short for a superblock ({n} bytes)"),
-                });
-            }
-            let page: &[u8; PAGE_SIZE] = (&buf[..]).try_into().expect("one page");
-            sbs.push(Superblock::decode(page, p)?);
             devices.push((p.clone(), f));
             lens.push(len);
         }
         let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
-        check_device_set(&sbs, &refs)?;
+        let chosen = superblock::choose(&refs, |d, page, buf| {
+            let (path, f) = &devices[d];
+            read_full(f, page * PAGE_SIZE as u64, &mut buf[..]).map_err(|source| StoreError::Io {
+                path: path.clone(),
+                source,
+            })
+        })?;
+        check_device_set(&chosen.per_device, &refs)?;
         Ok(StoreReader {
             devices,
-            superblock: sbs.swap_remove(0),
+            header: header_pages(chosen.superblock.format_version),
+            superblock: chosen.superblock,
+            copies: chosen.copies,
             lens,
         })
     }
 
-    /// Device 0's superblock (the authoritative copy).
+    /// The authoritative superblock: the intact copy with the highest generation.
     pub fn superblock(&self) -> &Superblock {
         &self.superblock
+    }
+
+    /// Per device, in stripe order: what each superblock copy held and which was used.
+    pub fn superblock_copies(&self) -> &[DeviceCopies] {
+        &self.copies
     }
 
     /// Bytes in each device, in stripe order.
@@ -106,7 +111,7 @@ impl StoreReader {
         if self.superblock.clean {
             self.superblock.next_slot
         } else {
-            mark_from_lengths(self.superblock.next_slot, &self.lens)
+            mark_from_lengths(self.superblock.next_slot, &self.lens, self.header)
         }
     }
 
@@ -133,7 +138,10 @@ impl StoreReader {
     /// Which device and byte offset hold `slot`.
     fn location(&self, slot: u64) -> (usize, u64) {
         let n = self.devices.len() as u64;
-        ((slot % n) as usize, (1 + slot / n) * PAGE_SIZE as u64)
+        (
+            (slot % n) as usize,
+            (self.header + slot / n) * PAGE_SIZE as u64,
+        )
     }
 
     /// Read the page in `slot` and verify that it is intact and holds `pid`.
@@ -166,13 +174,13 @@ impl StoreReader {
         let mut buf = vec![0u8; SCAN_CHUNK_PAGES * PAGE_SIZE];
         let mut done = 0u64;
         for (dev, (path, f)) in self.devices.iter().enumerate() {
-            // Slots dev, dev + n, dev + 2n, ... sit one after another from byte PAGE_SIZE.
+            // Slots dev, dev + n, dev + 2n, ... sit one after another after the superblocks.
             let on_device = limit.saturating_sub(dev as u64).div_ceil(n);
             let mut row = 0u64;
             while row < on_device {
                 let pages = (on_device - row).min(SCAN_CHUNK_PAGES as u64) as usize;
                 let bytes = &mut buf[..pages * PAGE_SIZE];
-                let got = read_full(f, (1 + row) * PAGE_SIZE as u64, bytes);
+                let got = read_full(f, (self.header + row) * PAGE_SIZE as u64, bytes);
                 for i in 0..pages {
                     let slot = (row + i as u64) * n + dev as u64;
                     if free.contains(&slot) {
@@ -265,6 +273,7 @@ fn read_full(f: &File, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::page::AlignedPage;
     use crate::store::{OpenMode, PageStore, StoreConfig, WriteRequest};
     use std::io::{Seek, SeekFrom, Write};
 
@@ -333,12 +342,12 @@ mod tests {
     fn scan_finds_corrupt_and_misplaced_pages() {
         let dir = tempfile::tempdir().unwrap();
         let paths = make(dir.path(), 2, 20, &[]);
-        // slot 9 is on device 1, row 4: flip one data byte
+        // slot 9 is on device 1, row 4 (page 6, after two superblock copies): flip a data byte
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .open(&paths[1])
             .unwrap();
-        f.seek(SeekFrom::Start(5 * PAGE_SIZE as u64 + 100)).unwrap();
+        f.seek(SeekFrom::Start(6 * PAGE_SIZE as u64 + 100)).unwrap();
         f.write_all(&[0xAB]).unwrap();
         // slot 4 (device 0, row 2) gets slot 6's image (device 0, row 3): a misdirected write
         let d0 = std::fs::read(&paths[0]).unwrap();
@@ -346,8 +355,8 @@ mod tests {
             .write(true)
             .open(&paths[0])
             .unwrap();
-        f0.seek(SeekFrom::Start(3 * PAGE_SIZE as u64)).unwrap();
-        f0.write_all(&d0[4 * PAGE_SIZE..5 * PAGE_SIZE]).unwrap();
+        f0.seek(SeekFrom::Start(4 * PAGE_SIZE as u64)).unwrap();
+        f0.write_all(&d0[5 * PAGE_SIZE..6 * PAGE_SIZE]).unwrap();
         let r = StoreReader::open(&paths).unwrap();
         let s = scan(&r);
         assert_eq!((s.intact, s.corrupt), (18, 2));

@@ -8,7 +8,7 @@ use crate::allocator::{decode_chain_page, encode_chain_page, Allocator, NO_SLOT}
 use crate::error::{StoreError, StoreResult};
 use crate::io::{self, fallocate, is_full, Backend, BackendChoice, IoOp};
 use crate::page::{seal, verify, AlignedPage, PAGE_DATA_SIZE, PAGE_SIZE};
-use crate::superblock::{Superblock, FORMAT_VERSION, FREELIST_PID};
+use crate::superblock::{self, header_pages, Superblock, FORMAT_VERSION, FREELIST_PID};
 use crate::wal::{alloc_path, apply_diff, rec, slot_pid as wal_slot_pid, Replay, Wal};
 use parking_lot::Mutex;
 use std::fs::{File, OpenOptions};
@@ -118,6 +118,8 @@ pub struct PageStore {
     backend: Backend,
     alloc: Mutex<Allocator>,
     sb: Mutex<Superblock>,
+    /// Pages at the start of each device holding superblock copies (2, or 1 in format 1).
+    header: u64,
     stats: StoreStats,
     closed: AtomicBool,
     /// Opened after an unclean shutdown (with `allow_unclean`).
@@ -210,13 +212,15 @@ impl PageStore {
         let mut buf = AlignedPage::new();
         for d in &devices {
             if d.file.metadata().map(|m| m.len()).unwrap_or(0) > 0 {
-                // Refuse to format over data that looks like a store.
-                if read_raw(backend, d, 0, &mut buf).is_ok()
-                    && buf[0..8] == crate::superblock::MAGIC
-                {
-                    return Err(StoreError::AlreadyExists {
-                        path: d.path.clone(),
-                    });
+                // Refuse to format over data that looks like a store (either copy).
+                for copy in 0..header_pages(FORMAT_VERSION) {
+                    let n = read_raw(backend, d, copy * PAGE_SIZE as u64, &mut buf);
+                    if matches!(n, Ok(n) if n == PAGE_SIZE) && buf[0..8] == crate::superblock::MAGIC
+                    {
+                        return Err(StoreError::AlreadyExists {
+                            path: d.path.clone(),
+                        });
+                    }
                 }
             }
         }
@@ -232,12 +236,14 @@ impl PageStore {
             freelist_head: NO_SLOT,
             freelist_len: 0,
             capacity: cfg.capacity_pages,
+            generation: 0,
             device_names: names,
         };
         let store = PageStore {
             alloc: Mutex::new(Allocator::new(0, Vec::new(), cfg.capacity_pages)),
             devices,
             backend,
+            header: header_pages(FORMAT_VERSION),
             sb: Mutex::new(sb),
             stats: StoreStats::default(),
             closed: AtomicBool::new(false),
@@ -253,15 +259,24 @@ impl PageStore {
     }
 
     fn load(devices: Vec<Device>, backend: Backend, cfg: &StoreConfig) -> StoreResult<PageStore> {
-        let mut buf = AlignedPage::new();
-        let mut sbs = Vec::new();
-        for d in &devices {
-            read_raw(backend, d, 0, &mut buf)?;
-            sbs.push(Superblock::decode(&buf, &d.path)?);
-        }
         let paths: Vec<&Path> = devices.iter().map(|d| d.path.as_path()).collect();
-        check_device_set(&sbs, &paths)?;
-        let sb0 = sbs[0].clone();
+        let mut aligned = AlignedPage::new();
+        let chosen = superblock::choose(&paths, |d, page, buf| {
+            let n = read_raw(backend, &devices[d], page * PAGE_SIZE as u64, &mut aligned)?;
+            buf.copy_from_slice(&aligned[..]);
+            Ok(n)
+        })?;
+        check_device_set(&chosen.per_device, &paths)?;
+        let sb0 = chosen.superblock.clone();
+        for (path, copies) in paths.iter().zip(&chosen.copies) {
+            if copies.needs_repair(sb0.generation) {
+                log::warn!(
+                    "{}: superblock {copies}; rewriting every copy from generation {}",
+                    path.display(),
+                    sb0.generation
+                );
+            }
+        }
         if sb0.node_id != cfg.node_id || sb0.cluster_id != cfg.cluster_id {
             return Err(StoreError::DeviceMismatch(format!(
                 "{} holds the store of node {} in cluster {}, but this is node {} of cluster {}",
@@ -276,6 +291,7 @@ impl PageStore {
             alloc: Mutex::new(Allocator::default()),
             devices,
             backend,
+            header: header_pages(sb0.format_version),
             sb: Mutex::new(sb0.clone()),
             stats: StoreStats::default(),
             closed: AtomicBool::new(false),
@@ -301,7 +317,7 @@ impl PageStore {
                 .iter()
                 .map(|d| d.file.metadata().map(|m| m.len()).unwrap_or(0))
                 .collect();
-            let next = mark_from_lengths(sb0.next_slot, &lens);
+            let next = mark_from_lengths(sb0.next_slot, &lens, store.header);
             let skipped = next - sb0.next_slot;
             log::warn!(
                 "{} was not shut down cleanly; opening anyway: changes not written back before \
@@ -521,16 +537,30 @@ impl PageStore {
         })
     }
 
+    /// Write every superblock copy of every device with the next generation: copy 0, sync,
+    /// copy 1, sync, device by device, so that a crash leaves at least one intact copy per
+    /// device (see [`superblock`]).
     fn write_superblocks(&self) -> StoreResult<()> {
         let mut buf = AlignedPage::new();
-        let mut sb = self.sb.lock().clone();
+        let mut sb = {
+            let mut sb = self.sb.lock();
+            sb.generation += 1;
+            sb.clone()
+        };
         for (i, d) in self.devices.iter().enumerate() {
             sb.device_index = i as u32;
             sb.encode(&mut buf)?;
-            write_raw(self.backend, d, 0, &mut buf, 0)?;
-            d.file.sync_data().map_err(|e| io_err(&d.path, e))?;
+            for copy in 0..self.header {
+                write_raw(self.backend, d, copy * PAGE_SIZE as u64, &mut buf, 0)?;
+                d.file.sync_data().map_err(|e| io_err(&d.path, e))?;
+            }
         }
         Ok(())
+    }
+
+    /// The on-disk format of this store (see [`superblock::FORMAT_VERSION`]).
+    pub fn format_version(&self) -> u32 {
+        self.sb.lock().format_version
     }
 
     /// The store was opened after an unclean shutdown (`allow_unclean`): changes not written
@@ -542,7 +572,10 @@ impl PageStore {
     /// Which device and byte offset hold `slot`.
     pub fn slot_location(&self, slot: u64) -> (usize, u64) {
         let n = self.devices.len() as u64;
-        ((slot % n) as usize, (1 + slot / n) * PAGE_SIZE as u64)
+        (
+            (slot % n) as usize,
+            (self.header + slot / n) * PAGE_SIZE as u64,
+        )
     }
 
     /// Paths of the devices, in stripe order.
@@ -925,12 +958,13 @@ pub(crate) fn check_device_set(sbs: &[Superblock], paths: &[&Path]) -> StoreResu
 
 /// The allocator mark of a store that was not closed cleanly: slots beyond the recorded
 /// `next_slot` may have been written since, so every slot the devices (of `lens` bytes, in
-/// stripe order) have room for counts (preallocated space too, which only leaks slots).
-pub(crate) fn mark_from_lengths(next_slot: u64, lens: &[u64]) -> u64 {
+/// stripe order, each starting with `header` superblock pages) have room for counts
+/// (preallocated space too, which only leaks slots).
+pub(crate) fn mark_from_lengths(next_slot: u64, lens: &[u64], header: u64) -> u64 {
     let n = lens.len() as u64;
     let mut next = next_slot;
     for (i, len) in lens.iter().enumerate() {
-        let pages = (len / PAGE_SIZE as u64).saturating_sub(1);
+        let pages = (len / PAGE_SIZE as u64).saturating_sub(header);
         if pages > 0 {
             next = next.max((pages - 1) * n + i as u64 + 1);
         }
@@ -1070,7 +1104,14 @@ fn open_device(path: &Path, create: bool) -> StoreResult<Device> {
     }
 }
 
-fn read_raw(backend: Backend, d: &Device, offset: u64, buf: &mut AlignedPage) -> StoreResult<()> {
+/// Read the page at byte `offset` of `d`; returns the bytes read (fewer than a page at the end
+/// of the file; the rest of `buf` is then zero).
+fn read_raw(
+    backend: Backend,
+    d: &Device,
+    offset: u64,
+    buf: &mut AlignedPage,
+) -> StoreResult<usize> {
     let op = IoOp {
         fd: d.file.as_raw_fd(),
         offset,
@@ -1086,11 +1127,11 @@ fn read_raw(backend: Backend, d: &Device, offset: u64, buf: &mut AlignedPage) ->
             &d.path,
             std::io::Error::from_raw_os_error(-n as i32),
         )),
-        n if (n as usize) < PAGE_SIZE => Err(StoreError::NotAStore {
-            path: d.path.clone(),
-            why: format!("the device is too short for a superblock ({n} bytes)"),
-        }),
-        _ => Ok(()),
+        n => {
+            let n = (n as usize).min(PAGE_SIZE);
+            buf[n..].fill(0);
+            Ok(n)
+        }
     }
 }
 
@@ -1259,6 +1300,187 @@ mod tests {
         other_node.node_id = 4;
         let e = PageStore::open(&other_node).err().unwrap();
         assert!(e.to_string().contains("this is node 4"), "{e}");
+    }
+
+    /// Flip one byte inside superblock copy `copy` of `path`.
+    fn damage_copy(path: &Path, copy: u64) {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .read(true)
+            .open(path)
+            .unwrap();
+        let at = copy * PAGE_SIZE as u64 + 44;
+        let mut b = [0u8];
+        f.read_exact_at(&mut b, at).unwrap();
+        f.write_all_at(&[b[0] ^ 0xff], at).unwrap();
+    }
+
+    fn copies_of(paths: &[PathBuf]) -> Vec<crate::superblock::DeviceCopies> {
+        crate::inspect::StoreReader::open(paths)
+            .unwrap()
+            .superblock_copies()
+            .to_vec()
+    }
+
+    /// A store on 2 devices with slots 0..6 written (pid 1000 + slot, fill = slot), closed.
+    fn closed_store(dir: &Path) -> StoreConfig {
+        let c = cfg(dir, 2);
+        let s = PageStore::open(&c).unwrap();
+        for _ in 0..6 {
+            let sl = s.allocate().unwrap();
+            write_one(&s, sl, 1000 + sl, sl as u8);
+        }
+        s.close().unwrap();
+        c
+    }
+
+    fn assert_pages_intact(s: &PageStore) {
+        for sl in 0..6 {
+            let p = read_one(s, sl, 1000 + sl).unwrap();
+            assert!(p[..100].iter().all(|&b| b == sl as u8), "slot {sl}");
+        }
+    }
+
+    #[test]
+    fn a_bad_superblock_copy_is_read_around_and_rewritten_at_open() {
+        use crate::superblock::CopyState;
+        let dir = tempfile::tempdir().unwrap();
+        let c = closed_store(dir.path());
+        let r = crate::inspect::StoreReader::open(&c.devices).unwrap();
+        assert_eq!(
+            r.superblock().format_version,
+            crate::superblock::FORMAT_VERSION
+        );
+        for copy in 0..2 {
+            damage_copy(&c.devices[0], copy);
+            let found = copies_of(&c.devices);
+            assert!(matches!(found[0].copies[copy as usize], CopyState::Bad(_)));
+            assert_eq!(found[0].used, Some(1 - copy as usize), "{}", found[0]);
+            assert!(found[0].to_string().contains("bad"), "{}", found[0]);
+            let s = PageStore::open(&c).unwrap();
+            assert_pages_intact(&s);
+            s.close().unwrap();
+            drop(s);
+            let found = copies_of(&c.devices);
+            let g = match found[0].copies[0] {
+                CopyState::Intact { generation } => generation,
+                ref bad => panic!("copy 0 not repaired: {bad:?}"),
+            };
+            assert!(found
+                .iter()
+                .all(|d| d.copies == vec![CopyState::Intact { generation: g }; 2]));
+        }
+    }
+
+    #[test]
+    fn a_device_whose_copies_are_both_bad_is_rebuilt_from_another_device() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = closed_store(dir.path());
+        damage_copy(&c.devices[1], 0);
+        damage_copy(&c.devices[1], 1);
+        let found = copies_of(&c.devices);
+        assert_eq!(found[1].used, None, "{}", found[1]);
+        let s = PageStore::open(&c).unwrap();
+        assert_pages_intact(&s);
+        s.close().unwrap();
+        drop(s);
+        let found = copies_of(&c.devices);
+        assert!(found.iter().all(|d| !d.needs_repair(0) && d.used.is_some()));
+        // a device under another name is not rebuilt: it may belong to another store
+        damage_copy(&c.devices[1], 0);
+        damage_copy(&c.devices[1], 1);
+        let renamed = dir.path().join("other.dat");
+        std::fs::rename(&c.devices[1], &renamed).unwrap();
+        let mut moved = c.clone();
+        moved.devices[1] = renamed;
+        let e = PageStore::open(&moved).err().unwrap();
+        assert!(matches!(e, StoreError::BadSuperblock { .. }), "{e}");
+    }
+
+    #[test]
+    fn the_newest_intact_copy_wins_over_a_stale_one() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let c = closed_store(dir.path());
+        let old = std::fs::read(&c.devices[0]).unwrap();
+        // a later session frees slot 5 and closes: its superblocks record the free list
+        let s = PageStore::open(&c).unwrap();
+        s.free(5).unwrap();
+        s.close().unwrap();
+        drop(s);
+        // as if a crash had stopped the close between copy 0 and copy 1 of device 0
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&c.devices[0])
+            .unwrap();
+        f.write_all_at(&old[PAGE_SIZE..2 * PAGE_SIZE], PAGE_SIZE as u64)
+            .unwrap();
+        let found = copies_of(&c.devices);
+        assert_eq!(found[0].used, Some(0));
+        assert!(found[0].needs_repair(u64::MAX));
+        let s = PageStore::open(&c).unwrap();
+        assert_eq!(s.slots_in_use(), 5, "the newer copy's free list is used");
+        s.close().unwrap();
+    }
+
+    #[test]
+    fn a_format_1_store_opens_and_keeps_its_layout() {
+        use crate::superblock::{Superblock, SUPERBLOCK_PID};
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d0.dat");
+        // one superblock copy at page 0, slot s at page 1 + s
+        let sb = Superblock {
+            format_version: 1,
+            page_size: PAGE_SIZE as u32,
+            cluster_id: 0,
+            node_id: 0,
+            device_count: 1,
+            device_index: 0,
+            clean: true,
+            next_slot: 3,
+            freelist_head: NO_SLOT,
+            freelist_len: 0,
+            capacity: 0,
+            generation: 0,
+            device_names: vec!["d0.dat".into()],
+        };
+        let f = std::fs::File::create(&path).unwrap();
+        let mut p = AlignedPage::new();
+        sb.encode(&mut p).unwrap();
+        f.write_all_at(&p[..], 0).unwrap();
+        for sl in 0..3u64 {
+            let mut p = AlignedPage::new();
+            p[..100].fill(sl as u8);
+            crate::page::seal(&mut p, 1000 + sl);
+            f.write_all_at(&p[..], (1 + sl) * PAGE_SIZE as u64).unwrap();
+        }
+        drop(f);
+        let c = StoreConfig::new(vec![path.clone()]);
+        let s = PageStore::open(&c).unwrap();
+        assert_eq!(s.format_version(), 1);
+        assert_eq!(read_one(&s, 2, 1002).unwrap()[0], 2);
+        let sl = s.allocate().unwrap();
+        write_one(&s, sl, 1000 + sl, sl as u8);
+        s.close().unwrap();
+        drop(s);
+        let s = PageStore::open(&c).unwrap();
+        for sl in 0..4 {
+            assert_eq!(read_one(&s, sl, 1000 + sl).unwrap()[0], sl as u8);
+        }
+        s.close().unwrap();
+        drop(s);
+        // page 1 still holds slot 0, not a second superblock copy
+        let mut b = AlignedPage::new();
+        std::fs::File::open(&path)
+            .unwrap()
+            .read_exact_at(&mut b[..], PAGE_SIZE as u64)
+            .unwrap();
+        assert!(crate::page::verify(&b, SUPERBLOCK_PID, 0, &path).is_err());
+        assert!(crate::page::verify(&b, 1000, 0, &path).is_ok());
+        let found = copies_of(&[path]);
+        assert_eq!(found[0].copies.len(), 1);
     }
 
     #[test]

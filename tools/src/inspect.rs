@@ -22,6 +22,7 @@ use serde_json::json;
 use shoal_btree::{verify_tree, TreeReport};
 use shoal_engine::{catalog, lock_for_reading, Pid, PAGE_DATA_SIZE};
 use shoal_storage::inspect::{SlotScan, StoreReader};
+use shoal_storage::superblock::CopyState;
 use shoal_storage::wal::{survey, LogInfo};
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -129,6 +130,17 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                  be missing; slots up to the end of the devices were checked",
                 r.node
             ));
+        }
+        for (path, copies) in r.devices.iter().zip(r.reader.superblock_copies()) {
+            if copies.needs_repair(sb.generation) {
+                notes.push(format!(
+                    "node {} {}: superblock {copies}: the next open rewrites every copy from \
+                     generation {}",
+                    r.node,
+                    path.display(),
+                    sb.generation
+                ));
+            }
         }
         if let Some((p, Err(why))) = &r.log {
             problems.push(format!("node {}: log {}: {why}", r.node, p.display()));
@@ -382,6 +394,15 @@ fn node_json(r: &NodeReport, outside: Option<&BTreeMap<u8, u64>>) -> serde_json:
             "path": p.display().to_string(), "bytes": b,
         })).collect::<Vec<_>>(),
         "format_version": sb.format_version,
+        "superblock_generation": sb.generation,
+        "superblock_copies": r.devices.iter().zip(r.reader.superblock_copies()).map(|(p, c)| json!({
+            "path": p.display().to_string(),
+            "used": c.used,
+            "copies": c.copies.iter().map(|c| match c {
+                CopyState::Intact { generation } => json!({"intact": true, "generation": generation}),
+                CopyState::Bad(why) => json!({"intact": false, "error": why}),
+            }).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
         "cluster_id": sb.cluster_id,
         "clean": sb.clean,
         "allocated_slots": sb.next_slot,
@@ -457,6 +478,23 @@ fn print_summary(
                 "NOT shut down cleanly"
             }
         );
+        let copies = r.reader.superblock_copies();
+        if copies.iter().all(|c| !c.needs_repair(sb.generation)) {
+            say!(
+                "  superblock: generation {}, {} intact cop{} on every device",
+                sb.generation,
+                copies[0].copies.len(),
+                if copies[0].copies.len() == 1 {
+                    "y (format 1)"
+                } else {
+                    "ies"
+                }
+            );
+        } else {
+            for (p, c) in r.devices.iter().zip(copies) {
+                say!("  superblock on {}: {c}", p.display());
+            }
+        }
         let free = r
             .free
             .as_ref()

@@ -47,7 +47,7 @@ fn reseal(dir: &Path, slot: u64, edit: impl FnOnce(&mut [u8])) {
         .write(true)
         .open(device(dir))
         .unwrap();
-    let off = (1 + slot) * PAGE_SIZE as u64;
+    let off = (2 + slot) * PAGE_SIZE as u64; // after the two superblock copies
     let mut page = [0u8; PAGE_SIZE];
     f.read_exact_at(&mut page, off).unwrap();
     edit(&mut page);
@@ -114,6 +114,51 @@ fn a_sound_store_is_counted_and_left_untouched() {
 }
 
 #[test]
+fn a_bad_superblock_copy_is_reported_and_the_next_open_repairs_it() {
+    let dir = tempfile::tempdir().unwrap();
+    make_store(dir.path());
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(device(dir.path()))
+        .unwrap();
+    f.write_all_at(&[0x5A; 16], 100).unwrap(); // inside copy 0
+    let (out, v) = inspect(dir.path());
+    assert!(out.status.success(), "{v}");
+    let copies = &v["nodes"][0]["superblock_copies"][0];
+    assert_eq!(copies["used"], 1, "{copies}");
+    assert_eq!(copies["copies"][0]["intact"], false, "{copies}");
+    assert_eq!(copies["copies"][1]["intact"], true, "{copies}");
+    let notes = v["notes"].to_string();
+    assert!(
+        notes.contains("copy 0 bad") && notes.contains("rewrites"),
+        "{notes}"
+    );
+    // every record is still there, and the open rewrites the bad copy
+    let e = Engine::open(EngineConfig::new(dir.path(), 16 << 20)).unwrap();
+    let w = e.worker();
+    let t = BTree::open(&w, "big").unwrap();
+    let mut n = 0u64;
+    t.scan(&w, &[], shoal_btree::Direction::Ascending, |_, _| {
+        n += 1;
+        true
+    })
+    .unwrap();
+    assert_eq!(n, RECORDS);
+    drop(w);
+    e.close().unwrap();
+    drop(e);
+    let (out, v) = inspect(dir.path());
+    assert!(out.status.success(), "{v}");
+    let copies = &v["nodes"][0]["superblock_copies"][0];
+    assert_eq!(copies["copies"][0]["intact"], true, "{copies}");
+    assert_eq!(
+        copies["copies"][0]["generation"],
+        copies["copies"][1]["generation"]
+    );
+    assert_eq!(v["notes"].as_array().map(Vec::len), Some(0), "{v}");
+}
+
+#[test]
 fn a_flipped_byte_is_found_and_named() {
     let dir = tempfile::tempdir().unwrap();
     make_store(dir.path());
@@ -121,7 +166,7 @@ fn a_flipped_byte_is_found_and_named() {
         .write(true)
         .open(device(dir.path()))
         .unwrap();
-    f.write_all_at(&[0x5A], 31 * PAGE_SIZE as u64 + 777)
+    f.write_all_at(&[0x5A], 32 * PAGE_SIZE as u64 + 777)
         .unwrap(); // slot 30
     let (out, v) = inspect(dir.path());
     assert_eq!(out.status.code(), Some(1), "{v}");
