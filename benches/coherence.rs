@@ -36,7 +36,7 @@ fn mem(n: usize, dir: &std::path::Path) -> Cluster {
 fn tcp(n: usize, dir: &std::path::Path) -> Cluster {
     let layout = ChannelLayout::new(n as u8);
     let ts: Vec<Arc<dyn Transport>> =
-        shoal_benches::loopback_tcp(n, || layout.region().expect("channel region"))
+        shoal_benches::loopback_tcp(n, || layout.region().expect("channel region"), false)
             .into_iter()
             .map(|t| t as Arc<dyn Transport>)
             .collect();

@@ -82,10 +82,12 @@ pub fn bench_dir() -> tempfile::TempDir {
 }
 
 /// A cluster of `n` `tcp` transports on loopback in this process (each node's region made by
-/// `region()`), connected to each other. Panics on failure (benchmark set-up).
+/// `region()`), connected to each other; `encrypt`: sealed frames (with a fixed secret).
+/// Panics on failure (benchmark set-up).
 pub fn loopback_tcp(
     n: usize,
     region: impl Fn() -> shoal_messaging::Region,
+    encrypt: bool,
 ) -> Vec<std::sync::Arc<shoal_messaging::tcp::TcpTransport>> {
     use shoal_messaging::tcp::{TcpConfig, TcpTransport};
     let ls: Vec<std::net::TcpListener> = (0..n)
@@ -104,7 +106,12 @@ pub fn loopback_tcp(
                 cluster_id: 7,
                 addrs: addrs.clone(),
                 connect_timeout: Duration::from_secs(10),
-                secret: Vec::new(),
+                secret: if encrypt {
+                    b"a benchmark's cluster secret....".to_vec()
+                } else {
+                    Vec::new()
+                },
+                encrypt,
             };
             let r = std::sync::Arc::new(region());
             std::thread::spawn(move || TcpTransport::start(cfg, l, r).expect("tcp transport"))

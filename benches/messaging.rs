@@ -146,8 +146,8 @@ fn mem_pair(layout: Layout, mode: WaitMode) -> [Arc<Mailboxes<shoal_messaging::M
     [it.next().unwrap(), it.next().unwrap()]
 }
 
-fn tcp_pair(layout: Layout, mode: WaitMode) -> [Arc<Mailboxes<TcpTransport>>; 2] {
-    let mut it = shoal_benches::loopback_tcp(2, || layout.region().unwrap())
+fn tcp_pair(layout: Layout, mode: WaitMode, encrypt: bool) -> [Arc<Mailboxes<TcpTransport>>; 2] {
+    let mut it = shoal_benches::loopback_tcp(2, || layout.region().unwrap(), encrypt)
         .into_iter()
         .map(|t| Arc::new(Mailboxes::new(t, layout, mode).unwrap()));
     [it.next().unwrap(), it.next().unwrap()]
@@ -216,8 +216,30 @@ fn main() {
     };
     mailbox_latency("mem (park)", mem_pair(layout, WaitMode::Park), n);
     mailbox_latency("mem (poll)", mem_pair(layout, WaitMode::Poll), n);
-    mailbox_latency("tcp (park)", tcp_pair(layout, WaitMode::Park), n);
-    mailbox_latency("tcp (poll)", tcp_pair(layout, WaitMode::Poll), n);
+    // sealed frames (issue 29) next to plain ones, alternating
+    for round in 0..2 {
+        let r = format!(" #{}", round + 1);
+        mailbox_latency(
+            &format!("tcp (park){r}"),
+            tcp_pair(layout, WaitMode::Park, false),
+            n,
+        );
+        mailbox_latency(
+            &format!("tcp sealed (park){r}"),
+            tcp_pair(layout, WaitMode::Park, true),
+            n,
+        );
+        mailbox_latency(
+            &format!("tcp (poll){r}"),
+            tcp_pair(layout, WaitMode::Poll, false),
+            n,
+        );
+        mailbox_latency(
+            &format!("tcp sealed (poll){r}"),
+            tcp_pair(layout, WaitMode::Poll, true),
+            n,
+        );
+    }
     plain_tcp(n);
     handler_throughput(1, 3);
     handler_throughput(8, 3);

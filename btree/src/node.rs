@@ -26,7 +26,7 @@
 //! the heads and the infos. Inserting or removing a slot moves the arrays behind it by 8 or
 //! 16 bytes (writers work on a private copy of the page anyway).
 //!
-//! Inner node semantics: slot i's child holds keys in (key[i-1], key[i]]; `upper` holds keys
+//! Inner node semantics: slot i's child holds keys in `(key[i-1], key[i]]`; `upper` holds keys
 //! greater than the last separator.
 //!
 //! Reading functions take a [`PageRef`] and are *total*: on a page that changes under an

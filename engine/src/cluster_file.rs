@@ -10,6 +10,8 @@
 //! secret_file = "cluster.secret"  # the cluster secret (make one with `shoal secret FILE`);
 //!                             # or `secret = "<hex>"` in the file itself. Without one, only
 //!                             # loopback addresses are allowed unless `allow_insecure = true`
+//! encrypt = true              # optional (default false): seal every frame (AES-256-GCM,
+//!                             # keys from the secret and each handshake); needs the secret
 //!
 //! [[node]]
 //! id = 0
@@ -52,6 +54,8 @@ struct RawFile {
     #[serde(default)]
     allow_insecure: bool,
     #[serde(default)]
+    encrypt: bool,
+    #[serde(default)]
     node: Vec<RawNode>,
 }
 
@@ -91,6 +95,8 @@ pub struct ClusterFile {
     pub connect_timeout: Duration,
     /// The secret every connection proves (empty: none; see [`Secret`]).
     pub secret: Secret,
+    /// Seal every frame between nodes (needs the secret).
+    pub encrypt: bool,
 }
 
 /// A cluster secret: bytes both ends of every tcp connection prove they know (the transport's
@@ -237,6 +243,14 @@ impl ClusterFile {
                 ));
             }
         }
+        if raw.encrypt && secret.is_empty() {
+            return Err(
+                "encrypt = true needs a cluster secret (the frame keys are derived from \
+                 it): add `secret_file = \"cluster.secret\"` and make the file with `shoal \
+                 secret cluster.secret`"
+                    .into(),
+            );
+        }
         let ms = |v: Option<u64>, d: u64, what: &str| match v.unwrap_or(d) {
             0 => Err(format!("{what} must be at least 1 ms")),
             v => Ok(Duration::from_millis(v)),
@@ -247,21 +261,27 @@ impl ClusterFile {
             connect_timeout: ms(raw.connect_timeout_ms, 60_000, "connect_timeout_ms")?,
             nodes,
             secret: Secret(secret),
+            encrypt: raw.encrypt,
         })
     }
 
     /// The text of a file for nodes listening on `addrs` (node i on `addrs[i]`), with data
     /// directories `dir/node<i>` (what `shoal ycsb --transport tcp` writes for its processes).
-    /// `secret`: hex, or `None` (a loopback-only file without one works, with a warning).
+    /// `secret`: hex, or `None` (a loopback-only file without one works, with a warning);
+    /// `encrypt`: seal every frame (needs the secret).
     pub fn local_text(
         addrs: &[SocketAddr],
         dir: &Path,
         cache: &str,
         secret: Option<&str>,
+        encrypt: bool,
     ) -> String {
         let mut s = format!("cluster_id = {}\ncache = \"{cache}\"\n", std::process::id());
         if let Some(h) = secret {
             s += &format!("secret = \"{h}\"\n");
+        }
+        if encrypt {
+            s += "encrypt = true\n";
         }
         for (i, a) in addrs.iter().enumerate() {
             s += &format!(
@@ -325,6 +345,7 @@ pub fn join(file: &ClusterFile, id: u8, cfg: EngineConfig) -> Result<Engine, Eng
             addrs: file.nodes.iter().map(|n| n.address).collect(),
             connect_timeout: file.connect_timeout,
             secret: file.secret.0.clone(),
+            encrypt: file.encrypt,
         },
         listener,
         Arc::new(region),
@@ -446,13 +467,18 @@ data_dir = "/abs/n0"
         let addrs: Vec<SocketAddr> = (0..3)
             .map(|i| format!("127.0.0.1:{}", 7600 + i).parse().unwrap())
             .collect();
-        let t = ClusterFile::local_text(&addrs, Path::new("/tmp/x"), "32MiB", None);
+        let t = ClusterFile::local_text(&addrs, Path::new("/tmp/x"), "32MiB", None, false);
         let f = ClusterFile::parse(&t, Path::new("/")).unwrap();
         assert!(f.secret.0.is_empty());
         let h = new_secret_hex().unwrap();
-        let t = ClusterFile::local_text(&addrs, Path::new("/tmp/x"), "32MiB", Some(&h));
+        let t = ClusterFile::local_text(&addrs, Path::new("/tmp/x"), "32MiB", Some(&h), true);
         let g = ClusterFile::parse(&t, Path::new("/")).unwrap();
         assert_eq!(g.secret.0.len(), SECRET_BYTES);
+        assert!(g.encrypt && !f.encrypt);
+        // encryption needs the secret
+        let t = ClusterFile::local_text(&addrs, Path::new("/tmp/x"), "32MiB", None, true);
+        let e = ClusterFile::parse(&t, Path::new("/")).unwrap_err();
+        assert!(e.contains("encrypt = true needs a cluster secret"), "{e}");
         assert!(
             !format!("{g:?}").contains(&h[..8]),
             "the secret is never printed"

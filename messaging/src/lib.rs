@@ -23,6 +23,7 @@ pub mod message;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod region;
+mod seal;
 pub mod tcp;
 pub mod transport;
 pub mod wait;

@@ -831,7 +831,7 @@ impl RdmaTransport {
         for (i, s) in streams.into_iter().enumerate() {
             links.push(match s {
                 None => None,
-                Some(s) => Some(inner.connect(i as u8, s)?),
+                Some(l) => Some(inner.connect(i as u8, l.stream)?),
             });
         }
         inner.links = links;
@@ -1106,6 +1106,7 @@ mod tests {
             addrs: vec!["127.0.0.1:1".parse().unwrap()],
             connect_timeout: Duration::from_secs(1),
             secret: Vec::new(),
+            encrypt: false,
         });
         cfg.device = Some("shoal-no-such-device".into());
         match open_device(&cfg) {
@@ -1135,6 +1136,7 @@ mod tests {
             addrs: vec![me, "127.0.0.1:9".parse().unwrap()],
             connect_timeout: Duration::from_secs(30),
             secret: Vec::new(),
+            encrypt: false,
         });
         let region = Arc::new(Region::new(4096, vec![], 0).unwrap());
         // Had `start` dialled node 1 (nothing listens there) it would fail with a handshake

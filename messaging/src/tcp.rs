@@ -7,7 +7,10 @@
 //! with a logged error.
 //!
 //! **Frames**: `offset u64 | len u32 | reserved u32 | len bytes`, a one-sided write into the
-//! receiver's region. A receiver thread per peer applies frames in order. A frame that is too
+//! receiver's region. With `encrypt` (a cluster secret is then required) every frame is sealed
+//! with keys derived from the handshake (messaging/src/seal.rs): `sealed_len u32 | ciphertext | tag`;
+//! such nodes say hello with the magic `SHLE`, so an encrypting node and a plain one refuse
+//! each other with an error that says so. A receiver thread per peer applies frames in order. A frame that is too
 //! large, misaligned, or outside the region closes the connection with a logged error, before
 //! any byte of it is applied; so does a truncated frame (EOF mid-frame). Nothing a peer sends
 //! can make the receiver panic or write out of bounds.
@@ -19,6 +22,7 @@
 
 use crate::error::MsgError;
 use crate::region::Region;
+use crate::seal::{self, Opener, Sealer, Transcript};
 use crate::transport::Transport;
 use parking_lot::Mutex;
 use std::io::{Read, Write};
@@ -29,6 +33,8 @@ use std::time::{Duration, Instant};
 
 /// Hello magic of the `tcp` transport.
 const MAGIC: [u8; 4] = *b"SHLM";
+/// Hello magic of the `tcp` transport with sealed (encrypted) frames.
+const SEALED_MAGIC: [u8; 4] = *b"SHLE";
 /// Wire protocol version; both sides must match (2: the handshake proves the cluster secret).
 pub const PROTOCOL_VERSION: u16 = 2;
 /// Largest single write a peer may send (a page plus slack).
@@ -54,13 +60,33 @@ pub struct TcpConfig {
     /// sides' hellos and fresh nonces). Empty: no secret, the proofs are still exchanged but
     /// anyone can make them (loopback and trusted networks only; see docs/cluster.md).
     pub secret: Vec<u8>,
+    /// Seal every frame (AES-256-GCM with per-connection keys, messaging/src/seal.rs). Needs a
+    /// secret; every node of a cluster must agree.
+    pub encrypt: bool,
 }
 
 struct Peer {
     addr: SocketAddr,
     stream: TcpStream,
-    writer: Mutex<TcpStream>,
+    writer: Mutex<Writer>,
     alive: AtomicBool,
+}
+
+/// The sending end of one connection: the stream, the sealer of an encrypted one, and a frame
+/// buffer reused from write to write.
+struct Writer {
+    stream: TcpStream,
+    sealer: Option<Sealer>,
+    frame: Vec<u8>,
+}
+
+/// A connected, authenticated peer connection as [`connect_mesh`] returns it.
+pub(crate) struct Link {
+    pub stream: TcpStream,
+    /// What both ends saw in the handshake (keys for sealed frames are derived from it).
+    transcript: Transcript,
+    /// This end dialed (the lower node id dials).
+    dialed: bool,
 }
 
 /// One node's TCP transport.
@@ -103,6 +129,13 @@ fn proof(
 }
 
 const ACCEPTOR: &[u8] = b"shoal tcp acceptor";
+
+fn transcript(
+    dialer: (&[u8; HELLO], &[u8; NONCE]),
+    acceptor: (&[u8; HELLO], &[u8; NONCE]),
+) -> Transcript {
+    Transcript([&dialer.0[..], dialer.1, acceptor.0, acceptor.1].concat())
+}
 
 /// A fresh handshake nonce from the operating system's random source.
 fn nonce() -> Result<[u8; NONCE], String> {
@@ -153,7 +186,7 @@ pub fn dial_handshake(
     nodes: u8,
     secret: &[u8],
 ) -> Result<(), String> {
-    handshake_dial(s, MAGIC, cluster_id, me, peer, nodes, secret)
+    handshake_dial(s, MAGIC, cluster_id, me, peer, nodes, secret).map(|_| ())
 }
 
 fn handshake_dial(
@@ -164,7 +197,7 @@ fn handshake_dial(
     peer: u8,
     nodes: u8,
     secret: &[u8],
-) -> Result<(), String> {
+) -> Result<Transcript, String> {
     let hd = hello(magic, cluster, me, peer);
     let nd = nonce()?;
     let mut out = [0u8; HELLO + NONCE];
@@ -176,8 +209,8 @@ fn handshake_dial(
         | std::io::ErrorKind::ConnectionReset
         | std::io::ErrorKind::BrokenPipe => format!(
             "node {peer} closed the connection {what}: it refused this node (another cluster \
-             id or secret, a node {me} it already has, or not a shoal node at that address; \
-             see its log)"
+             id, secret or encryption setting, a node {me} it already has, or not a shoal node \
+             at that address; see its log)"
         ),
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
             format!("node {peer} accepted the connection but never answered")
@@ -210,7 +243,7 @@ fn handshake_dial(
     let mut welcome = [0u8; 1];
     s.read_exact(&mut welcome)
         .map_err(|e| closed(e, "after this node's proof"))?;
-    Ok(())
+    Ok(transcript((&hd, &nd), (&ha, &na)))
 }
 
 /// Check a peer's hello; returns the sender node.
@@ -222,6 +255,21 @@ fn check_hello(
     nodes: u8,
 ) -> Result<u8, String> {
     if b[0..4] != magic {
+        let sealed = |m: &[u8]| m == SEALED_MAGIC;
+        if [MAGIC, SEALED_MAGIC].iter().any(|m| b[0..4] == m[..])
+            && [MAGIC, SEALED_MAGIC].contains(&magic)
+        {
+            return Err(format!(
+                "the peer {} its frames and this node {}: set `encrypt` the same in every \
+                 node's cluster file",
+                if sealed(&b[0..4]) {
+                    "encrypts"
+                } else {
+                    "does not encrypt"
+                },
+                if sealed(&magic) { "does" } else { "does not" }
+            ));
+        }
         return Err(format!(
             "not a Shoal peer of this transport (magic {:?}, expected {:?})",
             String::from_utf8_lossy(&b[0..4]),
@@ -257,24 +305,43 @@ impl TcpTransport {
         listener: TcpListener,
         region: Arc<Region>,
     ) -> Result<Arc<Self>, MsgError> {
-        let mut streams = connect_mesh(&cfg, listener, MAGIC)?;
-        let nodes = streams.len() as u8;
+        if cfg.encrypt && cfg.secret.is_empty() {
+            return Err(MsgError::Config(
+                "encrypted frames need a cluster secret (keys are derived from it)".into(),
+            ));
+        }
+        let magic = if cfg.encrypt { SEALED_MAGIC } else { MAGIC };
+        let mut links = connect_mesh(&cfg, listener, magic)?;
+        let nodes = links.len() as u8;
         let mut peers = Vec::with_capacity(nodes as usize);
-        for (i, s) in streams.drain(..).enumerate() {
-            peers.push(match s {
+        let mut openers = Vec::with_capacity(nodes as usize);
+        for (i, l) in links.drain(..).enumerate() {
+            peers.push(match l {
                 None if i == cfg.node as usize => None,
                 None => return Err(MsgError::PeerDead(i as u8)),
-                Some(s) => {
-                    s.set_read_timeout(None).map_err(io)?;
+                Some(l) => {
+                    l.stream.set_read_timeout(None).map_err(io)?;
+                    let (sealer, opener) = if cfg.encrypt {
+                        let k = seal::keys(&cfg.secret, &l.transcript, l.dialed);
+                        (Some(k.send), Some(k.recv))
+                    } else {
+                        (None, None)
+                    };
+                    openers.push(opener);
                     Some(Peer {
                         addr: cfg.addrs[i],
-                        writer: Mutex::new(s.try_clone().map_err(io)?),
-                        stream: s,
+                        writer: Mutex::new(Writer {
+                            stream: l.stream.try_clone().map_err(io)?,
+                            sealer,
+                            frame: Vec::new(),
+                        }),
+                        stream: l.stream,
                         alive: AtomicBool::new(true),
                     })
                 }
             });
         }
+        let mut openers = openers.into_iter();
         let t = Arc::new(TcpTransport {
             node: cfg.node,
             nodes,
@@ -286,10 +353,11 @@ impl TcpTransport {
         for (i, p) in t.peers.iter().enumerate() {
             if let Some(p) = p {
                 let reader = p.stream.try_clone().map_err(io)?;
+                let opener = openers.next().expect("an opener slot per peer");
                 let t2 = Arc::clone(&t);
                 std::thread::Builder::new()
                     .name(format!("shoal-tcp-rx-{}-{i}", cfg.node))
-                    .spawn(move || t2.receive(i as u8, reader))
+                    .spawn(move || t2.receive(i as u8, reader, opener))
                     .map_err(io)?;
             }
         }
@@ -300,32 +368,24 @@ impl TcpTransport {
         self.cluster_id
     }
 
-    fn receive(&self, peer: u8, mut s: TcpStream) {
-        let mut head = [0u8; HEADER];
-        let mut buf = Vec::new();
-        let why = loop {
-            if let Err(e) = s.read_exact(&mut head) {
-                break format!("connection closed ({e})");
-            }
-            let offset = u64::from_le_bytes(head[0..8].try_into().expect("8 bytes"));
-            let len = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes")) as usize;
-            if len > MAX_FRAME {
-                break format!("frame of {len} bytes exceeds {MAX_FRAME}");
-            }
-            let offset = match usize::try_from(offset) {
-                Ok(o) => o,
-                Err(_) => break format!("frame offset {offset} out of range"),
-            };
-            if let Err(e) = self.region.check(offset, len) {
-                break e.to_string();
-            }
-            buf.resize(len, 0);
-            if let Err(e) = s.read_exact(&mut buf) {
-                break format!("truncated frame ({e})");
-            }
-            if let Err(e) = self.region.apply(offset, &buf) {
-                break e.to_string();
-            }
+    /// Check a frame header: the region offset and length it announces.
+    fn check_header(&self, head: &[u8]) -> Result<(usize, usize), String> {
+        let offset = u64::from_le_bytes(head[0..8].try_into().expect("8 bytes"));
+        let len = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes")) as usize;
+        if len > MAX_FRAME {
+            return Err(format!("frame of {len} bytes exceeds {MAX_FRAME}"));
+        }
+        let offset =
+            usize::try_from(offset).map_err(|_| format!("frame offset {offset} out of range"))?;
+        self.region.check(offset, len).map_err(|e| e.to_string())?;
+        Ok((offset, len))
+    }
+
+    /// Apply `peer`'s frames in order until the connection closes or a frame is bad.
+    fn receive(&self, peer: u8, mut s: TcpStream, opener: Option<Opener>) {
+        let why = match opener {
+            None => self.receive_plain(&mut s),
+            Some(o) => self.receive_sealed(peer, &mut s, o),
         };
         if !self.closed.load(Ordering::Acquire) {
             log::error!("node {}: dropping node {peer}: {why}", self.node);
@@ -333,6 +393,67 @@ impl TcpTransport {
         self.mark_dead(peer);
     }
 
+    /// Plain frames; returns why the connection ended.
+    fn receive_plain(&self, s: &mut TcpStream) -> String {
+        let mut head = [0u8; HEADER];
+        let mut buf = Vec::new();
+        loop {
+            if let Err(e) = s.read_exact(&mut head) {
+                return format!("connection closed ({e})");
+            }
+            let (offset, len) = match self.check_header(&head) {
+                Ok(x) => x,
+                Err(why) => return why,
+            };
+            buf.resize(len, 0);
+            if let Err(e) = s.read_exact(&mut buf) {
+                return format!("truncated frame ({e})");
+            }
+            if let Err(e) = self.region.apply(offset, &buf) {
+                return e.to_string();
+            }
+        }
+    }
+
+    /// Sealed frames: each is authenticated (and decrypted) whole before its header is even
+    /// looked at; returns why the connection ended.
+    fn receive_sealed(&self, peer: u8, s: &mut TcpStream, mut opener: Opener) -> String {
+        let mut len = [0u8; seal::LEN];
+        let mut buf = Vec::new();
+        loop {
+            if let Err(e) = s.read_exact(&mut len) {
+                return format!("connection closed ({e})");
+            }
+            let sealed_len = u32::from_le_bytes(len) as usize;
+            if !(HEADER + seal::TAG..=HEADER + MAX_FRAME + seal::TAG).contains(&sealed_len) {
+                return format!("sealed frame of {sealed_len} bytes");
+            }
+            buf.resize(sealed_len, 0);
+            if let Err(e) = s.read_exact(&mut buf) {
+                return format!("truncated frame ({e})");
+            }
+            if opener.open(len, &mut buf).is_err() {
+                return format!(
+                    "a frame failed authentication (altered, replayed or not sealed by node \
+                     {peer})"
+                );
+            }
+            let plain = &buf[..sealed_len - seal::TAG];
+            let (offset, len) = match self.check_header(&plain[..HEADER]) {
+                Ok(x) => x,
+                Err(why) => return why,
+            };
+            if plain.len() != HEADER + len {
+                return format!(
+                    "sealed frame of {} bytes announces {len}",
+                    plain.len() - HEADER
+                );
+            }
+            if let Err(e) = self.region.apply(offset, &plain[HEADER..]) {
+                return e.to_string();
+            }
+        }
+    }
     fn mark_dead(&self, peer: u8) {
         if let Some(Some(p)) = self.peers.get(peer as usize) {
             p.alive.store(false, Ordering::Release);
@@ -413,12 +534,30 @@ impl Transport for TcpTransport {
                 region: MAX_FRAME,
             });
         }
-        let mut frame = Vec::with_capacity(HEADER + data.len());
-        frame.extend_from_slice(&(offset as u64).to_le_bytes());
-        frame.extend_from_slice(&(data.len() as u32).to_le_bytes());
-        frame.extend_from_slice(&[0u8; 4]);
-        frame.extend_from_slice(data);
-        let r = p.writer.lock().write_all(&frame);
+        let r = {
+            let mut w = p.writer.lock();
+            let Writer {
+                stream,
+                sealer,
+                frame,
+            } = &mut *w;
+            frame.clear();
+            if sealer.is_some() {
+                frame.extend_from_slice(&[0u8; seal::LEN]);
+            }
+            frame.extend_from_slice(&(offset as u64).to_le_bytes());
+            frame.extend_from_slice(&(data.len() as u32).to_le_bytes());
+            frame.extend_from_slice(&[0u8; 4]);
+            frame.extend_from_slice(data);
+            if let Some(sealer) = sealer {
+                sealer.seal(frame);
+            }
+            let r = stream.write_all(frame);
+            if frame.capacity() > 2 * (HEADER + crate::PAGE_BYTES + seal::LEN + seal::TAG) {
+                *frame = Vec::new(); // do not keep a large frame's buffer
+            }
+            r
+        };
         r.map_err(|e| {
             log::error!(
                 "node {}: writing to node {peer} at {}: {e}",
@@ -502,12 +641,12 @@ pub fn free_loopback_addrs(n: usize) -> std::io::Result<Vec<SocketAddr>> {
 /// Connect this node to every peer over TCP: dial the higher ids, accept the lower ones on
 /// `listener`, each connection opened with a validated hello (`magic` names the transport, so a
 /// `tcp` node and an `rdma` node never pair up). Afterwards a thread keeps refusing strangers on
-/// the listener. Returns one stream per node (`None` at this node's own index).
+/// the listener. Returns one link per node (`None` at this node's own index).
 pub(crate) fn connect_mesh(
     cfg: &TcpConfig,
     listener: TcpListener,
     magic: [u8; 4],
-) -> Result<Vec<Option<TcpStream>>, MsgError> {
+) -> Result<Vec<Option<Link>>, MsgError> {
     let nodes = cfg.addrs.len();
     if nodes == 0 || nodes > 64 || cfg.node as usize >= nodes {
         return Err(MsgError::Config(format!(
@@ -517,7 +656,7 @@ pub(crate) fn connect_mesh(
     }
     let nodes = nodes as u8;
     let deadline = Instant::now() + cfg.connect_timeout;
-    let mut streams: Vec<Option<TcpStream>> = (0..nodes).map(|_| None).collect();
+    let mut streams: Vec<Option<Link>> = (0..nodes).map(|_| None).collect();
     // accept lower ids in the background while dialing higher ids
     let expect_lower = cfg.node as usize;
     let acceptor = {
@@ -540,7 +679,7 @@ pub(crate) fn connect_mesh(
     };
     for peer in cfg.node + 1..nodes {
         let addr = cfg.addrs[peer as usize];
-        let s = dial(
+        let (stream, transcript) = dial(
             addr,
             magic,
             cfg.cluster_id,
@@ -550,13 +689,21 @@ pub(crate) fn connect_mesh(
             deadline,
             &cfg.secret,
         )?;
-        streams[peer as usize] = Some(s);
+        streams[peer as usize] = Some(Link {
+            stream,
+            transcript,
+            dialed: true,
+        });
     }
     let accepted = acceptor
         .join()
         .map_err(|_| MsgError::Io("acceptor thread panicked".into()))??;
-    for (peer, s) in accepted {
-        streams[peer as usize] = Some(s);
+    for (peer, stream, transcript) in accepted {
+        streams[peer as usize] = Some(Link {
+            stream,
+            transcript,
+            dialed: false,
+        });
     }
     // keep rejecting strangers on the listener for the life of the process
     std::thread::Builder::new()
@@ -579,7 +726,7 @@ fn dial(
     nodes: u8,
     deadline: Instant,
     secret: &[u8],
-) -> Result<TcpStream, MsgError> {
+) -> Result<(TcpStream, Transcript), MsgError> {
     let hs = |why: String| MsgError::Handshake {
         addr: addr.to_string(),
         why,
@@ -603,9 +750,10 @@ fn dial(
                 s.set_nodelay(true).map_err(io)?;
                 s.set_read_timeout(Some(left.max(Duration::from_millis(10))))
                     .map_err(io)?;
-                handshake_dial(&mut s, magic, cluster, me, peer, nodes, secret).map_err(hs)?;
+                let t =
+                    handshake_dial(&mut s, magic, cluster, me, peer, nodes, secret).map_err(hs)?;
                 s.set_read_timeout(None).map_err(io)?;
-                return Ok(s);
+                return Ok((s, t));
             }
             Err(_) => std::thread::sleep(Duration::from_millis(20)), // not listening yet
         }
@@ -670,9 +818,13 @@ struct Who {
 
 /// The accepting side of a handshake (at most [`HANDSHAKE_TIMEOUT`] per read, or until
 /// `deadline`): the dialer's hello and nonce in (checked); our hello, nonce and proof out; the
-/// dialer's proof in (checked). Returns the node the dialer proved to be; the caller sends the
-/// one-byte welcome once it keeps the connection.
-fn handshake_accept(s: &mut TcpStream, who: &Who, deadline: Instant) -> Result<u8, String> {
+/// dialer's proof in (checked). Returns the node the dialer proved to be and the transcript;
+/// the caller sends the one-byte welcome once it keeps the connection.
+fn handshake_accept(
+    s: &mut TcpStream,
+    who: &Who,
+    deadline: Instant,
+) -> Result<(u8, Transcript), String> {
     s.set_nonblocking(false).map_err(|e| e.to_string())?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
     let left = deadline.saturating_duration_since(Instant::now());
@@ -711,7 +863,7 @@ fn handshake_accept(s: &mut TcpStream, who: &Who, deadline: Instant) -> Result<u
              credentials)"
         ));
     }
-    Ok(from)
+    Ok((from, transcript((&hd, &nd), (&ha, &na))))
 }
 
 /// Accept the `expect` lower-numbered peers. Each connection's hello is read on a thread of
@@ -723,11 +875,15 @@ fn accept_peers(
     who: Who,
     expect: usize,
     deadline: Instant,
-) -> Result<Vec<(u8, TcpStream)>, MsgError> {
+) -> Result<Vec<(u8, TcpStream, Transcript)>, MsgError> {
     let me = who.me;
     let who = Arc::new(who);
-    type Checked = (Option<SocketAddr>, TcpStream, Result<u8, String>);
-    let mut got: Vec<(u8, TcpStream)> = Vec::new();
+    type Checked = (
+        Option<SocketAddr>,
+        TcpStream,
+        Result<(u8, Transcript), String>,
+    );
+    let mut got: Vec<(u8, TcpStream, Transcript)> = Vec::new();
     let mut log = RefusalLog::new(me);
     let (tx, rx) = std::sync::mpsc::channel::<Checked>();
     let mut pending = 0usize;
@@ -735,7 +891,7 @@ fn accept_peers(
     while got.len() < expect {
         if Instant::now() >= deadline {
             let missing: Vec<usize> = (0..expect)
-                .filter(|p| !got.iter().any(|(g, _)| *g as usize == *p))
+                .filter(|p| !got.iter().any(|(g, _, _)| *g as usize == *p))
                 .collect();
             return Err(MsgError::Handshake {
                 addr: listener
@@ -748,16 +904,16 @@ fn accept_peers(
         // hellos read meanwhile
         while let Ok((from_addr, mut s, r)) = rx.try_recv() {
             pending -= 1;
-            let r = r.and_then(|from| {
-                if from as usize >= expect || got.iter().any(|(g, _)| *g == from) {
+            let r = r.and_then(|(from, t)| {
+                if from as usize >= expect || got.iter().any(|(g, _, _)| *g == from) {
                     return Err(format!("unexpected connection from node {from}"));
                 }
                 s.set_read_timeout(None).map_err(|e| e.to_string())?;
                 s.write_all(&[1]).map_err(|e| e.to_string())?; // welcome
-                Ok(from)
+                Ok((from, t))
             });
             match r {
-                Ok(from) => got.push((from, s)),
+                Ok((from, t)) => got.push((from, s, t)),
                 Err(why) => {
                     log.refused(from_addr, &why);
                     let _ = s.shutdown(Shutdown::Both);

@@ -9,7 +9,7 @@ use shoal_messaging::{Echo, Layout, Mailboxes, MsgError, Transport, WaitMode};
 use std::io::{BufRead, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const LAYOUT: Layout = Layout {
@@ -35,6 +35,7 @@ fn cfg(node: u8, addrs: &[SocketAddr]) -> TcpConfig {
         addrs: addrs.to_vec(),
         connect_timeout: Duration::from_secs(10),
         secret: Vec::new(),
+        encrypt: false,
     }
 }
 
@@ -371,4 +372,169 @@ fn an_impostor_without_the_secret_is_refused_and_the_real_node_joins() {
         .expect("the real node 0 joins after the impostor");
     let t1 = node1.join().unwrap().expect("node 1 starts");
     assert!(t0.peer_alive(1) && t1.peer_alive(0));
+}
+
+/// A relay between node 0 and node 1's listener: copies bytes both ways, keeps what node 0
+/// sent, and (when `flip_after` is set) flips one bit of node 0's stream at that byte.
+fn relay(to: SocketAddr, flip_after: Option<usize>) -> (SocketAddr, Arc<Mutex<Vec<u8>>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = l.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen2 = Arc::clone(&seen);
+    std::thread::spawn(move || {
+        let (a, _) = l.accept().unwrap();
+        let b = TcpStream::connect(to).unwrap();
+        let (mut a2, mut b2) = (a.try_clone().unwrap(), b.try_clone().unwrap());
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut b2, &mut a2);
+            let _ = a2.shutdown(std::net::Shutdown::Write);
+        });
+        let (mut a, mut b) = (a, b);
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = match a.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let mut seen = seen2.lock().unwrap();
+            let start = seen.len();
+            seen.extend_from_slice(&buf[..n]);
+            if let Some(f) = flip_after {
+                if (start..start + n).contains(&f) {
+                    buf[f - start] ^= 0x10;
+                }
+            }
+            drop(seen);
+            if b.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = b.shutdown(std::net::Shutdown::Write);
+    });
+    (at, seen)
+}
+
+/// Start an encrypted 2-node cluster whose node 0 reaches node 1 through [`relay`].
+fn sealed_pair(
+    flip_after: Option<usize>,
+) -> (Arc<TcpTransport>, Arc<TcpTransport>, Arc<Mutex<Vec<u8>>>) {
+    let layout = Layout { nodes: 2, ..LAYOUT };
+    let (ls, addrs) = listeners(2);
+    let mut ls = ls.into_iter();
+    let (l0, l1) = (ls.next().unwrap(), ls.next().unwrap());
+    let (via, seen) = relay(addrs[1], flip_after);
+    let sealed = |node: u8, addrs: &[SocketAddr]| TcpConfig {
+        secret: b"a secret for sealed frames......".to_vec(),
+        encrypt: true,
+        ..cfg(node, addrs)
+    };
+    let c1 = sealed(1, &addrs);
+    let node1 =
+        std::thread::spawn(move || TcpTransport::start(c1, l1, Arc::new(layout.region().unwrap())));
+    let c0 = sealed(0, &[addrs[0], via]);
+    let t0 = TcpTransport::start(c0, l0, Arc::new(layout.region().unwrap())).unwrap();
+    let t1 = node1.join().unwrap().unwrap();
+    (t0, t1, seen)
+}
+
+/// Issue 29: with `encrypt`, pages and messages cross the wire sealed: they arrive intact,
+/// no run of their bytes is visible on the wire, and a flipped bit on the way drops the peer
+/// before the frame is applied.
+#[test]
+fn sealed_frames_arrive_intact_hide_their_bytes_and_fail_when_altered() {
+    let (t0, t1, seen) = sealed_pair(None);
+    let pattern: Vec<u8> = b"PAGE-BYTES-IN-CLEAR!"
+        .iter()
+        .cycle()
+        .take(4096)
+        .copied()
+        .collect();
+    let mut got = vec![0u8; 4096];
+    for round in 0..20 {
+        t0.write(1, 4096, &pattern).unwrap();
+        t1.write(0, 8192, &pattern).unwrap();
+        let t = Instant::now();
+        loop {
+            t1.region().read(4096, &mut got).unwrap();
+            if got == pattern {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "round {round}: not delivered"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        got.fill(0);
+        t1.region().store(4096, 0); // the next round must deliver again
+    }
+    let wire = seen.lock().unwrap().clone();
+    assert!(wire.len() > 20 * 4096, "{} bytes relayed", wire.len());
+    assert!(
+        !wire.windows(8).any(|w| w == &pattern[..8]),
+        "page bytes visible on the wire"
+    );
+    drop((t0, t1));
+
+    // one flipped bit well after the handshake: node 1 drops node 0, the frame is not applied
+    let (t0, t1, seen) = sealed_pair(Some(2000));
+    let marker = vec![0xA5u8; 1024];
+    let mut wrote = 0;
+    while seen.lock().unwrap().len() <= 2000 {
+        t0.write(1, 4096, &marker).unwrap();
+        wrote += 1;
+        assert!(wrote < 1000, "relay saw too little");
+    }
+    let t = Instant::now();
+    while t1.peer_alive(0) {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "altered frame not detected"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop((t0, t1));
+}
+
+/// Issue 29: a node that encrypts and one that does not refuse each other, and the dialer's
+/// error says why.
+#[test]
+fn an_encrypting_node_and_a_plain_one_refuse_each_other() {
+    let layout = Layout { nodes: 2, ..LAYOUT };
+    let (ls, addrs) = listeners(2);
+    let mut ls = ls.into_iter();
+    let (l0, l1) = (ls.next().unwrap(), ls.next().unwrap());
+    let secret = b"a secret for sealed frames......".to_vec();
+    let c1 = TcpConfig {
+        secret: secret.clone(),
+        encrypt: true,
+        connect_timeout: Duration::from_secs(3),
+        ..cfg(1, &addrs)
+    };
+    let node1 =
+        std::thread::spawn(move || TcpTransport::start(c1, l1, Arc::new(layout.region().unwrap())));
+    let c0 = TcpConfig {
+        secret: secret.clone(),
+        connect_timeout: Duration::from_secs(3),
+        ..cfg(0, &addrs)
+    };
+    let e = TcpTransport::start(c0, l0, Arc::new(layout.region().unwrap()))
+        .err()
+        .expect("a plain node joined an encrypting one");
+    assert!(e.to_string().contains("encryption setting"), "{e}");
+    assert!(node1.join().unwrap().is_err());
+    // and encryption without a secret is a configuration error, before any traffic
+    let (ls, addrs) = listeners(1);
+    let c = TcpConfig {
+        encrypt: true,
+        ..cfg(0, &addrs)
+    };
+    let e = TcpTransport::start(
+        c,
+        ls.into_iter().next().unwrap(),
+        Arc::new(layout.region().unwrap()),
+    )
+    .err()
+    .expect("encryption without a secret");
+    assert!(e.to_string().contains("secret"), "{e}");
 }

@@ -25,7 +25,7 @@
 //! payload, padded to 8 bytes with zeros: records (see `put_*`)
 //! ```
 //!
-//! A word [`PAD`] at a chunk boundary means "nothing more in this block".
+//! A word `PAD` at a chunk boundary means "nothing more in this block".
 //!
 //! **Checkpoints.** [`Wal::begin_checkpoint`] appends a checkpoint record at LSN `C` and, in the
 //! same compare-and-swap, starts a new *epoch*: a page changed for the first time since `C` is

@@ -31,6 +31,11 @@ pub struct ClusterArgs {
     /// This node's id in --cluster.
     #[arg(long, requires = "cluster")]
     pub id: Option<u8>,
+    /// With --transport tcp: seal every frame between the nodes (AES-256-GCM, keys
+    /// from the run's secret and each handshake; docs/cluster.md, Security). With --cluster,
+    /// set `encrypt = true` in the file instead.
+    #[arg(long)]
+    pub encrypt: bool,
 }
 
 impl ClusterArgs {
@@ -40,6 +45,12 @@ impl ClusterArgs {
                 "--nodes {}: a cluster has 1 to {} nodes",
                 self.nodes,
                 shoal_engine::MAX_NODES
+            ));
+        }
+        if self.encrypt && (self.transport != Transport::Tcp || self.cluster.is_some()) {
+            return Err(anyhow::anyhow!(
+                "--encrypt goes with --transport tcp (with --cluster, set `encrypt = true` in \
+                 the cluster file)"
             ));
         }
         if self.cluster.is_some() && self.id.is_none() {
@@ -65,6 +76,7 @@ pub fn run_processes(
     dir: &Path,
     cache: &str,
     quiet: bool,
+    encrypt: bool,
     args: impl Fn(usize, &Path, &Path) -> Vec<String>,
 ) -> anyhow::Result<(Vec<Value>, bool)> {
     // free loopback ports outside the ephemeral range (no outgoing connection can take one
@@ -77,7 +89,7 @@ pub fn run_processes(
         .map_err(|e| anyhow::anyhow!("cannot make a cluster secret: {e}"))?;
     std::fs::write(
         &file,
-        ClusterFile::local_text(&addrs, dir, cache, Some(&secret)),
+        ClusterFile::local_text(&addrs, dir, cache, Some(&secret), encrypt),
     )
     .map_err(|e| anyhow::anyhow!("writing {}: {e}", file.display()))?;
     let exe = std::env::current_exe()

@@ -71,28 +71,43 @@ fn three_nodes_over_mem_run_clean() {
 }
 
 #[test]
-fn two_processes_over_tcp_run_clean() {
-    let v = run_json(&[
-        "--nodes",
-        "2",
-        "--transport",
-        "tcp",
-        "--records",
-        "20000",
-        "--workload",
-        "b",
-        "--cache",
-        "4MiB",
-    ]);
-    check(&v);
-    assert_eq!(v["processes"], 2, "{v}");
-    assert_eq!(v["transport"], "tcp", "{v}");
-    let nodes = v["per_node"].as_array().unwrap();
-    assert_eq!(nodes.len(), 2, "{v}");
-    assert!(
-        nodes.iter().all(|n| n["page_hits"].as_u64().unwrap() > 0),
-        "{v}"
-    );
+fn two_processes_over_tcp_run_clean_with_and_without_encryption() {
+    for encrypt in [false, true] {
+        let mut args = vec![
+            "--nodes",
+            "2",
+            "--transport",
+            "tcp",
+            "--records",
+            "20000",
+            "--workload",
+            "b",
+            "--cache",
+            "4MiB",
+        ];
+        if encrypt {
+            args.push("--encrypt");
+        }
+        let v = run_json(&args);
+        check(&v);
+        assert_eq!(v["processes"], 2, "{v}");
+        assert_eq!(v["transport"], "tcp", "{v}");
+        assert_eq!(v["encrypted"], encrypt, "{v}");
+        let nodes = v["per_node"].as_array().unwrap();
+        assert_eq!(nodes.len(), 2, "{v}");
+        assert!(
+            nodes.iter().all(|n| n["page_hits"].as_u64().unwrap() > 0),
+            "{v}"
+        );
+        let remote: u64 = nodes
+            .iter()
+            .map(|n| n["remote_fetches"].as_u64().unwrap())
+            .sum();
+        assert!(
+            remote > 0,
+            "no page crossed the (encrypted: {encrypt}) wire: {v}"
+        );
+    }
 }
 
 #[test]
@@ -125,7 +140,7 @@ fn larger_than_cache_with_zipf_reads_from_nvme() {
 
 #[test]
 fn bad_flags_are_clear_errors() {
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 8] = [
         (&["--records", "0"], "--records must be at least 1"),
         (&["--cache", "16KiB"], "smaller than the minimum"),
         (&["--zipf-theta", "7"], "--zipf-theta 7"),
@@ -133,6 +148,7 @@ fn bad_flags_are_clear_errors() {
         (&["--nodes", "3", "--records", "2"], "at least --nodes"),
         (&["--workload", "z"], "use one of a, b, c, d, e, f"),
         (&["--value-size", "4"], "--value-size 4"),
+        (&["--encrypt"], "--encrypt goes with --transport tcp"),
     ];
     for (args, msg) in cases {
         let out = shoal().arg("ycsb").args(args).output().unwrap();

@@ -46,6 +46,7 @@ fn run() -> Result<(), String> {
         addrs: vec![parent, me],
         connect_timeout: Duration::from_secs(10),
         secret: Vec::new(),
+        encrypt: false,
     };
     let region = Arc::new(layout.region().map_err(|e| e.to_string())?);
     let t = TcpTransport::start(cfg, l, region).map_err(|e| e.to_string())?;

@@ -73,10 +73,14 @@ fn tally_of(d: &Value) -> anyhow::Result<Tally> {
 /// Run the cluster of local processes and report.
 pub fn run_local(a: &Args) -> anyhow::Result<ExitCode> {
     let (dir, _tmp) = crate::cli::data_dir(a.data_dir.as_deref(), "tpcc")?;
-    let (docs, all_ok) =
-        crate::cli::run_processes(a.net.nodes, &dir, &a.cache, a.quiet, |i, f, j| {
-            node_args(a, f, i, j)
-        })?;
+    let (docs, all_ok) = crate::cli::run_processes(
+        a.net.nodes,
+        &dir,
+        &a.cache,
+        a.quiet,
+        a.net.encrypt,
+        |i, f, j| node_args(a, f, i, j),
+    )?;
     let mut out = RunOut {
         tally: Tally::new(),
         secs: 0.0,
@@ -98,7 +102,11 @@ pub fn run_local(a: &Args) -> anyhow::Result<ExitCode> {
                 .push((id, [g("remote_fetches"), g("nvme_reads"), g("nvme_writes")]));
         }
     }
-    say!("cluster of {} processes over tcp:", docs.len());
+    say!(
+        "cluster of {} processes over tcp{}:",
+        docs.len(),
+        if a.net.encrypt { " (encrypted)" } else { "" }
+    );
     // node 0 ran the check; its list of violations is the cluster's
     let check: Option<Vec<String>> = docs[0]["check"]["first"].as_array().map(|v| {
         v.iter()
@@ -107,6 +115,7 @@ pub fn run_local(a: &Args) -> anyhow::Result<ExitCode> {
     });
     let mut doc = report(a, &out, pages, load_s, check.as_deref())?;
     doc["transport"] = "tcp".into();
+    doc["encrypted"] = a.net.encrypt.into();
     if let Some(n) = docs[0]["check"]["violations"].as_u64() {
         doc["check"]["violations"] = n.into();
     }

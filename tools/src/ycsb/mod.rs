@@ -79,7 +79,7 @@ pub struct Args {
     #[arg(long, default_value = "256MiB")]
     pub cache: String,
     /// Data directory (default: a temporary directory, removed after the run); node i of a
-    /// cluster uses its subdirectory node<i>.
+    /// cluster uses its subdirectory `node<i>`.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// Device files to stripe each node's store over.

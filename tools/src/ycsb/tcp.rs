@@ -59,11 +59,16 @@ fn node_args(a: &Args, file: &Path, id: usize, json: &Path) -> Vec<String> {
 /// Run the cluster of local processes and report.
 pub fn run_local(a: &Args) -> anyhow::Result<ExitCode> {
     let (dir, _tmp) = crate::cli::data_dir(a.data_dir.as_deref(), "ycsb")?;
-    let (docs, all_ok) =
-        crate::cli::run_processes(a.net.nodes, &dir, &a.cache, a.quiet, |i, file, json| {
-            node_args(a, file, i, json)
-        })?;
-    let merged = merge(&docs)?;
+    let (docs, all_ok) = crate::cli::run_processes(
+        a.net.nodes,
+        &dir,
+        &a.cache,
+        a.quiet,
+        a.net.encrypt,
+        |i, file, json| node_args(a, file, i, json),
+    )?;
+    let mut merged = merge(&docs)?;
+    merged["encrypted"] = a.net.encrypt.into();
     print_summary(&merged);
     if let Some(path) = &a.json {
         std::fs::write(
@@ -142,8 +147,13 @@ fn merge(docs: &[Value]) -> anyhow::Result<Value> {
 fn print_summary(m: &Value) {
     let f = |k: &str| m[k].as_f64().unwrap_or(0.0);
     say!(
-        "cluster of {} processes over tcp: {:.1} s measured",
+        "cluster of {} processes over tcp{}: {:.1} s measured",
         m["processes"],
+        if m["encrypted"] == true {
+            " (encrypted)"
+        } else {
+            ""
+        },
         f("duration_s")
     );
     say!(
