@@ -217,28 +217,21 @@ fn main() {
     mailbox_latency("mem (park)", mem_pair(layout, WaitMode::Park), n);
     mailbox_latency("mem (poll)", mem_pair(layout, WaitMode::Poll), n);
     // sealed frames (issue 29) next to plain ones, alternating
-    for round in 0..2 {
-        let r = format!(" #{}", round + 1);
-        mailbox_latency(
-            &format!("tcp (park){r}"),
-            tcp_pair(layout, WaitMode::Park, false),
-            n,
-        );
-        mailbox_latency(
-            &format!("tcp sealed (park){r}"),
-            tcp_pair(layout, WaitMode::Park, true),
-            n,
-        );
-        mailbox_latency(
-            &format!("tcp (poll){r}"),
-            tcp_pair(layout, WaitMode::Poll, false),
-            n,
-        );
-        mailbox_latency(
-            &format!("tcp sealed (poll){r}"),
-            tcp_pair(layout, WaitMode::Poll, true),
-            n,
-        );
+    for round in 1..=2 {
+        for mode in [WaitMode::Park, WaitMode::Poll] {
+            for sealed in [false, true] {
+                let name = format!(
+                    "tcp{} ({}) #{round}",
+                    if sealed { " sealed" } else { "" },
+                    if mode == WaitMode::Park {
+                        "park"
+                    } else {
+                        "poll"
+                    }
+                );
+                mailbox_latency(&name, tcp_pair(layout, mode, sealed), n);
+            }
+        }
     }
     plain_tcp(n);
     handler_throughput(1, 3);

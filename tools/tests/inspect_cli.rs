@@ -40,6 +40,15 @@ fn device(dir: &Path) -> std::path::PathBuf {
     dir.join("node0-0.dat")
 }
 
+/// Write `bytes` at byte `at` of node 0's device (one device).
+fn scribble(dir: &Path, at: u64, bytes: &[u8]) {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(device(dir))
+        .unwrap();
+    f.write_all_at(bytes, at).unwrap();
+}
+
 /// Rewrite slot `slot` of node 0 (one device) through `edit`, sealed again as a valid page.
 fn reseal(dir: &Path, slot: u64, edit: impl FnOnce(&mut [u8])) {
     let f = std::fs::OpenOptions::new()
@@ -117,11 +126,7 @@ fn a_sound_store_is_counted_and_left_untouched() {
 fn a_bad_superblock_copy_is_reported_and_the_next_open_repairs_it() {
     let dir = tempfile::tempdir().unwrap();
     make_store(dir.path());
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(device(dir.path()))
-        .unwrap();
-    f.write_all_at(&[0x5A; 16], 100).unwrap(); // inside copy 0
+    scribble(dir.path(), 100, &[0x5A; 16]); // inside copy 0
     let (out, v) = inspect(dir.path());
     assert!(out.status.success(), "{v}");
     let copies = &v["nodes"][0]["superblock_copies"][0];
@@ -162,12 +167,7 @@ fn a_bad_superblock_copy_is_reported_and_the_next_open_repairs_it() {
 fn a_flipped_byte_is_found_and_named() {
     let dir = tempfile::tempdir().unwrap();
     make_store(dir.path());
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(device(dir.path()))
-        .unwrap();
-    f.write_all_at(&[0x5A], 32 * PAGE_SIZE as u64 + 777)
-        .unwrap(); // slot 30
+    scribble(dir.path(), 32 * PAGE_SIZE as u64 + 777, &[0x5A]); // slot 30
     let (out, v) = inspect(dir.path());
     assert_eq!(out.status.code(), Some(1), "{v}");
     assert_eq!(v["ok"], false);
