@@ -542,3 +542,63 @@ fn an_encrypting_node_and_a_plain_one_refuse_each_other() {
     .expect("encryption without a secret");
     assert!(e.to_string().contains("secret"), "{e}");
 }
+
+/// Issue 29: a handshake recorded on the wire and replayed to a node does not get in: the node
+/// answers with a fresh nonce, so the recorded proof does not verify, and the connection is
+/// closed without the welcome byte; the real node 0 then joins.
+#[test]
+fn a_replayed_handshake_is_refused() {
+    let layout = Layout { nodes: 2, ..LAYOUT };
+    let secret = b"a secret the attacker never sees".to_vec();
+    let with_secret = |node: u8, addrs: &[SocketAddr]| TcpConfig {
+        secret: secret.clone(),
+        ..cfg(node, addrs)
+    };
+    // a real handshake, recorded by a relay on the path
+    let (ls, addrs) = listeners(2);
+    let mut ls = ls.into_iter();
+    let (l0, l1) = (ls.next().unwrap(), ls.next().unwrap());
+    let (via, seen) = relay(addrs[1], None);
+    let c1 = with_secret(1, &addrs);
+    let node1 =
+        std::thread::spawn(move || TcpTransport::start(c1, l1, Arc::new(layout.region().unwrap())));
+    let t0 = TcpTransport::start(
+        with_secret(0, &[addrs[0], via]),
+        l0,
+        Arc::new(layout.region().unwrap()),
+    )
+    .unwrap();
+    let t1 = node1.join().unwrap().unwrap();
+    drop((t0, t1));
+    // the dialer's side: hello 16 + nonce 16, then its proof 32
+    let recorded: Vec<u8> = seen.lock().unwrap()[..64].to_vec();
+
+    // replay it to a node 1 of the same cluster and secret
+    let (ls, addrs) = listeners(2);
+    let mut ls = ls.into_iter();
+    let (l0, l1) = (ls.next().unwrap(), ls.next().unwrap());
+    let c1 = with_secret(1, &addrs);
+    let node1 =
+        std::thread::spawn(move || TcpTransport::start(c1, l1, Arc::new(layout.region().unwrap())));
+    let mut s = TcpStream::connect(addrs[1]).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&recorded[..32]).unwrap();
+    let mut answer = [0u8; 16 + 16 + 32];
+    s.read_exact(&mut answer).unwrap();
+    s.write_all(&recorded[32..64]).unwrap();
+    let mut welcome = [0u8; 1];
+    match s.read(&mut welcome) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("a replayed handshake got an answer: {other:?}"),
+    }
+    // and the real node 0 joins
+    let t0 = TcpTransport::start(
+        with_secret(0, &addrs),
+        l0,
+        Arc::new(layout.region().unwrap()),
+    )
+    .expect("node 0 joins after the replay");
+    let t1 = node1.join().unwrap().unwrap();
+    assert!(t0.peer_alive(1) && t1.peer_alive(0));
+}
