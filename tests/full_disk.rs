@@ -79,8 +79,9 @@ fn a_full_device_refuses_allocations_and_keeps_every_page() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), 256);
     let e = Engine::open(cfg.clone()).unwrap();
-    // Room for the superblock and 400 pages only (the first allocation reserves room).
-    set_fsize_limit(401 * 4096);
+    // Room for the two superblock copies and 400 pages only (the first allocation reserves
+    // room).
+    set_fsize_limit(402 * 4096);
     let w = e.worker();
     let (mut pids, err) = allocate_until_error(&w);
     let msg = err.to_string();
@@ -119,16 +120,16 @@ fn room_taken_from_under_the_engine_fails_write_backs_and_loses_nothing() {
     let w = e.worker();
     // Reserve the device's first chunk, then take the reserved room away again (what a file
     // system without fallocate, or a thin device, amounts to): the file ends after the
-    // superblock and the catalog, and may not grow past ~100 more pages.
+    // two superblock copies and the catalog, and may not grow past ~100 more pages.
     drop(w.allocate().unwrap());
     let device = dir.path().join("node0-0.dat");
     std::fs::OpenOptions::new()
         .write(true)
         .open(&device)
         .unwrap()
-        .set_len(2 * 4096)
+        .set_len(3 * 4096)
         .unwrap();
-    set_fsize_limit(101 * 4096);
+    set_fsize_limit(102 * 4096);
     let (pids, err) = allocate_until_error(&w);
     let msg = err.to_string();
     assert!(matches!(err, EngineError::NoFreeFrame { .. }), "{msg}");
