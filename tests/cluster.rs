@@ -736,11 +736,13 @@ fn pages_are_allocated_on_a_chosen_home_from_any_node() {
     c.close().unwrap();
 }
 
-/// A cluster dropped without `close` (a panic, an early return) must not leave a home's store
-/// marked clean while another node held a newer image of one of its pages: the store says
-/// "unclean" and refuses a plain open. After an orderly `close` the same change survives.
+/// A cluster whose pages cannot all go home when it is dropped (here the home is cut off
+/// first) must not leave a home's store marked clean while another node held a newer image of
+/// one of its pages: the store says "unclean" and refuses a plain open. After an orderly
+/// `close` the same change survives. (A plain drop sends the pages home: see
+/// `a_cluster_dropped_without_close_leaves_stores_that_open_with_every_write`.)
 #[test]
-fn a_cluster_dropped_without_close_leaves_stores_unclean_not_stale() {
+fn a_cluster_dropped_with_pages_away_leaves_stores_unclean_not_stale() {
     let dir = tempfile::tempdir().unwrap();
     let c = cluster(dir.path(), 2, 256);
     let p = {
@@ -757,6 +759,7 @@ fn a_cluster_dropped_without_close_leaves_stores_unclean_not_stale() {
         let w1 = c.node(1).worker();
         w1.exclusive(p).unwrap().page_mut().set_u64(0, 2);
     }
+    c.kill(0);
     drop(c);
     let err = Cluster::mem(2, Duration::from_secs(20), |i| {
         EngineConfig::new(dir.path().join(format!("n{i}")), 256 * 4096)
@@ -1078,4 +1081,30 @@ fn workers_taking_handler_roles_while_eviction_runs_lose_no_update_and_read_noth
         .expect("threads done")
         .close()
         .unwrap();
+}
+
+/// Issue 28: a cluster dropped without `close()` (an early `?`, a panic) closes itself: its
+/// nodes' foreign pages go home first, so every store opens again without `allow_unclean`
+/// and holds the last writes, made by another node than the pages' home.
+#[test]
+fn a_cluster_dropped_without_close_leaves_stores_that_open_with_every_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(dir.path(), 2, 256);
+    let pids = allocate(&c.node(1).worker(), 50);
+    let w0 = c.node(0).worker();
+    for &pid in &pids {
+        for _ in 0..3 {
+            rewrite_page(&w0, pid); // node 0 holds them dirty, node 1 is their home
+        }
+    }
+    drop(w0);
+    drop(c);
+    let c = cluster(dir.path(), 2, 256);
+    let w = c.node(0).worker();
+    let mut torn = 0;
+    for &pid in &pids {
+        assert_eq!(read_words(&w, pid, false, &mut torn)[0], 3, "page {pid}");
+    }
+    drop(w);
+    c.close().unwrap();
 }

@@ -240,3 +240,28 @@ fn configuration_errors_are_clear() {
         .to_string()
         .contains("at most 64 nodes"));
 }
+
+/// Issue 28: `close()` gives the data directory back at once (the store reopens in this
+/// process while the closed engine still exists), and every page access afterwards, reads
+/// too, fails with `Shutdown`.
+#[test]
+fn close_releases_the_lock_and_later_reads_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path(), 256);
+    let pids = fill(&e, 10);
+    let w = e.worker();
+    e.close().unwrap();
+    let read = w.run(|w| w.shared(pids[0]).map(|_| ()));
+    assert!(matches!(read, Err(EngineError::Shutdown)), "{read:?}");
+    let optimistic = w.run(|w| w.optimistic(pids[1]).map(|_| ()));
+    assert!(matches!(optimistic, Err(EngineError::Shutdown)));
+    assert!(matches!(w.allocate(), Err(EngineError::Shutdown)));
+    drop(w);
+    let mut cfg = config(dir.path(), 256);
+    cfg.mode = OpenMode::Open;
+    let again = Engine::open(cfg).expect("the closed engine still holds the lock");
+    assert_eq!(version(&again, pids[9]).unwrap(), 9);
+    drop(e); // dropping the closed engine leaves the open one alone
+    assert_eq!(version(&again, pids[3]).unwrap(), 3);
+    again.close().unwrap();
+}

@@ -121,7 +121,9 @@ fn not_a_node(pid: Pid) -> Restart {
 }
 
 impl BTree {
-    /// Create an empty tree registered in the catalog as `name`.
+    /// Create an empty tree registered in the catalog as `name`. Fails with
+    /// [`TreeError::Exists`] if the name is taken, also when another thread or node registers
+    /// it at the same moment (the root page made for it is then freed again).
     pub fn create(w: &Worker, name: &str) -> Result<BTree, TreeError> {
         if w.catalog_lookup(name)?.is_some() {
             return Err(TreeError::Exists(name.to_string()));
@@ -130,8 +132,19 @@ impl BTree {
         g.modify(|b| NodeMut::new(b).init(KIND_LEAF, 0, None, None));
         let root = g.pid();
         drop(g);
-        w.catalog_insert(name, root)?;
-        Ok(BTree { root })
+        match w.catalog_insert(name, root) {
+            Ok(()) => Ok(BTree { root }),
+            Err(e) => {
+                // nobody else knows the page: give it back
+                if let Err(f) = w.run(|w| w.exclusive(root)).and_then(|g| g.free()) {
+                    log::warn!("freeing the unused root {root} of '{name}': {f}");
+                }
+                Err(match e {
+                    EngineError::NameTaken(n) => TreeError::Exists(n),
+                    e => e.into(),
+                })
+            }
+        }
     }
 
     /// Open the tree registered as `name`.
@@ -155,7 +168,11 @@ impl BTree {
     /// Open `name`, creating it if it does not exist.
     pub fn open_or_create(w: &Worker, name: &str) -> Result<BTree, TreeError> {
         match Self::open(w, name) {
-            Err(TreeError::NotFound(_)) => Self::create(w, name),
+            Err(TreeError::NotFound(_)) => match Self::create(w, name) {
+                // another thread created it meanwhile
+                Err(TreeError::Exists(_)) => Self::open(w, name),
+                r => r,
+            },
             r => r,
         }
     }

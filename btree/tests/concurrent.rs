@@ -370,3 +370,43 @@ fn concurrent_removes_merge_nodes_with_eviction() {
         "the tree outgrew the cache and pages were evicted: {pages} pages, {frames} frames, {evictions} evictions"
     );
 }
+
+/// Issue 28: two threads calling `open_or_create` on one new name at once both get the same
+/// tree (never an error), and the loser's root page is given back: pages in use are the
+/// catalog plus one root per name.
+#[test]
+fn racing_open_or_create_yields_one_tree_and_leaks_no_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(EngineConfig::new(dir.path(), 16 << 20)).unwrap();
+    let names = 200;
+    let start = std::sync::Barrier::new(2);
+    let roots: Vec<Vec<shoal_engine::Pid>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    let w = e.worker();
+                    (0..names)
+                        .map(|i| {
+                            start.wait();
+                            BTree::open_or_create(&w, &format!("t{i}")).unwrap().root()
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(roots[0], roots[1], "both threads got the same trees");
+    assert_eq!(
+        e.store().slots_in_use(),
+        1 + names as u64,
+        "catalog + one root each"
+    );
+    let w = e.worker();
+    assert!(matches!(
+        BTree::create(&w, "t7"),
+        Err(shoal_btree::TreeError::Exists(n)) if n == "t7"
+    ));
+    drop(w);
+    e.close().unwrap();
+}

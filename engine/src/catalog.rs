@@ -64,7 +64,9 @@ impl Worker {
             .map(|(_, p)| p))
     }
 
-    /// Register `name` -> `pid`. Fails if the name exists or the catalog page is full.
+    /// Register `name` -> `pid`. Fails with [`EngineError::NameTaken`] if the name exists (the
+    /// check and the insert happen under the catalog page's exclusive latch: of two callers
+    /// registering one name at once, exactly one succeeds), or if the catalog page is full.
     pub fn catalog_insert(&self, name: &str, pid: Pid) -> Result<(), EngineError> {
         if name.is_empty() || name.len() > MAX_NAME {
             return Err(EngineError::Catalog(format!(
@@ -76,9 +78,7 @@ impl Worker {
             let mut g = w.exclusive(Pid::CATALOG)?;
             let entries = parse(g.data())?;
             if entries.iter().any(|(n, _)| n == name) {
-                return Err(Restart::Fail(EngineError::Catalog(format!(
-                    "'{name}' is already registered"
-                ))));
+                return Err(Restart::Fail(EngineError::NameTaken(name.to_string())));
             }
             let off = used(&entries);
             if off + 9 + name.len() > PAGE_DATA_SIZE {

@@ -20,10 +20,12 @@ use std::time::Duration;
 /// How long a clean shutdown waits for foreign pages to go home.
 pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// N nodes in one process.
+/// N nodes in one process. Dropping it closes it as [`Cluster::close`] does (errors are
+/// logged), so an early return or a panic does not leave every store unclean.
 pub struct Cluster {
     nodes: Vec<Engine>,
     mem: Option<Arc<MemTransport>>,
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Cluster {
@@ -76,7 +78,11 @@ impl Cluster {
                 },
             )?);
         }
-        Ok(Cluster { nodes, mem: None })
+        Ok(Cluster {
+            nodes,
+            mem: None,
+            closed: std::sync::atomic::AtomicBool::new(false),
+        })
     }
 
     /// Node `i`.
@@ -96,12 +102,25 @@ impl Cluster {
         }
     }
 
-    /// Clean shutdown (see module docs). Workers must have dropped their guards.
-    pub fn close(self) -> Result<(), EngineError> {
-        for e in &self.nodes {
-            e.send_pages_home(RELEASE_TIMEOUT)?;
+    /// Clean shutdown (see module docs). Workers must have dropped their guards. Calling it
+    /// again does nothing; every node access afterwards fails with [`EngineError::Shutdown`].
+    pub fn close(&self) -> Result<(), EngineError> {
+        self.close_within(RELEASE_TIMEOUT)
+    }
+
+    /// [`Cluster::close`], waiting at most `limit` for foreign pages to go home.
+    fn close_within(&self, limit: Duration) -> Result<(), EngineError> {
+        if self.closed.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return Ok(());
         }
         let mut first = None;
+        for e in &self.nodes {
+            if let Err(err) = e.send_pages_home(limit) {
+                // close the nodes anyway (their stores then stay marked unclean, as they must)
+                log::error!("node {}: sending pages home: {err}", e.node_id());
+                first.get_or_insert(err);
+            }
+        }
         for e in &self.nodes {
             if let Err(err) = e.close() {
                 log::error!("closing node {}: {err}", e.node_id());
@@ -111,6 +130,26 @@ impl Cluster {
         match first {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+}
+
+/// How long dropping an unclosed cluster waits for foreign pages to go home (a panicking
+/// thread does not wait: its nodes close at once, stores with pages away stay unclean).
+const DROP_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        let limit = if std::thread::panicking() {
+            Duration::ZERO
+        } else {
+            DROP_RELEASE_TIMEOUT
+        };
+        if let Err(e) = self.close_within(limit) {
+            log::error!("closing a dropped cluster: {e}");
         }
     }
 }

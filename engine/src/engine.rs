@@ -451,13 +451,22 @@ impl Engine {
         }
     }
 
-    /// Clean shutdown: stop the provider, write every dirty page, persist the allocator and mark
-    /// the store clean. Workers must have dropped their guards; operations started afterwards
-    /// fail with [`EngineError::Shutdown`]. Calling it twice is harmless.
+    /// Clean shutdown: stop the provider, write every dirty page, persist the allocator, mark
+    /// the store clean and release the data directory's lock (the store may be opened again,
+    /// in this process too). Workers must have dropped their guards; every page access
+    /// started afterwards (reads too) fails with [`EngineError::Shutdown`]. Calling it twice is
+    /// harmless. The lock is released even when closing fails (the store then stays marked
+    /// unclean).
     pub fn close(&self) -> Result<(), EngineError> {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        let r = self.close_store();
+        self.node.release_lock();
+        r
+    }
+
+    fn close_store(&self) -> Result<(), EngineError> {
         let (node, buf) = (&self.node, &self.node.buf);
         buf.shut_down();
         if let Some(h) = self.provider.lock().take() {

@@ -28,6 +28,8 @@ pub enum EngineError {
     NoSuchPage(Pid),
     #[error("catalog: {0}")]
     Catalog(String),
+    #[error("catalog: '{0}' is already registered")]
+    NameTaken(String),
     #[error("page {0} is homed on a node outside this cluster of {1} nodes")]
     NoSuchNode(Pid, u8),
     #[error("node {0} is unreachable (it died or its connection closed)")]

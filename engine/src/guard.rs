@@ -503,9 +503,19 @@ impl Worker {
         buf.table.lookup(pool, pid)
     }
 
+    /// Every page access fails once the engine is closing or closed.
+    #[inline]
+    fn check_open(&self) -> OpResult<()> {
+        if self.node.buf.is_shutdown() {
+            return Err(Restart::Fail(EngineError::Shutdown));
+        }
+        Ok(())
+    }
+
     /// Take an optimistic guard on `pid`. Waits while an exclusive holder is in.
     #[inline]
     pub fn optimistic(&self, pid: Pid) -> OpResult<OptimisticGuard<'_>> {
+        self.check_open()?;
         let mut backoff = Backoff::new();
         loop {
             let Some(idx) = self.locate(pid) else {
@@ -537,6 +547,7 @@ impl Worker {
 
     /// Take a shared guard on `pid` (the page is fixed while it is held).
     pub fn shared(&self, pid: Pid) -> OpResult<SharedGuard<'_>> {
+        self.check_open()?;
         let mut backoff = Backoff::new();
         loop {
             let Some(idx) = self.locate(pid) else {

@@ -49,8 +49,9 @@ pub(crate) struct Node {
     /// Pages freed on this cluster node, kept for its next allocations (see
     /// [`crate::ExclusiveGuard::free`]). Always empty on a single node.
     recycled: Mutex<Vec<Pid>>,
-    /// The data directory's lock, held while the node lives.
-    _lock: File,
+    /// The data directory's lock, held from open until [`crate::Engine::close`] (or the
+    /// node's drop).
+    lock: Mutex<Option<File>>,
 }
 
 impl Node {
@@ -62,8 +63,14 @@ impl Node {
             workers: Mutex::new(Vec::new()),
             retired: WorkerStats::default(),
             recycled: Mutex::new(Vec::new()),
-            _lock: lock,
+            lock: Mutex::new(Some(lock)),
         }
+    }
+
+    /// Give up the data directory's lock (the engine is closed: another engine, in this
+    /// process or another, may open the store now).
+    pub fn release_lock(&self) {
+        drop(self.lock.lock().take());
     }
 
     /// This node's id.
