@@ -68,7 +68,7 @@ fn main() {
 
     let t0 = Instant::now();
     each_key_in_ranges(&e, threads, records, |w, k| {
-        t.insert(w, &u64_key(k), &[7u8; 128]).unwrap();
+        assert!(t.insert(w, u64_key(k), [7u8; 128]).unwrap().inserted());
     });
     let ins = records as f64 / t0.elapsed().as_secs_f64();
     println!("insert (ascending, {threads} threads, adjacent ranges): {ins:.0} inserts/s");
@@ -82,7 +82,7 @@ fn main() {
         while Instant::now() < deadline {
             for _ in 0..1024 {
                 let k = rng.random_range(0..records);
-                assert!(t.lookup(&w, &u64_key(k), &mut buf).unwrap());
+                assert!(t.lookup(&w, u64_key(k), &mut buf).unwrap());
                 n += 1;
             }
         }
@@ -120,7 +120,7 @@ fn main() {
     let pages_full = e.store().slots_in_use();
     let t0 = Instant::now();
     each_key_in_ranges(&e, threads, records, |w, k| {
-        assert!(t.remove(w, &u64_key(k)).unwrap());
+        assert!(t.remove(w, u64_key(k)).unwrap());
     });
     let rms = records as f64 / t0.elapsed().as_secs_f64();
     let pages_empty = e.store().slots_in_use();

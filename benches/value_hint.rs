@@ -50,7 +50,10 @@ fn main() {
                     keys.shuffle(&mut rand::rngs::SmallRng::seed_from_u64(th + 77));
                 }
                 for k in keys {
-                    t.insert(&w, &u64_key(k), &vec![7u8; value_len(k)]).unwrap();
+                    assert!(t
+                        .insert(&w, u64_key(k), vec![7u8; value_len(k)])
+                        .unwrap()
+                        .inserted());
                 }
             });
         }
@@ -70,7 +73,7 @@ fn main() {
                     let m = on.load(Ordering::Relaxed);
                     for _ in 0..1024 {
                         let k = rng.random_range(0..records);
-                        assert!(t.lookup(&w, &u64_key(k), &mut buf).unwrap());
+                        assert!(t.lookup(&w, u64_key(k), &mut buf).unwrap());
                         assert_eq!(buf.len(), value_len(k));
                     }
                     // count the batch only if the mode did not change under it

@@ -16,4 +16,6 @@ pub enum TreeError {
     NotFound(String),
     #[error("catalog entry '{0}' points at page {1}, which is not a B-tree node")]
     NotATree(String, Pid),
+    #[error("a write to a tree from inside its own scan callback (it would wait for the scan's latch for ever): collect the keys first, or iterate with BTree::range")]
+    WriteInScan,
 }

@@ -30,6 +30,7 @@ use crate::error::TreeError;
 use crate::node::{
     self, Entry, NodeMut, NodeRef, KIND_INNER, KIND_LEAF, MAX_KEY, MAX_RECORD, NO_PAGE,
 };
+use crate::range::Range;
 use crate::value_hint;
 use crate::verify::{verify_tree, TreeReport};
 use shoal_engine::{
@@ -112,6 +113,92 @@ fn descend<'w>(
 #[cold]
 fn merge_failed(target: Pid, e: &EngineError) {
     log::warn!("merging B-tree node {target} failed (the tree stays valid, unmerged): {e}");
+}
+
+/// What [`BTree::insert`] did. Not looking at it is a warning: an insert of a key that
+/// exists writes nothing.
+#[must_use = "insert writes nothing when the key exists: check `.inserted()` (or use upsert)"]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Insert {
+    Inserted,
+    Exists,
+}
+
+impl Insert {
+    /// The key was absent and is now there.
+    pub fn inserted(self) -> bool {
+        self == Insert::Inserted
+    }
+}
+
+/// A list of puts and removes that [`BTree::apply`] applies as one transaction.
+#[derive(Debug, Clone, Default)]
+pub struct Batch {
+    ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+impl Batch {
+    pub fn new() -> Batch {
+        Batch::default()
+    }
+
+    /// Insert or replace `key` -> `value`.
+    pub fn put(&mut self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> &mut Batch {
+        self.ops
+            .push((key.as_ref().to_vec(), Some(value.as_ref().to_vec())));
+        self
+    }
+
+    /// Remove `key` (nothing happens if it is absent).
+    pub fn remove(&mut self, key: impl AsRef<[u8]>) -> &mut Batch {
+        self.ops.push((key.as_ref().to_vec(), None));
+        self
+    }
+
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+thread_local! {
+    /// Roots of the trees this thread is scanning right now (inside a `scan` callback).
+    static SCANNING: std::cell::RefCell<Vec<Pid>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Marks a tree as being scanned by this thread until dropped.
+struct Scanning(Pid);
+
+impl Scanning {
+    fn enter(root: Pid) -> Scanning {
+        SCANNING.with(|s| s.borrow_mut().push(root));
+        Scanning(root)
+    }
+}
+
+impl Drop for Scanning {
+    fn drop(&mut self) {
+        SCANNING.with(|s| {
+            let mut s = s.borrow_mut();
+            let at = s.iter().rposition(|&r| r == self.0);
+            debug_assert!(at.is_some(), "scan marks are dropped in order");
+            if let Some(at) = at {
+                s.remove(at);
+            }
+        });
+    }
+}
+
+/// A write to the tree at `root` from inside one of its own scans would wait for the scan's
+/// shared latch for ever: refuse it.
+fn no_write_in_own_scan(root: Pid) -> Result<(), TreeError> {
+    if SCANNING.with(|s| s.borrow().contains(&root)) {
+        return Err(TreeError::WriteInScan);
+    }
+    Ok(())
 }
 
 fn not_a_node(pid: Pid) -> Restart {
@@ -223,7 +310,16 @@ impl BTree {
     }
 
     /// Copy the value of `key` into `out`. Returns whether the key exists.
-    pub fn lookup(&self, w: &Worker, key: &[u8], out: &mut Vec<u8>) -> Result<bool, TreeError> {
+    pub fn lookup(
+        &self,
+        w: &Worker,
+        key: impl AsRef<[u8]>,
+        out: &mut Vec<u8>,
+    ) -> Result<bool, TreeError> {
+        self.lookup_into(w, key.as_ref(), out)
+    }
+
+    fn lookup_into(&self, w: &Worker, key: &[u8], out: &mut Vec<u8>) -> Result<bool, TreeError> {
         Ok(w.run(|w| {
             let g = self.find_leaf(w, key)?;
             let p = g.page();
@@ -375,27 +471,69 @@ impl BTree {
     }
 
     /// The value of `key`, if present.
-    pub fn get(&self, w: &Worker, key: &[u8]) -> Result<Option<Vec<u8>>, TreeError> {
+    pub fn get(&self, w: &Worker, key: impl AsRef<[u8]>) -> Result<Option<Vec<u8>>, TreeError> {
         let mut v = Vec::new();
-        Ok(self.lookup(w, key, &mut v)?.then_some(v))
+        Ok(self.lookup_into(w, key.as_ref(), &mut v)?.then_some(v))
     }
 
-    /// Insert `key` -> `value` if `key` is absent. Returns `false` (and changes nothing) if
-    /// it exists.
-    pub fn insert(&self, w: &Worker, key: &[u8], value: &[u8]) -> Result<bool, TreeError> {
-        Ok(self.put(w, key, value, Mode::Insert)? == Put::Inserted)
+    /// Insert `key` -> `value` if `key` is absent. Returns [`Insert::Exists`] (and changes
+    /// nothing) if it exists; the result must be looked at (`.inserted()`).
+    pub fn insert(
+        &self,
+        w: &Worker,
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+    ) -> Result<Insert, TreeError> {
+        let mut old = Vec::new();
+        Ok(
+            match self.put(
+                w,
+                key.as_ref(),
+                value.as_ref(),
+                Mode::Insert,
+                false,
+                &mut old,
+            )? {
+                Put::Inserted => Insert::Inserted,
+                _ => Insert::Exists,
+            },
+        )
     }
 
     /// Insert or replace.
-    pub fn upsert(&self, w: &Worker, key: &[u8], value: &[u8]) -> Result<Put, TreeError> {
-        self.put(w, key, value, Mode::Upsert)
+    pub fn upsert(
+        &self,
+        w: &Worker,
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+    ) -> Result<Put, TreeError> {
+        let mut old = Vec::new();
+        self.put(
+            w,
+            key.as_ref(),
+            value.as_ref(),
+            Mode::Upsert,
+            false,
+            &mut old,
+        )
     }
 
-    fn put(&self, w: &Worker, key: &[u8], value: &[u8], mode: Mode) -> Result<Put, TreeError> {
+    /// Insert or replace; with `keep_old` (or while a transaction logs undo) a replaced value
+    /// is left in `old`.
+    fn put(
+        &self,
+        w: &Worker,
+        key: &[u8],
+        value: &[u8],
+        mode: Mode,
+        keep_old: bool,
+        old: &mut Vec<u8>,
+    ) -> Result<Put, TreeError> {
         Self::check_sizes(key, value.len())?;
+        no_write_in_own_scan(self.root)?;
         let need = node::entry_space(key.len(), value.len());
-        let undo = w.logs_undo();
-        let mut old: Vec<u8> = Vec::new();
+        let log = w.logs_undo();
+        let undo = log || keep_old;
         loop {
             let step = w.run(|w| {
                 let leaf = self.find_leaf(w, key)?;
@@ -424,11 +562,11 @@ impl BTree {
                         Step::Split(pid, need)
                     }
                 });
-                if undo {
+                if log {
                     match step {
                         Step::Done(Put::Inserted) => w.log_undo(&undo_record(self.root, key, None)),
                         Step::Done(Put::Replaced) => {
-                            w.log_undo(&undo_record(self.root, key, Some(&old)))
+                            w.log_undo(&undo_record(self.root, key, Some(old)))
                         }
                         _ => {}
                     }
@@ -446,9 +584,11 @@ impl BTree {
     pub fn update(
         &self,
         w: &Worker,
-        key: &[u8],
+        key: impl AsRef<[u8]>,
         mut f: impl FnMut(&mut [u8]),
     ) -> Result<bool, TreeError> {
+        let key = key.as_ref();
+        no_write_in_own_scan(self.root)?;
         Ok(w.run(|w| {
             let leaf = self.find_leaf(w, key)?;
             let (i, found) = node::lower_bound(leaf.page(), key);
@@ -484,7 +624,9 @@ impl BTree {
 
     /// Remove `key`. Returns whether it existed. A leaf left less than a quarter full is
     /// merged with a neighbour when the two fit in one page (see `merge_underfull`).
-    pub fn remove(&self, w: &Worker, key: &[u8]) -> Result<bool, TreeError> {
+    pub fn remove(&self, w: &Worker, key: impl AsRef<[u8]>) -> Result<bool, TreeError> {
+        let key = key.as_ref();
+        no_write_in_own_scan(self.root)?;
         let (existed, underfull) = w.run(|w| {
             let Some((parent, leaf)) = self.path_to(w, key, None)? else {
                 unreachable!("a descent to the leaf ends at a leaf or fails");
@@ -749,8 +891,10 @@ impl BTree {
     }
 
     /// Visit entries from `start` in `dir` order (ascending: keys >= start; descending: keys
-    /// <= start) until `f` returns `false`. `f` runs while a shared latch is held: it must not
-    /// write to this tree.
+    /// <= start) until `f` returns `false`. `f` runs while a shared latch is held: a write to
+    /// this tree from inside `f` fails with [`TreeError::WriteInScan`] (it would wait for
+    /// that latch for ever). To write while iterating, use [`BTree::range`], which holds no
+    /// latch between entries.
     pub fn scan(
         &self,
         w: &Worker,
@@ -758,6 +902,7 @@ impl BTree {
         dir: Direction,
         mut f: impl FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<(), TreeError> {
+        let _scanning = Scanning::enter(self.root);
         let (mut k, mut v) = (Vec::new(), Vec::new());
         match dir {
             Direction::Ascending => {
@@ -803,6 +948,87 @@ impl BTree {
                 }
             }
         }
+    }
+
+    /// Iterate over the entries whose keys lie in `range` (`..`, `a..b`, `a..=b`, `a..`, ...)
+    /// in key order; `.rev()` goes from the high end, and both ends may be taken at once. No
+    /// latch is held between items, so the loop body may write to this tree. Not a snapshot:
+    /// see [`crate::range`].
+    ///
+    /// ```no_run
+    /// # fn f(t: &shoal_btree::BTree, w: &shoal_engine::Worker) -> Result<(), shoal_btree::TreeError> {
+    /// for entry in t.range(w, b"a".as_slice()..b"m".as_slice()) {
+    ///     let (key, value) = entry?;
+    ///     println!("{key:?} = {value:?}");
+    /// }
+    /// // the last ten keys, largest first
+    /// let last: Vec<_> = t.iter(w).rev().take(10).collect::<Result<_, _>>()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn range<'w, K: AsRef<[u8]>>(
+        &self,
+        w: &'w Worker,
+        range: impl std::ops::RangeBounds<K>,
+    ) -> Range<'w> {
+        let own = |b: std::ops::Bound<&K>| b.map(|k| k.as_ref().to_vec());
+        Range::new(*self, w, own(range.start_bound()), own(range.end_bound()))
+    }
+
+    /// Iterate over every entry (see [`BTree::range`]).
+    pub fn iter<'w>(&self, w: &'w Worker) -> Range<'w> {
+        self.range::<&[u8]>(w, ..)
+    }
+
+    /// Apply every put and remove of `batch`, in order, as one transaction: after a crash,
+    /// all of them or none (with a write-ahead log; docs/durability.md), and if one fails
+    /// (a full device, a dead node) the ones before it are undone before the error returns.
+    /// Sizes are checked before anything is written. A transaction this worker was running
+    /// is committed first; the batch is committed (as [`Worker::commit`] does) at the end.
+    pub fn apply(&self, w: &Worker, batch: &Batch) -> Result<(), TreeError> {
+        for (k, v) in &batch.ops {
+            Self::check_sizes(k, v.as_ref().map_or(0, Vec::len))?;
+        }
+        no_write_in_own_scan(self.root)?;
+        w.begin_transaction()?;
+        // what each applied op replaced: to undo them if a later one fails
+        let mut before: Vec<(&[u8], Option<Vec<u8>>)> = Vec::with_capacity(batch.ops.len());
+        let mut failed = None;
+        for (k, v) in &batch.ops {
+            let r = match v {
+                Some(v) => {
+                    let mut old = Vec::new();
+                    self.put(w, k, v, Mode::Upsert, true, &mut old)
+                        .map(|p| (p == Put::Replaced).then_some(old))
+                }
+                None => self
+                    .get(w, k)
+                    .and_then(|old| self.remove(w, k).map(|_| old)),
+            };
+            match r {
+                Ok(old) => before.push((k, old)),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Some(e) = failed {
+            w.rolling_back();
+            for (k, old) in before.iter().rev() {
+                let undone = match old {
+                    Some(v) => self.upsert(w, k, v).map(|_| ()),
+                    None => self.remove(w, k).map(|_| ()),
+                };
+                if let Err(u) = undone {
+                    log::error!("undoing a failed batch: {u} (the batch stays partly applied)");
+                    break;
+                }
+            }
+            w.commit()?;
+            return Err(e);
+        }
+        w.commit()?;
+        Ok(())
     }
 
     /// Number of entries (a full scan).

@@ -44,7 +44,7 @@ fn high_water(c: &Cluster) -> u64 {
 fn fill_from_both(t: &BTree, w0: &Worker, w1: &Worker, n: u64) {
     for k in 0..n {
         let w = if k % 2 == 0 { w0 } else { w1 };
-        assert!(t.insert(w, &u64_key(k), &value(k)).unwrap());
+        assert!(t.insert(w, u64_key(k), value(k)).unwrap().inserted());
     }
 }
 
@@ -59,7 +59,7 @@ fn removes_on_a_cluster_node_merge_and_recycle_pages_without_leaking() {
     let (full, _) = assert_no_leak(&c, &t, &w0, &[&w0, &w1]);
     // node 1 removes all but every 20th key: leaves merge, node 1 recycles their pages
     for k in (0..n).filter(|k| k % 20 != 0) {
-        assert!(t.remove(&w1, &u64_key(k)).unwrap());
+        assert!(t.remove(&w1, u64_key(k)).unwrap());
     }
     let report = t.verify(&w0).unwrap();
     assert_eq!(report.entries, n / 20);
@@ -70,13 +70,13 @@ fn removes_on_a_cluster_node_merge_and_recycle_pages_without_leaking() {
     assert_eq!(w0.recycled_pages().len(), 0, "node 0 merged nothing");
     assert!(recycled > 0);
     for k in 0..n {
-        let v = t.get(&w0, &u64_key(k)).unwrap();
+        let v = t.get(&w0, u64_key(k)).unwrap();
         assert_eq!(v, (k % 20 == 0).then(|| value(k)), "key {k}");
     }
     // node 1 puts the keys back: its splits take the recycled pages before any new slot
     let before = high_water(&c);
     for k in (0..n).filter(|k| k % 20 != 0) {
-        assert!(t.insert(&w1, &u64_key(k), &value(k)).unwrap());
+        assert!(t.insert(&w1, u64_key(k), value(k)).unwrap().inserted());
     }
     assert_eq!(t.verify(&w1).unwrap().entries, n);
     let (_, left) = assert_no_leak(&c, &t, &w0, &[&w0, &w1]);
@@ -91,7 +91,7 @@ fn removes_on_a_cluster_node_merge_and_recycle_pages_without_leaking() {
         "{grown} new slots taken while {left} of {recycled} recycled pages were at hand"
     );
     for k in 0..n {
-        assert_eq!(t.get(&w0, &u64_key(k)).unwrap(), Some(value(k)), "key {k}");
+        assert_eq!(t.get(&w0, u64_key(k)).unwrap(), Some(value(k)), "key {k}");
     }
     drop((w0, w1));
     c.close().unwrap();
@@ -120,7 +120,10 @@ fn concurrent_removes_merge_across_nodes_with_eviction() {
                     let mut have = vec![false; per as usize];
                     let keys: Vec<u64> = (0..per).collect();
                     for &i in &keys {
-                        assert!(t.insert(&w, &u64_key(base + i), &value(base + i)).unwrap());
+                        assert!(t
+                            .insert(&w, u64_key(base + i), value(base + i))
+                            .unwrap()
+                            .inserted());
                         have[i as usize] = true;
                     }
                     for round in 0..3 {
@@ -130,14 +133,14 @@ fn concurrent_removes_merge_across_nodes_with_eviction() {
                             // mostly removes (leaves empty out and merge), some inserts back
                             let put_back = rng.random_range(0..10) < 2 + round;
                             if put_back && !have[i as usize] {
-                                assert!(t.insert(&w, &u64_key(k), &value(k)).unwrap());
+                                assert!(t.insert(&w, u64_key(k), value(k)).unwrap().inserted());
                                 have[i as usize] = true;
                             } else if !put_back && have[i as usize] {
-                                assert!(t.remove(&w, &u64_key(k)).unwrap(), "key {k}");
+                                assert!(t.remove(&w, u64_key(k)).unwrap(), "key {k}");
                                 have[i as usize] = false;
                             }
                             let j = rng.random_range(0..per);
-                            let got = t.get(&w, &u64_key(base + j)).unwrap();
+                            let got = t.get(&w, u64_key(base + j)).unwrap();
                             assert_eq!(got, have[j as usize].then(|| value(base + j)));
                         }
                         // a scan over this owner's range and into the next one's: sorted
@@ -168,7 +171,7 @@ fn concurrent_removes_merge_across_nodes_with_eviction() {
             let k = o as u64 * per + i as u64;
             let w = if i % 2 == 0 { &w0 } else { &w1 };
             assert_eq!(
-                t.get(w, &u64_key(k)).unwrap(),
+                t.get(w, u64_key(k)).unwrap(),
                 h.then(|| value(k)),
                 "key {k}"
             );
@@ -209,7 +212,7 @@ fn a_clean_close_frees_the_recycled_pages_homed_on_their_node() {
         fill_from_both(&t, &w0, &w1, n);
         for k in (0..n).filter(|k| k % 20 != 0) {
             let w = if k % 3 == 0 { &w0 } else { &w1 };
-            assert!(t.remove(w, &u64_key(k)).unwrap());
+            assert!(t.remove(w, u64_key(k)).unwrap());
         }
         assert_no_leak(&c, &t, &w0, &[&w0, &w1]);
         let (r0, r1) = (w0.recycled_pages(), w1.recycled_pages());
@@ -236,13 +239,13 @@ fn a_clean_close_frees_the_recycled_pages_homed_on_their_node() {
     let back: Vec<u64> = (0..n).filter(|k| k % 20 != 0).take(1_000).collect();
     for &k in &back {
         let w = if k % 2 == 0 { &w0 } else { &w1 };
-        assert!(t.insert(w, &u64_key(k), &value(k)).unwrap());
+        assert!(t.insert(w, u64_key(k), value(k)).unwrap().inserted());
     }
     let grown = high_water(&c) - before;
     assert_eq!(grown, 0, "freed slots are taken before new ones");
     for k in 0..n {
         let want = (k % 20 == 0 || back.contains(&k)).then(|| value(k));
-        assert_eq!(t.get(&w0, &u64_key(k)).unwrap(), want, "key {k}");
+        assert_eq!(t.get(&w0, u64_key(k)).unwrap(), want, "key {k}");
     }
     drop((w0, w1));
     c.close().unwrap();

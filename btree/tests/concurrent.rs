@@ -77,7 +77,7 @@ fn stress(cache: usize, per_thread: u32, ops: usize) -> (u64, u64, u64) {
                         let k = key(t, i);
                         match rng.random_range(0..10) {
                             0..=4 => {
-                                let fresh = tree.insert(&w, &k, &value(t, i)).unwrap();
+                                let fresh = tree.insert(&w, &k, value(t, i)).unwrap().inserted();
                                 assert_eq!(fresh, mine.insert(i), "insert of an owned key");
                                 assert!(
                                     tree.lookup(&w, &k, &mut buf).unwrap(),
@@ -153,7 +153,7 @@ fn stress(cache: usize, per_thread: u32, ops: usize) -> (u64, u64, u64) {
         let total: usize = finals.iter().map(|s| s.len()).sum();
         for (t, set) in finals.iter().enumerate() {
             for i in 0..per_thread {
-                let found = tree.lookup(&w, &key(t as u32, i), &mut buf).unwrap();
+                let found = tree.lookup(&w, key(t as u32, i), &mut buf).unwrap();
                 assert_eq!(found, set.contains(&i), "thread {t} key {i}");
             }
         }
@@ -214,7 +214,10 @@ fn parallel_ascending_loads_leave_full_leaves() {
             s.spawn(move || {
                 let w = e.worker();
                 for k in th * per..(th + 1) * per {
-                    t.insert(&w, &shoal_btree::u64_key(k), &[7u8; 128]).unwrap();
+                    assert!(t
+                        .insert(&w, shoal_btree::u64_key(k), [7u8; 128])
+                        .unwrap()
+                        .inserted());
                 }
             });
         }
@@ -253,7 +256,7 @@ fn drain(cache: usize, per_thread: u32) -> (u64, u64, u64) {
             s.spawn(move || {
                 let w = e.worker();
                 for i in 0..per_thread {
-                    assert!(tree.insert(&w, &key(t, i), &value(t, i)).unwrap());
+                    assert!(tree.insert(&w, key(t, i), value(t, i)).unwrap().inserted());
                 }
             });
         }
@@ -285,7 +288,7 @@ fn drain(cache: usize, per_thread: u32) -> (u64, u64, u64) {
                             0 => {
                                 // one of ours, present or not
                                 let j = rng.random_range(0..per_thread);
-                                let found = tree.lookup(&w, &key(t, j), &mut buf).unwrap();
+                                let found = tree.lookup(&w, key(t, j), &mut buf).unwrap();
                                 assert_eq!(found, mine.contains(&j), "thread {t} key {j}");
                                 if found {
                                     check_value(&key(t, j), &buf);
@@ -315,7 +318,8 @@ fn drain(cache: usize, per_thread: u32) -> (u64, u64, u64) {
                             // put one back now and then: splits among the merges
                             2 if rng.random_bool(0.3) => {
                                 let j = i ^ 1;
-                                let fresh = tree.insert(&w, &key(t, j), &value(t, j)).unwrap();
+                                let fresh =
+                                    tree.insert(&w, key(t, j), value(t, j)).unwrap().inserted();
                                 assert_eq!(fresh, mine.insert(j));
                             }
                             3 => check_scan(tree, &w, &mut rng, &k, 100),
@@ -332,7 +336,7 @@ fn drain(cache: usize, per_thread: u32) -> (u64, u64, u64) {
     let mut buf = Vec::new();
     for (t, set) in finals.iter().enumerate() {
         for i in 0..per_thread {
-            let found = tree.lookup(&w, &key(t as u32, i), &mut buf).unwrap();
+            let found = tree.lookup(&w, key(t as u32, i), &mut buf).unwrap();
             assert_eq!(found, set.contains(&i), "thread {t} key {i}");
         }
     }

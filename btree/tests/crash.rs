@@ -60,12 +60,12 @@ fn child(dir: &Path, seed: u64) {
     for (k, v) in Ops::new(seed) {
         match v {
             None => {
-                t.remove(&w, &u64_key(k)).expect("remove");
+                t.remove(&w, u64_key(k)).expect("remove");
                 w.commit().expect("commit");
                 writeln!(out, "del {k}").unwrap();
             }
             Some(v) => {
-                t.upsert(&w, &u64_key(k), &value(k, v)).expect("upsert");
+                t.upsert(&w, u64_key(k), value(k, v)).expect("upsert");
                 w.commit().expect("commit");
                 writeln!(out, "put {k} {v}").unwrap();
             }
@@ -159,7 +159,7 @@ fn kill_9_at_random_moments_loses_no_acknowledged_write() {
         });
         let mut buf = Vec::new();
         for k in 0..KEYS {
-            let found = t.lookup(&w, &u64_key(k), &mut buf).unwrap();
+            let found = t.lookup(&w, u64_key(k), &mut buf).unwrap();
             let want = acked.get(&k).copied().flatten();
             let got = found.then(|| u64::from_le_bytes(buf[..8].try_into().unwrap()));
             if let Some((fk, fv)) = in_flight {

@@ -32,7 +32,7 @@ fn config(dir: &Path, roll_back: RollBack) -> EngineConfig {
 
 fn add(t: &BTree, w: &shoal_engine::Worker, k: u64, delta: i64) {
     assert!(t
-        .update(w, &u64_key(k), |v| {
+        .update(w, u64_key(k), |v| {
             let b = u64::from_le_bytes(v[..8].try_into().unwrap());
             v[..8].copy_from_slice(&b.wrapping_add_signed(delta).to_le_bytes());
         })
@@ -47,7 +47,10 @@ fn transfer(dir: &Path) {
     let a = BTree::create(&w, "accounts").unwrap();
     let t = BTree::create(&w, "transfers").unwrap();
     for k in 0..ACCOUNTS {
-        a.insert(&w, &u64_key(k), &START.to_le_bytes()).unwrap();
+        assert!(a
+            .insert(&w, u64_key(k), START.to_le_bytes())
+            .unwrap()
+            .inserted());
     }
     w.commit().unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
@@ -67,7 +70,10 @@ fn transfer(dir: &Path) {
             let mut rec = from.to_le_bytes().to_vec();
             rec.extend_from_slice(&to.to_le_bytes());
             rec.extend_from_slice(&x.to_le_bytes());
-            assert!(t.insert(&w, &u64_key(id * 100 + j), &rec).unwrap());
+            assert!(t
+                .insert(&w, u64_key(id * 100 + j), &rec)
+                .unwrap()
+                .inserted());
         }
         w.commit().unwrap();
     }
@@ -172,7 +178,7 @@ fn a_crash_during_the_roll_back_rolls_back_again() {
         })
         .unwrap();
         for k in 0..ACCOUNTS {
-            let v = a.get(&w, &u64_key(k)).unwrap().unwrap();
+            let v = a.get(&w, u64_key(k)).unwrap().unwrap();
             assert_eq!(
                 u64::from_le_bytes(v[..8].try_into().unwrap()) as i64,
                 want[k as usize],

@@ -34,13 +34,13 @@ fn config(dir: &Path) -> EngineConfig {
 }
 
 fn get(t: &BTree, w: &shoal_engine::Worker, k: u64) -> u64 {
-    let v = t.get(w, &u64_key(k)).expect("lookup").expect("account");
+    let v = t.get(w, u64_key(k)).expect("lookup").expect("account");
     u64::from_le_bytes(v[..8].try_into().unwrap())
 }
 
 fn add(t: &BTree, w: &shoal_engine::Worker, k: u64, delta: i64) {
     let found = t
-        .update(w, &u64_key(k), |v| {
+        .update(w, u64_key(k), |v| {
             let b = u64::from_le_bytes(v[..8].try_into().unwrap());
             v[..8].copy_from_slice(&b.wrapping_add_signed(delta).to_le_bytes());
         })
@@ -58,7 +58,10 @@ fn child(dir: &Path, seed: u64) {
             let a = BTree::create(&w, "accounts").expect("accounts");
             let t = BTree::create(&w, "transfers").expect("transfers");
             for k in 0..ACCOUNTS {
-                a.insert(&w, &u64_key(k), &START.to_le_bytes()).unwrap();
+                assert!(a
+                    .insert(&w, u64_key(k), START.to_le_bytes())
+                    .unwrap()
+                    .inserted());
             }
             w.commit().expect("commit the set-up");
             (a, t)
@@ -86,13 +89,16 @@ fn child(dir: &Path, seed: u64) {
         let mut rec = from.to_le_bytes().to_vec();
         rec.extend_from_slice(&to.to_le_bytes());
         rec.extend_from_slice(&x.to_le_bytes());
-        assert!(transfers.insert(&w, &u64_key(next), &rec).unwrap());
+        assert!(transfers
+            .insert(&w, u64_key(next), &rec)
+            .unwrap()
+            .inserted());
         add(&accounts, &w, to, x);
         if rng.random_range(0..10) == 0 {
             // undone by its owner, as a failed transaction is
             w.rolling_back();
             add(&accounts, &w, to, -x);
-            assert!(transfers.remove(&w, &u64_key(next)).unwrap());
+            assert!(transfers.remove(&w, u64_key(next)).unwrap());
             add(&accounts, &w, from, x);
             let _ended = w.commit_later().unwrap();
             continue;

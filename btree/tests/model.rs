@@ -18,6 +18,19 @@ enum Op {
     ScanDesc(Vec<u8>, usize),
     /// Remove up to n present keys from this key on (empties ranges: merges nodes).
     Drain(Vec<u8>, usize),
+    /// `range(lo..hi)` (bounds: 0 unbounded, 1 included, 2 excluded), taking from the front
+    /// (false) or back (true) in this pattern, then the rest from the front.
+    Range(Vec<u8>, u8, Vec<u8>, u8, Vec<bool>),
+    /// A batch of puts (Some) and removes (None), applied with `apply`.
+    Batch(Vec<(Vec<u8>, Option<Vec<u8>>)>),
+}
+
+fn bound(k: &[u8], kind: u8) -> std::ops::Bound<Vec<u8>> {
+    match kind {
+        0 => std::ops::Bound::Unbounded,
+        1 => std::ops::Bound::Included(k.to_vec()),
+        _ => std::ops::Bound::Excluded(k.to_vec()),
+    }
 }
 
 fn key() -> impl Strategy<Value = Vec<u8>> {
@@ -44,6 +57,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (key(), 0..40usize).prop_map(|(k, n)| Op::ScanAsc(k, n)),
         1 => (key(), 0..40usize).prop_map(|(k, n)| Op::ScanDesc(k, n)),
         1 => (key(), 0..200usize).prop_map(|(k, n)| Op::Drain(k, n)),
+        1 => (key(), 0..3u8, key(), 0..3u8, prop::collection::vec(any::<bool>(), 0..150))
+            .prop_map(|(a, x, b, y, takes)| Op::Range(a, x, b, y, takes)),
+        1 => prop::collection::vec((key(), prop::option::of(value())), 0..20).prop_map(Op::Batch),
     ]
 }
 
@@ -62,7 +78,7 @@ proptest! {
                 Op::Insert(k, v) => {
                     let expect = !m.contains_key(k);
                     if expect { m.insert(k.clone(), v.clone()); }
-                    prop_assert_eq!(t.insert(&w, k, v).unwrap(), expect);
+                    prop_assert_eq!(t.insert(&w, k, v).unwrap().inserted(), expect);
                 }
                 Op::Upsert(k, v) => {
                     let expect = if m.insert(k.clone(), v.clone()).is_some() { Put::Replaced } else { Put::Inserted };
@@ -93,6 +109,38 @@ proptest! {
                     let want: Vec<_> = m.range(..=k.clone()).rev().take((*n).max(1)).map(|(k, v)| (k.clone(), v.clone())).collect();
                     prop_assert_eq!(got, want);
                 }
+                Op::Range(a, x, b, y, takes) => {
+                    let (lo, hi) = (bound(a, *x), bound(b, *y));
+                    // BTreeMap::range panics on inverted bounds: the tree's range is empty then
+                    let inverted = match (&lo, &hi) {
+                        (std::ops::Bound::Included(a), std::ops::Bound::Included(b)) => a > b,
+                        (std::ops::Bound::Unbounded, _) | (_, std::ops::Bound::Unbounded) => false,
+                        (std::ops::Bound::Included(a) | std::ops::Bound::Excluded(a), std::ops::Bound::Included(b) | std::ops::Bound::Excluded(b)) => a >= b,
+                    };
+                    let mut want: std::collections::VecDeque<(Vec<u8>, Vec<u8>)> = if inverted {
+                        Default::default()
+                    } else {
+                        m.range((lo.clone(), hi.clone())).map(|(k, v)| (k.clone(), v.clone())).collect()
+                    };
+                    let mut it = t.range(&w, (lo, hi));
+                    for &back in takes {
+                        let got = if back { it.next_back() } else { it.next() };
+                        let expect = if back { want.pop_back() } else { want.pop_front() };
+                        prop_assert_eq!(got.map(Result::unwrap), expect);
+                    }
+                    let rest: Vec<_> = it.map(Result::unwrap).collect();
+                    prop_assert_eq!(rest, want.into_iter().collect::<Vec<_>>());
+                }
+                Op::Batch(ops) => {
+                    let mut b = shoal_btree::Batch::new();
+                    for (k, v) in ops {
+                        match v {
+                            Some(v) => { b.put(k, v); m.insert(k.clone(), v.clone()); }
+                            None => { b.remove(k); m.remove(k); }
+                        }
+                    }
+                    t.apply(&w, &b).unwrap();
+                }
                 Op::Drain(k, n) => {
                     let gone: Vec<Vec<u8>> = m.range(k.clone()..).take(*n).map(|(k, _)| k.clone()).collect();
                     for k in &gone {
@@ -117,20 +165,21 @@ fn oversized_keys_and_values_are_refused_cleanly() {
     let e = Engine::open(EngineConfig::new(dir.path(), 4 << 20)).unwrap();
     let w = e.worker();
     let t = BTree::create(&w, "t").unwrap();
-    let err = t.insert(&w, &[1u8; 300], b"v").unwrap_err();
+    let err = t.insert(&w, [1u8; 300], b"v").unwrap_err();
     assert!(
         err.to_string().contains("key of 300 bytes is too large"),
         "{err}"
     );
-    let err = t.upsert(&w, b"k", &[0u8; 2000]).unwrap_err();
+    let err = t.upsert(&w, b"k", [0u8; 2000]).unwrap_err();
     assert!(err.to_string().contains("too large"), "{err}");
     // the tree is untouched and still works with the largest allowed sizes
     assert_eq!(t.count(&w).unwrap(), 0);
     for i in 0..50u32 {
         let k = [&i.to_be_bytes()[..], &[7u8; 252]].concat();
         assert!(t
-            .insert(&w, &k, &vec![i as u8; shoal_btree::MAX_RECORD - 256])
-            .unwrap());
+            .insert(&w, &k, vec![i as u8; shoal_btree::MAX_RECORD - 256])
+            .unwrap()
+            .inserted());
     }
     assert_eq!(t.verify(&w).unwrap().entries, 50);
     assert!(matches!(
@@ -152,14 +201,14 @@ fn model_sized_runs_split_and_evict() {
     let w = e.worker();
     let t = BTree::create(&w, "t").unwrap();
     for i in 0..1500u32 {
-        t.upsert(&w, &i.to_be_bytes(), &[i as u8; 299]).unwrap();
+        t.upsert(&w, i.to_be_bytes(), [i as u8; 299]).unwrap();
     }
     let r = t.verify(&w).unwrap();
     let (n, height) = (r.entries, r.height);
     assert_eq!(n, 1500);
     assert!(height >= 2, "height {height}");
     for i in 0..20_000u32 {
-        t.upsert(&w, &(i + 10_000).to_be_bytes(), &[1u8; 200])
+        t.upsert(&w, (i + 10_000).to_be_bytes(), [1u8; 200])
             .unwrap();
     }
     assert!(
@@ -184,8 +233,9 @@ fn removes_merge_nodes_and_free_their_pages() {
     let order: Vec<u64> = (0..n).map(|i| (i * 7_919) % n).collect();
     for &k in &order {
         assert!(t
-            .insert(&w, &shoal_btree::u64_key(k), &[k as u8; 100])
-            .unwrap());
+            .insert(&w, shoal_btree::u64_key(k), [k as u8; 100])
+            .unwrap()
+            .inserted());
     }
     let height = t.verify(&w).unwrap().height;
     assert!(height >= 3, "height {height}");
@@ -193,7 +243,7 @@ fn removes_merge_nodes_and_free_their_pages() {
     // keep every 50th key
     for &k in &order {
         if k % 50 != 0 {
-            assert!(t.remove(&w, &shoal_btree::u64_key(k)).unwrap());
+            assert!(t.remove(&w, shoal_btree::u64_key(k)).unwrap());
         }
     }
     let thin = t.verify(&w).unwrap();
@@ -225,11 +275,11 @@ fn removes_merge_nodes_and_free_their_pages() {
     assert_eq!(e.store().slots_in_use(), thinned);
     assert_eq!(t.verify(&w).unwrap(), thin);
     for k in 0..n {
-        let v = t.get(&w, &shoal_btree::u64_key(k)).unwrap();
+        let v = t.get(&w, shoal_btree::u64_key(k)).unwrap();
         assert_eq!(v, (k % 50 == 0).then(|| vec![k as u8; 100]), "key {k}");
     }
     for k in (0..n).step_by(50) {
-        assert!(t.remove(&w, &shoal_btree::u64_key(k)).unwrap());
+        assert!(t.remove(&w, shoal_btree::u64_key(k)).unwrap());
     }
     let empty = t.verify(&w).unwrap();
     assert_eq!(
@@ -245,7 +295,91 @@ fn removes_merge_nodes_and_free_their_pages() {
     );
     // and it grows again
     for k in 0..5_000u64 {
-        assert!(t.insert(&w, &shoal_btree::u64_key(k), b"again").unwrap());
+        assert!(t
+            .insert(&w, shoal_btree::u64_key(k), b"again")
+            .unwrap()
+            .inserted());
     }
     assert_eq!(t.verify(&w).unwrap().entries, 5_000);
+}
+
+/// Issue 28: a write to a tree from inside its own scan callback is an error, not a hang; a
+/// write to another tree there works; and a `range` loop may write to the tree it iterates
+/// (no latch is held between items): every key present at the start is visited once.
+#[test]
+fn writes_during_iteration_work_or_fail_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(EngineConfig::new(dir.path(), 4 << 20)).unwrap();
+    let w = e.worker();
+    let t = BTree::create(&w, "t").unwrap();
+    let other = BTree::create(&w, "other").unwrap();
+    for k in 0..1000u64 {
+        t.upsert(&w, shoal_btree::u64_key(k), k.to_le_bytes())
+            .unwrap();
+    }
+    let mut errors = 0;
+    t.scan(&w, &[], Direction::Ascending, |k, v| {
+        match t.upsert(&w, k, b"changed") {
+            Err(shoal_btree::TreeError::WriteInScan) => errors += 1,
+            r => panic!("a write inside its own scan: {r:?}"),
+        }
+        other.upsert(&w, k, v).unwrap(); // another tree: fine
+        errors < 5
+    })
+    .unwrap();
+    assert_eq!(errors, 5);
+    assert_eq!(other.count(&w).unwrap(), 5);
+    // after the scan, writes work again
+    t.upsert(&w, b"after", b"x").unwrap();
+    assert!(t.remove(&w, b"after").unwrap());
+
+    // range loop: double every value and insert a new key behind each visited one (the loop
+    // may or may not meet those: not a snapshot; the keys there at the start come once each,
+    // in order)
+    let mut seen = 0u64;
+    for entry in t.range(&w, shoal_btree::u64_key(0)..shoal_btree::u64_key(1000)) {
+        let (k, v) = entry.unwrap();
+        if v == b"new" {
+            continue;
+        }
+        let n = u64::from_le_bytes(v[..8].try_into().unwrap());
+        assert_eq!(n, seen, "in order, none skipped");
+        assert_eq!(
+            shoal_btree::u64_key(n).as_slice(),
+            k.as_slice(),
+            "each key once, in order"
+        );
+        t.upsert(&w, &k, (n * 2).to_le_bytes()).unwrap();
+        let mut behind = k.clone();
+        behind.push(0);
+        assert!(t.insert(&w, &behind, b"new").unwrap().inserted());
+        seen += 1;
+    }
+    assert_eq!(seen, 1000);
+    assert_eq!(t.count(&w).unwrap(), 2000);
+    // keys of several types
+    t.upsert(&w, "text key", String::from("text value"))
+        .unwrap();
+    assert_eq!(
+        t.get(&w, String::from("text key")).unwrap().unwrap(),
+        b"text value"
+    );
+    assert!(t.iter(&w).next_back().unwrap().unwrap().0 > shoal_btree::u64_key(999).to_vec());
+}
+
+/// Issue 28: a batch is size-checked before anything is written.
+#[test]
+fn a_batch_with_an_oversized_record_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(EngineConfig::new(dir.path(), 4 << 20)).unwrap();
+    let w = e.worker();
+    let t = BTree::create(&w, "t").unwrap();
+    let mut b = shoal_btree::Batch::new();
+    b.put(b"a", b"1").put(b"b", b"2").remove(b"c");
+    b.put(b"huge", vec![0u8; shoal_btree::MAX_RECORD + 1]);
+    assert!(matches!(
+        t.apply(&w, &b),
+        Err(shoal_btree::TreeError::RecordTooLarge { .. })
+    ));
+    assert_eq!(t.count(&w).unwrap(), 0);
 }

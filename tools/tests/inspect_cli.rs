@@ -17,11 +17,13 @@ fn make_store(dir: &Path) {
     let w = e.worker();
     let t = BTree::create(&w, "big").unwrap();
     for k in 0..RECORDS {
-        t.insert(&w, &u64_key(k * 7_919 % RECORDS), &[k as u8; 100])
-            .unwrap();
+        assert!(t
+            .insert(&w, u64_key(k * 7_919 % RECORDS), [k as u8; 100])
+            .unwrap()
+            .inserted());
     }
     let s = BTree::create(&w, "small").unwrap();
-    s.insert(&w, b"only", b"one").unwrap();
+    assert!(s.insert(&w, b"only", b"one").unwrap().inserted());
     drop(w);
     e.close().unwrap();
 }

@@ -30,7 +30,7 @@ fn each(
 pub fn warehouse(w: &Worker, t: &Tables, wid: u16) -> Result<Vec<String>, TreeError> {
     let mut bad = Vec::new();
     let t_w = t.at(wid);
-    let Some(wrow) = t_w.warehouse.get(w, &warehouse_key(wid))? else {
+    let Some(wrow) = t_w.warehouse.get(w, warehouse_key(wid))? else {
         bad.push(format!("warehouse {wid} does not exist"));
         return Ok(bad);
     };
@@ -44,7 +44,7 @@ pub fn warehouse(w: &Worker, t: &Tables, wid: u16) -> Result<Vec<String>, TreeEr
     let w_ytd = get_i64(&wrow, warehouse::YTD);
     let mut d_ytd = 0i64;
     for d in 1..=DISTRICTS {
-        let Some(drow) = t_w.district.get(w, &district_key(wid, d))? else {
+        let Some(drow) = t_w.district.get(w, district_key(wid, d))? else {
             bad.push(format!("district {wid}/{d} does not exist"));
             continue;
         };
@@ -144,20 +144,16 @@ mod tests {
         // 1: a district's YTD changes alone
         t.at(1)
             .district
-            .update(&w, &district_key(1, 3), |r| {
+            .update(&w, district_key(1, 3), |r| {
                 set_i64(r, district::YTD, get_i64(r, district::YTD) + 1)
             })
             .unwrap();
         // 3: a new order in the middle of district 4's range disappears
-        assert!(t
-            .at(1)
-            .new_order
-            .remove(&w, &order_key(1, 4, 2500))
-            .unwrap());
+        assert!(t.at(1).new_order.remove(&w, order_key(1, 4, 2500)).unwrap());
         // 2: district 5's next order id runs ahead of its orders
         t.at(1)
             .district
-            .update(&w, &district_key(1, 5), |r| {
+            .update(&w, district_key(1, 5), |r| {
                 set_u32(r, district::NEXT_O_ID, get_u32(r, district::NEXT_O_ID) + 1)
             })
             .unwrap();
@@ -165,7 +161,7 @@ mod tests {
         assert!(t
             .at(1)
             .order_line
-            .remove(&w, &order_line_key(1, 6, 7, 1))
+            .remove(&w, order_line_key(1, 6, 7, 1))
             .unwrap());
         let bad = warehouse(&w, &t, 1).unwrap();
         let has = |s: &str| bad.iter().any(|b| b.starts_with(s));
@@ -177,7 +173,7 @@ mod tests {
         // a row of the wrong size is reported, not read out of bounds
         t.at(1)
             .warehouse
-            .upsert(&w, &warehouse_key(1), b"odd")
+            .upsert(&w, warehouse_key(1), b"odd")
             .unwrap();
         let bad = warehouse(&w, &t, 1).unwrap();
         assert_eq!(bad.len(), 1, "{bad:?}");

@@ -28,7 +28,7 @@ pub const ROWS_PER_WAREHOUSE: u64 = 1
             + (ORDERS - FIRST_NEW_ORDER + 1) as u64);
 
 fn insert(t: &shoal_btree::BTree, w: &Worker, k: &[u8], v: &[u8]) -> Result<(), TreeError> {
-    if !t.insert(w, k, v)? {
+    if !t.insert(w, k, v)?.inserted() {
         return Err(TreeError::Engine(shoal_engine::EngineError::Catalog(
             format!("population: key {k:?} inserted twice (is the database loaded already?)"),
         )));

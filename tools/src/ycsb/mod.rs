@@ -555,7 +555,7 @@ fn load(nodes: &Nodes, tree: &BTree, a: &Args) -> anyhow::Result<f64> {
                     lo + (hi - lo) * t / workers,
                     lo + (hi - lo) * (t + 1) / workers,
                 );
-                hs.push(s.spawn(move || -> Result<(), TreeError> {
+                hs.push(s.spawn(move || -> anyhow::Result<()> {
                     let w = e.worker();
                     let mut v = vec![0u8; a.value_size];
                     let mut n = 0;
@@ -564,7 +564,9 @@ fn load(nodes: &Nodes, tree: &BTree, a: &Args) -> anyhow::Result<f64> {
                             break;
                         }
                         value::fill(&mut v, k, 0);
-                        tree.insert(&w, &u64_key(k), &v)?;
+                        if !tree.insert(&w, u64_key(k), &v)?.inserted() {
+                            anyhow::bail!("loading record {k}: the key exists already");
+                        }
                         n += 1;
                         if n % 1024 == 0 {
                             done.fetch_add(1024, Ordering::Relaxed);
@@ -755,7 +757,7 @@ fn worker_loop(
         match op {
             Op::Read => {
                 let k = keys.live(&mut chooser, live, &mut rng);
-                if tree.lookup(&w, &u64_key(k), &mut buf)? {
+                if tree.lookup(&w, u64_key(k), &mut buf)? {
                     if !value::check(&buf, k, vs) {
                         note(&mut res, format!("read of key {k} returned a bad value"));
                     }
@@ -770,7 +772,7 @@ fn worker_loop(
                 let salt: u32 = rng.random();
                 let mut bad = false;
                 let rmw = op == Op::ReadModifyWrite;
-                let found = tree.update(&w, &u64_key(k), |v| {
+                let found = tree.update(&w, u64_key(k), |v| {
                     // updates check what they overwrite, too
                     bad = !value::check(v, k, vs);
                     let s = if rmw {
@@ -790,7 +792,7 @@ fn worker_loop(
             Op::Insert => {
                 let k = keys.inserted(inserted.fetch_add(1, Ordering::Relaxed));
                 value::fill(&mut val, k, 0);
-                if !tree.insert(&w, &u64_key(k), &val)? {
+                if !tree.insert(&w, u64_key(k), &val)?.inserted() {
                     note(&mut res, format!("insert of new key {k}: already present"));
                 }
                 ack = true;
