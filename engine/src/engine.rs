@@ -451,6 +451,22 @@ impl Engine {
         }
     }
 
+    /// Make every change so far durable without closing. With a write-ahead log (durability
+    /// `commit` or `flush-every-ms`): the log is flushed up to its tail, so everything logged
+    /// before the call survives a crash (a transaction still running is rolled back by
+    /// recovery, as always), then a checkpoint writes the dirty pages back, so recovery
+    /// replays less. Without a log (durability `none`): every page dirty now is written back
+    /// and the devices are synced; that is no crash safety (a crash afterwards still needs
+    /// `allow_unclean`, and write-backs made after the flush can leave the trees damaged:
+    /// docs/durability.md), only fewer dirty pages. Waits until done; call it with no guard
+    /// held.
+    pub fn flush(&self) -> Result<(), EngineError> {
+        if let Some(w) = self.node.buf.store.wal() {
+            w.flush_to(w.tail())?;
+        }
+        self.node.buf.flush()
+    }
+
     /// Clean shutdown: stop the provider, write every dirty page, persist the allocator, mark
     /// the store clean and release the data directory's lock (the store may be opened again,
     /// in this process too). Workers must have dropped their guards; every page access

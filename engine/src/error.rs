@@ -68,6 +68,8 @@ pub enum EngineError {
     },
     #[error("the engine is shut down")]
     Shutdown,
+    #[error("flush failed: {0}")]
+    FlushFailed(String),
 }
 
 impl From<StoreError> for EngineError {

@@ -115,6 +115,10 @@ pub(crate) fn run(node: Arc<Node>) {
         failing_pause: Duration::ZERO,
     };
     while !buf.is_shutdown() {
+        if let Some(ticket) = buf.flushes.pending() {
+            let r = p.flush(&node).map_err(|e| e.to_string());
+            buf.flushes.served(ticket, r);
+        }
         if let Some(w) = buf.store.wal() {
             if w.used_bytes() > w.capacity_bytes() / 2 {
                 if let Err(e) = p.checkpoint(&node) {
@@ -161,19 +165,57 @@ struct Provider {
 
 impl Provider {
     /// A checkpoint (docs/durability.md): begin it in the log, write back every page dirty
-    /// at its start (the write-ahead rule applies), sync, record it. Frames latched by a
-    /// worker are come back to, with eviction rounds between, so that a worker that waits for
-    /// a free frame while holding a latch is not waited for in turn.
+    /// at its start (`write_back_dirty`), sync, record it.
     fn checkpoint(&mut self, node: &Node) -> Result<(), EngineError> {
         let buf = &node.buf;
         let Some(c) = buf.store.begin_checkpoint()? else {
             return Ok(());
         };
         let t0 = Instant::now();
+        let written = self.write_back_dirty(node)?;
+        buf.store.finish_checkpoint(c, node.oldest_transaction())?;
+        log::debug!(
+            "node {}: checkpoint at LSN {c}: {written} pages written in {:.2} s",
+            node.id(),
+            t0.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+
+    /// `Engine::flush`: with a log, a checkpoint; without, every page dirty now written back
+    /// and the devices synced.
+    fn flush(&mut self, node: &Node) -> Result<(), EngineError> {
+        let buf = &node.buf;
+        if buf.store.wal().is_some() {
+            return self.checkpoint(node);
+        }
+        let t0 = Instant::now();
+        let written = self.write_back_dirty(node)?;
+        buf.store.sync()?;
+        log::debug!(
+            "node {}: flush: {written} pages written in {:.2} s",
+            node.id(),
+            t0.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+
+    /// Write back every page dirty now that is homed here (the write-ahead rule applies; a
+    /// cluster node's copies of other homes' pages go home through the protocol, not into this
+    /// store). Frames latched by a worker are come back to, with eviction rounds between, so
+    /// that a worker that waits for a free frame while holding a latch is not waited for in
+    /// turn. Returns the pages written (stops early, successfully, when the buffer shuts
+    /// down: close writes the rest).
+    fn write_back_dirty(&mut self, node: &Node) -> Result<usize, EngineError> {
+        let buf = &node.buf;
+        let here = node.id();
         let mut todo: Vec<FrameIdx> = buf
             .pool
             .indexes()
-            .filter(|&i| buf.pool.frame(i).is_dirty())
+            .filter(|&i| {
+                let f = buf.pool.frame(i);
+                f.is_dirty() && f.pid().node() == here
+            })
             .collect();
         // in slot order: the write-backs of a batch of neighbouring slots go out as a few
         // `pwritev` runs (`PageStore::write_batch`; docs/BENCHMARKS.md "Durability")
@@ -193,7 +235,7 @@ impl Provider {
                         continue;
                     };
                     let f = s.frame();
-                    if f.is_resident() && f.is_dirty() {
+                    if f.is_resident() && f.is_dirty() && f.pid().node() == here {
                         self.bufs[pending.len()].copy_from_slice(s.bytes());
                         f.set_dirty(false);
                         upto = upto.max(f.lsn());
@@ -218,7 +260,7 @@ impl Provider {
             todo = later;
             if !todo.is_empty() {
                 if buf.is_shutdown() {
-                    return Ok(()); // close writes everything and checkpoints itself
+                    return Ok(written); // close writes everything and checkpoints itself
                 }
                 if buf.free.len() < buf.free_target {
                     self.round(node);
@@ -227,13 +269,7 @@ impl Provider {
                 std::thread::sleep(Duration::from_micros(100));
             }
         }
-        buf.store.finish_checkpoint(c, node.oldest_transaction())?;
-        log::debug!(
-            "node {}: checkpoint at LSN {c}: {written} pages written in {:.2} s",
-            node.id(),
-            t0.elapsed().as_secs_f64()
-        );
-        Ok(())
+        Ok(written)
     }
 
     fn round(&mut self, node: &Node) -> usize {

@@ -59,7 +59,52 @@ pub(crate) struct Buffer {
     frames_mx: Mutex<()>,
     /// Last error the provider hit (reported by faults that starve).
     pub provider_error: Mutex<Option<String>>,
+    /// Flushes asked for by `Engine::flush`, served by the provider.
+    pub flushes: Flushes,
     pub counters: EngineCounters,
+}
+
+/// Flushes asked for ([`crate::Engine::flush`]) and served (by the provider thread, the only
+/// thread that writes pages back while the engine runs): tickets in order, one condition
+/// variable for the askers.
+#[derive(Default)]
+pub struct Flushes {
+    state: Mutex<FlushState>,
+    served: Condvar,
+}
+
+#[derive(Default)]
+struct FlushState {
+    asked: u64,
+    served: u64,
+    /// The ticket of the last failed flush and why.
+    failed: Option<(u64, String)>,
+}
+
+impl Flushes {
+    /// Ask for a flush; returns its ticket.
+    fn ask(&self) -> u64 {
+        let mut s = self.state.lock();
+        s.asked += 1;
+        s.asked
+    }
+
+    /// The newest ticket not served yet.
+    pub fn pending(&self) -> Option<u64> {
+        let s = self.state.lock();
+        (s.asked > s.served).then_some(s.asked)
+    }
+
+    /// Every ticket up to `upto` is served, with `result`.
+    pub fn served(&self, upto: u64, result: Result<(), String>) {
+        let mut s = self.state.lock();
+        debug_assert!(upto >= s.served, "tickets are served in order");
+        s.served = s.served.max(upto);
+        if let Err(why) = result {
+            s.failed = Some((upto, why));
+        }
+        self.served.notify_all();
+    }
 }
 
 impl Buffer {
@@ -91,6 +136,7 @@ impl Buffer {
             frames_freed: Condvar::new(),
             frames_mx: Mutex::new(()),
             provider_error: Mutex::new(None),
+            flushes: Flushes::default(),
             counters: EngineCounters::default(),
         })
     }
@@ -122,8 +168,39 @@ impl Buffer {
     /// buffer shuts down; returns at once while fewer than `free_target` frames are free.
     pub fn wait_for_demand(&self, timeout: Duration) {
         let mut g = self.provider_mx.lock();
-        if !self.is_shutdown() && self.free.len() >= self.free_target {
+        // (a flush asked for is noticed here or wakes the wait: `flush` notifies under the
+        // same mutex after asking)
+        if !self.is_shutdown()
+            && self.free.len() >= self.free_target
+            && self.flushes.pending().is_none()
+        {
             self.provider_wake.wait_for(&mut g, timeout);
+        }
+    }
+
+    /// Ask the provider to write back every page dirty now and wait until it has (see
+    /// [`crate::Engine::flush`]). Fails if the flush failed or the buffer shut down first.
+    pub fn flush(&self) -> Result<(), EngineError> {
+        if self.is_shutdown() {
+            return Err(EngineError::Shutdown);
+        }
+        let ticket = self.flushes.ask();
+        {
+            let _g = self.provider_mx.lock();
+            self.provider_wake.notify_all();
+        }
+        let mut s = self.flushes.state.lock();
+        while s.served < ticket {
+            if self.is_shutdown() {
+                return Err(EngineError::Shutdown);
+            }
+            self.flushes
+                .served
+                .wait_for(&mut s, Duration::from_millis(100));
+        }
+        match &s.failed {
+            Some((t, why)) if *t >= ticket => Err(EngineError::FlushFailed(why.clone())),
+            _ => Ok(()),
         }
     }
 
