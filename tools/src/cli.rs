@@ -278,13 +278,60 @@ pub fn data_dir(
     }
 }
 
+/// A run that started and then failed (a device filled up, a node died, a check failed): exit
+/// status 1. Any other error (a bad flag or file, a data directory that cannot be used, a
+/// store that does not open) means the command could not start as asked: exit status 2.
+#[derive(Debug)]
+pub struct RunFailed(anyhow::Error);
+
+impl std::fmt::Display for RunFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#}", self.0)
+    }
+}
+
+impl std::error::Error for RunFailed {}
+
+/// An error found inside a run that still means "could not start as asked" (exit status 2),
+/// such as a data directory that already holds a table.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+/// Classify an error of a driver's run: [`RunFailed`] unless it is a [`Usage`] error.
+pub fn during_run(e: anyhow::Error) -> anyhow::Error {
+    if e.is::<Usage>() || e.is::<RunFailed>() {
+        e
+    } else {
+        anyhow::Error::new(RunFailed(e))
+    }
+}
+
+/// The exit status for an error a command returned (see [`RunFailed`]).
+pub fn exit_status(e: &anyhow::Error) -> u8 {
+    if e.is::<RunFailed>() {
+        1
+    } else {
+        2
+    }
+}
+
 /// The run's result after its store was closed: the run's own error comes first (a close
 /// that fails after a failed run is usually its consequence: it is named after it).
 pub fn first_error<T>(run: anyhow::Result<T>, closed: anyhow::Result<()>) -> anyhow::Result<T> {
     match (run, closed) {
-        (Err(e), Err(c)) => Err(anyhow::anyhow!(
-            "{e}\n(closing the store afterwards failed too: {c})"
-        )),
+        (Err(e), Err(c)) => {
+            let failed = e.is::<RunFailed>();
+            let both = anyhow::anyhow!("{e}\n(closing the store afterwards failed too: {c})");
+            Err(if failed { during_run(both) } else { both })
+        }
         (Ok(_), Err(c)) => Err(c),
         (r, Ok(())) => r,
     }
@@ -399,11 +446,11 @@ pub fn run_as_member<T>(
         cluster: file.nodes.len(),
         member: true,
     };
-    let r = drive(&nodes);
+    let r = drive(&nodes).map_err(during_run);
     if r.is_ok() {
         engine
             .leave(BARRIER_LIMIT)
-            .map_err(|e| anyhow::anyhow!("leaving the cluster: {e}"))?;
+            .map_err(|e| during_run(anyhow::anyhow!("leaving the cluster: {e}")))?;
     } else if let Err(e) = engine.close() {
         eprintln!("closing node {id}: {e}");
     }
@@ -444,8 +491,11 @@ pub fn drive_cluster<T>(
             engines,
             member: false,
         })
+        .map_err(during_run)
     }));
-    let closed = cluster.close().map_err(anyhow::Error::from);
+    let closed = cluster
+        .close()
+        .map_err(|e| during_run(anyhow::Error::from(e)));
     match r {
         Ok(r) => first_error(r, closed),
         Err(panic) => {

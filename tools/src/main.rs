@@ -93,7 +93,8 @@ fn main() -> ExitCode {
                 // stopped by a signal on the way (the error says where); stores were closed
                 ExitCode::from(stop::STOPPED_EXIT)
             } else {
-                ExitCode::from(2)
+                // 1: the run started and failed; 2: it could not start as asked
+                ExitCode::from(cli::exit_status(&e))
             }
         }
     }

@@ -222,7 +222,7 @@ fn full_device_stops_the_load_cleanly(by_writing: bool) {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
         err.contains("loading failed") && err.contains("is full") && err.contains("no room"),
         "{err}"

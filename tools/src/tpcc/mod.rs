@@ -177,8 +177,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             cluster: 1,
             member: false,
         };
-        let r = drive(&nodes, &a);
-        return crate::cli::first_error(r, e.close().map_err(anyhow::Error::from));
+        let r = drive(&nodes, &a).map_err(crate::cli::during_run);
+        return crate::cli::first_error(
+            r,
+            e.close()
+                .map_err(|e| crate::cli::during_run(anyhow::Error::from(e))),
+        );
     }
     let c = Cluster::mem(a.net.nodes, Duration::from_secs(30), cfg).map_err(anyhow::Error::from)?;
     crate::cli::drive_cluster(c, |nodes| drive(nodes, &a))
@@ -249,9 +253,9 @@ fn drive(nodes: &Nodes, a: &Args) -> anyhow::Result<ExitCode> {
         .collect();
     let made = if nodes.leads() {
         let exists = |e: shoal_btree::TreeError| match e {
-            shoal_btree::TreeError::Exists(_) => anyhow::anyhow!(
+            shoal_btree::TreeError::Exists(_) => anyhow::Error::new(crate::cli::Usage(format!(
                 "the data directory already holds a TPC-C database; use an empty --data-dir ({e})"
-            ),
+            ))),
             e => anyhow::Error::from(e),
         };
         Some(Tables::get(&w0, true, node_of.clone()).map_err(exists))

@@ -281,8 +281,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             cluster: 1,
             member: false,
         };
-        let r = drive(&nodes, &a, &plan);
-        return crate::cli::first_error(r, engine.close().map_err(anyhow::Error::from));
+        let r = drive(&nodes, &a, &plan).map_err(crate::cli::during_run);
+        return crate::cli::first_error(
+            r,
+            engine
+                .close()
+                .map_err(|e| crate::cli::during_run(anyhow::Error::from(e))),
+        );
     }
     let cluster = Cluster::mem(a.net.nodes, Duration::from_secs(30), node_cfg)
         .map_err(anyhow::Error::from)?;
@@ -333,9 +338,9 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
     let w0 = first.worker();
     let tree = if first.node_id() == 0 {
         if BTree::open(&w0, TABLE).is_ok() {
-            return Err(anyhow::anyhow!(
-                "the data directory already holds a YCSB table; use an empty --data-dir"
-            ));
+            return Err(anyhow::Error::new(crate::cli::Usage(
+                "the data directory already holds a YCSB table; use an empty --data-dir".into(),
+            )));
         }
         let t = BTree::create(&w0, TABLE).map_err(anyhow::Error::from)?;
         nodes.barrier("table created")?;
