@@ -229,15 +229,22 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let n: f64 = num
         .parse()
         .map_err(|_| format!("'{s}' is not a size (examples: 512MiB, 2GiB, 4096)"))?;
+    // as dd reads them: K, M, G, T and KiB, MiB, ... are powers of 1024; KB, MB, GB, TB
+    // are powers of 1000 (SI)
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
         u => {
             return Err(format!(
-                "unknown size unit '{u}' in '{s}' (use KiB, MiB, GiB, TiB)"
+                "unknown size unit '{u}' in '{s}' (use KiB, MiB, GiB, TiB: powers of 1024; \
+                 or KB, MB, GB, TB: powers of 1000)"
             ))
         }
     };
@@ -273,6 +280,13 @@ mod tests {
         assert_eq!(parse_bytes("64MiB").unwrap(), 64 << 20);
         assert_eq!(parse_bytes("1.5GiB").unwrap(), 3 << 29);
         assert_eq!(parse_bytes("2g").unwrap(), 2 << 30);
+        assert_eq!(
+            parse_bytes("64MB").unwrap(),
+            64_000_000,
+            "MB is SI, as dd reads it"
+        );
+        assert_eq!(parse_bytes("64M").unwrap(), 64 << 20);
+        assert_eq!(parse_bytes("2kb").unwrap(), 2_000);
         assert!(parse_bytes("lots").is_err());
         assert!(parse_bytes("3parsecs").is_err());
         assert_eq!(format_bytes(1 << 30), "1.0 GiB");

@@ -368,6 +368,9 @@ fn held_lock(dir: &Path) -> Option<PathBuf> {
 /// Check before a long run that an output file (`--json`) can be written, so that the results
 /// are not lost at the end; a file that did not exist is not left behind.
 pub fn check_output(flag: &str, path: &Path) -> anyhow::Result<()> {
+    if path == Path::new("-") {
+        return Ok(()); // standard output
+    }
     let existed = path.exists();
     std::fs::OpenOptions::new()
         .append(true)

@@ -12,7 +12,13 @@
 macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        if writeln!(std::io::stdout(), $($arg)*).is_err() {
+        // (`--json -`: the JSON report takes standard output, so these lines go to stderr)
+        let r = if $crate::report::human_to_stderr() {
+            writeln!(std::io::stderr(), $($arg)*)
+        } else {
+            writeln!(std::io::stdout(), $($arg)*)
+        };
+        if r.is_err() {
             $crate::stop::request();
         }
     }};
@@ -23,6 +29,7 @@ mod cli;
 mod inspect;
 mod node;
 mod recover;
+mod report;
 mod secret;
 mod stop;
 mod tpcc;

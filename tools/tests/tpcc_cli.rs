@@ -196,3 +196,33 @@ fn a_full_device_stops_the_run_and_undoes_the_failed_transaction() {
         "{report}"
     );
 }
+
+/// Issue 28: `shoal tpcc --json -` writes the report alone to standard output, with the run's
+/// facts (schema, argv, seed).
+#[test]
+fn tpcc_json_goes_to_stdout_with_the_run_facts() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .args([
+            "tpcc",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0",
+            "--seed",
+            "9",
+            "--json",
+            "-",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["schema"], 2);
+    assert_eq!(v["run"]["seed"], 9);
+    assert!(v["throughput_txn_per_s"].as_f64().unwrap() > 0.0);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("txn/s"));
+}

@@ -93,6 +93,15 @@ fn two_processes_over_tcp_run_clean_with_and_without_encryption() {
         assert_eq!(v["processes"], 2, "{v}");
         assert_eq!(v["transport"], "tcp", "{v}");
         assert_eq!(v["encrypted"], encrypt, "{v}");
+        // the nodes' per-operation histograms merged
+        for op in ["read", "update"] {
+            assert!(v["per_op"][op]["ops"].as_u64().unwrap() > 0, "{op}: {v}");
+        }
+        assert!(v["run"]["argv"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "--nodes"));
         let nodes = v["per_node"].as_array().unwrap();
         assert_eq!(nodes.len(), 2, "{v}");
         assert!(
@@ -353,4 +362,65 @@ fn a_run_with_info_logging_finishes() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     assert!(child.wait().unwrap().success());
+}
+
+/// Issue 28: `--json -` puts the report alone on standard output (the human lines go to
+/// standard error); it says how to reproduce the run (schema, version, commit, argv, seed,
+/// time, host), has per-operation latencies, and the core workloads default to YCSB's
+/// distributions (zipfian; latest for d) unless `--distribution` says otherwise.
+#[test]
+fn the_json_report_on_stdout_says_how_to_reproduce_the_run() {
+    let run = |args: &[&str]| {
+        let out = shoal()
+            .args([
+                "ycsb",
+                "--records",
+                "20000",
+                "--warmup",
+                "0.1",
+                "--duration",
+                "0.5",
+            ])
+            .args(args)
+            .args(["--json", "-"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e})"));
+        (v, String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let (v, human) = run(&["--workload", "b", "--seed", "42"]);
+    assert!(human.contains("throughput"), "{human}");
+    assert_eq!(v["schema"], 2);
+    assert_eq!(v["run"]["seed"], 42);
+    assert!(v["run"]["argv"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a == "--seed"));
+    assert!(v["run"]["started_utc"].as_str().unwrap().ends_with('Z'));
+    assert!(v["run"]["host"]["cpus"].as_u64().unwrap() >= 1);
+    assert!(v["run"]["shoal_version"].is_string() && v["run"]["git_commit"].is_string());
+    assert_eq!(v["distribution"]["name"], "zipfian");
+    assert_eq!(v["distribution"]["theta"], 0.99);
+    for op in ["read", "update"] {
+        let p = &v["per_op"][op];
+        assert!(p["ops"].as_u64().unwrap() > 0, "{op}: {p}");
+        assert!(p["p99_us"].as_f64().unwrap() >= p["p50_us"].as_f64().unwrap());
+        assert!(!p["histogram_ns"].as_array().unwrap().is_empty());
+    }
+    assert!(v["per_op"]["scan"].is_null(), "no scans in workload b");
+    let (v, _) = run(&["--workload", "d"]);
+    assert_eq!(v["distribution"]["name"], "latest");
+    assert!(
+        v["run"]["seed"].as_u64().is_some(),
+        "a fresh seed is reported"
+    );
+    let (v, _) = run(&["--distribution", "uniform"]);
+    assert_eq!(v["distribution"]["name"], "uniform");
 }

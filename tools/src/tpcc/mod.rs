@@ -137,9 +137,11 @@ fn share(warehouses: u16, n: usize, nodes: usize) -> (u16, u16) {
 /// Run `shoal tpcc`.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let cache = validate(&a)?;
+    STARTED.get_or_init(std::time::SystemTime::now);
     if let Some(p) = &a.json {
         crate::cli::check_output("--json", p)?;
     }
+    crate::report::json_takes_stdout(a.json.as_deref());
     if let (Some(path), Some(id)) = (&a.net.cluster, a.net.id) {
         let file = ClusterFile::load(path).map_err(anyhow::Error::from)?;
         if (a.warehouses as usize) < file.nodes.len() {
@@ -317,14 +319,13 @@ fn drive(nodes: &Nodes, a: &Args) -> anyhow::Result<ExitCode> {
 
 fn write_json(a: &Args, doc: &serde_json::Value) -> anyhow::Result<()> {
     if let Some(path) = &a.json {
-        std::fs::write(
-            path,
-            serde_json::to_string_pretty(doc).expect("json") + "\n",
-        )
-        .map_err(|e| anyhow::anyhow!("--json {}: {e}", path.display()))?;
+        crate::report::write_json(path, doc)?;
     }
     Ok(())
 }
+
+/// When this run started (for the report's `run.started_utc`).
+static STARTED: std::sync::OnceLock<std::time::SystemTime> = std::sync::OnceLock::new();
 
 /// 1 when the run had errors, anomalies where they are impossible, or check violations.
 fn exit_code(doc: &serde_json::Value) -> ExitCode {
@@ -759,7 +760,9 @@ fn report(
         json!({"violations": bad.len(), "first": bad.iter().take(20).collect::<Vec<_>>()})
     });
     Ok(json!({
+        "schema": crate::report::SCHEMA,
         "command": "tpcc",
+        "run": crate::report::run_facts(a.seed, *STARTED.get_or_init(std::time::SystemTime::now)),
         "stopped_by_signal": crate::stop::requested(),
         "warehouses": a.warehouses,
         "nodes": o.per_node.len(),

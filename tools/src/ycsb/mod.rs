@@ -66,7 +66,9 @@ pub struct Args {
     /// Fraction of reads (the rest are updates); overrides the workload's mix.
     #[arg(long)]
     pub read_ratio: Option<f64>,
-    /// Request distribution (workload d defaults to latest).
+    /// Request distribution. As in YCSB's core workloads, the default is zipfian (scrambled:
+    /// the hot keys are spread over the key space), and latest for workload d; `uniform` gives
+    /// the shape of Shoal's runs before 2026-11-25 (docs/BENCHMARKS.md).
     #[arg(long, value_enum)]
     pub distribution: Option<Distribution>,
     /// Zipfian skew (YCSB's default is 0.99).
@@ -99,7 +101,13 @@ pub struct Args {
     /// its next operation meanwhile. 0: each write waits for its flush first.
     #[arg(long, default_value_t = 10_000)]
     pub pipeline: usize,
-    /// Write the results as JSON to this file.
+    /// Seed of the workers' random choices (keys, operations); default: a fresh one, printed
+    /// in the JSON report. The same seed gives the same sequence per worker (their
+    /// interleaving still varies).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Write the results as JSON to this file (`-`: standard output; the per-second lines and
+    /// the summary then go to standard error).
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// No per-second lines and no progress bar.
@@ -112,6 +120,8 @@ struct Plan {
     dist: Dist,
     cache: usize,
     label: String,
+    seed: u64,
+    started: std::time::SystemTime,
 }
 
 fn validate(a: &Args) -> anyhow::Result<Plan> {
@@ -167,7 +177,7 @@ fn validate(a: &Args) -> anyhow::Result<Plan> {
         Some(Distribution::Zipf) => Dist::Zipf(a.zipf_theta),
         Some(Distribution::Latest) => Dist::Latest(a.zipf_theta),
         None if wc == Some('d') => Dist::Latest(a.zipf_theta),
-        None => Dist::Uniform,
+        None => Dist::Zipf(a.zipf_theta),
     };
     let cache = parse_bytes(&a.cache).map_err(|e| anyhow::anyhow!("--cache: {e}"))? as usize;
     Ok(Plan {
@@ -175,6 +185,8 @@ fn validate(a: &Args) -> anyhow::Result<Plan> {
         dist,
         cache,
         label,
+        seed: a.seed.unwrap_or_else(crate::report::fresh_seed),
+        started: std::time::SystemTime::now(),
     })
 }
 
@@ -188,7 +200,8 @@ const STOP: u8 = 2;
 
 #[derive(Default)]
 struct WorkerResult {
-    hist: Option<Histogram<u64>>,
+    /// Latencies per operation type (indexed as [`OP_NAMES`]).
+    hists: Vec<Histogram<u64>>,
     ops: [u64; 5],
     errors: u64,
     misses: u64,
@@ -253,8 +266,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(p) = &a.json {
         crate::cli::check_output("--json", p)?;
     }
+    crate::report::json_takes_stdout(a.json.as_deref());
     if a.net.cluster.is_none() && a.net.transport == Transport::Tcp {
-        return tcp::run_local(&a);
+        return tcp::run_local(&a, &plan);
     }
     let (dir, _tmp) = crate::cli::data_dir(a.data_dir.as_deref(), "ycsb")?;
     let node_cfg = |i: u8| {
@@ -351,10 +365,10 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
     };
     drop(w0);
     say!(
-        "shoal ycsb: {} ({}), {:?}, {} records x {} B, {} node{} ({}), {} workers/node, cache {}/node, {:?} access",
+        "shoal ycsb: {} ({}), {}, {} records x {} B, {} node{} ({}), {} workers/node, cache {}/node, {:?} access, seed {}",
         plan.label,
         mix_text(&plan.mix),
-        plan.dist,
+        dist_text(plan.dist),
         a.records,
         a.value_size,
         nodes.cluster,
@@ -362,7 +376,8 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
         if nodes.member { "tcp member" } else if nodes.cluster > 1 { "mem" } else { "embedded" },
         a.workers,
         format_bytes(cache_bytes(first)),
-        a.access
+        a.access,
+        plan.seed
     );
     let load_s = load(nodes, &tree, a)?;
     if crate::stop::requested() {
@@ -372,12 +387,14 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
     nodes.barrier("loaded")?;
     let (results, secs, before, after) = run_phase(nodes, &tree, a, plan)?;
     nodes.barrier("run finished")?;
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("bounds");
+    let mut hist = crate::report::hist();
+    let mut per_op: Vec<Histogram<u64>> = (0..5).map(|_| crate::report::hist()).collect();
     let mut ops = [0u64; 5];
     let (mut errors, mut misses) = (0, 0);
     let mut first_error = None;
     for r in &results {
-        if let Some(h) = &r.hist {
+        for (all, h) in per_op.iter_mut().zip(&r.hists) {
+            all.add(h).expect("same bounds");
             hist.add(h).expect("same bounds");
         }
         for (total, n) in ops.iter_mut().zip(r.ops) {
@@ -421,11 +438,14 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
         us(0.999),
         hist.max() as f64 / 1000.0
     );
-    let per_type: Vec<String> = (0..5)
-        .filter(|&i| ops[i] > 0)
-        .map(|i| format!("{} {:.0}/s", OP_NAMES[i], ops[i] as f64 / secs))
-        .collect();
-    say!("  by type       {}", per_type.join(", "));
+    for (i, h) in per_op.iter().enumerate().filter(|(_, h)| h.len() > 0) {
+        say!(
+            "  {:<13} {:>9.0} ops/s  {}",
+            OP_NAMES[i],
+            h.len() as f64 / secs,
+            crate::report::latency_text(h)
+        );
+    }
     for r in &reports {
         say!(
             "  node {:<8} page hit ratio {:.2}%  remote fetches {:.0}/s  nvme reads {:.0}/s  writes {:.0}/s  evictions {:.0}/s",
@@ -448,10 +468,12 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
     }
     if let Some(path) = &a.json {
         let doc = json!({
+            "schema": crate::report::SCHEMA,
             "command": "ycsb",
+            "run": crate::report::run_facts(plan.seed, plan.started),
             "workload": plan.label,
             "mix": plan.mix,
-            "distribution": format!("{:?}", plan.dist),
+            "distribution": dist_json(plan.dist),
             "access": format!("{:?}", a.access).to_lowercase(),
             "records": a.records,
             "value_size": a.value_size,
@@ -472,18 +494,20 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
             "p999_us": us(0.999),
             "max_us": hist.max() as f64 / 1000.0,
             "ops_by_type": (0..5).map(|i| (OP_NAMES[i].to_string(), json!(ops[i]))).collect::<serde_json::Map<_, _>>(),
+            // per operation type: count, rate, percentiles and the histogram (for merging)
+            "per_op": per_op.iter().enumerate().filter(|(_, h)| h.len() > 0).map(|(i, h)| {
+                let mut v = crate::report::latency_json(h, secs);
+                v["histogram_ns"] = crate::report::hist_json(h);
+                (OP_NAMES[i].to_string(), v)
+            }).collect::<serde_json::Map<_, _>>(),
             "value_errors": errors,
             "first_error": first_error,
             "read_misses_of_new_keys": misses,
             "per_node": reports.iter().map(NodeReport::json).collect::<Vec<_>>(),
             // the latency histogram (value in ns, count), so runs of several processes merge
-            "histogram_ns": hist.iter_recorded().map(|v| [v.value_iterated_to(), v.count_at_value()]).collect::<Vec<_>>(),
+            "histogram_ns": crate::report::hist_json(&hist),
         });
-        std::fs::write(
-            path,
-            serde_json::to_string_pretty(&doc).expect("json") + "\n",
-        )
-        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+        crate::report::write_json(path, &doc)?;
     }
     Ok(if errors > 0 {
         eprintln!("error: {errors} values failed their check");
@@ -493,6 +517,24 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The request distribution for the summary: `zipfian 0.99`.
+fn dist_text(d: Dist) -> String {
+    match d {
+        Dist::Uniform => "uniform".into(),
+        Dist::Zipf(t) => format!("zipfian {t}"),
+        Dist::Latest(t) => format!("latest {t}"),
+    }
+}
+
+/// The request distribution as JSON: `{"name": "zipfian", "theta": 0.99}`.
+fn dist_json(d: Dist) -> serde_json::Value {
+    match d {
+        Dist::Uniform => json!({"name": "uniform"}),
+        Dist::Zipf(t) => json!({"name": "zipfian", "theta": t}),
+        Dist::Latest(t) => json!({"name": "latest", "theta": t}),
+    }
 }
 
 /// The cache the node runs with, in bytes.
@@ -728,9 +770,12 @@ fn worker_loop(
     inserted: &AtomicU64,
 ) -> Result<WorkerResult, TreeError> {
     let w = engine.worker();
-    let mut rng = SmallRng::seed_from_u64(0xC0FFEE + t as u64 + ((keys.node) << 20));
+    // one stream per worker of each node, all from the run's seed
+    let mut rng = SmallRng::seed_from_u64(
+        plan.seed ^ (t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (keys.node << 48),
+    );
     let mut chooser = KeyChooser::new(plan.dist);
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("bounds");
+    let mut hists: Vec<Histogram<u64>> = (0..5).map(|_| crate::report::hist()).collect();
     let mut res = WorkerResult::default();
     let mut buf = Vec::with_capacity(a.value_size);
     let mut val = vec![0u8; a.value_size];
@@ -750,7 +795,7 @@ fn worker_loop(
             STOP => break,
             MEASURE if !measuring => {
                 measuring = true;
-                hist.reset();
+                hists.iter_mut().for_each(Histogram::reset);
                 res.ops = [0; 5];
             }
             _ => {}
@@ -822,7 +867,7 @@ fn worker_loop(
         }
         let mut done = |t0: Instant, op: usize| {
             if measuring {
-                let _ = hist.record(t0.elapsed().as_nanos().max(1) as u64);
+                let _ = hists[op].record(t0.elapsed().as_nanos().max(1) as u64);
                 res.ops[op] += 1;
             }
             n_ops += 1;
@@ -841,6 +886,6 @@ fn worker_loop(
     }
     // the writes still waiting were made after the measurement ended: not counted
     acks.drain(&w, |_, _| {})?;
-    res.hist = Some(hist);
+    res.hists = hists;
     Ok(res)
 }

@@ -4,14 +4,13 @@
 //! histograms included) into one summary. Node 0's per-second lines are shown; every node's
 //! output is kept in `<data dir>/node<i>.log`.
 
-use super::{Access, Args, Distribution};
-use hdrhistogram::Histogram;
+use super::{Access, Args, Distribution, Plan};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::ExitCode;
 
 /// The flags a node process gets: the workload's, not the launcher's.
-fn node_args(a: &Args, file: &Path, id: usize, json: &Path) -> Vec<String> {
+fn node_args(a: &Args, plan: &Plan, file: &Path, id: usize, json: &Path) -> Vec<String> {
     let mut v: Vec<String> = vec![
         "ycsb".into(),
         "--cluster".into(),
@@ -50,6 +49,7 @@ fn node_args(a: &Args, file: &Path, id: usize, json: &Path) -> Vec<String> {
     f("--warmup", a.warmup.to_string());
     f("--duration", a.duration.to_string());
     f("--max-scan", a.max_scan.to_string());
+    f("--seed", plan.seed.to_string());
     if id != 0 || a.quiet {
         v.push("--quiet".into());
     }
@@ -57,7 +57,7 @@ fn node_args(a: &Args, file: &Path, id: usize, json: &Path) -> Vec<String> {
 }
 
 /// Run the cluster of local processes and report.
-pub fn run_local(a: &Args) -> anyhow::Result<ExitCode> {
+pub fn run_local(a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
     let (dir, _tmp) = crate::cli::data_dir(a.data_dir.as_deref(), "ycsb")?;
     let (docs, all_ok) = crate::cli::run_processes(
         a.net.nodes,
@@ -65,17 +65,15 @@ pub fn run_local(a: &Args) -> anyhow::Result<ExitCode> {
         &a.cache,
         a.quiet,
         a.net.encrypt,
-        |i, file, json| node_args(a, file, i, json),
+        |i, file, json| node_args(a, plan, file, i, json),
     )?;
     let mut merged = merge(&docs)?;
     merged["encrypted"] = a.net.encrypt.into();
+    // the launcher's command line, not node 0's
+    merged["run"] = crate::report::run_facts(plan.seed, plan.started);
     print_summary(&merged);
     if let Some(path) = &a.json {
-        std::fs::write(
-            path,
-            serde_json::to_string_pretty(&merged).expect("json") + "\n",
-        )
-        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+        crate::report::write_json(path, &merged)?;
     }
     let errors = merged["value_errors"].as_u64().unwrap_or(0);
     Ok(if errors > 0 || !all_ok {
@@ -90,7 +88,9 @@ pub fn run_local(a: &Args) -> anyhow::Result<ExitCode> {
 
 /// One report for the whole cluster from the nodes' reports.
 fn merge(docs: &[Value]) -> anyhow::Result<Value> {
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("bounds");
+    let mut hist = crate::report::hist();
+    let mut per_op: std::collections::BTreeMap<String, hdrhistogram::Histogram<u64>> =
+        Default::default();
     let (mut ops, mut tput, mut errors, mut misses, mut dur) = (0u64, 0f64, 0u64, 0u64, 0f64);
     let mut by_type = serde_json::Map::new();
     let mut per_node = Vec::new();
@@ -110,13 +110,10 @@ fn merge(docs: &[Value]) -> anyhow::Result<Value> {
             by_type.insert(k.clone(), json!(n));
         }
         per_node.extend(d["per_node"].as_array().ok_or_else(bad)?.iter().cloned());
-        for pair in d["histogram_ns"].as_array().ok_or_else(bad)? {
-            let (v, c) = (pair[0].as_u64(), pair[1].as_u64());
-            let (Some(v), Some(c)) = (v, c) else {
-                return Err(bad());
-            };
-            hist.record_n(v.max(1), c)
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+        crate::report::add_hist_json(&mut hist, &d["histogram_ns"])?;
+        for (op, v) in d["per_op"].as_object().ok_or_else(bad)? {
+            let h = per_op.entry(op.clone()).or_insert_with(crate::report::hist);
+            crate::report::add_hist_json(h, &v["histogram_ns"])?;
         }
     }
     let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
@@ -134,6 +131,19 @@ fn merge(docs: &[Value]) -> anyhow::Result<Value> {
         ("p999_us", json!(us(0.999))),
         ("max_us", json!(hist.max() as f64 / 1000.0)),
         ("ops_by_type", Value::Object(by_type)),
+        (
+            "per_op",
+            Value::Object(
+                per_op
+                    .iter()
+                    .map(|(op, h)| {
+                        let mut v = crate::report::latency_json(h, dur);
+                        v["histogram_ns"] = crate::report::hist_json(h);
+                        (op.clone(), v)
+                    })
+                    .collect(),
+            ),
+        ),
         ("value_errors", json!(errors)),
         ("first_error", first_error),
         ("read_misses_of_new_keys", json!(misses)),
@@ -168,6 +178,18 @@ fn print_summary(m: &Value) {
         f("p999_us"),
         f("max_us")
     );
+    for (op, v) in m["per_op"].as_object().into_iter().flatten() {
+        let g = |k: &str| v[k].as_f64().unwrap_or(0.0);
+        say!(
+            "  {:<13} {:>9.0} ops/s  p50 {:.1} us  p99 {:.1} us  p99.9 {:.1} us  max {:.1} us",
+            op,
+            g("ops_per_s"),
+            g("p50_us"),
+            g("p99_us"),
+            g("p999_us"),
+            g("max_us")
+        );
+    }
     let secs = f("duration_s").max(1e-9);
     for n in m["per_node"].as_array().into_iter().flatten() {
         let g = |k: &str| n[k].as_f64().unwrap_or(0.0);
