@@ -438,7 +438,7 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
         us(0.999),
         hist.max() as f64 / 1000.0
     );
-    for (i, h) in per_op.iter().enumerate().filter(|(_, h)| h.len() > 0) {
+    for (i, h) in per_op.iter().enumerate().filter(|(_, h)| !h.is_empty()) {
         say!(
             "  {:<13} {:>9.0} ops/s  {}",
             OP_NAMES[i],
@@ -495,7 +495,7 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
             "max_us": hist.max() as f64 / 1000.0,
             "ops_by_type": (0..5).map(|i| (OP_NAMES[i].to_string(), json!(ops[i]))).collect::<serde_json::Map<_, _>>(),
             // per operation type: count, rate, percentiles and the histogram (for merging)
-            "per_op": per_op.iter().enumerate().filter(|(_, h)| h.len() > 0).map(|(i, h)| {
+            "per_op": per_op.iter().enumerate().filter(|(_, h)| !h.is_empty()).map(|(i, h)| {
                 let mut v = crate::report::latency_json(h, secs);
                 v["histogram_ns"] = crate::report::hist_json(h);
                 (OP_NAMES[i].to_string(), v)
