@@ -38,6 +38,7 @@ mod workload;
 mod ycsb;
 
 use clap::{Parser, Subcommand};
+
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -83,9 +84,23 @@ fn main() -> ExitCode {
     }
     // Ctrl-C and SIGTERM stop a command cleanly; a second one exits at once (stop.rs).
     stop::install();
-    let cli = Cli::parse();
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let cli =
+        <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let r = match cli.cmd {
-        Cmd::Ycsb(a) => ycsb::run(a),
+        Cmd::Ycsb(mut a) => {
+            // which flags were given (workload properties do not override those)
+            if let Some(m) = matches.subcommand_matches("ycsb") {
+                a.explicit = m
+                    .ids()
+                    .filter(|id| {
+                        m.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine)
+                    })
+                    .map(|id| id.to_string())
+                    .collect();
+            }
+            ycsb::run(a)
+        }
         Cmd::Node(a) => node::run(a),
         Cmd::Tpcc(a) => tpcc::run(a),
         Cmd::Inspect(a) => inspect::run(a),

@@ -424,3 +424,108 @@ fn the_json_report_on_stdout_says_how_to_reproduce_the_run() {
     let (v, _) = run(&["--distribution", "uniform"]);
     assert_eq!(v["distribution"]["name"], "uniform");
 }
+
+/// Issue 28: YCSB's two phases on a kept data set: `load -P` fills an empty directory and
+/// records its shape; `run -P -p operationcount=N` checks the table holds every record, runs
+/// exactly N operations and records the keys it inserted, so a second run finds them too; a
+/// run that asks for another shape, a run without a data set and a load into a used directory
+/// are refused with status 2.
+#[test]
+fn load_once_then_run_many_times_on_the_kept_data_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dir.path().join("ds");
+    let wl = |f: &str| format!("{}/../workloads/{f}", env!("CARGO_MANIFEST_DIR"));
+    let ycsb = |args: &[&str]| {
+        shoal()
+            .arg("ycsb")
+            .args(args)
+            .args(["--quiet", "--data-dir"])
+            .arg(&ds)
+            .output()
+            .unwrap()
+    };
+    let out = ycsb(&["load", "-P", &wl("workloada"), "-p", "recordcount=20000"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json = dir.path().join("r.json");
+    let run = |workload: &str, ops: &str| {
+        let out = ycsb(&[
+            "run",
+            "-P",
+            &wl(workload),
+            "-p",
+            "recordcount=20000",
+            "-p",
+            &format!("operationcount={ops}"),
+            "--warmup",
+            "0",
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        (v, text)
+    };
+    let (v, text) = run("workloadd", "5000");
+    assert!(
+        text.contains("check: 20000 records (20000 loaded, 0 inserted"),
+        "{text}"
+    );
+    assert_eq!(v["ops"], 5000, "exactly operationcount operations");
+    assert_eq!(v["phase"], "run");
+    assert_eq!(v["workload"], "workloadd");
+    assert_eq!(v["distribution"]["name"], "latest");
+    assert_eq!(v["value_errors"], 0);
+    let inserted = v["per_op"]["insert"]["ops"].as_u64().unwrap();
+    assert!(inserted > 0, "{v}");
+    // the second run finds the first one's inserts
+    let (v, text) = run("workloade", "500");
+    assert!(
+        text.contains(&format!(
+            "({} loaded, {inserted} inserted by 1 earlier run(s))",
+            20000
+        )),
+        "{text}"
+    );
+    assert_eq!(v["ops"], 500);
+    assert!(v["per_op"]["scan"]["ops"].as_u64().unwrap() > 0);
+    assert_eq!(v["value_errors"], 0);
+    // refused: another shape, no data set, a load into a used directory
+    let out = ycsb(&["run", "-p", "recordcount=999"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("loaded with recordcount 20000"));
+    let out = shoal()
+        .args(["ycsb", "run", "--data-dir"])
+        .arg(dir.path().join("none"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("shoal ycsb load"));
+    let out = ycsb(&["load"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = ycsb(&["run", "-p", "recordcount=20000", "-p", "nosuchproperty=1"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nosuchproperty"));
+}
+
+/// Issue 28: `--target` paces the workers: a run never goes faster than the target (checked
+/// from above only: a slow machine may fall behind, and then the latencies, measured from the
+/// intended starts, show the queueing).
+#[test]
+fn a_target_rate_is_not_exceeded() {
+    let v = run_json(&["--records", "20000", "--target", "3000", "--workload", "c"]);
+    check(&v);
+    let ops = v["ops"].as_u64().unwrap() as f64;
+    let secs = v["duration_s"].as_f64().unwrap();
+    assert!(ops <= 3000.0 * secs * 1.05 + 10.0, "{ops} ops in {secs} s");
+    assert_eq!(v["target_ops_per_s"], 3000.0);
+}

@@ -3,6 +3,7 @@
 //! with `--json`). Every value read is checked (see [`crate::value`]); a run with value errors
 //! exits with status 1.
 
+mod props;
 mod tcp;
 
 use crate::cli::{parse_wal_size, ClusterArgs, Nodes, Transport};
@@ -30,6 +31,15 @@ pub enum Distribution {
     Latest,
 }
 
+/// Which part of a YCSB run to do.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Load the table into an empty --data-dir, close it, stop.
+    Load,
+    /// Run the workload on the table a `load` left in --data-dir (checked first).
+    Run,
+}
+
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
     Random,
@@ -38,6 +48,33 @@ pub enum Access {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
+    /// `load`: load the table into an empty --data-dir and stop; `run`: run the workload on
+    /// the table a load left there (YCSB's two phases: load once, run many times). Without
+    /// it: both, on a fresh directory.
+    #[arg(value_enum)]
+    pub phase: Option<Phase>,
+    /// A YCSB workload file (`key=value` properties, e.g. workloads/workloada); several are
+    /// read in order. Flags given on the command line override its properties.
+    #[arg(short = 'P', value_name = "FILE")]
+    pub property_files: Vec<PathBuf>,
+    /// A YCSB property, e.g. `-p recordcount=1000000` (overrides -P files).
+    #[arg(short = 'p', value_name = "KEY=VALUE")]
+    pub properties: Vec<String>,
+    /// Operations to run (YCSB's operationcount), shared by all workers; the run ends when
+    /// they are done (or after --duration if that is given too).
+    #[arg(long)]
+    pub operations: Option<u64>,
+    /// Target throughput in operations per second over all workers (YCSB's -target). Each
+    /// worker starts its operations on a fixed schedule, and latencies are measured from the
+    /// intended start: a run that falls behind shows its queueing in the latencies.
+    #[arg(long)]
+    pub target: Option<f64>,
+    /// Flags given on the command line (set by main; properties do not override them).
+    #[arg(skip)]
+    pub explicit: Vec<String>,
+    /// The value size came from fieldcount x fieldlength (for messages).
+    #[arg(skip)]
+    pub value_from_fields: Option<(u64, u64)>,
     /// When changes become durable: none (only a clean end; a crash loses changes since),
     /// commit (each write/transaction waits for the log: group commit), or flush-every-ms=N
     /// (the log is flushed every N ms; a crash loses at most that). Single nodes only;
@@ -116,6 +153,7 @@ pub struct Args {
 }
 
 struct Plan {
+    phase: Option<Phase>,
     mix: Mix,
     dist: Dist,
     cache: usize,
@@ -124,8 +162,27 @@ struct Plan {
     started: std::time::SystemTime,
 }
 
-fn validate(a: &Args) -> anyhow::Result<Plan> {
+fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<Plan> {
     a.net.validate()?;
+    if a.phase.is_some() && a.data_dir.is_none() {
+        return Err(anyhow::anyhow!(
+            "shoal ycsb load/run keep the data set between the phases: give --data-dir"
+        ));
+    }
+    if a.phase.is_some() && (a.net.transport == Transport::Tcp || a.net.cluster.is_some()) {
+        return Err(anyhow::anyhow!(
+            "shoal ycsb load/run: tcp clusters not yet (use --nodes N over mem, or the one-shot \
+             command)"
+        ));
+    }
+    if a.operations == Some(0) {
+        return Err(anyhow::anyhow!("--operations must be at least 1"));
+    }
+    if let Some(t) = a.target {
+        if !(t.is_finite() && t > 0.0) {
+            return Err(anyhow::anyhow!("--target {t}: operations per second, > 0"));
+        }
+    }
     if a.records == 0 {
         return Err(anyhow::anyhow!("--records must be at least 1"));
     }
@@ -140,6 +197,16 @@ fn validate(a: &Args) -> anyhow::Result<Plan> {
         return Err(anyhow::anyhow!("--workers {}: use 1 to 1024", a.workers));
     }
     let max_value = MAX_RECORD - 8;
+    if let Some((count, length)) = a.value_from_fields {
+        if a.value_size > max_value {
+            return Err(anyhow::anyhow!(
+                "fieldcount {count} x fieldlength {length} = {} bytes per record: records hold \
+                 at most {max_value} bytes until the B-tree stores larger values (issue 28); \
+                 use -p fieldcount=.. -p fieldlength=.. within that, or --value-size",
+                a.value_size
+            ));
+        }
+    }
     if a.value_size < value::MIN_VALUE || a.value_size > max_value {
         return Err(anyhow::anyhow!(
             "--value-size {}: values hold their key and a checksum, so use {} to {max_value} bytes",
@@ -163,6 +230,10 @@ fn validate(a: &Args) -> anyhow::Result<Plan> {
         .and_then(Mix::of)
         .ok_or_else(|| anyhow::anyhow!("--workload {}: use one of a, b, c, d, e, f", a.workload))?;
     let mut label = format!("workload {wl}");
+    if let Some(m) = mix_from_props {
+        mix = m;
+        label = props::label(a).unwrap_or_else(|| "properties".into());
+    }
     if let Some(r) = a.read_ratio {
         if !(0.0..=1.0).contains(&r) {
             return Err(anyhow::anyhow!(
@@ -181,6 +252,7 @@ fn validate(a: &Args) -> anyhow::Result<Plan> {
     };
     let cache = parse_bytes(&a.cache).map_err(|e| anyhow::anyhow!("--cache: {e}"))? as usize;
     Ok(Plan {
+        phase: a.phase,
         mix,
         dist,
         cache,
@@ -223,6 +295,8 @@ const OP_NAMES: [&str; 5] = ["read", "update", "insert", "scan", "rmw"];
 #[derive(Clone, Copy)]
 struct Keys {
     records: u64,
+    /// The key of the first insert (past the loaded keys and earlier runs' inserts).
+    next_key: u64,
     node: u64,
     nodes: u64,
     partitioned: bool,
@@ -251,18 +325,34 @@ impl Keys {
         if self.partitioned {
             self.existing(c, rng)
         } else {
-            c.next(self.records + inserted * self.nodes, rng)
+            c.next(self.next_key + inserted * self.nodes, rng)
         }
     }
     /// The `n`-th key this node inserts (nodes insert disjoint keys).
     fn inserted(&self, n: u64) -> u64 {
-        self.records + n * self.nodes + self.node
+        self.next_key + n * self.nodes + self.node
     }
 }
 
 /// Run `shoal ycsb`.
-pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let plan = validate(&a)?;
+pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
+    let props = props::collect(&a)?;
+    let explicit = a.explicit.clone();
+    let mix = props::apply(&mut a, &props, &explicit)?;
+    if a.operations.is_some()
+        && !explicit.iter().any(|e| e == "duration")
+        && !props.contains_key("maxexecutiontime")
+    {
+        a.duration = 1e7; // until the operations are done
+    }
+    if let (Some(Phase::Run), Some(d)) = (a.phase, a.data_dir.as_deref()) {
+        // the run uses the loaded shape; flags that disagree are an error
+        let set = DataSet::read(d)?;
+        set.matches(&a)?;
+        a.records = set.records;
+        a.value_size = set.value_size;
+    }
+    let plan = validate(&a, mix)?;
     if let Some(p) = &a.json {
         crate::cli::check_output("--json", p)?;
     }
@@ -270,7 +360,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if a.net.cluster.is_none() && a.net.transport == Transport::Tcp {
         return tcp::run_local(&a, &plan);
     }
-    let (dir, _tmp) = crate::cli::data_dir(a.data_dir.as_deref(), "ycsb")?;
+    let (dir, _tmp) = match (a.phase, a.data_dir.as_deref()) {
+        (Some(Phase::Run), Some(d)) => (d.to_path_buf(), None),
+        (_, d) => crate::cli::data_dir(d, "ycsb")?,
+    };
     let node_cfg = |i: u8| {
         let d = if a.net.nodes > 1 {
             dir.join(format!("node{i}"))
@@ -278,6 +371,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             dir.clone()
         };
         let mut cfg = EngineConfig::new(d, plan.cache);
+        if a.phase == Some(Phase::Run) {
+            cfg.mode = shoal_engine::OpenMode::Open;
+        }
         cfg.devices = a.devices;
         cfg.durability = a.durability;
         cfg.wal_bytes = a.wal_size;
@@ -346,8 +442,12 @@ fn snap(e: &Engine) -> (StatsSnapshot, u64) {
     (e.stats(), e.protocol_stats().requests)
 }
 
-/// Create or open the table, load this process's share, run, report.
+/// Create or open the table, load this process's share, run, report (or only load, or only
+/// run on a loaded table: `plan.phase`).
 fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
+    if plan.phase == Some(Phase::Run) {
+        return drive_run_phase(nodes, a, plan);
+    }
     let first = nodes.engines[0];
     let w0 = first.worker();
     let tree = if first.node_id() == 0 {
@@ -385,7 +485,104 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(crate::stop::STOPPED_EXIT));
     }
     nodes.barrier("loaded")?;
-    let (results, secs, before, after) = run_phase(nodes, &tree, a, plan)?;
+    if plan.phase == Some(Phase::Load) {
+        let dir = a
+            .data_dir
+            .as_deref()
+            .expect("validated: load has --data-dir");
+        let set = DataSet {
+            records: a.records,
+            value_size: a.value_size,
+            nodes: nodes.cluster,
+            next_key: a.records,
+            loaded_utc: crate::report::utc_text(std::time::SystemTime::now()),
+            runs: 0,
+        };
+        set.write(dir)?;
+        say!(
+            "loaded {} records into {} (next: shoal ycsb run --data-dir {} ...)",
+            a.records,
+            dir.display(),
+            dir.display()
+        );
+        if let Some(path) = &a.json {
+            let doc = json!({
+                "schema": crate::report::SCHEMA,
+                "command": "ycsb load",
+                "run": crate::report::run_facts(plan.seed, plan.started),
+                "records": a.records,
+                "value_size": a.value_size,
+                "nodes": nodes.cluster,
+                "load_s": load_s,
+                "records_per_s": a.records as f64 / load_s.max(1e-9),
+            });
+            crate::report::write_json(path, &doc)?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let set = DataSet {
+        records: a.records,
+        value_size: a.value_size,
+        nodes: nodes.cluster,
+        next_key: a.records,
+        loaded_utc: String::new(),
+        runs: 0,
+    };
+    report_run(nodes, &tree, a, plan, &set, load_s).map(|(code, _)| code)
+}
+
+/// `shoal ycsb run`: open the table a load left, check it holds every record the load and
+/// earlier runs wrote, run, report, and record the keys this run inserted.
+fn drive_run_phase(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
+    let dir = a
+        .data_dir
+        .as_deref()
+        .expect("validated: run has --data-dir");
+    let mut set = DataSet::read(dir)?;
+    let w0 = nodes.engines[0].worker();
+    let tree = BTree::open(&w0, TABLE).map_err(|e| {
+        anyhow::Error::new(crate::cli::Usage(format!(
+            "--data-dir {}: no YCSB table ({e}); load one with shoal ycsb load",
+            dir.display()
+        )))
+    })?;
+    let t0 = Instant::now();
+    let count = tree.count(&w0).map_err(anyhow::Error::from)?;
+    drop(w0);
+    if count < set.records {
+        return Err(anyhow::anyhow!(
+            "--data-dir {}: the table holds {count} records, the load wrote {}: records were \
+             lost (shoal inspect {} checks the store)",
+            dir.display(),
+            set.records,
+            dir.display()
+        ));
+    }
+    say!(
+        "check: {count} records ({} loaded, {} inserted by {} earlier run(s)) in {:.2} s",
+        set.records,
+        count - set.records,
+        set.runs,
+        t0.elapsed().as_secs_f64()
+    );
+    let (code, inserted) = report_run(nodes, &tree, a, plan, &set, 0.0)?;
+    set.next_key += inserted * set.nodes as u64;
+    set.runs += 1;
+    set.write(dir)?;
+    Ok(code)
+}
+
+/// Run the workload on `tree` (holding the records of `set`) and report.
+fn report_run(
+    nodes: &Nodes,
+    tree: &BTree,
+    a: &Args,
+    plan: &Plan,
+    set: &DataSet,
+    load_s: f64,
+) -> anyhow::Result<(ExitCode, u64)> {
+    let first = nodes.engines[0];
+    let (results, secs, before, after, inserted) = run_phase(nodes, tree, a, plan, set)?;
     nodes.barrier("run finished")?;
     let mut hist = crate::report::hist();
     let mut per_op: Vec<Histogram<u64>> = (0..5).map(|_| crate::report::hist()).collect();
@@ -470,7 +667,10 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
         let doc = json!({
             "schema": crate::report::SCHEMA,
             "command": "ycsb",
+            "phase": if plan.phase == Some(Phase::Run) { "run" } else { "load and run" },
             "run": crate::report::run_facts(plan.seed, plan.started),
+            "target_ops_per_s": a.target,
+            "operations": a.operations,
             "workload": plan.label,
             "mix": plan.mix,
             "distribution": dist_json(plan.dist),
@@ -509,14 +709,92 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
         });
         crate::report::write_json(path, &doc)?;
     }
-    Ok(if errors > 0 {
+    let code = if errors > 0 {
         eprintln!("error: {errors} values failed their check");
         ExitCode::from(1)
     } else if crate::stop::requested() {
         ExitCode::from(crate::stop::STOPPED_EXIT)
     } else {
         ExitCode::SUCCESS
-    })
+    };
+    Ok((code, inserted))
+}
+
+/// What `shoal ycsb load` left in a data directory (`ycsb-dataset.json`), updated by every
+/// `run`: the table's shape, so that a run uses the same keys and checks that they are there.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct DataSet {
+    records: u64,
+    value_size: usize,
+    nodes: usize,
+    /// The key the next insert takes (runs insert keys past the loaded ones).
+    next_key: u64,
+    loaded_utc: String,
+    runs: u64,
+}
+
+const DATA_SET_FILE: &str = "ycsb-dataset.json";
+
+impl DataSet {
+    fn read(dir: &std::path::Path) -> anyhow::Result<DataSet> {
+        let p = dir.join(DATA_SET_FILE);
+        let usage = |why: String| anyhow::Error::new(crate::cli::Usage(why));
+        let text = std::fs::read_to_string(&p).map_err(|e| {
+            usage(format!(
+                "--data-dir {}: no data set of shoal ycsb load ({}: {e}); load one first",
+                dir.display(),
+                p.display()
+            ))
+        })?;
+        serde_json::from_str(&text)
+            .map_err(|e| usage(format!("{}: not a data set description: {e}", p.display())))
+    }
+
+    /// Written beside the stores (a new file renamed over the old one).
+    fn write(&self, dir: &std::path::Path) -> anyhow::Result<()> {
+        let p = dir.join(DATA_SET_FILE);
+        let tmp = dir.join(format!("{DATA_SET_FILE}.new"));
+        let text = serde_json::to_string_pretty(self).expect("serialises") + "\n";
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, &p))
+            .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
+    }
+
+    /// A run must use the loaded shape: flags or properties that disagree are an error.
+    fn matches(&self, a: &Args) -> anyhow::Result<()> {
+        let given = |id: &str| a.explicit.iter().any(|e| e == id);
+        let differ = |what: &str, theirs: String, mine: String| {
+            anyhow::Error::new(crate::cli::Usage(format!(
+                "the data set was loaded with {what} {theirs}, this run asks for {mine}: run with \
+                 the loaded shape (or load a new data set)"
+            )))
+        };
+        if (given("records") || !a.properties.is_empty() || !a.property_files.is_empty())
+            && a.records != self.records
+        {
+            return Err(differ(
+                "recordcount",
+                self.records.to_string(),
+                a.records.to_string(),
+            ));
+        }
+        if a.value_size != self.value_size && (given("value_size") || a.value_from_fields.is_some())
+        {
+            return Err(differ(
+                "value size",
+                self.value_size.to_string(),
+                a.value_size.to_string(),
+            ));
+        }
+        if a.net.nodes != self.nodes {
+            return Err(differ(
+                "--nodes",
+                self.nodes.to_string(),
+                a.net.nodes.to_string(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The request distribution for the summary: `zipfian 0.99`.
@@ -578,6 +856,7 @@ fn load(nodes: &Nodes, tree: &BTree, a: &Args) -> anyhow::Result<f64> {
     let t0 = Instant::now();
     let keys = |e: &Engine| Keys {
         records: a.records,
+        next_key: a.records,
         node: e.node_id() as u64,
         nodes: nodes.cluster as u64,
         partitioned: true,
@@ -645,9 +924,17 @@ fn load(nodes: &Nodes, tree: &BTree, a: &Args) -> anyhow::Result<f64> {
 }
 
 type Snap = (StatsSnapshot, u64);
-type RunOutput = (Vec<WorkerResult>, f64, Vec<Snap>, Vec<Snap>);
+/// Workers' results, measured seconds, node counters before and after, and the most inserts
+/// one node made.
+type RunOutput = (Vec<WorkerResult>, f64, Vec<Snap>, Vec<Snap>, u64);
 
-fn run_phase(nodes: &Nodes, tree: &BTree, a: &Args, plan: &Plan) -> anyhow::Result<RunOutput> {
+fn run_phase(
+    nodes: &Nodes,
+    tree: &BTree,
+    a: &Args,
+    plan: &Plan,
+    set: &DataSet,
+) -> anyhow::Result<RunOutput> {
     let phase = AtomicU8::new(WARMUP);
     // (index of the engine in `nodes.engines`, worker number on it)
     let threads: Vec<(usize, usize)> = (0..nodes.engines.len())
@@ -674,13 +961,34 @@ fn run_phase(nodes: &Nodes, tree: &BTree, a: &Args, plan: &Plan) -> anyhow::Resu
                 let e = nodes.engines[n];
                 let (phase, counter, inserted) = (&phase, &counters[i], &inserts[n]);
                 let keys = Keys {
-                    records: a.records,
+                    records: set.records,
+                    next_key: set.next_key,
                     node: e.node_id() as u64,
                     nodes: nodes.cluster as u64,
                     partitioned: a.access == Access::Partitioned,
                 };
+                // this worker's share of --operations and of --target
+                let n_threads = threads.len() as u64;
+                let quota = a
+                    .operations
+                    .map(|o| o / n_threads + u64::from((i as u64) < o % n_threads));
+                let pace = a
+                    .target
+                    .map(|t| Duration::from_secs_f64(n_threads as f64 / t));
+                let share = Share { quota, pace };
                 s.spawn(move || {
-                    worker_loop(e, tree, a, plan, keys, t, phase, &counter.0, &inserted.0)
+                    worker_loop(
+                        e,
+                        tree,
+                        a,
+                        plan,
+                        keys,
+                        t,
+                        share,
+                        phase,
+                        &counter.0,
+                        &inserted.0,
+                    )
                 })
             })
             .collect();
@@ -697,10 +1005,15 @@ fn run_phase(nodes: &Nodes, tree: &BTree, a: &Args, plan: &Plan) -> anyhow::Resu
         let mut measure_start = start;
         let mut last = (Instant::now(), total_ops(), sum(&snaps()));
         let mut tick = 1u64;
+        // with --operations the run ends when the workers are done: look every 10 ms
+        let poll = a.operations.map(|_| Duration::from_millis(10));
         loop {
             let next = start + Duration::from_secs(tick);
             let stop_at = start + end;
-            let wake = next.min(stop_at);
+            let mut wake = next.min(stop_at);
+            if let Some(p) = poll {
+                wake = wake.min(Instant::now() + p);
+            }
             if phase.load(Ordering::Relaxed) == WARMUP && start + warm <= wake {
                 if !crate::stop::sleep_until(start + warm) {
                     break;
@@ -712,8 +1025,15 @@ fn run_phase(nodes: &Nodes, tree: &BTree, a: &Args, plan: &Plan) -> anyhow::Resu
             if !crate::stop::sleep_until(wake) {
                 break; // Ctrl-C: report what was measured so far
             }
-            if hs.iter().any(|h| h.is_finished()) {
+            if a.operations.is_some() {
+                if hs.iter().all(|h| h.is_finished()) {
+                    break; // every worker did its share of --operations (or failed)
+                }
+            } else if hs.iter().any(|h| h.is_finished()) {
                 break; // a worker stopped early: an error; collected below
+            }
+            if wake < next && wake < stop_at {
+                continue; // a poll between ticks
             }
             if !a.quiet && wake == next {
                 let now = (Instant::now(), total_ops(), sum(&snaps()));
@@ -753,8 +1073,37 @@ fn run_phase(nodes: &Nodes, tree: &BTree, a: &Args, plan: &Plan) -> anyhow::Resu
                     .map_err(|e| anyhow::anyhow!("the run failed: {e}"))?,
             );
         }
-        Ok((out, secs, before, after))
+        let inserted = inserts
+            .iter()
+            .map(|c| c.0.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0);
+        Ok((out, secs, before, after, inserted))
     })
+}
+
+/// A worker's part of `--operations` (measured operations, then it stops) and of `--target`
+/// (one operation started every `pace`).
+#[derive(Clone, Copy)]
+struct Share {
+    quota: Option<u64>,
+    pace: Option<Duration>,
+}
+
+/// Wait until `at` (sleeping, then spinning the last 100 us), or until the run stops.
+fn wait_until(at: Instant, phase: &AtomicU8) {
+    loop {
+        let now = Instant::now();
+        if now >= at || phase.load(Ordering::Relaxed) == STOP {
+            return;
+        }
+        let left = at - now;
+        if left > Duration::from_micros(200) {
+            std::thread::sleep((left - Duration::from_micros(100)).min(Duration::from_millis(10)));
+        } else {
+            std::hint::spin_loop();
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -765,6 +1114,7 @@ fn worker_loop(
     plan: &Plan,
     keys: Keys,
     t: usize,
+    share: Share,
     phase: &AtomicU8,
     counter: &AtomicU64,
     inserted: &AtomicU64,
@@ -790,6 +1140,8 @@ fn worker_loop(
             res.first_error = Some(msg);
         }
     };
+    // the intended start of the next operation under --target
+    let mut next_at = Instant::now();
     loop {
         match phase.load(Ordering::Relaxed) {
             STOP => break,
@@ -800,9 +1152,24 @@ fn worker_loop(
             }
             _ => {}
         }
+        if measuring
+            && share
+                .quota
+                .is_some_and(|q| res.ops.iter().sum::<u64>() >= q)
+        {
+            break; // this worker's share of --operations is done
+        }
         let op = plan.mix.pick(&mut rng);
         let live = inserted.load(Ordering::Relaxed);
-        let t0 = Instant::now();
+        // with --target, latency counts from the intended start (queueing included)
+        let t0 = match share.pace {
+            Some(p) => {
+                next_at += p;
+                wait_until(next_at, phase);
+                next_at
+            }
+            None => Instant::now(),
+        };
         let mut ack = false;
         match op {
             Op::Read => {

@@ -50,6 +50,23 @@ fn node_args(a: &Args, plan: &Plan, file: &Path, id: usize, json: &Path) -> Vec<
     f("--duration", a.duration.to_string());
     f("--max-scan", a.max_scan.to_string());
     f("--seed", plan.seed.to_string());
+    // the workload's properties (the mix), and each node's share of the rate and operations
+    for file in &a.property_files {
+        f("-P", file.display().to_string());
+    }
+    for p in &a.properties {
+        f("-p", p.clone());
+    }
+    let nodes = a.net.nodes as u64;
+    if let Some(t) = a.target {
+        f("--target", (t / nodes as f64).to_string());
+    }
+    if let Some(o) = a.operations {
+        f(
+            "--operations",
+            (o / nodes + u64::from((id as u64) < o % nodes)).to_string(),
+        );
+    }
     if id != 0 || a.quiet {
         v.push("--quiet".into());
     }

@@ -1,0 +1,225 @@
+//! YCSB's workload properties for `shoal ycsb`: `-P FILE` (YCSB's properties format: `key=value`
+//! lines, `#` or `!` comments) and `-p key=value`, mapped onto the command's flags. Later files
+//! and `-p` override earlier ones; a flag given on the command line overrides them all.
+
+use super::Args;
+use crate::workload::Mix;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Properties understood, and what they set.
+const KNOWN: &[(&str, &str)] = &[
+    ("recordcount", "--records"),
+    ("operationcount", "--operations"),
+    ("maxexecutiontime", "--duration (seconds)"),
+    ("threadcount", "--workers"),
+    ("target", "--target"),
+    ("readproportion", "the mix"),
+    ("updateproportion", "the mix"),
+    ("insertproportion", "the mix"),
+    ("scanproportion", "the mix"),
+    ("readmodifywriteproportion", "the mix"),
+    (
+        "requestdistribution",
+        "--distribution (uniform, zipfian, latest)",
+    ),
+    ("zipfianconstant", "--zipf-theta"),
+    ("fieldcount", "--value-size (fieldcount x fieldlength)"),
+    ("fieldlength", "--value-size (fieldcount x fieldlength)"),
+    ("maxscanlength", "--max-scan"),
+];
+
+/// Properties that are accepted and have no effect here (said once, on standard error).
+const IGNORED: &[&str] = &[
+    "workload",
+    "readallfields",
+    "writeallfields",
+    "table",
+    "insertorder",
+    "scanlengthdistribution",
+    "fieldlengthdistribution",
+    "measurementtype",
+    "histogram.buckets",
+    "status.interval",
+];
+
+/// Read the property files and `-p` pairs of `a`, in order.
+pub fn collect(a: &Args) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut props = BTreeMap::new();
+    for f in &a.property_files {
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| anyhow::anyhow!("-P {}: cannot read it: {e}", f.display()))?;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') || line.starts_with('!') {
+                continue;
+            }
+            let (k, v) = split(line).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "-P {} line {}: expected key=value, got {line:?}",
+                    f.display(),
+                    n + 1
+                )
+            })?;
+            props.insert(k, v);
+        }
+    }
+    for p in &a.properties {
+        let (k, v) = split(p).ok_or_else(|| anyhow::anyhow!("-p {p:?}: expected key=value"))?;
+        props.insert(k, v);
+    }
+    Ok(props)
+}
+
+fn split(s: &str) -> Option<(String, String)> {
+    let (k, v) = s.split_once('=').or_else(|| s.split_once(':'))?;
+    let k = k.trim();
+    (!k.is_empty()).then(|| (k.to_ascii_lowercase(), v.trim().to_string()))
+}
+
+/// Apply `props` to `a` where its flags were not given on the command line (`explicit` holds
+/// the ids of those that were). Returns the mix the proportions define, if any.
+pub fn apply(
+    a: &mut Args,
+    props: &BTreeMap<String, String>,
+    explicit: &[String],
+) -> anyhow::Result<Option<Mix>> {
+    let given = |id: &str| explicit.iter().any(|e| e == id);
+    let num = |k: &str| -> anyhow::Result<Option<f64>> {
+        props
+            .get(k)
+            .map(|v| {
+                v.parse::<f64>()
+                    .ok()
+                    .filter(|x| x.is_finite() && *x >= 0.0)
+                    .ok_or_else(|| anyhow::anyhow!("property {k}={v}: not a number >= 0"))
+            })
+            .transpose()
+    };
+    let int = |k: &str| -> anyhow::Result<Option<u64>> {
+        props
+            .get(k)
+            .map(|v| {
+                v.parse::<u64>()
+                    .map_err(|_| anyhow::anyhow!("property {k}={v}: not a whole number"))
+            })
+            .transpose()
+    };
+    for k in props.keys() {
+        if !KNOWN.iter().any(|(n, _)| n == k) && !IGNORED.contains(&k.as_str()) {
+            return Err(anyhow::anyhow!(
+                "property {k}: not understood by shoal ycsb (it understands {})",
+                KNOWN.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+            ));
+        }
+    }
+    if let Some(w) = props.get("workload") {
+        if !w.ends_with("CoreWorkload") {
+            return Err(anyhow::anyhow!(
+                "property workload={w}: only YCSB's CoreWorkload is supported"
+            ));
+        }
+    }
+    if let Some(o) = props.get("insertorder") {
+        if o != "hashed" && o != "ordered" {
+            return Err(anyhow::anyhow!(
+                "property insertorder={o}: use hashed or ordered"
+            ));
+        }
+    }
+    if let Some(v) = int("recordcount")? {
+        if !given("records") {
+            a.records = v;
+        }
+    }
+    if let Some(v) = int("operationcount")? {
+        if !given("operations") {
+            a.operations = Some(v);
+        }
+    }
+    if let Some(v) = int("maxexecutiontime")? {
+        if !given("duration") {
+            a.duration = v as f64;
+        }
+    }
+    if let Some(v) = int("threadcount")? {
+        if !given("workers") {
+            a.workers = v as usize;
+        }
+    }
+    if let Some(v) = num("target")? {
+        if !given("target") && v > 0.0 {
+            a.target = Some(v);
+        }
+    }
+    if let Some(v) = num("zipfianconstant")? {
+        if !given("zipf_theta") {
+            a.zipf_theta = v;
+        }
+    }
+    if let Some(v) = int("maxscanlength")? {
+        if !given("max_scan") {
+            a.max_scan = v as usize;
+        }
+    }
+    if props.contains_key("fieldcount") || props.contains_key("fieldlength") {
+        // YCSB's defaults: 10 fields of 100 bytes
+        let count = int("fieldcount")?.unwrap_or(10);
+        let length = int("fieldlength")?.unwrap_or(100);
+        if !given("value_size") {
+            a.value_size = usize::try_from(count.saturating_mul(length)).unwrap_or(usize::MAX);
+            a.value_from_fields = Some((count, length));
+        }
+    }
+    if let Some(d) = props.get("requestdistribution") {
+        if !given("distribution") {
+            a.distribution = Some(match d.as_str() {
+                "uniform" => super::Distribution::Uniform,
+                "zipfian" => super::Distribution::Zipf,
+                "latest" => super::Distribution::Latest,
+                other => {
+                    return Err(anyhow::anyhow!(
+                        "property requestdistribution={other}: shoal ycsb has uniform, zipfian \
+                         and latest (hotspot, sequential and exponential: not yet)"
+                    ))
+                }
+            });
+        }
+    }
+    let proportions = [
+        "readproportion",
+        "updateproportion",
+        "insertproportion",
+        "scanproportion",
+        "readmodifywriteproportion",
+    ];
+    if proportions.iter().any(|p| props.contains_key(*p)) && !given("read_ratio") {
+        // YCSB's defaults for the ones not given: 0.95 reads, 0.05 updates, no others
+        let read = num("readproportion")?.unwrap_or(0.95);
+        let update = num("updateproportion")?.unwrap_or(0.05);
+        let insert = num("insertproportion")?.unwrap_or(0.0);
+        let scan = num("scanproportion")?.unwrap_or(0.0);
+        let rmw = num("readmodifywriteproportion")?.unwrap_or(0.0);
+        let sum = read + update + insert + scan + rmw;
+        if sum <= 0.0 {
+            return Err(anyhow::anyhow!("the operation proportions add up to 0"));
+        }
+        // normalised, as YCSB's chooser weighs them
+        return Ok(Some(Mix {
+            read: read / sum,
+            update: update / sum,
+            insert: insert / sum,
+            scan: scan / sum,
+            rmw: rmw / sum,
+        }));
+    }
+    Ok(None)
+}
+
+/// The workload's label: the first property file's name (`workloada`), if any.
+pub fn label(a: &Args) -> Option<String> {
+    a.property_files
+        .first()
+        .and_then(|f| Path::new(f).file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+}
