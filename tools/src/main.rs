@@ -54,8 +54,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Load a YCSB table, then run a workload and report throughput and latency.
-    Ycsb(ycsb::Args),
+    /// Load a YCSB table, then run a workload and report throughput and latency (or only
+    /// load, or only run on a loaded table: `shoal ycsb load|run`).
+    Ycsb(Box<ycsb::Args>),
     /// Run one node of a multi-process cluster (from a TOML cluster file) and check that the
     /// cluster loses no update: counters on every node's pages, incremented from every node.
     Node(node::Args),
@@ -99,7 +100,7 @@ fn main() -> ExitCode {
                     .map(|id| id.to_string())
                     .collect();
             }
-            ycsb::run(a)
+            ycsb::run(*a)
         }
         Cmd::Node(a) => node::run(a),
         Cmd::Tpcc(a) => tpcc::run(a),
