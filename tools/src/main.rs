@@ -28,6 +28,7 @@ mod acks;
 mod cli;
 mod inspect;
 mod node;
+mod plot;
 mod recover;
 mod report;
 mod secret;
@@ -71,6 +72,9 @@ enum Cmd {
     Recover(recover::Args),
     /// Make a new cluster secret in FILE (for a cluster file's `secret_file`).
     Secret(secret::Args),
+    /// Draw results as an SVG chart: `shoal ycsb --csv` files (throughput and p99 over time)
+    /// or `--json` reports (latency by percentile), several runs on one chart.
+    Plot(plot::Args),
 }
 
 fn main() -> ExitCode {
@@ -107,6 +111,7 @@ fn main() -> ExitCode {
         Cmd::Inspect(a) => inspect::run(a),
         Cmd::Recover(a) => recover::run(a),
         Cmd::Secret(a) => secret::run(a),
+        Cmd::Plot(a) => plot::run(a),
     };
     match r {
         Ok(code) => code,

@@ -529,3 +529,141 @@ fn a_target_rate_is_not_exceeded() {
     assert!(ops <= 3000.0 * secs * 1.05 + 10.0, "{ops} ops in {secs} s");
     assert_eq!(v["target_ops_per_s"], 3000.0);
 }
+
+/// Issue 28: results people can look at. `--csv` writes a row per second (throughput per
+/// type, that second's percentiles, per-node figures); `--hdr` an HdrHistogram interval log
+/// that HdrHistogram's own reader decodes, tagged per operation type, holding every measured
+/// operation; `shoal plot` draws CSVs over time and JSON reports by percentile as SVG.
+#[test]
+fn csv_hdr_and_plots_of_a_run() {
+    use hdrhistogram::serialization::interval_log::{IntervalLogIterator, LogEntry};
+    use hdrhistogram::serialization::Deserializer;
+    let dir = tempfile::tempdir().unwrap();
+    let (csv, hdr, json) = (
+        dir.path().join("run.csv"),
+        dir.path().join("run.hdr"),
+        dir.path().join("run.json"),
+    );
+    let out = shoal()
+        .args([
+            "ycsb",
+            "--records",
+            "20000",
+            "--workload",
+            "b",
+            "--warmup",
+            "1",
+        ])
+        .args(["--duration", "3", "--quiet", "--csv"])
+        .arg(&csv)
+        .arg("--hdr")
+        .arg(&hdr)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = text.lines();
+    let head: Vec<&str> = lines.next().unwrap().split(',').collect();
+    for c in [
+        "time_s",
+        "phase",
+        "ops_per_s",
+        "read_ops_per_s",
+        "p99_us",
+        "node0_nvme_reads_per_s",
+    ] {
+        assert!(head.contains(&c), "{c} in {head:?}");
+    }
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert!(
+        rows.len() >= 4,
+        "a row per second, warm-up included: {text}"
+    );
+    assert!(rows.iter().any(|r| r[1] == "warmup") && rows.iter().any(|r| r[1] == "measure"));
+    for r in &rows {
+        assert_eq!(r.len(), head.len());
+        assert!(r[2].parse::<f64>().unwrap() > 0.0, "{r:?}");
+    }
+    // the interval log decodes, tagged per operation type
+    let log = std::fs::read(&hdr).unwrap();
+    let mut de = Deserializer::new();
+    let (mut read, mut update) = (0u64, 0u64);
+    for e in IntervalLogIterator::new(&log) {
+        if let LogEntry::Interval(h) = e.unwrap() {
+            let bytes = base64_decode(h.encoded_histogram());
+            let hist: hdrhistogram::Histogram<u64> =
+                de.deserialize(&mut std::io::Cursor::new(bytes)).unwrap();
+            match h.tag().map(|t| t.as_str()) {
+                Some("read") => read += hist.len(),
+                Some("update") => update += hist.len(),
+                t => panic!("tag {t:?}"),
+            }
+        }
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let measured = v["ops"].as_u64().unwrap();
+    assert!(
+        read + update >= measured,
+        "{read} + {update} < {measured}: the log holds the warm-up too"
+    );
+    assert!(update > 0);
+    // charts
+    let svg = dir.path().join("series.svg");
+    let plot = |args: &[&std::path::Path], out: &std::path::Path| {
+        shoal()
+            .arg("plot")
+            .args(args)
+            .arg("-o")
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    let out = plot(&[&csv, &csv], &svg);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(s.starts_with("<svg") && s.contains("operations/s") && s.contains("<polyline"));
+    let pct = dir.path().join("pct.svg");
+    let out = plot(&[&json], &pct);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = std::fs::read_to_string(&pct).unwrap();
+    assert!(s.contains("99.9%") && s.contains("percentile"), "{s}");
+    let out = plot(&[&json, &csv], &pct);
+    assert_eq!(out.status.code(), Some(2), "CSV and JSON mixed");
+}
+
+/// Standard base64 (the interval log's encoding of each histogram).
+fn base64_decode(s: &str) -> Vec<u8> {
+    let val = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    };
+    let bytes: Vec<u8> = s.bytes().filter(|&c| c != b'=').collect();
+    let mut out = Vec::new();
+    for chunk in bytes.chunks(4) {
+        let mut acc = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            acc |= (val(c) as u32) << (18 - 6 * i);
+        }
+        out.extend_from_slice(&acc.to_be_bytes()[1..chunk.len()]);
+    }
+    out
+}

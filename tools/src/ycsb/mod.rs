@@ -69,6 +69,15 @@ pub struct Args {
     /// intended start: a run that falls behind shows its queueing in the latencies.
     #[arg(long)]
     pub target: Option<f64>,
+    /// Write one CSV row per second: throughput (all and per operation type), the latency
+    /// percentiles of that second, hit ratio, remote fetches, NVMe reads and writes (all and
+    /// per node). `shoal plot` draws it.
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    /// Write each second's latencies as an HdrHistogram interval log (a histogram per
+    /// operation type and second, tagged with the type), for HdrHistogram's own tools.
+    #[arg(long)]
+    pub hdr: Option<PathBuf>,
     /// Flags given on the command line (set by main; properties do not override them).
     #[arg(skip)]
     pub explicit: Vec<String>,
@@ -355,6 +364,24 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
     let plan = validate(&a, mix)?;
     if let Some(p) = &a.json {
         crate::cli::check_output("--json", p)?;
+    }
+    for (flag, p) in [("--csv", &a.csv), ("--hdr", &a.hdr)] {
+        if let Some(p) = p {
+            if p == std::path::Path::new("-") {
+                return Err(anyhow::anyhow!(
+                    "{flag}: give a file (standard output is for --json -)"
+                ));
+            }
+            crate::cli::check_output(flag, p)?;
+        }
+    }
+    if (a.csv.is_some() || a.hdr.is_some())
+        && a.net.transport == Transport::Tcp
+        && a.net.cluster.is_none()
+    {
+        return Err(anyhow::anyhow!(
+            "--csv/--hdr with --transport tcp: not yet (each node can write its own with --cluster)"
+        ));
     }
     crate::report::json_takes_stdout(a.json.as_deref());
     if a.net.cluster.is_none() && a.net.transport == Transport::Tcp {
@@ -942,6 +969,17 @@ fn run_phase(
         .collect();
     let counters: Vec<Counter> = threads.iter().map(|_| Counter::default()).collect();
     let inserts: Vec<Counter> = nodes.engines.iter().map(|_| Counter::default()).collect();
+    // each second's latencies per worker and operation type (only for --csv / --hdr)
+    let intervals: Vec<std::sync::Mutex<Vec<Histogram<u64>>>> =
+        if a.csv.is_some() || a.hdr.is_some() {
+            threads
+                .iter()
+                .map(|_| std::sync::Mutex::new((0..5).map(|_| crate::report::hist()).collect()))
+                .collect()
+        } else {
+            Vec::new()
+        };
+    let mut series = Series::create(a, nodes.engines.len())?;
     let snaps = || nodes.engines.iter().map(|e| snap(e)).collect::<Vec<_>>();
     let sum = |v: &[Snap]| {
         v.iter()
@@ -975,7 +1013,11 @@ fn run_phase(
                 let pace = a
                     .target
                     .map(|t| Duration::from_secs_f64(n_threads as f64 / t));
-                let share = Share { quota, pace };
+                let share = Share {
+                    quota,
+                    pace,
+                    interval: intervals.get(i),
+                };
                 s.spawn(move || {
                     worker_loop(
                         e,
@@ -999,6 +1041,9 @@ fn run_phase(
                 .sum::<u64>()
         };
         let start = Instant::now();
+        if let Some(series) = &mut series {
+            series.last = Some((start, snaps()));
+        }
         let warm = Duration::from_secs_f64(a.warmup);
         let end = warm + Duration::from_secs_f64(a.duration);
         let mut before = snaps();
@@ -1014,6 +1059,8 @@ fn run_phase(
             if let Some(p) = poll {
                 wake = wake.min(Instant::now() + p);
             }
+            // the phase of the second that ends at `wake` (for --csv)
+            let was_warm = phase.load(Ordering::Relaxed) == WARMUP;
             if phase.load(Ordering::Relaxed) == WARMUP && start + warm <= wake {
                 if !crate::stop::sleep_until(start + warm) {
                     break;
@@ -1034,6 +1081,10 @@ fn run_phase(
             }
             if wake < next && wake < stop_at {
                 continue; // a poll between ticks
+            }
+            if let Some(series) = &mut series {
+                let per_op = take_intervals(&intervals);
+                series.second(start, &per_op, &snaps(), was_warm)?;
             }
             if !a.quiet && wake == next {
                 let now = (Instant::now(), total_ops(), sum(&snaps()));
@@ -1064,6 +1115,9 @@ fn run_phase(
         }
         phase.store(STOP, Ordering::Relaxed);
         let after = snaps();
+        if let Some(series) = series.take() {
+            series.finish()?;
+        }
         let secs = measure_start.elapsed().as_secs_f64();
         let mut out = Vec::new();
         for h in hs {
@@ -1083,11 +1137,193 @@ fn run_phase(
 }
 
 /// A worker's part of `--operations` (measured operations, then it stops) and of `--target`
-/// (one operation started every `pace`).
+/// (one operation started every `pace`), and where it records each second's latencies
+/// (`--csv`, `--hdr`: per operation type, taken by the supervisor every second).
 #[derive(Clone, Copy)]
-struct Share {
+struct Share<'a> {
     quota: Option<u64>,
     pace: Option<Duration>,
+    interval: Option<&'a std::sync::Mutex<Vec<Histogram<u64>>>>,
+}
+
+/// Take (and reset) every worker's histograms of the last second, merged per operation type.
+fn take_intervals(intervals: &[std::sync::Mutex<Vec<Histogram<u64>>>]) -> Vec<Histogram<u64>> {
+    let mut all: Vec<Histogram<u64>> = (0..5).map(|_| crate::report::hist()).collect();
+    for m in intervals {
+        if let Ok(mut h) = m.lock() {
+            for (a, w) in all.iter_mut().zip(h.iter_mut()) {
+                a.add(&*w).expect("same bounds");
+                w.reset();
+            }
+        }
+    }
+    all
+}
+
+/// The per-second series of `--csv` and `--hdr`.
+struct Series {
+    csv: Option<(std::io::BufWriter<std::fs::File>, PathBuf)>,
+    hdr: Option<(Vec<u8>, PathBuf)>,
+    serializer: hdrhistogram::serialization::V2DeflateSerializer,
+    /// Node counters at the last second.
+    last: Option<(Instant, Vec<Snap>)>,
+    started: std::time::SystemTime,
+}
+
+impl Series {
+    fn create(a: &Args, nodes: usize) -> anyhow::Result<Option<Series>> {
+        if a.csv.is_none() && a.hdr.is_none() {
+            return Ok(None);
+        }
+        let csv = match &a.csv {
+            Some(p) => {
+                use std::io::Write as _;
+                let f = std::fs::File::create(p)
+                    .map_err(|e| anyhow::anyhow!("--csv {}: {e}", p.display()))?;
+                let mut w = std::io::BufWriter::new(f);
+                let mut head = vec!["time_s".to_string(), "phase".into(), "ops_per_s".into()];
+                head.extend(OP_NAMES.iter().map(|o| format!("{o}_ops_per_s")));
+                head.extend(
+                    [
+                        "p50_us",
+                        "p99_us",
+                        "p999_us",
+                        "max_us",
+                        "hit_ratio",
+                        "remote_per_s",
+                    ]
+                    .map(String::from),
+                );
+                head.extend(["nvme_reads_per_s", "nvme_writes_per_s"].map(String::from));
+                for n in 0..nodes {
+                    for c in [
+                        "hit_ratio",
+                        "remote_per_s",
+                        "nvme_reads_per_s",
+                        "nvme_writes_per_s",
+                    ] {
+                        head.push(format!("node{n}_{c}"));
+                    }
+                }
+                writeln!(w, "{}", head.join(","))
+                    .map_err(|e| anyhow::anyhow!("--csv {}: {e}", p.display()))?;
+                Some((w, p.clone()))
+            }
+            None => None,
+        };
+        Ok(Some(Series {
+            csv,
+            hdr: a.hdr.clone().map(|p| (Vec::new(), p)),
+            serializer: hdrhistogram::serialization::V2DeflateSerializer::new(),
+            last: None,
+            started: std::time::SystemTime::now(),
+        }))
+    }
+
+    /// One second's row and interval histograms (the first call only takes the counters).
+    fn second(
+        &mut self,
+        start: Instant,
+        per_op: &[Histogram<u64>],
+        now_snaps: &[Snap],
+        warm: bool,
+    ) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        let now = Instant::now();
+        let Some((then, last)) = self.last.replace((now, now_snaps.to_vec())) else {
+            return Ok(());
+        };
+        let dt = now.duration_since(then).as_secs_f64().max(1e-9);
+        let mut all = crate::report::hist();
+        for h in per_op {
+            all.add(h).expect("same bounds");
+        }
+        if let Some((w, p)) = &mut self.csv {
+            let us = |q: f64| all.value_at_quantile(q) as f64 / 1000.0;
+            let mut row = vec![
+                format!("{:.3}", now.duration_since(start).as_secs_f64()),
+                if warm { "warmup" } else { "measure" }.to_string(),
+                format!("{:.1}", all.len() as f64 / dt),
+            ];
+            row.extend(per_op.iter().map(|h| format!("{:.1}", h.len() as f64 / dt)));
+            row.extend(
+                [us(0.5), us(0.99), us(0.999), all.max() as f64 / 1000.0]
+                    .map(|v| format!("{v:.1}")),
+            );
+            let node_figures = |b: &Snap, a: &Snap| {
+                let d = delta(&b.0, &a.0);
+                let remote = a.1 - b.1;
+                let hit = if d.hits > 0 {
+                    (d.hits - (d.faults + remote).min(d.hits)) as f64 / d.hits as f64
+                } else {
+                    1.0
+                };
+                [
+                    hit,
+                    remote as f64 / dt,
+                    d.store_reads as f64 / dt,
+                    d.store_writes as f64 / dt,
+                ]
+            };
+            let per_node: Vec<[f64; 4]> = last
+                .iter()
+                .zip(now_snaps)
+                .map(|(b, a)| node_figures(b, a))
+                .collect();
+            let n = per_node.len().max(1) as f64;
+            row.push(format!(
+                "{:.4}",
+                per_node.iter().map(|f| f[0]).sum::<f64>() / n
+            ));
+            for k in 1..4 {
+                row.push(format!("{:.1}", per_node.iter().map(|f| f[k]).sum::<f64>()));
+            }
+            for f in &per_node {
+                row.push(format!("{:.4}", f[0]));
+                row.extend(f[1..].iter().map(|v| format!("{v:.1}")));
+            }
+            writeln!(w, "{}", row.join(","))
+                .map_err(|e| anyhow::anyhow!("--csv {}: {e}", p.display()))?;
+        }
+        if let Some((buf, _)) = &mut self.hdr {
+            let mut log =
+                hdrhistogram::serialization::interval_log::IntervalLogWriterBuilder::new()
+                    .begin_log_with(buf, &mut self.serializer)
+                    .map_err(|e| anyhow::anyhow!("--hdr: {e}"))?;
+            let from = then.duration_since(start);
+            for (i, h) in per_op.iter().enumerate().filter(|(_, h)| !h.is_empty()) {
+                let tag = hdrhistogram::serialization::interval_log::Tag::new(OP_NAMES[i]);
+                log.write_histogram(h, from, now.duration_since(then), tag)
+                    .map_err(|e| anyhow::anyhow!("--hdr: {e}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Flush the CSV and write the interval log with its header.
+    fn finish(self) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        if let Some((mut w, p)) = self.csv {
+            w.flush()
+                .map_err(|e| anyhow::anyhow!("--csv {}: {e}", p.display()))?;
+        }
+        if let Some((body, p)) = self.hdr {
+            let secs = self
+                .started
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            let mut text = format!(
+                "# shoal ycsb: latencies in ns, one histogram per operation type and second\n\
+                 #[Histogram log format version 1.3]\n\
+                 #[StartTime: {secs:.3} (seconds since epoch)]\n\
+                 \"StartTimestamp\",\"Interval_Length\",\"Interval_Max\",\"Interval_Compressed_Histogram\"\n"
+            )
+            .into_bytes();
+            text.extend(body);
+            std::fs::write(&p, text).map_err(|e| anyhow::anyhow!("--hdr {}: {e}", p.display()))?;
+        }
+        Ok(())
+    }
 }
 
 /// Wait until `at` (sleeping, then spinning the last 100 us), or until the run stops.
@@ -1114,7 +1350,7 @@ fn worker_loop(
     plan: &Plan,
     keys: Keys,
     t: usize,
-    share: Share,
+    share: Share<'_>,
     phase: &AtomicU8,
     counter: &AtomicU64,
     inserted: &AtomicU64,
@@ -1233,9 +1469,15 @@ fn worker_loop(
             }
         }
         let mut done = |t0: Instant, op: usize| {
+            let ns = t0.elapsed().as_nanos().max(1) as u64;
             if measuring {
-                let _ = hists[op].record(t0.elapsed().as_nanos().max(1) as u64);
+                let _ = hists[op].record(ns);
                 res.ops[op] += 1;
+            }
+            if let Some(m) = share.interval {
+                if let Ok(mut h) = m.lock() {
+                    let _ = h[op].record(ns);
+                }
             }
             n_ops += 1;
         };

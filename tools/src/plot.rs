@@ -1,0 +1,266 @@
+//! `shoal plot`: SVG charts of results, several runs on one chart.
+//!
+//! - CSV files of `shoal ycsb --csv` (one row per second): throughput over time and the p99
+//!   latency of each second, one line per file.
+//! - JSON reports of `shoal ycsb --json`: the latency percentile distribution (the classic
+//!   HdrHistogram plot: latency against percentile on a 1/(1-q) scale, so 99%, 99.9% and
+//!   99.99% are evenly spaced), one line per file, from its histogram (all operations, or one
+//!   type with `--op`).
+
+use plotters::prelude::*;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Results to draw: CSV files of `shoal ycsb --csv` or JSON reports of `--json` (not
+    /// mixed).
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// The SVG file to write.
+    #[arg(long, short = 'o', default_value = "shoal-plot.svg")]
+    pub out: PathBuf,
+    /// With JSON reports: the operation type to draw (read, update, insert, scan, rmw);
+    /// default: all operations.
+    #[arg(long)]
+    pub op: Option<String>,
+    /// Chart title (default: the files' names).
+    #[arg(long)]
+    pub title: Option<String>,
+}
+
+/// One run's series.
+struct Run {
+    label: String,
+    points: Vec<(f64, f64)>,
+    /// CSV only: the p99 latency of each second.
+    p99: Vec<(f64, f64)>,
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let is_csv = |p: &Path| p.extension().is_some_and(|e| e == "csv");
+    let csv = a.files.iter().all(|p| is_csv(p));
+    if !csv && a.files.iter().any(|p| is_csv(p)) {
+        return Err(anyhow::anyhow!(
+            "give CSV files (time series) or JSON reports (latency distributions), not both"
+        ));
+    }
+    let runs = a
+        .files
+        .iter()
+        .map(|p| {
+            if csv {
+                read_csv(p)
+            } else {
+                read_json(p, a.op.as_deref())
+            }
+        })
+        .collect::<anyhow::Result<Vec<Run>>>()?;
+    let title = a.title.clone().unwrap_or_else(|| {
+        runs.iter()
+            .map(|r| r.label.as_str())
+            .collect::<Vec<_>>()
+            .join(" vs ")
+    });
+    let drawn = if csv {
+        draw_series(&a.out, &title, &runs)
+    } else {
+        draw_percentiles(&a.out, &title, &runs, a.op.as_deref())
+    };
+    drawn.map_err(|e| anyhow::anyhow!("drawing {}: {e}", a.out.display()))?;
+    say!("wrote {}", a.out.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn label(p: &Path) -> String {
+    p.file_stem().map_or_else(
+        || p.display().to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    )
+}
+
+fn read_csv(p: &Path) -> anyhow::Result<Run> {
+    let text = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+    let mut lines = text.lines();
+    let head: Vec<&str> = lines
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("{}: empty", p.display()))?
+        .split(',')
+        .collect();
+    let col = |name: &str| {
+        head.iter().position(|h| *h == name).ok_or_else(|| {
+            anyhow::anyhow!(
+                "{}: no column {name} (not a shoal ycsb --csv file?)",
+                p.display()
+            )
+        })
+    };
+    let (t, ops, p99) = (col("time_s")?, col("ops_per_s")?, col("p99_us")?);
+    let mut run = Run {
+        label: label(p),
+        points: Vec::new(),
+        p99: Vec::new(),
+    };
+    for (n, line) in lines.enumerate() {
+        let f: Vec<&str> = line.split(',').collect();
+        let num = |i: usize| {
+            f.get(i).and_then(|v| v.parse::<f64>().ok()).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{} line {}: not a number in column {}",
+                    p.display(),
+                    n + 2,
+                    head[i]
+                )
+            })
+        };
+        run.points.push((num(t)?, num(ops)?));
+        run.p99.push((num(t)?, num(p99)?));
+    }
+    if run.points.is_empty() {
+        return Err(anyhow::anyhow!("{}: no rows", p.display()));
+    }
+    Ok(run)
+}
+
+/// Percentiles drawn: q from 0 to 0.99999, as x = 1/(1-q).
+fn read_json(p: &Path, op: Option<&str>) -> anyhow::Result<Run> {
+    let text = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+    let hist_json = match op {
+        None => &v["histogram_ns"],
+        Some(o) => &v["per_op"][o]["histogram_ns"],
+    };
+    if hist_json.is_null() {
+        return Err(anyhow::anyhow!(
+            "{}: no histogram{} (a shoal ycsb --json report?)",
+            p.display(),
+            op.map_or(String::new(), |o| format!(" for operation {o}"))
+        ));
+    }
+    let mut h = crate::report::hist();
+    crate::report::add_hist_json(&mut h, hist_json)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+    if h.is_empty() {
+        return Err(anyhow::anyhow!("{}: the histogram is empty", p.display()));
+    }
+    let mut points = Vec::new();
+    let mut x = 1.0f64;
+    while x <= 100_000.0 {
+        let q = 1.0 - 1.0 / x;
+        points.push((x, h.value_at_quantile(q).max(1) as f64 / 1000.0));
+        x *= 1.1;
+    }
+    Ok(Run {
+        label: label(p),
+        points,
+        p99: Vec::new(),
+    })
+}
+
+fn max_of(runs: &[Run], f: impl Fn(&Run) -> &[(f64, f64)], k: impl Fn(&(f64, f64)) -> f64) -> f64 {
+    runs.iter()
+        .flat_map(|r| f(r).iter().map(&k))
+        .fold(0.0, f64::max)
+}
+
+type DrawResult = Result<(), Box<dyn std::error::Error>>;
+
+fn draw_series(out: &Path, title: &str, runs: &[Run]) -> DrawResult {
+    let root = SVGBackend::new(out, (1000, 700)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let root = root.titled(title, ("sans-serif", 22))?;
+    let (upper, lower) = root.split_vertically(350);
+    let t_max = max_of(runs, |r| &r.points, |p| p.0).max(1.0);
+    let ops_max = max_of(runs, |r| &r.points, |p| p.1).max(1.0) * 1.1;
+    let mut c = ChartBuilder::on(&upper)
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0.0..t_max, 0.0..ops_max)?;
+    c.configure_mesh()
+        .x_desc("seconds")
+        .y_desc("operations/s")
+        .draw()?;
+    for (i, r) in runs.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        c.draw_series(LineSeries::new(
+            r.points.iter().copied(),
+            color.stroke_width(2),
+        ))?
+        .label(r.label.clone())
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+    }
+    c.configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    let p99_max = max_of(runs, |r| &r.p99, |p| p.1).max(1.0) * 1.1;
+    let mut c = ChartBuilder::on(&lower)
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0.0..t_max, 0.0..p99_max)?;
+    c.configure_mesh()
+        .x_desc("seconds")
+        .y_desc("p99 latency of the second (us)")
+        .draw()?;
+    for (i, r) in runs.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        c.draw_series(LineSeries::new(
+            r.p99.iter().copied(),
+            color.stroke_width(2),
+        ))?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+fn draw_percentiles(out: &Path, title: &str, runs: &[Run], op: Option<&str>) -> DrawResult {
+    let root = SVGBackend::new(out, (1000, 600)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let lat_max = max_of(runs, |r| &r.points, |p| p.1).max(1.0) * 2.0;
+    let lat_min = runs
+        .iter()
+        .flat_map(|r| r.points.iter().map(|p| p.1))
+        .fold(f64::MAX, f64::min)
+        .clamp(0.01, lat_max / 2.0);
+    let mut c = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(80)
+        .build_cartesian_2d((1.0..100_000.0).log_scale(), (lat_min..lat_max).log_scale())?;
+    c.configure_mesh()
+        .x_desc("percentile")
+        .y_desc(format!(
+            "latency (us){}",
+            op.map_or(String::new(), |o| format!(", {o}"))
+        ))
+        .x_label_formatter(&|x| {
+            let q = 100.0 * (1.0 - 1.0 / x);
+            if q < 99.0 {
+                format!("{q:.0}%")
+            } else {
+                let t = format!("{q:.3}");
+                format!("{}%", t.trim_end_matches('0').trim_end_matches('.'))
+            }
+        })
+        .draw()?;
+    for (i, r) in runs.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        c.draw_series(LineSeries::new(
+            r.points.iter().copied(),
+            color.stroke_width(2),
+        ))?
+        .label(r.label.clone())
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+    }
+    c.configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
