@@ -181,6 +181,7 @@ fn draw_series(out: &Path, title: &str, runs: &[Run]) -> DrawResult {
     c.configure_mesh()
         .x_desc("seconds")
         .y_desc("operations/s")
+        .y_label_formatter(&|v| format!("{v:.0}"))
         .draw()?;
     for (i, r) in runs.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
@@ -204,6 +205,7 @@ fn draw_series(out: &Path, title: &str, runs: &[Run]) -> DrawResult {
     c.configure_mesh()
         .x_desc("seconds")
         .y_desc("p99 latency of the second (us)")
+        .y_label_formatter(&|v| format!("{v:.0}"))
         .draw()?;
     for (i, r) in runs.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
@@ -228,6 +230,7 @@ fn draw_percentiles(out: &Path, title: &str, runs: &[Run], op: Option<&str>) -> 
     let mut c = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 22))
         .margin(15)
+        .margin_right(45)
         .x_label_area_size(40)
         .y_label_area_size(80)
         .build_cartesian_2d((1.0..100_000.0).log_scale(), (lat_min..lat_max).log_scale())?;
