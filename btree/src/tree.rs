@@ -264,6 +264,38 @@ impl BTree {
         }
     }
 
+    /// Rename the tree `from` to `to` in the catalog (handles of it stay valid). Fails with
+    /// [`TreeError::Exists`] if `to` is taken and [`TreeError::NotFound`] if `from` is not
+    /// there.
+    pub fn rename(w: &Worker, from: &str, to: &str) -> Result<(), TreeError> {
+        if w.catalog_lookup(from)?.is_none() {
+            return Err(TreeError::NotFound(from.to_string()));
+        }
+        w.catalog_rename(from, to).map_err(|e| match e {
+            EngineError::NameTaken(n) => TreeError::Exists(n),
+            e => e.into(),
+        })
+    }
+
+    /// Delete the tree `name`: take it out of the catalog, then free every page it has.
+    /// Returns the number of pages freed. No thread may use the tree meanwhile or afterwards
+    /// (its handles then point at freed pages). A crash in between leaks the pages not freed
+    /// yet (the catalog no longer names them); it never leaves a name pointing at freed pages.
+    pub fn drop_tree(w: &Worker, name: &str) -> Result<u64, TreeError> {
+        let t = BTree::open(w, name)?;
+        // every page of the tree, read (and checked) before anything changes
+        let report = t.verify(w).map_err(|why| {
+            EngineError::Catalog(format!("tree '{name}' is damaged, not dropped: {why}"))
+        })?;
+        w.catalog_remove(name)?;
+        let mut freed = 0;
+        for &pid in &report.pages {
+            w.run(|w| w.exclusive(pid))?.free()?;
+            freed += 1;
+        }
+        Ok(freed)
+    }
+
     /// The root page (fixed for the tree's life).
     pub fn root(&self) -> Pid {
         self.root

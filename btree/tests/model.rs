@@ -383,3 +383,61 @@ fn a_batch_with_an_oversized_record_writes_nothing() {
     ));
     assert_eq!(t.count(&w).unwrap(), 0);
 }
+
+/// Issue 28: trees can be renamed (handles stay valid) and dropped (every page freed: the
+/// store's pages in use go back to what they were; the name can be created again).
+#[test]
+fn trees_are_renamed_and_dropped_without_leaking_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(EngineConfig::new(dir.path(), 2 << 20)).unwrap();
+    let w = e.worker();
+    let keep = BTree::create(&w, "keep").unwrap();
+    keep.upsert(&w, b"k", b"v").unwrap();
+    let base = e.store().slots_in_use();
+    let t = BTree::create(&w, "big").unwrap();
+    for k in 0..20_000u64 {
+        t.upsert(&w, shoal_btree::u64_key(k), [1u8; 100]).unwrap();
+    }
+    BTree::rename(&w, "big", "renamed").unwrap();
+    assert!(matches!(
+        BTree::open(&w, "big"),
+        Err(shoal_btree::TreeError::NotFound(_))
+    ));
+    assert_eq!(BTree::open(&w, "renamed").unwrap(), t);
+    assert_eq!(t.count(&w).unwrap(), 20_000, "the handle still works");
+    assert!(matches!(
+        BTree::rename(&w, "renamed", "keep"),
+        Err(shoal_btree::TreeError::Exists(_))
+    ));
+    assert!(matches!(
+        BTree::rename(&w, "nope", "x"),
+        Err(shoal_btree::TreeError::NotFound(_))
+    ));
+    let pages = e.store().slots_in_use() - base;
+    assert!(pages > 100, "{pages}");
+    assert_eq!(BTree::drop_tree(&w, "renamed").unwrap(), pages);
+    assert_eq!(
+        e.store().slots_in_use(),
+        base,
+        "every page of the tree freed"
+    );
+    assert!(matches!(
+        BTree::open(&w, "renamed"),
+        Err(shoal_btree::TreeError::NotFound(_))
+    ));
+    let again = BTree::create(&w, "renamed").unwrap();
+    assert_eq!(again.count(&w).unwrap(), 0);
+    assert_eq!(keep.get(&w, b"k").unwrap().unwrap(), b"v");
+    drop(w);
+    e.close().unwrap();
+    // and the store reopens with the catalog as left
+    let e = Engine::open(EngineConfig::new(dir.path(), 2 << 20)).unwrap();
+    let w = e.worker();
+    let names: Vec<String> = w
+        .catalog_list()
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, ["keep", "renamed"]);
+}

@@ -95,4 +95,62 @@ impl Worker {
             Ok(())
         })
     }
+
+    /// Remove `name`; returns the page it named, or `None` if it was not registered.
+    pub fn catalog_remove(&self, name: &str) -> Result<Option<Pid>, EngineError> {
+        self.catalog_rewrite(|entries| {
+            let at = entries.iter().position(|(n, _)| n == name);
+            Ok(at.map(|i| entries.remove(i).1))
+        })
+    }
+
+    /// Rename `from` to `to`. Fails with [`EngineError::NameTaken`] if `to` exists, and with
+    /// [`EngineError::Catalog`] if `from` does not.
+    pub fn catalog_rename(&self, from: &str, to: &str) -> Result<(), EngineError> {
+        if to.is_empty() || to.len() > MAX_NAME {
+            return Err(EngineError::Catalog(format!(
+                "name must be 1..={MAX_NAME} bytes, got {}",
+                to.len()
+            )));
+        }
+        self.catalog_rewrite(|entries| {
+            if entries.iter().any(|(n, _)| n == to) {
+                return Err(EngineError::NameTaken(to.to_string()));
+            }
+            let e = entries
+                .iter_mut()
+                .find(|(n, _)| n == from)
+                .ok_or_else(|| EngineError::Catalog(format!("'{from}' is not registered")))?;
+            e.0 = to.to_string();
+            Ok(())
+        })
+    }
+
+    /// Change the entries under the catalog page's exclusive latch and write them back.
+    fn catalog_rewrite<T>(
+        &self,
+        mut change: impl FnMut(&mut Vec<(String, Pid)>) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        self.run(|w| -> OpResult<T> {
+            let mut g = w.exclusive(Pid::CATALOG)?;
+            let mut entries = parse(g.data())?;
+            let out = change(&mut entries).map_err(Restart::Fail)?;
+            if used(&entries) > PAGE_DATA_SIZE {
+                return Err(Restart::Fail(EngineError::Catalog(format!(
+                    "the catalog page is full ({} entries)",
+                    entries.len()
+                ))));
+            }
+            let mut m = g.page_mut();
+            let mut off = HEADER;
+            for (n, pid) in &entries {
+                m.set_u8(off, n.len() as u8);
+                m.write(off + 1, n.as_bytes());
+                m.set_u64(off + 1 + n.len(), pid.raw());
+                off += 9 + n.len();
+            }
+            m.set_u16(0, entries.len() as u16);
+            Ok(out)
+        })
+    }
 }
