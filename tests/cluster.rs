@@ -1108,3 +1108,28 @@ fn a_cluster_dropped_without_close_leaves_stores_that_open_with_every_write() {
     drop(w);
     c.close().unwrap();
 }
+
+/// Issue 28: `Cluster::builder(..).tcp_loopback()` opens a cluster whose nodes talk over real
+/// tcp sockets (with a secret) in one process: a page homed on node 1 and written from node
+/// 0 reads back everywhere, and after a clean close the same directories open as a `mem`
+/// cluster with the write in place.
+#[test]
+fn a_builder_opens_a_tcp_cluster_in_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::builder(2, dir.path())
+        .cache_bytes(8 << 20)
+        .tcp_loopback()
+        .expect("a tcp cluster on loopback");
+    let pid = allocate(&c.node(1).worker(), 1)[0];
+    let v = rewrite_page(&c.node(0).worker(), pid);
+    let mut torn = 0;
+    assert_eq!(read_words(&c.node(1).worker(), pid, false, &mut torn)[0], v);
+    c.close().unwrap();
+    drop(c);
+    let c = Cluster::builder(2, dir.path())
+        .cache_bytes(8 << 20)
+        .mem()
+        .unwrap();
+    assert_eq!(read_words(&c.node(0).worker(), pid, true, &mut torn)[0], v);
+    c.close().unwrap();
+}

@@ -14,11 +14,128 @@ use crate::engine::{Engine, Membership};
 use crate::error::EngineError;
 use crate::pid::MAX_NODES;
 use shoal_messaging::{mem_cluster, ChannelLayout, MemTransport, Transport, WaitMode};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// How long a clean shutdown waits for foreign pages to go home.
 pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Builds a [`Cluster`] with defaults: each node in `<data_dir>/node<i>` with a 64 MiB cache,
+/// remote pages awaited for at most 10 s; [`ClusterBuilder::mem`] or
+/// [`ClusterBuilder::tcp_loopback`] opens it.
+///
+/// ```
+/// use shoal_engine::Cluster;
+/// let dir = tempfile::tempdir()?;
+/// let cluster = Cluster::builder(2, dir.path()).cache_bytes(16 << 20).mem()?;
+/// // a page homed on node 1, written from node 0: the protocol brings it over
+/// let pid = cluster.node(1).worker().allocate()?.pid();
+/// let w0 = cluster.node(0).worker();
+/// w0.run(|w| w.exclusive(pid))?.page_mut().set_u64(0, 7);
+/// let read = cluster.node(1).worker().run(|w| w.shared(pid))?.page().u64(0);
+/// assert_eq!(read, 7);
+/// drop(w0);
+/// cluster.close()?; // (dropping it would close it too)
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct ClusterBuilder {
+    nodes: usize,
+    data_dir: PathBuf,
+    cache_bytes: usize,
+    remote_timeout: Duration,
+    configure: Option<Box<dyn Fn(u8, &mut EngineConfig)>>,
+}
+
+impl ClusterBuilder {
+    /// Page cache per node (default 64 MiB).
+    pub fn cache_bytes(mut self, bytes: usize) -> Self {
+        self.cache_bytes = bytes;
+        self
+    }
+
+    /// How long a worker waits for a page from another node (default 10 s).
+    pub fn remote_timeout(mut self, t: Duration) -> Self {
+        self.remote_timeout = t;
+        self
+    }
+
+    /// Adjust node `i`'s configuration (durability, devices, ...) after the defaults.
+    pub fn configure(mut self, f: impl Fn(u8, &mut EngineConfig) + 'static) -> Self {
+        self.configure = Some(Box::new(f));
+        self
+    }
+
+    fn config(&self, i: u8) -> EngineConfig {
+        let mut c = EngineConfig::new(self.data_dir.join(format!("node{i}")), self.cache_bytes);
+        if let Some(f) = &self.configure {
+            f(i, &mut c);
+        }
+        c
+    }
+
+    /// Open the nodes in this process over the `mem` transport.
+    pub fn mem(self) -> Result<Cluster, EngineError> {
+        Cluster::mem(self.nodes, self.remote_timeout, |i| self.config(i))
+    }
+
+    /// Open the nodes in this process, connected over tcp on loopback (free ports, a fresh
+    /// cluster secret): the same wire path as a cluster of processes, in one process.
+    pub fn tcp_loopback(self) -> Result<Cluster, EngineError> {
+        use shoal_messaging::tcp::{free_loopback_addrs, TcpConfig, TcpTransport};
+        if self.nodes == 0 || self.nodes > MAX_NODES {
+            return Err(EngineError::Config(format!(
+                "a cluster has 1 to {MAX_NODES} nodes, got {}",
+                self.nodes
+            )));
+        }
+        let io = |what: &str, e: std::io::Error| EngineError::Config(format!("{what}: {e}"));
+        let addrs = free_loopback_addrs(self.nodes).map_err(|e| io("free loopback ports", e))?;
+        let secret = crate::cluster_file::new_secret_hex()
+            .map_err(|e| io("a cluster secret", e))?
+            .into_bytes();
+        let layout = ChannelLayout::new(self.nodes as u8);
+        let listeners = addrs
+            .iter()
+            .map(|a| {
+                std::net::TcpListener::bind(a).map_err(|e| io(&format!("listening on {a}"), e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // every node's start blocks until the mesh is connected: one thread each
+        let starts: Vec<_> = listeners
+            .into_iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let cfg = TcpConfig {
+                    node: i as u8,
+                    cluster_id: u64::from(std::process::id()),
+                    addrs: addrs.clone(),
+                    connect_timeout: Duration::from_secs(30),
+                    secret: secret.clone(),
+                    encrypt: false,
+                };
+                let region = layout.region();
+                std::thread::spawn(move || -> Result<Arc<dyn Transport>, EngineError> {
+                    let region = region
+                        .map_err(|e| EngineError::Config(format!("cluster messaging: {e}")))?;
+                    TcpTransport::start(cfg, l, Arc::new(region))
+                        .map(|t| t as Arc<dyn Transport>)
+                        .map_err(|e| EngineError::Join {
+                            node: i as u8,
+                            why: e.to_string(),
+                        })
+                })
+            })
+            .collect();
+        let mut transports = Vec::with_capacity(starts.len());
+        for h in starts {
+            transports.push(h.join().map_err(|_| {
+                EngineError::Config("a transport's start-up thread panicked".into())
+            })??);
+        }
+        Cluster::over(transports, self.remote_timeout, |i| self.config(i))
+    }
+}
 
 /// N nodes in one process. Dropping it closes it as [`Cluster::close`] does (errors are
 /// logged), so an early return or a panic does not leave every store unclean.
@@ -29,6 +146,17 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// A [`ClusterBuilder`] for `nodes` nodes under `data_dir`, with defaults.
+    pub fn builder(nodes: usize, data_dir: impl Into<PathBuf>) -> ClusterBuilder {
+        ClusterBuilder {
+            nodes,
+            data_dir: data_dir.into(),
+            cache_bytes: 64 << 20,
+            remote_timeout: Duration::from_secs(10),
+            configure: None,
+        }
+    }
+
     /// Open `n` nodes over `mem`; `cfg(i)` is node `i`'s configuration (its `node_id` is set
     /// here).
     pub fn mem(

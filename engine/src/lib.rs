@@ -51,7 +51,7 @@ mod provider;
 mod stats;
 
 pub use buffer::page::{PageMut, PageRef};
-pub use cluster::Cluster;
+pub use cluster::{Cluster, ClusterBuilder};
 pub use cluster_file::{join, new_secret_hex, ClusterFile, Secret, SECRET_BYTES};
 pub use config::{format_bytes, parse_bytes, Durability, EngineConfig, RollBack, MIN_CACHE_FRAMES};
 pub use engine::{lock_for_reading, Engine, Membership, ProtocolStats};
