@@ -44,8 +44,11 @@ pub struct ClusterBuilder {
     data_dir: PathBuf,
     cache_bytes: usize,
     remote_timeout: Duration,
-    configure: Option<Box<dyn Fn(u8, &mut EngineConfig)>>,
+    configure: Option<Configure>,
 }
+
+/// Adjusts node `i`'s configuration (see [`ClusterBuilder::configure`]).
+type Configure = Box<dyn Fn(u8, &mut EngineConfig)>;
 
 impl ClusterBuilder {
     /// Page cache per node (default 64 MiB).
