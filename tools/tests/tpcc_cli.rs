@@ -226,3 +226,48 @@ fn tpcc_json_goes_to_stdout_with_the_run_facts() {
     assert!(v["throughput_txn_per_s"].as_f64().unwrap() > 0.0);
     assert!(String::from_utf8_lossy(&out.stderr).contains("txn/s"));
 }
+
+/// Issue 28: `--rate` paces the transactions (never above the rate: checked from above
+/// only) and `--csv` writes a row per second.
+#[test]
+fn tpcc_rate_and_csv() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("t.csv");
+    let json = dir.path().join("t.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .args([
+            "tpcc",
+            "--duration",
+            "2",
+            "--warmup",
+            "1",
+            "--rate",
+            "400",
+            "--quiet",
+            "--csv",
+        ])
+        .arg(&csv)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let tps = v["throughput_txn_per_s"].as_f64().unwrap();
+    assert!(tps > 0.0 && tps <= 400.0 * 1.05 + 5.0, "{tps} txn/s");
+    assert_eq!(v["rate_txn_per_s"], 400.0);
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some("time_s,phase,txn_per_s,new_orders_per_min")
+    );
+    let rows: Vec<&str> = lines.collect();
+    assert!(rows.len() >= 2, "{text}");
+    assert!(rows.iter().all(|r| r.split(',').count() == 4), "{text}");
+}

@@ -89,15 +89,34 @@ pub struct Args {
     /// Seed of the random inputs (the run is still timing-dependent).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Write the results as JSON to this file.
+    /// Write the results as JSON to this file (`-`: standard output; the per-second lines and
+    /// the summary then go to standard error).
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Target rate in transactions per second over all workers (BenchBase's `rate`): each
+    /// worker starts its transactions on a fixed schedule, and latencies count from the
+    /// intended start (queueing included).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Write one CSV row per second (warm-up included): transactions/s and NewOrders/min.
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
     /// No per-second lines and no progress bar.
     #[arg(long)]
     pub quiet: bool,
 }
 
 fn validate(a: &Args) -> anyhow::Result<u64> {
+    if let Some(r) = a.rate {
+        if !(r.is_finite() && r > 0.0) {
+            return Err(anyhow::anyhow!("--rate {r}: transactions per second, > 0"));
+        }
+    }
+    if a.csv.is_some() && a.net.transport == crate::cli::Transport::Tcp && a.net.cluster.is_none() {
+        return Err(anyhow::anyhow!(
+            "--csv with --transport tcp: not yet (each node can write its own with --cluster)"
+        ));
+    }
     a.net.validate()?;
     if a.warehouses == 0 || (a.warehouses as usize) < a.net.nodes {
         return Err(anyhow::anyhow!(
@@ -142,6 +161,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         crate::cli::check_output("--json", p)?;
     }
     crate::report::json_takes_stdout(a.json.as_deref());
+    if let Some(p) = &a.csv {
+        crate::cli::check_output("--csv", p)?;
+    }
     if let (Some(path), Some(id)) = (&a.net.cluster, a.net.id) {
         let file = ClusterFile::load(path).map_err(anyhow::Error::from)?;
         if (a.warehouses as usize) < file.nodes.len() {
@@ -511,6 +533,19 @@ fn run_phase(
     let mut before = Vec::new();
     let mut after = Vec::new();
     let (mut log0, mut log1) = Default::default();
+    let run_start = Instant::now();
+    let mut csv = match &a.csv {
+        Some(p) => {
+            use std::io::Write as _;
+            let mut f = std::fs::File::create(p)
+                .map(std::io::BufWriter::new)
+                .map_err(|e| anyhow::anyhow!("--csv {}: {e}", p.display()))?;
+            writeln!(f, "time_s,phase,txn_per_s,new_orders_per_min")
+                .map_err(|e| anyhow::anyhow!("--csv {}: {e}", p.display()))?;
+            Some(f)
+        }
+        None => None,
+    };
     let tallies: Vec<Tally> = std::thread::scope(|s| {
         let hs: Vec<_> = plan
             .iter()
@@ -518,8 +553,11 @@ fn run_phase(
             .map(|(id, (n, homes))| {
                 let (phase, total, new_orders, failed) = (&phase, &total, &new_orders, &failed);
                 let e = nodes.engines[*n];
+                // this worker's share of --rate: one transaction every `pace`
+                let pace = a.rate.map(|r| Duration::from_secs_f64(threads as f64 / r));
                 s.spawn(move || {
                     let w = e.worker();
+                    let mut next_at = Instant::now();
                     let mut ctx = txn::Ctx {
                         w: &w,
                         t,
@@ -549,7 +587,20 @@ fn run_phase(
                         }
                         let ty = txn::pick(&mut ctx.rng);
                         let home = homes[ctx.rng.random_range(0..homes.len())];
-                        let t0 = Instant::now();
+                        // with --rate, latency counts from the intended start
+                        let t0 = match pace {
+                            Some(p) => {
+                                next_at += p;
+                                while Instant::now() < next_at
+                                    && phase.load(Ordering::Relaxed) != STOP
+                                {
+                                    let left = next_at - Instant::now();
+                                    std::thread::sleep(left.min(Duration::from_millis(10)));
+                                }
+                                next_at
+                            }
+                            None => Instant::now(),
+                        };
                         let mut done = |t0: Instant, (ty, d): (usize, txn::Done)| {
                             total.fetch_add(1, Ordering::Relaxed);
                             if ty == 0 && !d.rolled_back {
@@ -587,7 +638,7 @@ fn run_phase(
                 })
             })
             .collect();
-        let sleep_until = |end: Instant| {
+        let mut sleep_until = |end: Instant| {
             // (the baseline is the current count: the first line of a phase reports that
             // phase's rate, not everything since the start)
             let mut last = (
@@ -600,17 +651,29 @@ fn run_phase(
                 && !crate::stop::requested()
             {
                 std::thread::sleep(Duration::from_millis(200).min(end - Instant::now()));
-                if last.0.elapsed() >= Duration::from_secs(1) && !a.quiet {
+                if last.0.elapsed() >= Duration::from_secs(1) && (!a.quiet || csv.is_some()) {
                     let (t, no) = (
                         total.load(Ordering::Relaxed),
                         new_orders.load(Ordering::Relaxed),
                     );
                     let secs = last.0.elapsed().as_secs_f64();
-                    say!(
-                        "{:>10.0} txn/s  {:>10.0} NewOrders/min",
+                    let (tps, nopm) = (
                         (t - last.1) as f64 / secs,
-                        (no - last.2) as f64 / secs * 60.0
+                        (no - last.2) as f64 / secs * 60.0,
                     );
+                    if !a.quiet {
+                        say!("{tps:>10.0} txn/s  {nopm:>10.0} NewOrders/min");
+                    }
+                    if let Some(f) = &mut csv {
+                        use std::io::Write as _;
+                        let warm = phase.load(Ordering::Relaxed) == WARMUP;
+                        let _ = writeln!(
+                            f,
+                            "{:.3},{},{tps:.1},{nopm:.1}",
+                            run_start.elapsed().as_secs_f64(),
+                            if warm { "warmup" } else { "measure" }
+                        );
+                    }
                     last = (Instant::now(), t, no);
                 }
             }
@@ -625,6 +688,12 @@ fn run_phase(
         after = nodes.engines.iter().map(|e| node_counters(e)).collect();
         log1 = nodes.engines[0].stats().log;
         measured = m0.elapsed().as_secs_f64();
+        if let Some(mut f) = csv.take() {
+            use std::io::Write as _;
+            if let Err(e) = f.flush() {
+                eprintln!("--csv: {e}");
+            }
+        }
         hs.into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Tally::new()))
             .collect()
@@ -764,6 +833,7 @@ fn report(
         "command": "tpcc",
         "run": crate::report::run_facts(a.seed, *STARTED.get_or_init(std::time::SystemTime::now)),
         "stopped_by_signal": crate::stop::requested(),
+        "rate_txn_per_s": a.rate,
         "warehouses": a.warehouses,
         "nodes": o.per_node.len(),
         "workers": o.threads,

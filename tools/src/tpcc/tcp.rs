@@ -39,6 +39,11 @@ fn node_args(a: &Args, file: &Path, id: usize, json: &Path) -> Vec<String> {
     if a.check {
         v.push("--check".into());
     }
+    if let Some(r) = a.rate {
+        // each node its share of the rate
+        v.push("--rate".into());
+        v.push((r / a.net.nodes as f64).to_string());
+    }
     if id != 0 || a.quiet {
         v.push("--quiet".into());
     }
