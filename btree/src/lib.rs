@@ -13,6 +13,7 @@
 pub mod error;
 pub mod key;
 pub mod node;
+pub mod overflow;
 pub mod range;
 pub mod tree;
 pub mod value_hint;
@@ -21,6 +22,7 @@ pub mod verify;
 pub use error::TreeError;
 pub use key::{decode_u64, u64_key, KeyBuilder};
 pub use node::{MAX_KEY, MAX_RECORD};
+pub use overflow::MAX_VALUE;
 pub use range::Range;
 pub use tree::{roll_back, BTree, Batch, Direction, Insert, Put, LOOKUP_GROUP};
 pub use verify::{verify_tree, TreeReport};

@@ -17,7 +17,8 @@
 //!  40          heads    u64 each: first 8 key bytes, big endian, zero padded: most
 //!                       comparisons end here, so a search reads only this dense array
 //!  40 + 8n     infos    off u16 (heap offset of key bytes, followed by value bytes), klen u16,
-//!                       vlen u16 (0 in inner nodes), pad u16
+//!                       vlen u16 (0 in inner nodes), flags u16 (leaves: bit 0 = the value is
+//!                       a reference to overflow pages, see `crate::overflow`)
 //!  40 + 16n    children u64 each: inner nodes' child pids; unused in leaves
 //! ```
 //!
@@ -130,6 +131,19 @@ pub fn val_len(p: PageRef<'_>, i: usize) -> usize {
 pub fn slot_info(p: PageRef<'_>, i: usize) -> (usize, usize, usize) {
     info(p, i)
 }
+/// Flag of a leaf slot: its value bytes are a reference to overflow pages.
+pub const FLAG_OVERFLOW: u16 = 1;
+
+/// Slot `i`'s flags (leaves; see [`FLAG_OVERFLOW`]).
+#[inline]
+pub fn val_flags(p: PageRef<'_>, i: usize) -> u16 {
+    let n = count(p);
+    if i >= n {
+        return 0;
+    }
+    p.u16(info_at(n, i) + 6)
+}
+
 /// Slot `i`'s head.
 #[inline]
 pub fn head_of(p: PageRef<'_>, i: usize) -> u64 {
@@ -343,6 +357,16 @@ pub fn check_layout(b: &[u8; PAGE_DATA_SIZE]) -> Result<(), String> {
         if kind == KIND_INNER && vlen != 0 {
             return Err(format!("inner slot {i} has a {vlen}-byte value"));
         }
+        let flags = g16(b, s + 6) as u16;
+        if kind == KIND_INNER && flags != 0 || flags & !FLAG_OVERFLOW != 0 {
+            return Err(format!("slot {i} has flags {flags:#x}"));
+        }
+        if flags & FLAG_OVERFLOW != 0 && vlen != crate::overflow::REF_LEN {
+            return Err(format!(
+                "slot {i} refers to overflow pages with {vlen} bytes (a reference has {})",
+                crate::overflow::REF_LEN
+            ));
+        }
         objects.push((off, klen + vlen, format!("slot {i}")));
     }
     let mut live = 0;
@@ -406,8 +430,8 @@ fn s64(b: &mut [u8], o: usize, v: u64) {
     b[o..o + 8].copy_from_slice(&v.to_le_bytes());
 }
 
-/// An owned entry (used when redistributing entries in splits).
-pub type Entry = (Vec<u8>, Vec<u8>);
+/// An owned entry (used when redistributing entries in splits): key, value, flags.
+pub type Entry = (Vec<u8>, Vec<u8>, u16);
 
 impl<'a> NodeMut<'a> {
     pub fn new(b: &'a mut [u8; PAGE_DATA_SIZE]) -> Self {
@@ -485,8 +509,16 @@ impl<B: Deref<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
 
     pub fn entries(&self) -> Vec<Entry> {
         (0..self.count())
-            .map(|i| (self.key(i).to_vec(), self.value(i).to_vec()))
+            .map(|i| (self.key(i).to_vec(), self.value(i).to_vec(), self.flags(i)))
             .collect()
+    }
+
+    /// Slot `i`'s flags (leaves; see [`FLAG_OVERFLOW`]).
+    pub fn flags(&self, i: usize) -> u16 {
+        if self.kind() == KIND_INNER {
+            return 0;
+        }
+        g16(&self.b[..], info_at(self.count(), i) + 6) as u16
     }
 
     fn free_contiguous(&self) -> usize {
@@ -602,9 +634,9 @@ impl<B: DerefMut<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
         self.init(kind, level, lower.as_deref(), upper.as_deref());
         self.set_right(right);
         self.set_upper_child(up);
-        for (k, v) in &entries {
+        for (k, v, f) in &entries {
             let n = self.count();
-            self.insert_at(n, k, v);
+            self.insert_flagged(n, k, v, *f);
         }
     }
 
@@ -625,7 +657,13 @@ impl<B: DerefMut<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
     /// Insert at position `i`. The caller checked `fits`. In inner nodes `val` is the child
     /// pid (8 bytes), stored in the slot.
     pub fn insert_at(&mut self, i: usize, key: &[u8], val: &[u8]) {
+        self.insert_flagged(i, key, val, 0);
+    }
+
+    /// [`NodeMut::insert_at`] with the slot's flags (leaves; see [`FLAG_OVERFLOW`]).
+    pub fn insert_flagged(&mut self, i: usize, key: &[u8], val: &[u8], flags: u16) {
         let inner = self.kind() == KIND_INNER;
+        debug_assert!(!inner || flags == 0, "inner slots have no flags");
         let (child, val): (u64, &[u8]) = if inner { (g64(val, 0), &[]) } else { (0, val) };
         let need = entry_space(key.len(), val.len());
         assert!(self.free_space() >= need, "insert into a full node");
@@ -651,7 +689,7 @@ impl<B: DerefMut<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
         s16(b, s, o);
         s16(b, s + 2, key.len());
         s16(b, s + 4, val.len());
-        s16(b, s + 6, 0);
+        s16(b, s + 6, flags as usize);
         s64(b, child_at(n + 1, i), child);
         s16(b, COUNT, n + 1);
         s16(b, LAST_INSERT, i);
@@ -679,13 +717,20 @@ impl<B: DerefMut<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
     /// Replace slot `i`'s value with one of possibly different length. The caller checked
     /// that the new value fits (`free_space() + old len >= new len`).
     pub fn replace_value(&mut self, i: usize, val: &[u8]) {
+        self.replace_flagged(i, val, 0);
+    }
+
+    /// [`NodeMut::replace_value`], setting the slot's flags too.
+    pub fn replace_flagged(&mut self, i: usize, val: &[u8], flags: u16) {
         if self.value(i).len() == val.len() {
             self.value_mut(i).copy_from_slice(val);
+            let s = info_at(self.count(), i) + 6;
+            s16(&mut self.b[..], s, flags as usize);
             return;
         }
         let key = self.key(i).to_vec();
         self.remove_at(i);
-        self.insert_at(i, &key, val);
+        self.insert_flagged(i, &key, val, flags);
     }
 
     /// Set the child pointer of inner slot `i` (or the upper child for `i == count`).

@@ -27,9 +27,11 @@
 //!   parent's separators and starts loading those lines with the leaf's (a prefetch only).
 
 use crate::error::TreeError;
+use crate::node::FLAG_OVERFLOW;
 use crate::node::{
     self, Entry, NodeMut, NodeRef, KIND_INNER, KIND_LEAF, MAX_KEY, MAX_RECORD, NO_PAGE,
 };
+use crate::overflow::{self, ValueRef};
 use crate::range::Range;
 use crate::value_hint;
 use crate::verify::{verify_tree, TreeReport};
@@ -201,6 +203,34 @@ fn no_write_in_own_scan(root: Pid) -> Result<(), TreeError> {
     Ok(())
 }
 
+/// Log how to undo an in-place update of `key`'s value from `old` to `new`: only the bytes
+/// that changed (rows change a few fields).
+fn log_changed_bytes(w: &Worker, root: Pid, key: &[u8], old: &[u8], new: &[u8]) {
+    if let Some(first) = old.iter().zip(new).position(|(a, b)| a != b) {
+        let last = old.len()
+            - old
+                .iter()
+                .zip(new)
+                .rev()
+                .position(|(a, b)| a != b)
+                .unwrap_or(0);
+        w.log_undo(&undo_range(root, key, first, &old[first..last]));
+    }
+}
+
+/// A leaf slot flagged as an overflow reference whose bytes are not one.
+fn bad_reference(leaf: Pid) -> Restart {
+    Restart::Fail(damaged_reference(leaf))
+}
+
+fn damaged_reference(leaf: Pid) -> EngineError {
+    EngineError::Catalog(format!("leaf {leaf} holds a damaged overflow reference"))
+}
+
+fn damaged(leaf: Pid) -> TreeError {
+    TreeError::Engine(damaged_reference(leaf))
+}
+
 fn not_a_node(pid: Pid) -> Restart {
     Restart::Fail(EngineError::Catalog(format!(
         "page {pid} is not a B-tree node (corrupt tree or wrong root)"
@@ -308,10 +338,10 @@ impl BTree {
                 max: MAX_KEY,
             });
         }
-        if key.len() + vlen > MAX_RECORD {
+        if vlen > overflow::MAX_VALUE {
             return Err(TreeError::RecordTooLarge {
                 len: key.len() + vlen,
-                max: MAX_RECORD,
+                max: overflow::MAX_VALUE,
             });
         }
         Ok(())
@@ -356,11 +386,20 @@ impl BTree {
             let g = self.find_leaf(w, key)?;
             let p = g.page();
             let (i, found) = node::lower_bound(p, key);
+            let mut big = false;
             if found {
                 value_hint::learn(self.root, p, i);
                 node::value_into(p, i, out);
+                big = node::val_flags(p, i) & FLAG_OVERFLOW != 0;
             }
             g.validate()?;
+            if big {
+                let r = ValueRef::decode(out).ok_or_else(|| bad_reference(g.pid()))?;
+                let read = overflow::read(w, r, out);
+                // the chain is only trustworthy while the leaf still points at it
+                g.validate()?;
+                read?;
+            }
             Ok(found)
         })?)
     }
@@ -493,6 +532,10 @@ impl BTree {
             if let Some(g) = &lane.node {
                 if let Some(i) = lane.slot {
                     node::value_into(g.page(), i, buf);
+                    if node::val_flags(g.page(), i) & FLAG_OVERFLOW != 0 {
+                        lane.node = None; // an overflow value: a lookup of its own reads it
+                        continue;
+                    }
                 }
                 if !g.is_valid() {
                     lane.node = None;
@@ -563,32 +606,72 @@ impl BTree {
     ) -> Result<Put, TreeError> {
         Self::check_sizes(key, value.len())?;
         no_write_in_own_scan(self.root)?;
-        let need = node::entry_space(key.len(), value.len());
+        // a record too large for a leaf: the value goes to overflow pages first
+        let chain = if key.len() + value.len() > MAX_RECORD {
+            Some(overflow::write(w, value)?)
+        } else {
+            None
+        };
+        let reference = chain.map(|r| r.encode());
+        let (stored, flags): (&[u8], u16) = match &reference {
+            Some(r) => (&r[..], FLAG_OVERFLOW),
+            None => (value, 0),
+        };
+        let r = self.put_stored(w, key, stored, flags, mode, keep_old, old);
+        if let Some(c) = chain {
+            if !matches!(r, Ok(Put::Inserted | Put::Replaced)) {
+                overflow::free(w, c); // not referenced: the key existed, or the put failed
+            }
+        }
+        r
+    }
+
+    /// `put` of the bytes a leaf slot holds (`flags`: see [`FLAG_OVERFLOW`]). A replaced
+    /// value's chain is freed once the leaf's latch is released.
+    #[allow(clippy::too_many_arguments)]
+    fn put_stored(
+        &self,
+        w: &Worker,
+        key: &[u8],
+        stored: &[u8],
+        flags: u16,
+        mode: Mode,
+        keep_old: bool,
+        old: &mut Vec<u8>,
+    ) -> Result<Put, TreeError> {
+        let need = node::entry_space(key.len(), stored.len());
         let log = w.logs_undo();
-        let undo = log || keep_old;
+        // what the slot held before a replace: its bytes and flags
+        let mut was: (Vec<u8>, u16) = (Vec::new(), 0);
         loop {
             let step = w.run(|w| {
                 let leaf = self.find_leaf(w, key)?;
                 let mut x = leaf.to_exclusive()?;
                 let pid = x.pid();
+                let p = x.page();
+                let (i, exact) = node::lower_bound(p, key);
+                if exact && keep_old && mode == Mode::Upsert {
+                    // the whole value before (read before anything changes: this may restart)
+                    node::value_into(p, i, old);
+                    if node::val_flags(p, i) & FLAG_OVERFLOW != 0 {
+                        let r = ValueRef::decode(old).ok_or_else(|| bad_reference(pid))?;
+                        overflow::read(w, r, old)?;
+                    }
+                }
                 let step = x.modify(|b| {
                     let mut n = NodeMut::new(b);
-                    let (i, exact) = n.lower_bound(key);
                     if exact {
                         if mode == Mode::Insert {
                             return Step::Done(Put::Exists);
                         }
-                        if n.free_space() + n.value(i).len() >= value.len() {
-                            if undo {
-                                old.clear();
-                                old.extend_from_slice(n.value(i));
-                            }
-                            n.replace_value(i, value);
+                        if n.free_space() + n.value(i).len() >= stored.len() {
+                            was = (n.value(i).to_vec(), n.flags(i));
+                            n.replace_flagged(i, stored, flags);
                             return Step::Done(Put::Replaced);
                         }
                         Step::Split(pid, need)
-                    } else if n.fits(key.len(), value.len()) {
-                        n.insert_at(i, key, value);
+                    } else if n.fits(key.len(), stored.len()) {
+                        n.insert_flagged(i, key, stored, flags);
                         Step::Done(Put::Inserted)
                     } else {
                         Step::Split(pid, need)
@@ -597,8 +680,13 @@ impl BTree {
                 if log {
                     match step {
                         Step::Done(Put::Inserted) => w.log_undo(&undo_record(self.root, key, None)),
+                        // an overflow value's undo is its reference (its chain is freed at
+                        // the commit, not before: `overflow::release`)
+                        Step::Done(Put::Replaced) if was.1 & FLAG_OVERFLOW != 0 => {
+                            w.log_undo(&undo_reference(self.root, key, &was.0))
+                        }
                         Step::Done(Put::Replaced) => {
-                            w.log_undo(&undo_record(self.root, key, Some(old)))
+                            w.log_undo(&undo_record(self.root, key, Some(&was.0)))
                         }
                         _ => {}
                     }
@@ -606,7 +694,14 @@ impl BTree {
                 Ok(step)
             })?;
             match step {
-                Step::Done(p) => return Ok(p),
+                Step::Done(p) => {
+                    if p == Put::Replaced && was.1 & FLAG_OVERFLOW != 0 {
+                        if let Some(r) = ValueRef::decode(&was.0) {
+                            overflow::release(w, r);
+                        }
+                    }
+                    return Ok(p);
+                }
                 Step::Split(pid, need) => w.run(|w| self.try_split(w, key, pid, need))?,
             }
         }
@@ -621,7 +716,9 @@ impl BTree {
     ) -> Result<bool, TreeError> {
         let key = key.as_ref();
         no_write_in_own_scan(self.root)?;
-        Ok(w.run(|w| {
+        // an overflow value is rewritten into a new chain; the old one is freed afterwards
+        let mut replaced: Option<ValueRef> = None;
+        let found = w.run(|w| {
             let leaf = self.find_leaf(w, key)?;
             let (i, found) = node::lower_bound(leaf.page(), key);
             leaf.validate()?;
@@ -634,24 +731,31 @@ impl BTree {
             let off = node::value_offset(p, i);
             let mut v = Vec::new();
             node::value_into(p, i, &mut v);
+            if node::val_flags(p, i) & FLAG_OVERFLOW != 0 {
+                let r = ValueRef::decode(&v).ok_or_else(|| bad_reference(x.pid()))?;
+                overflow::read(w, r, &mut v)?; // (may restart: nothing changed yet)
+                f(&mut v);
+                let new = overflow::write(w, &v).map_err(Restart::Fail)?;
+                if w.logs_undo() {
+                    // undo puts the old reference back (the old chain is kept until commit)
+                    w.log_undo(&undo_reference(self.root, key, &r.encode()));
+                }
+                x.page_mut().write(off, &new.encode());
+                replaced = Some(r);
+                return Ok(true);
+            }
             let before = w.logs_undo().then(|| v.clone());
             f(&mut v);
             if let Some(old) = before {
-                // only the bytes that changed (rows change a few fields)
-                if let Some(first) = old.iter().zip(&v).position(|(a, b)| a != b) {
-                    let last = old.len()
-                        - old
-                            .iter()
-                            .zip(&v)
-                            .rev()
-                            .position(|(a, b)| a != b)
-                            .unwrap_or(0);
-                    w.log_undo(&undo_range(self.root, key, first, &old[first..last]));
-                }
+                log_changed_bytes(w, self.root, key, &old, &v);
             }
             x.page_mut().write(off, &v);
             Ok(true)
-        })?)
+        })?;
+        if let Some(r) = replaced {
+            overflow::release(w, r);
+        }
+        Ok(found)
     }
 
     /// Remove `key`. Returns whether it existed. A leaf left less than a quarter full is
@@ -659,6 +763,8 @@ impl BTree {
     pub fn remove(&self, w: &Worker, key: impl AsRef<[u8]>) -> Result<bool, TreeError> {
         let key = key.as_ref();
         no_write_in_own_scan(self.root)?;
+        // the chain of a removed overflow value, freed once the leaf is released
+        let mut chain: Option<ValueRef> = None;
         let (existed, underfull) = w.run(|w| {
             let Some((parent, leaf)) = self.path_to(w, key, None)? else {
                 unreachable!("a descent to the leaf ends at a leaf or fails");
@@ -671,12 +777,21 @@ impl BTree {
             let mut x = leaf.to_exclusive()?;
             let undo = w.logs_undo();
             let mut old = Vec::new();
+            let p = x.page();
+            let (i, exact) = node::lower_bound(p, key);
+            debug_assert!(exact, "leaf unchanged since validation");
+            if exact && node::val_flags(p, i) & FLAG_OVERFLOW != 0 {
+                let mut r = Vec::new();
+                node::value_into(p, i, &mut r);
+                chain = Some(ValueRef::decode(&r).ok_or_else(|| bad_reference(x.pid()))?);
+            } else {
+                chain = None;
+            }
             let exact = x.modify(|b| {
                 let mut n = NodeMut::new(b);
                 let (i, exact) = n.lower_bound(key);
-                debug_assert!(exact, "leaf unchanged since validation");
                 if exact {
-                    if undo {
+                    if undo && chain.is_none() {
                         old.extend_from_slice(n.value(i));
                     }
                     n.remove_at(i);
@@ -684,11 +799,17 @@ impl BTree {
                 exact
             });
             if undo && exact {
-                w.log_undo(&undo_record(self.root, key, Some(&old)));
+                match chain {
+                    Some(r) => w.log_undo(&undo_reference(self.root, key, &r.encode())),
+                    None => w.log_undo(&undo_record(self.root, key, Some(&old))),
+                }
             }
             let underfull = exact && node::is_underfull(x.page());
             Ok((exact, underfull.then(|| (parent, x.pid()))))
         })?;
+        if let Some(r) = chain {
+            overflow::release(w, r);
+        }
         if let Some((parent, leaf)) = underfull {
             // First with the parent this descent passed (no second descent: removes that
             // keep an underfull leaf whose neighbours are too full to merge stay cheap).
@@ -945,6 +1066,11 @@ impl BTree {
                     while i < node::count(p) {
                         node::key_into(p, i, &mut k);
                         node::value_into(p, i, &mut v);
+                        if node::val_flags(p, i) & FLAG_OVERFLOW != 0 {
+                            // (the leaf is latched shared: its chain stays)
+                            let r = ValueRef::decode(&v).ok_or_else(|| damaged(g.pid()))?;
+                            w.run(|w| overflow::read(w, r, &mut v))?;
+                        }
                         if !f(&k, &v) {
                             return Ok(());
                         }
@@ -969,6 +1095,10 @@ impl BTree {
                         j -= 1;
                         node::key_into(p, j, &mut k);
                         node::value_into(p, j, &mut v);
+                        if node::val_flags(p, j) & FLAG_OVERFLOW != 0 {
+                            let r = ValueRef::decode(&v).ok_or_else(|| damaged(g.pid()))?;
+                            w.run(|w| overflow::read(w, r, &mut v))?;
+                        }
                         if !f(&k, &v) {
                             return Ok(());
                         }
@@ -1108,11 +1238,11 @@ fn halves(kind: u8, entries: &[Entry], cut: Option<Cut>) -> (&[Entry], Vec<u8>, 
             // split by bytes, so nodes with mixed record sizes divide their space evenly
             let total: usize = entries
                 .iter()
-                .map(|(k, v)| k.len() + v.len() + node::SLOT)
+                .map(|(k, v, _)| k.len() + v.len() + node::SLOT)
                 .sum();
             let mut acc = 0;
             let mut m = 1;
-            for (i, (k, v)) in entries.iter().enumerate() {
+            for (i, (k, v, _)) in entries.iter().enumerate() {
                 acc += k.len() + v.len() + node::SLOT;
                 if acc * 2 >= total {
                     m = (i + 1).clamp(1, n - 1);
@@ -1147,7 +1277,7 @@ fn halves(kind: u8, entries: &[Entry], cut: Option<Cut>) -> (&[Entry], Vec<u8>, 
 /// Otherwise: `None` (split in the middle).
 fn sequential_cut(kind: u8, entries: &[Entry], last_insert: usize, key: &[u8]) -> Option<Cut> {
     let n = entries.len();
-    let pos = entries.partition_point(|(k, _)| k.as_slice() < key);
+    let pos = entries.partition_point(|(k, _, _)| k.as_slice() < key);
     if pos != last_insert + 1 || pos == 0 {
         return None;
     }
@@ -1189,9 +1319,9 @@ fn below(b: &[u8]) -> Option<Vec<u8>> {
 }
 
 fn fill(n: &mut NodeMut<'_>, entries: &[Entry]) {
-    for (k, v) in entries {
+    for (k, v, f) in entries {
         let c = n.count();
-        n.insert_at(c, k, v);
+        n.insert_flagged(c, k, v, *f);
     }
 }
 
@@ -1230,7 +1360,7 @@ fn merge_into_left(
         }
         for i in 0..r.count() {
             let c = n.count();
-            n.insert_at(c, r.key(i), r.value(i));
+            n.insert_flagged(c, r.key(i), r.value(i), r.flags(i));
         }
         n.set_right(r.right());
         n.set_upper_child(r.upper_child());
@@ -1292,6 +1422,18 @@ fn undo_record(root: Pid, key: &[u8], old: Option<&[u8]>) -> Vec<u8> {
     r.push(old.is_some() as u8);
     r.extend_from_slice(key);
     r.extend_from_slice(old.unwrap_or(&[]));
+    r
+}
+
+/// How to undo a change of an overflow value: put its old reference back (kind 3; the old
+/// chain is kept until the transaction commits).
+fn undo_reference(root: Pid, key: &[u8], reference: &[u8]) -> Vec<u8> {
+    let mut r = Vec::with_capacity(11 + key.len() + reference.len());
+    r.extend_from_slice(&root.raw().to_le_bytes());
+    r.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    r.push(3);
+    r.extend_from_slice(key);
+    r.extend_from_slice(reference);
     r
 }
 
@@ -1357,6 +1499,16 @@ fn undo_one(w: &Worker, r: &[u8]) -> Result<(), String> {
                     key.len()
                 ));
             }
+        }
+        3 => {
+            // put the old overflow reference back (its chain was kept: the transaction never
+            // committed); a chain the transaction wrote there is freed by the put
+            if ValueRef::decode(rest).is_none() {
+                return Err("undo record with a bad overflow reference".into());
+            }
+            let mut old = Vec::new();
+            tree.put_stored(w, key, rest, FLAG_OVERFLOW, Mode::Upsert, false, &mut old)
+                .map_err(|e| e.to_string())?;
         }
         k => return Err(format!("undo record of unknown kind {k}")),
     }

@@ -5,7 +5,8 @@
 //! the node's fences, fences equal to the separators its parent has on either side of it,
 //! levels decreasing by one to 0 at the leaves. Per level: the right links chain the nodes of
 //! the level in key order and the last one has none (the B-link invariant that lets a reader
-//! who missed a split move right). Across the tree: no page is reached twice.
+//! who missed a split move right). Per overflow value: its chain's kinds, links and length
+//! ([`crate::overflow::chain`]). Across the tree: no page is reached twice.
 //!
 //! Pages come from a caller-supplied reader, so the same walk serves tests and
 //! [`crate::BTree::verify`] (through shared guards, on a quiet tree) and `shoal inspect`
@@ -13,6 +14,7 @@
 //! malformed one is an error naming it, never a panic.
 
 use crate::node::{self, NodeRef, KIND_INNER, KIND_LEAF, NO_PAGE};
+use crate::overflow::{self, ValueRef};
 use shoal_engine::{Pid, PAGE_DATA_SIZE};
 use std::collections::HashSet;
 
@@ -31,8 +33,13 @@ pub struct TreeReport {
     pub inner_nodes: u64,
     /// Bytes in use over all nodes (headers, slots, fences, keys and values).
     pub bytes_used: u64,
-    /// Every page of the tree, root first, then depth-first in key order.
+    /// Every page of the tree, root first, then depth-first in key order (each leaf's overflow
+    /// chains after it).
     pub pages: Vec<Pid>,
+    /// Of `pages`, the overflow pages of values too large for a leaf.
+    pub overflow_pages: u64,
+    /// Values kept in overflow pages.
+    pub overflow_values: u64,
     /// Per level, leaves first: (nodes, bytes in use).
     pub levels: Vec<(u64, u64)>,
     /// Nodes other than the root using less than a quarter of their page (removes merge or
@@ -43,10 +50,11 @@ pub struct TreeReport {
 impl TreeReport {
     /// Average share of a node's page in use (0..=1).
     pub fn fill(&self) -> f64 {
-        if self.pages.is_empty() {
+        let nodes = self.pages.len() as u64 - self.overflow_pages;
+        if nodes == 0 {
             return 0.0;
         }
-        self.bytes_used as f64 / (self.pages.len() as f64 * PAGE_DATA_SIZE as f64)
+        self.bytes_used as f64 / (nodes as f64 * PAGE_DATA_SIZE as f64)
     }
 }
 
@@ -157,6 +165,26 @@ impl<R: FnMut(Pid) -> PageImage> Walk<R> {
             KIND_LEAF => {
                 self.report.leaves += 1;
                 self.report.entries += n.count() as u64;
+                for i in 0..n.count() {
+                    if n.flags(i) & node::FLAG_OVERFLOW == 0 {
+                        continue;
+                    }
+                    let r = ValueRef::decode(n.value(i)).ok_or_else(|| {
+                        format!("leaf {pid}: slot {i} holds a bad overflow reference")
+                    })?;
+                    let chain = overflow::chain(r, |p| (self.read)(p))
+                        .map_err(|e| format!("leaf {pid} slot {i}: {e}"))?;
+                    for p in chain {
+                        if !self.seen.insert(p) {
+                            return Err(format!(
+                                "page {p} is reached twice (overflow chain of leaf {pid})"
+                            ));
+                        }
+                        self.report.pages.push(p);
+                        self.report.overflow_pages += 1;
+                    }
+                    self.report.overflow_values += 1;
+                }
                 Ok(1)
             }
             KIND_INNER if lvl == 0 => Err(format!("inner node {pid} at level 0")),

@@ -67,96 +67,194 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
     #[test]
     fn tree_matches_btreemap(ops in prop::collection::vec(op(), 1..1500)) {
-        let dir = tempfile::tempdir().unwrap();
-        // 1 MiB cache: larger runs evict tree pages as they go
-        let e = Engine::open(EngineConfig::new(dir.path(), 1 << 20)).unwrap();
-        let w = e.worker();
-        let t = BTree::create(&w, "t").unwrap();
-        let mut m: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
-        for op in &ops {
-            match op {
-                Op::Insert(k, v) => {
-                    let expect = !m.contains_key(k);
-                    if expect { m.insert(k.clone(), v.clone()); }
-                    prop_assert_eq!(t.insert(&w, k, v).unwrap().inserted(), expect);
+        check_ops(&ops, 1 << 20)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    /// Issue 28: values of any size up to 1 MB (overflow pages beyond a leaf's record size)
+    /// behave as in a BTreeMap, through every operation, scans and ranges included.
+    #[test]
+    fn large_values_match_btreemap(ops in prop::collection::vec(big_op(), 1..80)) {
+        check_ops(&ops, 2 << 20)?;
+    }
+}
+
+fn big_value() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        4 => prop::collection::vec(any::<u8>(), 0..1200),
+        3 => prop::collection::vec(any::<u8>(), 1200..20_000),
+        1 => (20_000usize..=1 << 20).prop_map(|n| (0..n).map(|i| (i * 7 + n) as u8).collect()),
+    ]
+}
+
+fn big_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (key(), big_value()).prop_map(|(k, v)| Op::Insert(k, v)),
+        3 => (key(), big_value()).prop_map(|(k, v)| Op::Upsert(k, v)),
+        2 => key().prop_map(Op::Remove),
+        2 => key().prop_map(Op::Get),
+        1 => prop::collection::vec(key(), 0..10).prop_map(Op::GetMany),
+        1 => (key(), any::<u8>()).prop_map(|(k, b)| Op::Update(k, b)),
+        1 => (key(), 0..10usize).prop_map(|(k, n)| Op::ScanAsc(k, n)),
+        1 => (key(), 0..10usize).prop_map(|(k, n)| Op::ScanDesc(k, n)),
+        1 => (key(), 0..3u8, key(), 0..3u8, prop::collection::vec(any::<bool>(), 0..20))
+            .prop_map(|(a, x, b, y, takes)| Op::Range(a, x, b, y, takes)),
+        1 => prop::collection::vec((key(), prop::option::of(big_value())), 0..4).prop_map(Op::Batch),
+        1 => (key(), 0..20usize).prop_map(|(k, n)| Op::Drain(k, n)),
+    ]
+}
+
+/// Run `ops` on a tree (with `cache` bytes of cache) and on a BTreeMap and compare.
+fn check_ops(ops: &[Op], cache: usize) -> Result<(), TestCaseError> {
+    let dir = tempfile::tempdir().unwrap();
+    // small caches: larger runs evict tree pages as they go
+    let e = Engine::open(EngineConfig::new(dir.path(), cache)).unwrap();
+    let w = e.worker();
+    let t = BTree::create(&w, "t").unwrap();
+    let mut m: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    for op in ops {
+        match op {
+            Op::Insert(k, v) => {
+                let expect = !m.contains_key(k);
+                if expect {
+                    m.insert(k.clone(), v.clone());
                 }
-                Op::Upsert(k, v) => {
-                    let expect = if m.insert(k.clone(), v.clone()).is_some() { Put::Replaced } else { Put::Inserted };
-                    prop_assert_eq!(t.upsert(&w, k, v).unwrap(), expect);
+                prop_assert_eq!(t.insert(&w, k, v).unwrap().inserted(), expect);
+            }
+            Op::Upsert(k, v) => {
+                let expect = if m.insert(k.clone(), v.clone()).is_some() {
+                    Put::Replaced
+                } else {
+                    Put::Inserted
+                };
+                prop_assert_eq!(t.upsert(&w, k, v).unwrap(), expect);
+            }
+            Op::Remove(k) => prop_assert_eq!(t.remove(&w, k).unwrap(), m.remove(k).is_some()),
+            Op::Get(k) => prop_assert_eq!(t.get(&w, k).unwrap(), m.get(k).cloned()),
+            Op::GetMany(ks) => {
+                let mut got = Vec::new();
+                t.lookup_many(&w, ks, |i, v| got.push((i, v.map(<[u8]>::to_vec))))
+                    .unwrap();
+                let want: Vec<_> = ks
+                    .iter()
+                    .enumerate()
+                    .map(|(i, k)| (i, m.get(k).cloned()))
+                    .collect();
+                prop_assert_eq!(got, want);
+            }
+            Op::Update(k, b) => {
+                let found = t
+                    .update(&w, k, |v| v.iter_mut().for_each(|x| *x ^= *b))
+                    .unwrap();
+                prop_assert_eq!(found, m.contains_key(k));
+                if let Some(v) = m.get_mut(k) {
+                    v.iter_mut().for_each(|x| *x ^= *b);
                 }
-                Op::Remove(k) => prop_assert_eq!(t.remove(&w, k).unwrap(), m.remove(k).is_some()),
-                Op::Get(k) => prop_assert_eq!(t.get(&w, k).unwrap(), m.get(k).cloned()),
-                Op::GetMany(ks) => {
-                    let mut got = Vec::new();
-                    t.lookup_many(&w, ks, |i, v| got.push((i, v.map(<[u8]>::to_vec)))).unwrap();
-                    let want: Vec<_> = ks.iter().enumerate().map(|(i, k)| (i, m.get(k).cloned())).collect();
-                    prop_assert_eq!(got, want);
-                }
-                Op::Update(k, b) => {
-                    let found = t.update(&w, k, |v| v.iter_mut().for_each(|x| *x ^= *b)).unwrap();
-                    prop_assert_eq!(found, m.contains_key(k));
-                    if let Some(v) = m.get_mut(k) { v.iter_mut().for_each(|x| *x ^= *b); }
-                }
-                Op::ScanAsc(k, n) => {
-                    let mut got = Vec::new();
-                    t.scan(&w, k, Direction::Ascending, |k, v| { got.push((k.to_vec(), v.to_vec())); got.len() < *n }).unwrap();
-                    let want: Vec<_> = m.range(k.clone()..).take((*n).max(1)).map(|(k, v)| (k.clone(), v.clone())).collect();
-                    prop_assert_eq!(got, want);
-                }
-                Op::ScanDesc(k, n) => {
-                    let mut got = Vec::new();
-                    t.scan(&w, k, Direction::Descending, |k, v| { got.push((k.to_vec(), v.to_vec())); got.len() < *n }).unwrap();
-                    let want: Vec<_> = m.range(..=k.clone()).rev().take((*n).max(1)).map(|(k, v)| (k.clone(), v.clone())).collect();
-                    prop_assert_eq!(got, want);
-                }
-                Op::Range(a, x, b, y, takes) => {
-                    let (lo, hi) = (bound(a, *x), bound(b, *y));
-                    // BTreeMap::range panics on inverted bounds: the tree's range is empty then
-                    let inverted = match (&lo, &hi) {
-                        (std::ops::Bound::Included(a), std::ops::Bound::Included(b)) => a > b,
-                        (std::ops::Bound::Unbounded, _) | (_, std::ops::Bound::Unbounded) => false,
-                        (std::ops::Bound::Included(a) | std::ops::Bound::Excluded(a), std::ops::Bound::Included(b) | std::ops::Bound::Excluded(b)) => a >= b,
-                    };
-                    let mut want: std::collections::VecDeque<(Vec<u8>, Vec<u8>)> = if inverted {
-                        Default::default()
+            }
+            Op::ScanAsc(k, n) => {
+                let mut got = Vec::new();
+                t.scan(&w, k, Direction::Ascending, |k, v| {
+                    got.push((k.to_vec(), v.to_vec()));
+                    got.len() < *n
+                })
+                .unwrap();
+                let want: Vec<_> = m
+                    .range(k.clone()..)
+                    .take((*n).max(1))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                prop_assert_eq!(got, want);
+            }
+            Op::ScanDesc(k, n) => {
+                let mut got = Vec::new();
+                t.scan(&w, k, Direction::Descending, |k, v| {
+                    got.push((k.to_vec(), v.to_vec()));
+                    got.len() < *n
+                })
+                .unwrap();
+                let want: Vec<_> = m
+                    .range(..=k.clone())
+                    .rev()
+                    .take((*n).max(1))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                prop_assert_eq!(got, want);
+            }
+            Op::Range(a, x, b, y, takes) => {
+                let (lo, hi) = (bound(a, *x), bound(b, *y));
+                // BTreeMap::range panics on inverted bounds: the tree's range is empty then
+                let inverted = match (&lo, &hi) {
+                    (std::ops::Bound::Included(a), std::ops::Bound::Included(b)) => a > b,
+                    (std::ops::Bound::Unbounded, _) | (_, std::ops::Bound::Unbounded) => false,
+                    (
+                        std::ops::Bound::Included(a) | std::ops::Bound::Excluded(a),
+                        std::ops::Bound::Included(b) | std::ops::Bound::Excluded(b),
+                    ) => a >= b,
+                };
+                let mut want: std::collections::VecDeque<(Vec<u8>, Vec<u8>)> = if inverted {
+                    Default::default()
+                } else {
+                    m.range((lo.clone(), hi.clone()))
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect()
+                };
+                let mut it = t.range(&w, (lo, hi));
+                for &back in takes {
+                    let got = if back { it.next_back() } else { it.next() };
+                    let expect = if back {
+                        want.pop_back()
                     } else {
-                        m.range((lo.clone(), hi.clone())).map(|(k, v)| (k.clone(), v.clone())).collect()
+                        want.pop_front()
                     };
-                    let mut it = t.range(&w, (lo, hi));
-                    for &back in takes {
-                        let got = if back { it.next_back() } else { it.next() };
-                        let expect = if back { want.pop_back() } else { want.pop_front() };
-                        prop_assert_eq!(got.map(Result::unwrap), expect);
-                    }
-                    let rest: Vec<_> = it.map(Result::unwrap).collect();
-                    prop_assert_eq!(rest, want.into_iter().collect::<Vec<_>>());
+                    prop_assert_eq!(got.map(Result::unwrap), expect);
                 }
-                Op::Batch(ops) => {
-                    let mut b = shoal_btree::Batch::new();
-                    for (k, v) in ops {
-                        match v {
-                            Some(v) => { b.put(k, v); m.insert(k.clone(), v.clone()); }
-                            None => { b.remove(k); m.remove(k); }
+                let rest: Vec<_> = it.map(Result::unwrap).collect();
+                prop_assert_eq!(rest, want.into_iter().collect::<Vec<_>>());
+            }
+            Op::Batch(ops) => {
+                let mut b = shoal_btree::Batch::new();
+                for (k, v) in ops {
+                    match v {
+                        Some(v) => {
+                            b.put(k, v);
+                            m.insert(k.clone(), v.clone());
+                        }
+                        None => {
+                            b.remove(k);
+                            m.remove(k);
                         }
                     }
-                    t.apply(&w, &b).unwrap();
                 }
-                Op::Drain(k, n) => {
-                    let gone: Vec<Vec<u8>> = m.range(k.clone()..).take(*n).map(|(k, _)| k.clone()).collect();
-                    for k in &gone {
-                        m.remove(k);
-                        prop_assert!(t.remove(&w, k).unwrap());
-                    }
+                t.apply(&w, &b).unwrap();
+            }
+            Op::Drain(k, n) => {
+                let gone: Vec<Vec<u8>> = m
+                    .range(k.clone()..)
+                    .take(*n)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for k in &gone {
+                    m.remove(k);
+                    prop_assert!(t.remove(&w, k).unwrap());
                 }
             }
         }
-        prop_assert_eq!(t.count(&w).unwrap(), m.len() as u64);
-        let report = t.verify(&w).map_err(TestCaseError::fail)?;
-        prop_assert_eq!(report.entries, m.len() as u64);
-        let mut all = Vec::new();
-        t.scan(&w, &[], Direction::Ascending, |k, v| { all.push((k.to_vec(), v.to_vec())); true }).unwrap();
-        prop_assert_eq!(all, m.into_iter().collect::<Vec<_>>());
     }
+    prop_assert_eq!(t.count(&w).unwrap(), m.len() as u64);
+    let report = t.verify(&w).map_err(TestCaseError::fail)?;
+    prop_assert_eq!(report.entries, m.len() as u64);
+    let mut all = Vec::new();
+    t.scan(&w, &[], Direction::Ascending, |k, v| {
+        all.push((k.to_vec(), v.to_vec()));
+        true
+    })
+    .unwrap();
+    prop_assert_eq!(all, m.into_iter().collect::<Vec<_>>());
+    // every page in use is a tree page (overflow chains freed when replaced or removed)
+    prop_assert_eq!(e.store().slots_in_use(), 1 + report.pages.len() as u64);
+    Ok(())
 }
 
 #[test]
@@ -170,7 +268,9 @@ fn oversized_keys_and_values_are_refused_cleanly() {
         err.to_string().contains("key of 300 bytes is too large"),
         "{err}"
     );
-    let err = t.upsert(&w, b"k", [0u8; 2000]).unwrap_err();
+    let err = t
+        .upsert(&w, b"k", vec![0u8; shoal_btree::MAX_VALUE + 1])
+        .unwrap_err();
     assert!(err.to_string().contains("too large"), "{err}");
     // the tree is untouched and still works with the largest allowed sizes
     assert_eq!(t.count(&w).unwrap(), 0);
@@ -376,7 +476,7 @@ fn a_batch_with_an_oversized_record_writes_nothing() {
     let t = BTree::create(&w, "t").unwrap();
     let mut b = shoal_btree::Batch::new();
     b.put(b"a", b"1").put(b"b", b"2").remove(b"c");
-    b.put(b"huge", vec![0u8; shoal_btree::MAX_RECORD + 1]);
+    b.put(b"huge", vec![0u8; shoal_btree::MAX_VALUE + 1]);
     assert!(matches!(
         t.apply(&w, &b),
         Err(shoal_btree::TreeError::RecordTooLarge { .. })
@@ -440,4 +540,46 @@ fn trees_are_renamed_and_dropped_without_leaking_pages() {
         .map(|(n, _)| n)
         .collect();
     assert_eq!(names, ["keep", "renamed"]);
+}
+
+/// Issue 28: large values inside transactions with a write-ahead log: a replace and a remove
+/// log the whole old value as undo; committed, they stay; the store reopens with them.
+#[test]
+fn large_values_in_logged_transactions() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = || {
+        let mut c = EngineConfig::new(dir.path(), 4 << 20);
+        c.durability = shoal_engine::Durability::Commit;
+        c.wal_bytes = 64 << 20;
+        c.roll_back = Some(shoal_btree::roll_back());
+        c
+    };
+    let e = Engine::open(cfg()).unwrap();
+    let w = e.worker();
+    let t = BTree::create(&w, "t").unwrap();
+    let v = |b: u8, n: usize| vec![b; n];
+    for round in 0..3u8 {
+        w.begin_transaction().unwrap();
+        t.upsert(&w, b"a", v(round, 1 << 20)).unwrap();
+        t.upsert(&w, b"b", v(round, 300_000)).unwrap();
+        if round == 2 {
+            assert!(t.remove(&w, b"b").unwrap());
+        }
+        w.commit().unwrap();
+    }
+    assert_eq!(t.get(&w, b"a").unwrap().unwrap(), v(2, 1 << 20));
+    drop(w);
+    e.close().unwrap();
+    drop(e);
+    let e = Engine::open(cfg()).unwrap();
+    let w = e.worker();
+    let t = BTree::open(&w, "t").unwrap();
+    assert_eq!(t.get(&w, b"a").unwrap().unwrap(), v(2, 1 << 20));
+    assert_eq!(t.get(&w, b"b").unwrap(), None);
+    assert_eq!(
+        e.store().slots_in_use(),
+        1 + t.verify(&w).unwrap().pages.len() as u64
+    );
+    drop(w);
+    e.close().unwrap();
 }

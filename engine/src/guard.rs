@@ -58,6 +58,8 @@ struct Tx {
     id: u64,
     /// Its owner is undoing it: operations log no more undo.
     rolling_back: bool,
+    /// Pages to free once it ends ([`Worker::free_when_committed`]).
+    frees: Vec<Pid>,
 }
 
 /// A worker's log buffer and its open *group*: the exclusive guards a worker holds at once
@@ -125,14 +127,15 @@ impl Worker {
         let Some(log) = &self.log else {
             return Ok(CommitPoint(0));
         };
-        {
+        let frees = {
             let mut g = log.borrow_mut();
             debug_assert_eq!(g.open, 0, "commit while holding an exclusive guard");
             if let Some(e) = g.failed.take() {
                 return Err(e);
             }
-            self.end_transaction(&mut g)?;
-        }
+            self.end_transaction(&mut g)?
+        };
+        self.free_pages(frees);
         let w = self.wal();
         w.stats.commits.fetch_add(1, Ordering::Relaxed);
         Ok(CommitPoint(w.tail()))
@@ -170,14 +173,46 @@ impl Worker {
         let Some(log) = &self.log else {
             return Ok(());
         };
-        let mut g = log.borrow_mut();
-        debug_assert_eq!(
-            g.open, 0,
-            "begin_transaction while holding an exclusive guard"
-        );
-        self.end_transaction(&mut g)?;
-        g.tx = Some(Tx::default());
+        let frees = {
+            let mut g = log.borrow_mut();
+            debug_assert_eq!(
+                g.open, 0,
+                "begin_transaction while holding an exclusive guard"
+            );
+            let frees = self.end_transaction(&mut g)?;
+            g.tx = Some(Tx::default());
+            frees
+        };
+        self.free_pages(frees);
         Ok(())
+    }
+
+    /// Free `pages` when the running transaction commits, not now: a layer whose undo record
+    /// still refers to them (the B-tree's overflow chains of a replaced value) needs them if
+    /// the transaction is rolled back after a crash. Returns `false` (and keeps nothing) when
+    /// no transaction logs undo: the caller frees them itself. A crash after the commit and
+    /// before the frees leaks the pages.
+    pub fn free_when_committed(&self, pages: &[Pid]) -> bool {
+        let Some(log) = &self.log else {
+            return false;
+        };
+        let mut g = log.borrow_mut();
+        match &mut g.tx {
+            Some(tx) if !tx.rolling_back => {
+                tx.frees.extend_from_slice(pages);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Free pages a committed transaction left (errors are logged: the pages leak).
+    fn free_pages(&self, pages: Vec<Pid>) {
+        for pid in pages {
+            if let Err(e) = self.run(|w| w.exclusive(pid)).and_then(|g| g.free()) {
+                log::warn!("freeing page {pid} after a commit: {e} (it leaks)");
+            }
+        }
     }
 
     /// The running transaction is being undone by its owner: operations from now on log no
@@ -222,10 +257,11 @@ impl Worker {
         shoal_storage::wal::put_undo(&mut g.undo, id, undo);
     }
 
-    /// End the running transaction, if any: an END record if it logged undo.
-    fn end_transaction(&self, g: &mut LogGroup) -> Result<(), EngineError> {
+    /// End the running transaction, if any: an END record if it logged undo. Returns the
+    /// pages to free now that it ended (the caller frees them once `g` is released).
+    fn end_transaction(&self, g: &mut LogGroup) -> Result<Vec<Pid>, EngineError> {
         let Some(tx) = g.tx.take() else {
-            return Ok(());
+            return Ok(Vec::new());
         };
         if tx.id != 0 {
             let mut b = Vec::with_capacity(16);
@@ -233,7 +269,7 @@ impl Worker {
                 .append(&mut b, |_, b| shoal_storage::wal::put_end(b, tx.id))?;
         }
         self.stats.tx_first.store(0, Ordering::Release);
-        Ok(())
+        Ok(tx.frees)
     }
 
     fn wal(&self) -> &shoal_storage::Wal {
@@ -685,18 +721,27 @@ impl Worker {
 impl Drop for Worker {
     fn drop(&mut self) {
         if let Some(log) = &self.log {
-            let mut g = log.borrow_mut();
-            if g.tx.is_some() {
-                // dropped mid-transaction (an early return, a panic): what it did stays, as
-                // without a transaction; its end is logged so that checkpoints stop keeping
-                // the log for it and recovery does not undo it
-                log::warn!(
-                    "node {}: a worker was dropped inside a transaction: its changes are kept",
-                    self.node.id()
-                );
-                if let Err(e) = self.end_transaction(&mut g) {
-                    log::error!("node {}: ending the transaction: {e}", self.node.id());
+            let mut frees = Vec::new();
+            {
+                let mut g = log.borrow_mut();
+                if g.tx.is_some() {
+                    // dropped mid-transaction (an early return, a panic): what it did stays,
+                    // as without a transaction; its end is logged so that checkpoints stop
+                    // keeping the log for it and recovery does not undo it
+                    log::warn!(
+                        "node {}: a worker was dropped inside a transaction: its changes are kept",
+                        self.node.id()
+                    );
+                    match self.end_transaction(&mut g) {
+                        Ok(f) => frees = f,
+                        Err(e) => {
+                            log::error!("node {}: ending the transaction: {e}", self.node.id())
+                        }
+                    }
                 }
+            }
+            if !std::thread::panicking() && !self.node.buf.is_shutdown() {
+                self.free_pages(frees);
             }
         }
         self.node.retire_worker(&self.stats);

@@ -941,10 +941,18 @@ impl Wal {
             }
             let len = buf.len();
             let size = CHUNK_HEADER + pad8(len) as u64;
-            assert!(
-                size <= self.ring_bytes / 4 && size <= self.data_bytes / 4,
-                "a log chunk of {size} bytes is too large for the ring or the log"
-            );
+            if size > self.ring_bytes / 4 || size > self.data_bytes / 4 {
+                // (what one exclusive guard logs: its pages' changes and its undo records)
+                return Err(StoreError::BadLog {
+                    path: self.path.clone(),
+                    why: format!(
+                        "a log chunk of {size} bytes is larger than a quarter of the ring ({} \
+                         bytes) or of the log ({} bytes): log less under one guard, or give \
+                         the log more room",
+                        self.ring_bytes, self.data_bytes
+                    ),
+                });
+            }
             if lsn + size > self.released.load(Ordering::Acquire) + self.ring_bytes {
                 self.flush_some()?;
                 continue;

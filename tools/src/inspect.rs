@@ -440,6 +440,7 @@ fn entry_json(e: &Entry) -> serde_json::Value {
             v["btree"] = json!({
                 "entries": t.entries, "height": t.height, "leaves": t.leaves,
                 "inner_nodes": t.inner_nodes, "pages": t.pages.len(), "fill": t.fill(),
+                "overflow_values": t.overflow_values, "overflow_pages": t.overflow_pages,
                 "underfull_nodes": t.underfull,
                 "levels": t.levels.iter().enumerate().map(|(l, (nodes, bytes))| json!({
                     "level": l, "nodes": nodes,
@@ -540,14 +541,22 @@ fn print_summary(
             for e in es {
                 match &e.result {
                     Ok(Some(t)) => say!(
-                        "  {:<24} B-tree: {} entries, height {}, {} leaves + {} inner nodes, {:.0}% full, {} under a quarter full",
+                        "  {:<24} B-tree: {} entries, height {}, {} leaves + {} inner nodes, {:.0}% full, {} under a quarter full{}",
                         e.name,
                         t.entries,
                         t.height,
                         t.leaves,
                         t.inner_nodes,
                         t.fill() * 100.0,
-                        t.underfull
+                        t.underfull,
+                        if t.overflow_values > 0 {
+                            format!(
+                                "; {} large values in {} overflow pages",
+                                t.overflow_values, t.overflow_pages
+                            )
+                        } else {
+                            String::new()
+                        }
                     ),
                     Ok(None) => say!("  {:<24} page {} (not a B-tree: not checked)", e.name, e.root),
                     Err(why) => say!("  {:<24} BROKEN: {why}", e.name),

@@ -284,3 +284,39 @@ fn a_cluster_run_whose_output_pipe_closes_still_shuts_down_in_order() {
     }
     assert_eq!(v["catalog"][0]["btree"]["entries"], 20_000);
 }
+
+/// Issue 28: values kept in overflow pages are checked too: their chains count as tree pages
+/// (none "outside every tree"), and a chain page sealed but broken is a problem naming the tree.
+#[test]
+fn overflow_chains_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let chain_page = {
+        let e = Engine::open(EngineConfig::new(dir.path(), 16 << 20)).unwrap();
+        let w = e.worker();
+        let t = BTree::create(&w, "blobs").unwrap();
+        for k in 0..3u64 {
+            t.upsert(&w, u64_key(k), vec![k as u8; 10_000 * (k as usize + 1)])
+                .unwrap();
+        }
+        let report = t.verify(&w).unwrap();
+        assert_eq!(report.overflow_values, 3);
+        let last = *report.pages.last().unwrap(); // the last chain page of the last value
+        drop(w);
+        e.close().unwrap();
+        last
+    };
+    let (out, v) = inspect(dir.path());
+    assert!(out.status.success(), "{v}");
+    assert_eq!(v["nodes"][0]["pages_outside_trees"], 0, "{v}");
+    let b = &v["catalog"][0]["btree"];
+    assert_eq!(b["overflow_values"], 3, "{b}");
+    assert_eq!(b["overflow_pages"], 3 + 5 + 8, "{b}");
+    reseal(dir.path(), chain_page.slot(), |p| p[0] = 9); // not an overflow page any more
+    let (out, v) = inspect(dir.path());
+    assert_eq!(out.status.code(), Some(1), "{v}");
+    let problems = v["problems"].to_string();
+    assert!(
+        problems.contains("tree 'blobs'") && problems.contains("overflow page"),
+        "{problems}"
+    );
+}

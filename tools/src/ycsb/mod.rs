@@ -13,7 +13,7 @@ use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use shoal_btree::{decode_u64, u64_key, BTree, Direction, TreeError, MAX_RECORD};
+use shoal_btree::{decode_u64, u64_key, BTree, Direction, TreeError, MAX_VALUE};
 use shoal_engine::{
     format_bytes, parse_bytes, Cluster, ClusterFile, Engine, EngineConfig, StatsSnapshot,
 };
@@ -205,17 +205,8 @@ fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<Plan> {
     if a.workers == 0 || a.workers > 1024 {
         return Err(anyhow::anyhow!("--workers {}: use 1 to 1024", a.workers));
     }
-    let max_value = MAX_RECORD - 8;
-    if let Some((count, length)) = a.value_from_fields {
-        if a.value_size > max_value {
-            return Err(anyhow::anyhow!(
-                "fieldcount {count} x fieldlength {length} = {} bytes per record: records hold \
-                 at most {max_value} bytes until the B-tree stores larger values (issue 28); \
-                 use -p fieldcount=.. -p fieldlength=.. within that, or --value-size",
-                a.value_size
-            ));
-        }
-    }
+    // larger than a leaf's record (8-byte keys): kept in overflow pages, a page or more each
+    let max_value = MAX_VALUE;
     if a.value_size < value::MIN_VALUE || a.value_size > max_value {
         return Err(anyhow::anyhow!(
             "--value-size {}: values hold their key and a checksum, so use {} to {max_value} bytes",
