@@ -1044,7 +1044,8 @@ impl BTree {
     }
 
     /// Visit entries from `start` in `dir` order (ascending: keys >= start; descending: keys
-    /// <= start) until `f` returns `false`. `f` runs while a shared latch is held: a write to
+    /// <= start, so descending from `&[]` visits only an empty key: from the last key down is
+    /// `iter(w).rev()`) until `f` returns `false`. `f` runs while a shared latch is held: a write to
     /// this tree from inside `f` fails with [`TreeError::WriteInScan`] (it would wait for
     /// that latch for ever). To write while iterating, use [`BTree::range`], which holds no
     /// latch between entries.

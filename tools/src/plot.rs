@@ -95,7 +95,10 @@ fn read_csv(p: &Path) -> anyhow::Result<Run> {
             )
         })
     };
-    let (t, ops, p99) = (col("time_s")?, col("ops_per_s")?, col("p99_us")?);
+    // shoal ycsb --csv (ops_per_s, p99_us) or shoal tpcc --csv (txn_per_s, no latencies)
+    let t = col("time_s")?;
+    let ops = col("ops_per_s").or_else(|_| col("txn_per_s"))?;
+    let p99 = col("p99_us").ok();
     let mut run = Run {
         label: label(p),
         points: Vec::new(),
@@ -114,7 +117,9 @@ fn read_csv(p: &Path) -> anyhow::Result<Run> {
             })
         };
         run.points.push((num(t)?, num(ops)?));
-        run.p99.push((num(t)?, num(p99)?));
+        if let Some(c) = p99 {
+            run.p99.push((num(t)?, num(c)?));
+        }
     }
     if run.points.is_empty() {
         return Err(anyhow::anyhow!("{}: no rows", p.display()));
@@ -180,7 +185,7 @@ fn draw_series(out: &Path, title: &str, runs: &[Run]) -> DrawResult {
         .build_cartesian_2d(0.0..t_max, 0.0..ops_max)?;
     c.configure_mesh()
         .x_desc("seconds")
-        .y_desc("operations/s")
+        .y_desc("per second")
         .y_label_formatter(&|v| format!("{v:.0}"))
         .draw()?;
     for (i, r) in runs.iter().enumerate() {

@@ -632,7 +632,7 @@ fn csv_hdr_and_plots_of_a_run() {
         String::from_utf8_lossy(&out.stderr)
     );
     let s = std::fs::read_to_string(&svg).unwrap();
-    assert!(s.starts_with("<svg") && s.contains("operations/s") && s.contains("<polyline"));
+    assert!(s.starts_with("<svg") && s.contains("per second") && s.contains("<polyline"));
     let pct = dir.path().join("pct.svg");
     let out = plot(&[&json], &pct);
     assert!(

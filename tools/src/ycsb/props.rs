@@ -162,7 +162,11 @@ pub fn apply(
             a.max_scan = v as usize;
         }
     }
-    if props.contains_key("fieldcount") || props.contains_key("fieldlength") {
+    // YCSB's record: fieldcount x fieldlength, 10 x 100 bytes unless the properties say
+    // otherwise (as one value here); only when a workload file or property is given, so the
+    // plain command keeps its 128-byte values
+    let ycsb_shape = !a.property_files.is_empty() || !a.properties.is_empty();
+    if ycsb_shape || props.contains_key("fieldcount") || props.contains_key("fieldlength") {
         // YCSB's defaults: 10 fields of 100 bytes
         let count = int("fieldcount")?.unwrap_or(10);
         let length = int("fieldlength")?.unwrap_or(100);
