@@ -72,6 +72,14 @@ enum Cmd {
     Recover(recover::Args),
     /// Make a new cluster secret in FILE (for a cluster file's `secret_file`).
     Secret(secret::Args),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to standard
+    /// output, e.g. `shoal completions bash > /etc/bash_completion.d/shoal`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff) to standard output, e.g. `shoal man | man -l -`.
+    Man,
     /// Draw results as an SVG chart: `shoal ycsb --csv` files (throughput and p99 over time)
     /// or `--json` reports (latency by percentile), several runs on one chart.
     Plot(plot::Args),
@@ -112,6 +120,18 @@ fn main() -> ExitCode {
         Cmd::Recover(a) => recover::run(a),
         Cmd::Secret(a) => secret::run(a),
         Cmd::Plot(a) => plot::run(a),
+        Cmd::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "shoal", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Man => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            clap_mangen::Man::new(cmd)
+                .render(&mut std::io::stdout())
+                .map(|()| ExitCode::SUCCESS)
+                .map_err(|e| anyhow::anyhow!("writing the manual page: {e}"))
+        }
     };
     match r {
         Ok(code) => code,

@@ -667,3 +667,19 @@ fn base64_decode(s: &str) -> Vec<u8> {
     }
     out
 }
+
+/// Issue 28: shell completions and a manual page come from the command's own definition.
+#[test]
+fn completions_and_the_manual_page_are_generated() {
+    let out = shoal().args(["completions", "bash"]).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("_shoal") && text.contains("ycsb") && text.contains("--records"));
+    let out = shoal().arg("man").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(".TH shoal 1") && text.contains("ycsb"),
+        "{text}"
+    );
+}
