@@ -683,3 +683,74 @@ fn completions_and_the_manual_page_are_generated() {
         "{text}"
     );
 }
+
+/// Issue 28: every shipped workload file runs (YCSB's record shape: 10 x 100 bytes), with
+/// YCSB-shaped summary lines; `load` and `run` without `--data-dir` keep the data set in
+/// ./shoal-ycsb-data.
+#[test]
+fn every_workload_file_runs_and_prints_ycsb_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    for f in [
+        "workloada",
+        "workloadb",
+        "workloadc",
+        "workloadd",
+        "workloade",
+        "workloadf",
+    ] {
+        let file = format!("{}/../workloads/{f}", env!("CARGO_MANIFEST_DIR"));
+        let out = shoal()
+            .args([
+                "ycsb",
+                "-P",
+                &file,
+                "-p",
+                "recordcount=5000",
+                "-p",
+                "operationcount=2000",
+            ])
+            .args(["--warmup", "0", "--quiet"])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{f}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains("[OVERALL], Throughput(ops/sec)"),
+            "{f}: {text}"
+        );
+        assert!(text.contains("99thPercentileLatency(us)"), "{f}: {text}");
+        assert!(text.contains("1000 B"), "{f}: YCSB's record size: {text}");
+    }
+    // the phases with the default directory
+    let ycsb = |args: &[&str]| {
+        shoal()
+            .arg("ycsb")
+            .args(args)
+            .args(["-p", "recordcount=3000", "--quiet", "--warmup", "0"])
+            .current_dir(dir.path())
+            .output()
+            .unwrap()
+    };
+    let out = ycsb(&["load"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(dir
+        .path()
+        .join("shoal-ycsb-data/ycsb-dataset.json")
+        .exists());
+    let out = ycsb(&["run", "-p", "operationcount=1000", "--target", "5000"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("[READ], Operations"));
+}

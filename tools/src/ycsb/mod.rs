@@ -23,6 +23,8 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 const TABLE: &str = "usertable";
+/// Where `shoal ycsb load` / `run` keep the data set without `--data-dir`.
+const DEFAULT_DATA_SET_DIR: &str = "shoal-ycsb-data";
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Distribution {
@@ -173,11 +175,6 @@ struct Plan {
 
 fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<Plan> {
     a.net.validate()?;
-    if a.phase.is_some() && a.data_dir.is_none() {
-        return Err(anyhow::anyhow!(
-            "shoal ycsb load/run keep the data set between the phases: give --data-dir"
-        ));
-    }
     if a.phase.is_some() && (a.net.transport == Transport::Tcp || a.net.cluster.is_some()) {
         return Err(anyhow::anyhow!(
             "shoal ycsb load/run: tcp clusters not yet (use --nodes N over mem, or the one-shot \
@@ -336,6 +333,10 @@ impl Keys {
 
 /// Run `shoal ycsb`.
 pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
+    if a.phase.is_some() && a.data_dir.is_none() {
+        // the phases keep the data set: by default in ./shoal-ycsb-data
+        a.data_dir = Some(PathBuf::from(DEFAULT_DATA_SET_DIR));
+    }
     let props = props::collect(&a)?;
     let explicit = a.explicit.clone();
     let mix = props::apply(&mut a, &props, &explicit)?;
@@ -678,6 +679,9 @@ fn report_run(
         }
     }
     say!("  value errors  {errors}  (reads of keys inserted during the run and not yet visible: {misses})");
+    if !a.property_files.is_empty() || !a.properties.is_empty() {
+        ycsb_lines(secs, tput, &per_op, errors);
+    }
     if let Some(e) = &first_error {
         say!("  first error   {e}");
     }
@@ -812,6 +816,27 @@ impl DataSet {
             ));
         }
         Ok(())
+    }
+}
+
+/// The summary as YCSB prints it (`[OVERALL], RunTime(ms), ...`, then per operation type),
+/// for those who parse YCSB's output: printed when a workload file or property was given.
+fn ycsb_lines(secs: f64, tput: f64, per_op: &[Histogram<u64>], errors: u64) {
+    say!("[OVERALL], RunTime(ms), {:.0}", secs * 1000.0);
+    say!("[OVERALL], Throughput(ops/sec), {tput:.2}");
+    let names = ["READ", "UPDATE", "INSERT", "SCAN", "READ-MODIFY-WRITE"];
+    for (name, h) in names.iter().zip(per_op).filter(|(_, h)| !h.is_empty()) {
+        let us = |q: f64| h.value_at_quantile(q) / 1000;
+        say!("[{name}], Operations, {}", h.len());
+        say!("[{name}], AverageLatency(us), {:.3}", h.mean() / 1000.0);
+        say!("[{name}], MinLatency(us), {}", h.min() / 1000);
+        say!("[{name}], MaxLatency(us), {}", h.max() / 1000);
+        say!("[{name}], 95thPercentileLatency(us), {}", us(0.95));
+        say!("[{name}], 99thPercentileLatency(us), {}", us(0.99));
+        say!("[{name}], Return=OK, {}", h.len());
+    }
+    if errors > 0 {
+        say!("[VALUE-ERRORS], Count, {errors}");
     }
 }
 
