@@ -133,6 +133,8 @@ pub fn slot_info(p: PageRef<'_>, i: usize) -> (usize, usize, usize) {
 }
 /// Flag of a leaf slot: its value bytes are a reference to overflow pages.
 pub const FLAG_OVERFLOW: u16 = 1;
+/// Bytes of such a reference (`crate::overflow::ValueRef`).
+pub const OVERFLOW_REF_LEN: usize = 16;
 
 /// Slot `i`'s flags (leaves; see [`FLAG_OVERFLOW`]).
 #[inline]
@@ -361,10 +363,10 @@ pub fn check_layout(b: &[u8; PAGE_DATA_SIZE]) -> Result<(), String> {
         if kind == KIND_INNER && flags != 0 || flags & !FLAG_OVERFLOW != 0 {
             return Err(format!("slot {i} has flags {flags:#x}"));
         }
-        if flags & FLAG_OVERFLOW != 0 && vlen != crate::overflow::REF_LEN {
+        if flags & FLAG_OVERFLOW != 0 && vlen != OVERFLOW_REF_LEN {
             return Err(format!(
-                "slot {i} refers to overflow pages with {vlen} bytes (a reference has {})",
-                crate::overflow::REF_LEN
+                "slot {i} refers to overflow pages with {vlen} bytes (a reference has \
+                 {OVERFLOW_REF_LEN})"
             ));
         }
         objects.push((off, klen + vlen, format!("slot {i}")));

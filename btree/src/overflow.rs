@@ -27,7 +27,7 @@ const HEAD: usize = 16;
 /// Value bytes per overflow page.
 pub const PER_PAGE: usize = PAGE_DATA_SIZE - HEAD;
 /// Bytes of a reference in a leaf.
-pub const REF_LEN: usize = 16;
+pub const REF_LEN: usize = crate::node::OVERFLOW_REF_LEN;
 /// Largest value a tree stores (16 MiB).
 pub const MAX_VALUE: usize = 16 << 20;
 

@@ -41,8 +41,39 @@ pub struct Range<'w> {
     failed: bool,
 }
 
+impl BTree {
+    /// Iterate over the entries whose keys lie in `range` (`..`, `a..b`, `a..=b`, `a..`, ...)
+    /// in key order; `.rev()` goes from the high end, and both ends may be taken at once. No
+    /// latch is held between items, so the loop body may write to this tree. Not a snapshot:
+    /// see [`crate::range`].
+    ///
+    /// ```no_run
+    /// # fn f(t: &shoal_btree::BTree, w: &shoal_engine::Worker) -> Result<(), shoal_btree::TreeError> {
+    /// for entry in t.range(w, b"a".as_slice()..b"m".as_slice()) {
+    ///     let (key, value) = entry?;
+    ///     println!("{key:?} = {value:?}");
+    /// }
+    /// // the last ten keys, largest first
+    /// let last: Vec<_> = t.iter(w).rev().take(10).collect::<Result<_, _>>()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn range<'w, K: AsRef<[u8]>>(
+        &self,
+        w: &'w Worker,
+        range: impl std::ops::RangeBounds<K>,
+    ) -> Range<'w> {
+        let own = |b: std::ops::Bound<&K>| b.map(|k| k.as_ref().to_vec());
+        Range::new(*self, w, own(range.start_bound()), own(range.end_bound()))
+    }
+
+    /// Iterate over every entry (see [`BTree::range`]).
+    pub fn iter<'w>(&self, w: &'w Worker) -> Range<'w> {
+        self.range::<&[u8]>(w, ..)
+    }
+}
+
 impl<'w> Range<'w> {
-    pub(crate) fn new(tree: BTree, w: &'w Worker, lo: Bound<Vec<u8>>, hi: Bound<Vec<u8>>) -> Self {
+    fn new(tree: BTree, w: &'w Worker, lo: Bound<Vec<u8>>, hi: Bound<Vec<u8>>) -> Self {
         let empty = match (&lo, &hi) {
             (Bound::Included(a), Bound::Included(b)) => a > b,
             (Bound::Included(a) | Bound::Excluded(a), Bound::Excluded(b))
@@ -61,73 +92,61 @@ impl<'w> Range<'w> {
         }
     }
 
-    /// Copy the next batch from the low end of the uncopied part into `front`.
-    fn fill_front(&mut self) -> Result<(), TreeError> {
-        let start: &[u8] = match &self.lo {
+    /// Copy the next batch from the low end (`back`: the high end) of the uncopied part.
+    fn fill(&mut self, back: bool) -> Result<(), TreeError> {
+        // above every key a tree can hold (keys are at most MAX_KEY bytes)
+        let top = vec![0xFF; MAX_KEY + 1];
+        // scan from this end towards the other one
+        let (from, to) = if back {
+            (&self.hi, &self.lo)
+        } else {
+            (&self.lo, &self.hi)
+        };
+        let start: &[u8] = match from {
+            Bound::Unbounded if back => &top,
             Bound::Unbounded => &[],
             Bound::Included(k) | Bound::Excluded(k) => k,
         };
-        let (lo, hi) = (&self.lo, &self.hi);
-        let mut got: Vec<Entry> = Vec::with_capacity(RANGE_BATCH);
-        self.tree
-            .scan(self.w, start, Direction::Ascending, |k, v| {
-                if matches!(lo, Bound::Excluded(x) if x.as_slice() == k) {
-                    return true;
-                }
-                let inside = match hi {
-                    Bound::Unbounded => true,
-                    Bound::Included(h) => k <= h.as_slice(),
-                    Bound::Excluded(h) => k < h.as_slice(),
-                };
-                if !inside {
-                    return false;
-                }
-                got.push((k.to_vec(), v.to_vec()));
-                got.len() < RANGE_BATCH
-            })?;
-        if got.len() < RANGE_BATCH {
-            self.drained = true;
-        }
-        if let Some((k, _)) = got.last() {
-            self.lo = Bound::Excluded(k.clone());
-        }
-        self.front.extend(got);
-        Ok(())
-    }
-
-    /// Copy the next batch from the high end of the uncopied part into `back`.
-    fn fill_back(&mut self) -> Result<(), TreeError> {
-        // above every key a tree can hold (keys are at most MAX_KEY bytes)
-        let top = vec![0xFF; MAX_KEY + 1];
-        let start: &[u8] = match &self.hi {
-            Bound::Unbounded => &top,
-            Bound::Included(k) | Bound::Excluded(k) => k,
+        let dir = if back {
+            Direction::Descending
+        } else {
+            Direction::Ascending
         };
-        let (lo, hi) = (&self.lo, &self.hi);
+        // whether `k` has not passed the far bound `to`
+        let inside = |k: &[u8]| match to {
+            Bound::Unbounded => true,
+            Bound::Included(b) if back => k >= b.as_slice(),
+            Bound::Excluded(b) if back => k > b.as_slice(),
+            Bound::Included(b) => k <= b.as_slice(),
+            Bound::Excluded(b) => k < b.as_slice(),
+        };
         let mut got: Vec<Entry> = Vec::with_capacity(RANGE_BATCH);
-        self.tree
-            .scan(self.w, start, Direction::Descending, |k, v| {
-                if matches!(hi, Bound::Excluded(x) if x.as_slice() == k) {
-                    return true;
-                }
-                let inside = match lo {
-                    Bound::Unbounded => true,
-                    Bound::Included(l) => k >= l.as_slice(),
-                    Bound::Excluded(l) => k > l.as_slice(),
-                };
-                if !inside {
-                    return false;
-                }
-                got.push((k.to_vec(), v.to_vec()));
-                got.len() < RANGE_BATCH
-            })?;
+        self.tree.scan(self.w, start, dir, |k, v| {
+            if matches!(from, Bound::Excluded(x) if x.as_slice() == k) {
+                return true; // the near bound itself, excluded
+            }
+            if !inside(k) {
+                return false;
+            }
+            got.push((k.to_vec(), v.to_vec()));
+            got.len() < RANGE_BATCH
+        })?;
         if got.len() < RANGE_BATCH {
             self.drained = true;
         }
         if let Some((k, _)) = got.last() {
-            self.hi = Bound::Excluded(k.clone());
+            let past = Bound::Excluded(k.clone());
+            if back {
+                self.hi = past;
+            } else {
+                self.lo = past;
+            }
         }
-        self.back.extend(got);
+        if back {
+            self.back.extend(got);
+        } else {
+            self.front.extend(got);
+        }
         Ok(())
     }
 
@@ -145,7 +164,7 @@ impl Iterator for Range<'_> {
             return None;
         }
         if self.front.is_empty() && !self.drained {
-            if let Err(e) = self.fill_front() {
+            if let Err(e) = self.fill(false) {
                 return self.fail(e);
             }
         }
@@ -163,7 +182,7 @@ impl DoubleEndedIterator for Range<'_> {
             return None;
         }
         if self.back.is_empty() && !self.drained {
-            if let Err(e) = self.fill_back() {
+            if let Err(e) = self.fill(true) {
                 return self.fail(e);
             }
         }

@@ -32,7 +32,6 @@ use crate::node::{
     self, Entry, NodeMut, NodeRef, KIND_INNER, KIND_LEAF, MAX_KEY, MAX_RECORD, NO_PAGE,
 };
 use crate::overflow::{self, ValueRef};
-use crate::range::Range;
 use crate::value_hint;
 use crate::verify::{verify_tree, TreeReport};
 use shoal_engine::{
@@ -1111,35 +1110,6 @@ impl BTree {
                 }
             }
         }
-    }
-
-    /// Iterate over the entries whose keys lie in `range` (`..`, `a..b`, `a..=b`, `a..`, ...)
-    /// in key order; `.rev()` goes from the high end, and both ends may be taken at once. No
-    /// latch is held between items, so the loop body may write to this tree. Not a snapshot:
-    /// see [`crate::range`].
-    ///
-    /// ```no_run
-    /// # fn f(t: &shoal_btree::BTree, w: &shoal_engine::Worker) -> Result<(), shoal_btree::TreeError> {
-    /// for entry in t.range(w, b"a".as_slice()..b"m".as_slice()) {
-    ///     let (key, value) = entry?;
-    ///     println!("{key:?} = {value:?}");
-    /// }
-    /// // the last ten keys, largest first
-    /// let last: Vec<_> = t.iter(w).rev().take(10).collect::<Result<_, _>>()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn range<'w, K: AsRef<[u8]>>(
-        &self,
-        w: &'w Worker,
-        range: impl std::ops::RangeBounds<K>,
-    ) -> Range<'w> {
-        let own = |b: std::ops::Bound<&K>| b.map(|k| k.as_ref().to_vec());
-        Range::new(*self, w, own(range.start_bound()), own(range.end_bound()))
-    }
-
-    /// Iterate over every entry (see [`BTree::range`]).
-    pub fn iter<'w>(&self, w: &'w Worker) -> Range<'w> {
-        self.range::<&[u8]>(w, ..)
     }
 
     /// Apply every put and remove of `batch`, in order, as one transaction: after a crash,

@@ -177,49 +177,57 @@ fn draw_series(out: &Path, title: &str, runs: &[Run]) -> DrawResult {
     let root = root.titled(title, ("sans-serif", 22))?;
     let (upper, lower) = root.split_vertically(350);
     let t_max = max_of(runs, |r| &r.points, |p| p.0).max(1.0);
-    let ops_max = max_of(runs, |r| &r.points, |p| p.1).max(1.0) * 1.1;
-    let mut c = ChartBuilder::on(&upper)
+    panel(&upper, t_max, "per second", runs, |r| &r.points, true)?;
+    panel(
+        &lower,
+        t_max,
+        "p99 latency of the second (us)",
+        runs,
+        |r| &r.p99,
+        false,
+    )?;
+    root.present()?;
+    Ok(())
+}
+
+/// One time-series chart on `area`: the series `of` each run, from 0 to `t_max` seconds.
+fn panel(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    t_max: f64,
+    y_desc: &str,
+    runs: &[Run],
+    of: impl Fn(&Run) -> &[(f64, f64)],
+    legend: bool,
+) -> DrawResult {
+    let y_max = max_of(runs, &of, |p| p.1).max(1.0) * 1.1;
+    let mut c = ChartBuilder::on(area)
         .margin(10)
         .x_label_area_size(35)
         .y_label_area_size(80)
-        .build_cartesian_2d(0.0..t_max, 0.0..ops_max)?;
+        .build_cartesian_2d(0.0..t_max, 0.0..y_max)?;
     c.configure_mesh()
         .x_desc("seconds")
-        .y_desc("per second")
+        .y_desc(y_desc)
         .y_label_formatter(&|v| format!("{v:.0}"))
         .draw()?;
     for (i, r) in runs.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
-        c.draw_series(LineSeries::new(
-            r.points.iter().copied(),
-            color.stroke_width(2),
-        ))?
-        .label(r.label.clone())
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-    }
-    c.configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
-    let p99_max = max_of(runs, |r| &r.p99, |p| p.1).max(1.0) * 1.1;
-    let mut c = ChartBuilder::on(&lower)
-        .margin(10)
-        .x_label_area_size(35)
-        .y_label_area_size(80)
-        .build_cartesian_2d(0.0..t_max, 0.0..p99_max)?;
-    c.configure_mesh()
-        .x_desc("seconds")
-        .y_desc("p99 latency of the second (us)")
-        .y_label_formatter(&|v| format!("{v:.0}"))
-        .draw()?;
-    for (i, r) in runs.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        c.draw_series(LineSeries::new(
-            r.p99.iter().copied(),
+        let drawn = c.draw_series(LineSeries::new(
+            of(r).iter().copied(),
             color.stroke_width(2),
         ))?;
+        if legend {
+            drawn.label(r.label.clone()).legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        }
     }
-    root.present()?;
+    if legend {
+        c.configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+    }
     Ok(())
 }
 
