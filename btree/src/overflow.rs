@@ -102,6 +102,15 @@ pub fn write(w: &Worker, value: &[u8]) -> Result<ValueRef, EngineError> {
     })
 }
 
+/// An overflow page's header: (kind, value bytes it holds, next page).
+fn header(b: &[u8]) -> (u8, usize, u64) {
+    (
+        b[0],
+        u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")) as usize,
+        u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
+    )
+}
+
 /// A chain page that is not what the reference promises.
 fn broken(pid: Pid, why: String) -> Restart {
     Restart::Fail(EngineError::Catalog(format!(
@@ -117,10 +126,9 @@ pub fn read(w: &Worker, r: ValueRef, out: &mut Vec<u8>) -> OpResult<()> {
     for k in 0..r.pages() {
         let g = w.shared(at)?;
         let b = g.data();
-        let here = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")) as usize;
-        let next = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
-        if b[0] != KIND_OVERFLOW || here > PER_PAGE {
-            return Err(broken(at, format!("kind {}, {here} bytes", b[0])));
+        let (kind, here, next) = header(b);
+        if kind != KIND_OVERFLOW || here > PER_PAGE {
+            return Err(broken(at, format!("kind {kind}, {here} bytes")));
         }
         if out.len() + here > r.len as usize {
             return Err(broken(
@@ -178,12 +186,11 @@ fn page_ids(w: &Worker, r: ValueRef) -> OpResult<Vec<Pid>> {
     let mut at = r.first;
     for _ in 0..r.pages() {
         let g = w.shared(at)?;
-        let b = g.data();
-        if b[0] != KIND_OVERFLOW {
-            return Err(broken(at, format!("kind {}", b[0])));
+        let (kind, _, next) = header(g.data());
+        if kind != KIND_OVERFLOW {
+            return Err(broken(at, format!("kind {kind}")));
         }
         out.push(at);
-        let next = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
         if next == NO_PAGE {
             break;
         }
@@ -196,10 +203,8 @@ fn free_pages(w: &Worker, r: ValueRef, pages: usize) {
     let mut at = r.first;
     for _ in 0..pages {
         let step = w.run(|w| w.exclusive(at)).and_then(|g| {
-            let b = g.data();
-            let next = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
-            let ok = b[0] == KIND_OVERFLOW;
-            g.free().map(|()| (next, ok))
+            let (kind, _, next) = header(g.data());
+            g.free().map(|()| (next, kind == KIND_OVERFLOW))
         });
         match step {
             Ok((next, true)) if next != NO_PAGE => at = Pid(next),
@@ -221,11 +226,9 @@ pub fn chain(
     let mut pages = Vec::with_capacity(r.pages());
     let (mut at, mut total) = (r.first, 0usize);
     for k in 0..r.pages() {
-        let b = read(at)?;
-        let here = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")) as usize;
-        let next = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
-        if b[0] != KIND_OVERFLOW || here > PER_PAGE {
-            return Err(format!("overflow page {at}: kind {}, {here} bytes", b[0]));
+        let (kind, here, next) = header(&read(at)?[..]);
+        if kind != KIND_OVERFLOW || here > PER_PAGE {
+            return Err(format!("overflow page {at}: kind {kind}, {here} bytes"));
         }
         total += here;
         pages.push(at);

@@ -217,6 +217,23 @@ fn log_changed_bytes(w: &Worker, root: Pid, key: &[u8], old: &[u8], new: &[u8]) 
     }
 }
 
+/// Copy slot `i`'s whole value out of a leaf a scan holds shared, following an overflow
+/// reference (the shared latch keeps its chain from being freed).
+fn value_in_scan(
+    w: &Worker,
+    g: &SharedGuard<'_>,
+    i: usize,
+    v: &mut Vec<u8>,
+) -> Result<(), TreeError> {
+    let p = g.page();
+    node::value_into(p, i, v);
+    if node::val_flags(p, i) & FLAG_OVERFLOW != 0 {
+        let r = ValueRef::decode(v).ok_or_else(|| damaged(g.pid()))?;
+        w.run(|w| overflow::read(w, r, v))?;
+    }
+    Ok(())
+}
+
 /// A leaf slot flagged as an overflow reference whose bytes are not one.
 fn bad_reference(leaf: Pid) -> Restart {
     Restart::Fail(damaged_reference(leaf))
@@ -1065,12 +1082,7 @@ impl BTree {
                     let p = g.page();
                     while i < node::count(p) {
                         node::key_into(p, i, &mut k);
-                        node::value_into(p, i, &mut v);
-                        if node::val_flags(p, i) & FLAG_OVERFLOW != 0 {
-                            // (the leaf is latched shared: its chain stays)
-                            let r = ValueRef::decode(&v).ok_or_else(|| damaged(g.pid()))?;
-                            w.run(|w| overflow::read(w, r, &mut v))?;
-                        }
+                        value_in_scan(w, &g, i, &mut v)?;
                         if !f(&k, &v) {
                             return Ok(());
                         }
@@ -1094,11 +1106,7 @@ impl BTree {
                     while j > 0 {
                         j -= 1;
                         node::key_into(p, j, &mut k);
-                        node::value_into(p, j, &mut v);
-                        if node::val_flags(p, j) & FLAG_OVERFLOW != 0 {
-                            let r = ValueRef::decode(&v).ok_or_else(|| damaged(g.pid()))?;
-                            w.run(|w| overflow::read(w, r, &mut v))?;
-                        }
+                        value_in_scan(w, &g, j, &mut v)?;
                         if !f(&k, &v) {
                             return Ok(());
                         }

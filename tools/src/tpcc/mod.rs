@@ -774,13 +774,7 @@ fn report(
             name.to_string(),
             json!({"count": t.count[i], "per_s": t.count[i] as f64 / o.secs, "p50_us": p50, "p99_us": p99}),
         );
-        hists.insert(
-            name.to_string(),
-            json!(h
-                .iter_recorded()
-                .map(|v| [v.value_iterated_to(), v.count_at_value()])
-                .collect::<Vec<_>>()),
-        );
+        hists.insert(name.to_string(), crate::report::hist_json(h));
     }
     let share = |n: u64| {
         if committed > 0 {

@@ -57,14 +57,8 @@ fn tally_of(d: &Value) -> anyhow::Result<Tally> {
     let mut t = Tally::new();
     for (i, name) in txn::TYPES.iter().enumerate() {
         t.count[i] = d["types"][name]["count"].as_u64().ok_or_else(bad)?;
-        for pair in d["histograms_us"][name].as_array().ok_or_else(bad)? {
-            let (Some(v), Some(c)) = (pair[0].as_u64(), pair[1].as_u64()) else {
-                return Err(bad());
-            };
-            t.hist[i]
-                .record_n(v.max(1), c)
-                .map_err(anyhow::Error::from)?;
-        }
+        crate::report::add_hist_json(&mut t.hist[i], &d["histograms_us"][name])
+            .map_err(|e| anyhow::anyhow!("a node wrote an unreadable report: {e}"))?;
     }
     t.rollbacks = u("rollbacks")?;
     t.remote_warehouse = u("remote_warehouse_txns")?;

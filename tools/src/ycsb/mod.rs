@@ -432,13 +432,18 @@ struct NodeReport {
     logged: bool,
 }
 
+/// Share of page accesses served by this node's memory (not a fault, not a remote fetch).
+fn hit_ratio(d: &StatsSnapshot, remote: u64) -> f64 {
+    if d.hits > 0 {
+        d.hits.saturating_sub(d.faults + remote) as f64 / d.hits as f64
+    } else {
+        1.0
+    }
+}
+
 impl NodeReport {
     fn hit_ratio(&self) -> f64 {
-        if self.d.hits > 0 {
-            (self.d.hits.saturating_sub(self.d.faults + self.remote)) as f64 / self.d.hits as f64
-        } else {
-            1.0
-        }
+        hit_ratio(&self.d, self.remote)
     }
     fn json(&self) -> serde_json::Value {
         json!({
@@ -1107,11 +1112,7 @@ fn run_phase(
                 let dt = now.0.duration_since(last.0).as_secs_f64();
                 let d = delta(&last.2 .0, &now.2 .0);
                 let remote = now.2 .1 - last.2 .1;
-                let hit = if d.hits > 0 {
-                    100.0 * (d.hits - (d.faults + remote).min(d.hits)) as f64 / d.hits as f64
-                } else {
-                    100.0
-                };
+                let hit = 100.0 * hit_ratio(&d, remote);
                 say!(
                     "[{:>4}s{}] {:>10.0} ops/s  hit {:>6.2}%  remote {:>7.0}/s  nvme r {:>7.0}/s w {:>7.0}/s",
                     tick,
@@ -1269,11 +1270,7 @@ impl Series {
             let node_figures = |b: &Snap, a: &Snap| {
                 let d = delta(&b.0, &a.0);
                 let remote = a.1 - b.1;
-                let hit = if d.hits > 0 {
-                    (d.hits - (d.faults + remote).min(d.hits)) as f64 / d.hits as f64
-                } else {
-                    1.0
-                };
+                let hit = hit_ratio(&d, remote);
                 [
                     hit,
                     remote as f64 / dt,
