@@ -13,6 +13,8 @@
 //! 32 flags     u8    bit 0: has lower fence, bit 1: has upper fence
 //! 34 level     u16   0 for leaves
 //! 36 last      u16   slot of the last insert (sequential-insert detection for splits)
+//! 38 before    u16   slot of the insert before it (shifted by later inserts before it: two
+//!                    interleaved ascending runs each stay recognisable)
 //! slots (sorted by key; n = count): three arrays of n 8-byte entries, from offset 40
 //!  40          heads    u64 each: first 8 key bytes, big endian, zero padded: most
 //!                       comparisons end here, so a search reads only this dense array
@@ -58,6 +60,7 @@ const UP_LEN: usize = 30;
 const FLAGS: usize = 32;
 const LEVEL: usize = 34;
 const LAST_INSERT: usize = 36;
+const PREVIOUS_INSERT: usize = 38;
 pub const HEADER: usize = 40;
 pub const SLOT: usize = 24;
 const MAX_SLOTS: usize = (PAGE_DATA_SIZE - HEADER) / SLOT;
@@ -550,9 +553,12 @@ impl<B: Deref<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
         self.free_space() >= entry_space(klen, vlen)
     }
 
-    /// Slot of the most recent insert.
-    pub fn last_insert(&self) -> usize {
-        g16(&self.b[..], LAST_INSERT)
+    /// Slots of the two most recent inserts, newest first.
+    pub fn last_inserts(&self) -> [usize; 2] {
+        [
+            g16(&self.b[..], LAST_INSERT),
+            g16(&self.b[..], PREVIOUS_INSERT),
+        ]
     }
 
     pub fn child(&self, i: usize) -> u64 {
@@ -694,6 +700,13 @@ impl<B: DerefMut<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
         s16(b, s + 6, flags as usize);
         s64(b, child_at(n + 1, i), child);
         s16(b, COUNT, n + 1);
+        // the previous insert's slot moved up if this one went before it
+        let prev = g16(b, LAST_INSERT);
+        s16(
+            b,
+            PREVIOUS_INSERT,
+            if prev >= i && n > 0 { prev + 1 } else { prev },
+        );
         s16(b, LAST_INSERT, i);
     }
 

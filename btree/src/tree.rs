@@ -1022,7 +1022,7 @@ impl BTree {
             n.level(),
             n.entries(),
             n.upper_child(),
-            n.last_insert(),
+            n.last_inserts(),
         );
         let mut lg = w.allocate()?;
         let mut rg = match w.allocate() {
@@ -1242,8 +1242,9 @@ fn halves(kind: u8, entries: &[Entry], cut: Option<Cut>) -> (&[Entry], Vec<u8>, 
 }
 
 /// Sequential-insert detection. If the insert of `key` that needs the split goes right after
-/// the node's previous insert, the workload fills the key space in order (one ascending run,
-/// or several side by side, as parallel loaders of adjacent ranges do); for an inner node the
+/// one of the node's two previous inserts, the workload fills the key space in order (one
+/// ascending run, or several side by side, as parallel loaders of adjacent ranges do: two of
+/// them alternating in one node each continue their own previous insert); for an inner node the
 /// "insert" is the separator that `key`'s child will post when it splits. Then:
 ///
 /// - past the last entry: left keeps all but the last entry (the run continues on the right);
@@ -1254,10 +1255,10 @@ fn halves(kind: u8, entries: &[Entry], cut: Option<Cut>) -> (&[Entry], Vec<u8>, 
 /// Either way nodes are left full instead of half full: without it an ascending load leaves
 /// every inner node half full, and a tree of 200,000 records one level taller than it needs.
 /// Otherwise: `None` (split in the middle).
-fn sequential_cut(kind: u8, entries: &[Entry], last_insert: usize, key: &[u8]) -> Option<Cut> {
+fn sequential_cut(kind: u8, entries: &[Entry], last: [usize; 2], key: &[u8]) -> Option<Cut> {
     let n = entries.len();
     let pos = entries.partition_point(|(k, _, _)| k.as_slice() < key);
-    if pos != last_insert + 1 || pos == 0 {
+    if pos == 0 || !last.iter().any(|&l| pos == l + 1) {
         return None;
     }
     if kind == KIND_INNER {
@@ -1356,7 +1357,7 @@ fn split_child(
 ) -> OpResult<()> {
     let n = NodeRef::of(x.data());
     let (kind, level, entries, upper) = (n.kind(), n.level(), n.entries(), n.upper_child());
-    let (right, (lower_fence, upper_fence), last) = (n.right(), n.fences(), n.last_insert());
+    let (right, (lower_fence, upper_fence), last) = (n.right(), n.fences(), n.last_inserts());
     let (left, sep, rest, left_upper) =
         halves(kind, &entries, sequential_cut(kind, &entries, last, key));
     let mut rg = w.allocate()?;
