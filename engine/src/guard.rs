@@ -461,11 +461,24 @@ impl Worker {
     #[inline]
     fn hold(&self) {
         self.held.set(self.held.get() + 1);
+        crate::tasks::guard_taken();
     }
 
     #[inline]
     fn unhold(&self) {
         self.held.set(self.held.get() - 1);
+        crate::tasks::guard_dropped();
+    }
+
+    /// Wait a little for a latch (see [`Backoff`]); in a task that may not pause and has
+    /// waited a while, restart the operation instead (the latch rule in [`crate::tasks`]).
+    #[inline]
+    fn snooze(backoff: &mut Backoff) -> OpResult<()> {
+        if backoff.stuck_in_task() {
+            return Err(Restart::Retry);
+        }
+        backoff.snooze();
+        Ok(())
     }
 
     #[inline]
@@ -576,7 +589,7 @@ impl Worker {
                     });
                 }
                 Some(_) => {} // the frame moved on to another page: look up again
-                None => backoff.snooze(),
+                None => Worker::snooze(&mut backoff)?,
             }
         }
     }
@@ -605,7 +618,7 @@ impl Worker {
                 }
                 f.latch.unlock_shared();
             } else {
-                backoff.snooze();
+                Worker::snooze(&mut backoff)?;
             }
         }
     }
@@ -633,7 +646,7 @@ impl Worker {
                 f.latch.unlock_exclusive_unchanged();
             } else {
                 self.check_not_deferred(idx);
-                backoff.snooze();
+                Worker::snooze(&mut backoff)?;
             }
         }
     }
@@ -796,7 +809,7 @@ impl<'w> OptimisticGuard<'w> {
             if !self.is_valid() {
                 return Err(Restart::Retry);
             }
-            backoff.snooze(); // CAS lost to another sharer; the version is unchanged
+            Worker::snooze(&mut backoff)?; // CAS lost to another sharer; the version is unchanged
         }
     }
 
@@ -811,7 +824,7 @@ impl<'w> OptimisticGuard<'w> {
             if !self.is_valid() {
                 return Err(Restart::Retry);
             }
-            backoff.snooze(); // shared holders present; they do not change the version
+            Worker::snooze(&mut backoff)?; // shared holders present; they do not change the version
         }
     }
 }

@@ -49,6 +49,7 @@ mod node;
 mod pid;
 mod provider;
 mod stats;
+pub mod tasks;
 
 pub use buffer::page::{PageMut, PageRef};
 pub use cluster::{Cluster, ClusterBuilder};

@@ -7,8 +7,18 @@
 //! Rings are per thread (`thread_local!`), created on a thread's first I/O, because a ring's
 //! submission queue is single-producer. Files are not registered with the ring, so one ring
 //! serves every store a thread touches.
+//!
+//! **Paused waits.** A thread that runs many tasks (shoal-engine's `tasks`) installs a pause
+//! hook ([`set_pause`]). Its io_uring batches then go into the thread's ring without a wait:
+//! the task that issued one calls the hook (which switches to another task) until the batch's
+//! completions are in, and the thread's scheduler submits what its tasks queued and reaps
+//! completions between tasks ([`submit_queued`]), so one `io_uring_enter` carries the reads of
+//! many tasks. Completions are matched to batches by a per-thread token, whichever task reaps
+//! them. When the hook declines (the task holds latches another task could wait for), the
+//! batch waits in the kernel as usual.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::os::fd::RawFd;
 
 /// Submission-queue size of each thread's ring: the most requests one thread keeps in flight.
@@ -69,6 +79,89 @@ pub struct IoOp {
 
 thread_local! {
     static RING: RefCell<Option<io_uring::IoUring>> = const { RefCell::new(None) };
+    /// The pause hook of a thread that runs tasks: switches to another task and returns true,
+    /// or returns false when the running task may not pause now.
+    static PAUSE: Cell<Option<fn() -> bool>> = const { Cell::new(None) };
+    /// Requests this thread put in its ring whose completions nobody reaped yet.
+    static IN_FLIGHT: Cell<usize> = const { Cell::new(0) };
+    /// Requests put in the ring but not yet handed to the kernel.
+    static QUEUED: Cell<usize> = const { Cell::new(0) };
+    /// The next token (a paused batch's requests carry tokens as user data).
+    static NEXT_TOKEN: Cell<u64> = const { Cell::new(0) };
+    /// Results of paused batches' requests reaped by whoever reaped them, by token.
+    static DONE: RefCell<HashMap<u64, i64>> = RefCell::new(HashMap::new());
+}
+
+/// Install (or with `None` remove) this thread's pause hook: while one is installed, this
+/// thread's io_uring batches wait by calling it (see the module's *Paused waits*). Remove it
+/// only when [`in_flight`] is 0.
+pub fn set_pause(hook: Option<fn() -> bool>) {
+    assert!(
+        hook.is_some() || IN_FLIGHT.get() == 0,
+        "the pause hook was removed with requests in flight"
+    );
+    PAUSE.set(hook);
+}
+
+/// Requests this thread's paused batches have in flight (queued or in the kernel).
+pub fn in_flight() -> usize {
+    IN_FLIGHT.get()
+}
+
+/// For the scheduler of a thread with a pause hook: hand the queued requests to the kernel,
+/// and with `wait` (every task is waiting for I/O) block until at least one completes; then
+/// reap what completed. Returns how many requests are still in flight. Aborts the process if
+/// the kernel refuses the ring (requests in flight could still write into their buffers).
+pub fn submit_queued(wait: bool) -> usize {
+    if IN_FLIGHT.get() == 0 {
+        return 0;
+    }
+    RING.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let ring = slot.as_mut().expect("requests in flight imply a ring");
+        enter(ring, usize::from(wait), IN_FLIGHT.get());
+        QUEUED.set(0);
+        reap(ring);
+    });
+    IN_FLIGHT.get()
+}
+
+/// `io_uring_enter`: submit the queue, waiting for `want` completions; retries on EINTR/
+/// EAGAIN/EBUSY; aborts on any other failure (requests in flight may still write into their
+/// buffers, so no caller could safely go on).
+fn enter(ring: &mut io_uring::IoUring, want: usize, in_flight: usize) {
+    let mut tries = 0;
+    loop {
+        match ring.submit_and_wait(want) {
+            Ok(_) => return,
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+                ) && tries < 1_000_000 =>
+            {
+                tries += 1;
+                std::thread::yield_now();
+            }
+            Err(e) => {
+                log::error!("io_uring_enter failed with {in_flight} requests in flight: {e}");
+                std::process::abort();
+            }
+        }
+    }
+}
+
+/// Move every completion in `ring` into the table of results by token.
+fn reap(ring: &mut io_uring::IoUring) {
+    let mut n = 0;
+    DONE.with(|d| {
+        let mut d = d.borrow_mut();
+        for cqe in ring.completion() {
+            d.insert(cqe.user_data(), cqe.result() as i64);
+            n += 1;
+        }
+    });
+    IN_FLIGHT.set(IN_FLIGHT.get() - n);
 }
 
 /// Execute `ops`; `results[i]` receives bytes transferred or `-errno` for `ops[i]`.
@@ -98,6 +191,9 @@ pub unsafe fn run_batch(backend: Backend, ops: &[IoOp], results: &mut [i64]) {
                         }
                     }
                 }
+                if PAUSE.get().is_some() {
+                    return false; // below, with the ring borrowed only between pauses
+                }
                 let ring = slot.as_mut().expect("ring set above");
                 // SAFETY: forwarded from the caller's contract.
                 unsafe { uring_batch(ring, ops, results) };
@@ -106,6 +202,9 @@ pub unsafe fn run_batch(backend: Backend, ops: &[IoOp], results: &mut [i64]) {
             if fallback {
                 // SAFETY: forwarded from the caller's contract.
                 unsafe { run_batch(Backend::Pread, ops, results) }
+            } else if let Some(pause) = PAUSE.get() {
+                // SAFETY: forwarded from the caller's contract.
+                unsafe { paused_batch(pause, ops, results) }
             }
         }
     }
@@ -205,6 +304,80 @@ unsafe fn pread_pwrite(op: &IoOp) -> i64 {
     done as i64
 }
 
+/// Run `ops` on this thread's ring (which exists) waiting by `pause` (see the module's
+/// *Paused waits*).
+///
+/// # Safety
+/// See [`run_batch`]. The buffers stay the caller's until this returns, and it returns only
+/// when every request completed: a pause never ends the wait early, and a task dropped while
+/// paused here is dropped only after its thread's scheduler drained the ring.
+unsafe fn paused_batch(pause: fn() -> bool, ops: &[IoOp], results: &mut [i64]) {
+    use io_uring::{opcode, types};
+    let first = NEXT_TOKEN.get();
+    NEXT_TOKEN.set(first + ops.len() as u64);
+    let mut next = 0usize;
+    while next < ops.len() {
+        RING.with(|cell| {
+            let mut slot = cell.borrow_mut();
+            let ring = slot.as_mut().expect("run_batch made the ring");
+            let mut pushed = 0;
+            {
+                let mut sq = ring.submission();
+                while next < ops.len() && !sq.is_full() {
+                    let op = &ops[next];
+                    let e = if op.write {
+                        opcode::Write::new(types::Fd(op.fd), op.buf as *const u8, op.len)
+                            .offset(op.offset)
+                            .build()
+                    } else {
+                        opcode::Read::new(types::Fd(op.fd), op.buf, op.len)
+                            .offset(op.offset)
+                            .build()
+                    };
+                    // SAFETY: the buffer stays valid until this request's completion is
+                    // reaped, which this function waits for (caller's contract).
+                    unsafe { sq.push(&e.user_data(first + next as u64)) }
+                        .expect("checked not full");
+                    next += 1;
+                    pushed += 1;
+                }
+            }
+            IN_FLIGHT.set(IN_FLIGHT.get() + pushed);
+            QUEUED.set(QUEUED.get() + pushed);
+            if next < ops.len() {
+                // the queue is full: hand it to the kernel to make room
+                enter(ring, 0, IN_FLIGHT.get());
+                QUEUED.set(0);
+                reap(ring);
+            }
+        });
+    }
+    let mut left = ops.len();
+    while left > 0 {
+        left = DONE.with(|d| {
+            let mut d = d.borrow_mut();
+            for (i, r) in results.iter_mut().enumerate() {
+                if let Some(v) = d.remove(&(first + i as u64)) {
+                    *r = v;
+                    left -= 1;
+                }
+            }
+            left
+        });
+        if left > 0 && !pause() {
+            RING.with(|cell| {
+                let mut slot = cell.borrow_mut();
+                let ring = slot.as_mut().expect("run_batch made the ring");
+                enter(ring, 1, IN_FLIGHT.get());
+                QUEUED.set(0);
+                reap(ring);
+            });
+        }
+    }
+    // SAFETY: every request completed; forwarded from the caller's contract.
+    unsafe { finish_short(ops, results) };
+}
+
 /// # Safety
 /// See [`run_batch`].
 unsafe fn uring_batch(ring: &mut io_uring::IoUring, ops: &[IoOp], results: &mut [i64]) {
@@ -232,35 +405,22 @@ unsafe fn uring_batch(ring: &mut io_uring::IoUring, ops: &[IoOp], results: &mut 
                 inflight += 1;
             }
         }
-        let mut tries = 0;
-        loop {
-            match ring.submit_and_wait(1) {
-                Ok(_) => break,
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
-                    ) && tries < 1_000_000 =>
-                {
-                    tries += 1;
-                    std::thread::yield_now();
-                }
-                Err(e) => {
-                    // Requests already handed to the kernel may still write into caller
-                    // buffers; returning now would let the caller reuse them. There is no safe
-                    // way forward.
-                    log::error!("io_uring_enter failed with {inflight} requests in flight: {e}");
-                    std::process::abort();
-                }
-            }
-        }
+        enter(ring, 1, inflight);
         for cqe in ring.completion() {
             let i = cqe.user_data() as usize;
             results[i] = cqe.result() as i64;
             inflight -= 1;
         }
     }
-    // Short transfers (rare with O_DIRECT, possible at end of file): finish them synchronously.
+    // SAFETY: every request completed; forwarded from the caller's contract.
+    unsafe { finish_short(ops, results) };
+}
+
+/// Short transfers (rare with O_DIRECT, possible at end of file): finish them synchronously.
+///
+/// # Safety
+/// See [`run_batch`]; every request in `ops` completed with `results`.
+unsafe fn finish_short(ops: &[IoOp], results: &mut [i64]) {
     for (op, r) in ops.iter().zip(results.iter_mut()) {
         if *r > 0 && (*r as u32) < op.len {
             let rest = IoOp {

@@ -186,7 +186,8 @@ impl HybridLatch {
 }
 
 /// Spin-then-yield backoff for waits on latches. Suits machines with few cores: a waiter spins
-/// briefly, then yields its core, then sleeps in short naps.
+/// briefly, then yields its core, then sleeps in short naps. A task that may pause pauses
+/// instead (see [`crate::tasks`]).
 #[derive(Default)]
 pub struct Backoff {
     step: u32,
@@ -197,6 +198,11 @@ impl Backoff {
         Backoff { step: 0 }
     }
     pub fn snooze(&mut self) {
+        if crate::tasks::pause(crate::tasks::Wait::Other) {
+            // a task: the thread's other tasks ran meanwhile
+            self.step = self.step.saturating_add(1);
+            return;
+        }
         if self.step < 6 {
             for _ in 0..(1 << self.step) {
                 std::hint::spin_loop();
@@ -208,7 +214,18 @@ impl Backoff {
         }
         self.step = self.step.saturating_add(1);
     }
+
+    /// Whether a wait that may not pause (a task holding guards) has gone on long enough that
+    /// its operation should restart instead: what it waits for may be a paused task of its own
+    /// thread, which cannot run while it waits (see the latch rule in [`crate::tasks`]).
+    #[inline]
+    pub fn stuck_in_task(&self) -> bool {
+        self.step >= STUCK_STEPS && crate::tasks::in_task() && !crate::tasks::may_pause()
+    }
 }
+
+/// Snoozes after which a task that may not pause restarts its operation.
+const STUCK_STEPS: u32 = 8;
 
 impl Default for HybridLatch {
     fn default() -> Self {

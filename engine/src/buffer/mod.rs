@@ -248,6 +248,9 @@ impl Buffer {
                     why,
                 });
             }
+            if crate::tasks::pause(crate::tasks::Wait::Other) {
+                continue; // a task: the thread's other tasks ran meanwhile
+            }
             let mut g = self.frames_mx.lock();
             if self.free.is_empty() {
                 self.frames_freed.wait_for(&mut g, Duration::from_millis(1));

@@ -120,6 +120,14 @@ impl Coherence {
             // over the network. Look again for a moment (a round in progress elsewhere ends in
             // microseconds), then park until a handler round changes this page (it unparks the
             // page's waiters), 1 ms at most.
+            // A task: let the thread's other tasks run while the answer is on its way (not
+            // helping meanwhile: the handler threads may take over).
+            if crate::tasks::may_pause() {
+                drop(helping.take());
+                crate::tasks::pause(crate::tasks::Wait::Other);
+                let _ = helping.insert(self.ch.helping());
+                continue;
+            }
             let since = *idle.get_or_insert(now);
             let idle_for = now.duration_since(since);
             if idle_for < SPIN_FOR {

@@ -101,6 +101,11 @@ pub struct Args {
     /// Worker threads per node.
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
+    /// Tasks per worker thread (1: no tasks). Each task runs its own stream of operations; a
+    /// task that misses (NVMe read, remote fetch) pauses and the thread runs another, so one
+    /// thread keeps many reads in flight (docs/ycsb.md, "Tasks").
+    #[arg(long, default_value_t = 1)]
+    pub tasks: usize,
     /// Records loaded before the run.
     #[arg(long, default_value_t = 200_000)]
     pub records: u64,
@@ -201,6 +206,13 @@ fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<Plan> {
     }
     if a.workers == 0 || a.workers > 1024 {
         return Err(anyhow::anyhow!("--workers {}: use 1 to 1024", a.workers));
+    }
+    if a.tasks == 0 || a.tasks > shoal_engine::tasks::MAX_TASKS {
+        return Err(anyhow::anyhow!(
+            "--tasks {}: use 1 to {}",
+            a.tasks,
+            shoal_engine::tasks::MAX_TASKS
+        ));
     }
     // larger than a leaf's record (8-byte keys): kept in overflow pages, a page or more each
     let max_value = MAX_VALUE;
@@ -984,17 +996,18 @@ fn run_phase(
     set: &DataSet,
 ) -> anyhow::Result<RunOutput> {
     let phase = AtomicU8::new(WARMUP);
-    // (index of the engine in `nodes.engines`, worker number on it)
+    // (index of the engine in `nodes.engines`, worker thread on it)
     let threads: Vec<(usize, usize)> = (0..nodes.engines.len())
         .flat_map(|n| (0..a.workers).map(move |t| (n, t)))
         .collect();
-    let counters: Vec<Counter> = threads.iter().map(|_| Counter::default()).collect();
+    // a stream of operations: one per worker thread, or per task with --tasks
+    let n_units = threads.len() * a.tasks;
+    let counters: Vec<Counter> = (0..n_units).map(|_| Counter::default()).collect();
     let inserts: Vec<Counter> = nodes.engines.iter().map(|_| Counter::default()).collect();
     // each second's latencies per worker and operation type (only for --csv / --hdr)
     let intervals: Vec<std::sync::Mutex<Vec<Histogram<u64>>>> =
         if a.csv.is_some() || a.hdr.is_some() {
-            threads
-                .iter()
+            (0..n_units)
                 .map(|_| std::sync::Mutex::new((0..5).map(|_| crate::report::hist()).collect()))
                 .collect()
         } else {
@@ -1016,9 +1029,10 @@ fn run_phase(
         let hs: Vec<_> = threads
             .iter()
             .enumerate()
-            .map(|(i, &(n, t))| {
+            .map(|(th, &(n, t))| {
                 let e = nodes.engines[n];
-                let (phase, counter, inserted) = (&phase, &counters[i], &inserts[n]);
+                let (phase, inserted) = (&phase, &inserts[n]);
+                let (counters, intervals) = (&counters, &intervals);
                 let keys = Keys {
                     records: set.records,
                     next_key: set.next_key,
@@ -1026,33 +1040,53 @@ fn run_phase(
                     nodes: nodes.cluster as u64,
                     partitioned: a.access == Access::Partitioned,
                 };
-                // this worker's share of --operations and of --target
-                let n_threads = threads.len() as u64;
-                let quota = a
-                    .operations
-                    .map(|o| o / n_threads + u64::from((i as u64) < o % n_threads));
-                let pace = a
-                    .target
-                    .map(|t| Duration::from_secs_f64(n_threads as f64 / t));
-                let share = Share {
-                    quota,
-                    pace,
-                    interval: intervals.get(i),
-                };
-                s.spawn(move || {
+                // stream `k` of this thread: unit `i` of the run, stream `t * tasks + k` of
+                // its node (the seed's stream number: with one task, the thread's number)
+                let unit = move |k: usize| {
+                    let i = th * a.tasks + k;
+                    // this stream's share of --operations and of --target
+                    let n_units = n_units as u64;
+                    let quota = a
+                        .operations
+                        .map(|o| o / n_units + u64::from((i as u64) < o % n_units));
+                    let pace = a
+                        .target
+                        .map(|t| Duration::from_secs_f64(n_units as f64 / t));
+                    let share = Share {
+                        quota,
+                        pace,
+                        interval: intervals.get(i),
+                    };
                     worker_loop(
                         e,
                         tree,
                         a,
                         plan,
                         keys,
-                        t,
+                        t * a.tasks + k,
                         share,
                         phase,
-                        &counter.0,
+                        &counters[i].0,
                         &inserted.0,
                     )
-                })
+                };
+                s.spawn(
+                    move || -> anyhow::Result<Vec<Result<WorkerResult, TreeError>>> {
+                        if a.tasks == 1 {
+                            return Ok(vec![unit(0)]);
+                        }
+                        let out: Vec<std::cell::RefCell<Option<Result<WorkerResult, TreeError>>>> =
+                            (0..a.tasks).map(|_| Default::default()).collect();
+                        shoal_engine::tasks::run(a.tasks, |k| {
+                            *out[k].borrow_mut() = Some(unit(k));
+                        })
+                        .map_err(|e| anyhow::anyhow!("tasks: cannot map a task's stack: {e}"))?;
+                        Ok(out
+                            .into_iter()
+                            .map(|r| r.into_inner().expect("every task ran to its end"))
+                            .collect())
+                    },
+                )
             })
             .collect();
         let total_ops = || {
@@ -1138,11 +1172,12 @@ fn run_phase(
         let secs = measure_start.elapsed().as_secs_f64();
         let mut out = Vec::new();
         for h in hs {
-            out.push(
-                h.join()
-                    .map_err(|_| anyhow::anyhow!("a worker thread panicked"))?
-                    .map_err(|e| anyhow::anyhow!("the run failed: {e}"))?,
-            );
+            for r in h
+                .join()
+                .map_err(|_| anyhow::anyhow!("a worker thread panicked"))??
+            {
+                out.push(r.map_err(|e| anyhow::anyhow!("the run failed: {e}"))?);
+            }
         }
         let inserted = inserts
             .iter()
@@ -1347,6 +1382,9 @@ fn wait_until(at: Instant, phase: &AtomicU8) {
             return;
         }
         let left = at - now;
+        if shoal_engine::tasks::yield_now() {
+            continue; // a task: the thread's other tasks run meanwhile
+        }
         if left > Duration::from_micros(200) {
             std::thread::sleep((left - Duration::from_micros(100)).min(Duration::from_millis(10)));
         } else {
@@ -1505,6 +1543,9 @@ fn worker_loop(
             acks.poll(&w, &mut done)?;
         }
         counter.store(n_ops, Ordering::Relaxed);
+        // a task gives the thread's other tasks a turn after each operation (nothing
+        // outside tasks)
+        shoal_engine::tasks::yield_now();
     }
     // the writes still waiting were made after the measurement ended: not counted
     acks.drain(&w, |_, _| {})?;
