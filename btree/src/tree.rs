@@ -166,7 +166,9 @@ impl Batch {
 }
 
 thread_local! {
-    /// Roots of the trees this thread is scanning right now (inside a `scan` callback).
+    /// Roots of the trees this thread is scanning right now (inside a `scan` callback). A mark
+    /// is only ever set while the scan holds a leaf's shared guard, so a task (shoal_engine::
+    /// tasks) never pauses with one set and another task of its thread never sees it.
     static SCANNING: std::cell::RefCell<Vec<Pid>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -218,20 +220,22 @@ fn log_changed_bytes(w: &Worker, root: Pid, key: &[u8], old: &[u8], new: &[u8]) 
 }
 
 /// Copy slot `i`'s whole value out of a leaf a scan holds shared, following an overflow
-/// reference (the shared latch keeps its chain from being freed).
+/// reference (the shared latch keeps its chain from being freed). False: in a task, a page of
+/// the chain is one a paused task of this thread is loading (`Worker::run_while_holding`);
+/// the scan lets the leaf go and starts over at this slot's key.
 fn value_in_scan(
     w: &Worker,
     g: &SharedGuard<'_>,
     i: usize,
     v: &mut Vec<u8>,
-) -> Result<(), TreeError> {
+) -> Result<bool, TreeError> {
     let p = g.page();
     node::value_into(p, i, v);
     if node::val_flags(p, i) & FLAG_OVERFLOW != 0 {
         let r = ValueRef::decode(v).ok_or_else(|| damaged(g.pid()))?;
-        w.run(|w| overflow::read(w, r, v))?;
+        return Ok(w.run_while_holding(|w| overflow::read(w, r, v))?.is_some());
     }
-    Ok(())
+    Ok(true)
 }
 
 /// A leaf slot flagged as an overflow reference whose bytes are not one.
@@ -1072,44 +1076,80 @@ impl BTree {
         dir: Direction,
         mut f: impl FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<(), TreeError> {
-        let _scanning = Scanning::enter(self.root);
         let (mut k, mut v) = (Vec::new(), Vec::new());
         match dir {
             Direction::Ascending => {
-                let mut g: SharedGuard<'_> = w.run(|w| self.find_leaf(w, start)?.to_shared())?;
-                let mut i = node::lower_bound(g.page(), start).0;
-                loop {
-                    let p = g.page();
-                    while i < node::count(p) {
-                        node::key_into(p, i, &mut k);
-                        value_in_scan(w, &g, i, &mut v)?;
-                        if !f(&k, &v) {
+                // where to (re)start: keys >= `from`. A scan starts over from the root, holding
+                // no guard, where a task holding its leaf may not wait (`value_in_scan`,
+                // `Worker::run_while_holding`).
+                let mut from = start.to_vec();
+                'descend: loop {
+                    let mut g: SharedGuard<'_> =
+                        w.run(|w| self.find_leaf(w, &from)?.to_shared())?;
+                    // from here a leaf's guard is held (the next one is taken before the last
+                    // is let go) until the scan ends or starts over
+                    let _scanning = Scanning::enter(self.root);
+                    let mut i = node::lower_bound(g.page(), &from).0;
+                    loop {
+                        let p = g.page();
+                        while i < node::count(p) {
+                            node::key_into(p, i, &mut k);
+                            if !value_in_scan(w, &g, i, &mut v)? {
+                                from.clone_from(&k);
+                                continue 'descend;
+                            }
+                            if !f(&k, &v) {
+                                return Ok(());
+                            }
+                            i += 1;
+                        }
+                        let r = node::right(p);
+                        if r == NO_PAGE {
                             return Ok(());
                         }
-                        i += 1;
+                        match w.run_while_holding(|w| w.shared(Pid(r)))? {
+                            Some(next) => g = next,
+                            None => {
+                                // the smallest key above this leaf's upper fence
+                                let Some(mut up) = node::fence(p, true) else {
+                                    return Err(TreeError::Engine(EngineError::Catalog(format!(
+                                        "leaf {} has a right sibling but no upper fence",
+                                        g.pid()
+                                    ))));
+                                };
+                                up.push(0);
+                                from = up;
+                                continue 'descend;
+                            }
+                        }
+                        i = 0;
                     }
-                    let r = node::right(p);
-                    if r == NO_PAGE {
-                        return Ok(());
-                    }
-                    g = w.run(|w| w.shared(Pid(r)))?;
-                    i = 0;
                 }
             }
             Direction::Descending => {
                 let mut bound = start.to_vec();
                 loop {
                     let g = w.run(|w| self.find_leaf(w, &bound)?.to_shared())?;
+                    let _scanning = Scanning::enter(self.root); // let go before `g`
                     let p = g.page();
                     let (i, exact) = node::lower_bound(p, &bound);
                     let mut j = if exact { i + 1 } else { i };
+                    let mut again = false;
                     while j > 0 {
                         j -= 1;
                         node::key_into(p, j, &mut k);
-                        value_in_scan(w, &g, j, &mut v)?;
+                        if !value_in_scan(w, &g, j, &mut v)? {
+                            // start over at this key (included), holding nothing
+                            bound.clone_from(&k);
+                            again = true;
+                            break;
+                        }
                         if !f(&k, &v) {
                             return Ok(());
                         }
+                    }
+                    if again {
+                        continue;
                     }
                     match node::fence(p, false) {
                         None => return Ok(()),

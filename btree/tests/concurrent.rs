@@ -57,95 +57,115 @@ fn check_scan(tree: &BTree, w: &Worker, rng: &mut impl Rng, from: &[u8], n: usiz
     .unwrap();
 }
 
-/// Returns the tree's pages, the cache's frames and the evictions of the run.
-fn stress(cache: usize, per_thread: u32, ops: usize) -> (u64, u64, u64) {
+/// One owner's operations: owner `t` inserts and removes its own keys, reads everyone's.
+/// Returns the keys it owns at the end. Gives the thread's other tasks a turn after every
+/// operation (nothing outside tasks).
+fn owner_ops(tree: &BTree, w: &Worker, t: u32, per_thread: u32, ops: usize) -> BTreeSet<u32> {
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(t as u64);
+    let mut mine = BTreeSet::new();
+    let mut buf = Vec::new();
+    for _ in 0..ops {
+        let i = rng.random_range(0..per_thread);
+        let k = key(t, i);
+        match rng.random_range(0..10) {
+            0..=4 => {
+                let fresh = tree.insert(w, &k, value(t, i)).unwrap().inserted();
+                assert_eq!(fresh, mine.insert(i), "insert of an owned key");
+                assert!(
+                    tree.lookup(w, &k, &mut buf).unwrap(),
+                    "acknowledged insert not found"
+                );
+                check_value(&k, &buf);
+            }
+            5..=6 => {
+                assert_eq!(tree.remove(w, &k).unwrap(), mine.remove(&i));
+                assert!(
+                    !tree.lookup(w, &k, &mut buf).unwrap(),
+                    "removed key still found"
+                );
+            }
+            7 => {
+                // a batch of own keys (exactly the acknowledged ones are
+                // found) and others' (well-formed if present)
+                let idx: Vec<u32> = (0..rng.random_range(1..40))
+                    .map(|_| rng.random_range(0..per_thread))
+                    .collect();
+                let owner = |j: usize| {
+                    if j.is_multiple_of(3) {
+                        (t + 1) % THREADS
+                    } else {
+                        t
+                    }
+                };
+                let keys: Vec<Vec<u8>> = idx
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &i)| key(owner(j), i))
+                    .collect();
+                let mut next = 0;
+                tree.lookup_many(w, &keys, |j, v| {
+                    assert_eq!(j, next, "lookup_many answers in key order");
+                    next += 1;
+                    if let Some(v) = v {
+                        check_value(&keys[j], v);
+                    }
+                    if owner(j) == t {
+                        assert_eq!(
+                            v.is_some(),
+                            mine.contains(&idx[j]),
+                            "lookup_many disagrees with acknowledged writes"
+                        );
+                    }
+                })
+                .unwrap();
+                assert_eq!(next, keys.len());
+            }
+            8 => {
+                // someone else's key: must be well-formed if present
+                let other = key(rng.random_range(0..THREADS), i);
+                if tree.lookup(w, &other, &mut buf).unwrap() {
+                    check_value(&other, &buf);
+                }
+            }
+            _ => {
+                let n = rng.random_range(1..200);
+                check_scan(tree, w, &mut rng, &k, n);
+            }
+        }
+        shoal_engine::tasks::yield_now();
+    }
+    mine
+}
+
+/// Returns the tree's pages, the cache's frames and the evictions of the run. With `in_tasks`,
+/// half as many threads each run two owners as tasks (shoal_engine::tasks).
+fn stress(cache: usize, per_thread: u32, ops: usize, in_tasks: bool) -> (u64, u64, u64) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = EngineConfig::new(dir.path(), cache);
     let e = Engine::open(cfg.clone()).unwrap();
     let tree = BTree::create(&e.worker(), "stress").unwrap();
     let finals: Vec<BTreeSet<u32>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..THREADS)
+        let threads = if in_tasks { THREADS / 2 } else { THREADS };
+        let hs: Vec<_> = (0..threads)
             .map(|t| {
-                let e = &e;
+                let (e, tree) = (&e, &tree);
                 s.spawn(move || {
-                    let w = e.worker();
-                    let mut rng = rand::rngs::SmallRng::seed_from_u64(t as u64);
-                    let mut mine = BTreeSet::new();
-                    let mut buf = Vec::new();
-                    for _ in 0..ops {
-                        let i = rng.random_range(0..per_thread);
-                        let k = key(t, i);
-                        match rng.random_range(0..10) {
-                            0..=4 => {
-                                let fresh = tree.insert(&w, &k, value(t, i)).unwrap().inserted();
-                                assert_eq!(fresh, mine.insert(i), "insert of an owned key");
-                                assert!(
-                                    tree.lookup(&w, &k, &mut buf).unwrap(),
-                                    "acknowledged insert not found"
-                                );
-                                check_value(&k, &buf);
-                            }
-                            5..=6 => {
-                                assert_eq!(tree.remove(&w, &k).unwrap(), mine.remove(&i));
-                                assert!(
-                                    !tree.lookup(&w, &k, &mut buf).unwrap(),
-                                    "removed key still found"
-                                );
-                            }
-                            7 => {
-                                // a batch of own keys (exactly the acknowledged ones are
-                                // found) and others' (well-formed if present)
-                                let idx: Vec<u32> = (0..rng.random_range(1..40))
-                                    .map(|_| rng.random_range(0..per_thread))
-                                    .collect();
-                                let owner = |j: usize| {
-                                    if j.is_multiple_of(3) {
-                                        (t + 1) % THREADS
-                                    } else {
-                                        t
-                                    }
-                                };
-                                let keys: Vec<Vec<u8>> = idx
-                                    .iter()
-                                    .enumerate()
-                                    .map(|(j, &i)| key(owner(j), i))
-                                    .collect();
-                                let mut next = 0;
-                                tree.lookup_many(&w, &keys, |j, v| {
-                                    assert_eq!(j, next, "lookup_many answers in key order");
-                                    next += 1;
-                                    if let Some(v) = v {
-                                        check_value(&keys[j], v);
-                                    }
-                                    if owner(j) == t {
-                                        assert_eq!(
-                                            v.is_some(),
-                                            mine.contains(&idx[j]),
-                                            "lookup_many disagrees with acknowledged writes"
-                                        );
-                                    }
-                                })
-                                .unwrap();
-                                assert_eq!(next, keys.len());
-                            }
-                            8 => {
-                                // someone else's key: must be well-formed if present
-                                let other = key(rng.random_range(0..THREADS), i);
-                                if tree.lookup(&w, &other, &mut buf).unwrap() {
-                                    check_value(&other, &buf);
-                                }
-                            }
-                            _ => {
-                                let n = rng.random_range(1..200);
-                                check_scan(&tree, &w, &mut rng, &k, n);
-                            }
-                        }
+                    if !in_tasks {
+                        return vec![owner_ops(tree, &e.worker(), t, per_thread, ops)];
                     }
-                    mine
+                    // two owners per thread, each a task
+                    let out: Vec<std::cell::RefCell<BTreeSet<u32>>> =
+                        (0..2).map(|_| Default::default()).collect();
+                    shoal_engine::tasks::run(2, |k| {
+                        let owner = t * 2 + k as u32;
+                        *out[k].borrow_mut() = owner_ops(tree, &e.worker(), owner, per_thread, ops);
+                    })
+                    .unwrap();
+                    out.into_iter().map(|r| r.into_inner()).collect()
                 })
             })
             .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
     });
     let check_all = |e: &Engine, tree: &BTree| {
         let w = e.worker();
@@ -181,7 +201,7 @@ fn stress(cache: usize, per_thread: u32, ops: usize) -> (u64, u64, u64) {
 
 #[test]
 fn concurrent_ops_in_memory() {
-    let (pages, frames, _) = stress(64 << 20, 20_000, 40_000);
+    let (pages, frames, _) = stress(64 << 20, 20_000, 40_000, false);
     assert!(
         pages < frames,
         "the tree fits the cache: {pages} pages, {frames} frames"
@@ -193,7 +213,18 @@ fn concurrent_ops_tree_four_times_the_cache() {
     // ~60K live entries of ~120 bytes in 4 KiB leaves at ~70% fill is ~10 MiB of leaves; a 2 MiB
     // cache holds about a fifth of it.
     let cache = 2 << 20;
-    let (pages, frames, evictions) = stress(cache, 30_000, 60_000);
+    let (pages, frames, evictions) = stress(cache, 30_000, 60_000, false);
+    assert!(
+        pages >= 3 * frames && evictions >= pages - frames,
+        "the tree outgrew the cache and pages were evicted: {pages} pages, {frames} frames, {evictions} evictions"
+    );
+}
+
+#[test]
+fn concurrent_ops_in_tasks_on_a_tree_four_times_the_cache() {
+    // The same mix, two tasks per thread: a task pauses for reads and latches in the middle of
+    // an operation (a scan's descent among them) while the other writes the same tree.
+    let (pages, frames, evictions) = stress(2 << 20, 30_000, 60_000, true);
     assert!(
         pages >= 3 * frames && evictions >= pages - frames,
         "the tree outgrew the cache and pages were evicted: {pages} pages, {frames} frames, {evictions} evictions"

@@ -160,6 +160,14 @@ impl Worker {
         if point.0 == 0 {
             return Ok(());
         }
+        // A task lets the thread's other tasks run while the log writer flushes (under
+        // `commit` it flushes one batch after another; under `flush-every-ms`, on its tick).
+        while crate::tasks::may_pause() {
+            if self.is_durable(point)? {
+                return Ok(());
+            }
+            crate::tasks::pause(crate::tasks::Wait::Idle);
+        }
         Ok(self.wal().flush_to(point.0)?)
     }
 
@@ -723,6 +731,36 @@ impl Worker {
                 Ok(v) => return Ok(v),
                 Err(Restart::Retry) => {
                     bump(&self.stats.restarts);
+                    backoff.snooze();
+                }
+                Err(Restart::Fail(e)) => return Err(e),
+            }
+        }
+    }
+
+    /// [`Worker::run`] for a caller that holds guards outside `op` (lock coupling, as a scan
+    /// stepping to the next leaf). Outside tasks the same as `run`. In a task, `op` may wait
+    /// for a frame that a paused task of this thread is loading, and that task cannot run
+    /// until this one pauses, which it may not while it holds guards (the latch rule in
+    /// [`crate::tasks`]): so after `op` restarted a few times this gives up with `None`, and
+    /// the caller lets its guards go and starts over from where it was, without them.
+    pub fn run_while_holding<'w, T>(
+        &'w self,
+        mut op: impl FnMut(&'w Worker) -> OpResult<T>,
+    ) -> Result<Option<T>, EngineError> {
+        const GIVE_UP: u32 = 2;
+        let mut backoff = Backoff::new();
+        let mut restarts = 0;
+        loop {
+            match op(self) {
+                Ok(v) => return Ok(Some(v)),
+                Err(Restart::Retry) => {
+                    bump(&self.stats.restarts);
+                    restarts += 1;
+                    if restarts >= GIVE_UP && crate::tasks::in_task() && !crate::tasks::may_pause()
+                    {
+                        return Ok(None);
+                    }
                     backoff.snooze();
                 }
                 Err(Restart::Fail(e)) => return Err(e),

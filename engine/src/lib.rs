@@ -9,6 +9,7 @@
 //! | node | `node.rs` | a buffer, plus the coherence protocol on a cluster: the one place that tells the two apart |
 //! | coherence | [`coherence`] | the protocol's rules as pure state machines, and the driver that runs them over a buffer |
 //! | buffer | `buffer/` | frames, hybrid latches, page bytes, translation table, free frames, the page store |
+//! | tasks | [`tasks`] | many tasks per thread: where a worker would wait, a task pauses (used by every layer above) |
 //!
 //! The public surface is what this page re-exports, the [`catalog`] page format and the
 //! coherence rules ([`coherence::protocol`], [`coherence::directory`],

@@ -39,13 +39,16 @@ pub const TASK_STACK_BYTES: usize = 256 << 10;
 /// queue reads behind each other).
 pub const MAX_TASKS: usize = 1024;
 
-/// Why a task paused: the scheduler blocks in the kernel only when every task waits for I/O.
+/// Why a task paused: the scheduler blocks in the kernel only when every task waits for a
+/// read, and gives up the core for a moment when every task waits for another thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Wait {
     /// A read it queued.
     Io,
-    /// Anything else: a latch, a remote answer, a free frame, or [`yield_now`].
-    Other,
+    /// Another thread's progress: a latch, a remote answer, a free frame, the log's flush.
+    Idle,
+    /// Nothing: it gave the others a turn ([`yield_now`]).
+    Ready,
 }
 
 type Task = Coroutine<(), Wait, (), DefaultStack>;
@@ -62,10 +65,16 @@ thread_local! {
 pub struct TaskCounts {
     /// Times a task paused for a read.
     pub io_pauses: u64,
-    /// Times a task paused for anything else or yielded.
-    pub other_pauses: u64,
+    /// Times a task paused waiting for another thread (a latch, a remote answer, a free
+    /// frame, the log).
+    pub idle_pauses: u64,
+    /// Times a task gave the others a turn ([`yield_now`]).
+    pub yields: u64,
     /// Scheduler rounds that blocked in the kernel because every task waited for a read.
     pub blocked_rounds: u64,
+    /// Scheduler rounds after which the thread gave up its core (every task waited, some for
+    /// other threads).
+    pub idle_rounds: u64,
 }
 
 /// Whether the calling code runs inside a task.
@@ -113,7 +122,7 @@ pub(crate) fn pause(why: Wait) -> bool {
 /// Let the thread's other tasks run before this one goes on; returns whether it did (false
 /// outside tasks and while the task holds a guard). Call it between operations.
 pub fn yield_now() -> bool {
-    pause(Wait::Other)
+    pause(Wait::Ready)
 }
 
 fn io_pause() -> bool {
@@ -155,27 +164,38 @@ pub fn run<F: Fn(usize)>(n: usize, body: F) -> std::io::Result<TaskCounts> {
     let mut counts = TaskCounts::default();
     let mut live: Vec<usize> = (0..n).collect();
     while !live.is_empty() {
-        let mut all_io = true;
+        let (mut ready, mut idle) = (false, false);
         live.retain(|&i| {
             let r = tasks[i].resume(());
             CURRENT.set(std::ptr::null());
             debug_assert_eq!(GUARDS.get(), 0, "task {i} paused holding guards");
             match r {
-                CoroutineResult::Yield(Wait::Io) => {
-                    counts.io_pauses += 1;
-                    true
+                CoroutineResult::Yield(Wait::Io) => counts.io_pauses += 1,
+                CoroutineResult::Yield(Wait::Idle) => {
+                    counts.idle_pauses += 1;
+                    idle = true;
                 }
-                CoroutineResult::Yield(Wait::Other) => {
-                    counts.other_pauses += 1;
-                    all_io = false;
-                    true
+                CoroutineResult::Yield(Wait::Ready) => {
+                    counts.yields += 1;
+                    ready = true;
                 }
-                CoroutineResult::Return(()) => false,
+                CoroutineResult::Return(()) => return false,
             }
+            true
         });
-        let block = all_io && !live.is_empty() && shoal_storage::io::in_flight() > 0;
+        if live.is_empty() || ready {
+            shoal_storage::io::submit_queued(false);
+            continue;
+        }
+        // every task waits: for reads only, block until one completes; else look again
+        // after letting the threads they wait for run
+        let block = !idle && shoal_storage::io::in_flight() > 0;
         counts.blocked_rounds += u64::from(block);
         shoal_storage::io::submit_queued(block);
+        if !block {
+            counts.idle_rounds += 1;
+            std::thread::yield_now();
+        }
     }
     Ok(counts)
 }

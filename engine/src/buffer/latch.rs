@@ -198,7 +198,7 @@ impl Backoff {
         Backoff { step: 0 }
     }
     pub fn snooze(&mut self) {
-        if crate::tasks::pause(crate::tasks::Wait::Other) {
+        if crate::tasks::pause(crate::tasks::Wait::Idle) {
             // a task: the thread's other tasks ran meanwhile
             self.step = self.step.saturating_add(1);
             return;

@@ -248,7 +248,7 @@ impl Buffer {
                     why,
                 });
             }
-            if crate::tasks::pause(crate::tasks::Wait::Other) {
+            if crate::tasks::pause(crate::tasks::Wait::Idle) {
                 continue; // a task: the thread's other tasks ran meanwhile
             }
             let mut g = self.frames_mx.lock();

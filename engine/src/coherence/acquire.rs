@@ -124,7 +124,7 @@ impl Coherence {
             // helping meanwhile: the handler threads may take over).
             if crate::tasks::may_pause() {
                 drop(helping.take());
-                crate::tasks::pause(crate::tasks::Wait::Other);
+                crate::tasks::pause(crate::tasks::Wait::Idle);
                 let _ = helping.insert(self.ch.helping());
                 continue;
             }

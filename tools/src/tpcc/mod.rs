@@ -60,6 +60,11 @@ pub struct Args {
     /// Worker threads per node (affinity mode uses at most one per warehouse of the node).
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
+    /// Tasks per worker thread (1: no tasks): each task runs its own stream of transactions
+    /// on the worker's warehouses; a task that waits (NVMe, a remote page, the log, a latch)
+    /// lets the thread run another (docs/tpcc.md).
+    #[arg(long, default_value_t = 1)]
+    pub tasks: usize,
     #[command(flatten)]
     pub net: ClusterArgs,
     /// Page cache per node, e.g. 256MiB, 1GiB.
@@ -138,6 +143,13 @@ fn validate(a: &Args) -> anyhow::Result<u64> {
     }
     if a.workers == 0 || a.workers > 1024 {
         return Err(anyhow::anyhow!("--workers {}: 1 to 1024", a.workers));
+    }
+    if a.tasks == 0 || a.tasks > shoal_engine::tasks::MAX_TASKS {
+        return Err(anyhow::anyhow!(
+            "--tasks {}: 1 to {}",
+            a.tasks,
+            shoal_engine::tasks::MAX_TASKS
+        ));
     }
     crate::cli::check_run_secs(a.duration, a.warmup)?;
     let cache = parse_bytes(&a.cache).map_err(|e| anyhow::anyhow!("--cache: {e}"))?;
@@ -553,9 +565,12 @@ fn run_phase(
             .map(|(id, (n, homes))| {
                 let (phase, total, new_orders, failed) = (&phase, &total, &new_orders, &failed);
                 let e = nodes.engines[*n];
-                // this worker's share of --rate: one transaction every `pace`
-                let pace = a.rate.map(|r| Duration::from_secs_f64(threads as f64 / r));
-                s.spawn(move || {
+                // each stream's share of --rate: one transaction every `pace`
+                let streams = threads * a.tasks;
+                let pace = a.rate.map(|r| Duration::from_secs_f64(streams as f64 / r));
+                // stream `k` of this thread (the thread itself without --tasks)
+                let unit = move |k: usize| {
+                    let id = id * a.tasks + k;
                     let w = e.worker();
                     let mut next_at = Instant::now();
                     let mut ctx = txn::Ctx {
@@ -594,6 +609,9 @@ fn run_phase(
                                 while Instant::now() < next_at
                                     && phase.load(Ordering::Relaxed) != STOP
                                 {
+                                    if shoal_engine::tasks::yield_now() {
+                                        continue; // a task: the others run meanwhile
+                                    }
                                     let left = next_at - Instant::now();
                                     std::thread::sleep(left.min(Duration::from_millis(10)));
                                 }
@@ -629,12 +647,31 @@ fn run_phase(
                             fail(&mut tally, ty, &e);
                             break;
                         }
+                        // a task gives the thread's other tasks a turn (nothing outside tasks)
+                        shoal_engine::tasks::yield_now();
                     }
                     // what is still waiting was committed after the measurement: not counted
                     if let Err(e) = acks.drain(ctx.w, |_, _| {}) {
                         fail(&mut tally, 0, &e);
                     }
                     tally
+                };
+                s.spawn(move || -> Vec<Tally> {
+                    if a.tasks == 1 {
+                        return vec![unit(0)];
+                    }
+                    let out: Vec<std::cell::RefCell<Option<Tally>>> =
+                        (0..a.tasks).map(|_| Default::default()).collect();
+                    if let Err(e) = shoal_engine::tasks::run(a.tasks, |k| {
+                        *out[k].borrow_mut() = Some(unit(k));
+                    }) {
+                        let mut t = Tally::new();
+                        t.errors += 1;
+                        t.first_error = Some(format!("tasks: cannot map a task's stack: {e}"));
+                        failed.store(true, Ordering::Relaxed);
+                        return vec![t];
+                    }
+                    out.into_iter().filter_map(|r| r.into_inner()).collect()
                 })
             })
             .collect();
@@ -695,7 +732,7 @@ fn run_phase(
             }
         }
         hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Tally::new()))
+            .flat_map(|h| h.join().unwrap_or_else(|_| vec![Tally::new()]))
             .collect()
     });
     let mut all = Tally::new();

@@ -501,7 +501,7 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
     };
     drop(w0);
     say!(
-        "shoal ycsb: {} ({}), {}, {} records x {} B, {} node{} ({}), {} workers/node, cache {}/node, {:?} access, seed {}",
+        "shoal ycsb: {} ({}), {}, {} records x {} B, {} node{} ({}), {} workers/node{}, cache {}/node, {:?} access, seed {}",
         plan.label,
         mix_text(&plan.mix),
         dist_text(plan.dist),
@@ -511,6 +511,7 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
         if nodes.cluster > 1 { "s" } else { "" },
         if nodes.member { "tcp member" } else if nodes.cluster > 1 { "mem" } else { "embedded" },
         a.workers,
+        if a.tasks > 1 { format!(" x {} tasks", a.tasks) } else { String::new() },
         format_bytes(cache_bytes(first)),
         a.access,
         plan.seed
@@ -719,6 +720,7 @@ fn report_run(
             "nodes": nodes.cluster,
             "transport": if nodes.member { "tcp" } else { "mem" },
             "workers_per_node": a.workers,
+            "tasks_per_worker": a.tasks,
             // what the engine runs with (a tcp member's cache comes from the cluster file)
             "cache_bytes_per_node": cache_bytes(first),
             "durability": a.durability.to_string(),
