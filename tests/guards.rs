@@ -275,3 +275,44 @@ fn reallocating_a_slot_replaces_a_stale_resident_copy() {
         .unwrap();
     assert_eq!(v, 0, "the new (zeroed) page is what was persisted");
 }
+
+#[test]
+fn modify_stores_exactly_the_edited_copy() {
+    use rand::{Rng, SeedableRng};
+    use shoal_engine::PAGE_DATA_SIZE;
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path(), 512);
+    let w = e.worker();
+    let pid = new_page(&w, 0);
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+    let mut want = vec![0u8; PAGE_DATA_SIZE];
+    // few edits, many scattered ones (more runs than `modify` keeps apart), the last bytes
+    // of the page (after its last whole 64-byte block), and nested modifies
+    for round in 0..200 {
+        let edits = [1, 3, 40, 500][round % 4];
+        let mut g = w.run(|w| w.exclusive(pid)).unwrap();
+        g.modify(|b| {
+            for _ in 0..edits {
+                let at = rng.random_range(0..PAGE_DATA_SIZE);
+                b[at] = rng.random();
+                want[at] = b[at];
+            }
+            b[PAGE_DATA_SIZE - 1] = round as u8;
+            want[PAGE_DATA_SIZE - 1] = round as u8;
+        });
+        assert_eq!(g.data(), &want[..], "round {round}");
+        // a modify inside another guard's modify (each takes its own copy)
+        if round % 10 == 0 {
+            let other = new_page(&w, round as u64);
+            let mut h = w.run(|w| w.exclusive(other)).unwrap();
+            g.modify(|b| {
+                h.modify(|c| c[9] = 0xAB);
+                b[5] ^= 0xFF;
+                want[5] = b[5];
+            });
+            assert_eq!(h.data()[9], 0xAB);
+            assert_eq!(h.page().u64(0), round as u64);
+            assert_eq!(g.data(), &want[..]);
+        }
+    }
+}

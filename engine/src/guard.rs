@@ -42,6 +42,9 @@ pub struct Worker {
     owed: Cell<Option<Pid>>,
     /// This worker's part of the write-ahead log (None: the node has no log).
     log: Option<RefCell<LogGroup>>,
+    /// The page copy [`ExclusiveGuard::modify`] edits, kept between calls (None while one is
+    /// in use: a nested `modify` allocates its own).
+    scratch: Cell<Option<Box<[u8; PAGE_DATA_SIZE]>>>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -101,6 +104,7 @@ impl Worker {
             held: Cell::new(0),
             owed: Cell::new(None),
             node,
+            scratch: Cell::new(None),
             _not_sync: PhantomData,
         }
     }
@@ -1007,27 +1011,64 @@ impl<'w> ExclusiveGuard<'w> {
     /// for structural changes (splits, compaction); costs two 4 KiB copies.
     /// Only the words that differ are stored back (and logged).
     pub fn modify<T>(&mut self, f: impl FnOnce(&mut [u8; PAGE_DATA_SIZE]) -> T) -> T {
-        let mut copy = Box::new([0u8; PAGE_DATA_SIZE]);
+        let mut copy = self
+            .w
+            .scratch
+            .take()
+            .unwrap_or_else(|| Box::new([0u8; PAGE_DATA_SIZE]));
         copy.copy_from_slice(self.data());
         let r = f(&mut copy);
-        let old = self.data();
-        // runs of differing 8-byte words
-        let mut runs: Vec<(usize, usize)> = Vec::new();
-        let mut w = 0;
-        while w < PAGE_DATA_SIZE {
-            if old[w..w + 8] != copy[w..w + 8] {
-                match runs.last_mut() {
-                    Some((_, e)) if *e == w => *e = w + 8,
-                    _ => runs.push((w, w + 8)),
+        self.store_changed_words(&copy);
+        self.w.scratch.set(Some(copy));
+        r
+    }
+
+    /// Write the 8-byte words of `new` that differ from the page, as runs of adjacent words.
+    /// Whole 64-byte blocks are compared first (vector compares; a change to a node touches a
+    /// few blocks), then the words of the blocks that differ.
+    fn store_changed_words(&mut self, new: &[u8; PAGE_DATA_SIZE]) {
+        /// Runs remembered; past that, a new run is merged into the last one (rewriting the
+        /// unchanged words between them, which is harmless).
+        const MAX_RUNS: usize = 32;
+        const BLOCK: usize = 64;
+        const { assert!(PAGE_DATA_SIZE.is_multiple_of(8)) };
+        let mut runs = [(0usize, 0usize); MAX_RUNS];
+        let mut n = 0;
+        {
+            let old = self.data();
+            let mut add = |s: usize| {
+                if n > 0 && (runs[n - 1].1 == s || n == MAX_RUNS) {
+                    runs[n - 1].1 = s + 8;
+                } else {
+                    runs[n] = (s, s + 8);
+                    n += 1;
+                }
+            };
+            let word = |b: &[u8], at: usize| {
+                u64::from_ne_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+            };
+            let (old_blocks, _) = old.as_chunks::<BLOCK>();
+            let (new_blocks, _) = new.as_chunks::<BLOCK>();
+            for (b, (o, c)) in old_blocks.iter().zip(new_blocks).enumerate() {
+                if o != c {
+                    for w in (0..BLOCK).step_by(8) {
+                        if word(o, w) != word(c, w) {
+                            add(b * BLOCK + w);
+                        }
+                    }
                 }
             }
-            w += 8;
+            // the words after the last whole block
+            for s in (old_blocks.len() * BLOCK..PAGE_DATA_SIZE).step_by(8) {
+                if word(old, s) != word(new, s) {
+                    add(s);
+                }
+            }
         }
         let mut m = self.page_mut();
-        for (s, e) in runs {
-            m.write(s, &copy[s..e]);
+        for &(s, e) in &runs[..n] {
+            m.write(s, &new[s..e]);
         }
-        r
     }
 
     /// Become a shared guard (bumps the version: optimistic readers of the old state restart).
