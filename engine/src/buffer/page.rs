@@ -256,6 +256,17 @@ impl<'a> PageMut<'a> {
         if let Some(c) = self.changed.as_deref_mut() {
             c.note(off, src.len());
         }
+        if off.is_multiple_of(8) && src.len().is_multiple_of(8) {
+            // whole words (what `ExclusiveGuard::modify` stores): one store per word
+            let words = &self.words[off / 8..(off + src.len()) / 8];
+            for (w, b) in words.iter().zip(src.chunks_exact(8)) {
+                w.store(
+                    u64::from_le_bytes(b.try_into().expect("8 bytes")),
+                    Ordering::Relaxed,
+                );
+            }
+            return;
+        }
         let mut i = 0;
         let mut pos = off;
         while i < src.len() {

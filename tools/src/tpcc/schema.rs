@@ -189,14 +189,74 @@ pub mod stock {
 
 // keys: warehouse u16, district u8, customer u32, order u32, item u32
 
-pub fn warehouse_key(w: u16) -> Vec<u8> {
-    KeyBuilder::new().u16(w).finish()
+/// A key of a fixed-width layout, built on the stack: big-endian fields as [`KeyBuilder`]
+/// lays them out, without allocating (a transaction builds dozens of keys).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Key {
+    len: u8,
+    bytes: [u8; Key::MAX],
 }
-pub fn district_key(w: u16, d: u8) -> Vec<u8> {
-    KeyBuilder::new().u16(w).u8(d).finish()
+
+impl Key {
+    /// The longest fixed-width key (history: 2 + 1 + 4 + 8 bytes).
+    pub const MAX: usize = 16;
+
+    fn new() -> Key {
+        Key {
+            len: 0,
+            bytes: [0; Key::MAX],
+        }
+    }
+    fn put(mut self, b: &[u8]) -> Key {
+        let at = self.len as usize;
+        self.bytes[at..at + b.len()].copy_from_slice(b);
+        self.len += b.len() as u8;
+        self
+    }
+    fn u8(self, v: u8) -> Key {
+        self.put(&[v])
+    }
+    fn u16(self, v: u16) -> Key {
+        self.put(&v.to_be_bytes())
+    }
+    fn u32(self, v: u32) -> Key {
+        self.put(&v.to_be_bytes())
+    }
+    fn u64(self, v: u64) -> Key {
+        self.put(&v.to_be_bytes())
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
 }
-pub fn customer_key(w: u16, d: u8, c: u32) -> Vec<u8> {
-    KeyBuilder::new().u16(w).u8(d).u32(c).finish()
+
+impl std::ops::Deref for Key {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl AsRef<[u8]> for Key {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.as_slice().fmt(f)
+    }
+}
+
+pub fn warehouse_key(w: u16) -> Key {
+    Key::new().u16(w)
+}
+pub fn district_key(w: u16, d: u8) -> Key {
+    Key::new().u16(w).u8(d)
+}
+pub fn customer_key(w: u16, d: u8, c: u32) -> Key {
+    Key::new().u16(w).u8(d).u32(c)
 }
 /// Customer by last name: `(w, d, last, first, c_id)`, value empty. A scan from
 /// [`customer_name_prefix`] visits one last name's customers sorted by first name.
@@ -214,24 +274,24 @@ pub fn customer_name_prefix(w: u16, d: u8, last: &[u8]) -> Vec<u8> {
 }
 /// History rows have no primary key in TPC-C: `(w, d, c, unique)` where `unique` is made by
 /// the inserting worker.
-pub fn history_key(w: u16, d: u8, c: u32, unique: u64) -> Vec<u8> {
-    KeyBuilder::new().u16(w).u8(d).u32(c).u64(unique).finish()
+pub fn history_key(w: u16, d: u8, c: u32, unique: u64) -> Key {
+    Key::new().u16(w).u8(d).u32(c).u64(unique)
 }
-pub fn order_key(w: u16, d: u8, o: u32) -> Vec<u8> {
-    KeyBuilder::new().u16(w).u8(d).u32(o).finish()
+pub fn order_key(w: u16, d: u8, o: u32) -> Key {
+    Key::new().u16(w).u8(d).u32(o)
 }
 /// Orders by customer: `(w, d, c, o_id)`, value empty.
-pub fn order_customer_key(w: u16, d: u8, c: u32, o: u32) -> Vec<u8> {
-    KeyBuilder::new().u16(w).u8(d).u32(c).u32(o).finish()
+pub fn order_customer_key(w: u16, d: u8, c: u32, o: u32) -> Key {
+    Key::new().u16(w).u8(d).u32(c).u32(o)
 }
-pub fn order_line_key(w: u16, d: u8, o: u32, n: u8) -> Vec<u8> {
-    KeyBuilder::new().u16(w).u8(d).u32(o).u8(n).finish()
+pub fn order_line_key(w: u16, d: u8, o: u32, n: u8) -> Key {
+    Key::new().u16(w).u8(d).u32(o).u8(n)
 }
-pub fn item_key(i: u32) -> Vec<u8> {
-    KeyBuilder::new().u32(i).finish()
+pub fn item_key(i: u32) -> Key {
+    Key::new().u32(i)
 }
-pub fn stock_key(w: u16, i: u32) -> Vec<u8> {
-    KeyBuilder::new().u16(w).u32(i).finish()
+pub fn stock_key(w: u16, i: u32) -> Key {
+    Key::new().u16(w).u32(i)
 }
 
 /// The last 4 bytes of a key, as the u32 component it ends with (c_id of a name-index key,

@@ -23,7 +23,6 @@ use rand::Rng;
 use shoal_btree::{BTree, Direction, TreeError};
 use shoal_engine::{CommitPoint, Worker};
 use std::cell::RefCell;
-use std::collections::BTreeSet;
 use std::ops::Range;
 
 /// The transaction types, in the order of the standard mix's table.
@@ -396,17 +395,26 @@ impl Ctx<'_> {
             customer::LEN,
         )?;
         let discount = get_u32(&crow, customer::DISCOUNT) as i64;
-        let mut prices = Vec::with_capacity(lines.len());
-        for &(i, _, _) in &lines {
-            match self.t.item.get(self.w, item_key(i))? {
-                Some(row) if row.len() == item::LEN => prices.push(get_i64(&row, item::PRICE)),
-                Some(row) => return Err(wrong_size("item", &item_key(i), row.len(), item::LEN)),
-                None if i == ITEMS + 1 => {
-                    done.rolled_back = true;
-                    return Ok(done);
-                }
-                None => return Err(missing(format!("item {i} does not exist"))),
+        // the items' prices: one multi-get, whose lookups overlap their cache misses; the
+        // first line (in order) without a proper item decides
+        let item_keys: Vec<Key> = lines.iter().map(|&(i, _, _)| item_key(i)).collect();
+        let mut prices = [0i64; 15];
+        let mut first_bad: Option<(usize, Option<usize>)> = None;
+        self.t
+            .item
+            .lookup_many(self.w, &item_keys, |j, row| match row {
+                Some(row) if row.len() == item::LEN => prices[j] = get_i64(row, item::PRICE),
+                _ if first_bad.is_some() => {}
+                row => first_bad = Some((j, row.map(<[u8]>::len))),
+            })?;
+        match first_bad {
+            None => {}
+            Some((j, Some(len))) => return Err(wrong_size("item", &item_keys[j], len, item::LEN)),
+            Some((j, None)) if lines[j].0 == ITEMS + 1 => {
+                done.rolled_back = true;
+                return Ok(done);
             }
+            Some((j, None)) => return Err(missing(format!("item {} does not exist", lines[j].0))),
         }
         let (mut o_id, mut d_tax) = (0, 0);
         self.change(
@@ -421,7 +429,7 @@ impl Ctx<'_> {
             },
         )?;
         let date = now();
-        let mut orow = vec![0u8; order::LEN];
+        let mut orow = [0u8; order::LEN];
         set_u32(&mut orow, order::C_ID, c);
         set_i64(&mut orow, order::ENTRY_D, date);
         set_u32(&mut orow, order::OL_CNT, ol_cnt as u32);
@@ -431,7 +439,7 @@ impl Ctx<'_> {
         self.insert(&set.new_order, &okey, &[])?;
         self.insert(&set.order_customer, &order_customer_key(w, d, c, o_id), &[])?;
         let mut total = 0i64;
-        let mut lrow = vec![0u8; order_line::LEN];
+        let mut lrow = [0u8; order_line::LEN];
         for (n, (&(i, supply, qty), &price)) in lines.iter().zip(&prices).enumerate() {
             let mut dist = [0u8; 24];
             self.change(
@@ -503,7 +511,6 @@ impl Ctx<'_> {
             },
         )?;
         let c = self.customer(cw, cd)?;
-        let note = format!("{c} {cd} {cw} {d} {w} {amount}|");
         self.change(
             &self.t.at(cw).customer,
             &customer_key(cw, cd, c),
@@ -520,13 +527,13 @@ impl Ctx<'_> {
                 let cnt = get_u32(row, customer::PAYMENT_CNT);
                 set_u32(row, customer::PAYMENT_CNT, cnt + 1);
                 if get_str(row, customer::CREDIT) == b"BC" {
-                    let mut data = note.as_bytes().to_vec();
+                    let mut data = format!("{c} {cd} {cw} {d} {w} {amount}|").into_bytes();
                     data.extend_from_slice(get_str(row, customer::DATA));
                     set_str(row, customer::DATA, &data);
                 }
             },
         )?;
-        let mut h = vec![0u8; history::LEN];
+        let mut h = [0u8; history::LEN];
         set_u32(&mut h, history::C_ID, c);
         set_u32(&mut h, history::C_D_ID, cd as u32);
         set_u32(&mut h, history::C_W_ID, cw as u32);
@@ -678,7 +685,7 @@ impl Ctx<'_> {
         )?;
         let next = get_u32(&drow, district::NEXT_O_ID);
         let end = order_line_key(w, d, next, 0);
-        let (mut items, mut bad) = (BTreeSet::new(), None);
+        let (mut items, mut bad) = (Vec::with_capacity(320), None);
         set.order_line.scan(
             self.w,
             &order_line_key(w, d, next.saturating_sub(20), 0),
@@ -691,7 +698,7 @@ impl Ctx<'_> {
                     bad = Some((k.to_vec(), v.len()));
                     return false;
                 }
-                items.insert(get_u32(v, order_line::I_ID));
+                items.push(get_u32(v, order_line::I_ID));
                 true
             },
         )?;
@@ -700,6 +707,8 @@ impl Ctx<'_> {
         }
         // Up to 300 independent stock lookups: one multi-get, whose lookups overlap their
         // cache misses.
+        items.sort_unstable();
+        items.dedup();
         let keys: Vec<_> = items.into_iter().map(|i| stock_key(w, i)).collect();
         let (mut low, mut bad) = (0, None);
         set.stock.lookup_many(self.w, &keys, |j, row| match row {
@@ -724,6 +733,7 @@ mod tests {
     use super::super::load;
     use super::*;
     use rand::SeedableRng;
+    use std::collections::BTreeSet;
 
     fn district_field(ctx: &Ctx, d: u8) -> (u32, i64) {
         let r = ctx
