@@ -435,8 +435,9 @@ fn s64(b: &mut [u8], o: usize, v: u64) {
     b[o..o + 8].copy_from_slice(&v.to_le_bytes());
 }
 
-/// An owned entry (used when redistributing entries in splits): key, value, flags.
-pub type Entry = (Vec<u8>, Vec<u8>, u16);
+/// An entry of a node (used when redistributing entries in splits): key, value, flags,
+/// borrowed from the node's bytes (a split takes a copy of the page first).
+pub type Entry<'a> = (&'a [u8], &'a [u8], u16);
 
 impl<'a> NodeMut<'a> {
     pub fn new(b: &'a mut [u8; PAGE_DATA_SIZE]) -> Self {
@@ -512,9 +513,9 @@ impl<B: Deref<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
         &self.b[o..o + g16(&self.b[..], s + 4)]
     }
 
-    pub fn entries(&self) -> Vec<Entry> {
+    pub fn entries(&self) -> Vec<Entry<'_>> {
         (0..self.count())
-            .map(|i| (self.key(i).to_vec(), self.value(i).to_vec(), self.flags(i)))
+            .map(|i| (self.key(i), self.value(i), self.flags(i)))
             .collect()
     }
 
@@ -635,16 +636,18 @@ impl<B: DerefMut<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
 
     /// Rewrite the heap without dead bytes.
     pub fn compact(&mut self) {
-        let entries = self.entries();
+        let copy: [u8; PAGE_DATA_SIZE] = *self.b;
+        let src = NodeRef::new(&copy);
+        let entries = src.entries();
         let (lower, upper) = (self.fence(false), self.fence(true));
         let (kind, level, right, up) =
             (self.kind(), self.level(), self.right(), self.upper_child());
         self.init(kind, level, lower.as_deref(), upper.as_deref());
         self.set_right(right);
         self.set_upper_child(up);
-        for (k, v, f) in &entries {
+        for &(k, v, f) in &entries {
             let n = self.count();
-            self.insert_flagged(n, k, v, *f);
+            self.insert_flagged(n, k, v, f);
         }
     }
 

@@ -1020,7 +1020,9 @@ impl BTree {
     }
 
     fn split_root(&self, w: &Worker, root: &mut ExclusiveGuard<'_>, key: &[u8]) -> OpResult<()> {
-        let n = NodeRef::of(root.data());
+        // the entries are read from a copy: the root is rewritten while they are used
+        let orig: [u8; PAGE_DATA_SIZE] = page_copy(root);
+        let n = NodeRef::new(&orig);
         let (kind, level, entries, upper, last) = (
             n.kind(),
             n.level(),
@@ -1248,7 +1250,11 @@ struct Cut {
 
 /// Split `entries` of a node of `kind` into (left, separator, right, left's upper child), at
 /// `cut` or else in the middle (by bytes).
-fn halves(kind: u8, entries: &[Entry], cut: Option<Cut>) -> (&[Entry], Vec<u8>, &[Entry], u64) {
+fn halves<'e, 'a>(
+    kind: u8,
+    entries: &'e [Entry<'a>],
+    cut: Option<Cut>,
+) -> (&'e [Entry<'a>], Vec<u8>, &'e [Entry<'a>], u64) {
     let n = entries.len();
     assert!(n >= 2, "splitting a node with {n} entries");
     let (m, sep) = match cut {
@@ -1268,14 +1274,14 @@ fn halves(kind: u8, entries: &[Entry], cut: Option<Cut>) -> (&[Entry], Vec<u8>, 
                     break;
                 }
             }
-            (m, entries[m - 1].0.clone())
+            (m, entries[m - 1].0.to_vec())
         }
     };
     assert!((1..n).contains(&m), "cut {m} of {n} entries");
     if kind == KIND_LEAF {
         (&entries[..m], sep, &entries[m..], NO_PAGE)
     } else {
-        let v = &entries[m - 1].1;
+        let v = entries[m - 1].1;
         let child = u64::from_le_bytes(v[..8].try_into().expect("inner values are pids"));
         (&entries[..m - 1], sep, &entries[m..], child)
     }
@@ -1295,9 +1301,9 @@ fn halves(kind: u8, entries: &[Entry], cut: Option<Cut>) -> (&[Entry], Vec<u8>, 
 /// Either way nodes are left full instead of half full: without it an ascending load leaves
 /// every inner node half full, and a tree of 200,000 records one level taller than it needs.
 /// Otherwise: `None` (split in the middle).
-fn sequential_cut(kind: u8, entries: &[Entry], last: [usize; 2], key: &[u8]) -> Option<Cut> {
+fn sequential_cut(kind: u8, entries: &[Entry<'_>], last: [usize; 2], key: &[u8]) -> Option<Cut> {
     let n = entries.len();
-    let pos = entries.partition_point(|(k, _, _)| k.as_slice() < key);
+    let pos = entries.partition_point(|&(k, _, _)| k < key);
     if pos == 0 || !last.iter().any(|&l| pos == l + 1) {
         return None;
     }
@@ -1307,11 +1313,11 @@ fn sequential_cut(kind: u8, entries: &[Entry], last: [usize; 2], key: &[u8]) -> 
             _ if n < 4 => None,
             p if p >= n => Some(Cut {
                 m: n - 1,
-                sep: entries[n - 2].0.clone(),
+                sep: entries[n - 2].0.to_vec(),
             }),
             p if p + 1 < n => Some(Cut {
                 m: p + 1,
-                sep: entries[p].0.clone(),
+                sep: entries[p].0.to_vec(),
             }),
             _ => None,
         };
@@ -1319,10 +1325,10 @@ fn sequential_cut(kind: u8, entries: &[Entry], last: [usize; 2], key: &[u8]) -> 
     if pos >= n {
         return Some(Cut {
             m: n - 1,
-            sep: entries[n - 2].0.clone(),
+            sep: entries[n - 2].0.to_vec(),
         });
     }
-    let next = &entries[pos].0;
+    let next = entries[pos].0;
     let sep = below(next).filter(|s| s.as_slice() >= key)?;
     Some(Cut { m: pos, sep })
 }
@@ -1338,10 +1344,10 @@ fn below(b: &[u8]) -> Option<Vec<u8>> {
     (s.len() <= MAX_KEY && s.as_slice() < b).then_some(s)
 }
 
-fn fill(n: &mut NodeMut<'_>, entries: &[Entry]) {
-    for (k, v, f) in entries {
+fn fill(n: &mut NodeMut<'_>, entries: &[Entry<'_>]) {
+    for &(k, v, f) in entries {
         let c = n.count();
-        n.insert_flagged(c, k, v, *f);
+        n.insert_flagged(c, k, v, f);
     }
 }
 
@@ -1387,6 +1393,13 @@ fn merge_into_left(
     });
 }
 
+/// A copy of an exclusively latched page's data area.
+fn page_copy(g: &ExclusiveGuard<'_>) -> [u8; PAGE_DATA_SIZE] {
+    g.data()
+        .try_into()
+        .expect("a page's data area is PAGE_DATA_SIZE bytes")
+}
+
 /// Split non-root node `x` (child of `px`, both exclusively latched) into itself and a new
 /// right sibling, and post the separator to the parent.
 fn split_child(
@@ -1395,7 +1408,9 @@ fn split_child(
     x: &mut ExclusiveGuard<'_>,
     key: &[u8],
 ) -> OpResult<()> {
-    let n = NodeRef::of(x.data());
+    // the entries are read from a copy: `x` is rewritten while they are used
+    let orig: [u8; PAGE_DATA_SIZE] = page_copy(x);
+    let n = NodeRef::new(&orig);
     let (kind, level, entries, upper) = (n.kind(), n.level(), n.entries(), n.upper_child());
     let (right, (lower_fence, upper_fence), last) = (n.right(), n.fences(), n.last_inserts());
     let (left, sep, rest, left_upper) =
