@@ -128,12 +128,27 @@ impl<'a> PageRef<'a> {
             i = n;
             pos = pos.saturating_add(n);
         }
-        // Whole words: one load and one 8-byte store each.
-        while dst.len() - i >= 8 {
-            dst[i..i + 8].copy_from_slice(&self.word(pos / 8).to_le_bytes());
-            i += 8;
-            pos = pos.saturating_add(8);
+        // Whole words: one load and one 8-byte store each (one range check for all of them
+        // when they lie inside the page).
+        let (chunks, _) = dst[i..].as_chunks_mut::<8>();
+        let (first, whole) = (pos / 8, chunks.len());
+        match first
+            .checked_add(whole)
+            .and_then(|end| self.words.get(first..end))
+        {
+            Some(words) => {
+                for (c, w) in chunks.iter_mut().zip(words) {
+                    *c = w.load(Ordering::Relaxed).to_le_bytes();
+                }
+            }
+            None => {
+                for (k, c) in chunks.iter_mut().enumerate() {
+                    *c = self.word(first.saturating_add(k)).to_le_bytes();
+                }
+            }
         }
+        i += whole * 8;
+        pos = pos.saturating_add(whole * 8);
         // Trailing bytes.
         if i < dst.len() {
             let bytes = self.word(pos / 8).to_le_bytes();
