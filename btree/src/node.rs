@@ -671,6 +671,29 @@ impl<B: DerefMut<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
         self.insert_flagged(i, key, val, 0);
     }
 
+    /// [`NodeMut::insert_flagged`], returning the byte ranges it changed when it needed no
+    /// compaction (the header and slot arrays, and the new record on the heap); `None` when
+    /// it compacted (then the whole heap moved).
+    pub fn insert_flagged_within(
+        &mut self,
+        i: usize,
+        key: &[u8],
+        val: &[u8],
+        flags: u16,
+    ) -> Option<[std::ops::Range<usize>; 2]> {
+        let record = if self.kind() == KIND_INNER {
+            key.len()
+        } else {
+            key.len() + val.len()
+        };
+        let compacts = self.free_contiguous() < entry_space(key.len(), record - key.len());
+        let heap_before = g16(&self.b[..], HEAP);
+        self.insert_flagged(i, key, val, flags);
+        let heap_after = g16(&self.b[..], HEAP);
+        debug_assert!(compacts || heap_before - heap_after == record);
+        (!compacts).then(|| [0..HEADER + self.count() * SLOT, heap_after..heap_before])
+    }
+
     /// [`NodeMut::insert_at`] with the slot's flags (leaves; see [`FLAG_OVERFLOW`]).
     pub fn insert_flagged(&mut self, i: usize, key: &[u8], val: &[u8], flags: u16) {
         let inner = self.kind() == KIND_INNER;

@@ -678,23 +678,25 @@ impl BTree {
                         overflow::read(w, r, old)?;
                     }
                 }
-                let step = x.modify(|b| {
+                // (an insert names what it changed, so only that is compared and stored)
+                const NOTHING: Option<[std::ops::Range<usize>; 2]> = Some([0..0, 0..0]);
+                let step = x.modify_in(|b| {
                     let mut n = NodeMut::new(b);
                     if exact {
                         if mode == Mode::Insert {
-                            return Step::Done(Put::Exists);
+                            return (Step::Done(Put::Exists), NOTHING);
                         }
                         if n.free_space() + n.value(i).len() >= stored.len() {
                             was = (n.value(i).to_vec(), n.flags(i));
                             n.replace_flagged(i, stored, flags);
-                            return Step::Done(Put::Replaced);
+                            return (Step::Done(Put::Replaced), None);
                         }
-                        Step::Split(pid, need)
+                        (Step::Split(pid, need), NOTHING)
                     } else if n.fits(key.len(), stored.len()) {
-                        n.insert_flagged(i, key, stored, flags);
-                        Step::Done(Put::Inserted)
+                        let within = n.insert_flagged_within(i, key, stored, flags);
+                        (Step::Done(Put::Inserted), within)
                     } else {
-                        Step::Split(pid, need)
+                        (Step::Split(pid, need), NOTHING)
                     }
                 });
                 if log {

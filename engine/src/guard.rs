@@ -27,6 +27,7 @@ use shoal_storage::PAGE_DATA_SIZE;
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
+use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -1011,14 +1012,43 @@ impl<'w> ExclusiveGuard<'w> {
     /// for structural changes (splits, compaction); costs two 4 KiB copies.
     /// Only the words that differ are stored back (and logged).
     pub fn modify<T>(&mut self, f: impl FnOnce(&mut [u8; PAGE_DATA_SIZE]) -> T) -> T {
+        self.modify_in(|b| (f(b), None))
+    }
+
+    /// [`ExclusiveGuard::modify`] for an edit that knows where it wrote: `f` returns, with its
+    /// result, the byte ranges outside which it changed nothing (`None`: it may have changed
+    /// anything). Only those ranges are compared and stored, which spares comparing the rest
+    /// of the page (a B-tree insert touches the header, the slot arrays and one record).
+    /// Debug builds check that nothing changed outside them.
+    pub fn modify_in<T>(
+        &mut self,
+        f: impl FnOnce(&mut [u8; PAGE_DATA_SIZE]) -> (T, Option<[Range<usize>; 2]>),
+    ) -> T {
         let mut copy = self
             .w
             .scratch
             .take()
             .unwrap_or_else(|| Box::new([0u8; PAGE_DATA_SIZE]));
         copy.copy_from_slice(self.data());
-        let r = f(&mut copy);
-        self.store_changed_words(&copy);
+        let (r, within) = f(&mut copy);
+        match within {
+            None => self.store_changed_words(&copy, 0..PAGE_DATA_SIZE),
+            Some(ranges) => {
+                #[cfg(debug_assertions)]
+                {
+                    let old = self.data();
+                    let inside = |i: usize| ranges.iter().any(|r| r.contains(&i));
+                    let stray = (0..PAGE_DATA_SIZE).find(|&i| !inside(i) && old[i] != copy[i]);
+                    assert!(
+                        stray.is_none(),
+                        "modify_in: byte {stray:?} changed outside {ranges:?}"
+                    );
+                }
+                for range in ranges {
+                    self.store_changed_words(&copy, range);
+                }
+            }
+        }
         self.w.scratch.set(Some(copy));
         r
     }
@@ -1026,7 +1056,7 @@ impl<'w> ExclusiveGuard<'w> {
     /// Write the 8-byte words of `new` that differ from the page, as runs of adjacent words.
     /// Whole 64-byte blocks are compared first (a change to a node touches a few blocks), then
     /// the words of the blocks that differ.
-    fn store_changed_words(&mut self, new: &[u8; PAGE_DATA_SIZE]) {
+    fn store_changed_words(&mut self, new: &[u8; PAGE_DATA_SIZE], range: Range<usize>) {
         /// Runs remembered; past that, a new run is merged into the last one (rewriting the
         /// unchanged words between them, which is harmless).
         const MAX_RUNS: usize = 32;
@@ -1046,8 +1076,12 @@ impl<'w> ExclusiveGuard<'w> {
             };
             // the page as 8-byte words, compared a block of 8 words at a time: the OR of the
             // words' XORs first (no branch per word), then the words of a block that differs
+            // the words that hold any byte of `range`
+            let lo = range.start.min(PAGE_DATA_SIZE) / 8;
+            let hi = range.end.min(PAGE_DATA_SIZE).div_ceil(8).max(lo);
             let (old_words, _) = old.as_chunks::<8>();
             let (new_words, _) = new.as_chunks::<8>();
+            let (old_words, new_words) = (&old_words[lo..hi], &new_words[lo..hi]);
             let word = |w: &[u8; 8]| u64::from_ne_bytes(*w);
             let mut old_blocks = old_words.chunks_exact(BLOCK / 8);
             let mut new_blocks = new_words.chunks_exact(BLOCK / 8);
@@ -1059,13 +1093,13 @@ impl<'w> ExclusiveGuard<'w> {
                 if diff != 0 {
                     for (k, (x, y)) in o.iter().zip(c).enumerate() {
                         if x != y {
-                            add(b * BLOCK + k * 8);
+                            add((lo + b * BLOCK / 8 + k) * 8);
                         }
                     }
                 }
             }
             // the words after the last whole block
-            let tail = old_words.len() - old_blocks.remainder().len();
+            let tail = lo + old_words.len() - old_blocks.remainder().len();
             for (k, (x, y)) in old_blocks
                 .remainder()
                 .iter()
