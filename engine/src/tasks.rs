@@ -7,8 +7,7 @@
 //! - a page read from the store (the read is queued in the thread's io_uring ring; the
 //!   scheduler hands every queued read to the kernel in one `io_uring_enter` per round and
 //!   reaps completions between tasks: see shoal-storage's `io`, *Paused waits*);
-//! - a latch held by someone else (what [`Backoff`](crate::buffer::latch::Backoff) would
-//!   spin or sleep for);
+//! - a latch held by someone else (what the latch backoff would spin or sleep for);
 //! - a remote miss on a cluster node, while the answer is on its way;
 //! - no free frame (the provider is evicting).
 //!
