@@ -1545,9 +1545,9 @@ fn worker_loop(
             acks.poll(&w, &mut done)?;
         }
         counter.store(n_ops, Ordering::Relaxed);
-        // a task gives the thread's other tasks a turn after each operation (nothing
+        // a task gives the thread's other tasks a turn every few operations (nothing
         // outside tasks)
-        shoal_engine::tasks::yield_now();
+        shoal_engine::tasks::turn();
     }
     // the writes still waiting were made after the measurement ended: not counted
     acks.drain(&w, |_, _| {})?;
