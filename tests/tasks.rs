@@ -67,6 +67,25 @@ fn task_ops(w: &Worker, pids: &[Pid], updates: &[AtomicU64], torn: &AtomicU64, s
     }
 }
 
+/// No reader accepted a torn page, and every page's stamp counts exactly the increments made.
+fn no_torn_page_and_no_lost_update(
+    w: &Worker,
+    pids: &[Pid],
+    updates: &[AtomicU64],
+    torn: &AtomicU64,
+) {
+    assert_eq!(torn.load(Ordering::Relaxed), 0, "a torn page was accepted");
+    for (i, &pid) in pids.iter().enumerate() {
+        let v = w
+            .run(|w| -> OpResult<u64> {
+                let g = w.shared(pid)?;
+                Ok(check_stamp(g.data(), pid).unwrap_or_else(|m| panic!("{m}")))
+            })
+            .unwrap();
+        assert_eq!(v, updates[i].load(Ordering::Relaxed), "page {pid}");
+    }
+}
+
 #[test]
 fn tasks_on_a_page_set_eight_times_the_cache_lose_no_update() {
     let dir = tempfile::tempdir().unwrap();
@@ -107,18 +126,7 @@ fn tasks_on_a_page_set_eight_times_the_cache_lose_no_update() {
             })
         })
     };
-    assert_eq!(torn.load(Ordering::Relaxed), 0, "a torn page was accepted");
-    let w = e.worker();
-    for (i, &pid) in pids.iter().enumerate() {
-        let v = w
-            .run(|w| -> OpResult<u64> {
-                let g = w.shared(pid)?;
-                Ok(check_stamp(g.data(), pid).unwrap_or_else(|m| panic!("{m}")))
-            })
-            .unwrap();
-        assert_eq!(v, updates[i].load(Ordering::Relaxed), "page {pid}");
-    }
-    drop(w);
+    no_torn_page_and_no_lost_update(&e.worker(), &pids, &updates, &torn);
     // the tasks did read from the store, and did so by pausing (reads overlapped)
     assert!(e.stats().store_reads - reads_before > 1_000);
     let io_pauses: u64 = counts.iter().map(|c| c.io_pauses).sum();
@@ -177,17 +185,7 @@ fn tasks_on_a_two_node_cluster_lose_no_update() {
             })
         });
     }
-    assert_eq!(torn.load(Ordering::Relaxed), 0, "a torn page was accepted");
-    let w = c.node(0).worker();
-    for (i, &pid) in pids.iter().enumerate() {
-        let v = w
-            .run(|w| -> OpResult<u64> {
-                let g = w.shared(pid)?;
-                Ok(check_stamp(g.data(), pid).unwrap_or_else(|m| panic!("{m}")))
-            })
-            .unwrap();
-        assert_eq!(v, updates[i].load(Ordering::Relaxed), "page {pid}");
-    }
+    no_torn_page_and_no_lost_update(&c.node(0).worker(), &pids, &updates, &torn);
     let remote: u64 = c.nodes().iter().map(|e| e.protocol_stats().requests).sum();
     assert!(
         remote > 100,

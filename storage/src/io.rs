@@ -312,7 +312,6 @@ unsafe fn pread_pwrite(op: &IoOp) -> i64 {
 /// when every request completed: a pause never ends the wait early, and a task dropped while
 /// paused here is dropped only after its thread's scheduler drained the ring.
 unsafe fn paused_batch(pause: fn() -> bool, ops: &[IoOp], results: &mut [i64]) {
-    use io_uring::{opcode, types};
     let first = NEXT_TOKEN.get();
     NEXT_TOKEN.set(first + ops.len() as u64);
     let mut next = 0usize;
@@ -325,15 +324,7 @@ unsafe fn paused_batch(pause: fn() -> bool, ops: &[IoOp], results: &mut [i64]) {
                 let mut sq = ring.submission();
                 while next < ops.len() && !sq.is_full() {
                     let op = &ops[next];
-                    let e = if op.write {
-                        opcode::Write::new(types::Fd(op.fd), op.buf as *const u8, op.len)
-                            .offset(op.offset)
-                            .build()
-                    } else {
-                        opcode::Read::new(types::Fd(op.fd), op.buf, op.len)
-                            .offset(op.offset)
-                            .build()
-                    };
+                    let e = sqe(op);
                     // SAFETY: the buffer stays valid until this request's completion is
                     // reaped, which this function waits for (caller's contract).
                     unsafe { sq.push(&e.user_data(first + next as u64)) }
@@ -381,7 +372,6 @@ unsafe fn paused_batch(pause: fn() -> bool, ops: &[IoOp], results: &mut [i64]) {
 /// # Safety
 /// See [`run_batch`].
 unsafe fn uring_batch(ring: &mut io_uring::IoUring, ops: &[IoOp], results: &mut [i64]) {
-    use io_uring::{opcode, types};
     let mut next = 0usize;
     let mut inflight = 0usize;
     while next < ops.len() || inflight > 0 {
@@ -389,15 +379,7 @@ unsafe fn uring_batch(ring: &mut io_uring::IoUring, ops: &[IoOp], results: &mut 
             let mut sq = ring.submission();
             while next < ops.len() && !sq.is_full() {
                 let op = &ops[next];
-                let e = if op.write {
-                    opcode::Write::new(types::Fd(op.fd), op.buf as *const u8, op.len)
-                        .offset(op.offset)
-                        .build()
-                } else {
-                    opcode::Read::new(types::Fd(op.fd), op.buf, op.len)
-                        .offset(op.offset)
-                        .build()
-                };
+                let e = sqe(op);
                 // SAFETY: the buffer stays valid until we reap this entry's completion below,
                 // which happens before this function returns (caller's contract).
                 unsafe { sq.push(&e.user_data(next as u64)) }.expect("checked not full");
@@ -438,6 +420,20 @@ unsafe fn finish_short(ops: &[IoOp], results: &mut [i64]) {
 }
 
 /// Whether `e` says the device (or the file's size limit, or the user's quota) has no room.
+/// The submission entry of `op` (a read or a write at its offset), without user data.
+fn sqe(op: &IoOp) -> io_uring::squeue::Entry {
+    use io_uring::{opcode, types};
+    if op.write {
+        opcode::Write::new(types::Fd(op.fd), op.buf as *const u8, op.len)
+            .offset(op.offset)
+            .build()
+    } else {
+        opcode::Read::new(types::Fd(op.fd), op.buf, op.len)
+            .offset(op.offset)
+            .build()
+    }
+}
+
 pub(crate) fn is_full(e: &std::io::Error) -> bool {
     matches!(
         e.raw_os_error(),
