@@ -4,7 +4,7 @@
 
 use rand::{Rng, SeedableRng};
 use shoal_engine::{OpResult, Pid};
-use shoal_tests::{check_stamp, copy_out, engine, stamp};
+use shoal_tests::{check_stamp, engine, read_counting_torn, stamp, stamped_pages};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 const FRAMES: usize = 512;
@@ -18,17 +18,7 @@ const READS_PER_THREAD: usize = 20_000;
 fn stamped_pages_survive_eviction_and_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let e = engine(dir.path(), FRAMES);
-    let pids: Vec<Pid> = {
-        let w = e.worker();
-        (0..PAGES)
-            .map(|_| {
-                let mut g = w.allocate().unwrap();
-                let pid = g.pid();
-                stamp(&mut g.page_mut(), pid, 0);
-                pid
-            })
-            .collect()
-    };
+    let pids: Vec<Pid> = stamped_pages(&e.worker(), PAGES);
     let updates: Vec<AtomicU64> = (0..PAGES).map(|_| AtomicU64::new(0)).collect();
     let torn_accepted = AtomicU64::new(0);
 
@@ -60,17 +50,8 @@ fn stamped_pages_survive_eviction_and_reopen() {
                 let mut rng = rand::rngs::SmallRng::seed_from_u64(100 + t as u64);
                 for _ in 0..READS_PER_THREAD {
                     let pid = pids[rng.random_range(0..PAGES)];
-                    w.run(|w| -> OpResult<()> {
-                        let g = w.optimistic(pid)?;
-                        let copy = copy_out(g.page());
-                        g.validate()?;
-                        // validated: the copy must be a whole, single version of this page
-                        if check_stamp(&copy[..], pid).is_err() {
-                            torn.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Ok(())
-                    })
-                    .unwrap();
+                    // validated: the copy must be a whole, single version of this page
+                    read_counting_torn(&w, pid, torn);
                 }
             });
         }

@@ -4,8 +4,11 @@
 //! a value derived from both. Any mix of two versions, a page from another pid, or a torn write
 //! fails [`check_stamp`].
 
-use shoal_engine::{Engine, EngineConfig, PageMut, PageRef, Pid, PAGE_DATA_SIZE, PAGE_SIZE};
+use shoal_engine::{
+    Engine, EngineConfig, OpResult, PageMut, PageRef, Pid, Worker, PAGE_DATA_SIZE, PAGE_SIZE,
+};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// An engine over `dir` with `frames` frames of cache.
 pub fn engine(dir: &Path, frames: usize) -> Engine {
@@ -56,4 +59,31 @@ pub fn copy_out(page: PageRef<'_>) -> Box<[u8; PAGE_DATA_SIZE]> {
     let mut b = Box::new([0u8; PAGE_DATA_SIZE]);
     page.copy_out(&mut b);
     b
+}
+
+/// Allocate `n` pages on `w`'s node, each stamped with version 0.
+pub fn stamped_pages(w: &Worker, n: usize) -> Vec<Pid> {
+    (0..n)
+        .map(|_| {
+            let mut g = w.allocate().expect("allocate a page");
+            let pid = g.pid();
+            stamp(&mut g.page_mut(), pid, 0);
+            pid
+        })
+        .collect()
+}
+
+/// Read `pid` optimistically and copy it out; a copy that validated but is not one whole
+/// version of the page counts in `torn`.
+pub fn read_counting_torn(w: &Worker, pid: Pid, torn: &AtomicU64) {
+    w.run(|w| -> OpResult<()> {
+        let g = w.optimistic(pid)?;
+        let copy = copy_out(g.page());
+        g.validate()?;
+        if check_stamp(&copy[..], pid).is_err() {
+            torn.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    })
+    .expect("an optimistic read");
 }

@@ -6,7 +6,7 @@
 use rand::{Rng, SeedableRng};
 use shoal_engine::tasks::{self, TaskCounts};
 use shoal_engine::{Cluster, EngineConfig, OpResult, Pid, Worker};
-use shoal_tests::{check_stamp, copy_out, engine, stamp};
+use shoal_tests::{check_stamp, engine, read_counting_torn, stamp, stamped_pages};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -52,16 +52,7 @@ fn task_ops(w: &Worker, pids: &[Pid], updates: &[AtomicU64], torn: &AtomicU64, s
             .unwrap();
             updates[i].fetch_add(1, Ordering::Relaxed);
         } else {
-            w.run(|w| -> OpResult<()> {
-                let g = w.optimistic(pid)?;
-                let copy = copy_out(g.page());
-                g.validate()?;
-                if check_stamp(&copy[..], pid).is_err() {
-                    torn.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(())
-            })
-            .unwrap();
+            read_counting_torn(w, pid, torn);
         }
         tasks::yield_now();
     }
@@ -90,17 +81,7 @@ fn no_torn_page_and_no_lost_update(
 fn tasks_on_a_page_set_eight_times_the_cache_lose_no_update() {
     let dir = tempfile::tempdir().unwrap();
     let e = std::sync::Arc::new(engine(dir.path(), FRAMES));
-    let pids: Vec<Pid> = {
-        let w = e.worker();
-        (0..PAGES)
-            .map(|_| {
-                let mut g = w.allocate().unwrap();
-                let pid = g.pid();
-                stamp(&mut g.page_mut(), pid, 0);
-                pid
-            })
-            .collect()
-    };
+    let pids: Vec<Pid> = stamped_pages(&e.worker(), PAGES);
     let pids = std::sync::Arc::new(pids);
     let updates: std::sync::Arc<Vec<AtomicU64>> =
         std::sync::Arc::new((0..PAGES).map(|_| AtomicU64::new(0)).collect());
@@ -152,17 +133,7 @@ fn tasks_on_a_two_node_cluster_lose_no_update() {
     );
     // pages homed on both nodes, more than one node's cache
     let pids: Vec<Pid> = (0..2)
-        .flat_map(|n| {
-            let w = c.node(n).worker();
-            (0..FRAMES)
-                .map(|_| {
-                    let mut g = w.allocate().unwrap();
-                    let pid = g.pid();
-                    stamp(&mut g.page_mut(), pid, 0);
-                    pid
-                })
-                .collect::<Vec<_>>()
-        })
+        .flat_map(|n| stamped_pages(&c.node(n).worker(), FRAMES))
         .collect();
     let pids = std::sync::Arc::new(pids);
     let updates: std::sync::Arc<Vec<AtomicU64>> =

@@ -681,12 +681,14 @@ impl<B: DerefMut<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
         val: &[u8],
         flags: u16,
     ) -> Option<[std::ops::Range<usize>; 2]> {
-        let record = if self.kind() == KIND_INNER {
-            key.len()
+        // inner nodes keep the child in the children array: only the key goes on the heap
+        let vlen = if self.kind() == KIND_INNER {
+            0
         } else {
-            key.len() + val.len()
+            val.len()
         };
-        let compacts = self.free_contiguous() < entry_space(key.len(), record - key.len());
+        let record = key.len() + vlen;
+        let compacts = self.free_contiguous() < entry_space(key.len(), vlen);
         let heap_before = g16(&self.b[..], HEAP);
         self.insert_flagged(i, key, val, flags);
         let heap_after = g16(&self.b[..], HEAP);

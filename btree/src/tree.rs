@@ -1132,28 +1132,23 @@ impl BTree {
             }
             Direction::Descending => {
                 let mut bound = start.to_vec();
-                loop {
+                'leaf: loop {
                     let g = w.run(|w| self.find_leaf(w, &bound)?.to_shared())?;
                     let _scanning = Scanning::enter(self.root); // let go before `g`
                     let p = g.page();
                     let (i, exact) = node::lower_bound(p, &bound);
                     let mut j = if exact { i + 1 } else { i };
-                    let mut again = false;
                     while j > 0 {
                         j -= 1;
                         node::key_into(p, j, &mut k);
                         if !value_in_scan(w, &g, j, &mut v)? {
                             // start over at this key (included), holding nothing
                             bound.clone_from(&k);
-                            again = true;
-                            break;
+                            continue 'leaf;
                         }
                         if !f(&k, &v) {
                             return Ok(());
                         }
-                    }
-                    if again {
-                        continue;
                     }
                     match node::fence(p, false) {
                         None => return Ok(()),

@@ -728,18 +728,11 @@ impl Worker {
     /// The closure gets the worker with the caller's lifetime, so it may return a guard.
     pub fn run<'w, T>(
         &'w self,
-        mut op: impl FnMut(&'w Worker) -> OpResult<T>,
+        op: impl FnMut(&'w Worker) -> OpResult<T>,
     ) -> Result<T, EngineError> {
-        let mut backoff = Backoff::new();
-        loop {
-            match op(self) {
-                Ok(v) => return Ok(v),
-                Err(Restart::Retry) => {
-                    bump(&self.stats.restarts);
-                    backoff.snooze();
-                }
-                Err(Restart::Fail(e)) => return Err(e),
-            }
+        match self.retry(op, false)? {
+            Some(v) => Ok(v),
+            None => unreachable!("retry gives up only when asked to"),
         }
     }
 
@@ -751,7 +744,18 @@ impl Worker {
     /// the caller lets its guards go and starts over from where it was, without them.
     pub fn run_while_holding<'w, T>(
         &'w self,
+        op: impl FnMut(&'w Worker) -> OpResult<T>,
+    ) -> Result<Option<T>, EngineError> {
+        self.retry(op, true)
+    }
+
+    /// Run `op` until it succeeds or fails; with `may_give_up`, `None` after it restarted
+    /// twice inside a task that may not pause (see [`Worker::run_while_holding`]).
+    #[inline]
+    fn retry<'w, T>(
+        &'w self,
         mut op: impl FnMut(&'w Worker) -> OpResult<T>,
+        may_give_up: bool,
     ) -> Result<Option<T>, EngineError> {
         const GIVE_UP: u32 = 2;
         let mut backoff = Backoff::new();
@@ -762,7 +766,10 @@ impl Worker {
                 Err(Restart::Retry) => {
                     bump(&self.stats.restarts);
                     restarts += 1;
-                    if restarts >= GIVE_UP && crate::tasks::in_task() && !crate::tasks::may_pause()
+                    if may_give_up
+                        && restarts >= GIVE_UP
+                        && crate::tasks::in_task()
+                        && !crate::tasks::may_pause()
                     {
                         return Ok(None);
                     }
@@ -1009,8 +1016,8 @@ impl<'w> ExclusiveGuard<'w> {
     }
 
     /// Edit a private copy of the page with ordinary Rust code, then store it back. Convenient
-    /// for structural changes (splits, compaction); costs two 4 KiB copies.
-    /// Only the words that differ are stored back (and logged).
+    /// for structural changes (splits, compaction); costs a 4 KiB copy (into a buffer the
+    /// worker keeps) and a compare. Only the words that differ are stored back (and logged).
     pub fn modify<T>(&mut self, f: impl FnOnce(&mut [u8; PAGE_DATA_SIZE]) -> T) -> T {
         self.modify_in(|b| (f(b), None))
     }
@@ -1074,14 +1081,14 @@ impl<'w> ExclusiveGuard<'w> {
                     n += 1;
                 }
             };
-            // the page as 8-byte words, compared a block of 8 words at a time: the OR of the
-            // words' XORs first (no branch per word), then the words of a block that differs
             // the words that hold any byte of `range`
             let lo = range.start.min(PAGE_DATA_SIZE) / 8;
             let hi = range.end.min(PAGE_DATA_SIZE).div_ceil(8).max(lo);
             let (old_words, _) = old.as_chunks::<8>();
             let (new_words, _) = new.as_chunks::<8>();
             let (old_words, new_words) = (&old_words[lo..hi], &new_words[lo..hi]);
+            // compared a block of 8 words at a time: the OR of the words' XORs first (no
+            // branch per word), then the words of a block that differs
             let word = |w: &[u8; 8]| u64::from_ne_bytes(*w);
             let mut old_blocks = old_words.chunks_exact(BLOCK / 8);
             let mut new_blocks = new_words.chunks_exact(BLOCK / 8);

@@ -34,6 +34,9 @@ pub const TYPES: [&str; 5] = [
     "stock_level",
 ];
 
+/// Most lines of a NewOrder (clause 2.4.1.3: 5 to 15).
+const MAX_LINES: usize = 15;
+
 /// Pick a type by the standard mix: 45% NewOrder, 43% Payment, 4% each of the others.
 pub fn pick(rng: &mut SmallRng) -> usize {
     match rng.random_range(0..100) {
@@ -362,7 +365,7 @@ impl Ctx<'_> {
         let mut done = Done::default();
         let d = self.rng.random_range(1..=DISTRICTS);
         let c = nurand(&mut self.rng, 1023, 1, CUSTOMERS, self.c.c_id);
-        let ol_cnt = self.rng.random_range(5..=15u8);
+        let ol_cnt = self.rng.random_range(5..=MAX_LINES as u8);
         let rollback = self.rng.random_range(0..100) == 0;
         // (item, supply warehouse, quantity)
         let mut lines = Vec::with_capacity(ol_cnt as usize);
@@ -398,7 +401,7 @@ impl Ctx<'_> {
         // the items' prices: one multi-get, whose lookups overlap their cache misses; the
         // first line (in order) without a proper item decides
         let item_keys: Vec<Key> = lines.iter().map(|&(i, _, _)| item_key(i)).collect();
-        let mut prices = [0i64; 15];
+        let mut prices = [0i64; MAX_LINES];
         let mut first_bad: Option<(usize, Option<usize>)> = None;
         self.t
             .item
