@@ -90,6 +90,9 @@ struct Sim {
     /// the engine's `install` did not set the dirty flag), so the provider may drop a frame
     /// newer than the store.
     clean_installs: bool,
+    /// Fault injection for forwarded reads: the home accepts the eviction notice of a sharer
+    /// that still owes a forwarded read (the directory declines it).
+    accepting_serving_sharer: bool,
     /// Fault injection for the death checks: a node that notices a death does nothing about
     /// it (no sweep: copies waiting for the dead node keep waiting).
     no_sweep: bool,
@@ -121,6 +124,10 @@ struct Sim {
     reads: u64,
     writes: u64,
     remote: u64,
+    /// One pool (`EngineConfig::one_pool`): a shared request whose home has no frame of the
+    /// page is forwarded to a live sharer, as the engine's `home_request` does. Counted.
+    forward_reads: bool,
+    forwarded: u64,
 }
 
 /// Every message the protocol sends must survive the engine's 64-byte wire format unchanged
@@ -171,6 +178,7 @@ impl Sim {
             unsent_not_served: false,
             no_sweep: false,
             clean_installs: false,
+            accepting_serving_sharer: false,
             death_chance: 0.0,
             max_deaths: 0,
             give_ups: 0,
@@ -187,6 +195,8 @@ impl Sim {
             reads: 0,
             writes: 0,
             remote: 0,
+            forward_reads: true,
+            forwarded: 0,
         }
     }
 
@@ -355,8 +365,18 @@ impl Sim {
                 // the engine's `home_request`: decide on a copy of the entry, refuse (leaving
                 // the entry as it was) if the grant needs a node this home knows is dead
                 let mut d = self.dirs[p];
-                let decision = d.request(e.from, *want, *have).map_err(|x| x.to_string())?;
                 let me = e.to;
+                // one pool: with no frame of the page at the home, a live sharer serves
+                let may_serve = if self.forward_reads && self.home_frame[p].is_none() {
+                    (0..self.nodes as Node)
+                        .filter(|&n| n != me && !self.knows(me as usize, n))
+                        .fold(0, |set, n| set | (1u64 << n))
+                } else {
+                    0
+                };
+                let decision = d
+                    .request_forwarding(e.from, *want, *have, may_serve)
+                    .map_err(|x| x.to_string())?;
                 if let Some(dead) = decision
                     .needs()
                     .find(|&n| n != me && self.knows(me as usize, n))
@@ -375,13 +395,16 @@ impl Sim {
                         from_home,
                         source,
                         invalidate,
+                        source_keeps,
                     } => {
+                        self.forwarded += source_keeps as u64;
                         let g = Grant {
                             mode,
                             epoch,
                             data: from_home.then(|| self.home_copy_for(p, e.from == e.to)),
                             source,
                             invalidate,
+                            source_keeps,
                         };
                         let to = e.to;
                         self.send(to, p, vec![reply(Msg::Grant(g))]);
@@ -392,8 +415,13 @@ impl Sim {
                 let decision = self.dirs[p]
                     .evict(e.from, *epoch, data.is_some())
                     .map_err(|x| x.to_string())?;
+                let serving = self.dirs[p].awaiting_copy_back == Some(e.from)
+                    && matches!(self.dirs[p].holders, Holders::Shared(s) if s & (1 << e.from) != 0);
                 let decision = match decision {
                     EvictDecision::Decline if self.accepting_home => {
+                        EvictDecision::Accept { store: false }
+                    }
+                    EvictDecision::Decline if self.accepting_serving_sharer && serving => {
                         EvictDecision::Accept { store: false }
                     }
                     d => d,
@@ -462,7 +490,7 @@ impl Sim {
                 return Ok(());
             }
             Msg::Grant(g) => c.on_grant(g),
-            Msg::Transfer { want, epoch } => {
+            Msg::Transfer { want, epoch, keep } => {
                 // owner stability: a node the home pointed a successor at keeps the page (or
                 // is still getting it) until the successor's Transfer takes it
                 if c.pending == shoal_engine::coherence::possession::Pending::Idle && c.data.is_none() {
@@ -471,7 +499,7 @@ impl Sim {
                         e.to, e.from
                     ));
                 }
-                c.on_transfer(e.from, want, epoch)
+                c.on_transfer(e.from, want, epoch, keep)
             }
             Msg::Page { data, dirty } => c.on_page(data, dirty),
             Msg::Invalidate { .. } if self.lying_sharers => {
@@ -779,7 +807,7 @@ impl Sim {
     fn at_lost(&mut self, e: &Envelope, dead: Node) {
         let (to, p) = (e.to, e.page);
         match e.msg {
-            Msg::Transfer { want, epoch } => self.answer_lost(
+            Msg::Transfer { want, epoch, keep } => self.answer_lost(
                 to as usize,
                 p,
                 dead,
@@ -787,6 +815,7 @@ impl Sim {
                     to: e.from,
                     want,
                     epoch,
+                    keep,
                 },
             ),
             Msg::Invalidate { epoch } => self.answer_lost(
@@ -1221,6 +1250,7 @@ struct Tally {
     failed: u64,
     unavailable: u64,
     timeouts: u64,
+    forwarded: u64,
 }
 
 fn run_seed(seed: u64) -> Result<Tally, String> {
@@ -1238,6 +1268,8 @@ fn run_seed(seed: u64) -> Result<Tally, String> {
         sim.max_deaths = 1;
         sim.death_chance = [0.005, 0.02, 0.1][rng.random_range(0..3)];
     }
+    // a quarter of the runs without one pool: every shared read comes from the home's copy
+    sim.forward_reads = rng.random_bool(0.75);
     match sim.run_with(&mut rng, evict, faults) {
         Ok(()) => Ok(Tally {
             reads: sim.reads,
@@ -1248,6 +1280,7 @@ fn run_seed(seed: u64) -> Result<Tally, String> {
             failed: sim.failed,
             unavailable: sim.unavailable,
             timeouts: sim.timeouts,
+            forwarded: sim.forwarded,
         }),
         Err(e) => Err(format!(
             "seed {seed} ({nodes} nodes x {workers} workers, {pages} pages, {ops} ops/worker, evict {evict}, faults {faults}, deaths {}): {e}\ntrace tail:\n{}",
@@ -1275,15 +1308,17 @@ fn random_schedules_keep_every_invariant() {
                 t.failed += r.failed;
                 t.unavailable += r.unavailable;
                 t.timeouts += r.timeouts;
+                t.forwarded += r.forwarded;
             }
             Err(e) => panic!("{e}"),
         }
     }
     eprintln!(
-        "{seeds} schedules: {} reads and {} writes checked, {} remote requests, {} give-ups and unsent messages, {} node deaths, {} operations ended by an error, {} pages left unavailable, {} operations timed out behind a dead grantee",
-        t.reads, t.writes, t.remote, t.faults, t.deaths, t.failed, t.unavailable, t.timeouts
+        "{seeds} schedules: {} reads and {} writes checked, {} remote requests ({} shared reads forwarded to a sharer), {} give-ups and unsent messages, {} node deaths, {} operations ended by an error, {} pages left unavailable, {} operations timed out behind a dead grantee",
+        t.reads, t.writes, t.remote, t.forwarded, t.faults, t.deaths, t.failed, t.unavailable, t.timeouts
     );
     assert!(t.writes > 0 && t.reads > 0 && t.remote > 0 && t.faults > 0);
+    assert!(t.forwarded > 0, "forwarded reads were exercised");
     assert!(
         t.deaths > 0 && t.failed > 0,
         "deaths were drawn and ended operations"
@@ -1381,6 +1416,36 @@ fn the_model_catches_a_broken_owner_stability() {
     );
     eprintln!(
         "accepting home: {} of 3000 schedules failed, {} of them at the owner-stability check",
+        failures.len(),
+        failures
+            .iter()
+            .filter(|e| e.contains("owner stability"))
+            .count()
+    );
+    assert!(
+        failures.iter().any(|e| e.contains("owner stability")),
+        "failures, none from the owner-stability check: {:?}",
+        &failures[..failures.len().min(5)]
+    );
+}
+
+/// The decline rule of forwarded reads is needed: a home that accepts the eviction notice of a
+/// sharer it forwarded a read to (and that has not served it yet) is caught, at the
+/// owner-stability check (the sharer dropped the copy its successor was promised) or as a
+/// deadlock.
+#[test]
+fn the_model_catches_a_serving_sharer_let_go() {
+    let failures: Vec<String> = (0..3000u64)
+        .filter_map(|seed| {
+            let mut rng = SmallRng::seed_from_u64(6_000_000 + seed);
+            let scripts = random_scripts(&mut rng, 3, 1, 10);
+            let mut sim = Sim::new(3, 1, scripts);
+            sim.accepting_serving_sharer = true;
+            sim.run(&mut rng, 0.3).err()
+        })
+        .collect();
+    eprintln!(
+        "home letting a serving sharer go: {} of 3000 schedules failed, {} at the owner-stability check",
         failures.len(),
         failures
             .iter()

@@ -32,6 +32,11 @@ pub struct EngineConfig {
     /// How long a page fault waits for a free frame before failing with `NoFreeFrame` (the
     /// provider cannot evict: pages fixed by guards, or write-back failing).
     pub free_frame_timeout: std::time::Duration,
+    /// Cluster nodes: use the cluster's DRAM as one pool before NVMe (docs/cluster.md "One
+    /// pool"): a shared read whose home copy is not in memory is served by a node holding a
+    /// copy, and the provider evicts copies of other nodes' pages before this node's own.
+    /// Default on; off gives the plain per-node caches (for comparisons).
+    pub one_pool: bool,
     /// When changes become durable (docs/durability.md). Single nodes only.
     pub durability: Durability,
     /// Size of the write-ahead log file (with a log; 4 KiB multiple, at least 1 MiB; default
@@ -127,6 +132,7 @@ impl Default for EngineConfig {
             allow_unclean: false,
             capacity_pages: 0,
             free_target_percent: 5,
+            one_pool: true,
             free_frame_timeout: std::time::Duration::from_secs(10),
             durability: Durability::None,
             wal_bytes: 1 << 30,

@@ -109,7 +109,7 @@ impl Engine {
                 let layout = ChannelLayout::new(m.transport.nodes());
                 let ch = Channels::new(m.transport, layout, m.mode)
                     .map_err(|e| EngineError::Config(format!("cluster messaging: {e}")))?;
-                Some(Coherence::new(ch, m.remote_timeout))
+                Some(Coherence::new(ch, m.remote_timeout, cfg.one_pool))
             }
         };
         let lock = prepare_data_dir(&cfg)?;

@@ -257,13 +257,14 @@ impl Coherence {
     ) -> Result<Outcome, ProtocolError> {
         if let Some(dead) = ps.lost {
             match note.msg {
-                Msg::Transfer { want, epoch } => self.answer_lost(
+                Msg::Transfer { want, epoch, keep } => self.answer_lost(
                     pid,
                     dead,
                     Deferred::Transfer {
                         to: note.from,
                         want,
                         epoch,
+                        keep,
                     },
                 ),
                 Msg::Invalidate { epoch } => self.answer_lost(
@@ -395,6 +396,7 @@ impl Coherence {
                     data,
                     source: g.source,
                     invalidate: g.invalidate,
+                    source_keeps: g.source_keeps,
                 })?
             }
             Msg::Page { ref data, dirty } => {
@@ -406,9 +408,9 @@ impl Coherence {
                     None => return Ok(Outcome::Stuck(note)),
                 }
             }
-            Msg::Transfer { want, epoch } => {
+            Msg::Transfer { want, epoch, keep } => {
                 self.sync_dirty(buf, pid, ps);
-                ps.copy.on_transfer(from, want, epoch)?
+                ps.copy.on_transfer(from, want, epoch, keep)?
             }
             Msg::Invalidate { epoch } => {
                 self.sync_dirty(buf, pid, ps);
@@ -465,6 +467,12 @@ impl Coherence {
                 }
                 _ => None,
             };
+            if matches!(msg, Msg::Page { .. }) && ps.copy.data.is_some() {
+                // a page sent while our copy stays: a forwarded read we served as a sharer
+                self.counters
+                    .served_for_others
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             if let Err(e) = self.send(to, pid, &msg, page) {
                 log::warn!("node {}: {e}", self.me);
             }

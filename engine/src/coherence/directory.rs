@@ -15,6 +15,12 @@
 //!   the home (or keeps its own, an upgrade) and must invalidate every other sharer;
 //! - exclusive at node O: the requester is pointed at O (O hands the page over and drops it); a
 //!   shared requester becomes the only sharer and O also copies the page back home;
+//! - shared, shared wanted, and the home's copy is not in memory (the caller says which sharers
+//!   may serve instead, [`DirEntry::request_forwarding`]): the requester is pointed at a sharer S,
+//!   which sends it a copy and **keeps its own**; the home then waits for S's copy-back (a
+//!   notice without data) as after an exclusive-to-shared handover, so S stays a holder that
+//!   cannot leave (its eviction notice is declined) until it has served. No NVMe read while
+//!   the page is in some node's DRAM;
 //! - while a copy-back is outstanding the home's copy is stale: every request for the page
 //!   waits ([`DirDecision::Defer`]) until it arrives (eviction notices are still answered: the
 //!   node owing the copy-back may be waiting for that answer);
@@ -64,12 +70,14 @@ pub enum DirDecision {
     /// The home's copy is stale until a copy-back arrives: keep the request and retry then.
     Defer,
     /// Reply with this grant. `from_home`: push the home's copy of the page first.
+    /// `source_keeps`: `source` is a sharer that keeps its copy (a forwarded read).
     Grant {
         mode: Mode,
         epoch: Epoch,
         from_home: bool,
         source: Option<Node>,
         invalidate: NodeSet,
+        source_keeps: bool,
     },
 }
 
@@ -130,11 +138,26 @@ impl DirEntry {
     }
 
     /// A possession request from `from`, who wants `want`; `have` = it holds a valid copy.
+    /// The home's copy is at hand (in memory, or read from the store): never forwarded.
     pub fn request(
         &mut self,
         from: Node,
         want: Mode,
         have: bool,
+    ) -> Result<DirDecision, ProtocolError> {
+        self.request_forwarding(from, want, have, 0)
+    }
+
+    /// As [`request`](Self::request), but a shared request may be forwarded to a sharer in
+    /// `may_serve` instead of being granted from the home's copy. The home passes the live
+    /// nodes other than itself when its copy of the page is not in memory (the grant would
+    /// read the store), and 0 when it is. The lowest eligible sharer serves.
+    pub fn request_forwarding(
+        &mut self,
+        from: Node,
+        want: Mode,
+        have: bool,
+        may_serve: NodeSet,
     ) -> Result<DirDecision, ProtocolError> {
         if self.awaiting_copy_back.is_some() {
             return Ok(DirDecision::Defer);
@@ -145,6 +168,7 @@ impl DirEntry {
             from_home,
             source,
             invalidate,
+            source_keeps: false,
         };
         match (self.holders, want) {
             (Holders::None, _) => {
@@ -159,6 +183,22 @@ impl DirEntry {
                     return violation(format!(
                         "node {from} asks for shared possession it already holds"
                     ));
+                }
+                let eligible = s & may_serve & !bit(from);
+                if let Some(src) = members(eligible).next() {
+                    // forwarded to a sharer: it names another node, so the epoch moves; the
+                    // sharer owes a copy-back (its notice that it served) before anything else
+                    self.epoch = next_epoch(self.epoch);
+                    self.holders = Holders::Shared(s | bit(from));
+                    self.awaiting_copy_back = Some(src);
+                    return Ok(DirDecision::Grant {
+                        mode: Mode::Shared,
+                        epoch: self.epoch,
+                        from_home: false,
+                        source: Some(src),
+                        invalidate: 0,
+                        source_keeps: true,
+                    });
                 }
                 self.holders = Holders::Shared(s | bit(from));
                 Ok(grant(Mode::Shared, self.epoch, true, None, 0))
@@ -205,6 +245,11 @@ impl DirEntry {
                 "node {from} evicts a possession of epoch {epoch}, newer than the directory's {}",
                 self.epoch
             ));
+        }
+        if self.awaiting_copy_back == Some(from) {
+            // a sharer serving a forwarded read (or an old exclusive holder that must copy
+            // back, which is no holder any more): a successor's `Transfer` is on its way to it
+            return Ok(EvictDecision::Decline);
         }
         match self.holders {
             Holders::Exclusive(o) if o == from => {
@@ -254,6 +299,7 @@ mod tests {
                 from_home,
                 source,
                 invalidate,
+                ..
             } => (mode, epoch, from_home, source, invalidate),
             DirDecision::Defer => panic!("deferred"),
         }
@@ -343,6 +389,57 @@ mod tests {
         assert_eq!(
             g(d.request(2, Mode::Shared, false).unwrap()),
             (Mode::Shared, 1, true, None, 0)
+        );
+    }
+
+    #[test]
+    fn a_shared_read_goes_to_a_sharer_when_the_home_copy_is_not_in_memory() {
+        let mut d = DirEntry::new();
+        d.request(2, Mode::Shared, false).unwrap();
+        d.request(3, Mode::Shared, false).unwrap();
+        // 2 is not allowed to serve (dead, or the home's copy is in memory for it): 3 serves
+        let fwd = d
+            .request_forwarding(1, Mode::Shared, false, 0b1000)
+            .unwrap();
+        assert_eq!(g(fwd), (Mode::Shared, 1, false, Some(3), 0));
+        assert!(matches!(
+            fwd,
+            DirDecision::Grant {
+                source_keeps: true,
+                ..
+            }
+        ));
+        assert_eq!(fwd.needs().collect::<Vec<_>>(), vec![3]);
+        assert_eq!(d.holders, Holders::Shared(0b1110));
+        assert_eq!(d.awaiting_copy_back, Some(3));
+        // the serving sharer may not leave before it served; the others may
+        assert_eq!(d.evict(3, 0, false).unwrap(), EvictDecision::Decline);
+        assert_eq!(
+            d.request(0, Mode::Exclusive, false).unwrap(),
+            DirDecision::Defer
+        );
+        assert_eq!(
+            d.evict(2, 0, false).unwrap(),
+            EvictDecision::Accept { store: false }
+        );
+        d.copy_back(3).unwrap();
+        assert_eq!(
+            d.evict(3, 0, false).unwrap(),
+            EvictDecision::Accept { store: false }
+        );
+        // nobody eligible: from the home's copy, as always
+        assert_eq!(
+            g(d.request_forwarding(0, Mode::Shared, false, 0b0001)
+                .unwrap()),
+            (Mode::Shared, 1, true, None, 0)
+        );
+        // exclusive requests are never forwarded
+        let mut d = DirEntry::new();
+        d.request(2, Mode::Shared, false).unwrap();
+        assert_eq!(
+            g(d.request_forwarding(1, Mode::Exclusive, false, u64::MAX)
+                .unwrap()),
+            (Mode::Exclusive, 1, true, None, 0b100)
         );
     }
 

@@ -2,7 +2,7 @@
 
 use super::apply::{Latched, Outcome};
 use super::directory::DirDecision;
-use super::protocol::{Grant, Msg, Node, ProtocolError};
+use super::protocol::{bit, Grant, Msg, Node, ProtocolError};
 use super::wire::{REFUSE_HOLDER_DEAD, REFUSE_NO_PAGE, REFUSE_READ};
 use super::{failure::refusal, Coherence, Note, PageState, StoreCopy};
 use crate::buffer::Buffer;
@@ -46,13 +46,24 @@ impl Coherence {
             return refuse(ps, REFUSE_NO_PAGE, 0);
         }
         let mut d = ps.dir;
-        let decision = d.request(from, want, have)?;
+        // One pool: when the grant would read the home's copy from the store, a live sharer
+        // sends its copy instead (it keeps its own; docs/protocol.md "Forwarded reads").
+        let at_hand = l.resident.is_some()
+            || matches!(&ps.store_copy, StoreCopy::Read { gen, .. } if *gen == ps.home_gen);
+        let may_serve = if at_hand || !self.forward_reads {
+            0
+        } else {
+            (0..self.nodes)
+                .filter(|&n| n != self.me && self.ch.peer_alive(n))
+                .fold(0, |set, n| set | bit(n))
+        };
+        let decision = d.request_forwarding(from, want, have, may_serve)?;
         // A node that must hand the page over or drop its copy is gone: the request would wait
         // forever. Refuse it (the directory is left as it was: `d` is not stored).
         if let Some(dead) = self.first_dead(decision.needs()) {
             return refuse(ps, REFUSE_HOLDER_DEAD, dead);
         }
-        let (mode, epoch, from_home, source, invalidate) = match decision {
+        let (mode, epoch, from_home, source, invalidate, source_keeps) = match decision {
             DirDecision::Defer => {
                 ps.dir_deferred.push_back(note);
                 return Ok(Outcome::Done);
@@ -63,8 +74,14 @@ impl Coherence {
                 from_home,
                 source,
                 invalidate,
-            } => (mode, epoch, from_home, source, invalidate),
+                source_keeps,
+            } => (mode, epoch, from_home, source, invalidate, source_keeps),
         };
+        if source_keeps {
+            self.counters
+                .forwarded_reads
+                .fetch_add(1, Ordering::Relaxed);
+        }
         // the home copy, if the grant carries it: the home's frame, or the store (read outside
         // the handler role: the request waits, held, until the read is done)
         let mut home_idx = l.resident;
@@ -107,6 +124,7 @@ impl Coherence {
                 data: if from_home { home_idx } else { None },
                 source,
                 invalidate,
+                source_keeps,
             })?;
             self.effects(pid, ps, step, l);
         } else {
@@ -123,6 +141,7 @@ impl Coherence {
                 data: from_home.then_some(()),
                 source,
                 invalidate,
+                source_keeps,
             });
             if let Err(e) = self.send(from, pid, &g, page) {
                 log::warn!("node {}: {e}", self.me);

@@ -230,6 +230,11 @@ pub struct CoherenceCounters {
     pub helped: AtomicU64,
     /// Home copies read from the store for requests (outside the handler role).
     pub home_reads: AtomicU64,
+    /// Shared requests this home forwarded to a sharer because its own copy was not in
+    /// memory: store reads avoided.
+    pub forwarded_reads: AtomicU64,
+    /// Pages this node sent to others as a sharer serving a forwarded read (it kept its copy).
+    pub served_for_others: AtomicU64,
 }
 
 /// One node's protocol state.
@@ -265,10 +270,13 @@ pub(crate) struct Coherence {
     /// How long a worker waiting for an answer polls before it parks (the transport's
     /// `answer_poll`).
     answer_poll: Duration,
+    /// Forward shared reads to a sharer when the home's copy is not in memory
+    /// (`EngineConfig::one_pool`).
+    forward_reads: bool,
 }
 
 impl Coherence {
-    pub fn new(ch: Channels, timeout: Duration) -> Coherence {
+    pub fn new(ch: Channels, timeout: Duration, forward_reads: bool) -> Coherence {
         let nodes = ch.nodes();
         let answer_poll = ch.transport().answer_poll();
         Coherence {
@@ -290,6 +298,7 @@ impl Coherence {
             outbox: Outboxes::new(nodes),
             unsent: Mutex::new(Vec::new()),
             reads_due: Mutex::new(Vec::new()),
+            forward_reads,
         }
     }
 

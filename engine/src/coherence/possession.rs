@@ -49,8 +49,16 @@ pub enum Pending {
 /// A message that arrived but cannot be served yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Deferred {
-    Transfer { to: Node, want: Mode, epoch: Epoch },
-    Invalidate { from: Node, epoch: Epoch },
+    Transfer {
+        to: Node,
+        want: Mode,
+        epoch: Epoch,
+        keep: bool,
+    },
+    Invalidate {
+        from: Node,
+        epoch: Epoch,
+    },
 }
 
 /// What happened when a message was applied.
@@ -174,6 +182,12 @@ impl<D: Clone> PageCopy<D> {
             self.data = Some(d);
             self.dirty = false;
         }
+        if g.source_keeps && (g.source.is_none() || want != Mode::Shared) {
+            return violation(format!(
+                "node {} was granted {want:?} from a sharer that keeps its copy, source {:?}",
+                self.me, g.source
+            ));
+        }
         if let Some(src) = g.source {
             // Any copy we still have is stale (we are no longer a holder at the home, and the
             // invalidation of it, of an older epoch, is on its way): drop it now.
@@ -184,6 +198,7 @@ impl<D: Clone> PageCopy<D> {
                 Msg::Transfer {
                     want,
                     epoch: g.epoch,
+                    keep: g.source_keeps,
                 },
             ));
         } else if self.data.is_none() {
@@ -251,14 +266,26 @@ impl<D: Clone> PageCopy<D> {
         to: Node,
         want: Mode,
         epoch: Epoch,
+        keep: bool,
     ) -> Result<Step<D>, ProtocolError> {
+        if keep && want != Mode::Shared {
+            return violation(format!(
+                "node {} asked by {to} to hand {want:?} possession over and keep its copy",
+                self.me
+            ));
+        }
         if epoch <= self.epoch && self.pending == Pending::Idle && self.data.is_some() {
             return violation(format!(
                 "node {} asked by {to} for the page at epoch {epoch}, not newer than its own {}",
                 self.me, self.epoch
             ));
         }
-        self.deferred.push(Deferred::Transfer { to, want, epoch });
+        self.deferred.push(Deferred::Transfer {
+            to,
+            want,
+            epoch,
+            keep,
+        });
         let mut step = Step::default();
         self.serve_deferred(&mut step)?;
         Ok(step)
@@ -464,6 +491,29 @@ impl<D: Clone> PageCopy<D> {
                         ))
                     }
                 },
+                Deferred::Transfer { to, keep: true, .. } => {
+                    // A read the home forwarded to us as a sharer: we stay a holder, so we
+                    // serve it with our shared copy even while our own upgrade request is out
+                    // (the home defers that request until our copy-back: waiting for its grant
+                    // here would wait for ever). A shared grant still on its way, or our
+                    // eviction notice (the home declines it), waits.
+                    let serving = self.data.is_some()
+                        && self.mode == Some(Mode::Shared)
+                        && matches!(self.pending, Pending::Idle | Pending::Requested { .. });
+                    if serving {
+                        self.deferred.remove(i);
+                        let data = self.data.clone().expect("checked above");
+                        step.out.push((to, Msg::Page { data, dirty: false }));
+                        step.out.push((self.home, Msg::CopyBack { data: None }));
+                    } else if self.pending == Pending::Idle && self.data.is_none() {
+                        return violation(format!(
+                            "node {} was forwarded a read by {to} but holds no copy",
+                            self.me
+                        ));
+                    } else {
+                        i += 1;
+                    }
+                }
                 Deferred::Transfer { to, want, .. } => {
                     if self.pending == Pending::Idle && self.data.is_some() {
                         self.deferred.remove(i);

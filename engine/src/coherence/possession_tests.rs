@@ -19,6 +19,7 @@ fn grant(mode: Mode, epoch: Epoch, data: Option<u64>) -> Grant<u64> {
         data,
         source: None,
         invalidate: 0,
+        source_keeps: false,
     }
 }
 
@@ -103,7 +104,8 @@ fn a_grant_naming_a_source_drops_the_stale_copy_and_completes_when_the_page_arri
             2,
             Msg::Transfer {
                 want: Mode::Exclusive,
-                epoch: 3
+                epoch: 3,
+                keep: false,
             }
         )]
     );
@@ -167,7 +169,7 @@ fn a_transfer_waits_for_the_page_and_the_worker_then_hands_the_page_over() {
         ..grant(Mode::Exclusive, 1, None)
     })
     .unwrap();
-    let s = c.on_transfer(3, Mode::Exclusive, 2).unwrap();
+    let s = c.on_transfer(3, Mode::Exclusive, 2, false).unwrap();
     assert!(s.out.is_empty(), "deferred: no page yet");
     let s = c.on_page(20, false).unwrap();
     assert_eq!(s.completed, Some(Mode::Exclusive));
@@ -191,7 +193,7 @@ fn a_transfer_waits_for_the_page_and_the_worker_then_hands_the_page_over() {
 fn a_dirty_page_handed_to_a_shared_successor_is_copied_back_home() {
     let mut c = holding(Mode::Exclusive, 1, 30);
     c.wrote(31);
-    let s = c.on_transfer(2, Mode::Shared, 2).unwrap();
+    let s = c.on_transfer(2, Mode::Shared, 2, false).unwrap();
     assert_eq!(
         s.out,
         vec![
@@ -207,15 +209,15 @@ fn a_dirty_page_handed_to_a_shared_successor_is_copied_back_home() {
     );
     // clean: the copy-back carries no page
     let mut c = holding(Mode::Exclusive, 1, 30);
-    let s = c.on_transfer(2, Mode::Shared, 2).unwrap();
+    let s = c.on_transfer(2, Mode::Shared, 2, false).unwrap();
     assert_eq!(s.out[0], (HOME, Msg::CopyBack { data: None }));
 }
 
 #[test]
 fn a_transfer_not_newer_than_the_held_grant_is_a_violation() {
     let mut c = holding(Mode::Exclusive, 5, 1);
-    assert!(c.on_transfer(2, Mode::Exclusive, 5).is_err());
-    assert!(c.on_transfer(2, Mode::Exclusive, 4).is_err());
+    assert!(c.on_transfer(2, Mode::Exclusive, 5, false).is_err());
+    assert!(c.on_transfer(2, Mode::Exclusive, 4, false).is_err());
 }
 
 #[test]
@@ -298,7 +300,7 @@ fn eviction_sends_the_page_only_when_dirty_and_obeys_the_reply() {
         ))
     );
     // declined: a successor is coming; its Transfer, deferred meanwhile, is served now
-    let s = c.on_transfer(3, Mode::Exclusive, 3).unwrap();
+    let s = c.on_transfer(3, Mode::Exclusive, 3, false).unwrap();
     assert!(s.out.is_empty(), "waits for the reply");
     let s = c.on_evict_reply(false).unwrap();
     assert_eq!(
@@ -320,7 +322,11 @@ fn an_unsent_notice_keeps_the_copy_and_a_waiting_successor_is_served() {
     assert!(c.evict_unsent().is_err(), "no notice out");
     c.evict().unwrap();
     // the home still lists us: a successor's Transfer arrives while the notice is "out"
-    assert!(c.on_transfer(3, Mode::Exclusive, 3).unwrap().out.is_empty());
+    assert!(c
+        .on_transfer(3, Mode::Exclusive, 3, false)
+        .unwrap()
+        .out
+        .is_empty());
     c.evict_unsent().unwrap();
     assert_eq!((c.pending, c.data, c.dirty), (Pending::Idle, Some(5), true));
     let s = c.served().unwrap();
@@ -371,14 +377,15 @@ fn a_created_page_is_held_exclusively_and_a_lost_one_is_gone() {
         ..grant(Mode::Exclusive, 1, None)
     })
     .unwrap();
-    c.on_transfer(3, Mode::Exclusive, 2).unwrap();
+    c.on_transfer(3, Mode::Exclusive, 2, false).unwrap();
     let (d, page) = c.lose();
     assert_eq!(
         d,
         vec![Deferred::Transfer {
             to: 3,
             want: Mode::Exclusive,
-            epoch: 2
+            epoch: 2,
+            keep: false,
         }]
     );
     assert_eq!(page, None);
@@ -411,7 +418,7 @@ fn a_created_page_is_held_exclusively_and_a_lost_one_is_gone() {
 fn an_eviction_accepted_while_a_successor_waits_is_a_violation() {
     let mut c = holding(Mode::Exclusive, 2, 1);
     c.evict().unwrap();
-    c.on_transfer(3, Mode::Exclusive, 3).unwrap();
+    c.on_transfer(3, Mode::Exclusive, 3, false).unwrap();
     assert!(c.on_evict_reply(true).is_err());
     // and no notice while something is deferred
     let mut c = copy();
@@ -419,4 +426,102 @@ fn an_eviction_accepted_while_a_successor_waits_is_a_violation() {
     c.on_invalidate(2, 1).unwrap();
     c.on_grant(grant(Mode::Shared, 0, Some(1))).unwrap();
     assert_eq!(c.evict(), None, "the deferred invalidation comes first");
+}
+
+#[test]
+fn a_sharer_serves_a_forwarded_read_and_keeps_its_copy() {
+    // idle sharer: a copy to the requester, a data-less copy-back home, the copy stays usable
+    let mut c = holding(Mode::Shared, 0, 7);
+    let s = c.on_transfer(2, Mode::Shared, 1, true).unwrap();
+    assert_eq!(
+        s.out,
+        vec![
+            (
+                2,
+                Msg::Page {
+                    data: 7,
+                    dirty: false
+                }
+            ),
+            (HOME, Msg::CopyBack { data: None }),
+        ]
+    );
+    assert!(c.usable(Mode::Shared));
+    // with its own upgrade request out it still serves (the home holds that request until
+    // this copy-back arrives: waiting for its grant would wait for ever)
+    let mut c = holding(Mode::Shared, 0, 7);
+    c.request(Mode::Exclusive).unwrap();
+    let s = c.on_transfer(2, Mode::Shared, 1, true).unwrap();
+    assert_eq!(s.out.len(), 2);
+    assert_eq!(c.data, Some(7));
+    // with its eviction notice out it waits for the (declining) answer, then serves
+    let mut c = holding(Mode::Shared, 0, 7);
+    c.evict().unwrap();
+    assert!(c
+        .on_transfer(2, Mode::Shared, 1, true)
+        .unwrap()
+        .out
+        .is_empty());
+    let s = c.on_evict_reply(false).unwrap();
+    assert_eq!(s.out.len(), 2);
+    assert!(c.usable(Mode::Shared));
+    // while its own shared grant is still on its way (named as source through a chain of
+    // forwards), it serves once the page is here
+    let mut c = copy();
+    c.request(Mode::Shared).unwrap();
+    c.on_grant(Grant {
+        source: Some(3),
+        source_keeps: true,
+        ..grant(Mode::Shared, 1, None)
+    })
+    .unwrap();
+    assert!(c
+        .on_transfer(2, Mode::Shared, 2, true)
+        .unwrap()
+        .out
+        .is_empty());
+    let s = c.on_page(9, false).unwrap();
+    assert_eq!(s.completed, Some(Mode::Shared));
+    let s = c.served().unwrap();
+    assert_eq!(s.out.len(), 2);
+    assert_eq!(c.data, Some(9));
+    // a forwarded read may only ask for shared possession, and only of a holder
+    let mut c = holding(Mode::Shared, 0, 7);
+    assert!(c.on_transfer(2, Mode::Exclusive, 1, true).is_err());
+    let mut c = copy();
+    assert!(c.on_transfer(2, Mode::Shared, 1, true).is_err());
+}
+
+#[test]
+fn a_forwarded_grant_sends_a_transfer_that_keeps_the_source_copy() {
+    let mut c = copy();
+    c.request(Mode::Shared).unwrap();
+    let s = c
+        .on_grant(Grant {
+            source: Some(2),
+            source_keeps: true,
+            ..grant(Mode::Shared, 4, None)
+        })
+        .unwrap();
+    assert_eq!(
+        s.out,
+        vec![(
+            2,
+            Msg::Transfer {
+                want: Mode::Shared,
+                epoch: 4,
+                keep: true
+            }
+        )]
+    );
+    // an exclusive grant from a source that keeps its copy would make two writers' worth
+    let mut c = copy();
+    c.request(Mode::Exclusive).unwrap();
+    assert!(c
+        .on_grant(Grant {
+            source: Some(2),
+            source_keeps: true,
+            ..grant(Mode::Exclusive, 4, None)
+        })
+        .is_err());
 }

@@ -61,6 +61,9 @@ pub struct Grant<D> {
     pub source: Option<Node>,
     /// Nodes whose shared copies the requester must invalidate before writing.
     pub invalidate: NodeSet,
+    /// The `source` is a sharer that keeps its copy (a shared read forwarded to it because
+    /// the home's copy is not in memory); it copies back nothing but a notice that it served.
+    pub source_keeps: bool,
 }
 
 /// A protocol message about one page (the page id travels beside it).
@@ -71,13 +74,19 @@ pub enum Msg<D> {
     /// Home -> requester: the decision (and, in the base case, the page).
     Grant(Grant<D>),
     /// Requester -> the source a grant named: hand me the page. `epoch` is the requester's
-    /// grant epoch, always newer than the source's own.
-    Transfer { want: Mode, epoch: Epoch },
+    /// grant epoch, always newer than the source's own. `keep`: the source is a sharer the
+    /// home forwarded a shared read to; it sends a copy and keeps its own.
+    Transfer {
+        want: Mode,
+        epoch: Epoch,
+        keep: bool,
+    },
     /// Source -> requester: the page (pushed into the requester's frame); `dirty` = newer than
     /// the copy at the home.
     Page { data: D, dirty: bool },
     /// Source -> home after handing an exclusive page to a shared requester: the home's copy
-    /// becomes current again (`data` is `None` when the page was clean).
+    /// becomes current again (`data` is `None` when the page was clean). A sharer that served
+    /// a forwarded read (`Transfer{keep}`) sends it too, without data: it may now evict.
     CopyBack { data: Option<D> },
     /// Requester -> sharer: drop your copy. `epoch` = the requester's grant epoch.
     Invalidate { epoch: Epoch },
@@ -101,8 +110,9 @@ impl<D> Msg<D> {
                 data: g.data.map(f),
                 source: g.source,
                 invalidate: g.invalidate,
+                source_keeps: g.source_keeps,
             }),
-            Msg::Transfer { want, epoch } => Msg::Transfer { want, epoch },
+            Msg::Transfer { want, epoch, keep } => Msg::Transfer { want, epoch, keep },
             Msg::Page { data, dirty } => Msg::Page {
                 data: f(data),
                 dirty,
@@ -177,10 +187,12 @@ mod tests {
                 data: None,
                 source: None,
                 invalidate: 0,
+                source_keeps: false,
             }),
             Msg::Transfer {
                 want: Mode::Shared,
                 epoch: 0,
+                keep: false,
             },
             Msg::Page {
                 data: 0,

@@ -1,16 +1,79 @@
 //! Regression tests of the driver that reach inside a node (the provider, the handler).
 
 use crate::coherence::possession::Pending;
+use crate::coherence::Coherence;
 use crate::{Cluster, EngineConfig, Pid};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// `n` nodes over mem with 256-frame caches, their stores under `dir`.
 fn cluster(dir: &std::path::Path, n: usize) -> Cluster {
+    cluster_with(dir, n, true)
+}
+
+/// A cluster of `n` nodes with 256-frame caches; `one_pool` as `EngineConfig::one_pool`.
+fn cluster_with(dir: &std::path::Path, n: usize, one_pool: bool) -> Cluster {
     let d = dir.to_path_buf();
     Cluster::mem(n, Duration::from_secs(20), move |i| {
-        EngineConfig::new(d.join(format!("n{i}")), 256 * 4096)
+        let mut cfg = EngineConfig::new(d.join(format!("n{i}")), 256 * 4096);
+        cfg.one_pool = one_pool;
+        cfg
     })
     .unwrap()
+}
+
+/// One pool: a shared read at the home whose own copy left its memory is served by the node
+/// that holds a copy, not by the home's store; the serving node keeps its copy and may evict
+/// it once it has served; a write afterwards invalidates both copies as usual.
+#[test]
+fn a_read_whose_home_copy_left_memory_is_served_by_a_sharer() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(dir.path(), 2);
+    let (home, other) = (c.node(0), c.node(1));
+    let (buf0, coh0) = (&home.node().buf, home.node().coh.as_ref().unwrap());
+    let coh1 = other.node().coh.as_ref().unwrap();
+    let w0 = home.worker();
+    let pid = {
+        let mut g = w0.allocate().unwrap();
+        g.page_mut().set_u64(0, 41);
+        g.pid()
+    };
+    let w1 = other.worker();
+    assert_eq!(w1.shared(pid).unwrap().page().u64(0), 41);
+    // node 1's shared request took the page from the home's exclusive possession: the home's
+    // frame is a plain home copy now. It goes (written to the store, dropped): node 1's copy
+    // is the only one in DRAM.
+    let idx = buf0.resident_frame(pid).expect("resident at home");
+    let h = buf0.try_hold(idx, pid).expect("nobody holds it");
+    assert!(coh0.droppable(pid, idx), "a plain home copy");
+    let bytes = Box::new(*h.bytes());
+    h.drop_page();
+    coh0.write_home(buf0, pid, &bytes, &super::apply::Latched::default())
+        .unwrap();
+    let reads = |c: &Coherence| c.counters.home_reads.load(Ordering::Relaxed);
+    let (home_reads, served) = (
+        reads(coh0),
+        coh1.counters.served_for_others.load(Ordering::Relaxed),
+    );
+    assert_eq!(w0.shared(pid).unwrap().page().u64(0), 41);
+    assert_eq!(reads(coh0), home_reads, "no store read at the home");
+    assert_eq!(coh0.counters.forwarded_reads.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        coh1.counters.served_for_others.load(Ordering::Relaxed),
+        served + 1
+    );
+    assert!(
+        other.node().buf.resident_frame(pid).is_some(),
+        "node 1 kept its copy"
+    );
+    // a write at node 1 invalidates the home's copy and upgrades its own
+    {
+        let mut g = w1.exclusive(pid).unwrap();
+        g.page_mut().set_u64(0, 43);
+    }
+    assert_eq!(w0.shared(pid).unwrap().page().u64(0), 43);
+    drop((w0, w1));
+    c.close().unwrap();
 }
 
 /// Regression (found by the 3-process `shoal node` test after batching made the window
@@ -110,7 +173,9 @@ fn eviction_needs_no_free_frame_at_the_home(dirty: bool) {
     // too short for the dirty case beside 3 busy loops and the other tests)
     const HANG_GUARD: Duration = Duration::from_secs(60);
     let dir = tempfile::tempdir().unwrap();
-    let c = cluster(dir.path(), 2);
+    // without one pool: node 0's request must go to its store (with it, node 1 would serve
+    // the read and decline its own notice until it has)
+    let c = cluster_with(dir.path(), 2, false);
     let (home, other) = (c.node(0), c.node(1));
     let (node0, node1) = (home.node(), other.node());
     let (buf0, buf1) = (&node0.buf, &node1.buf);

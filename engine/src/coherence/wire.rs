@@ -171,10 +171,11 @@ impl Message for Wire {
                     .u64(g.epoch)
                     .opt_page(g.data)
                     .u8(g.source.unwrap_or(NO_NODE))
-                    .u64(g.invalidate);
+                    .u64(g.invalidate)
+                    .u8(g.source_keeps as u8);
             }
-            Msg::Transfer { want, epoch } => {
-                w.u8(mode_byte(*want)).u64(*epoch);
+            Msg::Transfer { want, epoch, keep } => {
+                w.u8(mode_byte(*want)).u64(*epoch).u8(*keep as u8);
             }
             Msg::Page {
                 data: Attached,
@@ -213,9 +214,16 @@ impl Message for Wire {
                 let data = r.opt_page()?;
                 let source = r.node()?;
                 let invalidate: NodeSet = r.u64();
+                let source_keeps = r.flag("source_keeps")?;
                 if source.is_some_and(|s| invalidate & (1u64 << s) != 0) {
                     return Err(bad(
                         "a grant's source is also in its invalidation set".into()
+                    ));
+                }
+                if source_keeps && (source.is_none() || mode != Mode::Shared || invalidate != 0) {
+                    return Err(bad(
+                        "a forwarded grant must be shared, name a source and invalidate nobody"
+                            .into(),
                     ));
                 }
                 Msg::Grant(Grant {
@@ -224,12 +232,20 @@ impl Message for Wire {
                     data,
                     source,
                     invalidate,
+                    source_keeps,
                 })
             }
-            2 => Msg::Transfer {
-                want: r.mode()?,
-                epoch: r.u64(),
-            },
+            2 => {
+                let want = r.mode()?;
+                let epoch = r.u64();
+                let keep = r.flag("keep")?;
+                if keep && want != Mode::Shared {
+                    return Err(bad(
+                        "a transfer that keeps the source's copy must be shared".into(),
+                    ));
+                }
+                Msg::Transfer { want, epoch, keep }
+            }
             3 => Msg::Page {
                 data: Attached,
                 dirty: r.flag("dirty")?,

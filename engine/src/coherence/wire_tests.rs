@@ -32,6 +32,7 @@ fn samples() -> Vec<Wire> {
                 data: None,
                 source: Some(3),
                 invalidate: 0,
+                source_keeps: false,
             }),
         ),
         w(
@@ -42,6 +43,7 @@ fn samples() -> Vec<Wire> {
                 data: Some(Attached),
                 source: None,
                 invalidate: (1 << 63) | 0b1010,
+                source_keeps: false,
             }),
         ),
         w(
@@ -49,6 +51,7 @@ fn samples() -> Vec<Wire> {
             Msg::Transfer {
                 want: Mode::Shared,
                 epoch: 4,
+                keep: false,
             },
         ),
         w(
@@ -75,6 +78,25 @@ fn samples() -> Vec<Wire> {
             },
         ),
         w(0, Msg::EvictReply { accepted: false }),
+        w(
+            0,
+            Msg::Grant(Grant {
+                mode: Mode::Shared,
+                epoch: 12,
+                data: None,
+                source: Some(2),
+                invalidate: 0,
+                source_keeps: true,
+            }),
+        ),
+        w(
+            5,
+            Msg::Transfer {
+                want: Mode::Shared,
+                epoch: 12,
+                keep: true,
+            },
+        ),
     ]
 }
 
@@ -211,6 +233,22 @@ fn impossible_fields_are_errors() {
     let (k, mut b) = enc(&s[6]);
     b[8] = 2;
     assert!(Wire::decode(k, &b).is_err());
+    // a forwarded grant (source keeps its copy) for exclusive possession, or invalidating
+    // (grant: ... invalidation set at 19..27, source_keeps at 27)
+    let (k, mut b) = enc(&s[12]);
+    b[8] = 1;
+    assert!(Wire::decode(k, &b).is_err());
+    let (k, mut b) = enc(&s[12]);
+    b[20] = 1;
+    assert!(Wire::decode(k, &b).is_err());
+    let (k, mut b) = enc(&s[12]);
+    b[27] = 2;
+    assert!(Wire::decode(k, &b).is_err());
+    // a transfer keeping the source's copy must be shared (mode at 8, keep at 17)
+    let (k, mut b) = enc(&s[13]);
+    b[8] = 1;
+    assert!(Wire::decode(k, &b).is_err());
+    assert!(Wire::decode(k, &enc(&s[13]).1).is_ok());
     // kinds outside the protocol
     for k in [0u8, 1, 15, KIND_BASE + 9, 255] {
         assert!(Wire::decode(k, &[0u8; BODY_BYTES]).is_err(), "kind {k}");
