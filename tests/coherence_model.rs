@@ -481,6 +481,10 @@ impl Sim {
         if let Msg::Grant(g) = &e.msg {
             self.page_from[to][p] = g.source;
         }
+        // the engine installs a clean page into a new home frame clean (the store holds it)
+        let clean_fresh_home = home(p, self.nodes) as usize == to
+            && self.home_frame[p].is_none()
+            && matches!(e.msg, Msg::Page { dirty: false, .. });
         let c = &mut self.copies[to][p];
         let step = match e.msg.clone() {
             Msg::Request { .. } | Msg::Evict { .. } | Msg::CopyBack { .. } => {
@@ -512,6 +516,11 @@ impl Sim {
         }
         .map_err(|x| x.to_string())?;
         self.sync_home_frame(to, p);
+        if clean_fresh_home {
+            if let Some((_, dirty)) = &mut self.home_frame[p] {
+                *dirty = false;
+            }
+        }
         self.apply_step(to, p, step)?;
         self.lose_if_dead_source(to, p)
     }

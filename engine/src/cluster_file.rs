@@ -12,6 +12,7 @@
 //!                             # loopback addresses are allowed unless `allow_insecure = true`
 //! encrypt = true              # optional (default false): seal every frame (AES-256-GCM,
 //!                             # keys from the secret and each handshake); needs the secret
+//! one_pool = false            # optional (default true): EngineConfig::one_pool
 //!
 //! [[node]]
 //! id = 0
@@ -55,6 +56,8 @@ struct RawFile {
     allow_insecure: bool,
     #[serde(default)]
     encrypt: bool,
+    #[serde(default = "default_one_pool")]
+    one_pool: bool,
     #[serde(default)]
     node: Vec<RawNode>,
 }
@@ -71,6 +74,10 @@ struct RawNode {
 
 fn default_cluster_id() -> u64 {
     1
+}
+
+fn default_one_pool() -> bool {
+    true
 }
 
 /// Default cache per node when the file names none.
@@ -97,6 +104,8 @@ pub struct ClusterFile {
     pub secret: Secret,
     /// Seal every frame between nodes (needs the secret).
     pub encrypt: bool,
+    /// `EngineConfig::one_pool` of every node.
+    pub one_pool: bool,
 }
 
 /// A cluster secret: bytes both ends of every tcp connection prove they know (the transport's
@@ -262,6 +271,7 @@ impl ClusterFile {
             nodes,
             secret: Secret(secret),
             encrypt: raw.encrypt,
+            one_pool: raw.one_pool,
         })
     }
 
@@ -276,7 +286,13 @@ impl ClusterFile {
         secret: Option<&str>,
         encrypt: bool,
     ) -> String {
-        let mut s = format!("cluster_id = {}\ncache = \"{cache}\"\n", std::process::id());
+        // `cache` is one size for every node, or one per node separated by commas
+        let caches: Vec<&str> = cache.split(',').map(str::trim).collect();
+        let mut s = format!(
+            "cluster_id = {}\ncache = \"{}\"\n",
+            std::process::id(),
+            caches[0]
+        );
         if let Some(h) = secret {
             s += &format!("secret = \"{h}\"\n");
         }
@@ -288,6 +304,9 @@ impl ClusterFile {
                 "\n[[node]]\nid = {i}\naddress = \"{a}\"\ndata_dir = \"{}\"\n",
                 dir.join(format!("node{i}")).display()
             );
+            if caches.len() > 1 {
+                s += &format!("cache = \"{}\"\n", caches.get(i).unwrap_or(&caches[0]));
+            }
         }
         s
     }
@@ -299,6 +318,7 @@ impl ClusterFile {
         cfg.devices = e.devices;
         cfg.node_id = id;
         cfg.cluster_id = self.cluster_id;
+        cfg.one_pool = self.one_pool;
         Ok(cfg)
     }
 

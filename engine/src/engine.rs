@@ -61,6 +61,12 @@ pub struct ProtocolStats {
     /// Home copies read from the store for other nodes' or own requests (outside the handler
     /// role, by whichever thread takes the read).
     pub home_reads: u64,
+    /// One pool: shared requests for pages homed here whose copy was not in memory, sent to a
+    /// node holding a copy instead of read from this node's store (NVMe reads avoided).
+    pub forwarded_reads: u64,
+    /// One pool: pages this node sent from its DRAM to another node in place of the page's
+    /// home store (it served a forwarded read and kept its copy).
+    pub served_for_others: u64,
 }
 
 /// How a node joins a cluster: its transport (whose region has the [`ChannelLayout`] of the
@@ -402,6 +408,8 @@ impl Engine {
             held: l(&k.held),
             helped: l(&k.helped),
             home_reads: l(&k.home_reads),
+            forwarded_reads: l(&k.forwarded_reads),
+            served_for_others: l(&k.served_for_others),
         }
     }
 

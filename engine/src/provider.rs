@@ -6,6 +6,9 @@
 //!
 //! 1. **Sample** up to [`SAMPLE`] random resident frames and take the 10th-percentile
 //!    last-used clock value as the cut-off: frames last touched at or before it are cold.
+//!    A cluster node in one pool (`EngineConfig::one_pool`) whose sample holds at least
+//!    [`FOREIGN_SHARE_SAMPLES`] copies of other homes' pages takes the cut-off among those
+//!    and evicts only them this round: its own pages may be the cluster's last DRAM copy.
 //! 2. **Scan** frames from a clock hand for unlatched cold frames, up to a batch of [`BATCH`].
 //! 3. **Evict the clean ones** at once (step 5 for each): they need no write, so the frames
 //!    they free do not wait for the device.
@@ -43,6 +46,9 @@ use std::time::{Duration, Instant};
 pub const SAMPLE: usize = 64;
 /// Most pages evicted (and written) per round.
 pub const BATCH: usize = 128;
+/// One pool: copies of other homes' pages are evicted before this node's own pages while at
+/// least this many of the [`SAMPLE`] sampled frames hold them (4 of 64: about 6% of the cache).
+pub const FOREIGN_SHARE_SAMPLES: usize = SAMPLE / 16;
 /// Write-back errors are logged at most once per this interval (with a count of the ones not
 /// logged): a full or failing device fails every write-back of every round, and one line per
 /// page would bury everything else in the log.
@@ -275,12 +281,18 @@ impl Provider {
     fn round(&mut self, node: &Node) -> usize {
         let buf = &node.buf;
         let n = buf.pool.len();
-        // 1. sample
+        // 1. sample (in one pool, the copies of other homes' pages apart)
+        let me = node.id();
+        let one_pool = node.coh.as_ref().is_some_and(|c| c.one_pool());
         let mut sample = Vec::with_capacity(SAMPLE);
+        let mut foreign = Vec::with_capacity(SAMPLE);
         for _ in 0..SAMPLE * 4 {
             let f = buf.pool.frame(FrameIdx(self.rng.random_range(0..n) as u32));
             if f.is_resident() {
                 sample.push(f.last_used());
+                if one_pool && f.pid().node() != me {
+                    foreign.push(f.last_used());
+                }
                 if sample.len() == SAMPLE {
                     break;
                 }
@@ -289,8 +301,20 @@ impl Provider {
         if sample.is_empty() {
             return 0;
         }
-        sample.sort_unstable();
-        let cutoff = sample[sample.len() / 10];
+        // One pool: while copies of other homes' pages hold more than a small share of the
+        // cache, they go first (the coldest of them): their home still has the page (or a
+        // sharer does), so dropping one costs a message, while this node's own pages may
+        // be the cluster's only DRAM copy and would cost an NVMe read. Below the share, the
+        // plain LRU decides, so a node whose own pages overflow it still keeps some of the
+        // others' hot pages.
+        let only_foreign = foreign.len() >= FOREIGN_SHARE_SAMPLES;
+        let cutoff = if only_foreign {
+            foreign.sort_unstable();
+            foreign[foreign.len() / 10]
+        } else {
+            sample.sort_unstable();
+            sample[sample.len() / 10]
+        };
 
         // 2. scan
         let want = (buf.free_target * 2)
@@ -303,7 +327,11 @@ impl Provider {
             self.hand = (self.hand + 1) % n;
             scanned += 1;
             let f = buf.pool.frame(i);
-            if f.is_resident() && !f.latch.is_latched() && f.last_used() <= cutoff {
+            if f.is_resident()
+                && !f.latch.is_latched()
+                && f.last_used() <= cutoff
+                && (!only_foreign || f.pid().node() != me)
+            {
                 cands.push(i);
             }
         }

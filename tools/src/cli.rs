@@ -36,6 +36,11 @@ pub struct ClusterArgs {
     /// set `encrypt = true` in the file instead.
     #[arg(long)]
     pub encrypt: bool,
+    /// Plain per-node caches instead of one pool (mem clusters; with a cluster file, set
+    /// `one_pool = false` there): no shared read is served by a sharer in place of the home's
+    /// NVMe, and the provider does not evict other nodes' pages first. For comparisons.
+    #[arg(long)]
+    pub no_one_pool: bool,
 }
 
 impl ClusterArgs {
@@ -51,6 +56,12 @@ impl ClusterArgs {
             return Err(anyhow::anyhow!(
                 "--encrypt goes with --transport tcp (with --cluster, set `encrypt = true` in \
                  the cluster file)"
+            ));
+        }
+        if self.no_one_pool && (self.transport != Transport::Mem || self.cluster.is_some()) {
+            return Err(anyhow::anyhow!(
+                "--no-one-pool is for mem clusters (with a cluster file, set `one_pool = false` \
+                 in it)"
             ));
         }
         if self.cluster.is_some() && self.id.is_none() {
@@ -545,6 +556,22 @@ pub fn log_json(d: &shoal_storage::LogCounters, secs: f64, logged: bool) -> serd
         "checkpoints": d.checkpoints,
         "waits_for_space": d.full_waits,
     })
+}
+
+/// `--cache`: one size for every node, or one per node separated by commas.
+pub fn parse_caches(s: &str, nodes: usize) -> anyhow::Result<Vec<usize>> {
+    let sizes = s
+        .split(',')
+        .map(|p| shoal_engine::parse_bytes(p.trim()).map(|b| b as usize))
+        .collect::<Result<Vec<usize>, String>>()
+        .map_err(|e| anyhow::anyhow!("--cache {s}: {e}"))?;
+    match sizes.len() {
+        1 => Ok(vec![sizes[0]; nodes]),
+        n if n == nodes => Ok(sizes),
+        n => Err(anyhow::anyhow!(
+            "--cache {s}: {n} sizes for {nodes} nodes (give one for all, or one per node)"
+        )),
+    }
 }
 
 /// `--wal-size`: a size of at least 1 MiB, a multiple of 4 KiB.

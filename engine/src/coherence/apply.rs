@@ -403,8 +403,17 @@ impl Coherence {
                 let Data::Bytes(b) = data else {
                     return Err(ProtocolError("a page message without a page".into()));
                 };
+                let fresh = l.resident.is_none();
                 match self.install(buf, pid, b, l) {
-                    Some(i) => ps.copy.on_page(i, dirty)?,
+                    Some(i) => {
+                        if fresh && !dirty && pid.node() == self.me {
+                            // Our own page, clean, into a new home frame: without a frame here
+                            // the store holds the home copy, and a clean copy equals it, so
+                            // the frame needs no write-back (a forwarded read, typically).
+                            l.get(i).frame().set_dirty(false);
+                        }
+                        ps.copy.on_page(i, dirty)?
+                    }
                     None => return Ok(Outcome::Stuck(note)),
                 }
             }

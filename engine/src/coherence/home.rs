@@ -50,7 +50,7 @@ impl Coherence {
         // sends its copy instead (it keeps its own; docs/protocol.md "Forwarded reads").
         let at_hand = l.resident.is_some()
             || matches!(&ps.store_copy, StoreCopy::Read { gen, .. } if *gen == ps.home_gen);
-        let may_serve = if at_hand || !self.forward_reads {
+        let may_serve = if at_hand || !self.one_pool {
             0
         } else {
             (0..self.nodes)

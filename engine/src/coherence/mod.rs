@@ -270,13 +270,13 @@ pub(crate) struct Coherence {
     /// How long a worker waiting for an answer polls before it parks (the transport's
     /// `answer_poll`).
     answer_poll: Duration,
-    /// Forward shared reads to a sharer when the home's copy is not in memory
-    /// (`EngineConfig::one_pool`).
-    forward_reads: bool,
+    /// `EngineConfig::one_pool`: forward shared reads to a sharer when the home's copy is not
+    /// in memory; the provider evicts other homes' pages first.
+    one_pool: bool,
 }
 
 impl Coherence {
-    pub fn new(ch: Channels, timeout: Duration, forward_reads: bool) -> Coherence {
+    pub fn new(ch: Channels, timeout: Duration, one_pool: bool) -> Coherence {
         let nodes = ch.nodes();
         let answer_poll = ch.transport().answer_poll();
         Coherence {
@@ -298,8 +298,13 @@ impl Coherence {
             outbox: Outboxes::new(nodes),
             unsent: Mutex::new(Vec::new()),
             reads_due: Mutex::new(Vec::new()),
-            forward_reads,
+            one_pool,
         }
+    }
+
+    /// `EngineConfig::one_pool` of this node.
+    pub fn one_pool(&self) -> bool {
+        self.one_pool
     }
 
     /// Nodes in the cluster.

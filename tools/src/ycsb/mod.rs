@@ -15,7 +15,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 use shoal_btree::{decode_u64, u64_key, BTree, Direction, TreeError, MAX_VALUE};
 use shoal_engine::{
-    format_bytes, parse_bytes, Cluster, ClusterFile, Engine, EngineConfig, StatsSnapshot,
+    format_bytes, Cluster, ClusterFile, Engine, EngineConfig, ProtocolStats, StatsSnapshot,
 };
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -130,7 +130,8 @@ pub struct Args {
     /// Which keys a node's workers touch: random (all keys) or partitioned (the node's share).
     #[arg(long, value_enum, default_value = "random")]
     pub access: Access,
-    /// Page cache per node, e.g. 64MiB, 1GiB.
+    /// Page cache per node, e.g. 64MiB, 1GiB; or one per node, separated by commas
+    /// (`--nodes 2 --cache 32MiB,512MiB`).
     #[arg(long, default_value = "256MiB")]
     pub cache: String,
     /// Data directory (default: a temporary directory, removed after the run); node i of a
@@ -172,7 +173,8 @@ struct Plan {
     phase: Option<Phase>,
     mix: Mix,
     dist: Dist,
-    cache: usize,
+    /// Cache of each node (`--cache`, one entry per node).
+    caches: Vec<usize>,
     label: String,
     seed: u64,
     started: std::time::SystemTime,
@@ -259,12 +261,12 @@ fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<Plan> {
         None if wc == Some('d') => Dist::Latest(a.zipf_theta),
         None => Dist::Zipf(a.zipf_theta),
     };
-    let cache = parse_bytes(&a.cache).map_err(|e| anyhow::anyhow!("--cache: {e}"))? as usize;
+    let caches = crate::cli::parse_caches(&a.cache, a.net.nodes)?;
     Ok(Plan {
         phase: a.phase,
         mix,
         dist,
-        cache,
+        caches,
         label,
         seed: a.seed.unwrap_or_else(crate::report::fresh_seed),
         started: std::time::SystemTime::now(),
@@ -401,7 +403,8 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
         } else {
             dir.clone()
         };
-        let mut cfg = EngineConfig::new(d, plan.cache);
+        let mut cfg = EngineConfig::new(d, plan.caches[i as usize]);
+        cfg.one_pool = !a.net.no_one_pool;
         if a.phase == Some(Phase::Run) {
             cfg.mode = shoal_engine::OpenMode::Open;
         }
@@ -438,8 +441,14 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
 /// Node-level counters over the measured interval.
 struct NodeReport {
     node: u8,
+    /// Operations this node's workers completed in the measured interval.
+    ops: u64,
     d: StatsSnapshot,
     remote: u64,
+    /// One pool: this home's reads served by another node's copy instead of its NVMe.
+    forwarded: u64,
+    /// One pool: pages this node's DRAM served in place of another home's NVMe.
+    served: u64,
     secs: f64,
     logged: bool,
 }
@@ -460,12 +469,16 @@ impl NodeReport {
     fn json(&self) -> serde_json::Value {
         json!({
             "node": self.node,
+            "ops": self.ops,
+            "throughput_ops_per_s": self.ops as f64 / self.secs,
             "page_hits": self.d.hits,
             "page_faults": self.d.faults,
             "hit_ratio": self.hit_ratio(),
             "remote_fetches": self.remote,
             "nvme_reads": self.d.store_reads,
             "nvme_writes": self.d.store_writes,
+            "nvme_reads_avoided": self.forwarded,
+            "pages_served_for_others": self.served,
             "evictions": self.d.evictions,
             "restarts": self.d.restarts,
             "log": crate::cli::log_json(&self.d.log, self.secs, self.logged),
@@ -474,8 +487,9 @@ impl NodeReport {
 }
 
 /// Snapshot of one node: engine counters and remote fetches.
-fn snap(e: &Engine) -> (StatsSnapshot, u64) {
-    (e.stats(), e.protocol_stats().requests)
+fn snap(e: &Engine) -> Snap {
+    let p = e.protocol_stats();
+    (e.stats(), p.requests, p)
 }
 
 /// Create or open the table, load this process's share, run, report (or only load, or only
@@ -512,7 +526,14 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
         if nodes.member { "tcp member" } else if nodes.cluster > 1 { "mem" } else { "embedded" },
         a.workers,
         if a.tasks > 1 { format!(" x {} tasks", a.tasks) } else { String::new() },
-        format_bytes(cache_bytes(first)),
+        {
+            let caches: Vec<u64> = nodes.engines.iter().map(|e| cache_bytes(e)).collect();
+            if caches.iter().all(|&c| c == caches[0]) {
+                format_bytes(caches[0])
+            } else {
+                caches.iter().map(|&c| format_bytes(c)).collect::<Vec<_>>().join(",")
+            }
+        },
         a.access,
         plan.seed
     );
@@ -640,14 +661,25 @@ fn report_run(
             first_error = r.first_error.clone();
         }
     }
+    // results come in thread order, `workers * tasks` per node
+    let per_node = (a.workers * a.tasks).max(1);
     let reports: Vec<NodeReport> = nodes
         .engines
         .iter()
         .zip(before.iter().zip(&after))
-        .map(|(e, (b, f))| NodeReport {
+        .enumerate()
+        .map(|(i, (e, (b, f)))| NodeReport {
             node: e.node_id(),
+            ops: results
+                .iter()
+                .skip(i * per_node)
+                .take(per_node)
+                .map(|r| r.ops.iter().sum::<u64>())
+                .sum(),
             d: delta(&b.0, &f.0),
             remote: f.1 - b.1,
+            forwarded: f.2.forwarded_reads - b.2.forwarded_reads,
+            served: f.2.served_for_others - b.2.served_for_others,
             secs,
             logged: a.durability.logged(),
         })
@@ -682,14 +714,23 @@ fn report_run(
     }
     for r in &reports {
         say!(
-            "  node {:<8} page hit ratio {:.2}%  remote fetches {:.0}/s  nvme reads {:.0}/s  writes {:.0}/s  evictions {:.0}/s",
+            "  node {:<8} {:.0} ops/s  page hit ratio {:.2}%  remote fetches {:.0}/s  nvme reads {:.0}/s  writes {:.0}/s  evictions {:.0}/s",
             r.node,
+            r.ops as f64 / secs,
             r.hit_ratio() * 100.0,
             r.remote as f64 / secs,
             r.d.store_reads as f64 / secs,
             r.d.store_writes as f64 / secs,
             r.d.evictions as f64 / secs
         );
+        if nodes.cluster > 1 {
+            say!(
+                "  one pool {:<4} nvme reads avoided {:.0}/s (served by a copy elsewhere)  pages served for others {:.0}/s",
+                r.node,
+                r.forwarded as f64 / secs,
+                r.served as f64 / secs
+            );
+        }
     }
     if a.durability.logged() {
         for r in &reports {
@@ -723,6 +764,8 @@ fn report_run(
             "tasks_per_worker": a.tasks,
             // what the engine runs with (a tcp member's cache comes from the cluster file)
             "cache_bytes_per_node": cache_bytes(first),
+            "cache_bytes_of_nodes": nodes.engines.iter().map(|e| cache_bytes(e)).collect::<Vec<_>>(),
+            "one_pool": !a.net.no_one_pool,
             "durability": a.durability.to_string(),
             "stopped_by_signal": crate::stop::requested(),
             "load_s": load_s,
@@ -985,7 +1028,8 @@ fn load(nodes: &Nodes, tree: &BTree, a: &Args) -> anyhow::Result<f64> {
     Ok(secs)
 }
 
-type Snap = (StatsSnapshot, u64);
+/// A node's engine counters, its remote fetches, and its protocol counters.
+type Snap = (StatsSnapshot, u64, ProtocolStats);
 /// Workers' results, measured seconds, node counters before and after, and the most inserts
 /// one node made.
 type RunOutput = (Vec<WorkerResult>, f64, Vec<Snap>, Vec<Snap>, u64);
@@ -1019,7 +1063,7 @@ fn run_phase(
     let snaps = || nodes.engines.iter().map(|e| snap(e)).collect::<Vec<_>>();
     let sum = |v: &[Snap]| {
         v.iter()
-            .fold((StatsSnapshot::default(), 0u64), |(mut s, r), (x, q)| {
+            .fold((StatsSnapshot::default(), 0u64), |(mut s, r), (x, q, _)| {
                 s.hits += x.hits;
                 s.faults += x.faults;
                 s.store_reads += x.store_reads;
