@@ -201,6 +201,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             dir.clone()
         };
         let mut c = EngineConfig::new(d, cache as usize);
+        c.one_pool = !a.net.no_one_pool;
         c.durability = a.durability;
         c.wal_bytes = a.wal_size;
         c.roll_back = Some(shoal_btree::roll_back());
@@ -482,15 +483,22 @@ struct RunOut {
     tally: Tally,
     secs: f64,
     threads: usize,
-    /// Per node over the measured interval: node id, (remote fetches, NVMe reads, NVMe writes).
-    per_node: Vec<(u8, [u64; 3])>,
+    /// Per node over the measured interval: node id, (remote fetches, NVMe reads, NVMe writes,
+    /// NVMe reads avoided by one pool, pages served for other homes).
+    per_node: Vec<(u8, [u64; 5])>,
     /// The first node's log over the measured interval (single nodes with a log).
     log: shoal_storage::LogCounters,
 }
 
-fn node_counters(e: &Engine) -> [u64; 3] {
-    let s = e.stats();
-    [e.protocol_stats().requests, s.store_reads, s.store_writes]
+fn node_counters(e: &Engine) -> [u64; 5] {
+    let (s, p) = (e.stats(), e.protocol_stats());
+    [
+        p.requests,
+        s.store_reads,
+        s.store_writes,
+        p.forwarded_reads,
+        p.served_for_others,
+    ]
 }
 
 fn run_phase(
@@ -747,7 +755,7 @@ fn run_phase(
             .engines
             .iter()
             .zip(before.iter().zip(&after))
-            .map(|(e, (b, a))| (e.node_id(), [0, 1, 2].map(|i| a[i] - b[i])))
+            .map(|(e, (b, a))| (e.node_id(), [0, 1, 2, 3, 4].map(|i| a[i] - b[i])))
             .collect(),
         log: log1.since(&log0),
     })
@@ -830,10 +838,19 @@ fn report(
     );
     for (n, c) in &o.per_node {
         say!(
-            "  node {n}: remote fetches {:.0}/s, NVMe reads {:.0}/s, writes {:.0}/s",
+            "  node {n}: remote fetches {:.0}/s, NVMe reads {:.0}/s, writes {:.0}/s{}",
             c[0] as f64 / o.secs,
             c[1] as f64 / o.secs,
-            c[2] as f64 / o.secs
+            c[2] as f64 / o.secs,
+            if o.per_node.len() > 1 {
+                format!(
+                    "; one pool: NVMe reads avoided {:.0}/s, pages served for others {:.0}/s",
+                    c[3] as f64 / o.secs,
+                    c[4] as f64 / o.secs
+                )
+            } else {
+                String::new()
+            }
         );
     }
     if a.durability.logged() {
@@ -895,6 +912,8 @@ fn report(
             "remote_fetches": c[0],
             "nvme_reads": c[1],
             "nvme_writes": c[2],
+            "nvme_reads_avoided": c[3],
+            "pages_served_for_others": c[4],
         })).collect::<Vec<_>>(),
     }))
 }

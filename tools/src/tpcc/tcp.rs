@@ -97,8 +97,16 @@ pub fn run_local(a: &Args) -> anyhow::Result<ExitCode> {
         for n in d["per_node"].as_array().into_iter().flatten() {
             let g = |k: &str| n[k].as_u64().unwrap_or(0);
             let id = n["node"].as_u64().unwrap_or(0) as u8;
-            out.per_node
-                .push((id, [g("remote_fetches"), g("nvme_reads"), g("nvme_writes")]));
+            out.per_node.push((
+                id,
+                [
+                    g("remote_fetches"),
+                    g("nvme_reads"),
+                    g("nvme_writes"),
+                    g("nvme_reads_avoided"),
+                    g("pages_served_for_others"),
+                ],
+            ));
         }
     }
     say!(
