@@ -128,6 +128,14 @@ struct Sim {
     /// page is forwarded to a live sharer, as the engine's `home_request` does. Counted.
     forward_reads: bool,
     forwarded: u64,
+    /// One pool: the home's provider offers a clean page nobody holds to another node instead
+    /// of only dropping its frame (`Coherence::offer_away`); the node takes it unless it holds
+    /// or wants something about the page, or has no room (a third of the offers, by epoch).
+    offers: bool,
+    taken_in: u64,
+    /// Fault injection for offers: the home decides requests while an offer is unanswered
+    /// (as if nobody had been offered the page).
+    offers_not_awaited: bool,
 }
 
 /// Every message the protocol sends must survive the engine's 64-byte wire format unchanged
@@ -197,6 +205,9 @@ impl Sim {
             remote: 0,
             forward_reads: true,
             forwarded: 0,
+            offers: false,
+            taken_in: 0,
+            offers_not_awaited: false,
         }
     }
 
@@ -374,9 +385,15 @@ impl Sim {
                 } else {
                     0
                 };
+                let unawaited = if self.offers_not_awaited {
+                    d.offered.take()
+                } else {
+                    None
+                };
                 let decision = d
                     .request_forwarding(e.from, *want, *have, may_serve)
                     .map_err(|x| x.to_string())?;
+                d.offered = d.offered.or(unawaited);
                 if let Some(dead) = decision
                     .needs()
                     .find(|&n| n != me && self.knows(me as usize, n))
@@ -438,22 +455,74 @@ impl Sim {
                     }
                 }
             }
+            Msg::OfferReply { .. }
+                if self.dirs[p].offered != Some(e.from) && self.knows(e.to as usize, e.from) =>
+            {
+                // sent before its sender died; the home ended that offer when it noticed
+                self.note(|| format!("home ignores a late offer answer from dead node {}", e.from));
+            }
+            Msg::OfferReply { accepted } => {
+                self.dirs[p]
+                    .offer_reply(e.from, *accepted)
+                    .map_err(|x| x.to_string())?;
+                self.taken_in += *accepted as u64;
+                self.retry_deferred(p)?;
+            }
             Msg::CopyBack { data } => {
                 self.dirs[p].copy_back(e.from).map_err(|x| x.to_string())?;
                 if let Some(d) = data {
                     self.arrive_home(p, *d);
                 }
-                // retry what waited for the copy-back, in arrival order
-                let waiting: Vec<Envelope> = self.dir_deferred[p].drain(..).collect();
-                for w in waiting {
-                    if !self.at_home(&w)? {
-                        self.dir_deferred[p].push_back(w);
-                    }
-                }
+                self.retry_deferred(p)?;
             }
             m => return Err(format!("home got {}", m.name())),
         }
         Ok(true)
+    }
+
+    /// Retry the requests the directory of `p` deferred (for a copy-back or an offer's
+    /// answer), in arrival order.
+    fn retry_deferred(&mut self, p: usize) -> Result<(), String> {
+        let waiting: Vec<Envelope> = self.dir_deferred[p].drain(..).collect();
+        for w in waiting {
+            if !self.at_home(&w)? {
+                self.dir_deferred[p].push_back(w);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the home's provider may offer page `p` to node `to` instead of only dropping
+    /// its frame: a clean frame it may drop, nobody holds the page, nothing outstanding.
+    fn can_offer(&self, p: usize, to: usize) -> bool {
+        let h = home(p, self.nodes) as usize;
+        let d = &self.dirs[p];
+        self.offers
+            && to != h
+            && !self.knows(h, to as Node)
+            && self.lost[h][p].is_none()
+            && self.can_drop_frame(p)
+            && d.holders == Holders::None
+            && d.awaiting_copy_back.is_none()
+            && d.offered.is_none()
+    }
+
+    /// The home's provider offers page `p` to `to` and drops its frame (`offer_away`).
+    fn offer(&mut self, p: usize, to: usize) -> bool {
+        if !self.can_offer(p, to) {
+            return false;
+        }
+        let h = home(p, self.nodes);
+        let Some((v, _)) = self.home_frame[p] else {
+            return false;
+        };
+        let Some(epoch) = self.dirs[p].offer(to as Node) else {
+            return false;
+        };
+        self.home_frame[p] = None;
+        self.note(|| format!("home {h} offers page {p} (version {v}) to node {to}"));
+        self.send(h, p, vec![(to as Node, Msg::Offer { epoch, data: v })]);
+        true
     }
 
     fn deliver(&mut self, i: usize) -> Result<(), String> {
@@ -487,7 +556,10 @@ impl Sim {
             && matches!(e.msg, Msg::Page { dirty: false, .. });
         let c = &mut self.copies[to][p];
         let step = match e.msg.clone() {
-            Msg::Request { .. } | Msg::Evict { .. } | Msg::CopyBack { .. } => {
+            Msg::Request { .. }
+            | Msg::Evict { .. }
+            | Msg::CopyBack { .. }
+            | Msg::OfferReply { .. } => {
                 if !self.at_home(&e)? {
                     self.dir_deferred[p].push_back(e);
                 }
@@ -513,6 +585,8 @@ impl Sim {
             Msg::Invalidate { epoch } => c.on_invalidate(e.from, epoch),
             Msg::InvalidateAck => c.on_invalidate_ack(e.from),
             Msg::EvictReply { accepted } => c.on_evict_reply(accepted),
+            // no room for a third of the offers (by epoch: the same in every interleaving)
+            Msg::Offer { epoch, data } => c.on_offer(epoch, (epoch % 3 != 0).then_some(data)),
         }
         .map_err(|x| x.to_string())?;
         self.sync_home_frame(to, p);
@@ -546,6 +620,7 @@ impl Sim {
             Holders::Shared(set) => members(set).any(dead),
             Holders::None => false,
         }) || self.dirs[p].awaiting_copy_back.is_some_and(dead)
+            || self.dirs[p].offered.is_some_and(dead)
     }
 
     /// Nothing else can happen: waiting workers whose page's directory names a dead node
@@ -727,6 +802,17 @@ impl Sim {
             if let Some(dead) = self.dead_source(node, p) {
                 self.lose(node, p, dead)?;
             }
+            if home(p, self.nodes) as usize == node {
+                if let Some(x) = self.dirs[p].offered {
+                    if self.knows(node, x) {
+                        // the engine's sweep: the answer never comes, as declined
+                        self.dirs[p]
+                            .offer_reply(x, false)
+                            .map_err(|e| e.to_string())?;
+                        self.retry_deferred(p)?;
+                    }
+                }
+            }
             if home(p, self.nodes) as usize == node && self.lost[node][p].is_none() {
                 if let Some(x) = self.dirs[p].awaiting_copy_back {
                     if self.knows(node, x) {
@@ -836,6 +922,9 @@ impl Sim {
                     epoch,
                 },
             ),
+            Msg::Offer { .. } => {
+                self.send(to, p, vec![(e.from, Msg::OfferReply { accepted: false })])
+            }
             // an eviction notice for a lost page: the page is lost at the evicting node too
             // (a plain "accepted" would be a violation when an invalidation waits there)
             Msg::Evict { .. } if e.from != to => {
@@ -1065,9 +1154,12 @@ impl Sim {
                 if self.evict(n, p) {
                     continue;
                 }
-                // the home's provider: write the page's frame back, or drop it
+                // the home's provider: write the page's frame back, or offer it to another
+                // node (one pool), or drop it
                 let h = home(p, self.nodes) as usize;
-                if self.alive[h] && (self.write_back(p) || self.drop_frame(p)) {
+                let to = rng.random_range(0..self.nodes);
+                if self.alive[h] && (self.write_back(p) || self.offer(p, to) || self.drop_frame(p))
+                {
                     continue;
                 }
             }
@@ -1260,6 +1352,7 @@ struct Tally {
     unavailable: u64,
     timeouts: u64,
     forwarded: u64,
+    taken_in: u64,
 }
 
 fn run_seed(seed: u64) -> Result<Tally, String> {
@@ -1279,6 +1372,8 @@ fn run_seed(seed: u64) -> Result<Tally, String> {
     }
     // a quarter of the runs without one pool: every shared read comes from the home's copy
     sim.forward_reads = rng.random_bool(0.75);
+    // half the runs offer evicted pages to other nodes (one pool)
+    sim.offers = rng.random_bool(0.5);
     match sim.run_with(&mut rng, evict, faults) {
         Ok(()) => Ok(Tally {
             reads: sim.reads,
@@ -1290,6 +1385,7 @@ fn run_seed(seed: u64) -> Result<Tally, String> {
             unavailable: sim.unavailable,
             timeouts: sim.timeouts,
             forwarded: sim.forwarded,
+            taken_in: sim.taken_in,
         }),
         Err(e) => Err(format!(
             "seed {seed} ({nodes} nodes x {workers} workers, {pages} pages, {ops} ops/worker, evict {evict}, faults {faults}, deaths {}): {e}\ntrace tail:\n{}",
@@ -1318,16 +1414,18 @@ fn random_schedules_keep_every_invariant() {
                 t.unavailable += r.unavailable;
                 t.timeouts += r.timeouts;
                 t.forwarded += r.forwarded;
+                t.taken_in += r.taken_in;
             }
             Err(e) => panic!("{e}"),
         }
     }
     eprintln!(
-        "{seeds} schedules: {} reads and {} writes checked, {} remote requests ({} shared reads forwarded to a sharer), {} give-ups and unsent messages, {} node deaths, {} operations ended by an error, {} pages left unavailable, {} operations timed out behind a dead grantee",
-        t.reads, t.writes, t.remote, t.forwarded, t.faults, t.deaths, t.failed, t.unavailable, t.timeouts
+        "{seeds} schedules: {} reads and {} writes checked, {} remote requests ({} shared reads forwarded to a sharer, {} offered pages taken in), {} give-ups and unsent messages, {} node deaths, {} operations ended by an error, {} pages left unavailable, {} operations timed out behind a dead grantee",
+        t.reads, t.writes, t.remote, t.forwarded, t.taken_in, t.faults, t.deaths, t.failed, t.unavailable, t.timeouts
     );
     assert!(t.writes > 0 && t.reads > 0 && t.remote > 0 && t.faults > 0);
     assert!(t.forwarded > 0, "forwarded reads were exercised");
+    assert!(t.taken_in > 0, "offered pages were taken in");
     assert!(
         t.deaths > 0 && t.failed > 0,
         "deaths were drawn and ended operations"
@@ -1483,6 +1581,8 @@ enum Event {
     Unsend(usize),
     /// Node `k` dies (one death of the budget).
     Kill(usize),
+    /// The home's provider offers page `p` to node `to` (one pool) and drops its frame.
+    Offer(usize, usize),
     /// A live node notices a death (its handler's sweep).
     Notice(usize),
     /// A control message (refusal, lost page) arrives.
@@ -1582,6 +1682,11 @@ impl Sim {
                 if self.can_drop_frame(p) {
                     ev.push(Event::DropFrame(p));
                 }
+                for to in 0..self.nodes {
+                    if self.can_offer(p, to) {
+                        ev.push(Event::Offer(p, to));
+                    }
+                }
             }
         }
         for i in 0..self.ctl.len() {
@@ -1648,6 +1753,13 @@ impl Sim {
                     Ok(())
                 } else {
                     Err("frame drop enabled but refused".into())
+                }
+            }
+            Event::Offer(p, to) => {
+                if self.offer(p, to) {
+                    Ok(())
+                } else {
+                    Err("offer enabled but refused".into())
                 }
             }
             Event::TimeOut => {
@@ -1718,7 +1830,9 @@ fn explore(start: Sim, budget: Budget) -> Result<Explored, String> {
         let mut sim = top.sim.clone();
         let mut left = top.left;
         match e {
-            Event::Evict(..) | Event::WriteBack(_) | Event::DropFrame(_) => left.evictions -= 1,
+            Event::Evict(..) | Event::WriteBack(_) | Event::DropFrame(_) | Event::Offer(..) => {
+                left.evictions -= 1
+            }
             Event::GiveUp(_) | Event::Unsend(_) => left.faults -= 1,
             Event::Kill(_) => left.deaths -= 1,
             Event::Deliver(_)
@@ -1795,6 +1909,29 @@ fn exhaustive_with_deaths(
     faults: u32,
     deaths: u32,
 ) -> Explored {
+    exhaustive_sim(nodes, pages, scripts, evictions, faults, deaths, false)
+}
+
+/// Exhaustive exploration with one pool's offers among the home's provider steps.
+fn exhaustive_with_offers(
+    nodes: usize,
+    pages: usize,
+    scripts: Vec<Vec<Op>>,
+    evictions: u32,
+    deaths: u32,
+) -> Explored {
+    exhaustive_sim(nodes, pages, scripts, evictions, 0, deaths, true)
+}
+
+fn exhaustive_sim(
+    nodes: usize,
+    pages: usize,
+    scripts: Vec<Vec<Op>>,
+    evictions: u32,
+    faults: u32,
+    deaths: u32,
+    offers: bool,
+) -> Explored {
     let workers = scripts.len() / nodes;
     let mut sim = Sim::new(
         nodes,
@@ -1802,6 +1939,7 @@ fn exhaustive_with_deaths(
         scripts.into_iter().map(VecDeque::from).collect(),
     );
     sim.tracing = false;
+    sim.offers = offers;
     let r = explore(
         sim,
         Budget {
@@ -1814,7 +1952,8 @@ fn exhaustive_with_deaths(
         panic!("{nodes} nodes, {pages} pages, {evictions} evictions, {faults} faults, {deaths} deaths: {e}")
     });
     eprintln!(
-        "exhaustive: {nodes} nodes, {workers} workers/node, {pages} pages, {evictions} evictions, {faults} faults, {deaths} deaths: {} states, {} terminal, depth {}",
+        "exhaustive: {nodes} nodes, {workers} workers/node, {pages} pages, {evictions} evictions, {faults} faults, {deaths} deaths{}: {} states, {} terminal, depth {}",
+        if offers { ", offers" } else { "" },
         r.states, r.terminal, r.max_depth
     );
     r
@@ -1843,6 +1982,60 @@ fn exhaustive_two_nodes() {
     assert!(exhaustive(2, 1, vec![vec![R0, W0, R0], vec![R0, W0, R0]], 3).states > 0);
     // two pages homed on different nodes, crossing accesses
     assert!(exhaustive(2, 2, vec![vec![W0, R1, W1], vec![W1, R0, W0]], 2).states > 0);
+}
+
+/// One pool's offers at every point: a page the home evicts goes to a node that never asked
+/// for it, while that node reads, upgrades, evicts, or dies.
+#[test]
+fn exhaustive_offers_to_nodes_that_never_asked() {
+    let t = |nodes, scripts, ev, deaths| exhaustive_with_offers(nodes, 1, scripts, ev, deaths);
+    assert!(t(2, vec![vec![R0, W0, R0], vec![R0, R0]], 4, 0).states > 0);
+    assert!(t(3, vec![vec![W0, R0], vec![R0], vec![R0, W0]], 3, 0).states > 0);
+    assert!(t(3, vec![vec![W0], vec![R0], vec![R0]], 3, 1).states > 0);
+}
+
+/// Random schedules with offers in every run and many evictions: offered pages are taken in,
+/// read, invalidated and evicted again in every order.
+#[test]
+fn random_schedules_with_offers_keep_every_invariant() {
+    let mut taken = 0;
+    for seed in 0..3000u64 {
+        let mut rng = SmallRng::seed_from_u64(8_000_000 + seed);
+        let nodes = rng.random_range(2..=4);
+        let scripts = random_scripts(&mut rng, nodes, 2, 12);
+        let mut sim = Sim::new(nodes, 2, scripts);
+        sim.offers = true;
+        if rng.random_bool(0.25) {
+            sim.max_deaths = 1;
+            sim.death_chance = 0.02;
+        }
+        sim.run_checked(&mut rng, 0.4, &format!("seed {seed}"));
+        taken += sim.taken_in;
+    }
+    eprintln!("offers: {taken} offered pages taken in over 3000 schedules");
+    assert!(taken > 500, "only {taken} offered pages taken in");
+}
+
+/// The offer rule is needed: a home that grants requests while its offer is unanswered is
+/// caught (a node holding a page its home does not count, or a violation when the answer
+/// comes).
+#[test]
+fn the_model_catches_an_offer_not_waited_for() {
+    let failures = (0..3000u64)
+        .filter(|seed| {
+            let mut rng = SmallRng::seed_from_u64(9_000_000 + seed);
+            let scripts = random_scripts(&mut rng, 3, 1, 12);
+            let mut sim = Sim::new(3, 1, scripts);
+            sim.offers = true;
+            sim.offers_not_awaited = true;
+            sim.run(&mut rng, 0.4).is_err()
+        })
+        .count();
+    eprintln!("home not waiting for offers: {failures} of 3000 schedules failed");
+    assert!(
+        failures > 0,
+        "a home not waiting for its offers went unnoticed"
+    );
 }
 
 #[test]

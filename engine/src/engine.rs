@@ -67,6 +67,12 @@ pub struct ProtocolStats {
     /// One pool: pages this node sent from its DRAM to another node in place of the page's
     /// home store (it served a forwarded read and kept its copy).
     pub served_for_others: u64,
+    /// One pool: evicted pages of this home offered to a peer with room.
+    pub offers: u64,
+    /// One pool: offered pages a peer took (given away instead of left only on NVMe).
+    pub given_away: u64,
+    /// One pool: pages other homes offered that this node took in.
+    pub taken_in: u64,
 }
 
 /// How a node joins a cluster: its transport (whose region has the [`ChannelLayout`] of the
@@ -410,6 +416,9 @@ impl Engine {
             home_reads: l(&k.home_reads),
             forwarded_reads: l(&k.forwarded_reads),
             served_for_others: l(&k.served_for_others),
+            offers: l(&k.offers),
+            given_away: l(&k.given_away),
+            taken_in: l(&k.taken_in),
         }
     }
 

@@ -245,6 +245,21 @@ impl Node {
         }
     }
 
+    /// One pool: the provider is about to drop `h`, a clean plain home copy: offer the page to
+    /// a peer with room (the frame goes either way).
+    pub fn offer_away(&self, h: &HeldFrame<'_>) {
+        if let Some(c) = &self.coh {
+            c.offer_away(h.pid(), h.bytes());
+        }
+    }
+
+    /// One pool: tell the peers how many frames this node could take in for them.
+    pub fn advertise_room(&self) {
+        if let Some(c) = &self.coh {
+            c.advertise_room(&self.buf);
+        }
+    }
+
     // ------------------------------------------------------------------ workers
 
     /// Register a worker's counters.

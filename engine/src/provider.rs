@@ -46,6 +46,8 @@ use std::time::{Duration, Instant};
 pub const SAMPLE: usize = 64;
 /// Most pages evicted (and written) per round.
 pub const BATCH: usize = 128;
+/// One pool: how often a cluster node tells its peers its room (frames it could take in).
+pub const ROOM_INTERVAL: Duration = Duration::from_millis(20);
 /// One pool: copies of other homes' pages are evicted before this node's own pages while at
 /// least this many of the [`SAMPLE`] sampled frames hold them (4 of 64: about 6% of the cache).
 pub const FOREIGN_SHARE_SAMPLES: usize = SAMPLE / 16;
@@ -120,7 +122,12 @@ pub(crate) fn run(node: Arc<Node>) {
         errors: ErrorLog::new("writing back"),
         failing_pause: Duration::ZERO,
     };
+    let mut room_told = Instant::now();
     while !buf.is_shutdown() {
+        if room_told.elapsed() >= ROOM_INTERVAL {
+            node.advertise_room();
+            room_told = Instant::now();
+        }
         if let Some(ticket) = buf.flushes.pending() {
             let r = p.flush(&node).map_err(|e| e.to_string());
             buf.flushes.served(ticket, r);
@@ -445,6 +452,7 @@ pub(crate) fn evict(node: &Node, i: FrameIdx) -> bool {
         h.release_unchanged();
         return false;
     }
+    node.offer_away(&h);
     h.drop_page();
     true
 }

@@ -284,6 +284,13 @@ impl Coherence {
                 Msg::Request { .. } if note.from != self.me => {
                     self.send_refusal(note.from, pid, REFUSE_HOLDER_DEAD, dead)
                 }
+                Msg::Offer { .. } => {
+                    // not for a page lost here: declined (the home waits for the answer)
+                    let no = Msg::<()>::OfferReply { accepted: false };
+                    if let Err(e) = self.send(note.from, pid, &no, None) {
+                        log::warn!("node {}: {e}", self.me);
+                    }
+                }
                 _ => {}
             }
             if ps.copy.pending != Pending::Idle || !ps.copy.deferred.is_empty() {
@@ -426,6 +433,42 @@ impl Coherence {
                 ps.copy.on_invalidate(from, epoch)?
             }
             Msg::InvalidateAck => ps.copy.on_invalidate_ack(from)?,
+            Msg::Offer { epoch, ref data } => {
+                let Data::Bytes(b) = data else {
+                    return Err(ProtocolError("an offer without a page".into()));
+                };
+                if pid.node() == self.me {
+                    return Err(ProtocolError(format!(
+                        "node {from} offered {pid} to its home"
+                    )));
+                }
+                // take it only with room to spare and nothing going on about the page
+                let idx = if ps.lost.is_none()
+                    && ps.copy.wants_offer()
+                    && self.room(buf) > 0
+                    && self.ch.peer_alive(pid.node())
+                {
+                    self.install(buf, pid, b, l)
+                } else {
+                    None
+                };
+                if idx.is_some() {
+                    self.counters.taken_in.fetch_add(1, Ordering::Relaxed);
+                }
+                ps.copy.on_offer(epoch, idx)?
+            }
+            Msg::OfferReply { .. } if ps.dir.offered != Some(from) && !self.ch.peer_alive(from) => {
+                // sent before its sender died; the sweep ended that offer as declined
+                return Ok(Outcome::Done);
+            }
+            Msg::OfferReply { accepted } => {
+                ps.dir.offer_reply(from, accepted)?;
+                if accepted {
+                    self.counters.given_away.fetch_add(1, Ordering::Relaxed);
+                }
+                self.requeue_deferred(ps);
+                return Ok(Outcome::Done);
+            }
             Msg::EvictReply { accepted } => {
                 self.sync_dirty(buf, pid, ps);
                 ps.copy.on_evict_reply(accepted)?

@@ -62,6 +62,9 @@ pub struct DirEntry {
     pub epoch: Epoch,
     /// The exclusive holder that must copy the page back home (after a shared request took it).
     pub awaiting_copy_back: Option<Node>,
+    /// One pool: the node the home offered the page to (it evicted the page and nobody held
+    /// it); requests wait for that node's answer.
+    pub offered: Option<Node>,
 }
 
 /// What the home does with a possession request.
@@ -124,6 +127,14 @@ impl DirEntry {
             (Holders::Exclusive(n), Some(o)) => violation(format!(
                 "node {n} holds the page exclusively while a copy-back from node {o} is due"
             )),
+            _ if self.offered.is_some()
+                && (self.holders != Holders::None || self.awaiting_copy_back.is_some()) =>
+            {
+                violation(format!(
+                    "the page is offered to node {:?} while held ({:?}, copy-back from {:?})",
+                    self.offered, self.holders, self.awaiting_copy_back
+                ))
+            }
             _ => Ok(()),
         }
     }
@@ -134,6 +145,7 @@ impl DirEntry {
             holders: Holders::None,
             epoch: 0,
             awaiting_copy_back: None,
+            offered: None,
         }
     }
 
@@ -159,7 +171,7 @@ impl DirEntry {
         have: bool,
         may_serve: NodeSet,
     ) -> Result<DirDecision, ProtocolError> {
-        if self.awaiting_copy_back.is_some() {
+        if self.awaiting_copy_back.is_some() || self.offered.is_some() {
             return Ok(DirDecision::Defer);
         }
         let grant = |mode, epoch, from_home, source, invalidate| DirDecision::Grant {
@@ -246,6 +258,11 @@ impl DirEntry {
                 self.epoch
             ));
         }
+        if self.offered == Some(from) {
+            // it accepted the offer and evicts already, and its notice overtook its answer:
+            // it keeps the copy, and becomes a holder when the answer arrives
+            return Ok(EvictDecision::Decline);
+        }
         if self.awaiting_copy_back == Some(from) {
             // a sharer serving a forwarded read (or an old exclusive holder that must copy
             // back, which is no holder any more): a successor's `Transfer` is on its way to it
@@ -272,6 +289,47 @@ impl DirEntry {
             }
             _ => Ok(EvictDecision::Decline),
         }
+    }
+
+    /// One pool: the home's provider evicts the page and would rather hand it to node `to`
+    /// than leave it only on NVMe. Only a page nobody holds, with nothing outstanding, is
+    /// offered (the caller sends it clean: the store holds the same image, so the home may
+    /// drop its frame at once). Returns the epoch of the offered possession, or `None` when
+    /// the page may not be offered now. Requests wait until `to` answers.
+    pub fn offer(&mut self, to: Node) -> Option<Epoch> {
+        if self.holders != Holders::None
+            || self.awaiting_copy_back.is_some()
+            || self.offered.is_some()
+        {
+            return None;
+        }
+        // a new possession: older invalidations reaching `to` must be seen as stale
+        self.epoch = next_epoch(self.epoch);
+        self.offered = Some(to);
+        Some(self.epoch)
+    }
+
+    /// `from` answered the offer (`accepted`: it holds the page node-shared now). Also how the
+    /// home ends an offer that cannot be answered (the send failed, or `from` died): as
+    /// declined, the store holds the page.
+    pub fn offer_reply(&mut self, from: Node, accepted: bool) -> Result<(), ProtocolError> {
+        if self.offered != Some(from) {
+            return violation(format!(
+                "an answer to an offer from node {from} (offered to {:?})",
+                self.offered
+            ));
+        }
+        if self.holders != Holders::None {
+            return violation(format!(
+                "node {from} answered an offer while the page is held ({:?}): requests must wait",
+                self.holders
+            ));
+        }
+        self.offered = None;
+        if accepted {
+            self.holders = Holders::Shared(bit(from));
+        }
+        Ok(())
     }
 
     /// The copy-back from `from` arrived (the caller stores its data, if any, as the home's copy).
@@ -440,6 +498,35 @@ mod tests {
             g(d.request_forwarding(1, Mode::Exclusive, false, u64::MAX)
                 .unwrap()),
             (Mode::Exclusive, 1, true, None, 0b100)
+        );
+    }
+
+    #[test]
+    fn an_offered_page_waits_for_the_answer_and_then_has_one_sharer() {
+        let mut d = DirEntry::new();
+        assert_eq!(d.offer(2), Some(1));
+        assert_eq!(d.offer(3), None, "one offer at a time");
+        // requests wait; the offered node's early notice is declined
+        assert_eq!(
+            d.request(1, Mode::Shared, false).unwrap(),
+            DirDecision::Defer
+        );
+        assert_eq!(d.evict(2, 1, false).unwrap(), EvictDecision::Decline);
+        assert!(d.offer_reply(3, true).is_err(), "not offered to 3");
+        d.offer_reply(2, true).unwrap();
+        assert_eq!(d.holders, Holders::Shared(0b100));
+        d.check().unwrap();
+        // held pages are not offered
+        assert_eq!(d.offer(1), None);
+        // a declined offer leaves nobody holding it
+        let mut d = DirEntry::new();
+        d.offer(2).unwrap();
+        d.offer_reply(2, false).unwrap();
+        assert_eq!((d.holders, d.offered), (Holders::None, None));
+        // the home's copy is current again: a read comes from it
+        assert_eq!(
+            g(d.request(1, Mode::Shared, false).unwrap()),
+            (Mode::Shared, 1, true, None, 0)
         );
     }
 

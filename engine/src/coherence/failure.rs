@@ -138,6 +138,18 @@ impl Coherence {
                     self.lose(buf, pid, ps, home);
                 }
                 Self::wake(ps);
+                if let Some(n) = ps.dir.offered {
+                    if pid.node() == self.me && !self.ch.peer_alive(n) {
+                        // the answer never comes: as declined (the store holds the page)
+                        if let Err(e) = ps.dir.offer_reply(n, false) {
+                            log::error!("node {}: {pid}: {e}", self.me);
+                        }
+                        self.requeue_deferred(ps);
+                        if !ps.held.is_empty() {
+                            self.retry_later(pid);
+                        }
+                    }
+                }
                 if let Some(n) = ps.dir.awaiting_copy_back {
                     if pid.node() == self.me && ps.lost.is_none() && !self.ch.peer_alive(n) {
                         log::error!("node {}: page {pid} is lost: its copy-back was due from node {n}, which died", self.me);

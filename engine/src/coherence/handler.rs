@@ -129,6 +129,7 @@ impl Coherence {
             Control::Alloc { request } => self.alloc_asked(buf, from, request),
             Control::Allocated { request, pid } => self.alloc_answered(from, request, pid),
             Control::Unused { pid } => self.free_unused(buf, from, Pid(pid)),
+            Control::Room { frames } => self.room_of(from, frames),
             Control::Lost { pid, node } => {
                 let pid = Pid(pid);
                 if pid.node() == self.me {

@@ -54,6 +54,7 @@ mod evict;
 mod failure;
 mod handler;
 mod home;
+mod pool;
 mod send;
 #[cfg(test)]
 mod tests;
@@ -235,6 +236,12 @@ pub struct CoherenceCounters {
     pub forwarded_reads: AtomicU64,
     /// Pages this node sent to others as a sharer serving a forwarded read (it kept its copy).
     pub served_for_others: AtomicU64,
+    /// Pages this home offered to a peer when evicting them.
+    pub offers: AtomicU64,
+    /// Offered pages a peer took (given away instead of left only on NVMe).
+    pub given_away: AtomicU64,
+    /// Pages other homes offered that this node took in.
+    pub taken_in: AtomicU64,
 }
 
 /// One node's protocol state.
@@ -271,8 +278,12 @@ pub(crate) struct Coherence {
     /// `answer_poll`).
     answer_poll: Duration,
     /// `EngineConfig::one_pool`: forward shared reads to a sharer when the home's copy is not
-    /// in memory; the provider evicts other homes' pages first.
+    /// in memory; offer evicted pages to a peer with room; the provider evicts other homes'
+    /// pages first.
     one_pool: bool,
+    /// One pool: the room each peer last reported ([`wire::Control::Room`]), less the pages
+    /// offered to it since.
+    peer_room: Box<[AtomicU64]>,
 }
 
 impl Coherence {
@@ -299,6 +310,7 @@ impl Coherence {
             unsent: Mutex::new(Vec::new()),
             reads_due: Mutex::new(Vec::new()),
             one_pool,
+            peer_room: (0..nodes).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -358,7 +370,7 @@ fn possession_of(c: &PageCopy<FrameIdx>) -> Possession {
 fn msg_has_page<D>(m: &Msg<D>) -> bool {
     match m {
         Msg::Grant(g) => g.data.is_some(),
-        Msg::Page { .. } => true,
+        Msg::Page { .. } | Msg::Offer { .. } => true,
         Msg::CopyBack { data } | Msg::Evict { data, .. } => data.is_some(),
         _ => false,
     }

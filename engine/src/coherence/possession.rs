@@ -346,6 +346,36 @@ impl<D: Clone> PageCopy<D> {
         Ok(step)
     }
 
+    /// One pool: the home offers us the page it is evicting (we did not ask). We take it as a
+    /// node-shared copy when `data` is given (the caller had a frame for it: `None` = no room)
+    /// and we neither hold, nor asked for, nor wait on anything about the page; else we
+    /// decline. Either way the home
+    /// gets an answer (its requests for the page wait for it).
+    pub fn on_offer(&mut self, epoch: Epoch, data: Option<D>) -> Result<Step<D>, ProtocolError> {
+        if epoch <= self.epoch {
+            return violation(format!(
+                "node {} offered the page at epoch {epoch}, not newer than its own {}",
+                self.me, self.epoch
+            ));
+        }
+        let take = data.is_some() && self.wants_offer();
+        if take {
+            self.mode = Some(Mode::Shared);
+            self.data = data;
+            self.dirty = false;
+            self.epoch = epoch;
+        }
+        Ok(Step {
+            out: vec![(self.home, Msg::OfferReply { accepted: take })],
+            completed: None,
+        })
+    }
+
+    /// Whether an offered page would be taken (the caller then finds it a frame).
+    pub fn wants_offer(&self) -> bool {
+        self.pending == Pending::Idle && self.data.is_none() && self.deferred.is_empty()
+    }
+
     /// The request never reached the home (its send failed), or the home refused it without
     /// recording it: the node is idle again and keeps what it held. Messages that arrived
     /// meanwhile stay deferred: the caller serves them with [`served`](Self::served) (the

@@ -97,6 +97,12 @@ pub enum Msg<D> {
     Evict { epoch: Epoch, data: Option<D> },
     /// Home -> holder: `accepted` = drop it; otherwise keep it, a successor is coming for it.
     EvictReply { accepted: bool },
+    /// Home -> a node that did not ask for the page: take this clean page as a node-shared
+    /// copy (one pool: the home's provider evicts the page, nobody else holds it, and the node
+    /// has room). `epoch` identifies the possession it would be.
+    Offer { epoch: Epoch, data: D },
+    /// Node -> home: `accepted` = it holds the offered page now, node-shared.
+    OfferReply { accepted: bool },
 }
 
 impl<D> Msg<D> {
@@ -125,6 +131,11 @@ impl<D> Msg<D> {
                 data: data.map(f),
             },
             Msg::EvictReply { accepted } => Msg::EvictReply { accepted },
+            Msg::Offer { epoch, data } => Msg::Offer {
+                epoch,
+                data: f(data),
+            },
+            Msg::OfferReply { accepted } => Msg::OfferReply { accepted },
         }
     }
 
@@ -140,6 +151,8 @@ impl<D> Msg<D> {
             Msg::InvalidateAck => "InvalidateAck",
             Msg::Evict { .. } => "Evict",
             Msg::EvictReply { .. } => "EvictReply",
+            Msg::Offer { .. } => "Offer",
+            Msg::OfferReply { .. } => "OfferReply",
         }
     }
 }
@@ -206,6 +219,8 @@ mod tests {
                 data: None,
             },
             Msg::EvictReply { accepted: true },
+            Msg::Offer { epoch: 1, data: 0 },
+            Msg::OfferReply { accepted: true },
         ]
         .iter()
         .map(Msg::name)
@@ -217,7 +232,7 @@ mod tests {
                 "docs/protocol.md names {n}"
             );
         }
-        assert_eq!(names.len(), 9);
+        assert_eq!(names.len(), 11);
     }
 
     #[test]

@@ -52,6 +52,8 @@ fn kind_of(m: &Msg<Attached>) -> u8 {
             Msg::InvalidateAck => 6,
             Msg::Evict { .. } => 7,
             Msg::EvictReply { .. } => 8,
+            Msg::Offer { .. } => 9,
+            Msg::OfferReply { .. } => 10,
         }
 }
 
@@ -196,6 +198,13 @@ impl Message for Wire {
             Msg::EvictReply { accepted } => {
                 w.u8(*accepted as u8);
             }
+            // the page is always attached
+            Msg::Offer { epoch, data: _ } => {
+                w.u64(*epoch);
+            }
+            Msg::OfferReply { accepted } => {
+                w.u8(*accepted as u8);
+            }
         }
     }
 
@@ -262,6 +271,13 @@ impl Message for Wire {
             8 => Msg::EvictReply {
                 accepted: r.flag("accepted")?,
             },
+            9 => Msg::Offer {
+                epoch: r.u64(),
+                data: Attached,
+            },
+            10 => Msg::OfferReply {
+                accepted: r.flag("accepted")?,
+            },
             _ => {
                 return Err(bad(format!(
                     "message kind {kind} is not a coherence message"
@@ -309,6 +325,9 @@ pub enum Control {
     /// given up waiting (its allocation failed with a timeout), so nobody knows its pid: the
     /// home frees it if it handed it out to the sender and no node ever asked for it.
     Unused { pid: u64 },
+    /// One pool: every node tells the others, periodically, how many frames it could take
+    /// in for them (free frames beyond its provider's target).
+    Room { frames: u64 },
 }
 
 impl Message for Control {
@@ -321,6 +340,7 @@ impl Message for Control {
             Control::Lost { .. } => CONTROL_BASE + 4,
             Control::Batch { .. } => CONTROL_BASE + 5,
             Control::Unused { .. } => CONTROL_BASE + 6,
+            Control::Room { .. } => CONTROL_BASE + 7,
         }
     }
 
@@ -348,6 +368,9 @@ impl Message for Control {
             }
             Control::Unused { pid } => {
                 w.u64(*pid);
+            }
+            Control::Room { frames } => {
+                w.u64(*frames);
             }
         }
     }
@@ -395,6 +418,7 @@ impl Message for Control {
                 }
             }
             k if k == CONTROL_BASE + 6 => Control::Unused { pid: r.u64() },
+            k if k == CONTROL_BASE + 7 => Control::Room { frames: r.u64() },
             k => return Err(bad(format!("message kind {k} is not a control message"))),
         };
         r.end()?;

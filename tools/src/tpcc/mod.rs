@@ -484,13 +484,14 @@ struct RunOut {
     secs: f64,
     threads: usize,
     /// Per node over the measured interval: node id, (remote fetches, NVMe reads, NVMe writes,
-    /// NVMe reads avoided by one pool, pages served for other homes).
-    per_node: Vec<(u8, [u64; 5])>,
+    /// and one pool's NVMe reads avoided, pages served for other homes, pages given away,
+    /// pages taken in).
+    per_node: Vec<(u8, [u64; 7])>,
     /// The first node's log over the measured interval (single nodes with a log).
     log: shoal_storage::LogCounters,
 }
 
-fn node_counters(e: &Engine) -> [u64; 5] {
+fn node_counters(e: &Engine) -> [u64; 7] {
     let (s, p) = (e.stats(), e.protocol_stats());
     [
         p.requests,
@@ -498,6 +499,8 @@ fn node_counters(e: &Engine) -> [u64; 5] {
         s.store_writes,
         p.forwarded_reads,
         p.served_for_others,
+        p.given_away,
+        p.taken_in,
     ]
 }
 
@@ -755,7 +758,7 @@ fn run_phase(
             .engines
             .iter()
             .zip(before.iter().zip(&after))
-            .map(|(e, (b, a))| (e.node_id(), [0, 1, 2, 3, 4].map(|i| a[i] - b[i])))
+            .map(|(e, (b, a))| (e.node_id(), [0, 1, 2, 3, 4, 5, 6].map(|i| a[i] - b[i])))
             .collect(),
         log: log1.since(&log0),
     })
@@ -844,9 +847,11 @@ fn report(
             c[2] as f64 / o.secs,
             if o.per_node.len() > 1 {
                 format!(
-                    "; one pool: NVMe reads avoided {:.0}/s, pages served for others {:.0}/s",
+                    "; one pool: NVMe reads avoided {:.0}/s, pages served for others {:.0}/s, given away {:.0}/s, taken in {:.0}/s",
                     c[3] as f64 / o.secs,
-                    c[4] as f64 / o.secs
+                    c[4] as f64 / o.secs,
+                    c[5] as f64 / o.secs,
+                    c[6] as f64 / o.secs
                 )
             } else {
                 String::new()
@@ -914,6 +919,8 @@ fn report(
             "nvme_writes": c[2],
             "nvme_reads_avoided": c[3],
             "pages_served_for_others": c[4],
+            "pages_given_away": c[5],
+            "pages_taken_in": c[6],
         })).collect::<Vec<_>>(),
     }))
 }

@@ -105,6 +105,8 @@ pub fn run_local(a: &Args) -> anyhow::Result<ExitCode> {
                     g("nvme_writes"),
                     g("nvme_reads_avoided"),
                     g("pages_served_for_others"),
+                    g("pages_given_away"),
+                    g("pages_taken_in"),
                 ],
             ));
         }

@@ -449,6 +449,10 @@ struct NodeReport {
     forwarded: u64,
     /// One pool: pages this node's DRAM served in place of another home's NVMe.
     served: u64,
+    /// One pool: evicted pages of this home a peer took instead of NVMe alone.
+    given: u64,
+    /// One pool: pages of other homes this node took in when they were evicted there.
+    taken: u64,
     secs: f64,
     logged: bool,
 }
@@ -479,6 +483,8 @@ impl NodeReport {
             "nvme_writes": self.d.store_writes,
             "nvme_reads_avoided": self.forwarded,
             "pages_served_for_others": self.served,
+            "pages_given_away": self.given,
+            "pages_taken_in": self.taken,
             "evictions": self.d.evictions,
             "restarts": self.d.restarts,
             "log": crate::cli::log_json(&self.d.log, self.secs, self.logged),
@@ -680,6 +686,8 @@ fn report_run(
             remote: f.1 - b.1,
             forwarded: f.2.forwarded_reads - b.2.forwarded_reads,
             served: f.2.served_for_others - b.2.served_for_others,
+            given: f.2.given_away - b.2.given_away,
+            taken: f.2.taken_in - b.2.taken_in,
             secs,
             logged: a.durability.logged(),
         })
@@ -725,10 +733,12 @@ fn report_run(
         );
         if nodes.cluster > 1 {
             say!(
-                "  one pool {:<4} nvme reads avoided {:.0}/s (served by a copy elsewhere)  pages served for others {:.0}/s",
+                "  one pool {:<4} nvme reads avoided {:.0}/s (served by a copy elsewhere)  pages served for others {:.0}/s  given away {:.0}/s  taken in {:.0}/s",
                 r.node,
                 r.forwarded as f64 / secs,
-                r.served as f64 / secs
+                r.served as f64 / secs,
+                r.given as f64 / secs,
+                r.taken as f64 / secs
             );
         }
     }
