@@ -401,6 +401,81 @@ fn clean_eviction_notices_travel_in_batches() {
     c.close().unwrap();
 }
 
+/// One pool, asymmetric caches: node 0 (256 frames) writes 1,200 pages, far more than it can
+/// hold; node 1 (4,096 frames) runs no workers. With one pool node 0's evicted pages move to
+/// node 1's spare frames (offered, taken in) and node 0's second pass over its pages is
+/// served from there (forwarded reads), not from its store; without, every page beyond node
+/// 0's cache is read from its store again. Every page reads its own stamp either way, and a
+/// write after the move is seen by both nodes.
+#[test]
+fn a_small_node_borrows_a_large_neighbours_spare_frames() {
+    const PAGES: usize = 1200;
+    let run = |one_pool: bool| -> (shoal_engine::ProtocolStats, shoal_engine::ProtocolStats) {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_path_buf();
+        let c = Cluster::mem(2, Duration::from_secs(20), move |i| {
+            let frames = if i == 0 { 256 } else { 4096 };
+            let mut cfg = EngineConfig::new(d.join(format!("n{i}")), frames * 4096);
+            cfg.one_pool = one_pool;
+            cfg
+        })
+        .expect("cluster opens");
+        let w0 = c.node(0).worker();
+        let pids = allocate(&w0, PAGES);
+        for (k, &p) in pids.iter().enumerate() {
+            let mut g = w0.exclusive(p).unwrap();
+            g.page_mut().set_u64(0, 3 * k as u64 + 1);
+        }
+        // node 1 reports its room every 20 ms; read until the pages settled
+        for _ in 0..2 {
+            for (k, &p) in pids.iter().enumerate() {
+                assert_eq!(w0.shared(p).unwrap().page().u64(0), 3 * k as u64 + 1);
+            }
+        }
+        let before = c.node(0).protocol_stats();
+        for (k, &p) in pids.iter().enumerate() {
+            assert_eq!(w0.shared(p).unwrap().page().u64(0), 3 * k as u64 + 1);
+        }
+        let after = c.node(0).protocol_stats();
+        // a write after the move: node 1's copy is invalidated, both read the new value
+        {
+            let mut g = w0.exclusive(pids[7]).unwrap();
+            g.page_mut().set_u64(0, 99);
+        }
+        let w1 = c.node(1).worker();
+        assert_eq!(w1.shared(pids[7]).unwrap().page().u64(0), 99);
+        assert_eq!(w0.shared(pids[7]).unwrap().page().u64(0), 99);
+        let big = c.node(1).protocol_stats();
+        let pass = shoal_engine::ProtocolStats {
+            home_reads: after.home_reads - before.home_reads,
+            forwarded_reads: after.forwarded_reads - before.forwarded_reads,
+            given_away: after.given_away,
+            ..Default::default()
+        };
+        drop((w0, w1));
+        c.close().unwrap();
+        (pass, big)
+    };
+    let (pool, big) = run(true);
+    let (plain, _) = run(false);
+    eprintln!(
+        "one pool: last pass store reads {}, forwarded {}; given away {}, taken in {}; plain: store reads {}",
+        pool.home_reads, pool.forwarded_reads, pool.given_away, big.taken_in, plain.home_reads
+    );
+    assert!(pool.given_away > 0 && big.taken_in >= pool.given_away);
+    assert!(
+        plain.home_reads > (PAGES / 2) as u64,
+        "without one pool the pages beyond the cache come from the store: {}",
+        plain.home_reads
+    );
+    assert!(
+        pool.home_reads * 4 < plain.home_reads && pool.forwarded_reads > (PAGES / 2) as u64,
+        "with one pool they come from node 1: {} store reads, {} forwarded",
+        pool.home_reads,
+        pool.forwarded_reads
+    );
+}
+
 /// Copies of pages whose home died: still readable right after the death (nobody can write
 /// the page any more), dropped without a notice once evicted (no notice can reach the home),
 /// and refused with an error after that, never read wrong; meanwhile the node's own pages,
