@@ -3,7 +3,9 @@
 #   sym   2 nodes x 128 MiB, 1M records (about 200 MiB of pages): one pool, plain caches
 #         (--no-one-pool), and one node with 128 MiB;
 #   asym  2 nodes with 32 MiB and 512 MiB, 1M records: one pool, plain caches, and the small
-#         node alone (32 MiB);
+#         node alone (32 MiB); the same with --access partitioned (each node's workers on its
+#         own half of the keys: the large node's workers never read the small node's pages)
+#         against the small node alone on 500K records (its half);
 #   big   2 nodes x 128 MiB on 1.9M records (about 1.5x the cluster's DRAM), one pool, against
 #         one node with the whole cluster's DRAM (256 MiB);
 # alternating within each round, ROUNDS times. Prints a table (throughput, NVMe reads and
@@ -32,6 +34,9 @@ for r in $(seq 1 "$rounds"); do
     run asym-pool --nodes 2 --records 1000000 --cache 32MiB,512MiB
     run asym-plain --nodes 2 --records 1000000 --cache 32MiB,512MiB --no-one-pool
     run asym-small --nodes 1 --records 1000000 --cache 32MiB
+    run part-pool --nodes 2 --records 1000000 --cache 32MiB,512MiB --access partitioned
+    run part-plain --nodes 2 --records 1000000 --cache 32MiB,512MiB --access partitioned --no-one-pool
+    run part-small --nodes 1 --records 500000 --cache 32MiB
     run big-pool --nodes 2 --records 1900000 --cache 128MiB
     run big-one --nodes 1 --records 1900000 --cache 256MiB
 done
@@ -51,11 +56,13 @@ for f in sorted(glob.glob(os.path.join(d, "*.json"))):
         [n["nvme_writes"] / s for n in nodes],
         [n["remote_fetches"] / s for n in nodes],
         [n.get("nvme_reads_avoided", 0) / s for n in nodes],
+        [n.get("pages_given_away", 0) / s for n in nodes],
     ))
 fmt = lambda v: "/".join("%.0f" % x for x in v)
-print("%-11s %4s %12s %18s %14s %14s %16s %16s" % ("run", "n", "median ops/s", "ops/s per node", "nvme r/s", "nvme w/s", "remote/s", "avoided r/s"))
+print("%-11s %4s %12s %18s %14s %12s %14s %14s %12s" % ("run", "n", "median ops/s", "ops/s per node", "nvme r/s", "nvme w/s", "remote/s", "avoided r/s", "given/s"))
 for name, rs in rows.items():
     med = statistics.median(r[0] for r in rs)
     mid = sorted(rs, key=lambda r: r[0])[len(rs) // 2]
-    print("%-11s %4d %12.0f %18s %14s %14s %16s %16s" % (name, len(rs), med, fmt(mid[1]), fmt(mid[2]), fmt(mid[3]), fmt(mid[4]), fmt(mid[5])))
+    print("%-11s %4d %12.0f %18s %14s %12s %14s %14s %12s" % (name, len(rs), med, fmt(mid[1]), fmt(mid[2]), fmt(mid[3]), fmt(mid[4]), fmt(mid[5]), fmt(mid[6])))
+print("(per-node columns: the run with the median throughput; node 0 first)")
 EOF

@@ -172,8 +172,10 @@ fn three_processes_lose_no_update_and_a_restart_restores_every_counter() {
             r["remote_requests"].as_u64().unwrap() > 0,
             "pages moved: {r}"
         );
+        // a node's own pages leave by eviction, its copies of other homes' pages by notice
+        // (with one pool the copies go first, so a node may evict none of its own)
         assert!(
-            r["evictions"].as_u64().unwrap() > 0,
+            r["evictions"].as_u64().unwrap() + r["eviction_notices"].as_u64().unwrap() > 0,
             "the cache is too small to hold all: {r}"
         );
     }
