@@ -437,9 +437,11 @@ impl Coherence {
                 let Data::Bytes(b) = data else {
                     return Err(ProtocolError("an offer without a page".into()));
                 };
-                if pid.node() == self.me {
+                if pid.node() == self.me || from != pid.node() {
                     return Err(ProtocolError(format!(
-                        "node {from} offered {pid} to its home"
+                        "node {from} offered {pid}, which only its home {} may offer, to node {}",
+                        pid.node(),
+                        self.me
                     )));
                 }
                 // take it only with room to spare and nothing going on about the page

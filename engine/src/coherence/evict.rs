@@ -144,6 +144,9 @@ impl Coherence {
     /// Ask every page homed elsewhere to go home (clean shutdown). Returns how many frames
     /// still hold such pages.
     pub fn release_remote(&self, buf: &Buffer) -> usize {
+        if !self.leaving.swap(true, Ordering::Relaxed) {
+            self.advertise_room(buf); // no room from now on
+        }
         let mut left = 0;
         for i in buf.pool.indexes() {
             let f = buf.pool.frame(i);

@@ -284,6 +284,10 @@ pub(crate) struct Coherence {
     /// One pool: the room each peer last reported ([`wire::Control::Room`]), less the pages
     /// offered to it since.
     peer_room: Box<[AtomicU64]>,
+    /// Shutting down: copies go home (`release_remote` was called); no page is offered or
+    /// taken in any more. Relaxed: a stale read only lets one more offer out or in, which the
+    /// protocol handles like any other (the copy goes home on the next release pass).
+    leaving: AtomicBool,
 }
 
 impl Coherence {
@@ -311,6 +315,7 @@ impl Coherence {
             reads_due: Mutex::new(Vec::new()),
             one_pool,
             peer_room: (0..nodes).map(|_| AtomicU64::new(0)).collect(),
+            leaving: AtomicBool::new(false),
         }
     }
 

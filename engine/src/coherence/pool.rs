@@ -17,8 +17,12 @@ pub const MIN_ROOM: u64 = 64;
 
 impl Coherence {
     /// Frames this node could take in for others: free frames beyond twice its provider's
-    /// target (taking them must not make its own provider evict).
+    /// target (taking them must not make its own provider evict); none once it is leaving
+    /// (sending its copies home to shut down).
     pub fn room(&self, buf: &Buffer) -> u64 {
+        if self.leaving.load(Ordering::Relaxed) {
+            return 0;
+        }
         buf.free.len().saturating_sub(buf.free_target * 2) as u64
     }
 
@@ -55,7 +59,7 @@ impl Coherence {
     /// may be dropped either way: the store holds the same image, and requests for the page
     /// wait for the peer's answer.
     pub fn offer_away(&self, pid: Pid, bytes: &[u8; PAGE_BYTES]) -> bool {
-        if !self.one_pool || pid.node() != self.me {
+        if !self.one_pool || pid.node() != self.me || self.leaving.load(Ordering::Relaxed) {
             return false;
         }
         let Some(to) = self.roomiest_peer() else {
