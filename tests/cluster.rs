@@ -34,6 +34,26 @@ fn allocate(w: &Worker, count: usize) -> Vec<Pid> {
         .collect()
 }
 
+/// Allocate `per_node` pages on each of the first `nodes` nodes (in node order).
+fn allocate_on_every_node(c: &Cluster, nodes: usize, per_node: usize) -> Vec<Pid> {
+    (0..nodes)
+        .flat_map(|n| allocate(&c.node(n).worker(), per_node))
+        .collect()
+}
+
+/// The first `counters` u64 counters of every page in `pids`, read on `node`.
+fn read_counters(c: &Cluster, node: usize, pids: &[Pid], counters: usize) -> Vec<u64> {
+    let w = c.node(node).worker();
+    let mut got = Vec::with_capacity(pids.len() * counters);
+    for &p in pids {
+        let g = w.shared(p).unwrap();
+        for s in 0..counters {
+            got.push(g.page().u64(s * 8));
+        }
+    }
+    got
+}
+
 /// Words in a page's data area: the torn/stale tests write every one of them.
 const WORDS: usize = shoal_engine::PAGE_DATA_SIZE / 8;
 
@@ -163,12 +183,7 @@ fn no_lost_updates_three_nodes_two_workers_with_eviction() {
     let dir = tempfile::tempdir().unwrap();
     // 256 frames per node, 900 pages in all: every node's cache holds under a third of them
     let c = Arc::new(cluster(dir.path(), NODES, 256));
-    let mut pids = Vec::new();
-    for n in 0..NODES {
-        let w = c.node(n).worker();
-        pids.extend(allocate(&w, PAGES_PER_NODE));
-    }
-    let pids = Arc::new(pids);
+    let pids = Arc::new(allocate_on_every_node(&c, NODES, PAGES_PER_NODE));
     let start = Arc::new(Barrier::new(NODES * WORKERS));
     let mut threads = Vec::new();
     for n in 0..NODES {
@@ -205,17 +220,7 @@ fn no_lost_updates_three_nodes_two_workers_with_eviction() {
         }
     }
     let total: u64 = expect.iter().sum();
-    let read_all = |c: &Cluster, node: usize| -> Vec<u64> {
-        let w = c.node(node).worker();
-        let mut got = Vec::with_capacity(expect.len());
-        for &p in pids.iter() {
-            let g = w.shared(p).unwrap();
-            for s in 0..COUNTERS {
-                got.push(g.page().u64(s * 8));
-            }
-        }
-        got
-    };
+    let read_all = |c: &Cluster, node: usize| read_counters(c, node, &pids, COUNTERS);
     for n in 0..NODES {
         assert!(read_all(&c, n) == expect, "node {n} sees wrong sums");
     }
@@ -261,12 +266,7 @@ fn forwarded_reads_under_memory_pressure_lose_no_update_and_read_nothing_stale()
     let per_worker = 20_000 * scale();
     let dir = tempfile::tempdir().unwrap();
     let c = Arc::new(cluster(dir.path(), NODES, 256));
-    let mut pids = Vec::new();
-    for n in 0..NODES {
-        let w = c.node(n).worker();
-        pids.extend(allocate(&w, PAGES_PER_NODE));
-    }
-    let pids = Arc::new(pids);
+    let pids = Arc::new(allocate_on_every_node(&c, NODES, PAGES_PER_NODE));
     let start = Arc::new(Barrier::new(NODES * WORKERS));
     let mut threads = Vec::new();
     for n in 0..NODES {
@@ -320,17 +320,7 @@ fn forwarded_reads_under_memory_pressure_lose_no_update_and_read_nothing_stale()
             *e += m;
         }
     }
-    let read_all = |c: &Cluster, node: usize| -> Vec<u64> {
-        let w = c.node(node).worker();
-        let mut got = Vec::with_capacity(expect.len());
-        for &p in pids.iter() {
-            let g = w.shared(p).unwrap();
-            for s in 0..COUNTERS {
-                got.push(g.page().u64(s * 8));
-            }
-        }
-        got
-    };
+    let read_all = |c: &Cluster, node: usize| read_counters(c, node, &pids, COUNTERS);
     for n in 0..NODES {
         assert!(read_all(&c, n) == expect, "node {n} sees wrong sums");
     }

@@ -1503,20 +1503,27 @@ fn the_model_catches_a_broken_invalidation() {
     );
 }
 
+/// The errors of 3,000 random schedules (3 nodes, 1 page, `ops` operations per worker,
+/// `evict` chance of an eviction per step) of a model that `break_it` changed; seeds from
+/// `seed_base`.
+fn broken_runs(seed_base: u64, ops: usize, evict: f64, break_it: impl Fn(&mut Sim)) -> Vec<String> {
+    (0..3000u64)
+        .filter_map(|seed| {
+            let mut rng = SmallRng::seed_from_u64(seed_base + seed);
+            let scripts = random_scripts(&mut rng, 3, 1, ops);
+            let mut sim = Sim::new(3, 1, scripts);
+            break_it(&mut sim);
+            sim.run(&mut rng, evict).err()
+        })
+        .collect()
+}
+
 /// Owner stability is checked, not assumed: with a home that accepts every eviction notice
 /// (also from a node it pointed a successor at), some schedule must fail, and some failure
 /// must be the owner-stability check itself (the successor's Transfer finds no page).
 #[test]
 fn the_model_catches_a_broken_owner_stability() {
-    let failures: Vec<String> = (0..3000u64)
-        .filter_map(|seed| {
-            let mut rng = SmallRng::seed_from_u64(4_000_000 + seed);
-            let scripts = random_scripts(&mut rng, 3, 1, 10);
-            let mut sim = Sim::new(3, 1, scripts);
-            sim.accepting_home = true;
-            sim.run(&mut rng, 0.3).err()
-        })
-        .collect();
+    let failures = broken_runs(4_000_000, 10, 0.3, |sim| sim.accepting_home = true);
     assert!(
         !failures.is_empty(),
         "a home accepting every notice went unnoticed in 3000 schedules"
@@ -1542,15 +1549,9 @@ fn the_model_catches_a_broken_owner_stability() {
 /// deadlock.
 #[test]
 fn the_model_catches_a_serving_sharer_let_go() {
-    let failures: Vec<String> = (0..3000u64)
-        .filter_map(|seed| {
-            let mut rng = SmallRng::seed_from_u64(6_000_000 + seed);
-            let scripts = random_scripts(&mut rng, 3, 1, 10);
-            let mut sim = Sim::new(3, 1, scripts);
-            sim.accepting_serving_sharer = true;
-            sim.run(&mut rng, 0.3).err()
-        })
-        .collect();
+    let failures = broken_runs(6_000_000, 10, 0.3, |sim| {
+        sim.accepting_serving_sharer = true
+    });
     eprintln!(
         "home letting a serving sharer go: {} of 3000 schedules failed, {} at the owner-stability check",
         failures.len(),
@@ -2021,16 +2022,11 @@ fn random_schedules_with_offers_keep_every_invariant() {
 /// comes).
 #[test]
 fn the_model_catches_an_offer_not_waited_for() {
-    let failures = (0..3000u64)
-        .filter(|seed| {
-            let mut rng = SmallRng::seed_from_u64(9_000_000 + seed);
-            let scripts = random_scripts(&mut rng, 3, 1, 12);
-            let mut sim = Sim::new(3, 1, scripts);
-            sim.offers = true;
-            sim.offers_not_awaited = true;
-            sim.run(&mut rng, 0.4).is_err()
-        })
-        .count();
+    let failures = broken_runs(9_000_000, 12, 0.4, |sim| {
+        sim.offers = true;
+        sim.offers_not_awaited = true;
+    })
+    .len();
     eprintln!("home not waiting for offers: {failures} of 3000 schedules failed");
     assert!(
         failures > 0,
