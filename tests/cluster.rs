@@ -400,54 +400,64 @@ fn clean_eviction_notices_travel_in_batches() {
 #[test]
 fn a_small_node_borrows_a_large_neighbours_spare_frames() {
     const PAGES: usize = 1200;
-    let run = |one_pool: bool| -> (shoal_engine::ProtocolStats, shoal_engine::ProtocolStats) {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path().to_path_buf();
-        let c = Cluster::mem(2, Duration::from_secs(20), move |i| {
-            let frames = if i == 0 { 256 } else { 4096 };
-            let mut cfg = EngineConfig::new(d.join(format!("n{i}")), frames * 4096);
-            cfg.one_pool = one_pool;
-            cfg
-        })
-        .expect("cluster opens");
-        let w0 = c.node(0).worker();
-        let pids = allocate(&w0, PAGES);
-        for (k, &p) in pids.iter().enumerate() {
-            let mut g = w0.exclusive(p).unwrap();
-            g.page_mut().set_u64(0, 3 * k as u64 + 1);
-        }
-        // node 1 reports its room every 20 ms; read until the pages settled
-        for _ in 0..2 {
+    let run =
+        |one_pool: bool, tcp: bool| -> (shoal_engine::ProtocolStats, shoal_engine::ProtocolStats) {
+            let dir = tempfile::tempdir().unwrap();
+            let b = Cluster::builder(2, dir.path())
+                .remote_timeout(Duration::from_secs(20))
+                .configure(move |i, cfg| {
+                    cfg.cache_bytes = if i == 0 { 256 } else { 4096 } * 4096;
+                    cfg.one_pool = one_pool;
+                });
+            let c = if tcp { b.tcp_loopback() } else { b.mem() }.expect("cluster opens");
+            let w0 = c.node(0).worker();
+            let pids = allocate(&w0, PAGES);
+            for (k, &p) in pids.iter().enumerate() {
+                let mut g = w0.exclusive(p).unwrap();
+                g.page_mut().set_u64(0, 3 * k as u64 + 1);
+            }
+            // node 1 reports its room every 20 ms; read until the pages settled
+            for _ in 0..2 {
+                for (k, &p) in pids.iter().enumerate() {
+                    assert_eq!(w0.shared(p).unwrap().page().u64(0), 3 * k as u64 + 1);
+                }
+            }
+            let before = c.node(0).protocol_stats();
             for (k, &p) in pids.iter().enumerate() {
                 assert_eq!(w0.shared(p).unwrap().page().u64(0), 3 * k as u64 + 1);
             }
-        }
-        let before = c.node(0).protocol_stats();
-        for (k, &p) in pids.iter().enumerate() {
-            assert_eq!(w0.shared(p).unwrap().page().u64(0), 3 * k as u64 + 1);
-        }
-        let after = c.node(0).protocol_stats();
-        // a write after the move: node 1's copy is invalidated, both read the new value
-        {
-            let mut g = w0.exclusive(pids[7]).unwrap();
-            g.page_mut().set_u64(0, 99);
-        }
-        let w1 = c.node(1).worker();
-        assert_eq!(w1.shared(pids[7]).unwrap().page().u64(0), 99);
-        assert_eq!(w0.shared(pids[7]).unwrap().page().u64(0), 99);
-        let big = c.node(1).protocol_stats();
-        let pass = shoal_engine::ProtocolStats {
-            home_reads: after.home_reads - before.home_reads,
-            forwarded_reads: after.forwarded_reads - before.forwarded_reads,
-            given_away: after.given_away,
-            ..Default::default()
+            let after = c.node(0).protocol_stats();
+            // a write after the move: node 1's copy is invalidated, both read the new value
+            {
+                let mut g = w0.exclusive(pids[7]).unwrap();
+                g.page_mut().set_u64(0, 99);
+            }
+            let w1 = c.node(1).worker();
+            assert_eq!(w1.shared(pids[7]).unwrap().page().u64(0), 99);
+            assert_eq!(w0.shared(pids[7]).unwrap().page().u64(0), 99);
+            let big = c.node(1).protocol_stats();
+            let pass = shoal_engine::ProtocolStats {
+                home_reads: after.home_reads - before.home_reads,
+                forwarded_reads: after.forwarded_reads - before.forwarded_reads,
+                given_away: after.given_away,
+                ..Default::default()
+            };
+            drop((w0, w1));
+            c.close().unwrap();
+            (pass, big)
         };
-        drop((w0, w1));
-        c.close().unwrap();
-        (pass, big)
-    };
-    let (pool, big) = run(true);
-    let (plain, _) = run(false);
+    // over tcp too: offers and forwarded pages travel as attachments on real sockets
+    let (tcp, tcp_big) = run(true, true);
+    assert!(
+        tcp.given_away > 0 && tcp_big.taken_in >= tcp.given_away,
+        "over tcp: {tcp:?}"
+    );
+    assert!(
+        tcp.forwarded_reads > (PAGES / 2) as u64,
+        "over tcp: {tcp:?}"
+    );
+    let (pool, big) = run(true, false);
+    let (plain, _) = run(false, false);
     eprintln!(
         "one pool: last pass store reads {}, forwarded {}; given away {}, taken in {}; plain: store reads {}",
         pool.home_reads, pool.forwarded_reads, pool.given_away, big.taken_in, plain.home_reads
