@@ -21,6 +21,9 @@
 //!   notice without data) as after an exclusive-to-shared handover, so S stays a holder that
 //!   cannot leave (its eviction notice is declined) until it has served. No NVMe read while
 //!   the page is in some node's DRAM;
+//! - nobody holds it and the home's provider evicts it: the home may offer it to a node that
+//!   never asked ([`DirEntry::offer`]); requests wait for that node's answer, after which it is
+//!   the only sharer or nobody holds the page;
 //! - while a copy-back is outstanding the home's copy is stale: every request for the page
 //!   waits ([`DirDecision::Defer`]) until it arrives (eviction notices are still answered: the
 //!   node owing the copy-back may be waiting for that answer);

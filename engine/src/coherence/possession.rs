@@ -19,7 +19,13 @@
 //!   shared grant it is about has not arrived yet, it waits for it (deferred). Answering old
 //!   invalidations at once is what breaks the upgrade deadlock (two sharers upgrading at once);
 //! - a node whose eviction notice was declined keeps its copy until the `Transfer` or
-//!   `Invalidate` that the home expects reaches it.
+//!   `Invalidate` that the home expects reaches it;
+//! - a `Transfer{keep}` (a shared read the home forwarded to us as a sharer) is served with our
+//!   shared copy, which we keep, also while our own upgrade request is out; a data-less
+//!   `CopyBack` tells the home we served;
+//! - an `Offer` (one pool: the home evicts a page nobody holds) is taken as a node-shared copy
+//!   when we neither hold nor want anything about the page and the caller has a frame;
+//!   otherwise declined. Either way the home gets an `OfferReply`.
 //!
 //! The engine calls these methods under the page's frame latch, and only when no local guard
 //! holds the page (a latched page defers the message, exactly like a page still in flight).
@@ -349,8 +355,7 @@ impl<D: Clone> PageCopy<D> {
     /// One pool: the home offers us the page it is evicting (we did not ask). We take it as a
     /// node-shared copy when `data` is given (the caller had a frame for it: `None` = no room)
     /// and we neither hold, nor asked for, nor wait on anything about the page; else we
-    /// decline. Either way the home
-    /// gets an answer (its requests for the page wait for it).
+    /// decline. Either way the home gets an answer (its requests for the page wait for it).
     pub fn on_offer(&mut self, epoch: Epoch, data: Option<D>) -> Result<Step<D>, ProtocolError> {
         if epoch <= self.epoch {
             return violation(format!(
