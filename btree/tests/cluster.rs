@@ -190,7 +190,12 @@ fn concurrent_removes_merge_across_nodes_with_eviction() {
     for e in c.nodes() {
         let (s, p) = (e.stats(), e.protocol_stats());
         eprintln!("node {}: {s:?} {p:?}", e.node_id());
-        assert!(s.evictions > 0 && p.pages > 0, "{s:?} {p:?}");
+        // own pages leave by eviction, copies of the other node's by notice (with one pool
+        // the copies go first, so a node may evict none of its own)
+        assert!(
+            s.evictions + p.evict_notices > 0 && p.pages > 0,
+            "{s:?} {p:?}"
+        );
     }
     drop((w0, w1));
     c.close().unwrap();

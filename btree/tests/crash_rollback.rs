@@ -19,6 +19,9 @@ use std::time::Duration;
 
 const PHASE: &str = "SHOAL_ROLLBACK_PHASE";
 const DIR: &str = "SHOAL_ROLLBACK_DIR";
+/// Phase 1 stops in the middle of this transaction (after a flush that makes its first
+/// records durable) and says "mid", so that the kill surely cuts a transaction off.
+const PAUSE_AT: &str = "SHOAL_ROLLBACK_PAUSE_AT";
 const ACCOUNTS: u64 = 500;
 const START: u64 = 1_000_000;
 
@@ -58,11 +61,19 @@ fn transfer(dir: &Path) {
     let mut out = out.lock();
     writeln!(out, "ready").unwrap();
     out.flush().unwrap();
+    let pause_at: Option<u64> = std::env::var(PAUSE_AT).ok().and_then(|v| v.parse().ok());
     for id in 0u64.. {
         w.begin_transaction().unwrap();
         // twenty moves out of one account into others, and the record of each
         let from = rng.random_range(0..ACCOUNTS);
         for j in 0..20u64 {
+            if j == 10 && pause_at == Some(id) {
+                // the log holds this transaction's first ten moves, durable; wait for the kill
+                e.flush().unwrap();
+                writeln!(out, "mid").unwrap();
+                out.flush().unwrap();
+                std::thread::sleep(Duration::from_secs(3600));
+            }
             let to = rng.random_range(0..ACCOUNTS);
             let x = rng.random_range(1..100i64);
             add(&a, &w, from, -x);
@@ -101,11 +112,12 @@ fn half_roll_back(dir: &Path) {
     assert_eq!(e.rolled_back(), 0);
 }
 
-fn run_child(phase: &str, dir: &Path) -> std::process::Child {
-    common::respawn(
-        "a_crash_during_the_roll_back_rolls_back_again",
-        &[(PHASE, phase.to_string()), (DIR, dir.display().to_string())],
-    )
+fn run_child(phase: &str, dir: &Path, pause_at: Option<u64>) -> std::process::Child {
+    let mut env = vec![(PHASE, phase.to_string()), (DIR, dir.display().to_string())];
+    if let Some(id) = pause_at {
+        env.push((PAUSE_AT, id.to_string()));
+    }
+    common::respawn("a_crash_during_the_roll_back_rolls_back_again", &env)
 }
 
 #[test]
@@ -119,7 +131,10 @@ fn a_crash_during_the_roll_back_rolls_back_again() {
     }
     let dir = tempfile::tempdir().unwrap();
     // rounds until two of them cut a transaction off (a kill between transactions leaves
-    // nothing to roll back); at most 15
+    // nothing to roll back); at most 15. Even rounds stop the child in the middle of a
+    // transaction before the kill (whether a kill at a random moment cuts one off depends on
+    // how the time splits between a transaction's work and its commit: a debug build on a
+    // loaded machine once went 15 rounds without), odd rounds kill it at a random moment.
     let mut rounds_with_half = 0;
     for round in 0..15u64 {
         if rounds_with_half == 2 {
@@ -127,13 +142,15 @@ fn a_crash_during_the_roll_back_rolls_back_again() {
         }
         let _ = std::fs::remove_dir_all(dir.path());
         // phase 1: transfers, killed mid-transaction (most of the time)
-        let mut ch = run_child("transfer", dir.path());
+        let pause_at = round.is_multiple_of(2).then_some(5 + round);
+        let mut ch = run_child("transfer", dir.path(), pause_at);
         let out = BufReader::new(ch.stdout.take().unwrap());
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in out.lines().map_while(Result::ok) {
-                if line.trim_end().ends_with("ready") {
-                    let _ = tx.send(());
+                let line = line.trim_end();
+                if line.ends_with("ready") || line.ends_with("mid") {
+                    let _ = tx.send(line.ends_with("mid"));
                 }
             }
         });
@@ -141,16 +158,25 @@ fn a_crash_during_the_roll_back_rolls_back_again() {
             let _ = ch.kill();
             panic!("round {round}: the transfer child never got ready");
         }
-        std::thread::sleep(Duration::from_millis(300 + 100 * (round % 5)));
+        if pause_at.is_some() {
+            if rx.recv_timeout(Duration::from_secs(120)) != Ok(true) {
+                let _ = ch.kill();
+                panic!("round {round}: the transfer child never stopped mid-transaction");
+            }
+        } else {
+            std::thread::sleep(Duration::from_millis(300 + 100 * (round % 5)));
+        }
         ch.kill().unwrap();
         ch.wait().unwrap();
         // phase 2: half a roll-back, then a crash
-        let ch = run_child("half", dir.path());
+        let ch = run_child("half", dir.path(), None);
         let o = ch.wait_with_output().unwrap();
         let said = String::from_utf8_lossy(&o.stdout);
         if said.contains("half undone") {
             assert!(!o.status.success(), "round {round}: the hook aborts");
             rounds_with_half += 1;
+        } else if pause_at.is_some() {
+            panic!("round {round}: stopped mid-transaction, yet nothing to roll back: {said}");
         } else {
             assert!(o.status.success(), "round {round}: phase 2 failed: {said}");
         }
