@@ -211,12 +211,21 @@ fn print_summary(m: &Value) {
     for n in m["per_node"].as_array().into_iter().flatten() {
         let g = |k: &str| n[k].as_f64().unwrap_or(0.0);
         say!(
-            "  node {:<8} page hit ratio {:.2}%  remote fetches {:.0}/s  nvme reads {:.0}/s  writes {:.0}/s",
+            "  node {:<8} {:.0} ops/s  page hit ratio {:.2}%  remote fetches {:.0}/s  nvme reads {:.0}/s  writes {:.0}/s",
             n["node"],
+            g("throughput_ops_per_s"),
             g("hit_ratio") * 100.0,
             g("remote_fetches") / secs,
             g("nvme_reads") / secs,
             g("nvme_writes") / secs
+        );
+        say!(
+            "  one pool {:<4} nvme reads avoided {:.0}/s (served by a copy elsewhere)  pages served for others {:.0}/s  given away {:.0}/s  taken in {:.0}/s",
+            n["node"],
+            g("nvme_reads_avoided") / secs,
+            g("pages_served_for_others") / secs,
+            g("pages_given_away") / secs,
+            g("pages_taken_in") / secs
         );
     }
     say!("  value errors  {}", m["value_errors"]);
