@@ -140,14 +140,7 @@ impl Coherence {
                 Self::wake(ps);
                 if let Some(n) = ps.dir.offered {
                     if pid.node() == self.me && !self.ch.peer_alive(n) {
-                        // the answer never comes: as declined (the store holds the page)
-                        if let Err(e) = ps.dir.offer_reply(n, false) {
-                            log::error!("node {}: {pid}: {e}", self.me);
-                        }
-                        self.requeue_deferred(ps);
-                        if !ps.held.is_empty() {
-                            self.retry_later(pid);
-                        }
+                        self.offer_unanswered(pid, ps, n);
                     }
                 }
                 if let Some(n) = ps.dir.awaiting_copy_back {

@@ -2,7 +2,7 @@
 
 use super::apply::{Latched, Outcome};
 use super::directory::DirDecision;
-use super::protocol::{bit, Grant, Msg, Node, ProtocolError};
+use super::protocol::{bit, Grant, Mode, Msg, Node, ProtocolError};
 use super::wire::{REFUSE_HOLDER_DEAD, REFUSE_NO_PAGE, REFUSE_READ};
 use super::{failure::refusal, Coherence, Note, PageState, StoreCopy};
 use crate::buffer::Buffer;
@@ -50,12 +50,10 @@ impl Coherence {
         // sends its copy instead (it keeps its own; docs/protocol.md "Forwarded reads").
         let at_hand = l.resident.is_some()
             || matches!(&ps.store_copy, StoreCopy::Read { gen, .. } if *gen == ps.home_gen);
-        let may_serve = if at_hand || !self.one_pool {
+        let may_serve = if at_hand || !self.one_pool || want != Mode::Shared {
             0
         } else {
-            (0..self.nodes)
-                .filter(|&n| n != self.me && self.ch.peer_alive(n))
-                .fold(0, |set, n| set | bit(n))
+            self.live_peers().fold(0, |set, n| set | bit(n))
         };
         let decision = d.request_forwarding(from, want, have, may_serve)?;
         // A node that must hand the page over or drop its copy is gone: the request would wait

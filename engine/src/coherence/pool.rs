@@ -26,13 +26,18 @@ impl Coherence {
         buf.free.len().saturating_sub(buf.free_target * 2) as u64
     }
 
+    /// The other nodes this node does not know dead.
+    pub(super) fn live_peers(&self) -> impl Iterator<Item = Node> + '_ {
+        (0..self.nodes).filter(move |&n| n != self.me && self.ch.peer_alive(n))
+    }
+
     /// Tell every live peer this node's room (the provider calls it every few milliseconds).
     pub fn advertise_room(&self, buf: &Buffer) {
         if !self.one_pool {
             return;
         }
         let frames = self.room(buf);
-        for n in (0..self.nodes).filter(|&n| n != self.me && self.ch.peer_alive(n)) {
+        for n in self.live_peers() {
             if let Err(e) = self.try_send_control(n, &Control::Room { frames }) {
                 log::debug!("node {}: room to node {n}: {e}", self.me);
             }
@@ -46,8 +51,7 @@ impl Coherence {
 
     /// The live peer with the most room, if any has at least [`MIN_ROOM`] frames.
     fn roomiest_peer(&self) -> Option<Node> {
-        (0..self.nodes)
-            .filter(|&n| n != self.me && self.ch.peer_alive(n))
+        self.live_peers()
             .map(|n| (self.peer_room[n as usize].load(Ordering::Relaxed), n))
             .filter(|&(r, _)| r >= MIN_ROOM)
             .max()
@@ -82,14 +86,22 @@ impl Coherence {
             });
         if let Err(e) = self.send(to, pid, &Msg::<()>::Offer { epoch, data: () }, Some(bytes)) {
             log::debug!("node {}: offering {pid} to node {to}: {e}", self.me);
-            // as if declined: nobody holds it, the store has it
-            if let Err(e) = ps.dir.offer_reply(to, false) {
-                log::error!("node {}: {pid}: {e}", self.me);
-            }
-            self.requeue_deferred(ps);
+            self.offer_unanswered(pid, ps, to);
             return false;
         }
         self.counters.offers.fetch_add(1, Ordering::Relaxed);
         true
+    }
+
+    /// The offer of `pid` to `to` gets no answer (its send failed, or `to` died): it ends as
+    /// declined (nobody holds the page, the store has it), and what waited for it is retried.
+    pub(super) fn offer_unanswered(&self, pid: Pid, ps: &mut PageState, to: Node) {
+        if let Err(e) = ps.dir.offer_reply(to, false) {
+            log::error!("node {}: {pid}: {e}", self.me);
+        }
+        self.requeue_deferred(ps);
+        if !ps.held.is_empty() {
+            self.retry_later(pid);
+        }
     }
 }

@@ -22,6 +22,13 @@ fn cluster_with(dir: &std::path::Path, n: usize, one_pool: bool) -> Cluster {
     .unwrap()
 }
 
+/// A page allocated by `w`'s node (homed there), its first word 41.
+fn page_holding_41(w: &crate::Worker) -> Pid {
+    let mut g = w.allocate().unwrap();
+    g.page_mut().set_u64(0, 41);
+    g.pid()
+}
+
 /// One pool: a shared read at the home whose own copy left its memory is served by the node
 /// that holds a copy, not by the home's store; the serving node keeps its copy and may evict
 /// it once it has served; a write afterwards invalidates both copies as usual.
@@ -33,11 +40,7 @@ fn a_read_whose_home_copy_left_memory_is_served_by_a_sharer() {
     let (buf0, coh0) = (&home.node().buf, home.node().coh.as_ref().unwrap());
     let coh1 = other.node().coh.as_ref().unwrap();
     let w0 = home.worker();
-    let pid = {
-        let mut g = w0.allocate().unwrap();
-        g.page_mut().set_u64(0, 41);
-        g.pid()
-    };
+    let pid = page_holding_41(&w0);
     let w1 = other.worker();
     assert_eq!(w1.shared(pid).unwrap().page().u64(0), 41);
     // node 1's shared request took the page from the home's exclusive possession: the home's
@@ -88,11 +91,7 @@ fn a_home_frame_granted_to_its_own_worker_is_not_dropped() {
     let c = cluster(dir.path(), 2);
     let (home, other) = (c.node(0), c.node(1));
     let w0 = home.worker();
-    let pid = {
-        let mut g = w0.allocate().unwrap();
-        g.page_mut().set_u64(0, 41);
-        g.pid()
-    };
+    let pid = page_holding_41(&w0);
     let frame = |pid: Pid| {
         home.node()
             .buf
@@ -182,11 +181,7 @@ fn eviction_needs_no_free_frame_at_the_home(dirty: bool) {
     let (coh0, coh1) = (node0.coh.as_ref().unwrap(), node1.coh.as_ref().unwrap());
     let frame = |e: &crate::Engine, pid: Pid| e.node().buf.resident_frame(pid);
     let w0 = home.worker();
-    let pid = {
-        let mut g = w0.allocate().unwrap();
-        g.page_mut().set_u64(0, 41);
-        g.pid()
-    };
+    let pid = page_holding_41(&w0);
     let w1 = other.worker();
     let want = if dirty {
         let mut g = w1.exclusive(pid).unwrap();
