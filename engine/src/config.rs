@@ -25,6 +25,11 @@ pub struct EngineConfig {
     pub backend: BackendChoice,
     /// Open a store that was not shut down cleanly (see `StoreError::Unclean`).
     pub allow_unclean: bool,
+    /// Recovery from a damaged log (`StoreError::LogDamaged`) replays up to the damage and
+    /// gives up everything the log holds after it, instead of refusing to open. Off by default:
+    /// only for a store whose damaged log cannot be repaired (`shoal recover
+    /// --discard-damaged-log`).
+    pub discard_damaged_log: bool,
     /// Most page slots the node's store may hold, 0 = unlimited.
     pub capacity_pages: u64,
     /// The page provider keeps at least this share of frames free (percent, 1..=50).
@@ -130,6 +135,7 @@ impl Default for EngineConfig {
             mode: OpenMode::OpenOrCreate,
             backend: BackendChoice::Auto,
             allow_unclean: false,
+            discard_damaged_log: false,
             capacity_pages: 0,
             free_target_percent: 5,
             one_pool: true,

@@ -161,6 +161,7 @@ impl Engine {
                 cfg.capacity_pages.min(max)
             },
             allow_unclean: cfg.allow_unclean,
+            discard_damaged_log: cfg.discard_damaged_log,
             wal: if coh.is_some() {
                 None
             } else {

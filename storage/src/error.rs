@@ -90,6 +90,44 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "write-ahead log {path} is damaged, so recovery stops here instead of losing what follows: {why}. Nothing was written. Keep the files as they are; `shoal inspect` shows the log; `shoal recover --discard-damaged-log` recovers up to the damage and gives up everything after LSN {lsn}"
+    )]
+    LogDamaged {
+        path: PathBuf,
+        /// The first LSN that could not be read.
+        lsn: u64,
+        /// The next intact chunk found after the damage.
+        resumes_at: Option<u64>,
+        /// Pages the damaged chunk changed, as far as they could be read.
+        pages: Vec<u64>,
+        why: String,
+    },
+    #[error(
+        "write-ahead log {path} belongs to another store (store id {found:#018x}; this store's id is {expected:#018x}): refusing to replay it; put this store's own log back"
+    )]
+    ForeignLog {
+        path: PathBuf,
+        found: u64,
+        expected: u64,
+    },
+    #[error(
+        "the store at {store} was last opened with a write-ahead log, and {path} is missing: it is needed to recover the changes since the last checkpoint; put it back (`shoal inspect` shows the store's state)"
+    )]
+    LogMissing { store: PathBuf, path: PathBuf },
+    #[error(
+        "the store at {store} was not shut down cleanly and has a write-ahead log ({path}) that recovery needs: open it with its log (durability commit, or `shoal recover`), not with durability none"
+    )]
+    NeedsRecovery { store: PathBuf, path: PathBuf },
+    #[error(
+        "device {path} is {len} bytes, but the store's slots 0..{slots} need {needed} bytes on it: the file was cut short and pages are missing; refusing to open it (restore the file)"
+    )]
+    Truncated {
+        path: PathBuf,
+        len: u64,
+        needed: u64,
+        slots: u64,
+    },
     #[error("slot {slot} is out of range (store has {limit} slots allocated)")]
     SlotOutOfRange { slot: u64, limit: u64 },
 }

@@ -11,7 +11,9 @@
 
 use crate::error::{StoreError, StoreResult};
 use crate::page::{verify, PAGE_SIZE};
-use crate::store::{check_device_set, mark_from_lengths, walk_freelist, MAX_DEVICES};
+use crate::store::{
+    check_device_set, device_bytes_needed, mark_from_lengths, walk_freelist, MAX_DEVICES,
+};
 use crate::superblock::{self, header_pages, DeviceCopies, Superblock, FREELIST_PID};
 use std::collections::HashSet;
 use std::fs::File;
@@ -103,6 +105,22 @@ impl StoreReader {
     /// Bytes in each device, in stripe order.
     pub fn device_bytes(&self) -> &[u64] {
         &self.lens
+    }
+
+    /// Devices shorter than the slots below the superblock's allocator mark need: (path,
+    /// bytes, bytes needed). A file cut short has lost pages. (Block devices are not checked.)
+    pub fn short_devices(&self) -> Vec<(PathBuf, u64, u64)> {
+        let n = self.devices.len() as u64;
+        self.devices
+            .iter()
+            .zip(&self.lens)
+            .enumerate()
+            .filter(|(_, ((_, f), _))| f.metadata().is_ok_and(|m| m.file_type().is_file()))
+            .filter_map(|(i, ((p, _), &len))| {
+                let need = device_bytes_needed(self.superblock.next_slot, n, i as u64, self.header);
+                (len < need).then(|| (p.clone(), len, need))
+            })
+            .collect()
     }
 
     /// Slots that may hold pages: the recorded mark of a clean store; for an unclean one,

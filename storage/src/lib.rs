@@ -14,6 +14,11 @@
 //!   devices and ties the above together.
 //! - [`inspect`]: [`inspect::StoreReader`], read-only access to a store for `shoal inspect`:
 //!   superblocks, free list, single pages, and a scan verifying every slot.
+//! - [`wal`]: the write-ahead log: the in-memory ring and group commit, the file's stamped
+//!   sectors ([`wal::disk`]), the records ([`wal::record`]), and reading a log back after a
+//!   crash, telling its end from damage.
+//! - [`fs`]: the file-system steps durability depends on (reserving room, syncing
+//!   directories, replacing a file atomically).
 //!
 //! It must not know about buffer frames, nodes, latches or messages: it moves sealed pages
 //! between aligned buffers and slots, verifies them, and nothing else. The engine maps its
@@ -21,6 +26,7 @@
 
 pub mod allocator;
 pub mod error;
+pub mod fs;
 pub mod inspect;
 pub mod io;
 pub mod page;

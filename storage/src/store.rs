@@ -9,7 +9,9 @@ use crate::error::{StoreError, StoreResult};
 use crate::io::{self, fallocate, is_full, Backend, BackendChoice, IoOp};
 use crate::page::{seal, verify, AlignedPage, PAGE_DATA_SIZE, PAGE_SIZE};
 use crate::superblock::{self, header_pages, Superblock, FORMAT_VERSION, FREELIST_PID};
-use crate::wal::{alloc_path, apply_diff, rec, slot_pid as wal_slot_pid, Replay, Wal};
+use crate::wal::disk::alloc_path;
+use crate::wal::record::{apply_diff, rec, slot_pid as wal_slot_pid};
+use crate::wal::{self, Replay, Wal};
 use parking_lot::Mutex;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -45,6 +47,9 @@ pub struct StoreConfig {
     /// Open a store that was not closed cleanly (no WAL exists: data since the last clean
     /// shutdown may be missing).
     pub allow_unclean: bool,
+    /// Recovery replays a damaged log up to the damage and discards the rest (see
+    /// [`StoreError::LogDamaged`]) instead of refusing to open.
+    pub discard_damaged_log: bool,
     /// The write-ahead log (None: durability "none", no log; a log left by an earlier run is
     /// deleted at open, as the store is about to change without it).
     pub wal: Option<crate::wal::WalConfig>,
@@ -60,6 +65,7 @@ impl StoreConfig {
             cluster_id: 0,
             capacity_pages: 0,
             allow_unclean: false,
+            discard_damaged_log: false,
             wal: None,
         }
     }
@@ -142,6 +148,8 @@ pub struct Unfinished {
 
 /// Most devices one store stripes over.
 pub const MAX_DEVICES: usize = 64;
+/// Suffix of a file being created, until it is renamed into place.
+pub const CREATING: &str = ".creating";
 
 impl PageStore {
     /// Open or create a store as `cfg` says.
@@ -172,10 +180,6 @@ impl PageStore {
                 why: "the device does not exist or is empty".into(),
             });
         }
-        let mut devices = Vec::with_capacity(cfg.devices.len());
-        for p in &cfg.devices {
-            devices.push(open_device(p, create)?);
-        }
         let names: Vec<String> = cfg
             .devices
             .iter()
@@ -185,11 +189,16 @@ impl PageStore {
                     .unwrap_or_else(|| p.display().to_string())
             })
             .collect();
-        let store = if create {
-            Self::format(devices, backend, cfg, names)?
+        if create {
+            Self::create(cfg, backend, names)?;
         } else {
-            Self::load(devices, backend, cfg)?
-        };
+            complete_creation(cfg)?;
+        }
+        let mut devices = Vec::with_capacity(cfg.devices.len());
+        for p in &cfg.devices {
+            devices.push(open_device(p, false)?);
+        }
+        let store = Self::load(devices, backend, cfg)?;
         // (one lock: two in one format call would be held together and deadlock)
         let (allocated, free) = {
             let a = store.alloc.lock();
@@ -203,59 +212,141 @@ impl PageStore {
         Ok(store)
     }
 
-    fn format(
-        devices: Vec<Device>,
-        backend: Backend,
-        cfg: &StoreConfig,
-        names: Vec<String>,
-    ) -> StoreResult<PageStore> {
+    /// Create a new store, atomically: every file is written whole under a temporary name
+    /// (`<name>.creating`) and synced, then device 0 is renamed into place (the commit point)
+    /// and the others after it, each directory synced. A crash before the commit leaves no
+    /// store (the next creation overwrites the temporary files); after it, the open that
+    /// follows finishes the renames ([`complete_creation`]). The new store is clean and empty;
+    /// it is then opened like any other. Block devices cannot be renamed: their superblocks are
+    /// written in place, device 0's last.
+    fn create(cfg: &StoreConfig, backend: Backend, names: Vec<String>) -> StoreResult<()> {
         let mut buf = AlignedPage::new();
-        for d in &devices {
-            if d.file.metadata().map(|m| m.len()).unwrap_or(0) > 0 {
-                // Refuse to format over data that looks like a store (either copy).
-                for copy in 0..header_pages(FORMAT_VERSION) {
-                    let n = read_raw(backend, d, copy * PAGE_SIZE as u64, &mut buf);
-                    if matches!(n, Ok(n) if n == PAGE_SIZE) && buf[0..8] == crate::superblock::MAGIC
-                    {
-                        return Err(StoreError::AlreadyExists {
-                            path: d.path.clone(),
-                        });
+        for p in &cfg.devices {
+            check_device_path(p)?;
+            // Refuse to format over data that looks like a store (either copy).
+            if let Ok(d) = open_device(p, false) {
+                if d.file.metadata().map(|m| m.len()).unwrap_or(0) > 0 {
+                    for copy in 0..header_pages(FORMAT_VERSION) {
+                        let n = read_raw(backend, &d, copy * PAGE_SIZE as u64, &mut buf);
+                        if matches!(n, Ok(n) if n == PAGE_SIZE)
+                            && buf[0..8] == crate::superblock::MAGIC
+                        {
+                            return Err(StoreError::AlreadyExists { path: p.clone() });
+                        }
                     }
                 }
             }
         }
-        let sb = Superblock {
+        if let Some(w) = &cfg.wal {
+            if w.path.exists() {
+                return Err(StoreError::Config(format!(
+                    "{} is a write-ahead log, but {} holds no store: refusing to create a store \
+                     over a log that may belong to one (move the log away if it is not needed)",
+                    w.path.display(),
+                    cfg.devices[0].display()
+                )));
+            }
+        }
+        let id = superblock::new_store_id();
+        let mut sb = Superblock {
             format_version: FORMAT_VERSION,
             page_size: PAGE_SIZE as u32,
             cluster_id: cfg.cluster_id,
             node_id: cfg.node_id,
-            device_count: devices.len() as u32,
+            device_count: cfg.devices.len() as u32,
             device_index: 0,
-            clean: false,
+            clean: true,
             next_slot: 0,
             freelist_head: NO_SLOT,
             freelist_len: 0,
             capacity: cfg.capacity_pages,
-            generation: 0,
+            generation: 1,
+            store_id: id,
+            logged: cfg.wal.is_some(),
             device_names: names,
         };
-        let store = PageStore {
-            alloc: Mutex::new(Allocator::new(0, Vec::new(), cfg.capacity_pages)),
-            devices,
-            backend,
-            header: header_pages(FORMAT_VERSION),
-            sb: Mutex::new(sb),
-            stats: StoreStats::default(),
-            closed: AtomicBool::new(false),
-            opened_unclean: false,
-            wal: None,
-            replayed: None,
-            unfinished: Mutex::new((Vec::new(), None)),
+        // (temporary path, final path), device 0 first
+        let mut moves: Vec<(PathBuf, PathBuf)> = Vec::new();
+        let mut in_place: Vec<(usize, PathBuf)> = Vec::new();
+        for (i, p) in cfg.devices.iter().enumerate() {
+            let block = std::fs::metadata(p).is_ok_and(|m| m.file_type().is_block_device());
+            sb.device_index = i as u32;
+            sb.encode(&mut buf)?;
+            if block {
+                in_place.push((i, p.clone()));
+                continue;
+            }
+            let tmp = crate::fs::with_suffix(p, CREATING);
+            let write = || -> std::io::Result<()> {
+                let f = OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(&tmp)?;
+                for copy in 0..header_pages(FORMAT_VERSION) {
+                    std::os::unix::fs::FileExt::write_all_at(
+                        &f,
+                        &buf[..],
+                        copy * PAGE_SIZE as u64,
+                    )?;
+                }
+                f.sync_all()
+            };
+            write().map_err(|e| io_err(&tmp, e))?;
+            moves.push((tmp, p.clone()));
+        }
+        if let Some(w) = &cfg.wal {
+            let tmp = crate::fs::with_suffix(&w.path, CREATING);
+            let mut wc = w.clone();
+            wc.path = tmp.clone();
+            drop(Wal::create(
+                &wc,
+                id,
+                &Allocator::new(0, Vec::new(), cfg.capacity_pages),
+            )?);
+            for seq in [0, 1] {
+                moves.push((alloc_path(&tmp, seq), alloc_path(&w.path, seq)));
+            }
+            moves.push((tmp, w.path.clone()));
+        }
+        let dirs = |ps: &mut dyn Iterator<Item = &Path>| -> StoreResult<()> {
+            let mut seen = std::collections::BTreeSet::new();
+            for p in ps {
+                let d = p.parent().unwrap_or(Path::new(".")).to_path_buf();
+                if seen.insert(d.clone()) {
+                    crate::fs::sync_dir(&d).map_err(|e| io_err(&d, e))?;
+                }
+            }
+            Ok(())
         };
-        store.write_superblocks()?;
-        let mut store = store;
-        store.attach_log(cfg, false)?;
-        Ok(store)
+        // the temporary files are durable before any of them takes its name
+        dirs(&mut moves.iter().map(|(t, _)| t.as_path()))?;
+        // block devices: device 0's superblocks last (its copies are what makes a store)
+        in_place.sort_by_key(|(i, _)| *i == 0);
+        for (i, p) in &in_place {
+            let d = open_device(p, false)?;
+            sb.device_index = *i as u32;
+            sb.encode(&mut buf)?;
+            for copy in 0..header_pages(FORMAT_VERSION) {
+                write_raw(backend, &d, copy * PAGE_SIZE as u64, &mut buf, 0)?;
+                d.file.sync_data().map_err(|e| io_err(p, e))?;
+            }
+        }
+        let rename = |(from, to): &(PathBuf, PathBuf)| -> StoreResult<()> {
+            std::fs::rename(from, to).map_err(|e| io_err(to, e))?;
+            crate::fs::sync_parent(to).map_err(|e| io_err(to, e))
+        };
+        if let Some(first) = moves.iter().find(|(_, to)| to == &cfg.devices[0]) {
+            rename(first)?; // the commit point
+        }
+        for m in moves.iter().filter(|(_, to)| to != &cfg.devices[0]) {
+            rename(m)?;
+        }
+        log::info!(
+            "created a store on {} (store id {id:#018x})",
+            cfg.devices[0].display()
+        );
+        Ok(())
     }
 
     fn load(devices: Vec<Device>, backend: Backend, cfg: &StoreConfig) -> StoreResult<PageStore> {
@@ -267,7 +358,18 @@ impl PageStore {
             Ok(n)
         })?;
         check_device_set(&chosen.per_device, &paths)?;
-        let sb0 = chosen.superblock.clone();
+        let mut sb0 = chosen.superblock.clone();
+        if sb0.format_version == 2 {
+            // same layout of slots; the superblocks gain a store id (written below)
+            sb0.format_version = FORMAT_VERSION;
+            sb0.store_id = superblock::new_store_id();
+            log::info!(
+                "{}: superblocks of format 2 are rewritten as format {FORMAT_VERSION} (store id \
+                 {:#018x})",
+                devices[0].path.display(),
+                sb0.store_id
+            );
+        }
         for (path, copies) in paths.iter().zip(&chosen.copies) {
             if copies.needs_repair(sb0.generation) {
                 log::warn!(
@@ -300,8 +402,33 @@ impl PageStore {
             replayed: None,
             unfinished: Mutex::new((Vec::new(), None)),
         };
-        let recoverable = !sb0.clean && cfg.wal.as_ref().is_some_and(|w| w.path.exists());
+        let log_path = cfg
+            .wal
+            .as_ref()
+            .map(|w| w.path.clone())
+            .unwrap_or_else(|| default_log_path(&store.devices[0].path));
+        let log_exists = log_path.exists();
+        if !sb0.clean {
+            let store_path = store.devices[0].path.clone();
+            match (&cfg.wal, log_exists) {
+                (None, true) => {
+                    return Err(StoreError::NeedsRecovery {
+                        store: store_path,
+                        path: log_path,
+                    })
+                }
+                (_, false) if sb0.logged => {
+                    return Err(StoreError::LogMissing {
+                        store: store_path,
+                        path: log_path,
+                    })
+                }
+                _ => {}
+            }
+        }
+        let recoverable = !sb0.clean && cfg.wal.is_some() && log_exists;
         let alloc = if sb0.clean {
+            store.check_lengths(sb0.next_slot)?;
             let free = store.read_freelist(sb0.freelist_head, sb0.freelist_len)?;
             Allocator::new(sb0.next_slot, free, sb0.capacity)
         } else if recoverable {
@@ -338,15 +465,40 @@ impl PageStore {
         };
         *store.alloc.get_mut() = alloc;
         store.attach_log(cfg, recoverable)?;
-        // Mark the store open (unclean) until close.
-        store.sb.get_mut().clean = false;
+        // Mark the store open (unclean) until close, and whether it runs with a log.
+        let sb = store.sb.get_mut();
+        sb.clean = false;
+        sb.logged = cfg.wal.is_some();
         store.write_superblocks()?;
         Ok(store)
     }
 
+    /// Every device must hold the slots below `next_slot` that stripe onto it: a device file
+    /// cut short has lost pages, and opening it would make them "never written".
+    fn check_lengths(&self, next_slot: u64) -> StoreResult<()> {
+        let n = self.devices.len() as u64;
+        for (i, d) in self.devices.iter().enumerate() {
+            if !d.regular {
+                continue;
+            }
+            let needed = device_bytes_needed(next_slot, n, i as u64, self.header);
+            let len = d.file.metadata().map_err(|e| io_err(&d.path, e))?.len();
+            if len < needed {
+                return Err(StoreError::Truncated {
+                    path: d.path.clone(),
+                    len,
+                    needed,
+                    slots: next_slot,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Set up the write-ahead log `cfg.wal` names: recover from it first if the store was not
     /// closed cleanly (`recover`), continue it if it exists, create it if not. Without a log,
-    /// delete one an earlier run left (it no longer describes the store).
+    /// delete one an earlier run left (it no longer describes the store; the store is clean,
+    /// `load` refuses an unclean one whose log recovery needs).
     fn attach_log(&mut self, cfg: &StoreConfig, recover: bool) -> StoreResult<()> {
         let Some(wc) = &cfg.wal else {
             if let Some(p) = cfg.devices.first().map(|d| default_log_path(d)) {
@@ -354,27 +506,64 @@ impl PageStore {
             }
             return Ok(());
         };
+        let id = self.sb.get_mut().store_id;
         if !wc.path.exists() {
-            let alloc = self.alloc.lock().clone();
-            self.wal = Some(Wal::create(wc, &alloc)?);
+            // a clean store opened with a log for the first time
+            self.wal = Some(self.new_log(wc)?);
             return Ok(());
         }
-        let (found, file) = Wal::read_existing(&wc.path)?;
+        let (found, file) = wal::read_existing(&wc.path, true)?;
+        if found.older_format().is_none() && found.store_id() != id {
+            return Err(StoreError::ForeignLog {
+                path: wc.path.clone(),
+                found: found.store_id(),
+                expected: id,
+            });
+        }
         if !recover {
-            // a clean store: its log holds nothing to replay (the last checkpoint of a clean
-            // close is its end); continue after what is there
-            let (end, _) = Wal::scan(&wc.path, &file, &found, |_, _, _| Ok(()))?;
+            // A clean store: its log holds nothing to replay (the last checkpoint of a clean
+            // close is its end); continue after what is there. A log this build does not
+            // read, or a damaged one, is replaced: the store needs nothing from it.
+            let end =
+                match found.older_format() {
+                    Some(f) => Err(format!("it is in the older format {f}")),
+                    None => {
+                        match wal::scan(&wc.path, &file, &found, wal::ScanMode::End, |_, _, _| {
+                            Ok(())
+                        }) {
+                            Ok(sc) => Ok(sc.end),
+                            Err(e @ StoreError::LogDamaged { .. }) => Err(e.to_string()),
+                            Err(e) => return Err(e),
+                        }
+                    }
+                };
             let alloc = self.alloc.lock().clone();
-            self.wal = Some(Wal::resume(wc, file, &found, end, &alloc)?);
+            self.wal = Some(match end {
+                Ok(end) => Wal::resume(wc, file, &found, end, &alloc)?,
+                Err(why) => {
+                    log::warn!(
+                        "{}: the store is clean, so its log is replaced by a new one ({why})",
+                        wc.path.display()
+                    );
+                    drop(file);
+                    self.new_log(wc)?
+                }
+            });
             return Ok(());
         }
-        let mut alloc = Wal::read_alloc(&wc.path, &found, self.sb.get_mut().capacity)?;
+        let mut alloc = wal::read_alloc(&wc.path, &found, self.sb.get_mut().capacity)?;
+        self.check_lengths(alloc.next_slot())?;
         let mut images: std::collections::HashMap<u64, (u64, AlignedPage)> =
             std::collections::HashMap::new();
         // transactions seen (first LSN -> undo records), in order of their first record
         let mut txns: std::collections::BTreeMap<u64, Vec<Vec<u8>>> = Default::default();
         let redo_lsn = found.redo_lsn();
-        let (end, mut replay) = Wal::scan(&wc.path, &file, &found, |lsn, kind, body| {
+        let mode = if cfg.discard_damaged_log {
+            wal::ScanMode::DiscardDamage
+        } else {
+            wal::ScanMode::Judge
+        };
+        let scanned = wal::scan(&wc.path, &file, &found, mode, |lsn, kind, body| {
             // before the redo point (kept for transactions running at the checkpoint) only
             // transactions' records count: the pages were written back by the checkpoint
             if lsn < redo_lsn && kind != rec::UNDO && kind != rec::END {
@@ -419,6 +608,24 @@ impl PageStore {
             }
             Ok(())
         })?;
+        let end = scanned.end;
+        let mut replay = scanned.replay;
+        replay.end = Some(scanned.how.clone());
+        if let wal::LogEnd::Discarded { lsn, why } = &scanned.how {
+            log::warn!(
+                "{}: the log is damaged at LSN {lsn}; as asked (discard_damaged_log), recovery \
+                 replays up to it and gives up everything after it: {why}",
+                wc.path.display()
+            );
+        }
+        if let wal::LogEnd::TornTail { lsn, flush } = &scanned.how {
+            log::warn!(
+                "{}: the log's last flush (number {flush}) was cut off by the crash at LSN {lsn}: \
+                 its writes reached the device only in part, so it was never acknowledged; what \
+                 follows LSN {lsn} is not replayed",
+                wc.path.display()
+            );
+        }
         // write the replayed pages, a batch at a time, then make them durable
         let mut all: Vec<(u64, (u64, AlignedPage))> = images.into_iter().collect();
         all.sort_unstable_by_key(|(slot, _)| *slot);
@@ -478,6 +685,32 @@ impl PageStore {
         );
         self.replayed = Some(replay);
         Ok(())
+    }
+
+    /// Make a new log for this (clean) store: created under a temporary name and renamed
+    /// into place (over an old log, if any), the directory synced.
+    fn new_log(&mut self, wc: &crate::wal::WalConfig) -> StoreResult<Wal> {
+        let id = self.sb.get_mut().store_id;
+        let alloc = self.alloc.lock().clone();
+        let tmp = crate::fs::with_suffix(&wc.path, CREATING);
+        let mut tc = wc.clone();
+        tc.path = tmp.clone();
+        drop(Wal::create(&tc, id, &alloc)?);
+        for seq in [0, 1] {
+            let (from, to) = (alloc_path(&tmp, seq), alloc_path(&wc.path, seq));
+            std::fs::rename(&from, &to).map_err(|e| io_err(&to, e))?;
+        }
+        std::fs::rename(&tmp, &wc.path).map_err(|e| io_err(&wc.path, e))?;
+        crate::fs::sync_parent(&wc.path).map_err(|e| io_err(&wc.path, e))?;
+        let (found, file) = wal::read_existing(&wc.path, true)?;
+        let sc = wal::scan(
+            &wc.path,
+            &file,
+            &found,
+            wal::ScanMode::End,
+            |_, _, _| Ok(()),
+        )?;
+        Wal::resume(wc, file, &found, sc.end, &alloc)
     }
 
     /// The write-ahead log, if the store has one.
@@ -904,6 +1137,32 @@ pub fn default_log_path(device0: &Path) -> PathBuf {
     device0.with_extension("wal")
 }
 
+/// Finish the creation of a store that a crash interrupted after its commit point (device 0
+/// in place): every file of the store missing under its name but present as `<name>.creating`
+/// is renamed into place, and the directory synced.
+fn complete_creation(cfg: &StoreConfig) -> StoreResult<()> {
+    let mut files: Vec<PathBuf> = cfg.devices[1..].to_vec();
+    if let Some(w) = &cfg.wal {
+        files.extend([
+            alloc_path(&w.path, 0),
+            alloc_path(&w.path, 1),
+            w.path.clone(),
+        ]);
+    }
+    for p in files {
+        let tmp = crate::fs::with_suffix(&p, CREATING);
+        if !p.exists() && tmp.exists() {
+            log::warn!(
+                "{}: finishing the creation of the store that a crash interrupted",
+                p.display()
+            );
+            std::fs::rename(&tmp, &p).map_err(|e| io_err(&p, e))?;
+            crate::fs::sync_parent(&p).map_err(|e| io_err(&p, e))?;
+        }
+    }
+    Ok(())
+}
+
 /// Delete a log and its allocator snapshots (a store opened without a log).
 fn remove_log(path: &Path) {
     if path.exists() {
@@ -954,6 +1213,17 @@ pub(crate) fn check_device_set(sbs: &[Superblock], paths: &[&Path]) -> StoreResu
         }
     }
     Ok(())
+}
+
+/// Bytes device `i` of `n` (with `header` superblock pages) needs to hold every slot below
+/// `next_slot` that stripes onto it.
+pub(crate) fn device_bytes_needed(next_slot: u64, n: u64, i: u64, header: u64) -> u64 {
+    let rows = if next_slot > i {
+        (next_slot - i).div_ceil(n)
+    } else {
+        0
+    };
+    (header + rows) * PAGE_SIZE as u64
 }
 
 /// The allocator mark of a store that was not closed cleanly: slots beyond the recorded
@@ -1053,7 +1323,8 @@ fn reserve_range(d: &Device, from: u64, to: u64) -> std::io::Result<()> {
     Ok(())
 }
 
-fn open_device(path: &Path, create: bool) -> StoreResult<Device> {
+/// A device path's directory must exist and the path must not be a directory.
+fn check_device_path(path: &Path) -> StoreResult<()> {
     if let Some(parent) = path.parent() {
         if !parent.as_os_str().is_empty() && !parent.is_dir() {
             return Err(StoreError::Config(format!(
@@ -1069,6 +1340,11 @@ fn open_device(path: &Path, create: bool) -> StoreResult<Device> {
             path.display()
         )));
     }
+    Ok(())
+}
+
+fn open_device(path: &Path, create: bool) -> StoreResult<Device> {
+    check_device_path(path)?;
     let open = |direct: bool| {
         let mut o = OpenOptions::new();
         o.read(true).write(true).create(create);
@@ -1444,6 +1720,8 @@ mod tests {
             freelist_len: 0,
             capacity: 0,
             generation: 0,
+            store_id: 0,
+            logged: false,
             device_names: vec!["d0.dat".into()],
         };
         let f = std::fs::File::create(&path).unwrap();

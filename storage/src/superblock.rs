@@ -28,10 +28,18 @@
 //! 48  freelist_head    u64      first free-list page (a free slot), u64::MAX = none
 //! 56  freelist_len     u64      number of free slots recorded in the chain
 //! 64  capacity         u64      maximum slots, 0 = unlimited
-//! 72  generation       u64      bumped by every write of the superblocks (format 2 only)
-//! 80  names            device_count x (u16 len, bytes): file names, for error messages
-//!                      (at 72 in format 1)
+//! 72  generation       u64      bumped by every write of the superblocks (format 2 on)
+//! 80  store_id         u64      random, chosen when the store is created (format 3 on): the
+//!                               store's write-ahead log carries it and is refused by others
+//! 88  flags            u32      bit 0: the store was last opened with a write-ahead log
+//!                               (format 3 on): a missing log is then an error, not "no log"
+//! 92  reserved         u32
+//! 96  names            device_count x (u16 len, bytes): file names, for error messages
+//!                      (at 72 in format 1, at 80 in format 2)
 //! ```
+//!
+//! A format 2 store is rewritten as format 3 (same layout of slots) the first time it is
+//! opened, with a new store id; format 1 stores keep their format and have no id (0).
 
 use crate::error::{StoreError, StoreResult};
 use crate::page::{seal, verify, PAGE_DATA_SIZE, PAGE_SIZE};
@@ -40,8 +48,11 @@ use std::path::Path;
 
 /// Magic bytes at the start of every superblock.
 pub const MAGIC: [u8; 8] = *b"SHOALPS\0";
-/// Version of the on-disk format written by this code (2: two superblock copies per device).
-pub const FORMAT_VERSION: u32 = 2;
+/// Version of the on-disk format written by this code (2: two superblock copies per device;
+/// 3: a store id and flags).
+pub const FORMAT_VERSION: u32 = 3;
+/// `flags` bit: the store was last opened with a write-ahead log.
+const FLAG_LOGGED: u32 = 1;
 /// The oldest format this code opens (1: one superblock copy per device, slots from page 1).
 pub const OLDEST_FORMAT: u32 = 1;
 /// Reserved page id sealed into superblocks.
@@ -67,6 +78,10 @@ pub struct Superblock {
     pub capacity: u64,
     /// Bumped by every write of the superblocks; the highest intact one wins at open.
     pub generation: u64,
+    /// Random identity of the store (0: a format 1 or 2 store not yet given one).
+    pub store_id: u64,
+    /// The store was last opened with a write-ahead log (format 3 on; false before).
+    pub logged: bool,
     pub device_names: Vec<String>,
 }
 
@@ -82,11 +97,28 @@ pub fn header_pages(format_version: u32) -> u64 {
 
 /// Where the names table starts for a format.
 fn names_offset(format_version: u32) -> usize {
-    if format_version >= 2 {
-        80
-    } else {
-        72
+    match format_version {
+        1 => 72,
+        2 => 80,
+        _ => 96,
     }
+}
+
+/// A new random store id (never 0, which means "none").
+pub fn new_store_id() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most `b.len()` bytes into the buffer we own.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    let mut id = u64::from_le_bytes(b);
+    if n != b.len() as isize {
+        // no entropy source: time and process id are unique enough to tell stores apart
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        id = t ^ ((std::process::id() as u64) << 32);
+    }
+    id.max(1)
 }
 
 impl Superblock {
@@ -107,6 +139,10 @@ impl Superblock {
         put64(page, 64, self.capacity);
         if self.format_version >= 2 {
             put64(page, 72, self.generation);
+        }
+        if self.format_version >= 3 {
+            put64(page, 80, self.store_id);
+            put32(page, 88, if self.logged { FLAG_LOGGED } else { 0 });
         }
         let mut off = names_offset(self.format_version);
         for name in &self.device_names {
@@ -160,6 +196,8 @@ impl Superblock {
             freelist_len: get64(page, 56),
             capacity: get64(page, 64),
             generation: 0,
+            store_id: 0,
+            logged: false,
             device_names: Vec::new(),
         };
         if !(OLDEST_FORMAT..=FORMAT_VERSION).contains(&sb.format_version) {
@@ -198,8 +236,15 @@ impl Superblock {
             names.push(String::from_utf8_lossy(&page[off + 2..off + 2 + len]).into_owned());
             off += 2 + len;
         }
+        let (store_id, logged) = if sb.format_version >= 3 {
+            (get64(page, 80), get32(page, 88) & FLAG_LOGGED != 0)
+        } else {
+            (0, false)
+        };
         Ok(Superblock {
             generation,
+            store_id,
+            logged,
             device_names: names,
             ..sb
         })
@@ -435,6 +480,8 @@ mod tests {
             freelist_len: 9,
             capacity: 0,
             generation: 41,
+            store_id: 0x5eed,
+            logged: true,
             device_names: vec!["a.dat".into(), "b.dat".into()],
         }
     }

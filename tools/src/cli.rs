@@ -258,9 +258,14 @@ pub fn data_dir(
         Some(d) => {
             std::fs::create_dir_all(d)
                 .map_err(|e| anyhow::anyhow!("--data-dir {}: {e}", d.display()))?;
-            let mut entries = std::fs::read_dir(d)
+            let entries = std::fs::read_dir(d)
                 .map_err(|e| anyhow::anyhow!("--data-dir {}: {e}", d.display()))?;
-            if entries.next().is_some() {
+            // what a crash can leave of a creation that never finished is not a data set: the
+            // engine replaces it (a store is created whole or not at all)
+            let mut kept = entries
+                .filter_map(Result::ok)
+                .filter(|e| !leftover(&e.file_name().to_string_lossy()));
+            if kept.next().is_some() {
                 if let Some(lock) = held_lock(d) {
                     return Err(anyhow::anyhow!(
                         "--data-dir {}: in use by another running process (it holds {}); stop \
@@ -287,6 +292,15 @@ pub fn data_dir(
             Ok((t.path().to_path_buf(), Some(t)))
         }
     }
+}
+
+/// A file that holds no data: a lock file, or what a crash left of a file being created.
+fn leftover(name: &str) -> bool {
+    let lock = name
+        .strip_prefix("node")
+        .and_then(|n| n.strip_suffix(".lock"))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    lock || name.ends_with(shoal_storage::store::CREATING) || name.ends_with(".json.new")
 }
 
 /// A run that started and then failed (a device filled up, a node died, a check failed): exit

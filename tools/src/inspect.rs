@@ -23,7 +23,7 @@ use shoal_btree::{verify_tree, TreeReport};
 use shoal_engine::{catalog, lock_for_reading, Pid, PAGE_DATA_SIZE};
 use shoal_storage::inspect::{SlotScan, StoreReader};
 use shoal_storage::superblock::CopyState;
-use shoal_storage::wal::{survey, LogInfo};
+use shoal_storage::wal::{survey, LogEnd, LogInfo, ScanMode};
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -58,12 +58,15 @@ struct NodeReport {
 }
 
 impl NodeReport {
-    /// "clean", "needs_recovery" (unclean, with a log) or "unclean_without_log".
+    /// "clean", "needs_recovery" (unclean, with a log), "log_missing" (unclean, last opened
+    /// with a log that is gone) or "unclean_without_log".
     fn state(&self) -> &'static str {
-        match (self.reader.superblock().clean, &self.log) {
+        let sb = self.reader.superblock();
+        match (sb.clean, &self.log) {
             (true, _) => "clean",
-            (false, Some((_, Ok(_)))) => "needs_recovery",
-            (false, _) => "unclean_without_log",
+            (false, Some(_)) => "needs_recovery",
+            (false, None) if sb.logged => "log_missing",
+            (false, None) => "unclean_without_log",
         }
     }
 }
@@ -103,12 +106,18 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             |done| bar.set_position(done),
         );
         bar.finish_and_clear();
+        // a store that needs recovery: read the whole log, telling its end from damage
+        let mode = if reader.superblock().clean {
+            ScanMode::End
+        } else {
+            ScanMode::Judge
+        };
         let log = devices
             .first()
             .map(|d| shoal_storage::store::default_log_path(d))
             .filter(|p| p.exists())
             .map(|p| {
-                let info = survey(&p).map_err(|e| e.to_string());
+                let info = survey(&p, mode).map_err(|e| e.to_string());
                 (p, info)
             });
         reports.push(NodeReport {
@@ -142,8 +151,47 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 ));
             }
         }
-        if let Some((p, Err(why))) = &r.log {
-            problems.push(format!("node {}: log {}: {why}", r.node, p.display()));
+        match &r.log {
+            Some((p, Err(why))) => {
+                problems.push(format!("node {}: log {}: {why}", r.node, p.display()))
+            }
+            Some((p, Ok(l))) => {
+                if let Some(d) = &l.damage {
+                    problems.push(format!("node {}: {d}", r.node));
+                }
+                if l.store_id != sb.store_id && sb.format_version >= 3 {
+                    problems.push(format!(
+                        "node {}: log {} belongs to another store (id {:#018x}; the store's is \
+                         {:#018x}): recovery refuses it",
+                        r.node,
+                        p.display(),
+                        l.store_id,
+                        sb.store_id
+                    ));
+                }
+                if let (false, Some(LogEnd::TornTail { lsn, flush })) = (sb.clean, &l.end) {
+                    notes.push(format!(
+                        "node {}: the log's last flush ({flush}) was cut off at LSN {lsn} by the \
+                         crash (never acknowledged); recovery replays up to it",
+                        r.node
+                    ));
+                }
+            }
+            None if !sb.clean && sb.logged => problems.push(format!(
+                "node {}: the store was last opened with a write-ahead log, and its log is \
+                 missing: the changes since its last checkpoint cannot be recovered without it",
+                r.node
+            )),
+            None => {}
+        }
+        let needed = r.reader.short_devices();
+        for (path, len, want) in needed {
+            problems.push(format!(
+                "node {} {}: {len} bytes, but the allocated slots need {want}: the file was cut \
+                 short and pages are missing",
+                r.node,
+                path.display()
+            ));
         }
         if sb.node_id != r.node as u32 {
             problems.push(format!(
@@ -404,6 +452,8 @@ fn node_json(r: &NodeReport, outside: Option<&BTreeMap<u8, u64>>) -> serde_json:
             }).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "cluster_id": sb.cluster_id,
+        "store_id": format!("{:#018x}", sb.store_id),
+        "logged": sb.logged,
         "clean": sb.clean,
         "allocated_slots": sb.next_slot,
         "capacity_slots": sb.capacity,
@@ -424,6 +474,16 @@ fn node_json(r: &NodeReport, outside: Option<&BTreeMap<u8, u64>>) -> serde_json:
                 "checkpoints": l.checkpoints,
                 "redo_lsn": l.redo_lsn,
                 "end_lsn": l.end_lsn,
+                "store_id": format!("{:#018x}", l.store_id),
+                "end": match &l.end {
+                    None => serde_json::Value::Null,
+                    Some(LogEnd::Clean) => json!("clean"),
+                    Some(LogEnd::Full) => json!("full"),
+                    Some(LogEnd::TornTail { lsn, flush }) => json!({"torn_tail": {"lsn": lsn, "flush": flush}}),
+                    Some(LogEnd::Discarded { lsn, .. }) => json!({"discarded_from": lsn}),
+                },
+                "damage": l.damage,
+                "bad_header_blocks": l.bad_headers,
                 "pending_chunks": l.pending.chunks,
                 "pending_records": l.pending.records,
                 "pending_bytes": l.pending.log_bytes,
@@ -512,7 +572,13 @@ fn print_summary(
                 .map_or(String::new(), |n| format!("; {n} in use outside every tree"))
         );
         match &r.log {
+            None if sb.logged => say!("  log: MISSING (the store was last opened with one)"),
             None => say!("  log: none (durability none)"),
+            Some((p, Ok(l))) if l.damage.is_some() => say!(
+                "  log: {}: DAMAGED at LSN {} (see the problems below)",
+                p.display(),
+                l.end_lsn
+            ),
             Some((p, Err(why))) => say!("  log: {}: UNREADABLE: {why}", p.display()),
             Some((p, Ok(l))) => say!(
                 "  log: {}, {}, {} checkpoints; after the last (LSN {}): {} chunks, {:.1} MB{}",

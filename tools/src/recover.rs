@@ -4,12 +4,18 @@
 //! checkpoint, writes the pages and syncs) and closed cleanly; an unclean one without a log
 //! (durability "none") cannot be recovered, and is reported.
 //!
+//! A damaged log (a chunk that fails its checks with durable data after it) is refused with an
+//! error naming the damaged range, and nothing is changed; `--discard-damaged-log` recovers up
+//! to the damage instead and gives up the rest.
+//!
 //! Exit status: 0 when every store is clean afterwards, 1 when a store could not be recovered
-//! (no log), 2 when DIR cannot be read or recovery failed.
+//! (no log, or its log is missing), 2 when DIR cannot be read or recovery failed (a damaged
+//! log among the causes).
 
 use serde_json::json;
 use shoal_engine::{lock_for_reading, Durability, Engine};
 use shoal_storage::inspect::StoreReader;
+use shoal_storage::wal::LogEnd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -20,6 +26,12 @@ pub struct Args {
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// A store whose log is damaged is recovered up to the damage, and everything the log
+    /// holds after it is given up (without this, recovery refuses a damaged log and changes
+    /// nothing). For a log that cannot be repaired or restored; `shoal inspect` shows the
+    /// damage first.
+    #[arg(long)]
+    pub discard_damaged_log: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
@@ -45,6 +57,16 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             continue;
         }
         let Some(log) = log else {
+            if sb.logged {
+                say!(
+                    "node {node}: not shut down cleanly, and its write-ahead log is missing \
+                     (the store was last opened with one): it cannot be recovered without it; \
+                     put the log back"
+                );
+                nodes.push(json!({"node": node, "state": "log_missing"}));
+                lost += 1;
+                continue;
+            }
             say!(
                 "node {node}: not shut down cleanly and has no log (durability none): it cannot \
                  be recovered; changes since its last clean shutdown are lost (an engine opens it \
@@ -57,6 +79,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         let mut cfg = crate::cli::recovering_config(&store.dir, node, 16 << 20);
         cfg.cluster_id = sb.cluster_id;
         cfg.devices = store.devices.len();
+        cfg.discard_damaged_log = a.discard_damaged_log;
         debug_assert_eq!(
             cfg.durability,
             Durability::Commit,
@@ -69,12 +92,21 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         engine
             .close()
             .map_err(|e| anyhow::anyhow!("node {node}: closing after recovery: {e}"))?;
+        let ended = match &r.end {
+            Some(LogEnd::TornTail { lsn, .. }) => format!(
+                "; the log's last flush was cut off by the crash at LSN {lsn} (never acknowledged)"
+            ),
+            Some(LogEnd::Discarded { lsn, .. }) => format!(
+                "; the log was DAMAGED at LSN {lsn}: everything after it was given up, as asked"
+            ),
+            _ => String::new(),
+        };
         let mb = r.log_bytes as f64 / 1e6;
         let rate = if r.seconds > 0.0 { mb / r.seconds } else { 0.0 };
         say!(
             "node {node}: recovered: {} chunks, {} records, {mb:.1} MB of log, {} pages written, \
              {:.2} s ({rate:.0} MB/s of log), {rolled_back} unfinished transaction(s) rolled \
-             back; the store is clean",
+             back; the store is clean{ended}",
             r.chunks,
             r.records,
             r.pages,
@@ -90,6 +122,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             "seconds": r.seconds,
             "log_mb_per_s": rate,
             "transactions_rolled_back": rolled_back,
+            "log_end": match &r.end {
+                Some(LogEnd::TornTail { lsn, .. }) => json!({"torn_tail_at": lsn}),
+                Some(LogEnd::Discarded { lsn, why }) => json!({"discarded_from": lsn, "damage": why}),
+                Some(LogEnd::Full) => json!("full"),
+                _ => json!("clean"),
+            },
         }));
     }
     if let Some(path) = &a.json {

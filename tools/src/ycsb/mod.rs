@@ -622,6 +622,24 @@ fn drive_run_phase(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitC
             dir.display()
         ));
     }
+    // A run that crashed wrote its inserts but not the description: the next insert goes past
+    // the largest key the table holds, whatever the description says.
+    let w0 = nodes.engines[0].worker();
+    let largest = match tree.range::<&[u8]>(&w0, ..).rev().next() {
+        Some(entry) => decode_u64(&entry.map_err(anyhow::Error::from)?.0),
+        None => None,
+    };
+    drop(w0);
+    if let Some(k) = largest.filter(|&k| k >= set.next_key) {
+        say!(
+            "the data set description said the next insert is key {}, the table holds keys up to \
+             {k} (an earlier run stopped before it could record its inserts): inserts continue \
+             after {k}",
+            set.next_key
+        );
+        set.next_key = k + 1;
+        set.write(dir)?;
+    }
     say!(
         "check: {count} records ({} loaded, {} inserted by {} earlier run(s)) in {:.2} s",
         set.records,
@@ -844,13 +862,12 @@ impl DataSet {
             .map_err(|e| usage(format!("{}: not a data set description: {e}", p.display())))
     }
 
-    /// Written beside the stores (a new file renamed over the old one).
+    /// Written beside the stores, atomically and durably (a new file, synced, renamed over
+    /// the old one, the directory synced): a crash leaves the old description or the new one.
     fn write(&self, dir: &std::path::Path) -> anyhow::Result<()> {
         let p = dir.join(DATA_SET_FILE);
-        let tmp = dir.join(format!("{DATA_SET_FILE}.new"));
         let text = serde_json::to_string_pretty(self).expect("serialises") + "\n";
-        std::fs::write(&tmp, text)
-            .and_then(|()| std::fs::rename(&tmp, &p))
+        shoal_storage::fs::write_atomic(&p, text.as_bytes())
             .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
     }
 

@@ -10,19 +10,21 @@
 //! through together.
 //!
 //! **On disk** the log is a preallocated file used as a circle: two header blocks (the last
-//! checkpoint, written alternately) and a data area. A flush copies the complete chunks that
-//! follow the durable ones, padded to a 4 KiB block (a durable block is never written again),
-//! writes them with `pwrite` and makes them durable with `fdatasync`. Whoever needs durability
-//! flushes (a committing worker, the provider before a write-back, the log thread): the
-//! flush lock is the group-commit queue, and the leader flushes everything complete, for the
-//! whole queue.
+//! checkpoint, written alternately) and a data area of stamped 512-byte sectors ([`disk`]). A
+//! flush copies the complete chunks that follow the durable ones into a *stream* padded to a
+//! whole block (a durable block is never written again), lays it out as sectors stamped with
+//! the flush's number, writes them with `pwrite` and makes them durable with `fdatasync`.
+//! Whoever needs durability flushes (a committing worker, the provider before a write-back,
+//! the log thread): the flush lock is the group-commit queue, and the leader flushes everything
+//! complete, for the whole queue. Flushes never overlap: each is synced before the next is
+//! written, which is what lets recovery tell a torn tail from damage ([`scan`]).
 //!
 //! A chunk on disk and in the ring:
 //!
 //! ```text
 //! word 0: lsn                  u64   the chunk's own LSN (the ring's "complete" mark)
 //! word 1: len u32 | crc u32          payload bytes (before padding to 8) and their CRC-32
-//! payload, padded to 8 bytes with zeros: records (see `put_*`)
+//! payload, padded to 8 bytes with zeros: records (see [`record`])
 //! ```
 //!
 //! A word `PAD` at a chunk boundary means "nothing more in this block".
@@ -36,20 +38,27 @@
 //!
 //! This module must not know about frames or latches: the engine tells it what to append.
 
+pub mod disk;
+pub mod record;
+mod scan;
+
+pub use disk::{RedoPoint, BLOCK};
+pub use record::{put_diff, put_end, put_image, put_undo, rec, IMAGE_RECORD};
+pub use scan::{LogEnd, Replay};
+
 use crate::allocator::Allocator;
 use crate::error::{StoreError, StoreResult};
-use crate::page::PAGE_DATA_SIZE;
+use disk::{alloc_path, encode_alloc, Header, Layout, HEADER_BYTES, SBLOCK, SECTOR, SECTOR_DATA};
 use parking_lot::{Condvar, Mutex};
+pub use scan::ScanMode;
+use scan::{bad, io_err};
+pub(crate) use scan::{read_alloc, read_existing, scan, Found};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Log file block: flushes start and end on block boundaries.
-pub const BLOCK: u64 = 4096;
-/// The two header blocks at the start of the file.
-const HEADER_BYTES: u64 = 2 * BLOCK;
 /// "Nothing more in this block."
 const PAD: u64 = u64::MAX;
 const CHUNK_HEADER: u64 = 16;
@@ -61,88 +70,8 @@ const FIRST_LSN: u64 = BLOCK;
 /// After recovery the log continues this far beyond the last valid chunk, past any LSN a torn
 /// flush of the crashed run can have left in the file.
 const RESTART_GAP: u64 = 1 << 26;
-const HEADER_MAGIC: u64 = 0x4c41_5720_4c41_4f48; // "HOAL WAL"
-const ALLOC_MAGIC: u64 = 0x434f_4c41_4c41_4f48; // "HOALALOC"
-/// Format 2 adds the keep point (transactions' undo records); format 1 headers are read with
-/// keep = redo.
-const FORMAT: u32 = 2;
 /// How long a flush waits for a checkpoint to free log space before it reports the log full.
 const FULL_WAIT: Duration = Duration::from_secs(30);
-
-/// Record kinds (the first byte of each record in a chunk's payload).
-pub mod rec {
-    /// A whole page: slot u64, pid u64, `PAGE_DATA_SIZE` bytes.
-    pub const IMAGE: u8 = 1;
-    /// Changed byte ranges of a page: slot u64, pid u64, count u16, then per range off u16,
-    /// len u16 and the bytes.
-    pub const DIFF: u8 = 2;
-    /// A slot was handed out: slot u64.
-    pub const ALLOC: u8 = 3;
-    /// A slot was given back: slot u64.
-    pub const FREE: u8 = 4;
-    /// A checkpoint began here (no body).
-    pub const CHECKPOINT: u8 = 5;
-    /// How to undo one operation of a transaction (opaque to the log: the layer that made it
-    /// applies it after a crash): txn u64 (0: the transaction begins with this chunk, its id
-    /// is the LSN just past the chunk), len u32, the bytes.
-    pub const UNDO: u8 = 6;
-    /// A transaction ended (committed, or rolled back by its owner): txn u64.
-    pub const END: u8 = 7;
-}
-
-/// Append an undo record of transaction `txn` (0: it begins in this chunk).
-pub fn put_undo(buf: &mut Vec<u8>, txn: u64, undo: &[u8]) {
-    buf.push(rec::UNDO);
-    buf.extend_from_slice(&txn.to_le_bytes());
-    buf.extend_from_slice(&(undo.len() as u32).to_le_bytes());
-    buf.extend_from_slice(undo);
-}
-
-/// Append the end record of transaction `txn`.
-pub fn put_end(buf: &mut Vec<u8>, txn: u64) {
-    buf.push(rec::END);
-    buf.extend_from_slice(&txn.to_le_bytes());
-}
-
-/// Append a whole-page record to a chunk being built.
-pub fn put_image(buf: &mut Vec<u8>, slot: u64, pid: u64, data: &[u8]) {
-    assert_eq!(
-        data.len(),
-        PAGE_DATA_SIZE,
-        "a page image is the whole data area"
-    );
-    buf.push(rec::IMAGE);
-    buf.extend_from_slice(&slot.to_le_bytes());
-    buf.extend_from_slice(&pid.to_le_bytes());
-    buf.extend_from_slice(data);
-}
-
-/// Append a changed-ranges record: `ranges` are (offset, length) into `page` (the data area).
-pub fn put_diff(
-    buf: &mut Vec<u8>,
-    slot: u64,
-    pid: u64,
-    ranges: impl ExactSizeIterator<Item = (u16, u16)>,
-    page: &[u8],
-) {
-    buf.push(rec::DIFF);
-    buf.extend_from_slice(&slot.to_le_bytes());
-    buf.extend_from_slice(&pid.to_le_bytes());
-    buf.extend_from_slice(&(ranges.len() as u16).to_le_bytes());
-    for (off, len) in ranges {
-        let (o, l) = (off as usize, len as usize);
-        assert!(
-            o + l <= PAGE_DATA_SIZE,
-            "range {o}+{l} beyond the data area"
-        );
-        buf.extend_from_slice(&off.to_le_bytes());
-        buf.extend_from_slice(&len.to_le_bytes());
-        buf.extend_from_slice(&page[o..o + l]);
-    }
-}
-
-/// Bytes an image record takes.
-pub const IMAGE_RECORD: usize = 17 + PAGE_DATA_SIZE;
 
 /// Configuration of a node's log.
 #[derive(Debug, Clone)]
@@ -247,24 +176,6 @@ impl LogCounters {
     }
 }
 
-/// The redo start recorded by the last finished checkpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RedoPoint {
-    pub lsn: u64,
-    /// Position in the data area, counted from the start of the log's life (never wraps).
-    pub fpos: u64,
-}
-
-/// What a recovery replayed.
-#[derive(Debug, Default, Clone)]
-pub struct Replay {
-    pub chunks: u64,
-    pub records: u64,
-    pub log_bytes: u64,
-    pub pages: u64,
-    pub seconds: f64,
-}
-
 struct Flusher {
     /// LSN of the next chunk to copy out of the ring.
     next: u64,
@@ -276,9 +187,14 @@ struct Flusher {
     /// only when a transaction that was running at the last checkpoint began before it (its
     /// undo records must stay readable).
     keep: RedoPoint,
-    /// The last checkpoint record copied out: (lsn, fpos).
+    /// The last checkpoint record copied out: (lsn, fpos, flush).
     last_checkpoint: Option<RedoPoint>,
+    /// The number the next flush takes (one more per flush, over the log's life).
+    flush: u64,
+    /// The stream of the flush being written (chunks and padding).
     wbuf: BlockBuf,
+    /// The same laid out as stamped sectors: what is written.
+    pbuf: BlockBuf,
 }
 
 /// One 4 KiB block, aligned as O_DIRECT needs.
@@ -334,8 +250,8 @@ pub struct Wal {
     /// The same file opened with O_DIRECT for the data area's writes (no copy into the page
     /// cache; `None` where the file system refuses O_DIRECT: then `file` writes).
     direct: Option<File>,
-    /// Bytes of the data area.
-    data_bytes: u64,
+    /// The data area's size and the store's id (sector stamps).
+    layout: Layout,
     ring: Box<[AtomicU64]>,
     ring_bytes: u64,
     /// epoch << 48 | next free LSN.
@@ -388,117 +304,6 @@ fn pad8(n: usize) -> usize {
     n.div_ceil(8) * 8
 }
 
-fn io_err(path: &Path, source: std::io::Error) -> StoreError {
-    StoreError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
-fn bad(path: &Path, why: String) -> StoreError {
-    StoreError::BadLog {
-        path: path.to_path_buf(),
-        why,
-    }
-}
-
-/// The on-disk header: which checkpoint recovery starts from.
-#[derive(Debug, Clone, Copy)]
-struct Header {
-    seq: u64,
-    data_bytes: u64,
-    redo: RedoPoint,
-    keep: RedoPoint,
-    /// CRC of the allocator snapshot written with this header (file `seq % 2`).
-    alloc_crc: u32,
-}
-
-impl Header {
-    fn encode(&self) -> Vec<u8> {
-        let mut b = vec![0u8; BLOCK as usize];
-        b[0..8].copy_from_slice(&HEADER_MAGIC.to_le_bytes());
-        b[8..12].copy_from_slice(&FORMAT.to_le_bytes());
-        b[12..16].copy_from_slice(&self.alloc_crc.to_le_bytes());
-        b[16..24].copy_from_slice(&self.seq.to_le_bytes());
-        b[24..32].copy_from_slice(&self.data_bytes.to_le_bytes());
-        b[32..40].copy_from_slice(&self.redo.lsn.to_le_bytes());
-        b[40..48].copy_from_slice(&self.redo.fpos.to_le_bytes());
-        b[48..56].copy_from_slice(&self.keep.lsn.to_le_bytes());
-        b[56..64].copy_from_slice(&self.keep.fpos.to_le_bytes());
-        let crc = crc32fast::hash(&b[..64]);
-        b[64..68].copy_from_slice(&crc.to_le_bytes());
-        b
-    }
-
-    fn decode(b: &[u8]) -> Option<Header> {
-        let u64at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
-        let u32at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
-        let format = u32at(8);
-        let crc_at = match format {
-            1 => 48,
-            FORMAT => 64,
-            _ => return None,
-        };
-        if u64at(0) != HEADER_MAGIC || crc32fast::hash(&b[..crc_at]) != u32at(crc_at) {
-            return None;
-        }
-        let redo = RedoPoint {
-            lsn: u64at(32),
-            fpos: u64at(40),
-        };
-        let keep = if format == 1 {
-            redo
-        } else {
-            RedoPoint {
-                lsn: u64at(48),
-                fpos: u64at(56),
-            }
-        };
-        if keep.lsn > redo.lsn || keep.fpos > redo.fpos {
-            return None;
-        }
-        Some(Header {
-            alloc_crc: u32at(12),
-            seq: u64at(16),
-            data_bytes: u64at(24),
-            redo,
-            keep,
-        })
-    }
-}
-
-pub(crate) fn alloc_path(path: &Path, seq: u64) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(format!(".alloc{}", seq % 2));
-    PathBuf::from(s)
-}
-
-fn encode_alloc(a: &Allocator) -> Vec<u8> {
-    let mut b = Vec::with_capacity(32 + a.free_slots().len() * 8);
-    b.extend_from_slice(&ALLOC_MAGIC.to_le_bytes());
-    b.extend_from_slice(&a.next_slot().to_le_bytes());
-    b.extend_from_slice(&(a.free_slots().len() as u64).to_le_bytes());
-    for s in a.free_slots() {
-        b.extend_from_slice(&s.to_le_bytes());
-    }
-    b
-}
-
-fn decode_alloc(b: &[u8], capacity: u64) -> Option<Allocator> {
-    if b.len() < 24 || u64::from_le_bytes(b[0..8].try_into().ok()?) != ALLOC_MAGIC {
-        return None;
-    }
-    let next = u64::from_le_bytes(b[8..16].try_into().ok()?);
-    let n = u64::from_le_bytes(b[16..24].try_into().ok()?) as usize;
-    if b.len() != 24 + n * 8 {
-        return None;
-    }
-    let free = (0..n)
-        .map(|i| u64::from_le_bytes(b[24 + i * 8..32 + i * 8].try_into().expect("8 bytes")))
-        .collect();
-    Some(Allocator::new(next, free, capacity))
-}
-
 /// What a log holds, read without opening a store ([`survey`], for `shoal inspect`).
 #[derive(Debug, Clone)]
 pub struct LogInfo {
@@ -507,44 +312,63 @@ pub struct LogInfo {
     pub checkpoints: u64,
     /// Where recovery would begin (LSN of the last finished checkpoint).
     pub redo_lsn: u64,
-    /// LSN just past the last valid chunk.
+    /// The id of the store the log belongs to.
+    pub store_id: u64,
+    /// LSN just past the last valid chunk (where the scan stopped, if the log is damaged).
     pub end_lsn: u64,
+    /// How the log ends (None: it is damaged, see `damage`).
+    pub end: Option<LogEnd>,
     /// What recovery would replay (its `pages` and `seconds` are 0: nothing is applied).
     pub pending: Replay,
+    /// The log is damaged: recovery refuses it with this error (a [`StoreError::LogDamaged`]).
+    pub damage: Option<String>,
+    /// Header blocks that were not intact (0 and/or 1).
+    pub bad_headers: Vec<u64>,
 }
 
-/// Read the log at `path`: its header and the chunks after its redo point (nothing written).
-pub fn survey(path: &Path) -> StoreResult<LogInfo> {
-    let (found, file) = Wal::read_existing(path)?;
+/// Read the log at `path`: its header and the chunks after its keep point. Opens the file
+/// read-only and writes nothing (`shoal inspect`); a damaged log is reported in
+/// [`LogInfo::damage`], not as an error. `mode`: [`ScanMode::Judge`] for a store that needs
+/// recovery (it reads the whole log), [`ScanMode::End`] for a clean one.
+pub fn survey(path: &Path, mode: ScanMode) -> StoreResult<LogInfo> {
+    let (found, file) = read_existing(path, false)?;
     let file_bytes = file.metadata().map_err(|e| io_err(path, e))?.len();
-    let (end, mut pending) = Wal::scan(path, &file, &found, |_, _, _| Ok(()))?;
-    pending.seconds = 0.0;
-    Ok(LogInfo {
+    let mut info = LogInfo {
         file_bytes,
         checkpoints: found.header.seq,
         redo_lsn: found.header.redo.lsn,
-        end_lsn: end.lsn,
-        pending,
-    })
-}
-
-/// What [`Wal::open`] found in an existing log.
-pub(crate) struct Found {
-    header: Header,
-}
-
-impl Found {
-    /// Where replaying pages begins (records before it, from the keep point, are read for
-    /// transactions only).
-    pub(crate) fn redo_lsn(&self) -> u64 {
-        self.header.redo.lsn
+        store_id: found.store_id(),
+        end_lsn: found.header.keep.lsn,
+        end: None,
+        pending: Replay::default(),
+        damage: None,
+        bad_headers: found.bad_copies.clone(),
+    };
+    let r = scan(path, &file, &found, mode, |_, _, _| Ok(()));
+    match r {
+        Ok(sc) => {
+            info.end_lsn = sc.end.lsn;
+            info.end = Some(sc.how);
+            info.pending = sc.replay;
+            info.pending.seconds = 0.0;
+        }
+        Err(e @ StoreError::LogDamaged { .. }) => {
+            if let StoreError::LogDamaged { lsn, .. } = &e {
+                info.end_lsn = *lsn;
+            }
+            info.damage = Some(e.to_string());
+        }
+        Err(e) => return Err(e),
     }
+    Ok(info)
 }
 
 impl Wal {
-    /// Create a new, empty log at `cfg.path` (preallocated). `alloc` is the allocator state the
-    /// log starts from.
-    pub(crate) fn create(cfg: &WalConfig, alloc: &Allocator) -> StoreResult<Wal> {
+    /// Create a new, empty log at `cfg.path` (preallocated) for the store `store_id`, with its
+    /// two allocator snapshot files, all synced. `alloc` is the allocator state the log starts
+    /// from. The caller syncs the directory (the store creates logs under a temporary name and
+    /// renames them into place).
+    pub(crate) fn create(cfg: &WalConfig, store_id: u64, alloc: &Allocator) -> StoreResult<Wal> {
         Self::check_config(cfg)?;
         let file = OpenOptions::new()
             .read(true)
@@ -554,7 +378,7 @@ impl Wal {
             .open(&cfg.path)
             .map_err(|e| io_err(&cfg.path, e))?;
         // Reserve the whole file now: a full device is an error at open, never at a commit.
-        crate::io::fallocate(&file, 0, cfg.file_bytes).map_err(|e| {
+        crate::fs::reserve_file(&file, cfg.file_bytes).map_err(|e| {
             if crate::io::is_full(&e) {
                 StoreError::NoRoomForLog {
                     path: cfg.path.clone(),
@@ -565,12 +389,24 @@ impl Wal {
                 io_err(&cfg.path, e)
             }
         })?;
-        let data_bytes = cfg.file_bytes - HEADER_BYTES;
+        let layout = Layout {
+            data_bytes: cfg.file_bytes - HEADER_BYTES,
+            store_id,
+        };
+        // the first flush is number 1: the start point names the one before it
         let redo = RedoPoint {
             lsn: FIRST_LSN,
             fpos: 0,
+            flush: 0,
         };
-        let wal = Wal::new(cfg, file, data_bytes, redo, 0);
+        let wal = Wal::new(cfg, file, layout, redo, 0);
+        // both snapshot files exist from the start: later checkpoints only rewrite them
+        for seq in [1, 2] {
+            let p = alloc_path(&cfg.path, seq);
+            File::create(&p)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| io_err(&p, e))?;
+        }
         wal.write_header(redo, redo, alloc)?;
         Ok(wal)
     }
@@ -598,7 +434,7 @@ impl Wal {
         Ok(())
     }
 
-    fn new(cfg: &WalConfig, file: File, data_bytes: u64, redo: RedoPoint, seq: u64) -> Wal {
+    fn new(cfg: &WalConfig, file: File, layout: Layout, redo: RedoPoint, seq: u64) -> Wal {
         let words = cfg.ring_bytes / 8;
         let direct = {
             use std::os::unix::fs::OpenOptionsExt;
@@ -608,11 +444,13 @@ impl Wal {
                 .open(&cfg.path)
                 .ok()
         };
+        // one flush takes at most a ring of chunks, a wrap's padding and a block's
+        let stream_bytes = (2 * cfg.ring_bytes as u64 + SBLOCK).div_ceil(SBLOCK) * SBLOCK;
         Wal {
             path: cfg.path.clone(),
             file,
             direct,
-            data_bytes,
+            layout,
             ring: (0..words).map(|_| AtomicU64::new(0)).collect(),
             ring_bytes: cfg.ring_bytes as u64,
             tail: AtomicU64::new(join(0, redo.lsn)),
@@ -625,8 +463,9 @@ impl Wal {
                 redo,
                 keep: redo,
                 last_checkpoint: None,
-                // one flush takes at most a ring of chunks, a wrap's padding and a block's
-                wbuf: BlockBuf::new(2 * cfg.ring_bytes as u64 + BLOCK),
+                flush: redo.flush + 1,
+                wbuf: BlockBuf::new(stream_bytes),
+                pbuf: BlockBuf::new(stream_bytes / SECTOR_DATA * SECTOR),
             }),
             space: Condvar::new(),
             header: Mutex::new(HeaderState { seq }),
@@ -641,132 +480,9 @@ impl Wal {
         }
     }
 
-    /// Read the header of the log at `path`: the newest valid one of the two, with the
-    /// allocator snapshot written with it.
-    pub(crate) fn read_existing(path: &Path) -> StoreResult<(Found, File)> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|e| io_err(path, e))?;
-        let mut best: Option<Header> = None;
-        for k in 0..2u64 {
-            let mut b = vec![0u8; BLOCK as usize];
-            if file.read_exact_at(&mut b, k * BLOCK).is_err() {
-                continue;
-            }
-            if let Some(h) = Header::decode(&b) {
-                if h.seq % 2 == k && best.is_none_or(|x| h.seq > x.seq) {
-                    best = Some(h);
-                }
-            }
-        }
-        let header = best.ok_or_else(|| bad(path, "no valid header block".into()))?;
-        let len = file.metadata().map_err(|e| io_err(path, e))?.len();
-        if header.data_bytes + HEADER_BYTES > len {
-            return Err(bad(
-                path,
-                format!(
-                    "header says {} data bytes, the file has {len}",
-                    header.data_bytes
-                ),
-            ));
-        }
-        Ok((Found { header }, file))
-    }
-
-    /// The allocator snapshot written with `found`'s header.
-    pub(crate) fn read_alloc(path: &Path, found: &Found, capacity: u64) -> StoreResult<Allocator> {
-        let p = alloc_path(path, found.header.seq);
-        let b = std::fs::read(&p).map_err(|e| io_err(&p, e))?;
-        if crc32fast::hash(&b) != found.header.alloc_crc {
-            return Err(bad(
-                &p,
-                "allocator snapshot does not match the log header".into(),
-            ));
-        }
-        decode_alloc(&b, capacity).ok_or_else(|| bad(&p, "malformed allocator snapshot".into()))
-    }
-
-    /// Replay the log of `found` from its redo point: `apply(lsn, record kind, body)` for every
-    /// record of every complete chunk, in log order. Returns the LSN and data position just past
-    /// the last valid chunk, and the totals.
-    pub(crate) fn scan(
-        path: &Path,
-        file: &File,
-        found: &Found,
-        mut apply: impl FnMut(u64, u8, &[u8]) -> StoreResult<()>,
-    ) -> StoreResult<(RedoPoint, Replay)> {
-        let t0 = Instant::now();
-        let h = &found.header;
-        let s = h.data_bytes;
-        let mut at = h.keep;
-        let mut out = Replay::default();
-        // read the data area in 1 MiB windows
-        let mut win: Vec<u8> = Vec::new();
-        let mut win_start = u64::MAX; // fpos of win[0]
-        let read = |fpos: u64,
-                    len: u64,
-                    win: &mut Vec<u8>,
-                    win_start: &mut u64|
-         -> StoreResult<Vec<u8>> {
-            let mut out = Vec::with_capacity(len as usize);
-            let mut p = fpos;
-            while (out.len() as u64) < len {
-                if *win_start == u64::MAX || p < *win_start || p >= *win_start + win.len() as u64 {
-                    let off = p % s;
-                    let n = (1u64 << 20).min(s - off);
-                    win.resize(n as usize, 0);
-                    file.read_exact_at(win, HEADER_BYTES + off)
-                        .map_err(|e| io_err(path, e))?;
-                    *win_start = p;
-                }
-                let i = (p - *win_start) as usize;
-                let take = ((len as usize) - out.len()).min(win.len() - i);
-                out.extend_from_slice(&win[i..i + take]);
-                p += take as u64;
-            }
-            Ok(out)
-        };
-        let limit = h.keep.fpos + s;
-        loop {
-            if at.fpos + CHUNK_HEADER > limit {
-                break;
-            }
-            let in_block = at.fpos % BLOCK;
-            let w = read(at.fpos, 8, &mut win, &mut win_start)?;
-            let w0 = u64::from_le_bytes(w[..8].try_into().expect("8 bytes"));
-            if w0 == PAD {
-                at.fpos += BLOCK - in_block;
-                continue;
-            }
-            if w0 != at.lsn {
-                break;
-            }
-            let w1b = read(at.fpos + 8, 8, &mut win, &mut win_start)?;
-            let w1 = u64::from_le_bytes(w1b[..8].try_into().expect("8 bytes"));
-            let (len, crc) = (w1 & 0xffff_ffff, (w1 >> 32) as u32);
-            let size = CHUNK_HEADER + pad8(len as usize) as u64;
-            if at.fpos % s + size > s || at.fpos + size > limit {
-                break;
-            }
-            let payload = read(at.fpos + CHUNK_HEADER, len, &mut win, &mut win_start)?;
-            if crc32fast::hash(&payload) != crc {
-                break;
-            }
-            out.records += for_each_record(&payload, |kind, body| apply(at.lsn, kind, body))
-                .map_err(|why| bad(path, format!("chunk at LSN {}: {why}", at.lsn)))?;
-            out.chunks += 1;
-            out.log_bytes += size;
-            at.lsn += size;
-            at.fpos += size;
-        }
-        out.seconds = t0.elapsed().as_secs_f64();
-        Ok((at, out))
-    }
-
-    /// Continue a recovered (or cleanly closed) log: appends start a safe distance past `end`,
-    /// on a fresh block, and the header names that point as the redo start (with `alloc`).
+    /// Continue a recovered (or cleanly closed) log: appends start a safe distance past
+    /// `end` (from [`scan`]), on a fresh block, with flush numbers past every one on the disk,
+    /// and the header names that point as the redo start (with `alloc`).
     pub(crate) fn resume(
         cfg: &WalConfig,
         file: File,
@@ -775,35 +491,35 @@ impl Wal {
         alloc: &Allocator,
     ) -> StoreResult<Wal> {
         Self::check_config(cfg)?;
-        let s = found.header.data_bytes;
-        if cfg.file_bytes != s + HEADER_BYTES {
+        let h = &found.header;
+        if cfg.file_bytes != h.data_bytes + HEADER_BYTES {
             log::info!(
                 "{}: the log keeps its size of {} MiB (configured {} MiB)",
                 cfg.path.display(),
-                (s + HEADER_BYTES) >> 20,
+                (h.data_bytes + HEADER_BYTES) >> 20,
                 cfg.file_bytes >> 20
             );
         }
-        let fpos = end.fpos.div_ceil(BLOCK) * BLOCK;
+        let fpos = end.fpos.div_ceil(SBLOCK) * SBLOCK;
         let lsn = (end.lsn + RESTART_GAP).div_ceil(BLOCK) * BLOCK;
         if lsn > LSN_MASK / 2 {
             return Err(bad(&cfg.path, "log sequence numbers exhausted".into()));
         }
-        let redo = RedoPoint { lsn, fpos };
-        let wal = Wal::new(cfg, file, s, redo, found.header.seq + 1);
-        // the old chunks from the new start on must not look like the continuation: the first
-        // block is overwritten by a PAD now
-        wal.write_pad_block(fpos)?;
+        // `end.flush` is the number the first new flush takes; the point names the one before
+        let redo = RedoPoint {
+            lsn,
+            fpos,
+            flush: end.flush - 1,
+        };
+        let layout = Layout {
+            data_bytes: h.data_bytes,
+            store_id: h.store_id,
+        };
+        // the next header takes the next number, so it goes to the other block than the one
+        // just read: a torn write of it leaves that one intact
+        let wal = Wal::new(cfg, file, layout, redo, h.seq);
         wal.write_header(redo, redo, alloc)?;
         Ok(wal)
-    }
-
-    fn write_pad_block(&self, fpos: u64) -> StoreResult<()> {
-        let mut b = vec![0u8; BLOCK as usize];
-        b[..8].copy_from_slice(&PAD.to_le_bytes());
-        self.file
-            .write_all_at(&b, HEADER_BYTES + fpos % self.data_bytes)
-            .map_err(|e| io_err(&self.path, e))
     }
 
     /// Write the allocator snapshot and then the header naming `redo` (both synced).
@@ -813,17 +529,21 @@ impl Wal {
         let snap = encode_alloc(alloc);
         let ap = alloc_path(&self.path, seq);
         let write_snap = || -> std::io::Result<()> {
-            let f = File::create(&ap)?;
+            // the file exists (made with the log): no directory entry changes here
+            let f = OpenOptions::new().write(true).truncate(true).open(&ap)?;
             f.write_all_at(&snap, 0)?;
             f.sync_all()
         };
         write_snap().map_err(|e| io_err(&ap, e))?;
         let h = Header {
+            format: disk::FORMAT,
             seq,
-            data_bytes: self.data_bytes,
+            data_bytes: self.layout.data_bytes,
             redo,
             keep,
             alloc_crc: crc32fast::hash(&snap),
+            store_id: self.layout.store_id,
+            next_flush: self.flusher.lock().flush,
         };
         self.file
             .write_all_at(&h.encode(), (seq % 2) * BLOCK)
@@ -851,7 +571,8 @@ impl Wal {
     /// is room for what is in the ring and the groups already begun, so that a checkpoint can
     /// always flush what the pages it writes need and finish.
     fn admit_limit(&self) -> u64 {
-        self.data_bytes - (2 * self.ring_bytes).min(self.data_bytes / 2)
+        let cap = self.layout.capacity();
+        cap - (2 * self.ring_bytes).min(cap / 2)
     }
 
     /// The log is nearly full: a worker about to begin a change (holding no exclusive latch)
@@ -872,7 +593,7 @@ impl Wal {
             if self.space.wait_until(&mut f, deadline).timed_out() && self.tight() {
                 return Err(StoreError::LogFull {
                     path: self.path.clone(),
-                    bytes: self.data_bytes,
+                    bytes: self.layout.data_bytes,
                 });
             }
         }
@@ -894,7 +615,7 @@ impl Wal {
 
     /// Bytes of the data area.
     pub fn capacity_bytes(&self) -> u64 {
-        self.data_bytes
+        self.layout.capacity()
     }
 
     /// Append one chunk. `encode(c, buf)` writes its records into `buf` (empty on each call),
@@ -941,7 +662,7 @@ impl Wal {
             }
             let len = buf.len();
             let size = CHUNK_HEADER + pad8(len) as u64;
-            if size > self.ring_bytes / 4 || size > self.data_bytes / 4 {
+            if size > self.ring_bytes / 4 || size > self.layout.capacity() / 4 {
                 // (what one exclusive guard logs: its pages' changes and its undo records)
                 return Err(StoreError::BadLog {
                     path: self.path.clone(),
@@ -949,7 +670,8 @@ impl Wal {
                         "a log chunk of {size} bytes is larger than a quarter of the ring ({} \
                          bytes) or of the log ({} bytes): log less under one guard, or give \
                          the log more room",
-                        self.ring_bytes, self.data_bytes
+                        self.ring_bytes,
+                        self.layout.capacity()
                     ),
                 });
             }
@@ -1165,16 +887,20 @@ impl Wal {
         )
     }
 
-    /// Copy the complete chunks after `f.next` out of the ring and write them durably.
-    /// Returns whether anything was written.
+    /// Copy the complete chunks after `f.next` out of the ring and write them durably, as
+    /// flush number `f.flush`. Returns whether anything was written.
     fn flush_locked(&self, f: &mut parking_lot::MutexGuard<'_, Flusher>) -> StoreResult<bool> {
-        let s = self.data_bytes;
+        let cap = self.layout.capacity();
         let start_lsn = f.next;
         let start_fpos = f.fpos;
-        debug_assert_eq!(start_fpos % BLOCK, 0);
+        assert!(
+            start_fpos.is_multiple_of(SBLOCK),
+            "a flush starts on a block of the stream"
+        );
         f.wbuf.len = 0;
-        let mut pos = f.fpos; // fpos of the next byte of wbuf
+        let mut pos = f.fpos; // stream position of the next byte of wbuf
         let mut lsn = f.next;
+        let flush = f.flush;
         loop {
             // Acquire pairs with the writer's Release of the mark: the chunk's words are visible.
             if self.word(lsn).load(Ordering::Acquire) != lsn {
@@ -1183,23 +909,30 @@ impl Wal {
             let w1 = self.word(lsn + 8).load(Ordering::Relaxed);
             let len = (w1 & 0xffff_ffff) as usize;
             let size = CHUNK_HEADER + pad8(len) as u64;
-            if pos % s + size > s {
-                // no room before the end of the data area: pad to it and go on from its start
-                let n = s - pos % s;
-                Self::pad_to(&mut f.wbuf, &mut pos, n);
+            let wrap = if pos % cap + size > cap {
+                cap - pos % cap // no room before the end of the data area: go on from its start
+            } else {
+                0
+            };
+            if (wrap + size + SBLOCK) as usize > f.wbuf.room() {
+                break; // the rest in the next flush (the last block's padding fits)
             }
-            if pos + size > f.keep.fpos + s {
-                break; // the log is full up to the redo point
+            if pos + wrap + size > f.keep.fpos + cap {
+                break; // the log is full up to the keep point
             }
-            if size as usize + 2 * BLOCK as usize > f.wbuf.room() {
-                break; // the rest in the next flush
+            if wrap > 0 {
+                Self::pad_to(&mut f.wbuf, &mut pos, wrap);
             }
             self.copy_out(lsn, size, &mut f.wbuf);
             if len > 0
                 && (self.word(lsn + CHUNK_HEADER).load(Ordering::Relaxed) & 0xff) as u8
                     == rec::CHECKPOINT
             {
-                f.last_checkpoint = Some(RedoPoint { lsn, fpos: pos });
+                f.last_checkpoint = Some(RedoPoint {
+                    lsn,
+                    fpos: pos,
+                    flush,
+                });
             }
             pos += size;
             lsn += size;
@@ -1217,7 +950,7 @@ impl Wal {
                     self.failed.store(true, Ordering::Release);
                     Err(StoreError::LogFull {
                         path: self.path.clone(),
-                        bytes: s,
+                        bytes: self.layout.data_bytes,
                     })
                 };
             }
@@ -1231,24 +964,35 @@ impl Wal {
             z += 8;
         }
         self.released.store(lsn, Ordering::Release);
-        let rem = (BLOCK - pos % BLOCK) % BLOCK;
+        let rem = (SBLOCK - pos % SBLOCK) % SBLOCK;
         if rem > 0 {
             Self::pad_to(&mut f.wbuf, &mut pos, rem);
         }
+        // lay the stream out as sectors stamped with this flush's number
+        let phys = f.wbuf.len / SECTOR_DATA as usize * SECTOR as usize;
+        {
+            let Flusher { wbuf, pbuf, .. } = &mut **f;
+            pbuf.len = phys;
+            let out = &mut pbuf.all()[..phys];
+            self.layout
+                .stamp_into(start_fpos / SECTOR_DATA, flush, wbuf.bytes(), out);
+        }
         // write, wrapping at the end of the data area
-        let mut off = 0usize;
-        let mut p = start_fpos;
+        let first_sector = start_fpos / SECTOR_DATA;
         let out = self.direct.as_ref().unwrap_or(&self.file);
-        let wbuf = f.wbuf.bytes();
-        while off < wbuf.len() {
-            let at = p % s;
-            let n = ((s - at) as usize).min(wbuf.len() - off);
-            if let Err(e) = out.write_all_at(&wbuf[off..off + n], HEADER_BYTES + at) {
+        let data = f.pbuf.bytes();
+        let mut off = 0usize;
+        let mut k = first_sector;
+        while off < data.len() {
+            let at = self.layout.sector_offset(k);
+            let room = (self.layout.sectors() - k % self.layout.sectors()) * SECTOR;
+            let n = (room as usize).min(data.len() - off);
+            if let Err(e) = out.write_all_at(&data[off..off + n], at) {
                 self.failed.store(true, Ordering::Release);
                 return Err(io_err(&self.path, e));
             }
             off += n;
-            p += n as u64;
+            k += n as u64 / SECTOR;
         }
         let t = Instant::now();
         if let Err(e) = self.file.sync_data() {
@@ -1260,14 +1004,14 @@ impl Wal {
         st.sync_nanos.fetch_add(took, Ordering::Relaxed);
         st.sync_max_nanos.fetch_max(took, Ordering::Relaxed);
         st.flushes.fetch_add(1, Ordering::Relaxed);
-        st.bytes_written
-            .fetch_add(f.wbuf.len as u64, Ordering::Relaxed);
+        st.bytes_written.fetch_add(phys as u64, Ordering::Relaxed);
         f.next = lsn;
         f.fpos = pos;
+        f.flush += 1;
         self.set_used(f.fpos - f.keep.fpos);
-        debug_assert!(
-            f.fpos - f.keep.fpos <= s,
-            "the log overwrote its redo point"
+        assert!(
+            f.fpos - f.keep.fpos <= cap,
+            "the log overwrote its keep point"
         );
         // Release: whoever reads the new durable point may act on it (write pages back, ack).
         self.durable.store(lsn, Ordering::Release);
@@ -1302,7 +1046,7 @@ impl Wal {
         let end = *pos + n;
         let mut first = true;
         while *pos < end {
-            if first || (*pos).is_multiple_of(BLOCK) {
+            if first || (*pos).is_multiple_of(SBLOCK) {
                 buf.push_word(PAD);
             } else {
                 buf.push_word(0);
@@ -1321,7 +1065,7 @@ impl Wal {
         log::warn!(
             "{}: the log is full ({} MiB since the last checkpoint); waiting for a checkpoint",
             self.path.display(),
-            self.data_bytes >> 20
+            self.layout.data_bytes >> 20
         );
         while f.keep == keep {
             if self.space.wait_until(f, deadline).timed_out() {
@@ -1389,72 +1133,4 @@ impl Wal {
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
-}
-
-/// Call `f(kind, body)` for each record of a chunk payload; returns how many there were.
-pub(crate) fn for_each_record(
-    mut p: &[u8],
-    mut f: impl FnMut(u8, &[u8]) -> StoreResult<()>,
-) -> Result<u64, String> {
-    let mut n = 0;
-    while let Some((&kind, rest)) = p.split_first() {
-        let len = match kind {
-            rec::IMAGE => 16 + PAGE_DATA_SIZE,
-            rec::DIFF => {
-                if rest.len() < 18 {
-                    return Err("short diff record".into());
-                }
-                let count = u16::from_le_bytes([rest[16], rest[17]]) as usize;
-                let mut l = 18;
-                for _ in 0..count {
-                    if rest.len() < l + 4 {
-                        return Err("short diff range".into());
-                    }
-                    let off = u16::from_le_bytes([rest[l], rest[l + 1]]) as usize;
-                    let len = u16::from_le_bytes([rest[l + 2], rest[l + 3]]) as usize;
-                    if off + len > PAGE_DATA_SIZE {
-                        return Err(format!("diff range {off}+{len} beyond the page"));
-                    }
-                    l += 4 + len;
-                }
-                l
-            }
-            rec::ALLOC | rec::FREE | rec::END => 8,
-            rec::CHECKPOINT => 0,
-            rec::UNDO => {
-                if rest.len() < 12 {
-                    return Err("short undo record".into());
-                }
-                12 + u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes")) as usize
-            }
-            k => return Err(format!("unknown record kind {k}")),
-        };
-        if rest.len() < len {
-            return Err(format!("record of kind {kind} cut short"));
-        }
-        f(kind, &rest[..len]).map_err(|e| e.to_string())?;
-        n += 1;
-        p = &rest[len..];
-    }
-    Ok(n)
-}
-
-/// Apply a diff record's body (after the kind byte) to a page's data area.
-pub(crate) fn apply_diff(body: &[u8], page: &mut [u8]) {
-    let count = u16::from_le_bytes([body[16], body[17]]) as usize;
-    let mut l = 18;
-    for _ in 0..count {
-        let off = u16::from_le_bytes([body[l], body[l + 1]]) as usize;
-        let len = u16::from_le_bytes([body[l + 2], body[l + 3]]) as usize;
-        page[off..off + len].copy_from_slice(&body[l + 4..l + 4 + len]);
-        l += 4 + len;
-    }
-}
-
-/// The slot and pid at the start of an image or diff body.
-pub(crate) fn slot_pid(body: &[u8]) -> (u64, u64) {
-    (
-        u64::from_le_bytes(body[0..8].try_into().expect("8 bytes")),
-        u64::from_le_bytes(body[8..16].try_into().expect("8 bytes")),
-    )
 }

@@ -1,0 +1,133 @@
+//! File-system steps that durability depends on: reserving room, syncing directories,
+//! replacing a file atomically. What a crash (or a power loss) can leave behind of each is said
+//! at each function; `docs/durability.md` ("Faults") has the whole list.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// Room reserved by writing zeros (file systems without `fallocate`) is written this much at a
+/// time.
+const ZERO_CHUNK: usize = 1 << 20;
+
+/// Reserve room for `file` up to `len` bytes (its size becomes at least `len`): `fallocate`,
+/// or zeros written where the file system does not support it (or `SHOAL_RESERVE_BY_WRITING=1`
+/// asks for that). Bytes already in the file are left alone. A full device is an error whose
+/// [`crate::io::is_full`] holds.
+pub fn reserve_file(file: &File, len: u64) -> io::Result<()> {
+    reserve(file, len, by_writing_forced())
+}
+
+fn reserve(file: &File, len: u64, by_writing: bool) -> io::Result<()> {
+    let have = file.metadata()?.len();
+    if have >= len {
+        return Ok(());
+    }
+    if !by_writing {
+        match crate::io::fallocate(file, have, len - have) {
+            Err(e) if not_supported(&e) => log::info!(
+                "fallocate is not supported here ({e}): reserving {} MiB by writing zeros",
+                (len - have) >> 20
+            ),
+            r => return r,
+        }
+    }
+    let zeros = vec![0u8; ZERO_CHUNK];
+    let mut at = have;
+    while at < len {
+        let n = ((len - at) as usize).min(ZERO_CHUNK);
+        file.write_all_at(&zeros[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
+/// `SHOAL_RESERVE_BY_WRITING=1`: behave as on a file system without `fallocate` (tests).
+pub(crate) fn by_writing_forced() -> bool {
+    std::env::var_os("SHOAL_RESERVE_BY_WRITING").is_some_and(|v| v == "1")
+}
+
+/// An error that says the file system lacks the operation (not a full device, not a bad
+/// descriptor).
+pub(crate) fn not_supported(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL)
+    )
+}
+
+/// Make the entries of directory `dir` durable (files created, renamed or removed in it):
+/// without this, a power loss can take back a file that was just created or renamed.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    File::open(dir)?.sync_all()
+}
+
+/// Sync the directory holding `path`.
+pub fn sync_parent(path: &Path) -> io::Result<()> {
+    sync_dir(path.parent().unwrap_or(Path::new(".")))
+}
+
+/// `path` with `suffix` added to its file name (`a.dat` + `.creating` -> `a.dat.creating`).
+pub fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// Replace the file at `path` with `bytes`, atomically and durably: written to `path.new`,
+/// synced, renamed over `path`, and the directory synced. A crash leaves the old content or the
+/// new one, never a mix or an empty file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let tmp = with_suffix(path, ".new");
+    {
+        let f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        f.write_all_at(bytes, 0)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    sync_parent(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserving_by_writing_zeros_grows_the_file_and_keeps_its_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .unwrap();
+        f.write_all_at(b"keep", 0).unwrap();
+        reserve(&f, 3 << 20, true).unwrap();
+        assert_eq!(f.metadata().unwrap().len(), 3 << 20);
+        let mut b = [0u8; 4];
+        f.read_exact_at(&mut b, 0).unwrap();
+        assert_eq!(&b, b"keep");
+    }
+
+    #[test]
+    fn an_atomic_write_replaces_the_whole_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("set.json");
+        write_atomic(&p, b"first, longer").unwrap();
+        write_atomic(&p, b"second").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"second");
+        assert!(!with_suffix(&p, ".new").exists());
+    }
+}

@@ -1,0 +1,322 @@
+//! Faults of the files under a store with a log: a damaged log is refused (never read as a
+//! short one), a torn last flush is its end, a log of another store or a missing log is named,
+//! a data file cut short is refused, and an interrupted creation leaves no store or a whole one.
+//!
+//! Each test writes page images through the log (one flush per page, so the log holds many
+//! flushes), "crashes" by dropping the store without closing it, changes the files as the
+//! fault would, and opens the store again.
+
+use shoal_storage::wal::put_image;
+use shoal_storage::{
+    AlignedPage, PageStore, StoreConfig, StoreError, WalConfig, PAGE_DATA_SIZE, PAGE_SIZE,
+};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// Pages each test writes.
+const PAGES: u64 = 120;
+
+fn config(dir: &Path) -> StoreConfig {
+    let dev = dir.join("node0-0.dat");
+    let mut c = StoreConfig::new(vec![dev.clone()]);
+    let mut w = WalConfig::new(shoal_storage::store::default_log_path(&dev));
+    w.file_bytes = 4 << 20;
+    w.ring_bytes = 256 << 10;
+    c.wal = Some(w);
+    c
+}
+
+fn log_path(c: &StoreConfig) -> PathBuf {
+    c.wal.as_ref().unwrap().path.clone()
+}
+
+/// The content of page `i`.
+fn page_of(i: u64) -> Vec<u8> {
+    (0..PAGE_DATA_SIZE)
+        .map(|b| (b as u64 * 7 + i * 13) as u8)
+        .collect()
+}
+
+/// Write `PAGES` pages through the log, one flush each, and crash (drop without close).
+/// Returns the slots and, per page, the log's physical bytes written after its flush.
+fn crashed_store(c: &StoreConfig) -> (Vec<u64>, Vec<u64>) {
+    let store = PageStore::open(c).unwrap();
+    let w = store.wal().unwrap();
+    let mut slots = Vec::new();
+    let mut written = Vec::new();
+    let mut buf = Vec::new();
+    for i in 0..PAGES {
+        let slot = store.allocate().unwrap();
+        let end = w
+            .append(&mut buf, |_, b| {
+                put_image(b, slot, 1000 + slot, &page_of(i))
+            })
+            .unwrap();
+        w.flush_to(end).unwrap();
+        slots.push(slot);
+        written.push(w.stats.snapshot().bytes_written);
+    }
+    (slots, written)
+}
+
+fn read(store: &PageStore, slot: u64) -> Result<Vec<u8>, StoreError> {
+    let mut buf = AlignedPage::new();
+    // SAFETY: `buf` is an exclusively owned aligned page.
+    unsafe { store.read_into(slot, 1000 + slot, buf.as_mut_ptr())? };
+    Ok(buf[..PAGE_DATA_SIZE].to_vec())
+}
+
+/// File offset of the log's data area.
+const DATA: u64 = 2 * 4096;
+
+fn damage(path: &Path, at: u64, bytes: &[u8]) {
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(bytes, at).unwrap();
+}
+
+fn flip(path: &Path, at: u64) {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ 0x10], at).unwrap();
+}
+
+/// A byte of chunk data (not a sector's stamp) near `at` in the data area.
+fn data_byte(at: u64) -> u64 {
+    let off = at - DATA;
+    DATA + off / 512 * 512 + 100
+}
+
+#[test]
+fn a_bit_flipped_in_the_middle_of_the_log_is_refused_with_its_range_and_nothing_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path());
+    let (slots, written) = crashed_store(&c);
+    let log = log_path(&c);
+    let middle = written[PAGES as usize / 2];
+    flip(&log, data_byte(DATA + middle));
+    let before_log = std::fs::read(&log).unwrap();
+    let before_dev = std::fs::read(&c.devices[0]).unwrap();
+
+    let e = PageStore::open(&c).err().expect("a damaged log is refused");
+    let StoreError::LogDamaged {
+        lsn,
+        resumes_at,
+        pages,
+        ..
+    } = &e
+    else {
+        panic!("expected LogDamaged, got {e}");
+    };
+    let text = e.to_string();
+    assert!(text.contains(&format!("LSN {lsn}")), "{text}");
+    assert!(
+        resumes_at.is_some_and(|r| r > *lsn),
+        "the next intact chunk is named: {text}"
+    );
+    assert_eq!(pages.len(), 1, "the damaged chunk's page is named: {text}");
+    assert!(text.contains("--discard-damaged-log"), "{text}");
+    assert_eq!(
+        std::fs::read(&log).unwrap(),
+        before_log,
+        "the log is untouched"
+    );
+    assert_eq!(
+        std::fs::read(&c.devices[0]).unwrap(),
+        before_dev,
+        "the store is untouched"
+    );
+    // inspect sees the same damage
+    let info = shoal_storage::wal::survey(&log, shoal_storage::wal::ScanMode::Judge).unwrap();
+    assert!(info.damage.is_some(), "{info:?}");
+
+    // asked to, recovery keeps what precedes the damage and gives up the rest
+    let mut discard = c.clone();
+    discard.discard_damaged_log = true;
+    let store = PageStore::open(&discard).unwrap();
+    let r = store.replayed().unwrap();
+    assert!(
+        matches!(r.end, Some(shoal_storage::wal::LogEnd::Discarded { .. })),
+        "{r:?}"
+    );
+    let kept = slots
+        .iter()
+        .take_while(|&&s| read(&store, s).is_ok())
+        .count();
+    assert!(
+        (PAGES as usize / 2 - 2..=PAGES as usize / 2 + 1).contains(&kept),
+        "pages up to the damage come back: {kept}"
+    );
+    for (i, &s) in slots.iter().take(kept).enumerate() {
+        assert_eq!(read(&store, s).unwrap(), page_of(i as u64));
+    }
+    store.close().unwrap();
+}
+
+#[test]
+fn zeros_over_part_of_the_log_are_damage_not_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path());
+    let (_, written) = crashed_store(&c);
+    let log = log_path(&c);
+    // 64 KiB of zeros at 30% of what was written
+    let at = DATA + written[PAGES as usize * 3 / 10] / 4096 * 4096;
+    damage(&log, at, &vec![0u8; 64 << 10]);
+    let e = PageStore::open(&c).err().expect("refused");
+    assert!(matches!(e, StoreError::LogDamaged { .. }), "{e}");
+    assert!(e.to_string().contains("lies"), "names the later flush: {e}");
+}
+
+#[test]
+fn a_torn_last_flush_ends_the_log_and_only_it_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path());
+    let (slots, written) = crashed_store(&c);
+    let log = log_path(&c);
+    // the last flush reached the device only in part: every other sector of it kept the bytes
+    // it held before (zeros: the log never wrapped)
+    let (from, to) = (written[PAGES as usize - 2], written[PAGES as usize - 1]);
+    let mut s = from;
+    while s < to {
+        if (s / 512) % 2 == 1 {
+            damage(&log, DATA + s, &[0u8; 512]);
+        }
+        s += 512;
+    }
+    let store = PageStore::open(&c).expect("a torn tail is the log's end");
+    let r = store.replayed().unwrap();
+    assert!(
+        matches!(r.end, Some(shoal_storage::wal::LogEnd::TornTail { .. })),
+        "{r:?}"
+    );
+    for (i, &s) in slots.iter().enumerate().take(PAGES as usize - 1) {
+        assert_eq!(read(&store, s).unwrap(), page_of(i as u64), "page {i}");
+    }
+    assert!(read(&store, slots[PAGES as usize - 1]).is_err());
+    store.close().unwrap();
+}
+
+#[test]
+fn a_log_from_another_store_is_refused() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (ca, cb) = (config(a.path()), config(b.path()));
+    crashed_store(&ca);
+    crashed_store(&cb);
+    for suffix in ["", ".alloc0", ".alloc1"] {
+        let name = |c: &StoreConfig| {
+            let mut s = log_path(c).into_os_string();
+            s.push(suffix);
+            PathBuf::from(s)
+        };
+        std::fs::copy(name(&ca), name(&cb)).unwrap();
+    }
+    let e = PageStore::open(&cb).err().expect("refused");
+    assert!(matches!(e, StoreError::ForeignLog { .. }), "{e}");
+}
+
+#[test]
+fn a_missing_log_is_named_not_taken_for_a_store_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path());
+    crashed_store(&c);
+    std::fs::remove_file(log_path(&c)).unwrap();
+    let e = PageStore::open(&c).err().expect("refused");
+    assert!(matches!(e, StoreError::LogMissing { .. }), "{e}");
+    let mut none = c.clone();
+    none.wal = None;
+    none.allow_unclean = true;
+    let e = PageStore::open(&none).err().expect("refused");
+    assert!(matches!(e, StoreError::LogMissing { .. }), "{e}");
+}
+
+#[test]
+fn a_store_that_needs_its_log_is_not_opened_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path());
+    crashed_store(&c);
+    let mut none = c.clone();
+    none.wal = None;
+    none.allow_unclean = true;
+    let e = PageStore::open(&none).err().expect("refused");
+    assert!(matches!(e, StoreError::NeedsRecovery { .. }), "{e}");
+    assert!(log_path(&c).exists(), "the log was not deleted");
+}
+
+#[test]
+fn a_data_file_cut_short_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path());
+    let (slots, _) = crashed_store(&c);
+    // a clean store first, then cut its file to half of what its slots need
+    let store = PageStore::open(&c).unwrap();
+    store.close().unwrap();
+    drop(store);
+    let need = (2 + slots.len() as u64) * PAGE_SIZE as u64;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&c.devices[0])
+        .unwrap();
+    f.set_len(need / 2).unwrap();
+    let e = PageStore::open(&c).err().expect("refused");
+    assert!(matches!(e, StoreError::Truncated { .. }), "{e}");
+    // and on a crashed store whose pages were written back before its last checkpoint
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path());
+    let store = PageStore::open(&c).unwrap();
+    let mut pages: Vec<(u64, AlignedPage)> = (0..PAGES)
+        .map(|i| {
+            let mut p = AlignedPage::new();
+            p[..PAGE_DATA_SIZE].copy_from_slice(&page_of(i));
+            (store.allocate().unwrap(), p)
+        })
+        .collect();
+    let mut reqs: Vec<shoal_storage::WriteRequest<'_>> = pages
+        .iter_mut()
+        .map(|(slot, page)| shoal_storage::WriteRequest {
+            slot: *slot,
+            pid: 1000 + *slot,
+            page,
+        })
+        .collect();
+    assert!(store.write_batch(&mut reqs).iter().all(|r| r.is_ok()));
+    let cp = store.begin_checkpoint().unwrap().unwrap();
+    store.finish_checkpoint(cp, None).unwrap();
+    drop(reqs);
+    drop(store); // crash
+    let need = (2 + PAGES) * PAGE_SIZE as u64;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&c.devices[0])
+        .unwrap();
+    f.set_len(need / 2).unwrap();
+    let e = PageStore::open(&c).err().expect("refused");
+    assert!(matches!(e, StoreError::Truncated { .. }), "{e}");
+}
+
+#[test]
+fn leftovers_of_an_interrupted_creation_are_replaced_or_finished() {
+    // before the commit point: only temporary files; a new store is made over them
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path());
+    let tmp = |p: &Path| shoal_storage::fs::with_suffix(p, shoal_storage::store::CREATING);
+    std::fs::write(tmp(&c.devices[0]), b"half a superblock").unwrap();
+    std::fs::write(tmp(&log_path(&c)), b"").unwrap();
+    let store = PageStore::open(&c).unwrap();
+    store.close().unwrap();
+    drop(store);
+    assert!(!tmp(&c.devices[0]).exists() && !tmp(&log_path(&c)).exists());
+
+    // after it: device 0 in place, the log still under its temporary name
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path());
+    PageStore::open(&c).unwrap().close().unwrap();
+    let log = log_path(&c);
+    std::fs::rename(&log, tmp(&log)).unwrap();
+    let store = PageStore::open(&c).expect("the creation is finished at open");
+    assert!(log.exists());
+    store.close().unwrap();
+}
