@@ -1,11 +1,94 @@
-//! File-system steps that durability depends on: reserving room, syncing directories,
-//! replacing a file atomically. What a crash (or a power loss) can leave behind of each is said
-//! at each function; `docs/durability.md` ("Faults") has the whole list.
+//! File-system steps that durability depends on: reserving room, syncing files and
+//! directories, replacing a file atomically. Every change the store makes to its files goes
+//! through here (or reports itself with [`wrote`]), so that the simulated device
+//! ([`crate::sim`]) sees all of them. What a crash (or a power loss) can leave behind of each
+//! is said at each function; `docs/durability.md` ("Faults") has the whole list.
 
+use crate::sim::{self, Event};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+
+/// Open `path` for reading and writing, created if missing and cut to 0 bytes.
+pub(crate) fn create(path: &Path) -> io::Result<File> {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)?;
+    sim::record(|| Event::Create {
+        path: path.to_path_buf(),
+    });
+    Ok(f)
+}
+
+/// `write_all_at` on `file` (opened as `path`).
+pub(crate) fn write_at(file: &File, path: &Path, buf: &[u8], off: u64) -> io::Result<()> {
+    file.write_all_at(buf, off)?;
+    wrote(path, off, buf);
+    Ok(())
+}
+
+/// Report a write that went to the device another way (io_uring, `pwritev`).
+pub(crate) fn wrote(path: &Path, off: u64, buf: &[u8]) {
+    sim::record(|| Event::Write {
+        path: path.to_path_buf(),
+        off,
+        data: buf.to_vec(),
+    });
+}
+
+/// Report that `path` was grown (or cut) to `len` bytes.
+pub(crate) fn resized(path: &Path, len: u64) {
+    sim::record(|| Event::SetLen {
+        path: path.to_path_buf(),
+        len,
+    });
+}
+
+/// `fdatasync` of `file` (opened as `path`): its data written so far, and its size, survive a
+/// power loss once this returns.
+pub(crate) fn sync_data(file: &File, path: &Path) -> io::Result<()> {
+    let begun = sim::now();
+    file.sync_data()?;
+    sim::record(|| Event::Sync {
+        path: path.to_path_buf(),
+        begun,
+    });
+    Ok(())
+}
+
+/// `fsync` of `file` (opened as `path`).
+pub(crate) fn sync_all(file: &File, path: &Path) -> io::Result<()> {
+    let begun = sim::now();
+    file.sync_all()?;
+    sim::record(|| Event::Sync {
+        path: path.to_path_buf(),
+        begun,
+    });
+    Ok(())
+}
+
+/// Rename `from` to `to` (replacing `to`). Durable once the directory is synced.
+pub(crate) fn rename(from: &Path, to: &Path) -> io::Result<()> {
+    std::fs::rename(from, to)?;
+    sim::record(|| Event::Rename {
+        from: from.to_path_buf(),
+        to: to.to_path_buf(),
+    });
+    Ok(())
+}
+
+/// Remove `path`. Durable once the directory is synced.
+pub(crate) fn remove(path: &Path) -> io::Result<()> {
+    std::fs::remove_file(path)?;
+    sim::record(|| Event::Remove {
+        path: path.to_path_buf(),
+    });
+    Ok(())
+}
 
 /// Room reserved by writing zeros (file systems without `fallocate`) is written this much at a
 /// time.
@@ -15,11 +98,11 @@ const ZERO_CHUNK: usize = 1 << 20;
 /// or zeros written where the file system does not support it (or `SHOAL_RESERVE_BY_WRITING=1`
 /// asks for that). Bytes already in the file are left alone. A full device is an error whose
 /// [`crate::io::is_full`] holds.
-pub fn reserve_file(file: &File, len: u64) -> io::Result<()> {
-    reserve(file, len, by_writing_forced())
+pub fn reserve_file(file: &File, path: &Path, len: u64) -> io::Result<()> {
+    reserve(file, path, len, by_writing_forced())
 }
 
-fn reserve(file: &File, len: u64, by_writing: bool) -> io::Result<()> {
+fn reserve(file: &File, path: &Path, len: u64, by_writing: bool) -> io::Result<()> {
     let have = file.metadata()?.len();
     if have >= len {
         return Ok(());
@@ -27,10 +110,15 @@ fn reserve(file: &File, len: u64, by_writing: bool) -> io::Result<()> {
     if !by_writing {
         match crate::io::fallocate(file, have, len - have) {
             Err(e) if not_supported(&e) => log::info!(
-                "fallocate is not supported here ({e}): reserving {} MiB by writing zeros",
+                "{}: fallocate is not supported here ({e}): reserving {} MiB by writing zeros",
+                path.display(),
                 (len - have) >> 20
             ),
-            r => return r,
+            r => {
+                r?;
+                resized(path, len);
+                return Ok(());
+            }
         }
     }
     let zeros = vec![0u8; ZERO_CHUNK];
@@ -40,6 +128,7 @@ fn reserve(file: &File, len: u64, by_writing: bool) -> io::Result<()> {
         file.write_all_at(&zeros[..n], at)?;
         at += n as u64;
     }
+    resized(path, len);
     Ok(())
 }
 
@@ -60,12 +149,18 @@ pub(crate) fn not_supported(e: &io::Error) -> bool {
 /// Make the entries of directory `dir` durable (files created, renamed or removed in it):
 /// without this, a power loss can take back a file that was just created or renamed.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    let dir = if dir.as_os_str().is_empty() {
+    let named = if dir.as_os_str().is_empty() {
         Path::new(".")
     } else {
         dir
     };
-    File::open(dir)?.sync_all()
+    let begun = sim::now();
+    File::open(named)?.sync_all()?;
+    sim::record(|| Event::SyncDir {
+        dir: dir.to_path_buf(),
+        begun,
+    });
+    Ok(())
 }
 
 /// Sync the directory holding `path`.
@@ -86,15 +181,11 @@ pub fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let tmp = with_suffix(path, ".new");
     {
-        let f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
-        f.write_all_at(bytes, 0)?;
-        f.sync_all()?;
+        let f = create(&tmp)?;
+        write_at(&f, &tmp, bytes, 0)?;
+        sync_all(&f, &tmp)?;
     }
-    std::fs::rename(&tmp, path)?;
+    rename(&tmp, path)?;
     sync_parent(path)
 }
 
@@ -114,7 +205,7 @@ mod tests {
             .open(&p)
             .unwrap();
         f.write_all_at(b"keep", 0).unwrap();
-        reserve(&f, 3 << 20, true).unwrap();
+        reserve(&f, &p, 3 << 20, true).unwrap();
         assert_eq!(f.metadata().unwrap().len(), 3 << 20);
         let mut b = [0u8; 4];
         f.read_exact_at(&mut b, 0).unwrap();

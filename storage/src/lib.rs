@@ -18,7 +18,10 @@
 //!   sectors ([`wal::disk`]), the records ([`wal::record`]), and reading a log back after a
 //!   crash, telling its end from damage.
 //! - [`fs`]: the file-system steps durability depends on (reserving room, syncing
-//!   directories, replacing a file atomically).
+//!   directories, replacing a file atomically), each reported to [`sim`].
+//! - [`sim`]: the simulated device of the crash tests (feature `crash-sim`): a record of
+//!   every change to the store's files, and what a crash or power loss at any point of it
+//!   leaves, with torn writes and damaged data.
 //!
 //! It must not know about buffer frames, nodes, latches or messages: it moves sealed pages
 //! between aligned buffers and slots, verifies them, and nothing else. The engine maps its
@@ -30,6 +33,7 @@ pub mod fs;
 pub mod inspect;
 pub mod io;
 pub mod page;
+pub mod sim;
 pub mod store;
 pub mod superblock;
 pub mod wal;

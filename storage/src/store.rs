@@ -278,19 +278,11 @@ impl PageStore {
             }
             let tmp = crate::fs::with_suffix(p, CREATING);
             let write = || -> std::io::Result<()> {
-                let f = OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .open(&tmp)?;
+                let f = crate::fs::create(&tmp)?;
                 for copy in 0..header_pages(FORMAT_VERSION) {
-                    std::os::unix::fs::FileExt::write_all_at(
-                        &f,
-                        &buf[..],
-                        copy * PAGE_SIZE as u64,
-                    )?;
+                    crate::fs::write_at(&f, &tmp, &buf[..], copy * PAGE_SIZE as u64)?;
                 }
-                f.sync_all()
+                crate::fs::sync_all(&f, &tmp)
             };
             write().map_err(|e| io_err(&tmp, e))?;
             moves.push((tmp, p.clone()));
@@ -329,11 +321,11 @@ impl PageStore {
             sb.encode(&mut buf)?;
             for copy in 0..header_pages(FORMAT_VERSION) {
                 write_raw(backend, &d, copy * PAGE_SIZE as u64, &mut buf, 0)?;
-                d.file.sync_data().map_err(|e| io_err(p, e))?;
+                crate::fs::sync_data(&d.file, p).map_err(|e| io_err(p, e))?;
             }
         }
         let rename = |(from, to): &(PathBuf, PathBuf)| -> StoreResult<()> {
-            std::fs::rename(from, to).map_err(|e| io_err(to, e))?;
+            crate::fs::rename(from, to).map_err(|e| io_err(to, e))?;
             crate::fs::sync_parent(to).map_err(|e| io_err(to, e))
         };
         if let Some(first) = moves.iter().find(|(_, to)| to == &cfg.devices[0]) {
@@ -359,6 +351,8 @@ impl PageStore {
         })?;
         check_device_set(&chosen.per_device, &paths)?;
         let mut sb0 = chosen.superblock.clone();
+        // format 3 records whether the store last ran with a log; older ones do not say
+        let logged_known = sb0.format_version >= 3;
         if sb0.format_version == 2 {
             // same layout of slots; the superblocks gain a store id (written below)
             sb0.format_version = FORMAT_VERSION;
@@ -407,7 +401,18 @@ impl PageStore {
             .as_ref()
             .map(|w| w.path.clone())
             .unwrap_or_else(|| default_log_path(&store.devices[0].path));
-        let log_exists = log_path.exists();
+        let mut log_exists = log_path.exists();
+        if log_exists && logged_known && !sb0.logged {
+            // The store last ran without a log (which deleted this one, but the deletion did
+            // not survive a crash): the log is older than the pages, and replaying it would
+            // put old images over newer changes.
+            log::warn!(
+                "{}: a write-ahead log from before the store last ran without one",
+                log_path.display()
+            );
+            remove_log(&log_path);
+            log_exists = false;
+        }
         if !sb0.clean {
             let store_path = store.devices[0].path.clone();
             match (&cfg.wal, log_exists) {
@@ -698,9 +703,9 @@ impl PageStore {
         drop(Wal::create(&tc, id, &alloc)?);
         for seq in [0, 1] {
             let (from, to) = (alloc_path(&tmp, seq), alloc_path(&wc.path, seq));
-            std::fs::rename(&from, &to).map_err(|e| io_err(&to, e))?;
+            crate::fs::rename(&from, &to).map_err(|e| io_err(&to, e))?;
         }
-        std::fs::rename(&tmp, &wc.path).map_err(|e| io_err(&wc.path, e))?;
+        crate::fs::rename(&tmp, &wc.path).map_err(|e| io_err(&wc.path, e))?;
         crate::fs::sync_parent(&wc.path).map_err(|e| io_err(&wc.path, e))?;
         let (found, file) = wal::read_existing(&wc.path, true)?;
         let sc = wal::scan(
@@ -785,7 +790,7 @@ impl PageStore {
             sb.encode(&mut buf)?;
             for copy in 0..self.header {
                 write_raw(self.backend, d, copy * PAGE_SIZE as u64, &mut buf, 0)?;
-                d.file.sync_data().map_err(|e| io_err(&d.path, e))?;
+                crate::fs::sync_data(&d.file, &d.path).map_err(|e| io_err(&d.path, e))?;
             }
         }
         Ok(())
@@ -1040,9 +1045,10 @@ impl PageStore {
         reqs.iter()
             .zip(res)
             .map(|(r, n)| {
-                let (dev, _) = self.slot_location(r.slot);
+                let (dev, off) = self.slot_location(r.slot);
                 let path = &self.devices[dev].path;
                 if n == PAGE_SIZE as i64 {
+                    crate::fs::wrote(path, off, &r.page[..]);
                     return Ok(());
                 }
                 self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
@@ -1062,7 +1068,7 @@ impl PageStore {
     /// Make all completed writes durable.
     pub fn sync(&self) -> StoreResult<()> {
         for d in &self.devices {
-            d.file.sync_data().map_err(|e| io_err(&d.path, e))?;
+            crate::fs::sync_data(&d.file, &d.path).map_err(|e| io_err(&d.path, e))?;
         }
         Ok(())
     }
@@ -1156,7 +1162,7 @@ fn complete_creation(cfg: &StoreConfig) -> StoreResult<()> {
                 "{}: finishing the creation of the store that a crash interrupted",
                 p.display()
             );
-            std::fs::rename(&tmp, &p).map_err(|e| io_err(&p, e))?;
+            crate::fs::rename(&tmp, &p).map_err(|e| io_err(&p, e))?;
             crate::fs::sync_parent(&p).map_err(|e| io_err(&p, e))?;
         }
     }
@@ -1171,7 +1177,12 @@ fn remove_log(path: &Path) {
             path.display()
         );
         for p in [path.to_path_buf(), alloc_path(path, 0), alloc_path(path, 1)] {
-            let _ = std::fs::remove_file(p);
+            let _ = crate::fs::remove(&p);
+        }
+        // durably gone before the superblocks say the store has no log: a log that came back
+        // after a power loss would be replayed over pages changed without it
+        if let Err(e) = crate::fs::sync_parent(path) {
+            log::warn!("{}: syncing its directory: {e}", path.display());
         }
     }
 }
@@ -1310,7 +1321,11 @@ fn reserve_range(d: &Device, from: u64, to: u64) -> std::io::Result<()> {
                 );
                 d.by_writing.store(true, Ordering::Relaxed);
             }
-            r => return r,
+            r => {
+                r?;
+                crate::fs::resized(&d.path, to);
+                return Ok(());
+            }
         }
     }
     use std::os::unix::fs::FileExt;
@@ -1320,6 +1335,7 @@ fn reserve_range(d: &Device, from: u64, to: u64) -> std::io::Result<()> {
         d.file.write_all_at(&zero[..], off)?;
         off += PAGE_SIZE as u64;
     }
+    crate::fs::resized(&d.path, to);
     Ok(())
 }
 
@@ -1429,7 +1445,10 @@ fn write_raw(
     // SAFETY: buf is an exclusively borrowed aligned page.
     unsafe { io::run_batch(backend, std::slice::from_ref(&op), &mut res) };
     match res[0] {
-        n if n == PAGE_SIZE as i64 => Ok(()),
+        n if n == PAGE_SIZE as i64 => {
+            crate::fs::wrote(&d.path, offset, &buf[..]);
+            Ok(())
+        }
         n if n < 0 => Err(classify_write_error(
             &d.path,
             slot,

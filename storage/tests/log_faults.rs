@@ -40,12 +40,20 @@ fn page_of(i: u64) -> Vec<u8> {
 /// Write `PAGES` pages through the log, one flush each, and crash (drop without close).
 /// Returns the slots and, per page, the log's physical bytes written after its flush.
 fn crashed_store(c: &StoreConfig) -> (Vec<u64>, Vec<u64>) {
+    crashed_store_with(c, |_| {})
+}
+
+/// As [`crashed_store`], calling `before_last` just before the last page is logged.
+fn crashed_store_with(c: &StoreConfig, mut before_last: impl FnMut(u64)) -> (Vec<u64>, Vec<u64>) {
     let store = PageStore::open(c).unwrap();
     let w = store.wal().unwrap();
     let mut slots = Vec::new();
     let mut written = Vec::new();
     let mut buf = Vec::new();
     for i in 0..PAGES {
+        if i == PAGES - 1 {
+            before_last(i);
+        }
         let slot = store.allocate().unwrap();
         let end = w
             .append(&mut buf, |_, b| {
@@ -168,22 +176,39 @@ fn zeros_over_part_of_the_log_are_damage_not_its_end() {
     damage(&log, at, &vec![0u8; 64 << 10]);
     let e = PageStore::open(&c).err().expect("refused");
     assert!(matches!(e, StoreError::LogDamaged { .. }), "{e}");
-    assert!(e.to_string().contains("lies"), "names the later flush: {e}");
+    assert!(e.to_string().contains("erased"), "{e}");
+}
+
+#[test]
+fn zeros_over_the_newest_flush_are_damage_too() {
+    // a power loss leaves a sector as it was before (a log stamps every sector when it is
+    // made); zeros in the last flush are erasure, not a torn write
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path());
+    let (_, written) = crashed_store(&c);
+    let log = log_path(&c);
+    let (from, to) = (written[PAGES as usize - 2], written[PAGES as usize - 1]);
+    assert!(to - from > 1024, "the last flush spans sectors");
+    damage(&log, data_byte(DATA + from + 512) / 512 * 512, &[0u8; 512]);
+    let e = PageStore::open(&c).err().expect("refused");
+    assert!(matches!(e, StoreError::LogDamaged { .. }), "{e}");
 }
 
 #[test]
 fn a_torn_last_flush_ends_the_log_and_only_it_is_lost() {
     let dir = tempfile::tempdir().unwrap();
     let c = config(dir.path());
-    let (slots, written) = crashed_store(&c);
     let log = log_path(&c);
+    let mut old = Vec::new();
+    let (slots, written) = crashed_store_with(&c, |_| old = std::fs::read(&log).unwrap());
     // the last flush reached the device only in part: every other sector of it kept the bytes
-    // it held before (zeros: the log never wrapped)
+    // it held before
     let (from, to) = (written[PAGES as usize - 2], written[PAGES as usize - 1]);
     let mut s = from;
     while s < to {
         if (s / 512) % 2 == 1 {
-            damage(&log, DATA + s, &[0u8; 512]);
+            let at = (DATA + s) as usize;
+            damage(&log, at as u64, &old[at..at + 512]);
         }
         s += 512;
     }

@@ -54,7 +54,6 @@ pub use scan::ScanMode;
 use scan::{bad, io_err};
 pub(crate) use scan::{read_alloc, read_existing, scan, Found};
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -324,6 +323,24 @@ pub struct LogInfo {
     pub damage: Option<String>,
     /// Header blocks that were not intact (0 and/or 1).
     pub bad_headers: Vec<u64>,
+    /// Stream positions of the keep point and of the scan's end (see [`LogInfo::file_offset`]).
+    pub keep_fpos: u64,
+    pub end_fpos: u64,
+    data_bytes: u64,
+}
+
+impl LogInfo {
+    /// The byte of the log file that holds stream position `fpos`.
+    pub fn file_offset(&self, fpos: u64) -> u64 {
+        let k = fpos / disk::SECTOR_DATA;
+        Layout {
+            data_bytes: self.data_bytes,
+            store_id: self.store_id,
+        }
+        .sector_offset(k)
+            + disk::STAMP
+            + fpos % disk::SECTOR_DATA
+    }
 }
 
 /// Read the log at `path`: its header and the chunks after its keep point. Opens the file
@@ -343,11 +360,15 @@ pub fn survey(path: &Path, mode: ScanMode) -> StoreResult<LogInfo> {
         pending: Replay::default(),
         damage: None,
         bad_headers: found.bad_copies.clone(),
+        keep_fpos: found.header.keep.fpos,
+        end_fpos: found.header.keep.fpos,
+        data_bytes: found.header.data_bytes,
     };
     let r = scan(path, &file, &found, mode, |_, _, _| Ok(()));
     match r {
         Ok(sc) => {
             info.end_lsn = sc.end.lsn;
+            info.end_fpos = sc.end.fpos;
             info.end = Some(sc.how);
             info.pending = sc.replay;
             info.pending.seconds = 0.0;
@@ -370,15 +391,9 @@ impl Wal {
     /// renames them into place).
     pub(crate) fn create(cfg: &WalConfig, store_id: u64, alloc: &Allocator) -> StoreResult<Wal> {
         Self::check_config(cfg)?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&cfg.path)
-            .map_err(|e| io_err(&cfg.path, e))?;
+        let file = crate::fs::create(&cfg.path).map_err(|e| io_err(&cfg.path, e))?;
         // Reserve the whole file now: a full device is an error at open, never at a commit.
-        crate::fs::reserve_file(&file, cfg.file_bytes).map_err(|e| {
+        crate::fs::reserve_file(&file, &cfg.path, cfg.file_bytes).map_err(|e| {
             if crate::io::is_full(&e) {
                 StoreError::NoRoomForLog {
                     path: cfg.path.clone(),
@@ -393,22 +408,67 @@ impl Wal {
             data_bytes: cfg.file_bytes - HEADER_BYTES,
             store_id,
         };
-        // the first flush is number 1: the start point names the one before it
+        // Every sector gets a stamp of flush 0 ("nothing written yet"): from now on, whatever
+        // a torn write leaves in a sector is a valid stamp of an earlier write there, and
+        // anything else (zeros, foreign bytes) is damage ([`scan`]). This also reserves the
+        // room where `fallocate` is not supported.
+        Self::stamp_empty(&file, &cfg.path, layout, 0, layout.sectors()).map_err(|e| {
+            if crate::io::is_full(&e) {
+                StoreError::NoRoomForLog {
+                    path: cfg.path.clone(),
+                    bytes: cfg.file_bytes,
+                    source: e,
+                }
+            } else {
+                io_err(&cfg.path, e)
+            }
+        })?;
+        crate::fs::sync_data(&file, &cfg.path).map_err(|e| io_err(&cfg.path, e))?;
+        // the first flush is number 2: the start point names the one before it (flush 0 is
+        // the empty stamp)
         let redo = RedoPoint {
             lsn: FIRST_LSN,
             fpos: 0,
-            flush: 0,
+            flush: 1,
         };
         let wal = Wal::new(cfg, file, layout, redo, 0);
         // both snapshot files exist from the start: later checkpoints only rewrite them
         for seq in [1, 2] {
             let p = alloc_path(&cfg.path, seq);
-            File::create(&p)
-                .and_then(|f| f.sync_all())
+            crate::fs::create(&p)
+                .and_then(|f| crate::fs::sync_all(&f, &p))
                 .map_err(|e| io_err(&p, e))?;
         }
         wal.write_header(redo, redo, alloc)?;
         Ok(wal)
+    }
+
+    /// Write stream sectors `from..to` as empty (zeros) stamped by flush 0 (not synced).
+    fn stamp_empty(
+        file: &File,
+        path: &Path,
+        layout: Layout,
+        from: u64,
+        to: u64,
+    ) -> std::io::Result<()> {
+        const AT_ONCE: u64 = 2048; // sectors: 1 MiB
+        let zeros = vec![0u8; (AT_ONCE * SECTOR_DATA) as usize];
+        let mut out = vec![0u8; (AT_ONCE * SECTOR) as usize];
+        let mut k = from;
+        while k < to {
+            // never across the end of the data area
+            let n = (to - k)
+                .min(AT_ONCE)
+                .min(layout.sectors() - k % layout.sectors());
+            let (src, dst) = (
+                &zeros[..(n * SECTOR_DATA) as usize],
+                &mut out[..(n * SECTOR) as usize],
+            );
+            layout.stamp_into(k, 0, src, dst);
+            crate::fs::write_at(file, path, dst, layout.sector_offset(k))?;
+            k += n;
+        }
+        Ok(())
     }
 
     fn check_config(cfg: &WalConfig) -> StoreResult<()> {
@@ -501,6 +561,18 @@ impl Wal {
             );
         }
         let fpos = end.fpos.div_ceil(SBLOCK) * SBLOCK;
+        // The rest of the last block is never written by this run: stamp it empty, so that it
+        // holds an earlier write's stamp when the next lap tears there ([`scan`]). (Before the
+        // header: a crash now finds it as empty as before.)
+        let gap = (end.fpos / SECTOR_DATA + u64::from(!end.fpos.is_multiple_of(SECTOR_DATA)))
+            ..fpos / SECTOR_DATA;
+        let layout = Layout {
+            data_bytes: h.data_bytes,
+            store_id: h.store_id,
+        };
+        Self::stamp_empty(&file, &cfg.path, layout, gap.start, gap.end)
+            .and_then(|()| crate::fs::sync_data(&file, &cfg.path))
+            .map_err(|e| io_err(&cfg.path, e))?;
         let lsn = (end.lsn + RESTART_GAP).div_ceil(BLOCK) * BLOCK;
         if lsn > LSN_MASK / 2 {
             return Err(bad(&cfg.path, "log sequence numbers exhausted".into()));
@@ -510,10 +582,6 @@ impl Wal {
             lsn,
             fpos,
             flush: end.flush - 1,
-        };
-        let layout = Layout {
-            data_bytes: h.data_bytes,
-            store_id: h.store_id,
         };
         // the next header takes the next number, so it goes to the other block than the one
         // just read: a torn write of it leaves that one intact
@@ -530,9 +598,9 @@ impl Wal {
         let ap = alloc_path(&self.path, seq);
         let write_snap = || -> std::io::Result<()> {
             // the file exists (made with the log): no directory entry changes here
-            let f = OpenOptions::new().write(true).truncate(true).open(&ap)?;
-            f.write_all_at(&snap, 0)?;
-            f.sync_all()
+            let f = crate::fs::create(&ap)?;
+            crate::fs::write_at(&f, &ap, &snap, 0)?;
+            crate::fs::sync_all(&f, &ap)
         };
         write_snap().map_err(|e| io_err(&ap, e))?;
         let h = Header {
@@ -545,9 +613,8 @@ impl Wal {
             store_id: self.layout.store_id,
             next_flush: self.flusher.lock().flush,
         };
-        self.file
-            .write_all_at(&h.encode(), (seq % 2) * BLOCK)
-            .and_then(|_| self.file.sync_data())
+        crate::fs::write_at(&self.file, &self.path, &h.encode(), (seq % 2) * BLOCK)
+            .and_then(|_| crate::fs::sync_data(&self.file, &self.path))
             .map_err(|e| io_err(&self.path, e))?;
         hs.seq = seq;
         Ok(())
@@ -987,7 +1054,7 @@ impl Wal {
             let at = self.layout.sector_offset(k);
             let room = (self.layout.sectors() - k % self.layout.sectors()) * SECTOR;
             let n = (room as usize).min(data.len() - off);
-            if let Err(e) = out.write_all_at(&data[off..off + n], at) {
+            if let Err(e) = crate::fs::write_at(out, &self.path, &data[off..off + n], at) {
                 self.failed.store(true, Ordering::Release);
                 return Err(io_err(&self.path, e));
             }
@@ -995,7 +1062,7 @@ impl Wal {
             k += n as u64 / SECTOR;
         }
         let t = Instant::now();
-        if let Err(e) = self.file.sync_data() {
+        if let Err(e) = crate::fs::sync_data(&self.file, &self.path) {
             self.failed.store(true, Ordering::Release);
             return Err(io_err(&self.path, e));
         }

@@ -251,10 +251,30 @@ impl<'a> Stream<'a> {
 
     /// The flush whose stamp stream sector `k` carries, if the stamp is valid for it.
     fn flush_of(&mut self, k: u64) -> StoreResult<Option<u32>> {
-        let layout = self.layout;
+        let stamp = self.stamp(k)?;
+        Ok(self.layout.stamped_by(k, stamp))
+    }
+
+    fn stamp(&mut self, k: u64) -> StoreResult<u64> {
         let s = self.sector(k)?;
-        let stamp = u64::from_le_bytes(s[..STAMP as usize].try_into().expect("8 bytes"));
-        Ok(layout.stamped_by(k, stamp))
+        Ok(u64::from_le_bytes(
+            s[..STAMP as usize].try_into().expect("8 bytes"),
+        ))
+    }
+
+    /// Whether the physical sector of stream sector `k` holds what was there before flush
+    /// `owner` wrote it (or should have): a valid stamp of an older flush at the same place,
+    /// or of any write one lap (or a few) earlier. A new log stamps every sector empty, and a
+    /// resumed one the rest of its last block, so a write the crash tore always leaves such a
+    /// stamp; zeros, foreign bytes or another place's sector never are.
+    fn holds_earlier_write(&mut self, k: u64, owner: u64) -> StoreResult<bool> {
+        let stamp = self.stamp(k)?;
+        let l = self.layout;
+        if let Some(f) = l.stamped_by(k, stamp) {
+            return Ok((f.wrapping_sub(owner as u32) as i32) < 0);
+        }
+        let laps = (k / l.sectors()).min(4);
+        Ok((1..=laps).any(|m| l.stamped_by(k - m * l.sectors(), stamp).is_some()))
     }
 
     /// Stream bytes `[p, p + len)`, and the first of their sectors not stamped by `flush`
@@ -527,6 +547,23 @@ fn judge_hole(
         k = stop;
     }
     let owner = owner.unwrap_or(if has_last { last } else { last + 1 });
+    if !s.holds_earlier_write(hole, owner)? {
+        let resumes = match later.first() {
+            Some(&(k_later, f)) => chunk_in_block(s, k_later * SECTOR_DATA, f, at.lsn)?,
+            None => None,
+        };
+        return Ok(Verdict::Damaged(Damage {
+            lsn: at.lsn,
+            fpos: at.fpos,
+            why: format!(
+                "the sector at stream position {} holds neither what flush {owner} wrote there \
+                 nor what an earlier write left (a torn write leaves the latter): it was \
+                 erased or overwritten (zeros, or bytes of another place or file)",
+                hole * SECTOR_DATA
+            ),
+            resumes_at: resumes,
+        }));
+    }
     if let Some(&(k_later, f)) = later.iter().find(|&&(_, f)| f > owner) {
         let fpos = k_later * SECTOR_DATA;
         let resumes = chunk_in_block(s, fpos, f, at.lsn)?;

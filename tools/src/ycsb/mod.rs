@@ -625,7 +625,7 @@ fn drive_run_phase(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitC
     // A run that crashed wrote its inserts but not the description: the next insert goes past
     // the largest key the table holds, whatever the description says.
     let w0 = nodes.engines[0].worker();
-    let largest = match tree.range::<&[u8]>(&w0, ..).rev().next() {
+    let largest = match tree.range::<&[u8]>(&w0, ..).next_back() {
         Some(entry) => decode_u64(&entry.map_err(anyhow::Error::from)?.0),
         None => None,
     };
