@@ -71,16 +71,10 @@ static ON: AtomicBool = AtomicBool::new(false);
 static EVENTS: Mutex<Vec<Event>> = Mutex::new(Vec::new());
 
 /// Whether changes are being recorded.
+#[cfg(feature = "crash-sim")]
 #[inline]
-pub(crate) fn recording() -> bool {
-    #[cfg(feature = "crash-sim")]
-    {
-        ON.load(Ordering::Relaxed)
-    }
-    #[cfg(not(feature = "crash-sim"))]
-    {
-        false
-    }
+fn recording() -> bool {
+    ON.load(Ordering::Relaxed)
 }
 
 /// Record an event (made only while recording).

@@ -48,7 +48,9 @@ pub use scan::{LogEnd, Replay};
 
 use crate::allocator::Allocator;
 use crate::error::{StoreError, StoreResult};
-use disk::{alloc_path, encode_alloc, Header, Layout, HEADER_BYTES, SBLOCK, SECTOR, SECTOR_DATA};
+use disk::{
+    alloc_path, encode_alloc, Header, Layout, HEADER_BYTES, SBLOCK, SECTOR, SECTOR_DATA, STAMP,
+};
 use parking_lot::{Condvar, Mutex};
 pub use scan::ScanMode;
 use scan::{bad, io_err};
@@ -190,26 +192,28 @@ struct Flusher {
     last_checkpoint: Option<RedoPoint>,
     /// The number the next flush takes (one more per flush, over the log's life).
     flush: u64,
-    /// The stream of the flush being written (chunks and padding).
-    wbuf: BlockBuf,
-    /// The same laid out as stamped sectors: what is written.
-    pbuf: BlockBuf,
+    /// The flush being written: its stream (chunks and padding) laid out in stamped sectors.
+    out: SectorBuf,
 }
 
 /// One 4 KiB block, aligned as O_DIRECT needs.
 #[repr(C, align(4096))]
 struct Block([u8; BLOCK as usize]);
 
-/// A fixed-capacity byte buffer of aligned blocks: what one flush writes.
-struct BlockBuf {
+/// A fixed-capacity buffer of aligned blocks holding stamped sectors: what one flush writes.
+/// The stream goes into the sectors' bytes after their stamps as it is pushed (one copy out of
+/// the ring); the stamps are written last ([`SectorBuf::stamped`]).
+struct SectorBuf {
     blocks: Box<[Block]>,
-    len: usize,
+    /// Stream bytes pushed.
+    len: u64,
 }
 
-impl BlockBuf {
-    fn new(bytes: u64) -> BlockBuf {
-        let n = bytes.div_ceil(BLOCK) as usize;
-        BlockBuf {
+impl SectorBuf {
+    /// Room for `stream_bytes` of stream.
+    fn new(stream_bytes: u64) -> SectorBuf {
+        let n = (stream_bytes.div_ceil(SECTOR_DATA) * SECTOR).div_ceil(BLOCK) as usize;
+        SectorBuf {
             blocks: (0..n).map(|_| Block([0; BLOCK as usize])).collect(),
             len: 0,
         }
@@ -222,19 +226,45 @@ impl BlockBuf {
         unsafe { std::slice::from_raw_parts_mut(self.blocks.as_mut_ptr().cast::<u8>(), n) }
     }
 
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: as in `all`, shared.
-        unsafe { std::slice::from_raw_parts(self.blocks.as_ptr().cast::<u8>(), self.len) }
+    /// Stream bytes that still fit.
+    fn room(&self) -> u64 {
+        (self.blocks.len() as u64 * BLOCK / SECTOR) * SECTOR_DATA - self.len
     }
 
-    fn room(&self) -> usize {
-        self.blocks.len() * BLOCK as usize - self.len
+    fn push(&mut self, mut bytes: &[u8]) {
+        assert!(
+            bytes.len() as u64 <= self.room(),
+            "a flush's buffer overflows"
+        );
+        while !bytes.is_empty() {
+            let (k, within) = (self.len / SECTOR_DATA, self.len % SECTOR_DATA);
+            let n = ((SECTOR_DATA - within) as usize).min(bytes.len());
+            let at = (k * SECTOR + STAMP + within) as usize;
+            self.all()[at..at + n].copy_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+            self.len += n as u64;
+        }
     }
 
     fn push_word(&mut self, w: u64) {
-        let at = self.len;
-        self.all()[at..at + 8].copy_from_slice(&w.to_le_bytes());
-        self.len += 8;
+        self.push(&w.to_le_bytes());
+    }
+
+    /// Stamp every sector (the stream fills whole sectors) as flush `flush` wrote them,
+    /// starting at stream sector `k0`; the bytes to write.
+    fn stamped(&mut self, layout: Layout, k0: u64, flush: u64) -> &[u8] {
+        assert!(
+            self.len.is_multiple_of(SECTOR_DATA),
+            "a flush ends on a sector"
+        );
+        let sectors = self.len / SECTOR_DATA;
+        let all = self.all();
+        for i in 0..sectors {
+            let at = (i * SECTOR) as usize;
+            all[at..at + STAMP as usize]
+                .copy_from_slice(&layout.stamp(k0 + i, flush).to_le_bytes());
+        }
+        &all[..(sectors * SECTOR) as usize]
     }
 }
 
@@ -524,8 +554,7 @@ impl Wal {
                 keep: redo,
                 last_checkpoint: None,
                 flush: redo.flush + 1,
-                wbuf: BlockBuf::new(stream_bytes),
-                pbuf: BlockBuf::new(stream_bytes / SECTOR_DATA * SECTOR),
+                out: SectorBuf::new(stream_bytes),
             }),
             space: Condvar::new(),
             header: Mutex::new(HeaderState { seq }),
@@ -964,8 +993,8 @@ impl Wal {
             start_fpos.is_multiple_of(SBLOCK),
             "a flush starts on a block of the stream"
         );
-        f.wbuf.len = 0;
-        let mut pos = f.fpos; // stream position of the next byte of wbuf
+        f.out.len = 0;
+        let mut pos = f.fpos; // stream position of the next byte pushed
         let mut lsn = f.next;
         let flush = f.flush;
         loop {
@@ -981,16 +1010,16 @@ impl Wal {
             } else {
                 0
             };
-            if (wrap + size + SBLOCK) as usize > f.wbuf.room() {
+            if wrap + size + SBLOCK > f.out.room() {
                 break; // the rest in the next flush (the last block's padding fits)
             }
             if pos + wrap + size > f.keep.fpos + cap {
                 break; // the log is full up to the keep point
             }
             if wrap > 0 {
-                Self::pad_to(&mut f.wbuf, &mut pos, wrap);
+                Self::pad_to(&mut f.out, &mut pos, wrap);
             }
-            self.copy_out(lsn, size, &mut f.wbuf);
+            self.copy_out(lsn, size, &mut f.out);
             if len > 0
                 && (self.word(lsn + CHUNK_HEADER).load(Ordering::Relaxed) & 0xff) as u8
                     == rec::CHECKPOINT
@@ -1033,21 +1062,13 @@ impl Wal {
         self.released.store(lsn, Ordering::Release);
         let rem = (SBLOCK - pos % SBLOCK) % SBLOCK;
         if rem > 0 {
-            Self::pad_to(&mut f.wbuf, &mut pos, rem);
+            Self::pad_to(&mut f.out, &mut pos, rem);
         }
-        // lay the stream out as sectors stamped with this flush's number
-        let phys = f.wbuf.len / SECTOR_DATA as usize * SECTOR as usize;
-        {
-            let Flusher { wbuf, pbuf, .. } = &mut **f;
-            pbuf.len = phys;
-            let out = &mut pbuf.all()[..phys];
-            self.layout
-                .stamp_into(start_fpos / SECTOR_DATA, flush, wbuf.bytes(), out);
-        }
+        let phys = f.out.len / SECTOR_DATA * SECTOR;
         // write, wrapping at the end of the data area
         let first_sector = start_fpos / SECTOR_DATA;
         let out = self.direct.as_ref().unwrap_or(&self.file);
-        let data = f.pbuf.bytes();
+        let data = f.out.stamped(self.layout, first_sector, flush);
         let mut off = 0usize;
         let mut k = first_sector;
         while off < data.len() {
@@ -1071,7 +1092,7 @@ impl Wal {
         st.sync_nanos.fetch_add(took, Ordering::Relaxed);
         st.sync_max_nanos.fetch_max(took, Ordering::Relaxed);
         st.flushes.fetch_add(1, Ordering::Relaxed);
-        st.bytes_written.fetch_add(phys as u64, Ordering::Relaxed);
+        st.bytes_written.fetch_add(phys, Ordering::Relaxed);
         f.next = lsn;
         f.fpos = pos;
         f.flush += 1;
@@ -1086,7 +1107,7 @@ impl Wal {
     }
 
     /// Copy the complete chunk of `size` bytes at `lsn` out of the ring into `out`.
-    fn copy_out(&self, lsn: u64, size: u64, out: &mut BlockBuf) {
+    fn copy_out(&self, lsn: u64, size: u64, out: &mut SectorBuf) {
         let start = ((lsn % self.ring_bytes) / 8) as usize;
         let words = (size / 8) as usize;
         let first = words.min(self.ring.len() - start);
@@ -1094,7 +1115,6 @@ impl Wal {
             &self.ring[start..start + first],
             &self.ring[..words - first],
         ] {
-            let at = out.len;
             let n = part.len() * 8;
             // SAFETY: the chunk is complete (its mark was read with Acquire, after its writer's
             // Release), and no thread writes these words until `released` passes them, which
@@ -1102,14 +1122,13 @@ impl Wal {
             // `AtomicU64`s (same layout as u64) race with no write. Other threads may only
             // read them (mark checks), and reads do not race with reads.
             let src = unsafe { std::slice::from_raw_parts(part.as_ptr().cast::<u8>(), n) };
-            out.all()[at..at + n].copy_from_slice(src);
-            out.len += n;
+            out.push(src);
         }
     }
 
     /// Append `n` bytes of padding (a PAD word at each chunk position that starts a block or
     /// the padding).
-    fn pad_to(buf: &mut BlockBuf, pos: &mut u64, n: u64) {
+    fn pad_to(buf: &mut SectorBuf, pos: &mut u64, n: u64) {
         let end = *pos + n;
         let mut first = true;
         while *pos < end {
