@@ -44,15 +44,20 @@ fn crashed_store(c: &StoreConfig) -> (Vec<u64>, Vec<u64>) {
 }
 
 /// As [`crashed_store`], calling `before_last` just before the last page is logged.
-fn crashed_store_with(c: &StoreConfig, mut before_last: impl FnMut(u64)) -> (Vec<u64>, Vec<u64>) {
+fn crashed_store_with(c: &StoreConfig, before_last: impl FnMut(u64)) -> (Vec<u64>, Vec<u64>) {
+    crashed_store_at(c, PAGES - 1, before_last)
+}
+
+/// As [`crashed_store`], calling `before(i)` just before page `i` is logged.
+fn crashed_store_at(c: &StoreConfig, at: u64, mut before: impl FnMut(u64)) -> (Vec<u64>, Vec<u64>) {
     let store = PageStore::open(c).unwrap();
     let w = store.wal().unwrap();
     let mut slots = Vec::new();
     let mut written = Vec::new();
     let mut buf = Vec::new();
     for i in 0..PAGES {
-        if i == PAGES - 1 {
-            before_last(i);
+        if i == at {
+            before(i);
         }
         let slot = store.allocate().unwrap();
         let end = w
@@ -344,4 +349,22 @@ fn leftovers_of_an_interrupted_creation_are_replaced_or_finished() {
     let store = PageStore::open(&c).expect("the creation is finished at open");
     assert!(log.exists());
     store.close().unwrap();
+}
+
+#[test]
+fn a_flush_lost_in_the_middle_of_the_log_is_damage_because_later_flushes_follow() {
+    // a device that acknowledged a flush and then lost it leaves its place as it was before,
+    // which is what a torn write leaves too; the flushes written after it tell them apart
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path());
+    let log = log_path(&c);
+    let mut old = Vec::new();
+    let mid = PAGES / 2;
+    let (_, written) = crashed_store_at(&c, mid, |_| old = std::fs::read(&log).unwrap());
+    let (from, to) = (written[mid as usize - 1], written[mid as usize]);
+    let (a, b) = ((DATA + from) as usize, (DATA + to) as usize);
+    damage(&log, a as u64, &old[a..b]);
+    let e = PageStore::open(&c).err().expect("refused");
+    assert!(matches!(e, StoreError::LogDamaged { .. }), "{e}");
+    assert!(e.to_string().contains("further on"), "{e}");
 }

@@ -141,6 +141,8 @@ pub(crate) struct Header {
     pub store_id: u64,
     /// Every flush so far has a number below this.
     pub next_flush: u64,
+    /// Most stream bytes one flush of this run writes (its buffer).
+    pub max_flush: u64,
 }
 
 impl Header {
@@ -158,10 +160,11 @@ impl Header {
         put(72, self.redo.flush);
         put(80, self.keep.flush);
         put(88, self.next_flush);
+        put(96, self.max_flush);
         b[8..12].copy_from_slice(&FORMAT.to_le_bytes());
         b[12..16].copy_from_slice(&self.alloc_crc.to_le_bytes());
-        let crc = crc32fast::hash(&b[..96]);
-        b[96..100].copy_from_slice(&crc.to_le_bytes());
+        let crc = crc32fast::hash(&b[..104]);
+        b[104..108].copy_from_slice(&crc.to_le_bytes());
         b
     }
 
@@ -173,7 +176,7 @@ impl Header {
         let crc_at = match format {
             1 => 48,
             2 => 64,
-            FORMAT => 96,
+            FORMAT => 104,
             _ => return None,
         };
         if u64at(0) != HEADER_MAGIC || crc32fast::hash(&b[..crc_at]) != u32at(crc_at) {
@@ -203,6 +206,7 @@ impl Header {
             keep,
             store_id: if three { u64at(64) } else { 0 },
             next_flush: if three { u64at(88) } else { 0 },
+            max_flush: if three { u64at(96) } else { 0 },
         })
     }
 }
@@ -307,6 +311,7 @@ mod tests {
             alloc_crc: 7,
             store_id: 99,
             next_flush: 20,
+            max_flush: 1 << 20,
         };
         let b = h.encode();
         let d = Header::decode(&b).unwrap();
@@ -314,7 +319,7 @@ mod tests {
             (d.redo, d.keep, d.store_id, d.next_flush),
             (h.redo, h.keep, 99, 20)
         );
-        for at in [0, 20, 66, 90] {
+        for at in [0, 20, 66, 90, 100] {
             let mut c = b.clone();
             c[at] ^= 4;
             assert!(Header::decode(&c).is_none(), "byte {at}");

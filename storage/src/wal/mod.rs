@@ -281,6 +281,9 @@ pub struct Wal {
     direct: Option<File>,
     /// The data area's size and the store's id (sector stamps).
     layout: Layout,
+    /// Most stream bytes one flush writes (recorded in the header: recovery looks that far
+    /// past a missing chunk for a later flush).
+    max_flush: u64,
     ring: Box<[AtomicU64]>,
     ring_bytes: u64,
     /// epoch << 48 | next free LSN.
@@ -541,6 +544,7 @@ impl Wal {
             file,
             direct,
             layout,
+            max_flush: stream_bytes,
             ring: (0..words).map(|_| AtomicU64::new(0)).collect(),
             ring_bytes: cfg.ring_bytes as u64,
             tail: AtomicU64::new(join(0, redo.lsn)),
@@ -641,6 +645,7 @@ impl Wal {
             alloc_crc: crc32fast::hash(&snap),
             store_id: self.layout.store_id,
             next_flush: self.flusher.lock().flush,
+            max_flush: self.max_flush,
         };
         crate::fs::write_at(&self.file, &self.path, &h.encode(), (seq % 2) * BLOCK)
             .and_then(|_| crate::fs::sync_data(&self.file, &self.path))

@@ -24,7 +24,7 @@ use super::disk::{
     SECTOR_DATA, STAMP,
 };
 use super::record::{for_each_record, pages_named};
-use super::{pad8, CHUNK_HEADER, PAD};
+use super::{pad8, CHUNK_HEADER, PAD, SBLOCK};
 use crate::allocator::Allocator;
 use crate::error::{StoreError, StoreResult};
 use std::fs::{File, OpenOptions};
@@ -218,6 +218,9 @@ struct Stream<'a> {
     win: Vec<u8>,
     /// Stream sector number of `win[0]` (u64::MAX: nothing read).
     win_first: u64,
+    /// The last sector whose stamp was checked, and what it said (reads of one chunk come
+    /// back to the same sector many times).
+    checked: (u64, Option<u32>),
 }
 
 impl<'a> Stream<'a> {
@@ -228,6 +231,7 @@ impl<'a> Stream<'a> {
             layout,
             win: Vec::new(),
             win_first: u64::MAX,
+            checked: (u64::MAX, None),
         }
     }
 
@@ -251,8 +255,13 @@ impl<'a> Stream<'a> {
 
     /// The flush whose stamp stream sector `k` carries, if the stamp is valid for it.
     fn flush_of(&mut self, k: u64) -> StoreResult<Option<u32>> {
+        if self.checked.0 == k {
+            return Ok(self.checked.1);
+        }
         let stamp = self.stamp(k)?;
-        Ok(self.layout.stamped_by(k, stamp))
+        let f = self.layout.stamped_by(k, stamp);
+        self.checked = (k, f);
+        Ok(f)
     }
 
     fn stamp(&mut self, k: u64) -> StoreResult<u64> {
@@ -281,6 +290,19 @@ impl<'a> Stream<'a> {
     /// (None: all of them were).
     fn read(&mut self, p: u64, len: u64, flush: u64) -> StoreResult<(Vec<u8>, Option<u64>)> {
         let mut out = Vec::with_capacity(len as usize);
+        let hole = self.read_into(p, len, flush, &mut out)?;
+        Ok((out, hole))
+    }
+
+    /// [`Stream::read`] into `out` (cleared first).
+    fn read_into(
+        &mut self,
+        p: u64,
+        len: u64,
+        flush: u64,
+        out: &mut Vec<u8>,
+    ) -> StoreResult<Option<u64>> {
+        out.clear();
         let mut hole = None;
         let mut at = p;
         while at < p + len {
@@ -295,13 +317,19 @@ impl<'a> Stream<'a> {
             out.extend_from_slice(&s[from..from + take as usize]);
             at += take;
         }
-        Ok((out, hole))
+        Ok(hole)
     }
 
+    /// The word at stream position `p` (a multiple of 8: a word never straddles sectors,
+    /// whose 504 bytes are 63 words) and whether its sector is not stamped by `flush`.
     fn word(&mut self, p: u64, flush: u64) -> StoreResult<(u64, Option<u64>)> {
-        let (b, hole) = self.read(p, 8, flush)?;
+        debug_assert!(p.is_multiple_of(8));
+        let k = p / SECTOR_DATA;
+        let hole = (self.flush_of(k)? != Some(flush as u32)).then_some(k);
+        let from = (STAMP + p % SECTOR_DATA) as usize;
+        let s = self.sector(k)?;
         Ok((
-            u64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
+            u64::from_le_bytes(s[from..from + 8].try_into().expect("8 bytes")),
             hole,
         ))
     }
@@ -351,6 +379,7 @@ pub(crate) fn scan(
     let mut s = Stream::new(path, file, layout);
     let mut at = h.keep;
     let mut out = Replay::default();
+    let mut payload = Vec::new();
     let verdict = loop {
         if at.fpos + CHUNK_HEADER > limit {
             break Verdict::End {
@@ -366,12 +395,12 @@ pub(crate) fn scan(
             Some(q) if block_start && q == (at.flush + 1) as u32 => at.flush + 1,
             _ => {
                 let owner = (!block_start).then_some(at.flush);
-                break stop(&mut s, mode, at, k, at.flush, owner, limit, h.next_flush)?;
+                break stop(&mut s, mode, h, at, k, at.flush, owner)?;
             }
         };
         let (w0, hole) = s.word(at.fpos, f)?;
         if let Some(hk) = hole {
-            break stop(&mut s, mode, at, hk, f, Some(f), limit, h.next_flush)?;
+            break stop(&mut s, mode, h, at, hk, f, Some(f))?;
         }
         if w0 == PAD {
             at.flush = f;
@@ -393,7 +422,7 @@ pub(crate) fn scan(
         }
         let (w1, hole) = s.word(at.fpos + 8, f)?;
         if let Some(hk) = hole {
-            break stop(&mut s, mode, at, hk, f, Some(f), limit, h.next_flush)?;
+            break stop(&mut s, mode, h, at, hk, f, Some(f))?;
         }
         let (len, crc) = (w1 & 0xffff_ffff, (w1 >> 32) as u32);
         let size = CHUNK_HEADER + pad8(len as usize) as u64;
@@ -402,9 +431,9 @@ pub(crate) fn scan(
                 "the chunk's length {len} runs past the end of the log's data area"
             )));
         }
-        let (payload, hole) = s.read(at.fpos + CHUNK_HEADER, len, f)?;
+        let hole = s.read_into(at.fpos + CHUNK_HEADER, len, f, &mut payload)?;
         if let Some(hk) = hole {
-            break stop(&mut s, mode, at, hk, f, Some(f), limit, h.next_flush)?;
+            break stop(&mut s, mode, h, at, hk, f, Some(f))?;
         }
         if crc32fast::hash(&payload) != crc {
             break Verdict::Damaged(damaged(format!(
@@ -469,24 +498,20 @@ pub(crate) fn scan(
 
 /// The next chunk is missing: judge the hole ([`judge_hole`]) or, in [`ScanMode::End`], take
 /// it as the end.
-#[allow(clippy::too_many_arguments)]
 fn stop(
     s: &mut Stream<'_>,
     mode: ScanMode,
+    h: &Header,
     at: RedoPoint,
     hole: u64,
     last: u64,
     owner: Option<u64>,
-    limit: u64,
-    header_next: u64,
 ) -> StoreResult<Verdict> {
     match mode {
-        ScanMode::Judge | ScanMode::DiscardDamage => {
-            judge_hole(s, at, hole, last, owner, limit, header_next)
-        }
+        ScanMode::Judge | ScanMode::DiscardDamage => judge_hole(s, h, at, hole, last, owner),
         ScanMode::End => Ok(Verdict::End {
             how: LogEnd::Clean,
-            next_flush: (last + 2).max(header_next),
+            next_flush: (last + 2).max(h.next_flush),
         }),
     }
 }
@@ -494,21 +519,26 @@ fn stop(
 /// The next chunk is missing at `at`: its sector `hole` was not written by the flush expected
 /// there. `last` is the flush of the last intact sector before it; `owner` the flush the hole's
 /// block belongs to when that is known (the hole lies inside a block or chunk of that flush).
-/// Looks at every sector from the hole to the end of the circle for a whole block of a later
-/// flush than the owner.
+/// Zeros or foreign bytes in the hole are damage. A hole that holds an earlier write's stamp
+/// is a torn write, unless a whole block of a later flush than the owner lies after it: the
+/// scan looks for one over four flushes' worth of the log past the hole (the most a device
+/// that lost or misplaced up to three consecutive flush writes can hide), or to the end of the
+/// circle if that is nearer.
 fn judge_hole(
     s: &mut Stream<'_>,
+    h: &Header,
     at: RedoPoint,
     hole: u64,
     last: u64,
     owner: Option<u64>,
-    limit: u64,
-    header_next: u64,
 ) -> StoreResult<Verdict> {
     /// Flush numbers further ahead than this are stale sectors that passed their check by
     /// chance, not flushes of this log.
     const SANE: i32 = 1 << 24;
-    let end_k = limit.div_ceil(SECTOR_DATA);
+    let limit = h.keep.fpos + s.layout.capacity();
+    let window = 4 * h.max_flush.max(SBLOCK) + 2 * SBLOCK;
+    let end_k = limit.min(hole * SECTOR_DATA + window).div_ceil(SECTOR_DATA);
+    let header_next = h.next_flush;
     let per_block = BLOCK / SECTOR;
     // sectors after the hole that carry the flush before it / the one after
     let (mut has_last, mut has_next) = (false, false);
