@@ -20,7 +20,8 @@
 //! place as it was before, which is exactly what a power loss that cut that flush off leaves
 //! (docs/durability.md, "Faults").
 //!
-//! `SHOAL_CRASH_POINTS` (default 300; scripts/nightly runs 10,000), `SHOAL_CRASH_SEED`.
+//! `SHOAL_CRASH_POINTS` (default 300; scripts/nightly runs 5,000 for each of two seeds),
+//! `SHOAL_CRASH_SEED`.
 //! A failure prints the seed and point and saves the trace under target/crash-explorer/; to
 //! replay it: `SHOAL_CRASH_REPLAY=<trace> SHOAL_CRASH_SEED=<seed> SHOAL_CRASH_ONLY=<point>`.
 
