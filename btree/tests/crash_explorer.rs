@@ -22,8 +22,10 @@
 //!
 //! `SHOAL_CRASH_POINTS` (default 300; scripts/nightly runs 5,000 for each of two seeds),
 //! `SHOAL_CRASH_SEED`.
-//! A failure prints the seed and point and saves the trace under target/crash-explorer/; to
-//! replay it: `SHOAL_CRASH_REPLAY=<trace> SHOAL_CRASH_SEED=<seed> SHOAL_CRASH_ONLY=<point>`.
+//! A failure prints the seed and point and saves the trace under target/tmp/crash-explorer/;
+//! to replay it: `SHOAL_CRASH_REPLAY=<trace> SHOAL_CRASH_SEED=<seed>
+//! SHOAL_CRASH_POINTS=<points> SHOAL_CRASH_ONLY=<point>` (the line printed says it whole);
+//! `SHOAL_CRASH_KEEP=DIR` rebuilds the crashed files in DIR and stops there.
 
 mod common;
 
@@ -288,10 +290,12 @@ fn judge(
     };
     let w = e.worker();
     let read = || -> Result<State, String> {
+        use shoal_btree::TreeError::NotFound;
         let (kv, acc) = match (BTree::open(&w, "kv"), BTree::open(&w, "accounts")) {
             (Ok(kv), Ok(acc)) => (kv, acc),
-            (Err(_), Err(_)) => return Ok(State::default()),
-            (a, b) => return Err(format!("one tree of two: {:?} {:?}", a.err(), b.err())),
+            // not created yet (an error reading the catalog is not that)
+            (Err(NotFound(_)), Err(NotFound(_))) => return Ok(State::default()),
+            (a, b) => return Err(format!("opening the trees: {:?} {:?}", a.err(), b.err())),
         };
         kv.verify(&w)?;
         acc.verify(&w)?;
@@ -492,8 +496,8 @@ fn no_crash_point_loses_an_acknowledged_commit_or_leaves_a_store_unopenable() {
                 let _ = trace.save(&saved);
                 failures.push(format!(
                     "point {k} (event {upto} of {n}, {kind}, {m:?}): {why}\n  replay: \
-                     SHOAL_CRASH_REPLAY={} SHOAL_CRASH_SEED={seed} SHOAL_CRASH_ONLY={k} cargo \
-                     test -p shoal-btree --test crash_explorer",
+                     SHOAL_CRASH_REPLAY={} SHOAL_CRASH_SEED={seed} SHOAL_CRASH_POINTS={points} \
+                     SHOAL_CRASH_ONLY={k} cargo test -p shoal-btree --test crash_explorer",
                     saved.display()
                 ));
             }

@@ -546,7 +546,9 @@ pub fn recovering_config(dir: &Path, node: u8, cache: usize) -> shoal_engine::En
     let log = shoal_storage::store::default_log_path(&c.device_list()[0]);
     if let Ok(m) = std::fs::metadata(&log) {
         c.durability = shoal_engine::Durability::Commit;
-        c.wal_bytes = m.len();
+        // an existing log keeps its size; a valid size here lets the store itself judge a log
+        // that was cut short (and say so) instead of the configuration refusing its length
+        c.wal_bytes = (m.len() / 4096 * 4096).max(1 << 20);
     }
     c
 }

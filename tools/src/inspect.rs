@@ -341,6 +341,20 @@ pub(crate) fn find_stores(dir: &Path) -> anyhow::Result<BTreeMap<u8, Store>> {
         i += 1;
     }
     if found.is_empty() {
+        let left = creation_leftovers(dir);
+        if !left.is_empty() {
+            return Err(anyhow::anyhow!(
+                "no Shoal store in {}: only {} file(s) of a store whose creation a crash \
+                 interrupted before it was complete ({}); nothing was stored in it, and the next \
+                 creation replaces them",
+                dir.display(),
+                left.len(),
+                left.iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
         return Err(anyhow::anyhow!(
             "no Shoal store in {}: expected device files named node<N>-<i>.dat (in it or in \
              subdirectories node<N>)",
@@ -361,6 +375,28 @@ pub(crate) fn find_stores(dir: &Path) -> anyhow::Result<BTreeMap<u8, Store>> {
             Ok((node, Store { dir: at, devices }))
         })
         .collect()
+}
+
+/// Files in `dir` (and its `node<N>` subdirectories) that a store's interrupted creation left
+/// (`*.creating`).
+pub(crate) fn creation_leftovers(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        let Ok(list) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in list.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if d == dir && e.path().is_dir() && parse_node_dir(&name).is_some() {
+                dirs.push(e.path());
+            } else if name.ends_with(shoal_storage::store::CREATING) {
+                out.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 /// `node<N>` -> N.

@@ -35,7 +35,15 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let stores = crate::inspect::find_stores(&a.dir)?;
+    let stores = match crate::inspect::find_stores(&a.dir) {
+        Ok(s) => s,
+        Err(e) if !crate::inspect::creation_leftovers(&a.dir).is_empty() => {
+            // a creation that never reached its commit point: there is nothing to recover
+            say!("{e:#}");
+            return Ok(ExitCode::SUCCESS);
+        }
+        Err(e) => return Err(e),
+    };
     let mut lost = 0;
     let mut nodes = Vec::new();
     for (node, store) in stores {

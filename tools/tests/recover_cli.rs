@@ -193,6 +193,23 @@ fn tpcc_killed_mid_run_recovers_to_a_consistent_database() {
     assert!(text.contains("consistency conditions 1-4 hold"), "{text}");
 }
 
+/// `shoal ycsb load` of `records` records with durability commit and a log of `wal`, to the end.
+fn load(dir: &Path, records: u64, wal: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .args(["ycsb", "load", "--records", &records.to_string()])
+        .args([
+            "--durability",
+            "commit",
+            "--wal-size",
+            wal,
+            "--quiet",
+            "--data-dir",
+        ])
+        .arg(dir)
+        .output()
+        .unwrap()
+}
+
 /// The log of the store in `dir` and what `survey` reads of it.
 fn survey(dir: &Path) -> (std::path::PathBuf, shoal_storage::wal::LogInfo) {
     let log = dir.join("node0-0.wal");
@@ -287,22 +304,7 @@ fn a_deleted_log_is_named_missing_not_taken_for_durability_none() {
 fn a_data_file_cut_short_is_refused_by_recover() {
     // (on 97c8b21: "the store is clean", then inspect found pages never written)
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
-        .args([
-            "ycsb",
-            "load",
-            "--records",
-            "20000",
-            "--durability",
-            "commit",
-            "--wal-size",
-            "64MiB",
-            "--quiet",
-            "--data-dir",
-        ])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let out = load(dir.path(), 20_000, "64MiB");
     assert!(
         out.status.success(),
         "{}",
@@ -379,24 +381,16 @@ fn a_store_killed_while_it_is_created_is_absent_or_whole() {
                 String::from_utf8_lossy(&out.stderr)
             );
         } else {
-            // no store: the directory takes a new load
+            // no store: nothing to recover, and the directory takes a new load
             absent += 1;
-            let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
-                .args([
-                    "ycsb",
-                    "load",
-                    "--records",
-                    "1000",
-                    "--durability",
-                    "commit",
-                    "--wal-size",
-                    "16MiB",
-                    "--quiet",
-                    "--data-dir",
-                ])
-                .arg(dir.path())
-                .output()
-                .unwrap();
+            let out = shoal(&["recover"], dir.path());
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "after {delay_ms} ms: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let out = load(dir.path(), 1000, "16MiB");
             assert!(
                 out.status.success(),
                 "after {delay_ms} ms: {}",
@@ -412,23 +406,7 @@ fn a_run_killed_after_inserting_leaves_the_next_run_without_false_errors() {
     // (on 97c8b21: the next run inserted keys the crashed one had inserted: 12,607-24,920
     // "already present" value errors)
     let dir = tempfile::tempdir().unwrap();
-    let load = Command::new(env!("CARGO_BIN_EXE_shoal"))
-        .args([
-            "ycsb",
-            "load",
-            "--records",
-            "20000",
-            "--durability",
-            "commit",
-            "--wal-size",
-            "64MiB",
-            "--quiet",
-            "--data-dir",
-        ])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(load.status.success());
+    assert!(load(dir.path(), 20_000, "64MiB").status.success());
     let run = [
         "ycsb",
         "run",

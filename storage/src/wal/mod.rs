@@ -425,8 +425,7 @@ impl Wal {
     pub(crate) fn create(cfg: &WalConfig, store_id: u64, alloc: &Allocator) -> StoreResult<Wal> {
         Self::check_config(cfg)?;
         let file = crate::fs::create(&cfg.path).map_err(|e| io_err(&cfg.path, e))?;
-        // Reserve the whole file now: a full device is an error at open, never at a commit.
-        crate::fs::reserve_file(&file, &cfg.path, cfg.file_bytes).map_err(|e| {
+        let no_room = |e: std::io::Error| {
             if crate::io::is_full(&e) {
                 StoreError::NoRoomForLog {
                     path: cfg.path.clone(),
@@ -436,7 +435,9 @@ impl Wal {
             } else {
                 io_err(&cfg.path, e)
             }
-        })?;
+        };
+        // Reserve the whole file now: a full device is an error at open, never at a commit.
+        crate::fs::reserve_file(&file, &cfg.path, cfg.file_bytes).map_err(no_room)?;
         let layout = Layout {
             data_bytes: cfg.file_bytes - HEADER_BYTES,
             store_id,
@@ -445,17 +446,7 @@ impl Wal {
         // a torn write leaves in a sector is a valid stamp of an earlier write there, and
         // anything else (zeros, foreign bytes) is damage ([`scan`]). This also reserves the
         // room where `fallocate` is not supported.
-        Self::stamp_empty(&file, &cfg.path, layout, 0, layout.sectors()).map_err(|e| {
-            if crate::io::is_full(&e) {
-                StoreError::NoRoomForLog {
-                    path: cfg.path.clone(),
-                    bytes: cfg.file_bytes,
-                    source: e,
-                }
-            } else {
-                io_err(&cfg.path, e)
-            }
-        })?;
+        Self::stamp_empty(&file, &cfg.path, layout, 0, layout.sectors()).map_err(no_room)?;
         crate::fs::sync_data(&file, &cfg.path).map_err(|e| io_err(&cfg.path, e))?;
         // the first flush is number 2: the start point names the one before it (flush 0 is
         // the empty stamp)
