@@ -1204,15 +1204,19 @@ pub(crate) fn check_device_set(sbs: &[Superblock], paths: &[&Path]) -> StoreResu
         if sb.cluster_id != sb0.cluster_id
             || sb.node_id != sb0.node_id
             || sb.device_count != sb0.device_count
+            || sb.store_id != sb0.store_id
         {
             return Err(StoreError::DeviceMismatch(format!(
-                "{} belongs to another store (cluster {}, node {}) than {} (cluster {}, node {})",
+                "{} belongs to another store (cluster {}, node {}, store id {:#x}) than {} \
+                 (cluster {}, node {}, store id {:#x})",
                 p.display(),
                 sb.cluster_id,
                 sb.node_id,
+                sb.store_id,
                 paths[0].display(),
                 sb0.cluster_id,
-                sb0.node_id
+                sb0.node_id,
+                sb0.store_id
             )));
         }
         if sb.device_index as usize != i {
@@ -1595,6 +1599,13 @@ mod tests {
         other_node.node_id = 4;
         let e = PageStore::open(&other_node).err().unwrap();
         assert!(e.to_string().contains("this is node 4"), "{e}");
+        // a device of another store of the same node and cluster, in its place
+        let other = tempfile::tempdir().unwrap();
+        let oc = cfg(other.path(), 2);
+        PageStore::open(&oc).unwrap().close().unwrap();
+        std::fs::copy(&oc.devices[1], &c.devices[1]).unwrap();
+        let e = PageStore::open(&c).err().unwrap();
+        assert!(e.to_string().contains("belongs to another store"), "{e}");
     }
 
     /// Flip one byte inside superblock copy `copy` of `path`.
