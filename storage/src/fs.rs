@@ -212,6 +212,44 @@ mod tests {
         assert_eq!(&b, b"keep");
     }
 
+    /// Under the simulated device: a power loss at any point of replacing a file leaves the
+    /// old content or the new, never an empty or half-written file, and once the call has
+    /// returned, the new (ycsb-dataset.json was 0 bytes after every one of 11 power losses
+    /// when it was written without a sync).
+    #[cfg(feature = "crash-sim")]
+    #[test]
+    fn a_power_loss_while_a_file_is_replaced_leaves_the_old_or_the_new_content() {
+        use crate::sim::{self, Crash, Damage};
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("set.json");
+        sim::start();
+        write_atomic(&p, b"the old description").unwrap();
+        let old_done = sim::now();
+        write_atomic(&p, b"the new one").unwrap();
+        let t = sim::stop();
+        for upto in 0..=t.len() {
+            for crash in [Crash::DropUnsynced, Crash::KeepSome, Crash::Tear] {
+                for seed in 0..4 {
+                    let out = tempfile::tempdir().unwrap();
+                    t.materialize(upto, crash, Damage::None, seed, dir.path(), out.path())
+                        .unwrap();
+                    let got = std::fs::read(out.path().join("set.json")).ok();
+                    let ok = match got.as_deref() {
+                        Some(b"the new one") => true,
+                        Some(b"the old description") => upto < t.len(),
+                        None => upto < old_done,
+                        _ => false,
+                    };
+                    assert!(
+                        ok,
+                        "after {upto} of {} events ({crash:?}): {got:?}",
+                        t.len()
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn an_atomic_write_replaces_the_whole_file() {
         let dir = tempfile::tempdir().unwrap();

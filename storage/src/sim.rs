@@ -520,7 +520,9 @@ impl Trace {
             report.kept += k;
             report.lost += ops.len() - k;
         }
-        let mut files: Vec<(&PathBuf, &usize)> = names.iter().collect();
+        // only what lies under `from` (a recording can catch other threads' files too)
+        let mut files: Vec<(&PathBuf, &usize)> =
+            names.iter().filter(|(n, _)| n.starts_with(from)).collect();
         files.sort();
         let mut out: Vec<(PathBuf, Content)> = Vec::new();
         for (name, &ino) in files {
@@ -544,7 +546,7 @@ impl Trace {
                     _ => apply_pending(&mut c, p),
                 }
             }
-            let rel = name.strip_prefix(from).unwrap_or(name);
+            let rel = name.strip_prefix(from).expect("filtered above");
             out.push((to.join(rel), c));
         }
         let pick = |rng: &mut Rng, out: &[(PathBuf, Content)], suffix: &str| {
