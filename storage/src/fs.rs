@@ -1,4 +1,4 @@
-//! File-system steps that durability depends on: reserving room, syncing files and
+//! File-system steps that durability depends on: syncing files and
 //! directories, replacing a file atomically. Every change the store makes to its files goes
 //! through here (or reports itself with [`wrote`]), so that the simulated device
 //! ([`crate::sim`]) sees all of them. What a crash (or a power loss) can leave behind of each
@@ -90,48 +90,6 @@ pub(crate) fn remove(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Room reserved by writing zeros (file systems without `fallocate`) is written this much at a
-/// time.
-const ZERO_CHUNK: usize = 1 << 20;
-
-/// Reserve room for `file` up to `len` bytes (its size becomes at least `len`): `fallocate`,
-/// or zeros written where the file system does not support it (or `SHOAL_RESERVE_BY_WRITING=1`
-/// asks for that). Bytes already in the file are left alone. A full device is an error whose
-/// [`crate::io::is_full`] holds.
-pub fn reserve_file(file: &File, path: &Path, len: u64) -> io::Result<()> {
-    reserve(file, path, len, by_writing_forced())
-}
-
-fn reserve(file: &File, path: &Path, len: u64, by_writing: bool) -> io::Result<()> {
-    let have = file.metadata()?.len();
-    if have >= len {
-        return Ok(());
-    }
-    if !by_writing {
-        match crate::io::fallocate(file, have, len - have) {
-            Err(e) if not_supported(&e) => log::info!(
-                "{}: fallocate is not supported here ({e}): reserving {} MiB by writing zeros",
-                path.display(),
-                (len - have) >> 20
-            ),
-            r => {
-                r?;
-                resized(path, len);
-                return Ok(());
-            }
-        }
-    }
-    let zeros = vec![0u8; ZERO_CHUNK];
-    let mut at = have;
-    while at < len {
-        let n = ((len - at) as usize).min(ZERO_CHUNK);
-        file.write_all_at(&zeros[..n], at)?;
-        at += n as u64;
-    }
-    resized(path, len);
-    Ok(())
-}
-
 /// `SHOAL_RESERVE_BY_WRITING=1`: behave as on a file system without `fallocate` (tests).
 pub(crate) fn by_writing_forced() -> bool {
     std::env::var_os("SHOAL_RESERVE_BY_WRITING").is_some_and(|v| v == "1")
@@ -192,25 +150,6 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn reserving_by_writing_zeros_grows_the_file_and_keeps_its_bytes() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("f");
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&p)
-            .unwrap();
-        f.write_all_at(b"keep", 0).unwrap();
-        reserve(&f, &p, 3 << 20, true).unwrap();
-        assert_eq!(f.metadata().unwrap().len(), 3 << 20);
-        let mut b = [0u8; 4];
-        f.read_exact_at(&mut b, 0).unwrap();
-        assert_eq!(&b, b"keep");
-    }
 
     /// Under the simulated device: a power loss at any point of replacing a file leaves the
     /// old content or the new, never an empty or half-written file, and once the call has

@@ -17,7 +17,7 @@
 //! - [`wal`]: the write-ahead log: the in-memory ring and group commit, the file's stamped
 //!   sectors ([`wal::disk`]), the records ([`wal::record`]), and reading a log back after a
 //!   crash, telling its end from damage.
-//! - [`fs`]: the file-system steps durability depends on (reserving room, syncing
+//! - [`fs`]: the file-system steps durability depends on (syncing files and
 //!   directories, replacing a file atomically), each reported to [`sim`].
 //! - [`sim`]: the simulated device of the crash tests (feature `crash-sim`): a record of
 //!   every change to the store's files, and what a crash or power loss at any point of it

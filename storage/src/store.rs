@@ -196,7 +196,7 @@ impl PageStore {
         }
         let mut devices = Vec::with_capacity(cfg.devices.len());
         for p in &cfg.devices {
-            devices.push(open_device(p, false)?);
+            devices.push(open_device(p)?);
         }
         let store = Self::load(devices, backend, cfg)?;
         // (one lock: two in one format call would be held together and deadlock)
@@ -224,7 +224,7 @@ impl PageStore {
         for p in &cfg.devices {
             check_device_path(p)?;
             // Refuse to format over data that looks like a store (either copy).
-            if let Ok(d) = open_device(p, false) {
+            if let Ok(d) = open_device(p) {
                 if d.file.metadata().map(|m| m.len()).unwrap_or(0) > 0 {
                     for copy in 0..header_pages(FORMAT_VERSION) {
                         let n = read_raw(backend, &d, copy * PAGE_SIZE as u64, &mut buf);
@@ -288,18 +288,11 @@ impl PageStore {
             moves.push((tmp, p.clone()));
         }
         if let Some(w) = &cfg.wal {
-            let tmp = crate::fs::with_suffix(&w.path, CREATING);
-            let mut wc = w.clone();
-            wc.path = tmp.clone();
-            drop(Wal::create(
-                &wc,
+            moves.extend(make_log(
+                w,
                 id,
                 &Allocator::new(0, Vec::new(), cfg.capacity_pages),
             )?);
-            for seq in [0, 1] {
-                moves.push((alloc_path(&tmp, seq), alloc_path(&w.path, seq)));
-            }
-            moves.push((tmp, w.path.clone()));
         }
         let dirs = |ps: &mut dyn Iterator<Item = &Path>| -> StoreResult<()> {
             let mut seen = std::collections::BTreeSet::new();
@@ -316,7 +309,7 @@ impl PageStore {
         // block devices: device 0's superblocks last (its copies are what makes a store)
         in_place.sort_by_key(|(i, _)| *i == 0);
         for (i, p) in &in_place {
-            let d = open_device(p, false)?;
+            let d = open_device(p)?;
             sb.device_index = *i as u32;
             sb.encode(&mut buf)?;
             for copy in 0..header_pages(FORMAT_VERSION) {
@@ -697,15 +690,9 @@ impl PageStore {
     fn new_log(&mut self, wc: &crate::wal::WalConfig) -> StoreResult<Wal> {
         let id = self.sb.get_mut().store_id;
         let alloc = self.alloc.lock().clone();
-        let tmp = crate::fs::with_suffix(&wc.path, CREATING);
-        let mut tc = wc.clone();
-        tc.path = tmp.clone();
-        drop(Wal::create(&tc, id, &alloc)?);
-        for seq in [0, 1] {
-            let (from, to) = (alloc_path(&tmp, seq), alloc_path(&wc.path, seq));
+        for (from, to) in make_log(wc, id, &alloc)? {
             crate::fs::rename(&from, &to).map_err(|e| io_err(&to, e))?;
         }
-        crate::fs::rename(&tmp, &wc.path).map_err(|e| io_err(&wc.path, e))?;
         crate::fs::sync_parent(&wc.path).map_err(|e| io_err(&wc.path, e))?;
         let (found, file) = wal::read_existing(&wc.path, true)?;
         let sc = wal::scan(
@@ -1143,17 +1130,36 @@ pub fn default_log_path(device0: &Path) -> PathBuf {
     device0.with_extension("wal")
 }
 
+/// The files of the log at `log`: its allocator snapshots, then the log itself (the order
+/// they are renamed into place in: the log last).
+fn log_files(log: &Path) -> [PathBuf; 3] {
+    [alloc_path(log, 0), alloc_path(log, 1), log.to_path_buf()]
+}
+
+/// Make a new log for `wc` (store `id`, allocator `alloc`) under temporary names; returns the
+/// renames (temporary, final) that put it into place, in order. The caller renames and syncs
+/// the directory.
+fn make_log(
+    wc: &crate::wal::WalConfig,
+    id: u64,
+    alloc: &Allocator,
+) -> StoreResult<Vec<(PathBuf, PathBuf)>> {
+    let mut tc = wc.clone();
+    tc.path = crate::fs::with_suffix(&wc.path, CREATING);
+    drop(Wal::create(&tc, id, alloc)?);
+    Ok(log_files(&tc.path)
+        .into_iter()
+        .zip(log_files(&wc.path))
+        .collect())
+}
+
 /// Finish the creation of a store that a crash interrupted after its commit point (device 0
 /// in place): every file of the store missing under its name but present as `<name>.creating`
 /// is renamed into place, and the directory synced.
 fn complete_creation(cfg: &StoreConfig) -> StoreResult<()> {
     let mut files: Vec<PathBuf> = cfg.devices[1..].to_vec();
     if let Some(w) = &cfg.wal {
-        files.extend([
-            alloc_path(&w.path, 0),
-            alloc_path(&w.path, 1),
-            w.path.clone(),
-        ]);
+        files.extend(log_files(&w.path));
     }
     for p in files {
         let tmp = crate::fs::with_suffix(&p, CREATING);
@@ -1176,7 +1182,7 @@ fn remove_log(path: &Path) {
             "{}: deleting the write-ahead log of an earlier run: this run has durability \"none\" and the log would not describe the store any more",
             path.display()
         );
-        for p in [path.to_path_buf(), alloc_path(path, 0), alloc_path(path, 1)] {
+        for p in log_files(path) {
             let _ = crate::fs::remove(&p);
         }
         // durably gone before the superblocks say the store has no log: a log that came back
@@ -1363,11 +1369,11 @@ fn check_device_path(path: &Path) -> StoreResult<()> {
     Ok(())
 }
 
-fn open_device(path: &Path, create: bool) -> StoreResult<Device> {
+fn open_device(path: &Path) -> StoreResult<Device> {
     check_device_path(path)?;
     let open = |direct: bool| {
         let mut o = OpenOptions::new();
-        o.read(true).write(true).create(create);
+        o.read(true).write(true);
         if direct {
             o.custom_flags(libc::O_DIRECT);
         }

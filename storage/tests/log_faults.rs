@@ -26,6 +26,14 @@ fn config(dir: &Path) -> StoreConfig {
     c
 }
 
+/// `c` opened with durability none (and `allow_unclean`).
+fn without_log(c: &StoreConfig) -> StoreConfig {
+    let mut none = c.clone();
+    none.wal = None;
+    none.allow_unclean = true;
+    none
+}
+
 fn log_path(c: &StoreConfig) -> PathBuf {
     c.wal.as_ref().unwrap().path.clone()
 }
@@ -256,10 +264,7 @@ fn a_missing_log_is_named_not_taken_for_a_store_without_one() {
     std::fs::remove_file(log_path(&c)).unwrap();
     let e = PageStore::open(&c).err().expect("refused");
     assert!(matches!(e, StoreError::LogMissing { .. }), "{e}");
-    let mut none = c.clone();
-    none.wal = None;
-    none.allow_unclean = true;
-    let e = PageStore::open(&none).err().expect("refused");
+    let e = PageStore::open(&without_log(&c)).err().expect("refused");
     assert!(matches!(e, StoreError::LogMissing { .. }), "{e}");
 }
 
@@ -268,10 +273,7 @@ fn a_store_that_needs_its_log_is_not_opened_without_it() {
     let dir = tempfile::tempdir().unwrap();
     let c = config(dir.path());
     crashed_store(&c);
-    let mut none = c.clone();
-    none.wal = None;
-    none.allow_unclean = true;
-    let e = PageStore::open(&none).err().expect("refused");
+    let e = PageStore::open(&without_log(&c)).err().expect("refused");
     assert!(matches!(e, StoreError::NeedsRecovery { .. }), "{e}");
     assert!(log_path(&c).exists(), "the log was not deleted");
 }

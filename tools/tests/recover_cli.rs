@@ -210,6 +210,14 @@ fn load(dir: &Path, records: u64, wal: &str) -> Output {
         .unwrap()
 }
 
+/// Whether this machine lets a test mount file systems in a mount namespace of its own.
+fn mount_namespaces() -> bool {
+    Command::new("unshare")
+        .args(["-m", "sh", "-c", "mount -t tmpfs none /mnt"])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 /// The log of the store in `dir` and what `survey` reads of it.
 fn survey(dir: &Path) -> (std::path::PathBuf, shoal_storage::wal::LogInfo) {
     let log = dir.join("node0-0.wal");
@@ -490,10 +498,7 @@ fn a_log_on_a_file_system_without_fallocate_is_reserved_by_writing() {
         mnt = mnt.display(),
         shoal = env!("CARGO_BIN_EXE_shoal")
     );
-    let can_mount = Command::new("unshare")
-        .args(["-m", "sh", "-c", "mount -t tmpfs none /mnt"])
-        .status()
-        .is_ok_and(|s| s.success());
+    let can_mount = mount_namespaces();
     if !can_mount {
         eprintln!("no mount namespace here: the ext2 part is not run");
         return;
@@ -515,10 +520,7 @@ fn inspect_reads_a_store_on_a_read_only_file_system() {
     // (on 97c8b21: inspect opened the log for writing and failed)
     let dir = tempfile::tempdir().unwrap();
     run_and_kill(dir.path(), "commit");
-    let can_mount = Command::new("unshare")
-        .args(["-m", "sh", "-c", "mount -t tmpfs none /mnt"])
-        .status()
-        .is_ok_and(|s| s.success());
+    let can_mount = mount_namespaces();
     if !can_mount {
         eprintln!("no mount namespace here: not run");
         return;

@@ -437,7 +437,18 @@ impl Wal {
             }
         };
         // Reserve the whole file now: a full device is an error at open, never at a commit.
-        crate::fs::reserve_file(&file, &cfg.path, cfg.file_bytes).map_err(no_room)?;
+        // `fallocate` says so at once where the file system has it; the stamps below write
+        // every byte anyway (and so reserve the room where it has not).
+        if !crate::fs::by_writing_forced() {
+            match crate::io::fallocate(&file, 0, cfg.file_bytes) {
+                Err(e) if crate::fs::not_supported(&e) => log::info!(
+                    "{}: fallocate is not supported here ({e}): the log's room is reserved by \
+                     writing it",
+                    cfg.path.display()
+                ),
+                r => r.map_err(no_room)?,
+            }
+        }
         let layout = Layout {
             data_bytes: cfg.file_bytes - HEADER_BYTES,
             store_id,
@@ -447,6 +458,7 @@ impl Wal {
         // anything else (zeros, foreign bytes) is damage ([`scan`]). This also reserves the
         // room where `fallocate` is not supported.
         Self::stamp_empty(&file, &cfg.path, layout, 0, layout.sectors()).map_err(no_room)?;
+        crate::fs::resized(&cfg.path, cfg.file_bytes);
         crate::fs::sync_data(&file, &cfg.path).map_err(|e| io_err(&cfg.path, e))?;
         // the first flush is number 2: the start point names the one before it (flush 0 is
         // the empty stamp)

@@ -4,7 +4,6 @@
 //! itself only moves chunks; the store replays images, diffs and allocations, and hands undo
 //! records to the layer that wrote them.
 
-use crate::error::StoreResult;
 use crate::page::PAGE_DATA_SIZE;
 
 /// Record kinds (the first byte of each record in a chunk's payload).
@@ -82,19 +81,20 @@ pub fn put_diff(
 /// Bytes an image record takes.
 pub const IMAGE_RECORD: usize = 17 + PAGE_DATA_SIZE;
 
-/// Call `f(kind, body)` for each record of a chunk payload; returns how many there were.
-pub(crate) fn for_each_record(
-    mut p: &[u8],
-    mut f: impl FnMut(u8, &[u8]) -> StoreResult<()>,
-) -> Result<u64, String> {
-    let mut n = 0;
-    while let Some((&kind, rest)) = p.split_first() {
-        let len = body_len(kind, rest)?;
-        f(kind, &rest[..len]).map_err(|e| e.to_string())?;
-        n += 1;
-        p = &rest[len..];
+/// Split a chunk's payload into its records, `(kind, body start, body end)` into `out`
+/// (cleared first): all of them or an error, so that a chunk is applied whole or not at all.
+pub(crate) fn split_records(
+    payload: &[u8],
+    out: &mut Vec<(u8, usize, usize)>,
+) -> Result<(), String> {
+    out.clear();
+    let mut at = 0;
+    while let Some(&kind) = payload.get(at) {
+        let len = body_len(kind, &payload[at + 1..])?;
+        out.push((kind, at + 1, at + 1 + len));
+        at += 1 + len;
     }
-    Ok(n)
+    Ok(())
 }
 
 /// The length of the body of a record of `kind` that begins `rest` (checked to fit in it).

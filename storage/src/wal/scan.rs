@@ -23,7 +23,7 @@ use super::disk::{
     alloc_path, decode_alloc, Header, Layout, RedoPoint, BLOCK, FORMAT, HEADER_BYTES, SECTOR,
     SECTOR_DATA, STAMP,
 };
-use super::record::{for_each_record, pages_named};
+use super::record::{pages_named, split_records};
 use super::{pad8, CHUNK_HEADER, PAD, SBLOCK};
 use crate::allocator::Allocator;
 use crate::error::{StoreError, StoreResult};
@@ -380,6 +380,7 @@ pub(crate) fn scan(
     let mut at = h.keep;
     let mut out = Replay::default();
     let mut payload = Vec::new();
+    let mut records = Vec::new();
     let verdict = loop {
         if at.fpos + CHUNK_HEADER > limit {
             break Verdict::End {
@@ -441,17 +442,16 @@ pub(crate) fn scan(
                  the data was damaged after it was written"
             )));
         }
-        // all records are checked before any is applied: a chunk is replayed whole or not at all
-        if let Err(why) = for_each_record(&payload, |_, _| Ok(())) {
+        // all records are split out before any is applied: a chunk is replayed whole or not
+        // at all
+        if let Err(why) = split_records(&payload, &mut records) {
             break Verdict::Damaged(damaged(format!("malformed record: {why}")));
         }
-        out.records +=
-            for_each_record(&payload, |kind, body| apply(at.lsn, kind, body)).map_err(|why| {
-                bad(
-                    path,
-                    format!("replaying the chunk at LSN {}: {why}", at.lsn),
-                )
-            })?;
+        for &(kind, from, to) in &records {
+            apply(at.lsn, kind, &payload[from..to])
+                .map_err(|e| bad(path, format!("replaying the chunk at LSN {}: {e}", at.lsn)))?;
+        }
+        out.records += records.len() as u64;
         out.chunks += 1;
         out.log_bytes += size;
         at.lsn += size;
