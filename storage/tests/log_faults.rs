@@ -26,6 +26,11 @@ fn config(dir: &Path) -> StoreConfig {
     c
 }
 
+/// The error opening `c` gives (it must fail).
+fn refused(c: &StoreConfig) -> StoreError {
+    PageStore::open(c).err().expect("the store was opened")
+}
+
 /// `c` opened with durability none (and `allow_unclean`).
 fn without_log(c: &StoreConfig) -> StoreConfig {
     let mut none = c.clone();
@@ -187,7 +192,7 @@ fn zeros_over_part_of_the_log_are_damage_not_its_end() {
     // 64 KiB of zeros at 30% of what was written
     let at = DATA + written[PAGES as usize * 3 / 10] / 4096 * 4096;
     damage(&log, at, &vec![0u8; 64 << 10]);
-    let e = PageStore::open(&c).err().expect("refused");
+    let e = refused(&c);
     assert!(matches!(e, StoreError::LogDamaged { .. }), "{e}");
     assert!(e.to_string().contains("erased"), "{e}");
 }
@@ -203,7 +208,7 @@ fn zeros_over_the_newest_flush_are_damage_too() {
     let (from, to) = (written[PAGES as usize - 2], written[PAGES as usize - 1]);
     assert!(to - from > 1024, "the last flush spans sectors");
     damage(&log, data_byte(DATA + from + 512) / 512 * 512, &[0u8; 512]);
-    let e = PageStore::open(&c).err().expect("refused");
+    let e = refused(&c);
     assert!(matches!(e, StoreError::LogDamaged { .. }), "{e}");
 }
 
@@ -252,7 +257,7 @@ fn a_log_from_another_store_is_refused() {
         };
         std::fs::copy(name(&ca), name(&cb)).unwrap();
     }
-    let e = PageStore::open(&cb).err().expect("refused");
+    let e = refused(&cb);
     assert!(matches!(e, StoreError::ForeignLog { .. }), "{e}");
 }
 
@@ -262,9 +267,9 @@ fn a_missing_log_is_named_not_taken_for_a_store_without_one() {
     let c = config(dir.path());
     crashed_store(&c);
     std::fs::remove_file(log_path(&c)).unwrap();
-    let e = PageStore::open(&c).err().expect("refused");
+    let e = refused(&c);
     assert!(matches!(e, StoreError::LogMissing { .. }), "{e}");
-    let e = PageStore::open(&without_log(&c)).err().expect("refused");
+    let e = refused(&without_log(&c));
     assert!(matches!(e, StoreError::LogMissing { .. }), "{e}");
 }
 
@@ -273,7 +278,7 @@ fn a_store_that_needs_its_log_is_not_opened_without_it() {
     let dir = tempfile::tempdir().unwrap();
     let c = config(dir.path());
     crashed_store(&c);
-    let e = PageStore::open(&without_log(&c)).err().expect("refused");
+    let e = refused(&without_log(&c));
     assert!(matches!(e, StoreError::NeedsRecovery { .. }), "{e}");
     assert!(log_path(&c).exists(), "the log was not deleted");
 }
@@ -293,7 +298,7 @@ fn a_data_file_cut_short_is_refused() {
         .open(&c.devices[0])
         .unwrap();
     f.set_len(need / 2).unwrap();
-    let e = PageStore::open(&c).err().expect("refused");
+    let e = refused(&c);
     assert!(matches!(e, StoreError::Truncated { .. }), "{e}");
     // and on a crashed store whose pages were written back before its last checkpoint
     let dir = tempfile::tempdir().unwrap();
@@ -325,7 +330,7 @@ fn a_data_file_cut_short_is_refused() {
         .open(&c.devices[0])
         .unwrap();
     f.set_len(need / 2).unwrap();
-    let e = PageStore::open(&c).err().expect("refused");
+    let e = refused(&c);
     assert!(matches!(e, StoreError::Truncated { .. }), "{e}");
 }
 
@@ -366,7 +371,7 @@ fn a_flush_lost_in_the_middle_of_the_log_is_damage_because_later_flushes_follow(
     let (from, to) = (written[mid as usize - 1], written[mid as usize]);
     let (a, b) = ((DATA + from) as usize, (DATA + to) as usize);
     damage(&log, a as u64, &old[a..b]);
-    let e = PageStore::open(&c).err().expect("refused");
+    let e = refused(&c);
     assert!(matches!(e, StoreError::LogDamaged { .. }), "{e}");
     assert!(e.to_string().contains("further on"), "{e}");
 }
