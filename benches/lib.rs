@@ -88,8 +88,8 @@ pub fn loopback_tcp(
     n: usize,
     region: impl Fn() -> shoal_messaging::Region,
     encrypt: bool,
-) -> Vec<std::sync::Arc<shoal_messaging::tcp::TcpTransport>> {
-    use shoal_messaging::tcp::{TcpConfig, TcpTransport};
+) -> Vec<std::sync::Arc<shoal_messaging::TcpTransport>> {
+    use shoal_messaging::{TcpConfig, TcpTransport};
     let ls: Vec<std::net::TcpListener> = (0..n)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback"))
         .collect();
@@ -101,18 +101,12 @@ pub fn loopback_tcp(
         .into_iter()
         .enumerate()
         .map(|(i, l)| {
-            let cfg = TcpConfig {
-                node: i as u8,
-                cluster_id: 7,
-                addrs: addrs.clone(),
-                connect_timeout: Duration::from_secs(10),
-                secret: if encrypt {
-                    b"a benchmark's cluster secret....".to_vec()
-                } else {
-                    Vec::new()
-                },
-                encrypt,
-            };
+            let mut cfg = TcpConfig::new(i as u8, 7, addrs.clone());
+            cfg.connect_timeout = Duration::from_secs(10);
+            if encrypt {
+                cfg.secret = b"a benchmark's cluster secret....".to_vec();
+                cfg.encrypt = true;
+            }
             let r = std::sync::Arc::new(region());
             std::thread::spawn(move || TcpTransport::start(cfg, l, r).expect("tcp transport"))
         })

@@ -5,7 +5,7 @@
 //! Run: `cargo bench -p shoal-benches --bench messaging` (SHOAL_BENCH_N round trips per point).
 
 use hdrhistogram::Histogram;
-use shoal_messaging::tcp::TcpTransport;
+use shoal_messaging::TcpTransport;
 use shoal_messaging::{
     mem_cluster, Echo, Envelope, Layout, Mailboxes, Responder, Transport, WaitMode, PAGE_BYTES,
 };

@@ -162,9 +162,9 @@ fn missing_pages_and_nodes_are_errors() {
     let e = w
         .run(|w| w.shared(Pid::new(0, 1 << 20)).map(|_| ()))
         .unwrap_err();
-    assert!(matches!(e, EngineError::NoSuchPage(_)), "{e}");
+    assert!(matches!(e, EngineError::NoSuchPage { .. }), "{e}");
     let e = w.run(|w| w.shared(Pid::new(5, 1)).map(|_| ())).unwrap_err();
-    assert!(matches!(e, EngineError::NoSuchNode(..)), "{e}");
+    assert!(matches!(e, EngineError::NoSuchNode { .. }), "{e}");
     assert!(e.to_string().contains("cluster of 2 nodes"), "{e}");
     drop(w);
     c.close().unwrap();
@@ -529,7 +529,9 @@ fn copies_whose_home_died_are_read_right_or_refused_under_eviction() {
                 assert_eq!(v, 1000 + k as u64, "copy of {p}");
                 kept += 1;
             }
-            Err(EngineError::PeerDead(1) | EngineError::HolderDead(_, 1)) => lost += 1,
+            Err(EngineError::PeerDead { node: 1 } | EngineError::HolderDead { holder: 1, .. }) => {
+                lost += 1
+            }
             Err(e) => panic!("copy of {p}: {e}"),
         }
     }
@@ -578,14 +580,18 @@ fn fairness_on_one_hot_page() {
             }
         }));
     }
-    // run until at least 3000 increments in all and every node did a share of them; a node
-    // left out for a minute is starved, and the test says so instead of hanging
+    // Run until at least 3000 increments in all and every node did at least 3% of them; a
+    // node left under that for a minute is starved, and the test says so instead of hanging.
+    // (Measured shares 0.19-0.53, 0.31-0.37 in docs/protocol.md; a run can start lopsided
+    // and even out, so the share is judged over the run, not at one moment: before
+    // 2026-11-27 a snapshot at 1% ended the run and the final counts had to show 3%, which
+    // failed about one run in eight on an idle machine, before and after the renovation.)
     let t0 = std::time::Instant::now();
     loop {
         std::thread::sleep(Duration::from_millis(20));
         let v: Vec<u64> = counts.iter().map(|a| a.load(Ordering::Relaxed)).collect();
         let total = v.iter().sum::<u64>();
-        if total >= 3000 * scale() && v.iter().all(|&x| x * 100 >= total) {
+        if total >= 3000 * scale() && v.iter().all(|&x| x * 100 >= total * 3) {
             break;
         }
         if t0.elapsed() > Duration::from_secs(60) {
@@ -602,14 +608,9 @@ fn fairness_on_one_hot_page() {
     let w = c.node(1).worker();
     assert_eq!(w.shared(pid).unwrap().page().u64(0), total);
     let (min, max) = (*v.iter().min().unwrap(), *v.iter().max().unwrap());
-    // Measured shares 0.19-0.53 (0.31-0.37 in docs/protocol.md); a node under 3% of the
-    // increments is starved. Checked by breaking it on purpose (2026-11-24): with the home
-    // ignoring node 2's requests the test fails at the 60 s deadline ("a node starved"). With
-    // revocation off it still passes: shares 0.07-0.77 on mem, unfair but not starved.
-    assert!(
-        min * 100 >= total * 3,
-        "node starved: per-node increments {v:?}"
-    );
+    // Checked by breaking it on purpose (2026-11-24): with the home ignoring node 2's
+    // requests the test fails at the 60 s deadline ("a node starved"). With revocation off
+    // it still passes: shares 0.07-0.77 on mem, unfair but not starved.
     eprintln!(
         "per-node increments {v:?}: min share {:.3}, max share {:.3}",
         min as f64 / total as f64,
@@ -734,15 +735,15 @@ fn a_dead_node_gives_errors_not_hangs() {
     // pages homed on the dead node: an error (node 1 has a shared copy of on2[1]: still
     // readable locally, but writing it needs the dead home)
     let e = w0.run(|w| w.exclusive(on2[1]).map(|_| ())).unwrap_err();
-    assert!(matches!(e, EngineError::PeerDead(2)), "{e}");
+    assert!(matches!(e, EngineError::PeerDead { node: 2 }), "{e}");
     let e = w1.run(|w| w.exclusive(on2[2]).map(|_| ())).unwrap_err();
-    assert!(matches!(e, EngineError::PeerDead(2)), "{e}");
+    assert!(matches!(e, EngineError::PeerDead { node: 2 }), "{e}");
     // a page homed on a live node but held by the dead one: its only current copy is gone,
     // the home refuses it (no waiting for a timeout), and keeps refusing it
     for w in [&w1, &w0, &w1] {
         let e = w.run(|w| w.exclusive(on0[0]).map(|_| ())).unwrap_err();
         assert!(
-            matches!(e, EngineError::HolderDead(p, 2) if p == on0[0]),
+            matches!(e, EngineError::HolderDead { pid: p, holder: 2 } if p == on0[0]),
             "{e}"
         );
     }
@@ -865,11 +866,11 @@ fn barriers_line_every_node_up_and_fail_on_a_dead_node() {
     });
     c.kill(2);
     let e = c.node(0).barrier(Duration::from_secs(20)).unwrap_err();
-    assert!(matches!(e, EngineError::PeerDead(2)), "{e}");
+    assert!(matches!(e, EngineError::PeerDead { node: 2 }), "{e}");
     // a node that does not come: a timeout naming it (node 1 never enters this barrier)
     let e = c.node(1).barrier(Duration::from_millis(200)).unwrap_err();
     assert!(
-        e.to_string().contains("did not arrive") || matches!(e, EngineError::PeerDead(2)),
+        e.to_string().contains("did not arrive") || matches!(e, EngineError::PeerDead { node: 2 }),
         "{e}"
     );
 }

@@ -1,5 +1,5 @@
 //! A simulated cluster driving the engine's own coherence state machines
-//! (`shoal_engine::{directory, possession}`) under random schedules: every in-flight message may
+//! (`shoal_engine::rules`) under random schedules: every in-flight message may
 //! be delivered next (no ordering at all, stronger than any transport), nodes issue reads and
 //! writes and evict pages at random moments. Page contents are version numbers, so the checks
 //! are exact:
@@ -15,9 +15,10 @@
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use shoal_engine::coherence::directory::{DirDecision, DirEntry, EvictDecision, Holders};
-use shoal_engine::coherence::possession::{Deferred, PageCopy, Pending, Step};
-use shoal_engine::coherence::protocol::{members, Grant, Mode, Msg, Node};
+use shoal_engine::rules::{
+    members, Deferred, DirDecision, DirEntry, EvictDecision, Grant, Holders, Mode, Msg, Node,
+    PageCopy, Pending, Step,
+};
 use std::collections::VecDeque;
 
 type Version = u64;
@@ -141,7 +142,7 @@ struct Sim {
 /// Every message the protocol sends must survive the engine's 64-byte wire format unchanged
 /// (a page, whatever it is, travels as the attachment: the message only says it has one).
 fn wire_round_trip(page: usize, msg: &Msg<Version>) {
-    use shoal_engine::coherence::wire::Wire;
+    use shoal_engine::rules::Wire;
     use shoal_messaging::Envelope;
     let w = Wire::new(page as u64, msg);
     let env = Envelope::new(&w, 0, 0, 1);
@@ -333,7 +334,7 @@ impl Sim {
             return Ok(());
         }
         self.waiting[actor] = Some(op);
-        if c.pending == shoal_engine::coherence::possession::Pending::Idle {
+        if c.pending == Pending::Idle {
             let (to, msg) = c.request(want).map_err(|e| e.to_string())?;
             self.remote += 1;
             self.note(|| {
@@ -569,7 +570,7 @@ impl Sim {
             Msg::Transfer { want, epoch, keep } => {
                 // owner stability: a node the home pointed a successor at keeps the page (or
                 // is still getting it) until the successor's Transfer takes it
-                if c.pending == shoal_engine::coherence::possession::Pending::Idle && c.data.is_none() {
+                if c.pending == Pending::Idle && c.data.is_none() {
                     return Err(format!(
                         "owner stability: node {} was pointed at for page {p} (epoch {epoch}) by node {} but holds no copy and expects none",
                         e.to, e.from
@@ -1639,7 +1640,7 @@ impl Sim {
         let c = &self.copies[node][page];
         self.alive[node]
             && self.waiters(node, page).is_empty()
-            && c.pending == shoal_engine::coherence::possession::Pending::Idle
+            && c.pending == Pending::Idle
             && c.data.is_some()
             && c.deferred.is_empty()
     }

@@ -1,5 +1,6 @@
 //! Reopen after clean shutdown, corruption detection, striping, and configuration errors.
 
+use byteorder::{ByteOrder, LittleEndian};
 use shoal_engine::{Engine, EngineConfig, EngineError, OpenMode, Pid, PAGE_SIZE};
 use shoal_tests::{check_stamp, config, engine, stamp};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -159,7 +160,7 @@ fn load_many_reads_the_missing_pages_together_and_reports_a_corrupt_one() {
     let beyond = Pid::new(0, e.store().high_water() + 5);
     assert!(matches!(
         w.load_many(&[pids[0], beyond]),
-        Err(EngineError::NoSuchPage(p)) if p == beyond
+        Err(EngineError::NoSuchPage { pid: p }) if p == beyond
     ));
 }
 
@@ -182,8 +183,7 @@ fn a_store_on_three_files_stripes_across_all_of_them() {
         for pid in mine {
             let off = (2 + pid.slot() as usize / 3) * PAGE_SIZE;
             let page = &data[off..off + PAGE_SIZE];
-            let trailer_pid =
-                u64::from_le_bytes(page[PAGE_SIZE - 16..PAGE_SIZE - 8].try_into().unwrap());
+            let trailer_pid = LittleEndian::read_u64(&page[PAGE_SIZE - 16..]);
             assert_eq!(trailer_pid, pid.raw(), "slot {} on device {d}", pid.slot());
             assert!(check_stamp(&page[..PAGE_SIZE - 16], *pid).is_ok());
         }

@@ -4,6 +4,7 @@
 //! a value derived from both. Any mix of two versions, a page from another pid, or a torn write
 //! fails [`check_stamp`].
 
+use byteorder::{ByteOrder, LittleEndian};
 use shoal_engine::{
     Engine, EngineConfig, OpResult, PageMut, PageRef, Pid, Worker, PAGE_DATA_SIZE, PAGE_SIZE,
 };
@@ -40,13 +41,13 @@ pub fn stamp(page: &mut PageMut<'_>, pid: Pid, version: u64) {
 
 /// Check a copied-out page against the stamp it claims; returns its version.
 pub fn check_stamp(buf: &[u8], pid: Pid) -> Result<u64, String> {
-    let got_pid = u64::from_le_bytes(buf[0..8].try_into().unwrap());
+    let got_pid = LittleEndian::read_u64(&buf[0..]);
     if got_pid != pid.raw() {
         return Err(format!("page {pid} holds pid {got_pid:#x}"));
     }
-    let version = u64::from_le_bytes(buf[8..16].try_into().unwrap());
+    let version = LittleEndian::read_u64(&buf[8..]);
     for i in 2..PAGE_DATA_SIZE / 8 {
-        let w = u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().unwrap());
+        let w = LittleEndian::read_u64(&buf[i * 8..]);
         if w != word(pid, version, i) {
             return Err(format!("page {pid} version {version} torn at word {i}"));
         }

@@ -3,6 +3,7 @@
 use shoal_engine::{EngineError, Pid};
 
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum TreeError {
     #[error(transparent)]
     Engine(#[from] EngineError),

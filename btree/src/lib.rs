@@ -10,18 +10,18 @@
 //! It must not know how pages move between memory, nodes and NVMe: it only takes guards from a
 //! [`shoal_engine::Worker`] (or, for the verifier, page images from a reader its caller gives).
 
-pub mod error;
-pub mod key;
-pub mod node;
-pub mod overflow;
-pub mod range;
-pub mod tree;
+mod error;
+mod key;
+mod node;
+mod overflow;
+mod range;
+mod tree;
 pub mod value_hint;
-pub mod verify;
+mod verify;
 
 pub use error::TreeError;
 pub use key::{decode_u64, u64_key, KeyBuilder};
-pub use node::{MAX_KEY, MAX_RECORD};
+pub use node::{KIND_INNER, KIND_LEAF, MAX_KEY, MAX_RECORD};
 pub use overflow::MAX_VALUE;
 pub use range::Range;
 pub use tree::{roll_back, BTree, Batch, Direction, Insert, Put, LOOKUP_GROUP};

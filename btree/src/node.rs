@@ -37,6 +37,7 @@
 //! but never fault or loop unboundedly; callers validate before trusting results. Writing
 //! functions work on a private copy of the page (`ExclusiveGuard::modify`).
 
+use byteorder::{ByteOrder, LittleEndian};
 use shoal_engine::{PageRef, PAGE_DATA_SIZE};
 use std::cmp::Ordering;
 use std::ops::{Deref, DerefMut};
@@ -124,10 +125,6 @@ fn info(p: PageRef<'_>, i: usize) -> (usize, usize, usize) {
 #[inline]
 pub fn key_len(p: PageRef<'_>, i: usize) -> usize {
     info(p, i).1
-}
-#[inline]
-pub fn val_len(p: PageRef<'_>, i: usize) -> usize {
-    info(p, i).2
 }
 /// Slot `i`'s (heap offset, key length, value length).
 #[inline]
@@ -429,7 +426,7 @@ fn s16(b: &mut [u8], o: usize, v: usize) {
     b[o..o + 2].copy_from_slice(&(v as u16).to_le_bytes());
 }
 fn g64(b: &[u8], o: usize) -> u64 {
-    u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
+    LittleEndian::read_u64(&b[o..])
 }
 fn s64(b: &mut [u8], o: usize, v: u64) {
     b[o..o + 8].copy_from_slice(&v.to_le_bytes());
@@ -757,13 +754,8 @@ impl<B: DerefMut<Target = [u8; PAGE_DATA_SIZE]>> Node<B> {
         s16(&mut self.b[..], DEAD, dead);
     }
 
-    /// Replace slot `i`'s value with one of possibly different length. The caller checked
-    /// that the new value fits (`free_space() + old len >= new len`).
-    pub fn replace_value(&mut self, i: usize, val: &[u8]) {
-        self.replace_flagged(i, val, 0);
-    }
-
-    /// [`NodeMut::replace_value`], setting the slot's flags too.
+    /// Replace slot `i`'s value with one of possibly different length, and its flags. The
+    /// caller checked that the new value fits (`free_space() + old len >= new len`).
     pub fn replace_flagged(&mut self, i: usize, val: &[u8], flags: u16) {
         if self.value(i).len() == val.len() {
             self.value_mut(i).copy_from_slice(val);

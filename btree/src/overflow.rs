@@ -17,8 +17,8 @@
 //! or fails its validation and starts again. A walk never takes more pages than the reference's
 //! length needs, so a chain freed and reused under an optimistic reader cannot make it loop.
 
-pub use crate::node::FLAG_OVERFLOW;
 use crate::node::NO_PAGE;
+use byteorder::{ByteOrder, LittleEndian};
 use shoal_engine::{EngineError, OpResult, Pid, Restart, Worker, PAGE_DATA_SIZE};
 
 /// Node kind byte of an overflow page.
@@ -51,8 +51,8 @@ impl ValueRef {
         if b.len() != REF_LEN {
             return None;
         }
-        let len = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
-        let first = Pid(u64::from_le_bytes(b[8..].try_into().expect("8 bytes")));
+        let len = LittleEndian::read_u64(b);
+        let first = Pid(LittleEndian::read_u64(&b[8..]));
         (len as usize <= MAX_VALUE && first.raw() != NO_PAGE).then_some(ValueRef { len, first })
     }
 
@@ -106,8 +106,8 @@ pub fn write(w: &Worker, value: &[u8]) -> Result<ValueRef, EngineError> {
 fn header(b: &[u8]) -> (u8, usize, u64) {
     (
         b[0],
-        u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")) as usize,
-        u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
+        LittleEndian::read_u32(&b[4..]) as usize,
+        LittleEndian::read_u64(&b[8..]),
     )
 }
 

@@ -34,6 +34,7 @@ use crate::node::{
 use crate::overflow::{self, ValueRef};
 use crate::value_hint;
 use crate::verify::{verify_tree, TreeReport};
+use byteorder::{ByteOrder, LittleEndian};
 use shoal_engine::{
     EngineError, ExclusiveGuard, OpResult, OptimisticGuard, Pid, Restart, SharedGuard, Worker,
     PAGE_DATA_SIZE,
@@ -1279,7 +1280,7 @@ fn halves<'e, 'a>(
         (&entries[..m], sep, &entries[m..], NO_PAGE)
     } else {
         let v = entries[m - 1].1;
-        let child = u64::from_le_bytes(v[..8].try_into().expect("inner values are pids"));
+        let child = LittleEndian::read_u64(v);
         (&entries[..m - 1], sep, &entries[m..], child)
     }
 }
@@ -1486,11 +1487,10 @@ fn undo_range(root: Pid, key: &[u8], off: usize, old: &[u8]) -> Vec<u8> {
 /// each key had before (or removing a key the transaction inserted). Undoing twice (a crash
 /// during the roll-back) gives the same result.
 pub fn roll_back() -> shoal_engine::RollBack {
-    shoal_engine::RollBack(std::sync::Arc::new(|engine, unfinished| {
-        let w = engine.worker();
+    shoal_engine::RollBack(std::sync::Arc::new(|w, unfinished| {
         for t in unfinished {
             for r in t.undo.iter().rev() {
-                undo_one(&w, r).map_err(|e| format!("transaction {}: {e}", t.txn))?;
+                undo_one(w, r).map_err(|e| format!("transaction {}: {e}", t.txn))?;
             }
         }
         Ok(())
@@ -1501,7 +1501,7 @@ fn undo_one(w: &Worker, r: &[u8]) -> Result<(), String> {
     if r.len() < 11 {
         return Err(format!("undo record of {} bytes is too short", r.len()));
     }
-    let root = Pid(u64::from_le_bytes(r[0..8].try_into().expect("8 bytes")));
+    let root = Pid(LittleEndian::read_u64(&r[0..]));
     let klen = u16::from_le_bytes([r[8], r[9]]) as usize;
     let Some(key) = r.get(11..11 + klen) else {
         return Err("undo record cut short".into());

@@ -9,6 +9,7 @@
 
 mod common;
 
+use byteorder::{ByteOrder, LittleEndian};
 use rand::{Rng, SeedableRng};
 use shoal_btree::{u64_key, BTree};
 use shoal_engine::{Durability, Engine, EngineConfig};
@@ -161,7 +162,7 @@ fn kill_9_at_random_moments_loses_no_acknowledged_write() {
         for k in 0..KEYS {
             let found = t.lookup(&w, u64_key(k), &mut buf).unwrap();
             let want = acked.get(&k).copied().flatten();
-            let got = found.then(|| u64::from_le_bytes(buf[..8].try_into().unwrap()));
+            let got = found.then(|| LittleEndian::read_u64(&buf));
             if let Some((fk, fv)) = in_flight {
                 if fk == k && got == fv && got != want {
                     // the in-flight write made it (durable though not acknowledged)

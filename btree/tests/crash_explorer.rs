@@ -29,6 +29,7 @@
 
 mod common;
 
+use byteorder::{ByteOrder, LittleEndian};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -195,7 +196,7 @@ fn record(dir: &Path, steps: &[Step]) -> Trace {
                 for (k, d) in [(from, -(amount as i64)), (to, amount as i64)] {
                     assert!(acc
                         .update(&w, u64_key(k), |v| {
-                            let b = u64::from_le_bytes(v[..8].try_into().unwrap());
+                            let b = LittleEndian::read_u64(v);
                             v[..8].copy_from_slice(&b.wrapping_add_signed(d).to_le_bytes());
                         })
                         .unwrap());

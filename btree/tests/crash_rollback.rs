@@ -9,6 +9,7 @@
 
 mod common;
 
+use byteorder::{ByteOrder, LittleEndian};
 use rand::{Rng, SeedableRng};
 use shoal_btree::{decode_u64, u64_key, BTree, Direction};
 use shoal_engine::{Durability, Engine, EngineConfig, RollBack};
@@ -36,7 +37,7 @@ fn config(dir: &Path, roll_back: RollBack) -> EngineConfig {
 fn add(t: &BTree, w: &shoal_engine::Worker, k: u64, delta: i64) {
     assert!(t
         .update(w, u64_key(k), |v| {
-            let b = u64::from_le_bytes(v[..8].try_into().unwrap());
+            let b = LittleEndian::read_u64(v);
             v[..8].copy_from_slice(&b.wrapping_add_signed(delta).to_le_bytes());
         })
         .unwrap());
@@ -92,7 +93,7 @@ fn transfer(dir: &Path) {
 
 /// Phase 2: open with a hook that undoes half of each transaction, then crashes.
 fn half_roll_back(dir: &Path) {
-    let hook = RollBack(Arc::new(|engine, unfinished| {
+    let hook = RollBack(Arc::new(|w, unfinished| {
         let half: Vec<shoal_engine::Unfinished> = unfinished
             .iter()
             .map(|u| shoal_engine::Unfinished {
@@ -100,9 +101,8 @@ fn half_roll_back(dir: &Path) {
                 undo: u.undo[u.undo.len() / 2..].to_vec(),
             })
             .collect();
-        (shoal_btree::roll_back().0)(engine, &half)?;
+        (shoal_btree::roll_back().0)(w, &half)?;
         // make what was undone durable, as a real roll-back's progress may be, then crash
-        let w = engine.worker();
         w.wait_durable(w.commit_later().unwrap()).unwrap();
         println!("half undone: {} transaction(s)", unfinished.len());
         std::process::abort();
@@ -195,9 +195,9 @@ fn a_crash_during_the_roll_back_rolls_back_again() {
         let t = BTree::open(&w, "transfers").unwrap();
         let mut want = vec![START as i64; ACCOUNTS as usize];
         t.scan(&w, &[], Direction::Ascending, |_, v| {
-            let from = u64::from_le_bytes(v[0..8].try_into().unwrap());
-            let to = u64::from_le_bytes(v[8..16].try_into().unwrap());
-            let x = i64::from_le_bytes(v[16..24].try_into().unwrap());
+            let from = LittleEndian::read_u64(&v[0..]);
+            let to = LittleEndian::read_u64(&v[8..]);
+            let x = LittleEndian::read_i64(&v[16..]);
             want[from as usize] -= x;
             want[to as usize] += x;
             true
@@ -206,7 +206,7 @@ fn a_crash_during_the_roll_back_rolls_back_again() {
         for k in 0..ACCOUNTS {
             let v = a.get(&w, u64_key(k)).unwrap().unwrap();
             assert_eq!(
-                u64::from_le_bytes(v[..8].try_into().unwrap()) as i64,
+                LittleEndian::read_u64(&v) as i64,
                 want[k as usize],
                 "round {round}: account {k} does not match the recorded transfers"
             );

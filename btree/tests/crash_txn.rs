@@ -13,6 +13,7 @@
 
 mod common;
 
+use byteorder::{ByteOrder, LittleEndian};
 use rand::{Rng, SeedableRng};
 use shoal_btree::{decode_u64, u64_key, BTree, Direction};
 use shoal_engine::{CommitPoint, Durability, Engine, EngineConfig};
@@ -35,13 +36,13 @@ fn config(dir: &Path) -> EngineConfig {
 
 fn get(t: &BTree, w: &shoal_engine::Worker, k: u64) -> u64 {
     let v = t.get(w, u64_key(k)).expect("lookup").expect("account");
-    u64::from_le_bytes(v[..8].try_into().unwrap())
+    LittleEndian::read_u64(&v)
 }
 
 fn add(t: &BTree, w: &shoal_engine::Worker, k: u64, delta: i64) {
     let found = t
         .update(w, u64_key(k), |v| {
-            let b = u64::from_le_bytes(v[..8].try_into().unwrap());
+            let b = LittleEndian::read_u64(v);
             v[..8].copy_from_slice(&b.wrapping_add_signed(delta).to_le_bytes());
         })
         .expect("update");
@@ -160,9 +161,9 @@ fn kill_9_never_leaves_half_a_transaction() {
         let mut recorded = HashSet::new();
         transfers
             .scan(&w, &[], Direction::Ascending, |k, v| {
-                let from = u64::from_le_bytes(v[0..8].try_into().unwrap());
-                let to = u64::from_le_bytes(v[8..16].try_into().unwrap());
-                let x = i64::from_le_bytes(v[16..24].try_into().unwrap());
+                let from = LittleEndian::read_u64(&v[0..]);
+                let to = LittleEndian::read_u64(&v[8..]);
+                let x = LittleEndian::read_i64(&v[16..]);
                 want[from as usize] -= x;
                 want[to as usize] += x;
                 recorded.insert(decode_u64(k).unwrap());

@@ -1,6 +1,7 @@
 //! Property test: random operation sequences on the tree and on `std::collections::BTreeMap`
 //! give the same results, including scans in both directions; the tree's structure verifies.
 
+use byteorder::{ByteOrder, LittleEndian};
 use proptest::prelude::*;
 use shoal_btree::{BTree, Direction, Put};
 use shoal_engine::{Engine, EngineConfig};
@@ -442,7 +443,7 @@ fn writes_during_iteration_work_or_fail_cleanly() {
         if v == b"new" {
             continue;
         }
-        let n = u64::from_le_bytes(v[..8].try_into().unwrap());
+        let n = LittleEndian::read_u64(&v);
         assert_eq!(n, seen, "in order, none skipped");
         assert_eq!(
             shoal_btree::u64_key(n).as_slice(),

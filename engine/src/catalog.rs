@@ -11,6 +11,7 @@
 use crate::error::{EngineError, OpResult, Restart};
 use crate::guard::Worker;
 use crate::pid::Pid;
+use byteorder::{ByteOrder, LittleEndian};
 use shoal_storage::PAGE_DATA_SIZE;
 
 /// Longest catalog name.
@@ -35,7 +36,7 @@ pub fn parse(data: &[u8]) -> Result<Vec<(String, Pid)>, EngineError> {
         let pid = data.get(off + 1 + len..off + 9 + len).ok_or_else(corrupt)?;
         out.push((
             String::from_utf8_lossy(name).into_owned(),
-            Pid(u64::from_le_bytes(pid.try_into().expect("8 bytes"))),
+            Pid(LittleEndian::read_u64(pid)),
         ));
         off += 9 + len;
     }

@@ -10,8 +10,9 @@
 //! persisted (after a restart nobody holds a copy, so every home's store is current).
 
 use crate::config::EngineConfig;
-use crate::engine::{Engine, Membership};
+use crate::engine::Engine;
 use crate::error::EngineError;
+use crate::node::Membership;
 use crate::pid::MAX_NODES;
 use shoal_messaging::{mem_cluster, ChannelLayout, MemTransport, Transport, WaitMode};
 use std::path::PathBuf;
@@ -85,7 +86,7 @@ impl ClusterBuilder {
     /// Open the nodes in this process, connected over tcp on loopback (free ports, a fresh
     /// cluster secret): the same wire path as a cluster of processes, in one process.
     pub fn tcp_loopback(self) -> Result<Cluster, EngineError> {
-        use shoal_messaging::tcp::{free_loopback_addrs, TcpConfig, TcpTransport};
+        use shoal_messaging::{free_loopback_addrs, TcpConfig, TcpTransport};
         if self.nodes == 0 || self.nodes > MAX_NODES {
             return Err(EngineError::Config(format!(
                 "a cluster has 1 to {MAX_NODES} nodes, got {}",
@@ -109,14 +110,8 @@ impl ClusterBuilder {
             .into_iter()
             .enumerate()
             .map(|(i, l)| {
-                let cfg = TcpConfig {
-                    node: i as u8,
-                    cluster_id: u64::from(std::process::id()),
-                    addrs: addrs.clone(),
-                    connect_timeout: Duration::from_secs(30),
-                    secret: secret.clone(),
-                    encrypt: false,
-                };
+                let mut cfg = TcpConfig::new(i as u8, u64::from(std::process::id()), addrs.clone());
+                cfg.secret = secret.clone();
                 let region = layout.region();
                 std::thread::spawn(move || -> Result<Arc<dyn Transport>, EngineError> {
                     let region = region

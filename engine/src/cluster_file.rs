@@ -31,12 +31,13 @@
 //! network traffic, with errors naming the file and the field.
 
 use crate::config::{parse_bytes, EngineConfig};
-use crate::engine::{Engine, Membership};
+use crate::engine::Engine;
 use crate::error::EngineError;
+use crate::node::Membership;
 use crate::pid::MAX_NODES;
 use serde::Deserialize;
-use shoal_messaging::tcp::{TcpConfig, TcpTransport};
 use shoal_messaging::{ChannelLayout, Transport, WaitMode};
+use shoal_messaging::{TcpConfig, TcpTransport};
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -358,21 +359,19 @@ pub fn join(file: &ClusterFile, id: u8, cfg: EngineConfig) -> Result<Engine, Eng
     let region = layout
         .region()
         .map_err(|e| EngineError::Config(format!("cluster messaging: {e}")))?;
-    let tcp = TcpTransport::start(
-        TcpConfig {
+    let mut tcp_cfg = TcpConfig::new(
+        id,
+        file.cluster_id,
+        file.nodes.iter().map(|n| n.address).collect(),
+    );
+    tcp_cfg.connect_timeout = file.connect_timeout;
+    tcp_cfg.secret = file.secret.0.clone();
+    tcp_cfg.encrypt = file.encrypt;
+    let tcp = TcpTransport::start(tcp_cfg, listener, Arc::new(region)).map_err(|e| {
+        EngineError::Join {
             node: id,
-            cluster_id: file.cluster_id,
-            addrs: file.nodes.iter().map(|n| n.address).collect(),
-            connect_timeout: file.connect_timeout,
-            secret: file.secret.0.clone(),
-            encrypt: file.encrypt,
-        },
-        listener,
-        Arc::new(region),
-    )
-    .map_err(|e| EngineError::Join {
-        node: id,
-        why: e.to_string(),
+            why: e.to_string(),
+        }
     })?;
     let transport: Arc<dyn Transport> = tcp;
     Engine::open_member(

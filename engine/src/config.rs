@@ -1,6 +1,8 @@
 //! Engine configuration, its defaults and its validation.
 
+pub use crate::durability::Durability;
 use crate::error::EngineError;
+use crate::guard::Worker;
 use shoal_storage::{BackendChoice, OpenMode, PAGE_SIZE};
 use std::path::PathBuf;
 
@@ -10,6 +12,7 @@ pub const MIN_CACHE_FRAMES: usize = 256;
 
 /// Configuration of one node's engine.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct EngineConfig {
     /// Directory holding the node's device files (`node<N>-<i>.dat`) and its lock file.
     pub data_dir: PathBuf,
@@ -53,73 +56,19 @@ pub struct EngineConfig {
     pub roll_back: Option<RollBack>,
 }
 
-/// The hook of [`EngineConfig::roll_back`]: given the open engine and the transactions a crash
-/// cut off (undo records oldest first), undo each, newest record first (in a transaction
-/// begun with `Worker::rolling_back` already set, or none); the engine then logs their end.
+/// The hook of [`EngineConfig::roll_back`]: given a worker of the open engine and the
+/// transactions a crash cut off (undo records oldest first), undo each, newest record first
+/// (in a transaction begun with `Worker::rolling_back` already set, or none); the engine then
+/// logs their end.
 #[derive(Clone)]
 pub struct RollBack(pub std::sync::Arc<RollBackFn>);
 
 /// The function inside a [`RollBack`].
-pub type RollBackFn =
-    dyn Fn(&crate::Engine, &[shoal_storage::store::Unfinished]) -> Result<(), String> + Send + Sync;
+pub type RollBackFn = dyn Fn(&Worker, &[crate::Unfinished]) -> Result<(), String> + Send + Sync;
 
 impl std::fmt::Debug for RollBack {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("RollBack(..)")
-    }
-}
-
-/// When a change survives a crash (kill -9, power loss).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Durability {
-    /// No log: only a clean close makes changes durable; after a crash the store refuses to
-    /// open (unless `allow_unclean`, which loses what was not written back).
-    #[default]
-    None,
-    /// [`crate::Worker::commit`] returns once everything the worker changed is durable
-    /// (group commit: one `fdatasync` covers every worker waiting).
-    Commit,
-    /// The log is flushed every this many milliseconds; `commit` does not wait. A crash loses
-    /// at most the last interval's changes, never leaves a page half-changed.
-    FlushEveryMs(u32),
-}
-
-impl Durability {
-    /// Parse `none`, `commit` or `flush-every-ms=N` (or `flush-every-N-ms`).
-    pub fn parse(s: &str) -> Result<Durability, String> {
-        let t = s.trim();
-        match t {
-            "none" => return Ok(Durability::None),
-            "commit" => return Ok(Durability::Commit),
-            _ => {}
-        }
-        let n = t
-            .strip_prefix("flush-every-ms=")
-            .or_else(|| t.strip_prefix("flush-every-ms:"))
-            .or_else(|| {
-                t.strip_prefix("flush-every-")
-                    .and_then(|r| r.strip_suffix("ms"))
-            });
-        match n.map(|n| n.parse::<u32>()) {
-            Some(Ok(ms)) if (1..=60_000).contains(&ms) => Ok(Durability::FlushEveryMs(ms)),
-            _ => Err(format!(
-                "durability must be none, commit or flush-every-ms=N (N in 1..=60000), got {s:?}"
-            )),
-        }
-    }
-
-    pub fn logged(self) -> bool {
-        self != Durability::None
-    }
-}
-
-impl std::fmt::Display for Durability {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Durability::None => write!(f, "none"),
-            Durability::Commit => write!(f, "commit"),
-            Durability::FlushEveryMs(n) => write!(f, "flush-every-ms={n}"),
-        }
     }
 }
 
@@ -213,7 +162,7 @@ impl EngineConfig {
             return None;
         }
         let dev0 = self.device_list().into_iter().next()?;
-        let mut w = shoal_storage::WalConfig::new(shoal_storage::store::default_log_path(&dev0));
+        let mut w = shoal_storage::WalConfig::new(shoal_storage::default_log_path(&dev0));
         w.file_bytes = self.wal_bytes;
         // the ring holds what a flush takes at once: 1/16 of the log, 1..=16 MiB
         w.ring_bytes =

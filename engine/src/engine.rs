@@ -6,19 +6,15 @@
 //! The fault path is in [`crate::buffer`], the hit paths in [`crate::guard`], the choice
 //! between a single node and a cluster node in [`crate::node`].
 
-use crate::buffer::table::TranslationTable;
-use crate::buffer::Buffer;
-use crate::coherence::Coherence;
-use crate::config::EngineConfig;
+use crate::config::{EngineConfig, RollBack};
 use crate::error::EngineError;
 use crate::guard::Worker;
-use crate::node::Node;
+use crate::node::{Membership, Node, NodeSpec};
 use crate::pid::Pid;
 use crate::provider;
-use crate::stats::{StatsSnapshot, WorkerStats};
+use crate::stats::{ProtocolStats, StatsSnapshot, WorkerStats};
 use parking_lot::Mutex;
-use shoal_messaging::{ChannelLayout, Channels, Transport, WaitMode};
-use shoal_storage::{BackendChoice, PageStore, StoreConfig};
+use shoal_storage::{PageStore, StoreConfig};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,51 +32,10 @@ pub struct Engine {
     log_writer: Mutex<Option<JoinHandle<()>>>,
     /// Transactions cut off by a crash and rolled back at open.
     rolled_back: AtomicU64,
+    /// `EngineConfig::roll_back`.
+    roll_back: Option<RollBack>,
     handler: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
-}
-
-/// Counters of the coherence protocol at one node.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ProtocolStats {
-    /// Possession requests sent by this node's workers (remote misses).
-    pub requests: u64,
-    /// Messages sent to other nodes.
-    pub messages: u64,
-    /// Pages sent to other nodes.
-    pub pages: u64,
-    /// Eviction notices sent.
-    pub evict_notices: u64,
-    /// Batches sent (one message carrying several eviction notices or replies).
-    pub batches: u64,
-    /// Messages the handler had to hold and retry (latched page, no free frame, reserved).
-    pub held: u64,
-    /// Messages applied by threads that waited for an answer (this node's workers, on `mem`
-    /// also other nodes' workers) rather than by the node's handler thread.
-    pub helped: u64,
-    /// Home copies read from the store for other nodes' or own requests (outside the handler
-    /// role, by whichever thread takes the read).
-    pub home_reads: u64,
-    /// One pool: shared requests for pages homed here whose copy was not in memory, sent to a
-    /// node holding a copy instead of read from this node's store (NVMe reads avoided).
-    pub forwarded_reads: u64,
-    /// One pool: pages this node sent from its DRAM to another node in place of the page's
-    /// home store (it served a forwarded read and kept its copy).
-    pub served_for_others: u64,
-    /// One pool: evicted pages of this home offered to a peer with room.
-    pub offers: u64,
-    /// One pool: offered pages a peer took (given away instead of left only on NVMe).
-    pub given_away: u64,
-    /// One pool: pages other homes offered that this node took in.
-    pub taken_in: u64,
-}
-
-/// How a node joins a cluster: its transport (whose region has the [`ChannelLayout`] of the
-/// cluster) and how long its workers wait for remote pages.
-pub struct Membership {
-    pub transport: Arc<dyn Transport>,
-    pub mode: WaitMode,
-    pub remote_timeout: Duration,
 }
 
 impl Engine {
@@ -108,107 +63,32 @@ impl Engine {
                 cfg.durability
             )));
         }
-        let coh = match member {
-            None => None,
-            Some(m) => {
-                if m.transport.node() != cfg.node_id {
-                    return Err(EngineError::Config(format!(
-                        "the transport is node {}'s, the configuration node {}'s",
-                        m.transport.node(),
-                        cfg.node_id
-                    )));
-                }
-                let layout = ChannelLayout::new(m.transport.nodes());
-                let ch = Channels::new(m.transport, layout, m.mode)
-                    .map_err(|e| EngineError::Config(format!("cluster messaging: {e}")))?;
-                Some(Coherence::new(ch, m.remote_timeout, cfg.one_pool))
-            }
-        };
         let lock = prepare_data_dir(&cfg)?;
-        let table = TranslationTable::new();
-        let members: Vec<u8> = match &coh {
-            Some(c) => (0..c.nodes()).collect(),
-            None => vec![cfg.node_id],
-        };
-        for n in members {
-            table.reserve(n).map_err(|e| EngineError::Resources {
-                what: format!(
-                    "{} GiB of address space for node {n}'s translation table (is `ulimit -v` set?)",
-                    (crate::buffer::table::MAX_SLOTS_PER_NODE * 4) >> 30
-                ),
-                source: Arc::new(e),
-            })?;
-        }
         // The translation table addresses at most MAX_SLOTS_PER_NODE slots per node.
         let max = crate::buffer::table::MAX_SLOTS_PER_NODE;
-        let store = PageStore::open(&StoreConfig {
-            devices: cfg.device_list(),
-            mode: cfg.mode,
-            backend: match (cfg.backend, &coh) {
-                // Cluster nodes use pread/pwrite unless io_uring is asked for by name: with both
-                // cores saturated, io_uring writes of a cluster node's provider were delayed by
-                // 1.7-30 s (until a remote wait timed out), stalling the cluster; with pread and
-                // pwrite the same runs had no slow write and no timeout (docs/cluster.md,
-                // "Stalls under load"). Single nodes keep io_uring (their batches need depth).
-                (BackendChoice::Auto, Some(_)) => BackendChoice::Pread,
-                (b, _) => b,
-            },
-            node_id: cfg.node_id as u32,
-            cluster_id: cfg.cluster_id,
-            capacity_pages: if cfg.capacity_pages == 0 {
-                max
-            } else {
-                cfg.capacity_pages.min(max)
-            },
-            allow_unclean: cfg.allow_unclean,
-            discard_damaged_log: cfg.discard_damaged_log,
-            wal: if coh.is_some() {
-                None
-            } else {
-                cfg.wal_config()
-            },
-        })?;
-        let frames = cfg.frames();
-        let buf = Buffer::new(
-            cfg.node_id,
+        let mut store = StoreConfig::new(cfg.device_list());
+        store.mode = cfg.mode;
+        store.backend = cfg.backend;
+        store.node_id = cfg.node_id as u32;
+        store.cluster_id = cfg.cluster_id;
+        store.capacity_pages = if cfg.capacity_pages == 0 {
+            max
+        } else {
+            cfg.capacity_pages.min(max)
+        };
+        store.allow_unclean = cfg.allow_unclean;
+        store.discard_damaged_log = cfg.discard_damaged_log;
+        store.wal = cfg.wal_config();
+        let spec = NodeSpec {
+            id: cfg.node_id,
             store,
-            table,
-            frames,
-            cfg.free_target_percent,
-            cfg.free_frame_timeout,
-        )?;
-        let node = Arc::new(Node::new(buf, coh, cfg, lock));
-        if node.id() == 0 && node.buf.store.high_water() == 0 {
-            // A fresh node-0 store: slot 0 is the catalog page, empty. Written (and synced)
-            // now, so that a store that crashes before its first write-back still opens
-            // (with allow_unclean) with a catalog, instead of a page that was never written.
-            let store = &node.buf.store;
-            store.reserve(Pid::CATALOG.slot())?;
-            let mut empty = shoal_storage::AlignedPage::new();
-            let mut req = [shoal_storage::WriteRequest {
-                slot: Pid::CATALOG.slot(),
-                pid: Pid::CATALOG.raw(),
-                page: &mut empty,
-            }];
-            if let Some(Err(e)) = store.write_batch(&mut req).pop() {
-                return Err(e.into());
-            }
-            store.sync()?;
-            let h = node
-                .buf
-                .install_new_page(Pid::CATALOG, crate::buffer::Possession::Exclusive)?;
-            if let Some(c) = &node.coh {
-                c.adopt_new(Pid::CATALOG, h.idx());
-            }
-        }
-        if let Some(c) = &node.coh {
-            // Threads that wait for this node's answers may run its handler round themselves
-            // (on `mem`, other nodes' workers: `Transport::assist`).
-            let weak = Arc::downgrade(&node);
-            c.ch.transport()
-                .region()
-                .set_service(Box::new(move || weak.upgrade().is_some_and(|n| n.help())));
-        }
+            frames: cfg.frames(),
+            free_target_percent: cfg.free_target_percent,
+            free_frame_timeout: cfg.free_frame_timeout,
+            durability: cfg.durability,
+            one_pool: cfg.one_pool,
+        };
+        let node = Node::open(spec, member, lock)?;
         let p = Arc::clone(&node);
         let handle = std::thread::Builder::new()
             .name(format!("shoal-provider-{}", node.id()))
@@ -217,62 +97,18 @@ impl Engine {
                 what: "the page provider thread".into(),
                 source: Arc::new(e),
             })?;
-        // The log writer (durability commit or flush-every-ms): flushes in the background, so
-        // that workers committing without waiting are acknowledged, and nobody waits for a
-        // timed flush.
-        let log_writer = match (node.buf.store.wal(), node.cfg.durability) {
-            (Some(_), d) => {
-                let every = match d {
-                    crate::config::Durability::FlushEveryMs(ms) => {
-                        Some(Duration::from_millis(ms as u64))
-                    }
-                    _ => None,
-                };
-                let n = Arc::clone(&node);
-                Some(
-                    std::thread::Builder::new()
-                        .name(format!("shoal-log-{}", node.id()))
-                        .spawn(move || {
-                            if let Some(w) = n.buf.store.wal() {
-                                if let Err(e) = w.run_writer(every) {
-                                    log::error!("node {}: the log writer stopped: {e}", n.id());
-                                }
-                            }
-                        })
-                        .map_err(|e| EngineError::Resources {
-                            what: "the log writer thread".into(),
-                            source: Arc::new(e),
-                        })?,
-                )
-            }
-            (None, _) => None,
-        };
-        let handler = match &node.coh {
+        let log_writer = match node.log() {
+            Some(l) => Some(l.start_writer(node.id(), node.durability())?),
             None => None,
-            Some(_) => {
-                let n = Arc::clone(&node);
-                Some(
-                    std::thread::Builder::new()
-                        .name(format!("shoal-handler-{}", node.id()))
-                        .spawn(move || {
-                            if let Some(c) = &n.coh {
-                                c.run_handler(&n.buf)
-                            }
-                        })
-                        .map_err(|e| EngineError::Resources {
-                            what: "the message handler thread".into(),
-                            source: Arc::new(e),
-                        })?,
-                )
-            }
         };
+        let handler = node.start_handler()?;
         log::info!(
             "node {} engine: {} frames ({}), free target {}, store {}",
             node.id(),
-            frames,
-            crate::config::format_bytes(node.cfg.cache_bytes as u64),
+            node.buf.frames(),
+            crate::config::format_bytes(cfg.cache_bytes as u64),
             node.buf.free_target,
-            node.buf.store.backend()
+            node.buf.store().backend()
         );
         let engine = Engine {
             node,
@@ -281,6 +117,7 @@ impl Engine {
             handler: Mutex::new(handler),
             closed: AtomicBool::new(false),
             rolled_back: AtomicU64::new(0),
+            roll_back: cfg.roll_back.clone(),
         };
         engine.roll_back_unfinished()?;
         Ok(engine)
@@ -289,8 +126,10 @@ impl Engine {
     /// Roll back the transactions recovery found cut off (through `cfg.roll_back`), then log
     /// their ends durably. Without the hook the open fails (and the store stays unclean).
     fn roll_back_unfinished(&self) -> Result<(), EngineError> {
-        let store = &self.node.buf.store;
-        let un = store.unfinished();
+        let Some(log) = self.node.log() else {
+            return Ok(());
+        };
+        let un = log.unfinished();
         if un.is_empty() {
             return Ok(());
         }
@@ -298,24 +137,14 @@ impl Engine {
             count: un.len(),
             why,
         };
-        let Some(hook) = &self.node.cfg.roll_back else {
+        let Some(hook) = &self.roll_back else {
             return Err(fail(
                 "no roll-back hook (EngineConfig::roll_back; for B-trees shoal_btree::roll_back())"
                     .into(),
             ));
         };
-        (hook.0)(self, &un).map_err(fail)?;
-        let w = store
-            .wal()
-            .expect("unfinished transactions come from a log");
-        let mut b = Vec::new();
-        w.append(&mut b, |_, b| {
-            for u in &un {
-                shoal_storage::wal::put_end(b, u.txn);
-            }
-        })?;
-        w.flush_all()?;
-        store.unfinished_resolved();
+        (hook.0)(&self.worker(), &un).map_err(fail)?;
+        log.unfinished_resolved(&un)?;
         self.rolled_back.store(un.len() as u64, Ordering::Relaxed);
         log::warn!(
             "node {}: rolled back {} transaction(s) cut off by the crash",
@@ -343,10 +172,7 @@ impl Engine {
     /// Send every page homed elsewhere back home (shutdown). Returns how many frames still
     /// hold such pages (0 for a single node). Call until it returns 0.
     pub fn release_remote(&self) -> usize {
-        match &self.node.coh {
-            Some(c) => c.release_remote(&self.node.buf),
-            None => 0,
-        }
+        self.node.release_remote()
     }
 
     /// Call [`release_remote`](Self::release_remote) until no page homed elsewhere is left
@@ -376,10 +202,7 @@ impl Engine {
     /// node has (the n-th calls meet). Fails when a node died or `limit` passed. One thread per
     /// node at a time (further callers queue). A single node returns at once.
     pub fn barrier(&self, limit: Duration) -> Result<(), EngineError> {
-        match &self.node.coh {
-            Some(c) => c.barrier(&self.node.buf, limit),
-            None => Ok(()),
-        }
+        self.node.barrier(limit)
     }
 
     /// Clean shutdown of one node of a multi-process cluster, called by every node once its
@@ -388,49 +211,26 @@ impl Engine {
     pub fn leave(&self, limit: Duration) -> Result<(), EngineError> {
         self.send_pages_home(limit)?;
         self.barrier(limit)?;
-        if let Some(c) = &self.node.coh {
-            c.ch.transport().departing();
-        }
+        self.node.departing();
         self.close()?;
-        if let Some(c) = &self.node.coh {
-            // peers see this node leave once they left too (tcp closes its connections)
-            c.ch.transport().leave(LEAVE_LINGER);
-        }
+        // peers see this node leave once they left too (tcp closes its connections)
+        self.node.leave_cluster(LEAVE_LINGER);
         Ok(())
     }
 
     /// Counters of the coherence protocol (all zero for a single node).
     pub fn protocol_stats(&self) -> ProtocolStats {
-        let Some(c) = &self.node.coh else {
-            return ProtocolStats::default();
-        };
-        let k = &c.counters;
-        let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        ProtocolStats {
-            requests: l(&k.requests),
-            messages: l(&k.messages),
-            pages: l(&k.pages),
-            evict_notices: l(&k.evict_notices),
-            batches: l(&k.batches),
-            held: l(&k.held),
-            helped: l(&k.helped),
-            home_reads: l(&k.home_reads),
-            forwarded_reads: l(&k.forwarded_reads),
-            served_for_others: l(&k.served_for_others),
-            offers: l(&k.offers),
-            given_away: l(&k.given_away),
-            taken_in: l(&k.taken_in),
-        }
+        self.node.protocol_stats()
     }
 
     /// Number of frames in the cache.
     pub fn frames(&self) -> usize {
-        self.node.buf.pool.len()
+        self.node.buf.frames()
     }
 
     /// The node's page store (read-only use: counters, device paths).
     pub fn store(&self) -> &PageStore {
-        &self.node.buf.store
+        self.node.buf.store()
     }
 
     /// Whether `pid` is in this node's cache right now (a racy snapshot, for tests and tools).
@@ -456,16 +256,12 @@ impl Engine {
             evictions: l(&buf.counters.evictions),
             writebacks: l(&buf.counters.writebacks),
             write_errors: l(&buf.counters.write_errors),
-            store_reads: l(&buf.store.stats().reads),
-            store_writes: l(&buf.store.stats().writes),
-            frames: buf.pool.len() as u64,
+            store_reads: l(&buf.store().stats().reads),
+            store_writes: l(&buf.store().stats().writes),
+            frames: buf.frames() as u64,
             free_frames: buf.free.len() as u64,
             clock: buf.clock() as u64,
-            log: buf
-                .store
-                .wal()
-                .map(|w| w.stats.snapshot())
-                .unwrap_or_default(),
+            log: self.node.log().map(|l| l.counters()).unwrap_or_default(),
         }
     }
 
@@ -479,8 +275,8 @@ impl Engine {
     /// docs/durability.md), only fewer dirty pages. Waits until done; call it with no guard
     /// held.
     pub fn flush(&self) -> Result<(), EngineError> {
-        if let Some(w) = self.node.buf.store.wal() {
-            w.flush_to(w.tail())?;
+        if let Some(l) = self.node.log() {
+            l.log().flush_all()?;
         }
         self.node.buf.flush()
     }
@@ -509,34 +305,24 @@ impl Engine {
             }
         }
         if let Some(h) = self.log_writer.lock().take() {
-            if let Some(w) = buf.store.wal() {
-                w.stop_writer();
+            if let Some(l) = node.log() {
+                l.stop_writer();
             }
             if h.join().is_err() {
                 log::error!("the log writer thread panicked");
             }
         }
-        if let Some(c) = &node.coh {
-            c.stop.store(true, Ordering::Release);
-            c.ch.wake();
-            if let Some(h) = self.handler.lock().take() {
-                if h.join().is_err() {
-                    log::error!("the message handler thread panicked");
-                }
-            }
-            // and no helper is inside a round any more (none starts one after `stop`)
-            c.quiesce();
-        }
+        node.stop_handler(self.handler.lock().take());
         // With the handler stopped, nothing changes the directory any more: if another node
         // may still hold a newer image of a page homed here (no orderly shutdown: see
         // `Cluster::close` and `leave`), this store is not current and must not say "clean".
-        let away = node.coh.as_ref().map_or(0, |c| c.homed_pages_away());
+        let away = node.homed_pages_away();
         if away == 0 {
             node.free_recycled_here();
         }
         // With the provider stopped, this thread is the only writer of pages to the store.
-        let written = provider::flush_all(buf)?;
-        buf.store.sync()?;
+        let written = provider::flush_all(node)?;
+        buf.store().sync()?;
         if away > 0 {
             log::error!(
                 "node {}: closing while {away} of its pages are held by other nodes (the cluster \
@@ -550,7 +336,10 @@ impl Engine {
                 why: "were still held by other nodes at close; the store is marked unclean".into(),
             });
         }
-        buf.store.close()?;
+        if let Some(l) = node.log() {
+            l.close(buf.store())?;
+        }
+        buf.store().close()?;
         log::info!(
             "node {} closed cleanly ({written} dirty pages written)",
             node.id()
@@ -664,7 +453,7 @@ mod tests {
             for &pid in &pids {
                 assert_eq!(
                     frame_of(&e, pid),
-                    Some(e.node.buf.pool.preferred(pid)),
+                    Some(e.node.buf.preferred(pid)),
                     "{pid:?}"
                 );
             }
@@ -680,7 +469,7 @@ mod tests {
             assert_eq!(v, i as u64);
             assert_eq!(
                 frame_of(&e, pid),
-                Some(e.node.buf.pool.preferred(pid)),
+                Some(e.node.buf.preferred(pid)),
                 "{pid:?}"
             );
         }
@@ -696,7 +485,7 @@ mod tests {
                 assert_eq!(v, i as u64);
             }
         }
-        assert!(e.node.buf.free.len() <= e.node.buf.pool.len());
+        assert!(e.node.buf.free.len() <= e.node.buf.frames());
         drop(w);
         e.close().unwrap();
     }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 /// Errors an engine operation reports to its caller.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum EngineError {
     #[error("page store: {0}")]
     Store(Arc<StoreError>),
@@ -22,20 +23,22 @@ pub enum EngineError {
     DataDir { path: PathBuf, why: String },
     #[error("no free buffer frame after {waited_ms} ms: {why}")]
     NoFreeFrame { waited_ms: u64, why: String },
-    #[error("page {0} is homed on node {1}; this node is {2} and remote pages need the coherence protocol")]
-    RemotePage(Pid, u8, u8),
-    #[error("page {0} does not exist (slot beyond the store's allocated range)")]
-    NoSuchPage(Pid),
+    #[error("page {pid} is homed on node {home}; this node is {node} and remote pages need the coherence protocol")]
+    RemotePage { pid: Pid, home: u8, node: u8 },
+    #[error("page {pid} does not exist (slot beyond the store's allocated range)")]
+    NoSuchPage { pid: Pid },
     #[error("catalog: {0}")]
     Catalog(String),
     #[error("catalog: '{0}' is already registered")]
     NameTaken(String),
-    #[error("page {0} is homed on a node outside this cluster of {1} nodes")]
-    NoSuchNode(Pid, u8),
-    #[error("node {0} is unreachable (it died or its connection closed)")]
-    PeerDead(u8),
-    #[error("page {0} is held by node {1}, which is unreachable (its copy is lost with it)")]
-    HolderDead(Pid, u8),
+    #[error("page {pid} is homed on a node outside this cluster of {nodes} nodes")]
+    NoSuchNode { pid: Pid, nodes: u8 },
+    #[error("node {node} is unreachable (it died or its connection closed)")]
+    PeerDead { node: u8 },
+    #[error(
+        "page {pid} is held by node {holder}, which is unreachable (its copy is lost with it)"
+    )]
+    HolderDead { pid: Pid, holder: u8 },
     #[error("page {pid}: no answer from the cluster within {ms} ms")]
     RemoteTimeout { pid: Pid, ms: u64 },
     #[error("node {node}: joining the cluster: {why}")]

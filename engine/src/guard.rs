@@ -19,16 +19,16 @@ use crate::buffer::latch::Backoff;
 use crate::buffer::page::{Changed, PageMut, PageRef};
 use crate::buffer::{FrameIdx, Possession};
 use crate::coherence::protocol::Mode;
+use crate::durability::{CommitPoint, WorkerLog};
 use crate::error::{EngineError, OpResult, Restart};
 use crate::node::{Missed, Node};
 use crate::pid::Pid;
 use crate::stats::{bump, bump_by, WorkerStats};
 use shoal_storage::PAGE_DATA_SIZE;
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::ops::Range;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// A thread's registration with its node: the handle that takes guards. Not `Sync`: one thread
@@ -42,66 +42,21 @@ pub struct Worker {
     /// latched it (see `Coherence::used`).
     owed: Cell<Option<Pid>>,
     /// This worker's part of the write-ahead log (None: the node has no log).
-    log: Option<RefCell<LogGroup>>,
+    log: Option<WorkerLog>,
     /// The page copy [`ExclusiveGuard::modify`] edits, kept between calls (None while one is
     /// in use: a nested `modify` allocates its own).
     scratch: Cell<Option<Box<[u8; PAGE_DATA_SIZE]>>>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
-/// A point in the log ([`Worker::commit_later`]): the commit is durable once the log is
-/// durable up to here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-#[must_use = "a commit is durable only once is_durable(point) says so"]
-pub struct CommitPoint(u64);
-
-/// A transaction of one worker ([`Worker::begin_transaction`]).
-#[derive(Debug, Default)]
-struct Tx {
-    /// Its id: the LSN of the chunk with its first undo record (0: none placed yet).
-    id: u64,
-    /// Its owner is undoing it: operations log no more undo.
-    rolling_back: bool,
-    /// Pages to free once it ends ([`Worker::free_when_committed`]).
-    frees: Vec<Pid>,
-}
-
-/// A worker's log buffer and its open *group*: the exclusive guards a worker holds at once
-/// (a split's parent and children, a merge's three nodes) are logged as one chunk, which
-/// recovery replays whole or not at all. A guard that changed its page and is dropped while
-/// others are still held keeps its latch until the group is logged: no other writer's change
-/// to the page can enter the log before this one (log order is each page's change order).
-/// Rule: while a worker holds an exclusive guard it must not latch a page it changed and
-/// dropped in the same group (it would wait for itself; debug builds panic).
-#[derive(Default)]
-struct LogGroup {
-    /// Exclusive guards held now.
-    open: u32,
-    /// Changed pages whose guards were dropped, latches still held.
-    pages: Vec<(FrameIdx, Pid, Changed)>,
-    /// Slots of pages freed in the group: given back after the group is logged (a slot must
-    /// not be reused before the change that unlinked its page is in the log).
-    frees: Vec<u64>,
-    /// The worker's own log buffer (a chunk is encoded here, then copied into the ring).
-    buf: Vec<u8>,
-    /// Logging a group failed: the error `commit` reports.
-    failed: Option<EngineError>,
-    /// Undo records for the open group (encoded, placed with its pages).
-    undo: Vec<u8>,
-    /// The running transaction, if any.
-    tx: Option<Tx>,
-}
-
 impl Worker {
     pub(crate) fn new(node: Arc<Node>, stats: Arc<WorkerStats>) -> Worker {
         node.register_worker(&stats);
         Worker {
-            stats,
             log: node
-                .buf
-                .store
-                .wal()
-                .map(|_| RefCell::new(LogGroup::default())),
+                .log()
+                .map(|l| WorkerLog::new(Arc::clone(l.log()), Arc::clone(&stats))),
+            stats,
             held: Cell::new(0),
             owed: Cell::new(None),
             node,
@@ -116,7 +71,7 @@ impl Worker {
     /// The same as [`Worker::commit_later`] then, with `commit`, [`Worker::wait_durable`].
     pub fn commit(&self) -> Result<(), EngineError> {
         let point = self.commit_later()?;
-        if self.node.cfg.durability == crate::config::Durability::Commit {
+        if self.node.durability() == crate::durability::Durability::Commit {
             self.wait_durable(point)?;
         }
         Ok(())
@@ -130,50 +85,28 @@ impl Worker {
     /// Call it with no guard held.
     pub fn commit_later(&self) -> Result<CommitPoint, EngineError> {
         let Some(log) = &self.log else {
-            return Ok(CommitPoint(0));
+            return Ok(CommitPoint::NOW);
         };
-        let frees = {
-            let mut g = log.borrow_mut();
-            debug_assert_eq!(g.open, 0, "commit while holding an exclusive guard");
-            if let Some(e) = g.failed.take() {
-                return Err(e);
-            }
-            self.end_transaction(&mut g)?
-        };
+        let (point, frees) = log.commit_later()?;
         self.free_pages(frees);
-        let w = self.wal();
-        w.stats.commits.fetch_add(1, Ordering::Relaxed);
-        Ok(CommitPoint(w.tail()))
+        Ok(point)
     }
 
     /// Whether everything before `point` is durable (an error if the log failed: then it
     /// never will be).
     pub fn is_durable(&self, point: CommitPoint) -> Result<bool, EngineError> {
-        if point.0 == 0 {
-            return Ok(true);
+        match &self.log {
+            Some(log) => log.is_durable(point),
+            None => Ok(true),
         }
-        let w = self.wal();
-        if w.durable() >= point.0 {
-            return Ok(true);
-        }
-        w.check_failed()?;
-        Ok(false)
     }
 
     /// Wait until everything before `point` is durable (flushing it if nobody else is).
     pub fn wait_durable(&self, point: CommitPoint) -> Result<(), EngineError> {
-        if point.0 == 0 {
-            return Ok(());
+        match &self.log {
+            Some(log) => log.wait_durable(point),
+            None => Ok(()),
         }
-        // A task lets the thread's other tasks run while the log writer flushes (under
-        // `commit` it flushes one batch after another; under `flush-every-ms`, on its tick).
-        while crate::tasks::may_pause() {
-            if self.is_durable(point)? {
-                return Ok(());
-            }
-            crate::tasks::pause(crate::tasks::Wait::Idle);
-        }
-        Ok(self.wal().flush_to(point.0)?)
     }
 
     /// Begin a transaction: until the next [`Worker::commit`] / [`Worker::commit_later`], the
@@ -183,20 +116,10 @@ impl Worker {
     /// "Transactions"). Without a log (durability none) it does nothing. Call it with no guard
     /// held; a transaction still running is committed first.
     pub fn begin_transaction(&self) -> Result<(), EngineError> {
-        let Some(log) = &self.log else {
-            return Ok(());
-        };
-        let frees = {
-            let mut g = log.borrow_mut();
-            debug_assert_eq!(
-                g.open, 0,
-                "begin_transaction while holding an exclusive guard"
-            );
-            let frees = self.end_transaction(&mut g)?;
-            g.tx = Some(Tx::default());
-            frees
-        };
-        self.free_pages(frees);
+        if let Some(log) = &self.log {
+            let frees = log.begin()?;
+            self.free_pages(frees);
+        }
         Ok(())
     }
 
@@ -206,17 +129,9 @@ impl Worker {
     /// no transaction logs undo: the caller frees them itself. A crash after the commit and
     /// before the frees leaks the pages.
     pub fn free_when_committed(&self, pages: &[Pid]) -> bool {
-        let Some(log) = &self.log else {
-            return false;
-        };
-        let mut g = log.borrow_mut();
-        match &mut g.tx {
-            Some(tx) if !tx.rolling_back => {
-                tx.frees.extend_from_slice(pages);
-                true
-            }
-            _ => false,
-        }
+        self.log
+            .as_ref()
+            .is_some_and(|l| l.free_when_committed(pages))
     }
 
     /// Free pages a committed transaction left (errors are logged: the pages leak).
@@ -233,17 +148,13 @@ impl Worker {
     /// commit ends it.
     pub fn rolling_back(&self) {
         if let Some(log) = &self.log {
-            if let Some(tx) = &mut log.borrow_mut().tx {
-                tx.rolling_back = true;
-            }
+            log.rolling_back();
         }
     }
 
     /// Whether operations should log undo now (a transaction runs, not being rolled back).
     pub fn logs_undo(&self) -> bool {
-        self.log
-            .as_ref()
-            .is_some_and(|l| l.borrow().tx.as_ref().is_some_and(|t| !t.rolling_back))
+        self.log.as_ref().is_some_and(WorkerLog::logs_undo)
     }
 
     /// Log how to undo the change just made under the exclusive guard this worker holds (it
@@ -251,185 +162,15 @@ impl Worker {
     /// opaque here; after a crash the layer that wrote it gets it back through
     /// `EngineConfig::roll_back` at the next open. Does nothing unless [`Worker::logs_undo`].
     pub fn log_undo(&self, undo: &[u8]) {
-        let Some(log) = &self.log else { return };
-        let mut g = log.borrow_mut();
-        let Some(tx) = &g.tx else { return };
-        if tx.rolling_back {
-            return;
-        }
-        debug_assert!(g.open > 0, "log_undo outside an exclusive guard");
-        let id = tx.id;
-        if id == 0 && g.undo.is_empty() {
-            // the transaction's first undo: checkpoints keep the log from here on (SeqCst:
-            // see `Node::oldest_transaction`)
-            let t = self.wal().tail();
-            if self.stats.tx_first.load(Ordering::Relaxed) == 0 {
-                self.stats.tx_first.store(t, Ordering::SeqCst);
-            }
-        }
-        shoal_storage::wal::put_undo(&mut g.undo, id, undo);
-    }
-
-    /// End the running transaction, if any: an END record if it logged undo. Returns the
-    /// pages to free now that it ended (the caller frees them once `g` is released).
-    fn end_transaction(&self, g: &mut LogGroup) -> Result<Vec<Pid>, EngineError> {
-        let Some(tx) = g.tx.take() else {
-            return Ok(Vec::new());
-        };
-        if tx.id != 0 {
-            let mut b = Vec::with_capacity(16);
-            self.wal()
-                .append(&mut b, |_, b| shoal_storage::wal::put_end(b, tx.id))?;
-        }
-        self.stats.tx_first.store(0, Ordering::Release);
-        Ok(tx.frees)
-    }
-
-    fn wal(&self) -> &shoal_storage::Wal {
-        self.node
-            .buf
-            .store
-            .wal()
-            .expect("a worker with a log group has a log")
-    }
-
-    /// A new group would begin while the log is nearly full (see `Wal::tight`).
-    fn log_must_wait(&self) -> bool {
-        match &self.log {
-            Some(log) => {
-                let g = log.borrow();
-                g.open == 0
-                    && g.pages.is_empty()
-                    && self.node.buf.store.wal().is_some_and(|w| w.tight())
-            }
-            None => false,
-        }
-    }
-
-    /// An exclusive guard on `idx` begins.
-    fn log_open(&self) {
         if let Some(log) = &self.log {
-            log.borrow_mut().open += 1;
-        }
-    }
-
-    /// Exclusive guard on `idx` ends with `changed`: unlock it now (unchanged, or no log), or
-    /// keep it latched until its group is logged.
-    fn log_close(&self, idx: FrameIdx, pid: Pid, changed: Changed) {
-        let Some(log) = &self.log else {
-            self.frame(idx).latch.unlock_exclusive();
-            return;
-        };
-        let mut g = log.borrow_mut();
-        debug_assert!(g.open > 0);
-        g.open -= 1;
-        if changed.is_empty() {
-            self.frame(idx).latch.unlock_exclusive();
-        } else {
-            g.pages.push((idx, pid, changed));
-        }
-        if g.open == 0 {
-            self.publish(&mut g);
-        }
-    }
-
-    /// Log the group (latches still held), then release its latches and freed slots.
-    fn publish(&self, g: &mut LogGroup) {
-        self.publish_keeping(g, FrameIdx(u32::MAX));
-    }
-
-    /// [`Worker::publish`], but leave frame `keep`'s latch held.
-    fn publish_keeping(&self, g: &mut LogGroup, keep: FrameIdx) {
-        if g.pages.is_empty() && g.frees.is_empty() && g.undo.is_empty() {
-            return;
-        }
-        let buf = &self.node.buf;
-        let wal = self.wal();
-        let LogGroup {
-            pages,
-            buf: lbuf,
-            undo,
-            ..
-        } = g;
-        let mut images = 0u64;
-        let result = if pages.is_empty() && undo.is_empty() {
-            Ok((0, 0))
-        } else {
-            wal.append_span(lbuf, |c, b| {
-                images = 0;
-                for (idx, pid, changed) in pages.iter() {
-                    // SAFETY: this worker holds frame `idx`'s exclusive latch (kept for the
-                    // group), so nobody writes the page while we read it.
-                    let data = unsafe {
-                        std::slice::from_raw_parts(buf.pool.page_ptr(*idx), PAGE_DATA_SIZE)
-                    };
-                    // a page whose last logged change precedes the latest checkpoint's start
-                    // (or was never logged here) goes in whole: recovery from that checkpoint
-                    // needs no page from the store
-                    if buf.pool.frame(*idx).lsn() <= c {
-                        images += 1;
-                        shoal_storage::wal::put_image(b, pid.slot(), pid.raw(), data);
-                    } else {
-                        shoal_storage::wal::put_diff(
-                            b,
-                            pid.slot(),
-                            pid.raw(),
-                            changed.ranges(),
-                            data,
-                        );
-                    }
-                }
-                b.extend_from_slice(undo);
-            })
-        };
-        if images > 0 {
-            wal.stats.images.fetch_add(images, Ordering::Relaxed);
-        }
-        let end = match result {
-            Ok((start, end)) => {
-                if !g.undo.is_empty() {
-                    if let Some(tx) = &mut g.tx {
-                        if tx.id == 0 {
-                            tx.id = start; // its first undo records said 0: "this chunk"
-                        }
-                    }
-                    g.undo.clear();
-                }
-                end
-            }
-            Err(e) => {
-                log::error!("node {}: logging a change failed: {e}", self.node.id());
-                g.failed.get_or_insert(e.into());
-                g.undo.clear();
-                // never written back: the write-ahead rule cannot be met for these pages
-                u64::MAX
-            }
-        };
-        for (idx, _, _) in g.pages.drain(..) {
-            let f = self.frame(idx);
-            if end != 0 {
-                f.set_lsn(end);
-            }
-            if idx != keep {
-                f.latch.unlock_exclusive();
-            }
-        }
-        for slot in g.frees.drain(..) {
-            if let Err(e) = buf.store.free(slot) {
-                log::warn!("node {}: giving back slot {slot}: {e}", self.node.id());
-            }
+            log.log_undo(undo);
         }
     }
 
     /// Debug check of the group rule: `idx` is not latched by this worker's open group.
     fn check_not_deferred(&self, idx: FrameIdx) {
-        if cfg!(debug_assertions) {
-            if let Some(log) = &self.log {
-                assert!(
-                    !log.borrow().pages.iter().any(|p| p.0 == idx),
-                    "a worker latched a page it changed earlier in the same log group (it would wait for itself)"
-                );
-            }
+        if let Some(log) = &self.log {
+            log.check_not_deferred(idx);
         }
     }
 
@@ -496,7 +237,7 @@ impl Worker {
 
     #[inline]
     fn frame(&self, idx: FrameIdx) -> &Frame {
-        self.node.buf.pool.frame(idx)
+        self.node.buf.frame(idx)
     }
 
     /// Atomic, total read access to frame `idx`'s page, whatever it holds right now.
@@ -505,14 +246,14 @@ impl Worker {
         // SAFETY: the pool's page memory lives as long as the engine (which `self` keeps alive)
         // and, while others may write it, is only accessed through atomics; PageRef reads only
         // with atomic loads and never out of range.
-        unsafe { PageRef::from_ptr(self.node.buf.pool.page_ptr(idx)) }
+        unsafe { PageRef::from_ptr(self.node.buf.page_ptr(idx)) }
     }
 
     /// Hint that `pid` will be latched soon: starts loading its translation-table entry, so a
     /// caller can overlap that cache miss with other work (e.g. validating a parent node).
     #[inline]
     pub fn prefetch(&self, pid: Pid) {
-        self.node.buf.table.prefetch(pid);
+        self.node.buf.prefetch_entry(pid);
     }
 
     /// Hint: bytes `off..off + len` of `pid`'s page will be read soon. Starts loading them in
@@ -520,8 +261,7 @@ impl Worker {
     /// when the cache holds the data; wasted if it is elsewhere or not resident.
     #[inline]
     pub fn prefetch_range(&self, pid: Pid, off: usize, len: usize) {
-        let pool = &self.node.buf.pool;
-        pool.prefetch_range(pool.preferred(pid), off, len);
+        self.node.buf.prefetch_range(pid, off, len);
     }
 
     /// Second hint, after [`Worker::prefetch`] had time to load the translation entry: if
@@ -532,8 +272,7 @@ impl Worker {
     /// that such operations can [`Worker::load_many`] the others.
     #[inline]
     pub fn prefetch_frame(&self, pid: Pid) -> bool {
-        let buf = &self.node.buf;
-        buf.table.prefetch_frame(&buf.pool, pid)
+        self.node.buf.prefetch_frame(pid)
     }
 
     /// Read the pages among `pids` that are not in memory from the store together (one batch
@@ -548,21 +287,9 @@ impl Worker {
         Ok(())
     }
 
-    /// The frame that probably holds `pid` (every caller checks the frame's pid again under
-    /// its latch), or `None` if it is not resident. First its preferred frame (see
-    /// [`crate::buffer::frame::FramePool::preferred`]): if that frame says it holds `pid`, the translation
-    /// entry is not needed at all, so the frame descriptor and the page's first lines are the
-    /// only cache misses, and they overlap. Else the translation table.
     #[inline]
     fn locate(&self, pid: Pid) -> Option<FrameIdx> {
-        let buf = &self.node.buf;
-        let pool = &buf.pool;
-        let preferred = pool.preferred(pid);
-        pool.prefetch_page(preferred);
-        if pool.frame(preferred).pid() == pid {
-            return Some(preferred);
-        }
-        buf.table.lookup(pool, pid)
+        self.node.buf.locate(pid)
     }
 
     /// Every page access fails once the engine is closing or closed.
@@ -679,7 +406,9 @@ impl Worker {
         let h = self.node.allocate_page()?;
         let pid = h.pid();
         self.hold();
-        self.log_open();
+        if let Some(log) = &self.log {
+            log.open();
+        }
         let mut changed = Changed::default();
         // a new page is logged whole even if nothing is written into it
         changed.note(0, PAGE_DATA_SIZE);
@@ -784,25 +513,7 @@ impl Worker {
 impl Drop for Worker {
     fn drop(&mut self) {
         if let Some(log) = &self.log {
-            let mut frees = Vec::new();
-            {
-                let mut g = log.borrow_mut();
-                if g.tx.is_some() {
-                    // dropped mid-transaction (an early return, a panic): what it did stays,
-                    // as without a transaction; its end is logged so that checkpoints stop
-                    // keeping the log for it and recovery does not undo it
-                    log::warn!(
-                        "node {}: a worker was dropped inside a transaction: its changes are kept",
-                        self.node.id()
-                    );
-                    match self.end_transaction(&mut g) {
-                        Ok(f) => frees = f,
-                        Err(e) => {
-                            log::error!("node {}: ending the transaction: {e}", self.node.id())
-                        }
-                    }
-                }
-            }
+            let frees = log.abandon(self.node.id());
             if !std::thread::panicking() && !self.node.buf.is_shutdown() {
                 self.free_pages(frees);
             }
@@ -901,9 +612,7 @@ impl<'w> SharedGuard<'w> {
         // SAFETY: we hold the latch shared, so no thread writes this memory until we release
         // (exclusive holders are excluded; the provider only reads). Concurrent optimistic
         // readers only load. The memory lives as long as the engine.
-        unsafe {
-            std::slice::from_raw_parts(self.w.node.buf.pool.page_ptr(self.idx), PAGE_DATA_SIZE)
-        }
+        unsafe { std::slice::from_raw_parts(self.w.node.buf.page_ptr(self.idx), PAGE_DATA_SIZE) }
     }
 
     /// The page's bytes through the same accessors optimistic readers use.
@@ -949,19 +658,21 @@ impl<'w> ExclusiveGuard<'w> {
             f.latch.unlock_exclusive_unchanged();
             return Err(Restart::Fail(EngineError::Shutdown));
         }
-        if w.log_must_wait() {
+        if let Some(log) = w.log.as_ref().filter(|l| l.must_wait()) {
             // the log is nearly full: wait for a checkpoint holding no exclusive latch (the
             // checkpoint may need to write this page), then start over
             f.latch.unlock_exclusive_unchanged();
-            if let Some(wal) = w.node.buf.store.wal() {
-                wal.wait_for_room().map_err(|e| Restart::Fail(e.into()))?;
-            }
+            log.log()
+                .wait_for_room()
+                .map_err(|e| Restart::Fail(e.into()))?;
             return Err(Restart::Retry);
         }
         f.set_dirty(true);
         f.touch(w.node.buf.clock());
         w.hold();
-        w.log_open();
+        if let Some(log) = &w.log {
+            log.open();
+        }
         Ok(ExclusiveGuard {
             w,
             idx,
@@ -993,9 +704,7 @@ impl<'w> ExclusiveGuard<'w> {
         // SAFETY: we hold the latch exclusively, so only this guard writes the memory, and only
         // through `&mut self`, which cannot coexist with this borrow. Concurrent optimistic
         // readers only load.
-        unsafe {
-            std::slice::from_raw_parts(self.w.node.buf.pool.page_ptr(self.idx), PAGE_DATA_SIZE)
-        }
+        unsafe { std::slice::from_raw_parts(self.w.node.buf.page_ptr(self.idx), PAGE_DATA_SIZE) }
     }
 
     /// Read accessors.
@@ -1007,7 +716,7 @@ impl<'w> ExclusiveGuard<'w> {
     pub fn page_mut(&mut self) -> PageMut<'_> {
         // SAFETY: we hold the exclusive latch: the only writer of this page; `&mut self` makes
         // the returned writer unique.
-        let m = unsafe { PageMut::from_ptr(self.w.node.buf.pool.page_ptr(self.idx)) };
+        let m = unsafe { PageMut::from_ptr(self.w.node.buf.page_ptr(self.idx)) };
         if self.w.log.is_some() {
             m.tracking(&mut self.changed)
         } else {
@@ -1130,16 +839,9 @@ impl<'w> ExclusiveGuard<'w> {
     pub fn to_shared(self) -> SharedGuard<'w> {
         let mut me = ManuallyDrop::new(self);
         if let Some(log) = &me.w.log {
-            let mut g = log.borrow_mut();
-            g.open -= 1;
             let changed = std::mem::take(&mut me.changed);
-            if !changed.is_empty() {
-                let held = std::mem::take(&mut g.pages);
-                g.pages.push((me.idx, me.pid, changed));
-                // publish only this page; keep its latch (downgraded below)
-                me.w.publish_keeping(&mut g, me.idx);
-                g.pages = held;
-            }
+            // its change alone is logged now; its latch is kept (downgraded below)
+            log.demote(&me.w.node.buf, me.idx, me.pid, changed);
         }
         me.w.frame(me.idx).latch.downgrade();
         // the exclusive guard's hold passes to the shared one
@@ -1166,12 +868,7 @@ impl<'w> ExclusiveGuard<'w> {
             // the slot goes back after the group (with the change that unlinked the page) is
             // logged; the page itself is gone now
             let slot = node.buf.drop_freed(node.buf.held_by_guard(me.idx));
-            let mut g = log.borrow_mut();
-            g.frees.push(slot);
-            g.open -= 1;
-            if g.open == 0 {
-                me.w.publish(&mut g);
-            }
+            log.free_later(&node.buf, slot);
             return Ok(());
         }
         node.free_page(node.buf.held_by_guard(me.idx))
@@ -1181,7 +878,10 @@ impl<'w> ExclusiveGuard<'w> {
 impl Drop for ExclusiveGuard<'_> {
     fn drop(&mut self) {
         let changed = std::mem::take(&mut self.changed);
-        self.w.log_close(self.idx, self.pid, changed);
+        match &self.w.log {
+            Some(log) => log.close(&self.w.node.buf, self.idx, self.pid, changed),
+            None => self.w.frame(self.idx).latch.unlock_exclusive(),
+        }
         self.w.unhold();
     }
 }

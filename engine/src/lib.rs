@@ -6,14 +6,14 @@
 //! |---|---|---|
 //! | engine | `engine.rs`, `cluster.rs`, `cluster_file.rs` | open, close, threads; [`Engine`], [`Cluster`], [`join`] |
 //! | guards | `guard.rs`, `provider.rs` | [`Worker`] and the page guards (the API); the page provider |
-//! | node | `node.rs` | a buffer, plus the coherence protocol on a cluster: the one place that tells the two apart |
-//! | coherence | [`coherence`] | the protocol's rules as pure state machines, and the driver that runs them over a buffer |
+//! | node | `node.rs` | a buffer, its log, and the coherence protocol on a cluster: the one place that tells a single node from a cluster node |
+//! | durability | `durability/` | the write-ahead log in memory, log groups, commits, transactions, checkpoints |
+//! | coherence | `coherence/` | the protocol's rules as pure state machines ([`rules`]), and the driver that runs them over a buffer |
 //! | buffer | `buffer/` | frames, hybrid latches, page bytes, translation table, free frames, the page store |
 //! | tasks | [`tasks`] | many tasks per thread: where a worker would wait, a task pauses (used by every layer above) |
 //!
-//! The public surface is what this page re-exports, the [`catalog`] page format and the
-//! coherence rules ([`coherence::protocol`], [`coherence::directory`],
-//! [`coherence::possession`], [`coherence::wire`], [`coherence::outbox`]), which the model in
+//! The public surface is what this page re-exports, the [`catalog`] page format, [`tasks`],
+//! and the coherence protocol's rules in [`rules`], which the model in
 //! tests/coherence_model.rs drives; everything else is private.
 //!
 //! It must not know about B-tree layouts or workloads: it hands out latched pages by id.
@@ -41,14 +41,16 @@ mod buffer;
 pub mod catalog;
 mod cluster;
 mod cluster_file;
-pub mod coherence;
+mod coherence;
 mod config;
+mod durability;
 mod engine;
 mod error;
 mod guard;
 mod node;
 mod pid;
 mod provider;
+pub mod rules;
 mod stats;
 pub mod tasks;
 
@@ -56,11 +58,13 @@ pub use buffer::page::{PageMut, PageRef};
 pub use cluster::{Cluster, ClusterBuilder};
 pub use cluster_file::{join, new_secret_hex, ClusterFile, Secret, SECRET_BYTES};
 pub use config::{format_bytes, parse_bytes, Durability, EngineConfig, RollBack, MIN_CACHE_FRAMES};
-pub use engine::{lock_for_reading, Engine, Membership, ProtocolStats};
+pub use durability::{CommitPoint, LogCounters};
+pub use engine::{lock_for_reading, Engine};
 pub use error::{EngineError, OpResult, Restart};
-pub use guard::{CommitPoint, ExclusiveGuard, OptimisticGuard, SharedGuard, Worker};
+pub use guard::{ExclusiveGuard, OptimisticGuard, SharedGuard, Worker};
+pub use node::Membership;
 pub use pid::{Pid, MAX_NODES};
 pub use shoal_messaging::ChannelLayout;
-pub use shoal_storage::store::Unfinished;
+pub use shoal_storage::Unfinished;
 pub use shoal_storage::{BackendChoice, OpenMode, PAGE_DATA_SIZE, PAGE_SIZE};
-pub use stats::StatsSnapshot;
+pub use stats::{ProtocolStats, StatsSnapshot};

@@ -12,17 +12,22 @@
 //!
 //! It must not know about workers' operations or guards: it answers with frames and errors.
 
+use crate::buffer::table::{TranslationTable, MAX_SLOTS_PER_NODE};
 use crate::buffer::{Buffer, FrameIdx, HeldFrame, Possession};
 use crate::coherence::protocol::Mode;
 use crate::coherence::Coherence;
-use crate::config::EngineConfig;
+use crate::durability::{Durability, NodeLog};
 use crate::error::EngineError;
 use crate::pid::Pid;
-use crate::stats::WorkerStats;
+use crate::stats::{ProtocolStats, WorkerStats};
 use parking_lot::Mutex;
+use shoal_messaging::{ChannelLayout, Channels, Transport, WaitMode};
+use shoal_storage::{BackendChoice, PageStore, StoreConfig};
 use std::fs::File;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// What a worker's miss came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,13 +41,36 @@ pub(crate) enum Missed {
     Asked,
 }
 
+/// How a node joins a cluster: its transport (whose region has the `ChannelLayout` of the
+/// cluster) and how long its workers wait for remote pages.
+pub struct Membership {
+    pub transport: Arc<dyn Transport>,
+    pub mode: WaitMode,
+    pub remote_timeout: Duration,
+}
+
+/// What a node is built from: the engine's configuration, translated ([`Node::open`]).
+pub(crate) struct NodeSpec {
+    pub id: u8,
+    /// The store as a single node opens it (a cluster node changes what differs).
+    pub store: StoreConfig,
+    pub frames: usize,
+    pub free_target_percent: u32,
+    pub free_frame_timeout: Duration,
+    pub durability: Durability,
+    pub one_pool: bool,
+}
+
 /// A node's buffer and, in a cluster, its protocol; its workers' counters.
 pub(crate) struct Node {
     pub buf: Buffer,
     /// The coherence protocol, when this node is a member of a cluster (`None`: a single node
     /// that holds every page exclusively and never sends a message).
-    pub coh: Option<Coherence>,
-    pub cfg: EngineConfig,
+    coh: Option<Coherence>,
+    /// When changes become durable (`EngineConfig::durability`).
+    durability: Durability,
+    /// The write-ahead log (None: durability none, or a cluster node).
+    log: Option<NodeLog>,
     workers: Mutex<Vec<Arc<WorkerStats>>>,
     /// Counters of workers that were dropped (folded in so `workers` does not grow forever).
     retired: WorkerStats,
@@ -55,11 +83,131 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    pub fn new(buf: Buffer, coh: Option<Coherence>, cfg: EngineConfig, lock: File) -> Node {
+    /// Build the node `spec` describes: its store (recovered from its log if need be), its
+    /// log, its buffer and, for a member of a cluster, its protocol; a fresh node-0 store gets
+    /// its catalog page. `lock` is the data directory's lock, held until the node closes.
+    pub fn open(
+        mut spec: NodeSpec,
+        member: Option<Membership>,
+        lock: File,
+    ) -> Result<Arc<Node>, EngineError> {
+        let coh = match member {
+            None => None,
+            Some(m) => {
+                if m.transport.node() != spec.id {
+                    return Err(EngineError::Config(format!(
+                        "the transport is node {}'s, the configuration node {}'s",
+                        m.transport.node(),
+                        spec.id
+                    )));
+                }
+                let layout = ChannelLayout::new(m.transport.nodes());
+                let ch = Channels::new(m.transport, layout, m.mode)
+                    .map_err(|e| EngineError::Config(format!("cluster messaging: {e}")))?;
+                Some(Coherence::new(ch, m.remote_timeout, spec.one_pool))
+            }
+        };
+        if let Some(c) = &coh {
+            // Cluster nodes use pread/pwrite unless io_uring is asked for by name: with both
+            // cores saturated, io_uring writes of a cluster node's provider were delayed by
+            // 1.7-30 s (until a remote wait timed out), stalling the cluster; with pread and
+            // pwrite the same runs had no slow write and no timeout (docs/cluster.md,
+            // "Stalls under load"). Single nodes keep io_uring (their batches need depth).
+            if spec.store.backend == BackendChoice::Auto {
+                spec.store.backend = BackendChoice::Pread;
+            }
+            // (no log on a cluster node yet: the engine refuses such a configuration)
+            spec.store.wal = None;
+            assert!(c.nodes() > spec.id, "a member's id is one of its cluster's");
+        }
+        let table = TranslationTable::new();
+        let members: Vec<u8> = match &coh {
+            Some(c) => (0..c.nodes()).collect(),
+            None => vec![spec.id],
+        };
+        for n in members {
+            table.reserve(n).map_err(|e| EngineError::Resources {
+                what: format!(
+                    "{} GiB of address space for node {n}'s translation table (is `ulimit -v` set?)",
+                    (MAX_SLOTS_PER_NODE * 4) >> 30
+                ),
+                source: Arc::new(e),
+            })?;
+        }
+        let mut store = PageStore::open(&spec.store)?;
+        let log = match store.take_log() {
+            Some(opened) => {
+                let log = NodeLog::open(opened)?;
+                store.set_slot_log(log.log().clone());
+                Some(log)
+            }
+            None => None,
+        };
+        let buf = Buffer::new(
+            spec.id,
+            store,
+            table,
+            spec.frames,
+            spec.free_target_percent,
+            spec.free_frame_timeout,
+        )?;
+        let node = Arc::new(Node::new(buf, coh, spec.durability, log, lock));
+        if node.id() == 0 && node.buf.store().high_water() == 0 {
+            node.create_catalog()?;
+        }
+        if let Some(c) = &node.coh {
+            // Threads that wait for this node's answers may run its handler round themselves
+            // (on `mem`, other nodes' workers: `Transport::assist`).
+            let weak = Arc::downgrade(&node);
+            c.ch.transport()
+                .region()
+                .set_service(Box::new(move || weak.upgrade().is_some_and(|n| n.help())));
+        }
+        Ok(node)
+    }
+
+    /// A fresh node-0 store: slot 0 is the catalog page, empty. Written (and synced) now, so
+    /// that a store that crashes before its first write-back still opens (with
+    /// allow_unclean) with a catalog, instead of a page that was never written.
+    fn create_catalog(&self) -> Result<(), EngineError> {
+        let store = self.buf.store();
+        store.reserve(Pid::CATALOG.slot())?;
+        let mut empty = shoal_storage::AlignedPage::new();
+        let mut req = [shoal_storage::WriteRequest {
+            slot: Pid::CATALOG.slot(),
+            pid: Pid::CATALOG.raw(),
+            page: &mut empty,
+        }];
+        if let Some(Err(e)) = store.write_batch(&mut req).pop() {
+            return Err(e.into());
+        }
+        store.sync()?;
+        let h = self
+            .buf
+            .install_new_page(Pid::CATALOG, Possession::Exclusive)?;
+        if let Some(c) = &self.coh {
+            c.adopt_new(Pid::CATALOG, h.idx());
+        }
+        Ok(())
+    }
+
+    fn new(
+        buf: Buffer,
+        coh: Option<Coherence>,
+        durability: Durability,
+        log: Option<NodeLog>,
+        lock: File,
+    ) -> Node {
+        assert_eq!(
+            log.is_some(),
+            durability.logged(),
+            "a node has a log exactly when its durability needs one"
+        );
         Node {
             buf,
             coh,
-            cfg,
+            durability,
+            log,
             workers: Mutex::new(Vec::new()),
             retired: WorkerStats::default(),
             recycled: Mutex::new(Vec::new()),
@@ -76,6 +224,22 @@ impl Node {
     /// This node's id.
     pub fn id(&self) -> u8 {
         self.buf.node
+    }
+
+    /// The protocol (in-crate tests drive its pieces directly).
+    #[cfg(test)]
+    pub fn coherence(&self) -> Option<&Coherence> {
+        self.coh.as_ref()
+    }
+
+    /// When changes become durable.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// The write-ahead log, if this node has one.
+    pub fn log(&self) -> Option<&NodeLog> {
+        self.log.as_ref()
     }
 
     pub fn is_cluster(&self) -> bool {
@@ -132,7 +296,7 @@ impl Node {
         if self.buf.is_shutdown() {
             return Err(EngineError::Shutdown);
         }
-        let slot = self.buf.store.allocate()?;
+        let slot = self.buf.store().allocate()?;
         let pid = Pid::new(self.id(), slot);
         match self.buf.install_new_page(pid, Possession::Exclusive) {
             Ok(h) => {
@@ -143,7 +307,7 @@ impl Node {
             }
             Err(e) => {
                 // Give the slot back; it was never used.
-                if let Err(f) = self.buf.store.free(slot) {
+                if let Err(f) = self.buf.store().free(slot) {
                     log::warn!("node {}: giving back slot {slot}: {f}", self.id());
                 }
                 Err(e)
@@ -217,6 +381,83 @@ impl Node {
         }
     }
 
+    // ------------------------------------------------------------------ the cluster's life
+
+    /// Start the message handler thread (a cluster node; `None` for a single node).
+    pub fn start_handler(self: &Arc<Self>) -> Result<Option<JoinHandle<()>>, EngineError> {
+        if self.coh.is_none() {
+            return Ok(None);
+        }
+        let n = Arc::clone(self);
+        std::thread::Builder::new()
+            .name(format!("shoal-handler-{}", self.id()))
+            .spawn(move || {
+                if let Some(c) = &n.coh {
+                    c.run_handler(&n.buf)
+                }
+            })
+            .map(Some)
+            .map_err(|e| EngineError::Resources {
+                what: "the message handler thread".into(),
+                source: Arc::new(e),
+            })
+    }
+
+    /// Close, part: stop the handler thread `handler` and wait until no helper is inside a
+    /// round any more (none starts one after this). Nothing changes the directory afterwards.
+    pub fn stop_handler(&self, handler: Option<JoinHandle<()>>) {
+        let Some(c) = &self.coh else { return };
+        c.stop.store(true, Ordering::Release);
+        c.ch.wake();
+        if let Some(h) = handler {
+            if h.join().is_err() {
+                log::error!("the message handler thread panicked");
+            }
+        }
+        c.quiesce();
+    }
+
+    /// Send copies of pages homed elsewhere back home (shutdown); how many frames still hold
+    /// such pages (0 for a single node).
+    pub fn release_remote(&self) -> usize {
+        self.coh.as_ref().map_or(0, |c| c.release_remote(&self.buf))
+    }
+
+    /// The cluster barrier (a single node passes at once).
+    pub fn barrier(&self, limit: Duration) -> Result<(), EngineError> {
+        match &self.coh {
+            Some(c) => c.barrier(&self.buf, limit),
+            None => Ok(()),
+        }
+    }
+
+    /// This node is about to leave the cluster (its transport stops reporting peers' deaths).
+    pub fn departing(&self) {
+        if let Some(c) = &self.coh {
+            c.ch.transport().departing();
+        }
+    }
+
+    /// Leave the cluster: peers see this node leave once they left too, or after `linger`.
+    pub fn leave_cluster(&self, linger: Duration) {
+        if let Some(c) = &self.coh {
+            c.ch.transport().leave(linger);
+        }
+    }
+
+    /// Pages homed here that other nodes hold (0 for a single node): while there are any,
+    /// this node's store is not current.
+    pub fn homed_pages_away(&self) -> usize {
+        self.coh.as_ref().map_or(0, |c| c.homed_pages_away())
+    }
+
+    /// Counters of the coherence protocol (all zero for a single node).
+    pub fn protocol_stats(&self) -> ProtocolStats {
+        self.coh
+            .as_ref()
+            .map_or_else(ProtocolStats::default, |c| c.counters.snapshot())
+    }
+
     // ------------------------------------------------------------------ the provider's side
 
     /// The provider picked frame `idx` (unlatched, resident) to evict: whether it may write
@@ -251,6 +492,11 @@ impl Node {
         if let Some(c) = &self.coh {
             c.offer_away(h.pid(), h.bytes());
         }
+    }
+
+    /// One pool: the provider evicts copies of other homes' pages first.
+    pub fn one_pool(&self) -> bool {
+        self.coh.as_ref().is_some_and(|c| c.one_pool())
     }
 
     /// One pool: tell the peers how many frames this node could take in for them.

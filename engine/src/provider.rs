@@ -31,7 +31,7 @@
 //! docs/cluster.md "Stalls under load"; writes now go through pwrite), and until it is
 //! written a round that frees nothing leaves arriving pages without a frame.
 
-use crate::buffer::{Buffer, FrameIdx};
+use crate::buffer::FrameIdx;
 use crate::error::EngineError;
 use crate::node::Node;
 use crate::pid::Pid;
@@ -132,11 +132,9 @@ pub(crate) fn run(node: Arc<Node>) {
             let r = p.flush(&node).map_err(|e| e.to_string());
             buf.flushes.served(ticket, r);
         }
-        if let Some(w) = buf.store.wal() {
-            if w.used_bytes() > w.capacity_bytes() / 2 {
-                if let Err(e) = p.checkpoint(&node) {
-                    p.errors.error(Pid::NONE, &e);
-                }
+        if node.log().is_some_and(|l| l.wants_checkpoint()) {
+            if let Err(e) = p.checkpoint(&node) {
+                p.errors.error(Pid::NONE, &e);
             }
         }
         if buf.free.len() >= buf.free_target {
@@ -180,13 +178,13 @@ impl Provider {
     /// A checkpoint (docs/durability.md): begin it in the log, write back every page dirty
     /// at its start (`write_back_dirty`), sync, record it.
     fn checkpoint(&mut self, node: &Node) -> Result<(), EngineError> {
-        let buf = &node.buf;
-        let Some(c) = buf.store.begin_checkpoint()? else {
+        let Some(log) = node.log() else {
             return Ok(());
         };
+        let c = log.begin_checkpoint()?;
         let t0 = Instant::now();
         let written = self.write_back_dirty(node)?;
-        buf.store.finish_checkpoint(c, node.oldest_transaction())?;
+        log.finish_checkpoint(node.buf.store(), c, node.oldest_transaction())?;
         log::debug!(
             "node {}: checkpoint at LSN {c}: {written} pages written in {:.2} s",
             node.id(),
@@ -199,12 +197,12 @@ impl Provider {
     /// and the devices synced.
     fn flush(&mut self, node: &Node) -> Result<(), EngineError> {
         let buf = &node.buf;
-        if buf.store.wal().is_some() {
+        if node.log().is_some() {
             return self.checkpoint(node);
         }
         let t0 = Instant::now();
         let written = self.write_back_dirty(node)?;
-        buf.store.sync()?;
+        buf.store().sync()?;
         log::debug!(
             "node {}: flush: {written} pages written in {:.2} s",
             node.id(),
@@ -223,16 +221,15 @@ impl Provider {
         let buf = &node.buf;
         let here = node.id();
         let mut todo: Vec<FrameIdx> = buf
-            .pool
-            .indexes()
+            .frame_indexes()
             .filter(|&i| {
-                let f = buf.pool.frame(i);
+                let f = buf.frame(i);
                 f.is_dirty() && f.pid().node() == here
             })
             .collect();
         // in slot order: the write-backs of a batch of neighbouring slots go out as a few
         // `pwritev` runs (`PageStore::write_batch`; docs/BENCHMARKS.md "Durability")
-        todo.sort_unstable_by_key(|&i| buf.pool.frame(i).pid().raw());
+        todo.sort_unstable_by_key(|&i| buf.frame(i).pid().raw());
         let mut written = 0usize;
         while !todo.is_empty() {
             let mut later = Vec::new();
@@ -255,12 +252,12 @@ impl Provider {
                         pending.push((i, f.pid()));
                     }
                 }
-                let results = write_pages(buf, &pending, &mut self.bufs, upto);
+                let results = write_pages(node, &pending, &mut self.bufs, upto);
                 for ((i, pid), r) in pending.iter().zip(results) {
                     match r {
                         Ok(()) => written += 1,
                         Err(e) => {
-                            let f = buf.pool.frame(*i);
+                            let f = buf.frame(*i);
                             if f.pid() == *pid {
                                 f.set_dirty(true);
                             }
@@ -287,14 +284,14 @@ impl Provider {
 
     fn round(&mut self, node: &Node) -> usize {
         let buf = &node.buf;
-        let n = buf.pool.len();
+        let n = buf.frames();
         // 1. sample (in one pool, the copies of other homes' pages apart)
         let me = node.id();
-        let one_pool = node.coh.as_ref().is_some_and(|c| c.one_pool());
+        let one_pool = node.one_pool();
         let mut sample = Vec::with_capacity(SAMPLE);
         let mut foreign = Vec::with_capacity(SAMPLE);
         for _ in 0..SAMPLE * 4 {
-            let f = buf.pool.frame(FrameIdx(self.rng.random_range(0..n) as u32));
+            let f = buf.frame(FrameIdx(self.rng.random_range(0..n) as u32));
             if f.is_resident() {
                 sample.push(f.last_used());
                 if one_pool && f.pid().node() != me {
@@ -333,7 +330,7 @@ impl Provider {
             let i = FrameIdx(self.hand as u32);
             self.hand = (self.hand + 1) % n;
             scanned += 1;
-            let f = buf.pool.frame(i);
+            let f = buf.frame(i);
             if f.is_resident()
                 && !f.latch.is_latched()
                 && f.last_used() <= cutoff
@@ -355,7 +352,7 @@ impl Provider {
         let mut freed = 0;
         let mut done = vec![false; cands.len()];
         for (k, &i) in cands.iter().enumerate() {
-            if !buf.pool.frame(i).is_dirty() {
+            if !buf.frame(i).is_dirty() {
                 done[k] = true;
                 freed += usize::from(evict(node, i));
             }
@@ -365,7 +362,7 @@ impl Provider {
         let mut pending: Vec<(FrameIdx, Pid)> = Vec::new();
         let mut upto = 0;
         for (k, &i) in cands.iter().enumerate() {
-            if done[k] || !buf.pool.frame(i).is_dirty() {
+            if done[k] || !buf.frame(i).is_dirty() {
                 continue;
             }
             let Some(s) = buf.try_hold_shared(i) else {
@@ -382,7 +379,7 @@ impl Provider {
         }
         if !pending.is_empty() {
             let t = Instant::now();
-            let results = write_pages(buf, &pending, &mut self.bufs, upto);
+            let results = write_pages(node, &pending, &mut self.bufs, upto);
             if t.elapsed() > SLOW_WRITE {
                 if let Some(n) = self.slow.due(Instant::now()) {
                     log::warn!(
@@ -400,7 +397,7 @@ impl Provider {
             };
             for ((i, pid), r) in pending.iter().zip(results) {
                 if let Err(e) = r {
-                    let f = buf.pool.frame(*i);
+                    let f = buf.frame(*i);
                     if f.pid() == *pid {
                         f.set_dirty(true);
                     }
@@ -461,30 +458,16 @@ pub(crate) fn evict(node: &Node, i: FrameIdx) -> bool {
 /// them: the log up to it is made durable first (the write-ahead rule: no page reaches the
 /// store before the log records of its changes).
 fn write_pages(
-    buf: &Buffer,
+    node: &Node,
     pending: &[(FrameIdx, Pid)],
     bufs: &mut [AlignedPage],
     upto: u64,
 ) -> Vec<Result<(), shoal_storage::StoreError>> {
-    if let Some(w) = buf.store.wal() {
-        if let Err(e) = w.flush_to(upto) {
-            let why = e.to_string();
-            return pending
-                .iter()
-                .map(|_| {
-                    Err(shoal_storage::StoreError::BadLog {
-                        path: w.path().to_path_buf(),
-                        why: format!(
-                            "page not written back: its log records cannot be made durable: {why}"
-                        ),
-                    })
-                })
-                .collect();
+    let buf = &node.buf;
+    if let Some(log) = node.log() {
+        if let Err(refused) = log.before_write_back(upto) {
+            return pending.iter().map(|_| Err(refused())).collect();
         }
-        debug_assert!(
-            w.durable() >= upto,
-            "write-ahead rule: page LSN {upto} beyond the durable log"
-        );
     }
     let mut reqs: Vec<WriteRequest<'_>> = pending
         .iter()
@@ -495,7 +478,7 @@ fn write_pages(
             page,
         })
         .collect();
-    let r = buf.store.write_batch(&mut reqs);
+    let r = buf.store().write_batch(&mut reqs);
     let ok = r.iter().filter(|r| r.is_ok()).count() as u64;
     buf.counters.writebacks.fetch_add(ok, Ordering::Relaxed);
     r
@@ -503,18 +486,19 @@ fn write_pages(
 
 /// Write every dirty page (shutdown; the provider thread must have stopped). Returns how many
 /// pages were written, or the first error (pages that failed stay dirty).
-pub(crate) fn flush_all(buf: &Buffer) -> Result<usize, EngineError> {
+pub(crate) fn flush_all(node: &Node) -> Result<usize, EngineError> {
+    let buf = &node.buf;
     let mut bufs: Vec<AlignedPage> = (0..BATCH).map(|_| AlignedPage::new()).collect();
     let mut written = 0;
     let mut first_err: Option<EngineError> = None;
     let mut errors = ErrorLog::new("flushing");
     let mut failures = 0u64;
-    let mut frames = buf.pool.indexes().peekable();
+    let mut frames = buf.frame_indexes().peekable();
     while frames.peek().is_some() {
         let mut pending: Vec<(FrameIdx, Pid)> = Vec::with_capacity(BATCH);
         let mut upto = 0;
         for i in frames.by_ref() {
-            let f = buf.pool.frame(i);
+            let f = buf.frame(i);
             // pages homed elsewhere are never written here (they go home, see release_remote)
             let mine = |f: &crate::buffer::frame::Frame| {
                 f.is_resident() && f.is_dirty() && f.pid().node() == buf.node
@@ -538,12 +522,12 @@ pub(crate) fn flush_all(buf: &Buffer) -> Result<usize, EngineError> {
         }
         for ((idx, pid), r) in pending
             .iter()
-            .zip(write_pages(buf, &pending, &mut bufs, upto))
+            .zip(write_pages(node, &pending, &mut bufs, upto))
         {
             match r {
                 Ok(()) => written += 1,
                 Err(e) => {
-                    buf.pool.frame(*idx).set_dirty(true);
+                    buf.frame(*idx).set_dirty(true);
                     buf.counters.write_errors.fetch_add(1, Ordering::Relaxed);
                     errors.error(*pid, &e);
                     failures += 1;

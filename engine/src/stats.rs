@@ -59,5 +59,40 @@ pub struct StatsSnapshot {
     /// Workers registered now (dropped workers leave; their counts stay in the totals).
     pub live_workers: u64,
     /// The write-ahead log's counters (zero without a log).
-    pub log: shoal_storage::LogCounters,
+    pub log: crate::durability::LogCounters,
+}
+
+/// Counters of the coherence protocol at one node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProtocolStats {
+    /// Possession requests sent by this node's workers (remote misses).
+    pub requests: u64,
+    /// Messages sent to other nodes.
+    pub messages: u64,
+    /// Pages sent to other nodes.
+    pub pages: u64,
+    /// Eviction notices sent.
+    pub evict_notices: u64,
+    /// Batches sent (one message carrying several eviction notices or replies).
+    pub batches: u64,
+    /// Messages the handler had to hold and retry (latched page, no free frame, reserved).
+    pub held: u64,
+    /// Messages applied by threads that waited for an answer (this node's workers, on `mem`
+    /// also other nodes' workers) rather than by the node's handler thread.
+    pub helped: u64,
+    /// Home copies read from the store for other nodes' or own requests (outside the handler
+    /// role, by whichever thread takes the read).
+    pub home_reads: u64,
+    /// One pool: shared requests for pages homed here whose copy was not in memory, sent to a
+    /// node holding a copy instead of read from this node's store (NVMe reads avoided).
+    pub forwarded_reads: u64,
+    /// One pool: pages this node sent from its DRAM to another node in place of the page's
+    /// home store (it served a forwarded read and kept its copy).
+    pub served_for_others: u64,
+    /// One pool: evicted pages of this home offered to a peer with room.
+    pub offers: u64,
+    /// One pool: offered pages a peer took (given away instead of left only on NVMe).
+    pub given_away: u64,
+    /// One pool: pages other homes offered that this node took in.
+    pub taken_in: u64,
 }

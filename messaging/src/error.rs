@@ -2,6 +2,7 @@
 
 /// Errors of transports and mailboxes.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum MsgError {
     #[error("node {0} is unreachable (connection closed or peer died)")]
     PeerDead(u8),

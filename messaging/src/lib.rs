@@ -16,22 +16,23 @@
 //!
 //! It must not know what pages contain or the coherence rules: it moves bytes and messages.
 
-pub mod channel;
-pub mod error;
-pub mod mailbox;
-pub mod message;
+mod channel;
+mod error;
+mod mailbox;
+mod message;
 #[cfg(feature = "rdma")]
-pub mod rdma;
-pub mod region;
+mod rdma;
+mod region;
 mod seal;
-pub mod tcp;
-pub mod transport;
-pub mod wait;
+mod tcp;
+mod transport;
+mod wait;
 
 pub use channel::{ChannelLayout, Channels, Incoming};
 pub use error::MsgError;
 pub use mailbox::{Layout, Mailboxes, Responder, PAGE_BYTES};
 pub use message::{Echo, Envelope, Message, BODY_BYTES, MSG_BYTES};
 pub use region::{Region, Service};
+pub use tcp::{dial_handshake, free_loopback_addrs, TcpConfig, TcpTransport};
 pub use transport::{mem_cluster, MemTransport, Transport};
 pub use wait::WaitMode;

@@ -13,6 +13,7 @@
 //! [`Message::decode`] validates the body (unknown kinds and impossible fields are errors).
 
 use crate::error::MsgError;
+use byteorder::{ByteOrder, LittleEndian};
 
 /// Bytes of a message.
 pub const MSG_BYTES: usize = 64;
@@ -84,7 +85,7 @@ impl Envelope {
             kind: b[0],
             from_node: b[1],
             from_worker: u16::from_le_bytes([b[2], b[3]]),
-            seq: u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")),
+            seq: LittleEndian::read_u32(&b[4..]),
             body: b[8..63].try_into().expect("55 bytes"),
         })
     }
@@ -162,8 +163,8 @@ impl Message for Echo {
     }
 
     fn decode(kind: u8, b: &[u8; BODY_BYTES]) -> Result<Self, MsgError> {
-        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
-        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| LittleEndian::read_u64(&b[o..]);
+        let u32_at = |o: usize| LittleEndian::read_u32(&b[o..]);
         Ok(match kind {
             1 | 2 => {
                 let len = b[8];

@@ -1100,14 +1100,9 @@ mod tests {
 
     #[test]
     fn unknown_device_name_is_a_clear_error() {
-        let mut cfg = RdmaConfig::new(TcpConfig {
-            node: 0,
-            cluster_id: 1,
-            addrs: vec!["127.0.0.1:1".parse().unwrap()],
-            connect_timeout: Duration::from_secs(1),
-            secret: Vec::new(),
-            encrypt: false,
-        });
+        let mut tcp = TcpConfig::new(0, 1, vec!["127.0.0.1:1".parse().unwrap()]);
+        tcp.connect_timeout = Duration::from_secs(1);
+        let mut cfg = RdmaConfig::new(tcp);
         cfg.device = Some("shoal-no-such-device".into());
         match open_device(&cfg) {
             Err(MsgError::Rdma(m)) => assert!(

@@ -20,6 +20,7 @@
 
 use crate::error::MsgError;
 pub use crate::wait::WaitQueue;
+use byteorder::{ByteOrder, LittleEndian};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
@@ -142,7 +143,7 @@ impl Region {
         let first = offset / 8;
         let n = data.len() / 8;
         for (i, chunk) in data.chunks_exact(8).enumerate() {
-            let w = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+            let w = LittleEndian::read_u64(chunk);
             // Relaxed for the body; Release for the last word publishes the whole write.
             let order = if i + 1 == n {
                 Ordering::Release

@@ -24,6 +24,7 @@ use crate::error::MsgError;
 use crate::region::Region;
 use crate::seal::{self, Opener, Sealer, Transcript};
 use crate::transport::Transport;
+use byteorder::{ByteOrder, LittleEndian};
 use parking_lot::Mutex;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -49,6 +50,7 @@ const HEADER: usize = 16;
 
 /// Cluster membership and timing of a TCP node.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct TcpConfig {
     pub node: u8,
     pub cluster_id: u64,
@@ -63,6 +65,21 @@ pub struct TcpConfig {
     /// Seal every frame (AES-256-GCM with per-connection keys, messaging/src/seal.rs). Needs a
     /// secret; every node of a cluster must agree.
     pub encrypt: bool,
+}
+
+impl TcpConfig {
+    /// Node `node` of cluster `cluster_id`, whose nodes listen at `addrs`: 30 s to connect, no
+    /// secret, no encryption (set the fields to change them).
+    pub fn new(node: u8, cluster_id: u64, addrs: Vec<SocketAddr>) -> TcpConfig {
+        TcpConfig {
+            node,
+            cluster_id,
+            addrs,
+            connect_timeout: Duration::from_secs(30),
+            secret: Vec::new(),
+            encrypt: false,
+        }
+    }
 }
 
 struct Peer {
@@ -282,7 +299,7 @@ fn check_hello(
             "protocol version {v}, this node speaks {PROTOCOL_VERSION}"
         ));
     }
-    let c = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
+    let c = LittleEndian::read_u64(&b[8..]);
     if c != cluster_id {
         return Err(format!(
             "cluster id {c}, this node is in cluster {cluster_id}"
@@ -370,8 +387,8 @@ impl TcpTransport {
 
     /// Check a frame header: the region offset and length it announces.
     fn check_header(&self, head: &[u8]) -> Result<(usize, usize), String> {
-        let offset = u64::from_le_bytes(head[0..8].try_into().expect("8 bytes"));
-        let len = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes")) as usize;
+        let offset = LittleEndian::read_u64(&head[0..]);
+        let len = LittleEndian::read_u32(&head[8..]) as usize;
         if len > MAX_FRAME {
             return Err(format!("frame of {len} bytes exceeds {MAX_FRAME}"));
         }

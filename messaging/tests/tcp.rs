@@ -4,8 +4,8 @@
 
 mod common;
 
-use shoal_messaging::tcp::{TcpConfig, TcpTransport};
 use shoal_messaging::{Echo, Layout, Mailboxes, MsgError, Transport, WaitMode};
+use shoal_messaging::{TcpConfig, TcpTransport};
 use std::io::{BufRead, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,14 +29,9 @@ fn listeners(n: usize) -> (Vec<TcpListener>, Vec<SocketAddr>) {
 }
 
 fn cfg(node: u8, addrs: &[SocketAddr]) -> TcpConfig {
-    TcpConfig {
-        node,
-        cluster_id: CLUSTER,
-        addrs: addrs.to_vec(),
-        connect_timeout: Duration::from_secs(10),
-        secret: Vec::new(),
-        encrypt: false,
-    }
+    let mut c = TcpConfig::new(node, CLUSTER, addrs.to_vec());
+    c.connect_timeout = Duration::from_secs(10);
+    c
 }
 
 fn start_cluster(layout: Layout) -> (Vec<Arc<Mailboxes<TcpTransport>>>, Vec<SocketAddr>) {
@@ -165,7 +160,7 @@ fn dial_as_node_0(addr: SocketAddr, secret: &[u8]) -> (TcpStream, Result<(), Str
         std::thread::sleep(Duration::from_millis(10));
     };
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let r = shoal_messaging::tcp::dial_handshake(&mut s, CLUSTER, 0, 1, 2, secret);
+    let r = shoal_messaging::dial_handshake(&mut s, CLUSTER, 0, 1, 2, secret);
     (s, r)
 }
 
@@ -354,9 +349,10 @@ fn an_impostor_without_the_secret_is_refused_and_the_real_node_joins() {
     let (ls, addrs) = listeners(2);
     let mut ls = ls.into_iter();
     let (l0, l1) = (ls.next().unwrap(), ls.next().unwrap());
-    let with_secret = |node: u8, secret: &[u8]| TcpConfig {
-        secret: secret.to_vec(),
-        ..cfg(node, &addrs)
+    let with_secret = |node: u8, secret: &[u8]| {
+        let mut c = cfg(node, &addrs);
+        c.secret = secret.to_vec();
+        c
     };
     let c1 = with_secret(1, b"the real secret");
     let node1 =
@@ -423,10 +419,11 @@ fn sealed_pair(
     let mut ls = ls.into_iter();
     let (l0, l1) = (ls.next().unwrap(), ls.next().unwrap());
     let (via, seen) = relay(addrs[1], flip_after);
-    let sealed = |node: u8, addrs: &[SocketAddr]| TcpConfig {
-        secret: b"a secret for sealed frames......".to_vec(),
-        encrypt: true,
-        ..cfg(node, addrs)
+    let sealed = |node: u8, addrs: &[SocketAddr]| {
+        let mut c = cfg(node, addrs);
+        c.secret = b"a secret for sealed frames......".to_vec();
+        c.encrypt = true;
+        c
     };
     let c1 = sealed(1, &addrs);
     let node1 =
@@ -509,18 +506,20 @@ fn an_encrypting_node_and_a_plain_one_refuse_each_other() {
     let mut ls = ls.into_iter();
     let (l0, l1) = (ls.next().unwrap(), ls.next().unwrap());
     let secret = b"a secret for sealed frames......".to_vec();
-    let c1 = TcpConfig {
-        secret: secret.clone(),
-        encrypt: true,
-        connect_timeout: Duration::from_secs(3),
-        ..cfg(1, &addrs)
+    let c1 = {
+        let mut c = cfg(1, &addrs);
+        c.secret = secret.clone();
+        c.encrypt = true;
+        c.connect_timeout = Duration::from_secs(3);
+        c
     };
     let node1 =
         std::thread::spawn(move || TcpTransport::start(c1, l1, Arc::new(layout.region().unwrap())));
-    let c0 = TcpConfig {
-        secret: secret.clone(),
-        connect_timeout: Duration::from_secs(3),
-        ..cfg(0, &addrs)
+    let c0 = {
+        let mut c = cfg(0, &addrs);
+        c.secret = secret.clone();
+        c.connect_timeout = Duration::from_secs(3);
+        c
     };
     let e = TcpTransport::start(c0, l0, Arc::new(layout.region().unwrap()))
         .err()
@@ -529,9 +528,10 @@ fn an_encrypting_node_and_a_plain_one_refuse_each_other() {
     assert!(node1.join().unwrap().is_err());
     // and encryption without a secret is a configuration error, before any traffic
     let (ls, addrs) = listeners(1);
-    let c = TcpConfig {
-        encrypt: true,
-        ..cfg(0, &addrs)
+    let c = {
+        let mut c = cfg(0, &addrs);
+        c.encrypt = true;
+        c
     };
     let e = TcpTransport::start(
         c,
@@ -550,9 +550,10 @@ fn an_encrypting_node_and_a_plain_one_refuse_each_other() {
 fn a_replayed_handshake_is_refused() {
     let layout = Layout { nodes: 2, ..LAYOUT };
     let secret = b"a secret the attacker never sees".to_vec();
-    let with_secret = |node: u8, addrs: &[SocketAddr]| TcpConfig {
-        secret: secret.clone(),
-        ..cfg(node, addrs)
+    let with_secret = |node: u8, addrs: &[SocketAddr]| {
+        let mut c = cfg(node, addrs);
+        c.secret = secret.clone();
+        c
     };
     // a real handshake, recorded by a relay on the path
     let (ls, addrs) = listeners(2);

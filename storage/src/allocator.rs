@@ -8,6 +8,7 @@
 
 use crate::error::{StoreError, StoreResult};
 use crate::page::PAGE_DATA_SIZE;
+use byteorder::{ByteOrder, LittleEndian};
 
 /// Slot numbers one free-list page holds (header: next u64, count u32, pad u32).
 pub const ENTRIES_PER_PAGE: usize = (PAGE_DATA_SIZE - 16) / 8;
@@ -145,15 +146,15 @@ pub fn encode_chain_page(buf: &mut [u8], next: u64, entries: &[u64]) {
 
 /// Decode one free-list page: (next, entries). Errors on an impossible count.
 pub fn decode_chain_page(buf: &[u8]) -> Result<(u64, Vec<u64>), String> {
-    let next = u64::from_le_bytes(buf[0..8].try_into().expect("8 bytes"));
-    let n = u32::from_le_bytes(buf[8..12].try_into().expect("4 bytes")) as usize;
+    let next = LittleEndian::read_u64(&buf[0..]);
+    let n = LittleEndian::read_u32(&buf[8..]) as usize;
     if n > ENTRIES_PER_PAGE {
         return Err(format!(
             "free-list page claims {n} entries (max {ENTRIES_PER_PAGE})"
         ));
     }
     let entries = (0..n)
-        .map(|i| u64::from_le_bytes(buf[16 + i * 8..24 + i * 8].try_into().expect("8 bytes")))
+        .map(|i| LittleEndian::read_u64(&buf[16 + i * 8..]))
         .collect();
     Ok((next, entries))
 }

@@ -8,6 +8,7 @@ pub type StoreResult<T> = Result<T, StoreError>;
 
 /// Everything that can go wrong between a page buffer and a device.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     #[error("I/O error on {path}: {source}")]
     Io {

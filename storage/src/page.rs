@@ -12,6 +12,7 @@
 //! Users of the store (the engine, the B-tree) own bytes `0..PAGE_DATA_SIZE` only.
 
 use crate::error::{StoreError, StoreResult};
+use byteorder::{ByteOrder, LittleEndian};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::path::Path;
 use std::ptr::NonNull;
@@ -49,8 +50,8 @@ pub fn verify(
     slot: u64,
     path: &Path,
 ) -> StoreResult<()> {
-    let stored = u32::from_le_bytes(page[SUM_OFF..SUM_OFF + 4].try_into().expect("4 bytes"));
-    let magic = u32::from_le_bytes(page[MAGIC_OFF..MAGIC_OFF + 4].try_into().expect("4 bytes"));
+    let stored = LittleEndian::read_u32(&page[SUM_OFF..]);
+    let magic = LittleEndian::read_u32(&page[MAGIC_OFF..]);
     let computed = checksum(page);
     if stored != computed || magic != TRAILER_MAGIC {
         return Err(StoreError::Checksum {
@@ -61,7 +62,7 @@ pub fn verify(
             computed,
         });
     }
-    let found = u64::from_le_bytes(page[PID_OFF..PID_OFF + 8].try_into().expect("8 bytes"));
+    let found = LittleEndian::read_u64(&page[PID_OFF..]);
     if found != expected_pid {
         return Err(StoreError::WrongPage {
             expected: expected_pid,

@@ -43,6 +43,7 @@
 
 use crate::error::{StoreError, StoreResult};
 use crate::page::{seal, verify, PAGE_DATA_SIZE, PAGE_SIZE};
+use byteorder::{ByteOrder, LittleEndian};
 use std::fmt;
 use std::path::Path;
 
@@ -314,15 +315,6 @@ pub struct Chosen {
     pub copies: Vec<DeviceCopies>,
 }
 
-impl Chosen {
-    /// Some copy on some device is bad or stale.
-    pub fn needs_repair(&self) -> bool {
-        self.copies
-            .iter()
-            .any(|c| c.needs_repair(self.superblock.generation))
-    }
-}
-
 /// Read every superblock copy of the devices at `paths` (in configured order) and choose the
 /// authoritative one. `read(device, page, buf)` fills `buf` with page `page` of a device and
 /// returns the number of bytes read (fewer than a page at the end of the file).
@@ -455,10 +447,10 @@ fn put64(p: &mut [u8], off: usize, v: u64) {
     p[off..off + 8].copy_from_slice(&v.to_le_bytes());
 }
 fn get32(p: &[u8], off: usize) -> u32 {
-    u32::from_le_bytes(p[off..off + 4].try_into().expect("4 bytes"))
+    LittleEndian::read_u32(&p[off..])
 }
 fn get64(p: &[u8], off: usize) -> u64 {
-    u64::from_le_bytes(p[off..off + 8].try_into().expect("8 bytes"))
+    LittleEndian::read_u64(&p[off..])
 }
 
 #[cfg(test)]

@@ -92,7 +92,7 @@ pub fn run_processes(
 ) -> anyhow::Result<(Vec<Value>, bool)> {
     // free loopback ports outside the ephemeral range (no outgoing connection can take one
     // before its node binds it)
-    let addrs = shoal_messaging::tcp::free_loopback_addrs(nodes)
+    let addrs = shoal_messaging::free_loopback_addrs(nodes)
         .map_err(|e| anyhow::anyhow!("cannot find free loopback ports: {e}"))?;
     let file = dir.join("cluster.toml");
     // a fresh secret per run: other local processes cannot join these nodes
@@ -300,7 +300,7 @@ fn leftover(name: &str) -> bool {
         .strip_prefix("node")
         .and_then(|n| n.strip_suffix(".lock"))
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
-    lock || name.ends_with(shoal_storage::store::CREATING) || name.ends_with(".json.new")
+    lock || name.ends_with(shoal_storage::CREATING) || name.ends_with(".json.new")
 }
 
 /// A run that started and then failed (a device filled up, a node died, a check failed): exit
@@ -543,7 +543,7 @@ pub fn recovering_config(dir: &Path, node: u8, cache: usize) -> shoal_engine::En
     c.node_id = node;
     c.mode = shoal_engine::OpenMode::Open;
     c.roll_back = Some(shoal_btree::roll_back());
-    let log = shoal_storage::store::default_log_path(&c.device_list()[0]);
+    let log = shoal_storage::default_log_path(&c.device_list()[0]);
     if let Ok(m) = std::fs::metadata(&log) {
         c.durability = shoal_engine::Durability::Commit;
         // an existing log keeps its size; a valid size here lets the store itself judge a log
@@ -554,7 +554,7 @@ pub fn recovering_config(dir: &Path, node: u8, cache: usize) -> shoal_engine::En
 }
 
 /// The write-ahead log's figures over a measured interval, as JSON (`null` without a log).
-pub fn log_json(d: &shoal_storage::LogCounters, secs: f64, logged: bool) -> serde_json::Value {
+pub fn log_json(d: &shoal_engine::LogCounters, secs: f64, logged: bool) -> serde_json::Value {
     if !logged {
         return serde_json::Value::Null;
     }

@@ -21,9 +21,9 @@ use crate::cli::progress_bar;
 use serde_json::json;
 use shoal_btree::{verify_tree, TreeReport};
 use shoal_engine::{catalog, lock_for_reading, Pid, PAGE_DATA_SIZE};
-use shoal_storage::inspect::{SlotScan, StoreReader};
-use shoal_storage::superblock::CopyState;
 use shoal_storage::wal::{survey, LogEnd, LogInfo, ScanMode};
+use shoal_storage::CopyState;
+use shoal_storage::{SlotScan, StoreReader};
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -114,7 +114,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         };
         let log = devices
             .first()
-            .map(|d| shoal_storage::store::default_log_path(d))
+            .map(|d| shoal_storage::default_log_path(d))
             .filter(|p| p.exists())
             .map(|p| {
                 let info = survey(&p, mode).map_err(|e| e.to_string());
@@ -390,7 +390,7 @@ pub(crate) fn creation_leftovers(dir: &Path) -> Vec<PathBuf> {
             let name = e.file_name().to_string_lossy().into_owned();
             if d == dir && e.path().is_dir() && parse_node_dir(&name).is_some() {
                 dirs.push(e.path());
-            } else if name.ends_with(shoal_storage::store::CREATING) {
+            } else if name.ends_with(shoal_storage::CREATING) {
                 out.push(e.path());
             }
         }
@@ -451,12 +451,7 @@ fn check_trees(reports: &[NodeReport]) -> Result<(Vec<Entry>, HashSet<Pid>), Str
     for (name, root) in names {
         let result = match read(root) {
             Err(e) => Err(e),
-            Ok(p)
-                if !matches!(
-                    p[0],
-                    shoal_btree::node::KIND_LEAF | shoal_btree::node::KIND_INNER
-                ) =>
-            {
+            Ok(p) if !matches!(p[0], shoal_btree::KIND_LEAF | shoal_btree::KIND_INNER) => {
                 pages.insert(root);
                 Ok(None)
             }

@@ -150,8 +150,8 @@ struct Errors {
 
 fn error_kind(e: &EngineError) -> &'static str {
     match e {
-        EngineError::PeerDead(_) => "home_unreachable",
-        EngineError::HolderDead(..) => "holder_unreachable",
+        EngineError::PeerDead { .. } => "home_unreachable",
+        EngineError::HolderDead { .. } => "holder_unreachable",
         EngineError::RemoteTimeout { .. } => "timeout",
         _ => "other",
     }

@@ -14,8 +14,8 @@
 
 use serde_json::json;
 use shoal_engine::{lock_for_reading, Durability, Engine};
-use shoal_storage::inspect::StoreReader;
 use shoal_storage::wal::LogEnd;
+use shoal_storage::StoreReader;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -57,7 +57,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         let log = store
             .devices
             .first()
-            .map(|d| shoal_storage::store::default_log_path(d))
+            .map(|d| shoal_storage::default_log_path(d))
             .filter(|p| p.exists());
         if sb.clean {
             say!("node {node}: clean, nothing to recover");

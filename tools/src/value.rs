@@ -7,6 +7,7 @@
 //! 12..16  checksum   CRC-32 of bytes 0..12 and 16..len
 //! 16..    filler     derived from (key, salt)
 //! ```
+use byteorder::{ByteOrder, LittleEndian};
 
 /// Smallest value size that holds the header.
 pub const MIN_VALUE: usize = 16;
@@ -39,12 +40,12 @@ pub fn check(v: &[u8], key: u64, size: usize) -> bool {
     v.len() == size
         && v.len() >= MIN_VALUE
         && v[0..8] == key.to_le_bytes()
-        && u32::from_le_bytes(v[12..16].try_into().expect("4 bytes")) == sum(v)
+        && LittleEndian::read_u32(&v[12..]) == sum(v)
 }
 
 /// The salt of an intact value.
 pub fn salt(v: &[u8]) -> u32 {
-    u32::from_le_bytes(v[8..12].try_into().expect("4 bytes"))
+    LittleEndian::read_u32(&v[8..])
 }
 
 #[cfg(test)]

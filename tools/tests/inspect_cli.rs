@@ -4,7 +4,7 @@
 
 use shoal_btree::{u64_key, BTree};
 use shoal_engine::{Engine, EngineConfig, Pid};
-use shoal_storage::{page::seal, PAGE_SIZE};
+use shoal_storage::{seal, PAGE_SIZE};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::{Command, Output};

@@ -35,7 +35,7 @@ fn increments() -> u64 {
 /// now use pread/pwrite; docs/cluster.md, "Stalls under load"). A stall still fails the test:
 /// every remote timeout is an error, and the test requires none.
 fn cluster_file(dir: &Path, n: usize) -> PathBuf {
-    let addrs = shoal_messaging::tcp::free_loopback_addrs(n).unwrap();
+    let addrs = shoal_messaging::free_loopback_addrs(n).unwrap();
     let mut s =
         String::from("cache = \"1MiB\"\nremote_timeout_ms = 30000\nconnect_timeout_ms = 30000\n");
     for (i, a) in addrs.iter().enumerate() {

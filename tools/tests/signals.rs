@@ -182,7 +182,7 @@ fn sigterm_during_the_load_keeps_what_was_loaded_and_closes_clean() {
 #[test]
 fn a_second_signal_exits_at_once() {
     let tmp = tempfile::tempdir().unwrap();
-    let addrs = shoal_messaging::tcp::free_loopback_addrs(2).unwrap();
+    let addrs = shoal_messaging::free_loopback_addrs(2).unwrap();
     let mut file = String::from("cache = \"1MiB\"\nconnect_timeout_ms = 100000\n");
     for (i, a) in addrs.iter().enumerate() {
         file += &format!("[[node]]\nid = {i}\naddress = \"{a}\"\ndata_dir = \"node{i}\"\n");

@@ -40,9 +40,9 @@ use table::TranslationTable;
 pub(crate) struct Buffer {
     /// The node whose pages this buffer's store holds.
     pub node: u8,
-    pub pool: FramePool,
-    pub table: TranslationTable,
-    pub store: PageStore,
+    pool: FramePool,
+    table: TranslationTable,
+    store: PageStore,
     pub free: FreeFrames,
     /// The access clock: every access stamps its frame with the current value (see
     /// [`frame::Frame::touch`]); the provider advances it as pages cycle through the cache,
@@ -139,6 +139,73 @@ impl Buffer {
             flushes: Flushes::default(),
             counters: EngineCounters::default(),
         })
+    }
+
+    /// The descriptor of frame `idx`.
+    #[inline]
+    pub fn frame(&self, idx: FrameIdx) -> &frame::Frame {
+        self.pool.frame(idx)
+    }
+
+    /// Where frame `idx`'s page bytes live (for the page accessors and copies under a latch).
+    #[inline]
+    pub fn page_ptr(&self, idx: FrameIdx) -> *mut u8 {
+        self.pool.page_ptr(idx)
+    }
+
+    /// Frames in the pool.
+    pub fn frames(&self) -> usize {
+        self.pool.len()
+    }
+
+    /// Every frame's index.
+    pub fn frame_indexes(&self) -> impl Iterator<Item = FrameIdx> {
+        self.pool.indexes()
+    }
+
+    /// The node's page store.
+    pub fn store(&self) -> &PageStore {
+        &self.store
+    }
+
+    /// `pid`'s preferred frame (see [`FramePool::preferred`]).
+    #[cfg(test)]
+    pub fn preferred(&self, pid: Pid) -> FrameIdx {
+        self.pool.preferred(pid)
+    }
+
+    /// The frame that probably holds `pid` (every caller checks the frame's pid again under
+    /// its latch), or `None` if it is not resident. First its preferred frame: if that frame
+    /// says it holds `pid`, the translation entry is not needed at all, so the frame
+    /// descriptor and the page's first lines are the only cache misses, and they overlap.
+    /// Else the translation table.
+    #[inline]
+    pub fn locate(&self, pid: Pid) -> Option<FrameIdx> {
+        let preferred = self.pool.preferred(pid);
+        self.pool.prefetch_page(preferred);
+        if self.pool.frame(preferred).pid() == pid {
+            return Some(preferred);
+        }
+        self.table.lookup(&self.pool, pid)
+    }
+
+    /// Hint: start loading `pid`'s translation entry.
+    #[inline]
+    pub fn prefetch_entry(&self, pid: Pid) {
+        self.table.prefetch(pid);
+    }
+
+    /// Hint: bytes `off..off + len` of `pid`'s page, in its preferred frame.
+    #[inline]
+    pub fn prefetch_range(&self, pid: Pid, off: usize, len: usize) {
+        self.pool.prefetch_range(self.pool.preferred(pid), off, len);
+    }
+
+    /// Hint: `pid`'s frame descriptor and first page lines, once its entry is cached; whether
+    /// it is resident (a hint).
+    #[inline]
+    pub fn prefetch_frame(&self, pid: Pid) -> bool {
+        self.table.prefetch_frame(&self.pool, pid)
     }
 
     /// The access clock's value now (read-mostly: one relaxed load).
@@ -332,10 +399,14 @@ impl Buffer {
     /// Whether this buffer may fault `pid` from its store: homed here and allocated.
     fn check_faultable(&self, pid: Pid) -> Result<(), EngineError> {
         if pid.node() != self.node {
-            return Err(EngineError::RemotePage(pid, pid.node(), self.node));
+            return Err(EngineError::RemotePage {
+                pid,
+                home: pid.node(),
+                node: self.node,
+            });
         }
         if pid.slot() >= self.store.high_water() {
-            return Err(EngineError::NoSuchPage(pid));
+            return Err(EngineError::NoSuchPage { pid });
         }
         Ok(())
     }

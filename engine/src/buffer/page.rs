@@ -14,6 +14,7 @@
 //!
 //! Only the first [`PAGE_DATA_SIZE`] bytes are visible; the trailer belongs to the store.
 
+use byteorder::{ByteOrder, LittleEndian};
 use shoal_storage::PAGE_DATA_SIZE;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -275,10 +276,7 @@ impl<'a> PageMut<'a> {
             // whole words (what `ExclusiveGuard::modify` stores): one store per word
             let words = &self.words[off / 8..(off + src.len()) / 8];
             for (w, b) in words.iter().zip(src.chunks_exact(8)) {
-                w.store(
-                    u64::from_le_bytes(b.try_into().expect("8 bytes")),
-                    Ordering::Relaxed,
-                );
+                w.store(LittleEndian::read_u64(b), Ordering::Relaxed);
             }
             return;
         }
@@ -290,7 +288,7 @@ impl<'a> PageMut<'a> {
             let n = (8 - within).min(src.len() - i);
             let w = &self.words[wi];
             let new = if n == 8 {
-                u64::from_le_bytes(src[i..i + 8].try_into().expect("8 bytes"))
+                LittleEndian::read_u64(&src[i..])
             } else {
                 // Only the exclusive holder writes, so load-merge-store loses nothing.
                 let mut b = w.load(Ordering::Relaxed).to_le_bytes();
@@ -343,10 +341,7 @@ impl<'a> PageMut<'a> {
             c.note(0, PAGE_DATA_SIZE);
         }
         for (i, w) in self.words.iter().enumerate() {
-            w.store(
-                u64::from_le_bytes(src[i * 8..i * 8 + 8].try_into().expect("8 bytes")),
-                Ordering::Relaxed,
-            );
+            w.store(LittleEndian::read_u64(&src[i * 8..]), Ordering::Relaxed);
         }
     }
 }

@@ -62,14 +62,14 @@ impl Coherence {
                     }
                 }
                 if let Some(dead) = ps.lost {
-                    return Err(EngineError::HolderDead(pid, dead));
+                    return Err(EngineError::HolderDead { pid, holder: dead });
                 }
                 if ps.copy.usable(want) && !ps.revoking {
                     return Ok(asked && ps.reserved.is_some());
                 }
                 if let Some(dead) = self.dead_source(ps) {
                     self.lose(buf, pid, ps, dead);
-                    return Err(EngineError::HolderDead(pid, dead));
+                    return Err(EngineError::HolderDead { pid, holder: dead });
                 }
                 if ps.copy.pending == Pending::Idle && !ps.serve_due && !ps.revoking {
                     let m = ps
@@ -98,7 +98,7 @@ impl Coherence {
                 return Ok(false);
             }
             if !self.ch.peer_alive(pid.node()) {
-                return Err(EngineError::PeerDead(pid.node()));
+                return Err(EngineError::PeerDead { node: pid.node() });
             }
             let now = Instant::now();
             if now >= deadline {
@@ -204,7 +204,7 @@ impl Coherence {
                     if let Some(v) = done() {
                         return Ok(Some(v));
                     }
-                    return Err(EngineError::PeerDead(n));
+                    return Err(EngineError::PeerDead { node: n });
                 }
             }
             let now = Instant::now();

@@ -110,7 +110,7 @@ impl Coherence {
             let pid = if buf.is_shutdown() {
                 Pid::NONE
             } else {
-                match buf.store.allocate() {
+                match buf.store().allocate() {
                     Err(e) => {
                         log::error!("node {}: allocating a page for node {from}: {e}", self.me);
                         Pid::NONE
@@ -119,7 +119,7 @@ impl Coherence {
                         let pid = Pid::new(self.me, slot);
                         let Some(mut h) = buf.take_frame_for(pid) else {
                             // no free frame now: give the slot back and try later
-                            if let Err(e) = buf.store.free(slot) {
+                            if let Err(e) = buf.store().free(slot) {
                                 log::error!("node {}: {e}", self.me);
                             }
                             return true;

@@ -182,7 +182,7 @@ impl Coherence {
     fn sync_dirty(&self, buf: &Buffer, pid: Pid, ps: &mut PageState) {
         if pid.node() != self.me {
             if let Some(f) = ps.copy.data {
-                if buf.pool.frame(f).is_dirty() {
+                if buf.frame(f).is_dirty() {
                     ps.copy.mark_dirty();
                 }
             }
@@ -242,7 +242,7 @@ impl Coherence {
             pid: pid.raw(),
             page: &mut page,
         }];
-        let r = buf.store.write_batch(&mut req).pop();
+        let r = buf.store().write_batch(&mut req).pop();
         r.expect("one result per request")?;
         buf.counters.writebacks.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -311,7 +311,7 @@ impl Coherence {
             if takes && !ps.revoking {
                 ps.revoking = true;
                 if let Some(f) = ps.copy.data {
-                    buf.pool.frame(f).revoke_possession();
+                    buf.frame(f).revoke_possession();
                 }
             }
             return Ok(Outcome::Stuck(note));

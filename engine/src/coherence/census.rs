@@ -29,7 +29,7 @@ impl Coherence {
             let table = buf.resident_frame(pid);
             for (what, idx) in [("copy", s.copy.data), ("table", table)] {
                 if let Some(i) = idx {
-                    let f = buf.pool.frame(i);
+                    let f = buf.frame(i);
                     log::warn!(
                         "node {}: {pid}: {what} {i}: holds {}, state {:?}, latched {} (exclusive {}), possession {:?}",
                         self.me, f.pid(), f.state(), f.latch.is_latched(), f.latch.is_exclusive(), f.possession()
@@ -48,8 +48,8 @@ impl Coherence {
         use std::collections::BTreeMap;
         let mut c: BTreeMap<&str, usize> = BTreeMap::new();
         let (mut cold, clock) = (0, buf.clock());
-        for i in buf.pool.indexes() {
-            let f = buf.pool.frame(i);
+        for i in buf.frame_indexes() {
+            let f = buf.frame(i);
             let pid = f.pid();
             let what = if !f.is_resident() || pid == Pid::NONE {
                 "free or loading"

@@ -18,7 +18,7 @@ impl Coherence {
     /// it must leave the frame alone (an eviction notice may have been sent; the handler frees
     /// the frame when the home accepts).
     pub fn prepare_evict(&self, buf: &Buffer, idx: FrameIdx) -> bool {
-        let f = buf.pool.frame(idx);
+        let f = buf.frame(idx);
         let pid = f.pid();
         if pid == Pid::NONE {
             return false;
@@ -148,8 +148,8 @@ impl Coherence {
             self.advertise_room(buf); // no room from now on
         }
         let mut left = 0;
-        for i in buf.pool.indexes() {
-            let f = buf.pool.frame(i);
+        for i in buf.frame_indexes() {
+            let f = buf.frame(i);
             if f.is_resident() && f.pid() != Pid::NONE && f.pid().node() != self.me {
                 left += 1;
                 self.prepare_evict(buf, i);

@@ -68,12 +68,12 @@ impl Coherence {
         if let Some(f) = frame {
             // No guard may use the frame again; the provider frees it (`prepare_evict`: a
             // lost page's frame that its copy no longer names).
-            buf.pool.frame(f).revoke_possession();
+            buf.frame(f).revoke_possession();
         }
         ps.waiter = false;
         ps.reserved = None;
         ps.serve_due = false;
-        ps.error = Some(EngineError::HolderDead(pid, dead));
+        ps.error = Some(EngineError::HolderDead { pid, holder: dead });
         for d in deferred {
             self.answer_lost(pid, dead, d);
         }
@@ -170,8 +170,8 @@ impl Coherence {
 /// The error a worker gets for a refused request (`by`: the refusing node).
 pub(super) fn refusal(pid: Pid, code: u8, node: Node, by: Node) -> EngineError {
     match code {
-        REFUSE_NO_PAGE => EngineError::NoSuchPage(pid),
-        REFUSE_HOLDER_DEAD => EngineError::HolderDead(pid, node),
+        REFUSE_NO_PAGE => EngineError::NoSuchPage { pid },
+        REFUSE_HOLDER_DEAD => EngineError::HolderDead { pid, holder: node },
         _ => EngineError::RemoteRead { pid, home: by },
     }
 }

@@ -42,7 +42,7 @@ impl Coherence {
             }
             Ok(Outcome::Done)
         };
-        if pid.slot() >= buf.store.high_water() {
+        if pid.slot() >= buf.store().high_water() {
             return refuse(ps, REFUSE_NO_PAGE, 0);
         }
         let mut d = ps.dir;
@@ -166,7 +166,7 @@ impl Coherence {
             let mut page = Box::new(AlignedPage::new());
             // SAFETY: `page` is an owned, aligned page buffer that nothing else references.
             let r = unsafe {
-                buf.store
+                buf.store()
                     .read_into(pid.slot(), pid.raw(), page.as_mut_ptr())
             };
             self.counters.home_reads.fetch_add(1, Ordering::Relaxed);

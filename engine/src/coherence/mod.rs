@@ -244,6 +244,28 @@ pub struct CoherenceCounters {
     pub taken_in: AtomicU64,
 }
 
+impl CoherenceCounters {
+    /// A copy of the counters now.
+    pub fn snapshot(&self) -> crate::stats::ProtocolStats {
+        let l = |a: &AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        crate::stats::ProtocolStats {
+            requests: l(&self.requests),
+            messages: l(&self.messages),
+            pages: l(&self.pages),
+            evict_notices: l(&self.evict_notices),
+            batches: l(&self.batches),
+            held: l(&self.held),
+            helped: l(&self.helped),
+            home_reads: l(&self.home_reads),
+            forwarded_reads: l(&self.forwarded_reads),
+            served_for_others: l(&self.served_for_others),
+            offers: l(&self.offers),
+            given_away: l(&self.given_away),
+            taken_in: l(&self.taken_in),
+        }
+    }
+}
+
 /// One node's protocol state.
 pub(crate) struct Coherence {
     pub ch: Channels,
@@ -342,7 +364,10 @@ impl Coherence {
 
     fn check_node(&self, pid: Pid) -> Result<(), EngineError> {
         if pid.node() >= self.nodes {
-            return Err(EngineError::NoSuchNode(pid, self.nodes));
+            return Err(EngineError::NoSuchNode {
+                pid,
+                nodes: self.nodes,
+            });
         }
         Ok(())
     }

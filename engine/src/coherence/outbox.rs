@@ -183,11 +183,11 @@ mod tests {
         }
         assert_eq!(sent, BATCH_MAX);
         o.push(1, 7, evict(3), |_, _| unreachable!()).ok().unwrap();
-        let failed = o.flush(|to, _| Err(EngineError::PeerDead(to)));
+        let failed = o.flush(|to, _| Err(EngineError::PeerDead { node: to }));
         assert_eq!(failed.len(), 1);
         assert_eq!(failed[0].to, 1);
         assert_eq!(failed[0].msgs, vec![(7, evict(3))]);
-        assert!(matches!(failed[0].error, EngineError::PeerDead(1)));
+        assert!(matches!(failed[0].error, EngineError::PeerDead { node: 1 }));
         // the failed batch is not sent again
         assert!(o.flush(|_, _| unreachable!()).is_empty());
     }

@@ -83,6 +83,13 @@ impl Coherence {
     /// copies must become idle again (done by the handler: the caller may hold a shard lock).
     /// Lost replies need nothing: the node they were for is unreachable.
     fn unsent(&self, u: Unsent) -> EngineError {
+        log::debug!(
+            "node {}: a batch of {} message(s) to node {} did not leave: {}",
+            self.me,
+            u.msgs.len(),
+            u.to,
+            u.error
+        );
         let pids = u
             .msgs
             .iter()
@@ -107,7 +114,7 @@ impl Coherence {
             }
             let Some(idx) = ps.copy.data else { continue };
             let Some(h) = buf.try_hold(idx, pid) else {
-                if buf.pool.frame(idx).pid() == pid {
+                if buf.frame(idx).pid() == pid {
                     // a guard waits on it (possession none): try again next round
                     self.unsent.lock().push(pid);
                 }
@@ -148,7 +155,7 @@ impl Coherence {
 /// A channel's send error as the engine reports it.
 fn send_error(to: Node, what: &str, e: MsgError) -> EngineError {
     match e {
-        MsgError::PeerDead(n) => EngineError::PeerDead(n),
+        MsgError::PeerDead(n) => EngineError::PeerDead { node: n },
         e => EngineError::SendFailed {
             to,
             what: what.to_string(),

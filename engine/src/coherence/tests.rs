@@ -37,8 +37,8 @@ fn a_read_whose_home_copy_left_memory_is_served_by_a_sharer() {
     let dir = tempfile::tempdir().unwrap();
     let c = cluster(dir.path(), 2);
     let (home, other) = (c.node(0), c.node(1));
-    let (buf0, coh0) = (&home.node().buf, home.node().coh.as_ref().unwrap());
-    let coh1 = other.node().coh.as_ref().unwrap();
+    let (buf0, coh0) = (&home.node().buf, home.node().coherence().unwrap());
+    let coh1 = other.node().coherence().unwrap();
     let w0 = home.worker();
     let pid = page_holding_41(&w0);
     let w1 = other.worker();
@@ -99,7 +99,7 @@ fn a_home_frame_granted_to_its_own_worker_is_not_dropped() {
             .expect("resident at home")
     };
     let idx = frame(pid);
-    let coh = home.node().coh.as_ref().unwrap();
+    let coh = home.node().coherence().unwrap();
     // the home holds it exclusively: its own copy, not droppable
     assert!(!coh.droppable(pid, idx));
     // node 1 takes a shared copy and keeps its guard: the home's copy goes, the home's frame
@@ -142,7 +142,7 @@ fn a_home_frame_granted_to_its_own_worker_is_not_dropped() {
         // frames: mark it clean as its write-back would (the page stays in memory, and
         // nothing here reads the store). Checked by breaking it on purpose (2026-11-24):
         // without the `droppable` check in `provider::evict` this fails.
-        home.node().buf.pool.frame(idx).set_dirty(false);
+        home.node().buf.frame(idx).set_dirty(false);
         assert!(
             !crate::provider::evict(home.node(), idx),
             "the provider dropped the home worker's copy"
@@ -178,7 +178,7 @@ fn eviction_needs_no_free_frame_at_the_home(dirty: bool) {
     let (home, other) = (c.node(0), c.node(1));
     let (node0, node1) = (home.node(), other.node());
     let (buf0, buf1) = (&node0.buf, &node1.buf);
-    let (coh0, coh1) = (node0.coh.as_ref().unwrap(), node1.coh.as_ref().unwrap());
+    let (coh0, coh1) = (node0.coherence().unwrap(), node1.coherence().unwrap());
     let frame = |e: &crate::Engine, pid: Pid| e.node().buf.resident_frame(pid);
     let w0 = home.worker();
     let pid = page_holding_41(&w0);
@@ -201,7 +201,7 @@ fn eviction_needs_no_free_frame_at_the_home(dirty: bool) {
         .unwrap();
     // fix every frame of node 0
     let pinner = home.worker();
-    let pins: Vec<_> = (0..buf0.pool.len())
+    let pins: Vec<_> = (0..buf0.frames())
         .map(|_| pinner.allocate().unwrap())
         .collect();
     assert_eq!(buf0.free.len(), 0, "no frame is free at node 0");
@@ -298,7 +298,7 @@ fn unused_notices_free_nothing_that_may_be_in_use() {
     };
     let in_use = home.store().slots_in_use();
     let node = home.node();
-    let coh = node.coh.as_ref().unwrap();
+    let coh = node.coherence().unwrap();
     for (from, pid) in [(1, own), (1, used), (1, other), (2, own), (0, used)] {
         coh.free_unused(&node.buf, from, pid);
     }
@@ -343,7 +343,7 @@ fn an_upgrade_waiting_for_a_dead_sharer_loses_the_page_cleanly() {
             w.run(|w| w.exclusive(pid).map(|_| ()))
         });
         // wait until node 1's upgrade is granted and waits for node 2's acknowledgement
-        let coh1 = c.node(1).node().coh.as_ref().unwrap();
+        let coh1 = c.node(1).node().coherence().unwrap();
         let t0 = Instant::now();
         loop {
             let waiting = coh1.shard(pid).lock().get(&pid).is_some_and(
@@ -361,7 +361,7 @@ fn an_upgrade_waiting_for_a_dead_sharer_loses_the_page_cleanly() {
         c.kill(2);
         let r = upgrader.join().unwrap();
         assert!(
-            matches!(r, Err(crate::EngineError::HolderDead(p, 2)) if p == pid),
+            matches!(r, Err(crate::EngineError::HolderDead { pid: p, holder: 2 }) if p == pid),
             "{r:?}"
         );
         let s = coh1.shard(pid).lock();
@@ -377,12 +377,15 @@ fn an_upgrade_waiting_for_a_dead_sharer_loses_the_page_cleanly() {
     // every later access on node 1 is an error naming node 2, and so is one from the home
     // once node 1's report arrived
     let e = w1.run(|w| w.shared(pid).map(|_| ())).unwrap_err();
-    assert!(matches!(e, crate::EngineError::HolderDead(_, 2)), "{e}");
+    assert!(
+        matches!(e, crate::EngineError::HolderDead { holder: 2, .. }),
+        "{e}"
+    );
     let w0 = c.node(0).worker();
     let t0 = Instant::now();
     loop {
         match w0.run(|w| w.exclusive(pid).map(|_| ())) {
-            Err(crate::EngineError::HolderDead(_, 2)) => break,
+            Err(crate::EngineError::HolderDead { holder: 2, .. }) => break,
             r => assert!(
                 t0.elapsed() < Duration::from_secs(20),
                 "the home still grants the lost page: {r:?}"

@@ -12,6 +12,7 @@
 //! wrong protocol action.
 
 use crate::coherence::protocol::{Grant, Mode, Msg, Node, NodeSet};
+use byteorder::{ByteOrder, LittleEndian};
 use shoal_messaging::{Message, MsgError, BODY_BYTES, PAGE_BYTES};
 
 /// The page of a message travels as the channel's attachment.
@@ -479,8 +480,8 @@ pub fn decode_batch(
     used.chunks_exact(BATCH_ENTRY)
         .enumerate()
         .map(|(i, e)| {
-            let pid = u64::from_le_bytes(e[..8].try_into().expect("8 bytes"));
-            let epoch = u64::from_le_bytes(e[9..].try_into().expect("8 bytes"));
+            let pid = LittleEndian::read_u64(e);
+            let epoch = LittleEndian::read_u64(&e[9..]);
             let m = match (e[8], epoch) {
                 (TAG_EVICT, epoch) => Msg::Evict { epoch, data: None },
                 (TAG_DECLINED, 0) => Msg::EvictReply { accepted: false },

@@ -6,8 +6,8 @@
 #[path = "../../tests/common.rs"]
 mod common;
 
-use shoal_messaging::tcp::{TcpConfig, TcpTransport};
 use shoal_messaging::{Layout, Mailboxes, WaitMode};
+use shoal_messaging::{TcpConfig, TcpTransport};
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::AtomicBool;
@@ -40,14 +40,8 @@ fn run() -> Result<(), String> {
     let me = l.local_addr().map_err(|e| e.to_string())?;
     println!("PEER_ADDR {me}");
     std::io::stdout().flush().map_err(|e| e.to_string())?;
-    let cfg = TcpConfig {
-        node: 1,
-        cluster_id: CLUSTER,
-        addrs: vec![parent, me],
-        connect_timeout: Duration::from_secs(10),
-        secret: Vec::new(),
-        encrypt: false,
-    };
+    let mut cfg = TcpConfig::new(1, CLUSTER, vec![parent, me]);
+    cfg.connect_timeout = Duration::from_secs(10);
     let region = Arc::new(layout.region().map_err(|e| e.to_string())?);
     let t = TcpTransport::start(cfg, l, region).map_err(|e| e.to_string())?;
     let mb = Mailboxes::new(t, layout, WaitMode::Park).map_err(|e| e.to_string())?;

@@ -26,6 +26,7 @@
 //! from an earlier one wherever it lies in the circle.
 
 use crate::allocator::Allocator;
+use byteorder::{ByteOrder, LittleEndian};
 use std::path::{Path, PathBuf};
 
 /// Log file block: flushes start and end on block boundaries.
@@ -39,7 +40,15 @@ pub(crate) const STAMP: u64 = 8;
 /// Stream bytes per sector.
 pub(crate) const SECTOR_DATA: u64 = SECTOR - STAMP;
 /// Stream bytes per 4 KiB block: flushes start and end on multiples of this.
-pub(crate) const SBLOCK: u64 = SECTOR_DATA * (BLOCK / SECTOR);
+pub const SBLOCK: u64 = SECTOR_DATA * (BLOCK / SECTOR);
+
+/// A chunk's header: its LSN (word 0, the ring's "complete" mark) and `len u32 | crc u32`
+/// (word 1); the payload follows, padded to 8 bytes with zeros.
+pub const CHUNK_HEADER: u64 = 16;
+/// A word `PAD` at a chunk boundary means "nothing more in this block".
+pub const PAD: u64 = u64::MAX;
+/// LSNs fit in 48 bits (the engine packs a checkpoint epoch above them).
+pub const MAX_LSN: u64 = (1 << 48) - 1;
 
 pub(crate) const HEADER_MAGIC: u64 = 0x4c41_5720_4c41_4f48; // "HOAL WAL"
 pub(crate) const ALLOC_MAGIC: u64 = 0x434f_4c41_4c41_4f48; // "HOALALOC"
@@ -170,8 +179,8 @@ impl Header {
 
     /// Decode a header block: `None` if it is not an intact header of any format.
     pub fn decode(b: &[u8]) -> Option<Header> {
-        let u64at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
-        let u32at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+        let u64at = |o: usize| LittleEndian::read_u64(&b[o..]);
+        let u32at = |o: usize| LittleEndian::read_u32(&b[o..]);
         let format = u32at(8);
         let crc_at = match format {
             1 => 48,
@@ -230,16 +239,16 @@ pub(crate) fn encode_alloc(a: &Allocator) -> Vec<u8> {
 }
 
 pub(crate) fn decode_alloc(b: &[u8], capacity: u64) -> Option<Allocator> {
-    if b.len() < 24 || u64::from_le_bytes(b[0..8].try_into().ok()?) != ALLOC_MAGIC {
+    if b.len() < 24 || LittleEndian::read_u64(&b[0..]) != ALLOC_MAGIC {
         return None;
     }
-    let next = u64::from_le_bytes(b[8..16].try_into().ok()?);
-    let n = u64::from_le_bytes(b[16..24].try_into().ok()?) as usize;
+    let next = LittleEndian::read_u64(&b[8..]);
+    let n = LittleEndian::read_u64(&b[16..]) as usize;
     if b.len() != 24 + n * 8 {
         return None;
     }
     let free = (0..n)
-        .map(|i| u64::from_le_bytes(b[24 + i * 8..32 + i * 8].try_into().expect("8 bytes")))
+        .map(|i| LittleEndian::read_u64(&b[24 + i * 8..]))
         .collect();
     Some(Allocator::new(next, free, capacity))
 }
@@ -283,7 +292,7 @@ mod tests {
         l.stamp_into(10, 9, &stream, &mut out);
         for i in 0..3usize {
             let sec = &out[i * SECTOR as usize..(i + 1) * SECTOR as usize];
-            let stamp = u64::from_le_bytes(sec[..8].try_into().unwrap());
+            let stamp = LittleEndian::read_u64(sec);
             assert_eq!(l.stamped_by(10 + i as u64, stamp), Some(9));
             assert_eq!(
                 &sec[8..],

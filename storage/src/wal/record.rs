@@ -5,6 +5,7 @@
 //! records to the layer that wrote them.
 
 use crate::page::PAGE_DATA_SIZE;
+use byteorder::{ByteOrder, LittleEndian};
 
 /// Record kinds (the first byte of each record in a chunk's payload).
 pub mod rec {
@@ -126,7 +127,7 @@ pub(crate) fn body_len(kind: u8, rest: &[u8]) -> Result<usize, String> {
             if rest.len() < 12 {
                 return Err("short undo record".into());
             }
-            12 + u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes")) as usize
+            12 + LittleEndian::read_u32(&rest[8..]) as usize
         }
         k => return Err(format!("unknown record kind {k}")),
     };
@@ -167,7 +168,7 @@ pub(crate) fn apply_diff(body: &[u8], page: &mut [u8]) {
 /// The slot and pid at the start of an image or diff body.
 pub(crate) fn slot_pid(body: &[u8]) -> (u64, u64) {
     (
-        u64::from_le_bytes(body[0..8].try_into().expect("8 bytes")),
-        u64::from_le_bytes(body[8..16].try_into().expect("8 bytes")),
+        LittleEndian::read_u64(&body[0..]),
+        LittleEndian::read_u64(&body[8..]),
     )
 }

@@ -20,13 +20,14 @@
 //! flush (docs/durability.md says what that costs).
 
 use super::disk::{
-    alloc_path, decode_alloc, Header, Layout, RedoPoint, BLOCK, FORMAT, HEADER_BYTES, SECTOR,
-    SECTOR_DATA, STAMP,
+    alloc_path, decode_alloc, Header, Layout, RedoPoint, BLOCK, CHUNK_HEADER, FORMAT, HEADER_BYTES,
+    PAD, SBLOCK, SECTOR, SECTOR_DATA, STAMP,
 };
+use super::file::chunk_size;
 use super::record::{pages_named, split_records};
-use super::{pad8, CHUNK_HEADER, PAD, SBLOCK};
 use crate::allocator::Allocator;
 use crate::error::{StoreError, StoreResult};
+use byteorder::{ByteOrder, LittleEndian};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -328,10 +329,7 @@ impl<'a> Stream<'a> {
         let hole = (self.flush_of(k)? != Some(flush as u32)).then_some(k);
         let from = (STAMP + p % SECTOR_DATA) as usize;
         let s = self.sector(k)?;
-        Ok((
-            u64::from_le_bytes(s[from..from + 8].try_into().expect("8 bytes")),
-            hole,
-        ))
+        Ok((LittleEndian::read_u64(&s[from..]), hole))
     }
 }
 
@@ -389,7 +387,7 @@ pub(crate) fn scan(
             };
         }
         let k = at.fpos / SECTOR_DATA;
-        let block_start = at.fpos.is_multiple_of(super::SBLOCK);
+        let block_start = at.fpos.is_multiple_of(SBLOCK);
         // the flush that wrote this place: the current one, or the next if a block begins here
         let f = match s.flush_of(k)? {
             Some(q) if q == at.flush as u32 => at.flush,
@@ -405,7 +403,7 @@ pub(crate) fn scan(
         }
         if w0 == PAD {
             at.flush = f;
-            at.fpos += super::SBLOCK - at.fpos % super::SBLOCK;
+            at.fpos += SBLOCK - at.fpos % SBLOCK;
             continue;
         }
         let damaged = |why: String| Damage {
@@ -426,7 +424,7 @@ pub(crate) fn scan(
             break stop(&mut s, mode, h, at, hk, f, Some(f))?;
         }
         let (len, crc) = (w1 & 0xffff_ffff, (w1 >> 32) as u32);
-        let size = CHUNK_HEADER + pad8(len as usize) as u64;
+        let size = chunk_size(len as usize);
         if at.fpos % cap + size > cap || at.fpos + size > limit {
             break Verdict::Damaged(damaged(format!(
                 "the chunk's length {len} runs past the end of the log's data area"
@@ -643,7 +641,7 @@ fn newest_flush(s: &mut Stream<'_>, from: u64, limit: u64, floor: u64) -> StoreR
 /// `f`), looking at its 8-byte positions; None if none validates.
 fn chunk_in_block(s: &mut Stream<'_>, fpos: u64, f: u64, after: u64) -> StoreResult<Option<u64>> {
     let mut p = fpos;
-    while p < fpos + super::SBLOCK {
+    while p < fpos + SBLOCK {
         if let Some(lsn) = chunk_at(s, p, f, after)? {
             return Ok(Some(lsn));
         }

@@ -488,7 +488,7 @@ struct RunOut {
     /// pages taken in).
     per_node: Vec<(u8, [u64; 7])>,
     /// The first node's log over the measured interval (single nodes with a log).
-    log: shoal_storage::LogCounters,
+    log: shoal_engine::LogCounters,
 }
 
 fn node_counters(e: &Engine) -> [u64; 7] {

@@ -6,6 +6,7 @@
 //! changed in place (`BTree::update`, same length) by writing a field at its offset, and sums of
 //! money are exact, which the consistency checks need.
 
+use byteorder::{ByteOrder, LittleEndian};
 use shoal_btree::{BTree, KeyBuilder, TreeError};
 use shoal_engine::Worker;
 
@@ -34,7 +35,7 @@ impl F {
 
 pub fn get_u32(row: &[u8], f: F) -> u32 {
     debug_assert_eq!(f.len, 4);
-    u32::from_le_bytes(row[f.off..f.off + 4].try_into().expect("4 bytes"))
+    LittleEndian::read_u32(&row[f.off..])
 }
 pub fn set_u32(row: &mut [u8], f: F, v: u32) {
     debug_assert_eq!(f.len, 4);
@@ -42,7 +43,7 @@ pub fn set_u32(row: &mut [u8], f: F, v: u32) {
 }
 pub fn get_i64(row: &[u8], f: F) -> i64 {
     debug_assert_eq!(f.len, 8);
-    i64::from_le_bytes(row[f.off..f.off + 8].try_into().expect("8 bytes"))
+    LittleEndian::read_i64(&row[f.off..])
 }
 pub fn set_i64(row: &mut [u8], f: F, v: i64) {
     debug_assert_eq!(f.len, 8);

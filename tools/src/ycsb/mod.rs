@@ -867,7 +867,7 @@ impl DataSet {
     fn write(&self, dir: &std::path::Path) -> anyhow::Result<()> {
         let p = dir.join(DATA_SET_FILE);
         let text = serde_json::to_string_pretty(self).expect("serialises") + "\n";
-        shoal_storage::fs::write_atomic(&p, text.as_bytes())
+        shoal_storage::write_atomic(&p, text.as_bytes())
             .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
     }
 

@@ -1,12 +1,15 @@
-//! Faults of the files under a store with a log: a damaged log is refused (never read as a
-//! short one), a torn last flush is its end, a log of another store or a missing log is named,
-//! a data file cut short is refused, and an interrupted creation leaves no store or a whole one.
+//! The log with the store under it: a damaged log is refused (never read as a short one), a
+//! torn last flush is its end, a log of another store or a missing log is named, a data file
+//! cut short is refused, an interrupted creation leaves no store or a whole one, and a page
+//! whose write-back was torn by a crash is repaired from the log at open.
 //!
 //! Each test writes page images through the log (one flush per page, so the log holds many
 //! flushes), "crashes" by dropping the store without closing it, changes the files as the
 //! fault would, and opens the store again.
 
-use shoal_storage::wal::put_image;
+use super::logged;
+use shoal_storage::wal::{put_diff, put_image};
+use shoal_storage::WriteRequest;
 use shoal_storage::{
     AlignedPage, PageStore, StoreConfig, StoreError, WalConfig, PAGE_DATA_SIZE, PAGE_SIZE,
 };
@@ -19,7 +22,7 @@ const PAGES: u64 = 120;
 fn config(dir: &Path) -> StoreConfig {
     let dev = dir.join("node0-0.dat");
     let mut c = StoreConfig::new(vec![dev.clone()]);
-    let mut w = WalConfig::new(shoal_storage::store::default_log_path(&dev));
+    let mut w = WalConfig::new(shoal_storage::default_log_path(&dev));
     w.file_bytes = 4 << 20;
     w.ring_bytes = 256 << 10;
     c.wal = Some(w);
@@ -63,8 +66,8 @@ fn crashed_store_with(c: &StoreConfig, before_last: impl FnMut(u64)) -> (Vec<u64
 
 /// As [`crashed_store`], calling `before(i)` just before page `i` is logged.
 fn crashed_store_at(c: &StoreConfig, at: u64, mut before: impl FnMut(u64)) -> (Vec<u64>, Vec<u64>) {
-    let store = PageStore::open(c).unwrap();
-    let w = store.wal().unwrap();
+    let (store, log) = logged(c);
+    let w = log.log();
     let mut slots = Vec::new();
     let mut written = Vec::new();
     let mut buf = Vec::new();
@@ -73,7 +76,7 @@ fn crashed_store_at(c: &StoreConfig, at: u64, mut before: impl FnMut(u64)) -> (V
             before(i);
         }
         let slot = store.allocate().unwrap();
-        let end = w
+        let (_, end) = w
             .append(&mut buf, |_, b| {
                 put_image(b, slot, 1000 + slot, &page_of(i))
             })
@@ -303,7 +306,7 @@ fn a_data_file_cut_short_is_refused() {
     // and on a crashed store whose pages were written back before its last checkpoint
     let dir = tempfile::tempdir().unwrap();
     let c = config(dir.path());
-    let store = PageStore::open(&c).unwrap();
+    let (store, log) = logged(&c);
     let mut pages: Vec<(u64, AlignedPage)> = (0..PAGES)
         .map(|i| {
             let mut p = AlignedPage::new();
@@ -320,8 +323,8 @@ fn a_data_file_cut_short_is_refused() {
         })
         .collect();
     assert!(store.write_batch(&mut reqs).iter().all(|r| r.is_ok()));
-    let cp = store.begin_checkpoint().unwrap().unwrap();
-    store.finish_checkpoint(cp, None).unwrap();
+    let cp = log.begin_checkpoint().unwrap();
+    log.finish_checkpoint(&store, cp, None).unwrap();
     drop(reqs);
     drop(store); // crash
     let need = (2 + PAGES) * PAGE_SIZE as u64;
@@ -339,7 +342,7 @@ fn leftovers_of_an_interrupted_creation_are_replaced_or_finished() {
     // before the commit point: only temporary files; a new store is made over them
     let dir = tempfile::tempdir().unwrap();
     let c = config(dir.path());
-    let tmp = |p: &Path| shoal_storage::fs::with_suffix(p, shoal_storage::store::CREATING);
+    let tmp = |p: &Path| shoal_storage::with_suffix(p, shoal_storage::CREATING);
     std::fs::write(tmp(&c.devices[0]), b"half a superblock").unwrap();
     std::fs::write(tmp(&log_path(&c)), b"").unwrap();
     let store = PageStore::open(&c).unwrap();
@@ -374,4 +377,77 @@ fn a_flush_lost_in_the_middle_of_the_log_is_damage_because_later_flushes_follow(
     let e = refused(&c);
     assert!(matches!(e, StoreError::LogDamaged { .. }), "{e}");
     assert!(e.to_string().contains("further on"), "{e}");
+}
+
+fn read_page(store: &PageStore, slot: u64) -> Result<Vec<u8>, shoal_storage::StoreError> {
+    let mut buf = AlignedPage::new();
+    // SAFETY: `buf` is an exclusively owned aligned page.
+    unsafe { store.read_into(slot, slot, buf.as_mut_ptr())? };
+    Ok(buf[..PAGE_DATA_SIZE].to_vec())
+}
+
+#[test]
+fn a_torn_page_write_is_repaired_from_the_log_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let mut page = vec![0u8; PAGE_DATA_SIZE];
+    let slot;
+    {
+        let (store, log) = logged(&cfg);
+        slot = store.allocate().unwrap();
+        // the page's first change since the checkpoint goes in whole, the next as a diff
+        page.iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = (i % 251) as u8);
+        let w = log.log();
+        let mut buf = Vec::new();
+        w.append(&mut buf, |_, b| put_image(b, slot, slot, &page))
+            .unwrap();
+        page[100..108].copy_from_slice(b"changed!");
+        let (_, end) = w
+            .append(&mut buf, |_, b| {
+                put_diff(b, slot, slot, [(100u16, 8u16)].into_iter(), &page)
+            })
+            .unwrap();
+        w.flush_to(end).unwrap();
+        // the write-back of the new image is torn: only its first half reaches the device
+        let mut img = AlignedPage::new();
+        img[..PAGE_DATA_SIZE].copy_from_slice(&page);
+        store
+            .write_batch(&mut [WriteRequest {
+                slot,
+                pid: slot,
+                page: &mut img,
+            }])
+            .pop()
+            .unwrap()
+            .unwrap();
+        store.sync().unwrap();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("node0-0.dat"))
+            .unwrap();
+        let (dev, off) = store.slot_location(slot);
+        assert_eq!(dev, 0);
+        f.write_all_at(&[0xAA; 2048], off + 2048).unwrap();
+        assert!(
+            read_page(&store, slot).is_err(),
+            "the torn page fails its checksum"
+        );
+        // crash: dropped without close, the store stays unclean
+    }
+    let (store, _log) = logged(&cfg);
+    let r = store.replayed().expect("the store was recovered");
+    assert_eq!(r.pages, 1, "{r:?}");
+    assert!(r.records >= 3, "image, diff and the allocation: {r:?}");
+    assert_eq!(
+        read_page(&store, slot).unwrap(),
+        page,
+        "repaired with the diff applied"
+    );
+    assert!(
+        store.allocate().unwrap() != slot,
+        "the slot stays allocated after recovery"
+    );
+    store.close().unwrap();
 }

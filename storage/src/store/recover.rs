@@ -1,0 +1,197 @@
+//! The store's part of recovery: attaching the log at open, and replaying the page images
+//! and allocations it holds into the slots of a store that was not closed cleanly (the
+//! engine's log continues it and rolls back the transactions it found cut off).
+
+use super::*;
+
+impl PageStore {
+    /// Set up the write-ahead log `cfg.wal` names: recover from it first if the store was not
+    /// closed cleanly (`recover`), continue it if it exists, create it if not. Without a log,
+    /// delete one an earlier run left (it no longer describes the store; the store is clean,
+    /// `load` refuses an unclean one whose log recovery needs).
+    pub(super) fn attach_log(&mut self, cfg: &StoreConfig, recover: bool) -> StoreResult<()> {
+        let Some(wc) = &cfg.wal else {
+            if let Some(p) = cfg.devices.first().map(|d| default_log_path(d)) {
+                remove_log(&p);
+            }
+            return Ok(());
+        };
+        let id = self.sb.get_mut().store_id;
+        if !wc.path.exists() {
+            // a clean store opened with a log for the first time
+            self.log = Some(self.new_log(wc)?);
+            return Ok(());
+        }
+        let (found, file) = wal::read_existing(&wc.path, true)?;
+        if found.older_format().is_none() && found.store_id() != id {
+            return Err(StoreError::ForeignLog {
+                path: wc.path.clone(),
+                found: found.store_id(),
+                expected: id,
+            });
+        }
+        if !recover {
+            // A clean store: its log holds nothing to replay (the last checkpoint of a clean
+            // close is its end); continue after what is there. A log this build does not
+            // read, or a damaged one, is replaced: the store needs nothing from it.
+            let end =
+                match found.older_format() {
+                    Some(f) => Err(format!("it is in the older format {f}")),
+                    None => {
+                        match wal::scan(&wc.path, &file, &found, wal::ScanMode::End, |_, _, _| {
+                            Ok(())
+                        }) {
+                            Ok(sc) => Ok(sc.end),
+                            Err(e @ StoreError::LogDamaged { .. }) => Err(e.to_string()),
+                            Err(e) => return Err(e),
+                        }
+                    }
+                };
+            let alloc = self.alloc.lock().clone();
+            self.log = Some(match end {
+                Ok(end) => LogFile::resume(wc, file, &found, end, &alloc)?,
+                Err(why) => {
+                    log::warn!(
+                        "{}: the store is clean, so its log is replaced by a new one ({why})",
+                        wc.path.display()
+                    );
+                    drop(file);
+                    self.new_log(wc)?
+                }
+            });
+            return Ok(());
+        }
+        let mut alloc = wal::read_alloc(&wc.path, &found, self.sb.get_mut().capacity)?;
+        self.check_lengths(alloc.next_slot())?;
+        let mut images: std::collections::HashMap<u64, (u64, AlignedPage)> =
+            std::collections::HashMap::new();
+        // transactions seen (first LSN -> undo records), in order of their first record
+        let mut txns: std::collections::BTreeMap<u64, Vec<Vec<u8>>> = Default::default();
+        let redo_lsn = found.redo_lsn();
+        let mode = if cfg.discard_damaged_log {
+            wal::ScanMode::DiscardDamage
+        } else {
+            wal::ScanMode::Judge
+        };
+        let scanned = wal::scan(&wc.path, &file, &found, mode, |lsn, kind, body| {
+            // before the redo point (kept for transactions running at the checkpoint) only
+            // transactions' records count: the pages were written back by the checkpoint
+            if lsn < redo_lsn && kind != rec::UNDO && kind != rec::END {
+                return Ok(());
+            }
+            match kind {
+                rec::IMAGE => {
+                    let (slot, pid) = wal_slot_pid(body);
+                    let mut page = AlignedPage::new();
+                    page[..PAGE_DATA_SIZE].copy_from_slice(&body[16..16 + PAGE_DATA_SIZE]);
+                    images.insert(slot, (pid, page));
+                }
+                rec::DIFF => {
+                    let (slot, _) = wal_slot_pid(body);
+                    let Some((_, page)) = images.get_mut(&slot) else {
+                        return Err(StoreError::BadLog {
+                            path: wc.path.clone(),
+                            why: format!(
+                                "the change at LSN {lsn} to slot {slot} has no page image before it since the redo point (the log breaks its own rule)"
+                            ),
+                        });
+                    };
+                    apply_diff(body, &mut page[..PAGE_DATA_SIZE]);
+                }
+                rec::ALLOC => alloc.replay_allocated(LittleEndian::read_u64(body)),
+                rec::FREE => {
+                    let slot = LittleEndian::read_u64(body);
+                    images.remove(&slot);
+                    alloc.replay_freed(slot);
+                }
+                rec::UNDO => {
+                    let txn = LittleEndian::read_u64(body);
+                    // 0: the transaction begins in this chunk, whose LSN is its id
+                    let id = if txn == 0 { lsn } else { txn };
+                    txns.entry(id).or_default().push(body[12..].to_vec());
+                }
+                rec::END => {
+                    txns.remove(&LittleEndian::read_u64(body));
+                }
+                _ => {}
+            }
+            Ok(())
+        })?;
+        let end = scanned.end;
+        let mut replay = scanned.replay;
+        replay.end = Some(scanned.how.clone());
+        if let wal::LogEnd::Discarded { lsn, why } = &scanned.how {
+            log::warn!(
+                "{}: the log is damaged at LSN {lsn}; as asked (discard_damaged_log), recovery \
+                 replays up to it and gives up everything after it: {why}",
+                wc.path.display()
+            );
+        }
+        if let wal::LogEnd::TornTail { lsn, flush } = &scanned.how {
+            log::warn!(
+                "{}: the log's last flush (number {flush}) was cut off by the crash at LSN {lsn}: \
+                 its writes reached the device only in part, so it was never acknowledged; what \
+                 follows LSN {lsn} is not replayed",
+                wc.path.display()
+            );
+        }
+        // write the replayed pages, a batch at a time, then make them durable
+        let mut all: Vec<(u64, (u64, AlignedPage))> = images.into_iter().collect();
+        all.sort_unstable_by_key(|(slot, _)| *slot);
+        replay.pages = all.len() as u64;
+        for batch in all.chunks_mut(64) {
+            let mut reqs: Vec<WriteRequest<'_>> = batch
+                .iter_mut()
+                .map(|(slot, (pid, page))| WriteRequest {
+                    slot: *slot,
+                    pid: *pid,
+                    page,
+                })
+                .collect();
+            for r in self.write_batch(&mut reqs) {
+                r?;
+            }
+        }
+        self.sync()?;
+        *self.alloc.get_mut() = alloc.clone();
+        self.log = Some(LogFile::resume(wc, file, &found, end, &alloc)?);
+        // The engine carries the undo records of the transactions the crash cut off into the
+        // resumed log before anything else (the old part is no longer read) and rolls them
+        // back.
+        self.unfinished = txns
+            .into_iter()
+            .map(|(txn, undo)| Unfinished { txn, undo })
+            .collect();
+        log::warn!(
+            "{} was not shut down cleanly: recovered from its log: {} chunks ({} records, {:.1} MiB) replayed into {} pages in {:.2} s",
+            self.devices[0].path.display(),
+            replay.chunks,
+            replay.records,
+            replay.log_bytes as f64 / (1u64 << 20) as f64,
+            replay.pages,
+            replay.seconds
+        );
+        self.replayed = Some(replay);
+        Ok(())
+    }
+
+    /// Make a new log for this (clean) store: created under a temporary name and renamed
+    /// into place (over an old log, if any), the directory synced.
+    pub(super) fn new_log(&mut self, wc: &crate::wal::WalConfig) -> StoreResult<LogFile> {
+        let id = self.sb.get_mut().store_id;
+        let alloc = self.alloc.lock().clone();
+        for (from, to) in make_log(wc, id, &alloc)? {
+            crate::fs::rename(&from, &to).map_err(|e| io_err(&to, e))?;
+        }
+        crate::fs::sync_parent(&wc.path).map_err(|e| io_err(&wc.path, e))?;
+        let (found, file) = wal::read_existing(&wc.path, true)?;
+        let sc = wal::scan(
+            &wc.path,
+            &file,
+            &found,
+            wal::ScanMode::End,
+            |_, _, _| Ok(()),
+        )?;
+        LogFile::resume(wc, file, &found, sc.end, &alloc)
+    }
+}
