@@ -32,6 +32,8 @@ pub use channel::{ChannelLayout, Channels, Incoming};
 pub use error::MsgError;
 pub use mailbox::{Layout, Mailboxes, Responder, PAGE_BYTES};
 pub use message::{Echo, Envelope, Message, BODY_BYTES, MSG_BYTES};
+#[cfg(feature = "rdma")]
+pub use rdma::{device_names, RdmaConfig, RdmaTransport};
 pub use region::{Region, Service};
 pub use tcp::{dial_handshake, free_loopback_addrs, TcpConfig, TcpTransport};
 pub use transport::{mem_cluster, MemTransport, Transport};

@@ -1,0 +1,249 @@
+//! Point reads: the optimistic descent to a leaf, single and batched lookups (several keys
+//! descending together, their cache misses overlapping).
+
+use super::*;
+
+/// One key of a batched lookup.
+pub(super) struct Lane<'w> {
+    /// The node the key is at; `None`: a validation failed, look the key up again alone.
+    node: Option<OptimisticGuard<'w>>,
+    /// While descending: the child to go to next (`NO_PAGE`: none this round).
+    child: Pid,
+    /// At the leaf: the key's slot, if it exists.
+    slot: Option<usize>,
+}
+
+/// Latch `child`, just read from `parent`, optimistically, and check that `parent` still
+/// points at it. A merge may have freed `child` since `parent` was read, and loading a freed
+/// page can fail (its slot holds an old image or nothing): such a failure is a restart when
+/// `parent` changed meanwhile, and the error it is when not.
+// Always inlined: it is every level of every lookup (out of line, sequential runs of the btree
+// bench were slower; inlined, side-by-side runs match the build before it existed).
+#[inline(always)]
+pub(super) fn descend<'w>(
+    w: &'w Worker,
+    parent: &OptimisticGuard<'w>,
+    child: Pid,
+) -> OpResult<OptimisticGuard<'w>> {
+    parent.validate()?; // `child` is a real pid
+    let g = match w.optimistic(child) {
+        Err(Restart::Fail(e)) => {
+            parent.validate()?;
+            return Err(Restart::Fail(e));
+        }
+        r => r?,
+    };
+    parent.validate()?; // and still the child for the key
+    Ok(g)
+}
+
+impl BTree {
+    /// Optimistic descent to the leaf whose range holds `key`.
+    pub(super) fn find_leaf<'w>(&self, w: &'w Worker, key: &[u8]) -> OpResult<OptimisticGuard<'w>> {
+        let mut g = w.optimistic(self.root)?;
+        loop {
+            let p = g.page();
+            match node::kind(p) {
+                KIND_LEAF => return Ok(g),
+                KIND_INNER => {
+                    let (i, _) = node::lower_bound(p, key);
+                    let c = Pid(node::child(p, i));
+                    w.prefetch(c);
+                    if node::level(p) == 1 {
+                        value_hint::prefetch(w, self.root, p, i, key, c);
+                    }
+                    g = descend(w, &g, c)?;
+                }
+                _ => {
+                    g.validate()?;
+                    return Err(not_a_node(g.pid()));
+                }
+            }
+        }
+    }
+
+    /// Copy the value of `key` into `out`. Returns whether the key exists.
+    pub fn lookup(
+        &self,
+        w: &Worker,
+        key: impl AsRef<[u8]>,
+        out: &mut Vec<u8>,
+    ) -> Result<bool, TreeError> {
+        self.lookup_into(w, key.as_ref(), out)
+    }
+
+    pub(super) fn lookup_into(
+        &self,
+        w: &Worker,
+        key: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<bool, TreeError> {
+        Ok(w.run(|w| {
+            let g = self.find_leaf(w, key)?;
+            let p = g.page();
+            let (i, found) = node::lower_bound(p, key);
+            let mut big = false;
+            if found {
+                value_hint::learn(self.root, p, i);
+                node::value_into(p, i, out);
+                big = node::val_flags(p, i) & FLAG_OVERFLOW != 0;
+            }
+            g.validate()?;
+            if big {
+                let r = ValueRef::decode(out).ok_or_else(|| bad_reference(g.pid()))?;
+                let read = overflow::read(w, r, out);
+                // the chain is only trustworthy while the leaf still points at it
+                g.validate()?;
+                read?;
+            }
+            Ok(found)
+        })?)
+    }
+
+    /// Look up many keys at once: calls `each(i, value)` for every `keys[i]`, in order of `i`,
+    /// with `None` for keys that are absent. Same results as calling [`BTree::lookup`] for each
+    /// key, but faster for large batches (a multi-get).
+    ///
+    /// A single lookup is a chain of cache misses (each node's address is known only once its
+    /// parent is searched), so it waits for memory once per level. Here groups of
+    /// [`LOOKUP_GROUP`] keys walk down together, level by level: search every key's node, then
+    /// start loading every key's child, then latch them, so the misses of a group overlap and
+    /// the group waits about once per level instead of once per level and key. A key whose
+    /// walk sees a concurrent change (failed validation) is looked up again alone.
+    ///
+    /// Values are copied and validated before `each` sees them, as in `lookup`.
+    pub fn lookup_many<K: AsRef<[u8]>>(
+        &self,
+        w: &Worker,
+        keys: &[K],
+        mut each: impl FnMut(usize, Option<&[u8]>),
+    ) -> Result<(), TreeError> {
+        let width = keys.len().min(LOOKUP_GROUP);
+        let mut lanes: Vec<Lane<'_>> = Vec::with_capacity(width);
+        let mut bufs: Vec<Vec<u8>> = (0..width).map(|_| Vec::new()).collect();
+        for (g, group) in keys.chunks(LOOKUP_GROUP).enumerate() {
+            let root = match w.optimistic(self.root) {
+                Ok(r) => Some(r),
+                Err(Restart::Retry) => None,
+                Err(Restart::Fail(e)) => return Err(e.into()),
+            };
+            lanes.clear();
+            lanes.extend(group.iter().map(|_| Lane {
+                node: root.clone(),
+                child: Pid(NO_PAGE),
+                slot: None,
+            }));
+            self.walk_group(w, group, &mut lanes, &mut bufs)?;
+            for (j, lane) in lanes.iter().enumerate() {
+                let found = match lane.node {
+                    Some(_) => lane.slot.is_some(),
+                    None => self.lookup(w, group[j].as_ref(), &mut bufs[j])?,
+                };
+                each(g * LOOKUP_GROUP + j, found.then_some(&bufs[j][..]));
+            }
+        }
+        Ok(())
+    }
+
+    /// Walk a group of keys down to their leaves and copy their values (see `lookup_many`).
+    /// Lanes whose walk fails validation end with `node == None`.
+    pub(super) fn walk_group<'w, K: AsRef<[u8]>>(
+        &self,
+        w: &'w Worker,
+        keys: &[K],
+        lanes: &mut [Lane<'w>],
+        bufs: &mut [Vec<u8>],
+    ) -> Result<(), TreeError> {
+        // Every round takes each lane that is at an inner node one level down (a lane at a leaf
+        // waits for the others), so the rounds end: the tree's height bounds them.
+        let mut missing = Vec::new();
+        loop {
+            let mut descending = false;
+            // Search every inner node; start loading the children's translation entries.
+            for (lane, key) in lanes.iter_mut().zip(keys) {
+                lane.child = Pid(NO_PAGE);
+                let Some(g) = &lane.node else { continue };
+                let p = g.page();
+                match node::kind(p) {
+                    KIND_LEAF => {}
+                    KIND_INNER => {
+                        let (i, _) = node::lower_bound(p, key.as_ref());
+                        lane.child = Pid(node::child(p, i));
+                        w.prefetch(lane.child);
+                        descending = true;
+                    }
+                    // Not a node (a changing page, or corruption): the lookup alone finds
+                    // out which, and reports corruption.
+                    _ => lane.node = None,
+                }
+            }
+            if !descending {
+                break;
+            }
+            // The entries are on their way: start loading the children's frames and headers.
+            // Children not in memory are read from the store together, not one by one.
+            missing.clear();
+            for lane in lanes.iter_mut().filter(|l| l.child != Pid(NO_PAGE)) {
+                if !w.prefetch_frame(lane.child) {
+                    match &lane.node {
+                        // validated: `child` is a real page
+                        Some(parent) if parent.is_valid() => missing.push(lane.child),
+                        _ => lane.node = None,
+                    }
+                }
+            }
+            if missing.len() > 1 {
+                // Only a head start: a page that fails to load here (say one a merge freed
+                // after its parent was read) is loaded again below, where the error counts
+                // only if the parent still points at the page.
+                let _ = w.load_many(&missing);
+            }
+            // Latch the children (checking that each parent still points at its child), start
+            // loading their slot arrays.
+            for lane in lanes.iter_mut().filter(|l| l.child != Pid(NO_PAGE)) {
+                let Some(parent) = &lane.node else { continue };
+                let next = descend(w, parent, lane.child);
+                if let Ok(g) = &next {
+                    node::prefetch_slots(g.page());
+                }
+                lane.node = match next {
+                    Ok(g) => Some(g),
+                    Err(Restart::Retry) => None,
+                    Err(Restart::Fail(e)) => return Err(e.into()),
+                };
+            }
+        }
+        // At the leaves: search, start loading the values, then copy them.
+        for (lane, key) in lanes.iter_mut().zip(keys) {
+            if let Some(g) = &lane.node {
+                let p = g.page();
+                let (i, found) = node::lower_bound(p, key.as_ref());
+                if found {
+                    lane.slot = Some(i);
+                    node::prefetch_value(p, i);
+                }
+            }
+        }
+        for (lane, buf) in lanes.iter_mut().zip(bufs) {
+            if let Some(g) = &lane.node {
+                if let Some(i) = lane.slot {
+                    node::value_into(g.page(), i, buf);
+                    if node::val_flags(g.page(), i) & FLAG_OVERFLOW != 0 {
+                        lane.node = None; // an overflow value: a lookup of its own reads it
+                        continue;
+                    }
+                }
+                if !g.is_valid() {
+                    lane.node = None;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The value of `key`, if present.
+    pub fn get(&self, w: &Worker, key: impl AsRef<[u8]>) -> Result<Option<Vec<u8>>, TreeError> {
+        let mut v = Vec::new();
+        Ok(self.lookup_into(w, key.as_ref(), &mut v)?.then_some(v))
+    }
+}

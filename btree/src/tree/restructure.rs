@@ -1,0 +1,443 @@
+//! Splits and merges: a full node splits top-down (its parent first), an underfull one merges
+//! with a neighbour under the same parent; the root never moves.
+
+use super::*;
+
+/// How to divide a full node. Leaves: left keeps `entries[..m]` and `sep` (left's upper fence)
+/// separates the halves. Inner nodes: left keeps `entries[..m - 1]`, `entries[m - 1]`'s key
+/// (= `sep`) moves up and its child becomes left's upper child; right keeps `entries[m..]`.
+pub(super) struct Cut {
+    m: usize,
+    sep: Vec<u8>,
+}
+
+/// Split `entries` of a node of `kind` into (left, separator, right, left's upper child), at
+/// `cut` or else in the middle (by bytes).
+pub(super) fn halves<'e, 'a>(
+    kind: u8,
+    entries: &'e [Entry<'a>],
+    cut: Option<Cut>,
+) -> (&'e [Entry<'a>], Vec<u8>, &'e [Entry<'a>], u64) {
+    let n = entries.len();
+    assert!(n >= 2, "splitting a node with {n} entries");
+    let (m, sep) = match cut {
+        Some(Cut { m, sep }) => (m, sep),
+        None => {
+            // split by bytes, so nodes with mixed record sizes divide their space evenly
+            let total: usize = entries
+                .iter()
+                .map(|(k, v, _)| k.len() + v.len() + node::SLOT)
+                .sum();
+            let mut acc = 0;
+            let mut m = 1;
+            for (i, (k, v, _)) in entries.iter().enumerate() {
+                acc += k.len() + v.len() + node::SLOT;
+                if acc * 2 >= total {
+                    m = (i + 1).clamp(1, n - 1);
+                    break;
+                }
+            }
+            (m, entries[m - 1].0.to_vec())
+        }
+    };
+    assert!((1..n).contains(&m), "cut {m} of {n} entries");
+    if kind == KIND_LEAF {
+        (&entries[..m], sep, &entries[m..], NO_PAGE)
+    } else {
+        let v = entries[m - 1].1;
+        let child = LittleEndian::read_u64(v);
+        (&entries[..m - 1], sep, &entries[m..], child)
+    }
+}
+
+/// Sequential-insert detection. If the insert of `key` that needs the split goes right after
+/// one of the node's two previous inserts, the workload fills the key space in order (one
+/// ascending run, or several side by side, as parallel loaders of adjacent ranges do: two of
+/// them alternating in one node each continue their own previous insert); for an inner node the
+/// "insert" is the separator that `key`'s child will post when it splits. Then:
+///
+/// - past the last entry: left keeps all but the last entry (the run continues on the right);
+/// - before existing entries: cut at the insertion point (leaves: with a separator just below
+///   the first entry on the right), so the run keeps going left and never touches the right
+///   node again.
+///
+/// Either way nodes are left full instead of half full: without it an ascending load leaves
+/// every inner node half full, and a tree of 200,000 records one level taller than it needs.
+/// Otherwise: `None` (split in the middle).
+pub(super) fn sequential_cut(
+    kind: u8,
+    entries: &[Entry<'_>],
+    last: [usize; 2],
+    key: &[u8],
+) -> Option<Cut> {
+    let n = entries.len();
+    let pos = entries.partition_point(|&(k, _, _)| k < key);
+    if pos == 0 || !last.iter().any(|&l| pos == l + 1) {
+        return None;
+    }
+    if kind == KIND_INNER {
+        // keep at least one separator in each half
+        return match pos {
+            _ if n < 4 => None,
+            p if p >= n => Some(Cut {
+                m: n - 1,
+                sep: entries[n - 2].0.to_vec(),
+            }),
+            p if p + 1 < n => Some(Cut {
+                m: p + 1,
+                sep: entries[p].0.to_vec(),
+            }),
+            _ => None,
+        };
+    }
+    if pos >= n {
+        return Some(Cut {
+            m: n - 1,
+            sep: entries[n - 2].0.to_vec(),
+        });
+    }
+    let next = entries[pos].0;
+    let sep = below(next).filter(|s| s.as_slice() >= key)?;
+    Some(Cut { m: pos, sep })
+}
+
+/// A short key `s` with `s < b`, as close below `b` as a few extra bytes allow (or `None`).
+pub(super) fn below(b: &[u8]) -> Option<Vec<u8>> {
+    let (last, head) = b.split_last()?;
+    let mut s = head.to_vec();
+    if *last > 0 {
+        s.push(last - 1);
+        s.extend_from_slice(&[0xFF; 8]);
+    }
+    (s.len() <= MAX_KEY && s.as_slice() < b).then_some(s)
+}
+
+pub(super) fn fill(n: &mut NodeMut<'_>, entries: &[Entry<'_>]) {
+    for &(k, v, f) in entries {
+        let c = n.count();
+        n.insert_flagged(c, k, v, f);
+    }
+}
+
+/// Move the entries of `rx` into its left neighbour `lx` (children `j` and `j + 1` of `px`;
+/// all three exclusively latched; the caller checked that the result fits) and unlink `rx`:
+/// `lx` takes over its upper fence, right link and (inner nodes) upper child, and `px` loses
+/// the separator between them. The caller frees `rx`.
+pub(super) fn merge_into_left(
+    px: &mut ExclusiveGuard<'_>,
+    j: usize,
+    lx: &mut ExclusiveGuard<'_>,
+    rx: &mut ExclusiveGuard<'_>,
+) {
+    let (lpid, rpid) = (lx.pid().raw(), rx.pid().raw());
+    let sep = px.modify(|b| {
+        let mut n = NodeMut::new(b);
+        assert!(
+            n.child(j) == lpid && n.child(j + 1) == rpid,
+            "parent does not point at the merged nodes"
+        );
+        let sep = n.key(j).to_vec();
+        n.remove_at(j);
+        n.set_child(j, lpid); // the slot that pointed at the right node
+        sep
+    });
+    let r = NodeRef::of(rx.data());
+    // Append in place: left keeps its records (compacted only if its heap runs out).
+    lx.modify(|b| {
+        let mut n = NodeMut::new(b);
+        n.set_upper_fence(r.fences().1.as_deref());
+        if n.kind() == KIND_INNER {
+            // left's upper child holds the keys up to the separator: it becomes an entry
+            let c = n.count();
+            let child = n.upper_child().to_le_bytes();
+            n.insert_at(c, &sep, &child);
+        }
+        for i in 0..r.count() {
+            let c = n.count();
+            n.insert_flagged(c, r.key(i), r.value(i), r.flags(i));
+        }
+        n.set_right(r.right());
+        n.set_upper_child(r.upper_child());
+    });
+}
+
+/// A copy of an exclusively latched page's data area.
+pub(super) fn page_copy(g: &ExclusiveGuard<'_>) -> [u8; PAGE_DATA_SIZE] {
+    g.data()
+        .try_into()
+        .expect("a page's data area is PAGE_DATA_SIZE bytes")
+}
+
+/// Split non-root node `x` (child of `px`, both exclusively latched) into itself and a new
+/// right sibling, and post the separator to the parent.
+pub(super) fn split_child(
+    w: &Worker,
+    px: &mut ExclusiveGuard<'_>,
+    x: &mut ExclusiveGuard<'_>,
+    key: &[u8],
+) -> OpResult<()> {
+    // the entries are read from a copy: `x` is rewritten while they are used
+    let orig: [u8; PAGE_DATA_SIZE] = page_copy(x);
+    let n = NodeRef::new(&orig);
+    let (kind, level, entries, upper) = (n.kind(), n.level(), n.entries(), n.upper_child());
+    let (right, (lower_fence, upper_fence), last) = (n.right(), n.fences(), n.last_inserts());
+    let (left, sep, rest, left_upper) =
+        halves(kind, &entries, sequential_cut(kind, &entries, last, key));
+    let mut rg = w.allocate()?;
+    let rpid = rg.pid();
+    rg.modify(|b| {
+        let mut n = NodeMut::new(b);
+        n.init(kind, level, Some(&sep), upper_fence.as_deref());
+        fill(&mut n, rest);
+        n.set_right(right);
+        n.set_upper_child(upper);
+    });
+    let xpid = x.pid();
+    x.modify(|b| {
+        let mut n = NodeMut::new(b);
+        n.init(kind, level, lower_fence.as_deref(), Some(&sep));
+        fill(&mut n, left);
+        n.set_right(rpid.raw());
+        n.set_upper_child(left_upper);
+    });
+    px.modify(|b| {
+        let mut n = NodeMut::new(b);
+        let (j, _) = n.lower_bound(&sep);
+        assert_eq!(
+            n.child(j),
+            xpid.raw(),
+            "parent does not point at the split node"
+        );
+        n.set_child(j, rpid.raw());
+        n.insert_at(j, &sep, &xpid.raw().to_le_bytes());
+    });
+    Ok(())
+}
+
+impl BTree {
+    /// `target`, a node on `key`'s path, became underfull: merge it with a neighbour under the
+    /// same parent (the right one, else the left one) if the two fit in one page, then the
+    /// parent if that became underfull, and so on up; a root left with a single child takes
+    /// over that child's contents (the tree gets one level lower). Best effort: a merge that
+    /// does not fit is skipped, and the remove that asked for it is done either way, so an
+    /// error here is logged, not returned (the tree stays valid, only less compact). Only
+    /// `remove` calls it. (Pages merged away are freed on a single node and recycled on a
+    /// cluster node: `ExclusiveGuard::free`.)
+    pub(super) fn merge_underfull(&self, w: &Worker, key: &[u8], mut target: Pid) {
+        loop {
+            match w.run(|w| self.try_merge(w, key, target)) {
+                Ok(Some(next)) => target = next,
+                Ok(None) => return,
+                Err(e) => return merge_failed(target, &e),
+            }
+        }
+    }
+
+    /// One step of `merge_underfull` for `target`. Returns the node to look at next: the
+    /// parent, if the merge left it underfull (or, for the root, with a single child).
+    pub(super) fn try_merge(&self, w: &Worker, key: &[u8], target: Pid) -> OpResult<Option<Pid>> {
+        match self.path_to(w, key, Some(target))? {
+            Some((parent, g)) => self.merge_with_neighbour(w, key, parent, g),
+            None => Ok(None), // merged or split away meanwhile
+        }
+    }
+
+    /// `try_merge` for node `g` on `key`'s path, reached through `parent` (`None`: the root).
+    pub(super) fn merge_with_neighbour<'w>(
+        &self,
+        w: &'w Worker,
+        key: &[u8],
+        parent: Option<OptimisticGuard<'w>>,
+        g: OptimisticGuard<'w>,
+    ) -> OpResult<Option<Pid>> {
+        let Some(parent) = parent else {
+            self.shrink_root(w, g)?;
+            return Ok(None);
+        };
+        let underfull = node::is_underfull(g.page());
+        g.validate()?;
+        if !underfull {
+            return Ok(None); // refilled meanwhile
+        }
+        let pp = parent.page();
+        let (i, _) = node::lower_bound(pp, key); // `target` is child i
+        let n = node::count(pp);
+        // Separator j lies between children j and j + 1: try the right neighbour (j = i),
+        // then the left one (j = i - 1).
+        for j in [Some(i), i.checked_sub(1)].into_iter().flatten() {
+            if j >= n {
+                continue;
+            }
+            let (lpid, rpid) = (Pid(node::child(pp, j)), Pid(node::child(pp, j + 1)));
+            let sep_len = node::key_len(pp, j);
+            let left = descend(w, &parent, lpid)?;
+            let right = descend(w, &parent, rpid)?;
+            let (lp, rp) = (left.page(), right.page());
+            let kind = node::kind(lp);
+            let fits = node::kind(rp) == kind
+                && node::merged_size(kind, lp, rp, sep_len) <= PAGE_DATA_SIZE;
+            left.validate()?;
+            right.validate()?;
+            if !fits {
+                continue;
+            }
+            // Top-down, left to right, like splits and scans: no waiting in a cycle.
+            let mut px = parent.to_exclusive()?;
+            let mut lx = left.to_exclusive()?;
+            let mut rx = right.to_exclusive()?;
+            merge_into_left(&mut px, j, &mut lx, &mut rx);
+            if let Err(e) = rx.free() {
+                // The merge is done (the tree no longer reaches the page): only its slot is
+                // not reused. Carry on with the parent.
+                log::warn!("B-tree page {rpid} was merged away but could not be freed: {e}");
+            }
+            let pp = px.page();
+            let next = if px.pid() == self.root {
+                node::count(pp) == 0
+            } else {
+                node::is_underfull(pp)
+            };
+            return Ok(next.then_some(px.pid()));
+        }
+        Ok(None)
+    }
+
+    /// The root (which never moves) has a single child and no separators: copy the child's
+    /// contents into it and free the child.
+    pub(super) fn shrink_root(&self, w: &Worker, root: OptimisticGuard<'_>) -> OpResult<()> {
+        let p = root.page();
+        let single = node::kind(p) == KIND_INNER && node::count(p) == 0;
+        let only = Pid(node::child(p, 0));
+        root.validate()?;
+        if !single {
+            return Ok(());
+        }
+        let child = descend(w, &root, only)?;
+        let mut rx = root.to_exclusive()?;
+        let cx = child.to_exclusive()?;
+        // The only child spans every key: no fences, no right sibling.
+        debug_assert!(node::fence(cx.page(), false).is_none() && node::right(cx.page()) == NO_PAGE);
+        let image = cx.data().to_vec();
+        rx.modify(|b| b.copy_from_slice(&image));
+        cx.free().map_err(Restart::Fail)
+    }
+
+    /// Split the node `target` on `key`'s path unless it already has `need` free bytes.
+    pub(super) fn try_split(
+        &self,
+        w: &Worker,
+        key: &[u8],
+        target: Pid,
+        need: usize,
+    ) -> OpResult<()> {
+        let Some((parent, g)) = self.path_to(w, key, Some(target))? else {
+            return Ok(()); // target is no longer on the path: it was split already
+        };
+        let mut px = match parent {
+            Some(pg) => Some(pg.to_exclusive()?),
+            None => None,
+        };
+        let mut x = g.to_exclusive()?;
+        if node::free_space(x.page()) >= need {
+            return Ok(()); // someone split it meanwhile
+        }
+        match px.as_mut() {
+            None => self.split_root(w, &mut x, key),
+            Some(pxg) => {
+                let sep_need = node::entry_space(MAX_KEY, 8);
+                if node::free_space(pxg.page()) < sep_need {
+                    let ppid = pxg.pid();
+                    drop(x);
+                    drop(px);
+                    self.try_split(w, key, ppid, sep_need)?;
+                    return Err(Restart::Retry);
+                }
+                split_child(w, pxg, &mut x, key)
+            }
+        }
+    }
+
+    /// Descend along `key`'s path to the node `target` (`None`: to the leaf). Returns it with
+    /// its parent (`None` for the root), or `None` if `target` is not on the path (any more).
+    /// Kept apart from `find_leaf` so that lookups do not carry the parent along.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn path_to<'w>(
+        &self,
+        w: &'w Worker,
+        key: &[u8],
+        target: Option<Pid>,
+    ) -> OpResult<Option<(Option<OptimisticGuard<'w>>, OptimisticGuard<'w>)>> {
+        let mut parent = None;
+        let mut g = w.optimistic(self.root)?;
+        while Some(g.pid()) != target {
+            let p = g.page();
+            match node::kind(p) {
+                KIND_INNER => {}
+                KIND_LEAF if target.is_none() => break,
+                _ => {
+                    g.validate()?;
+                    return match target {
+                        None => Err(not_a_node(g.pid())),
+                        Some(_) => Ok(None), // a leaf (or not a node) before `target`
+                    };
+                }
+            }
+            let (i, _) = node::lower_bound(p, key);
+            let child = descend(w, &g, Pid(node::child(p, i)))?;
+            parent = Some(g);
+            g = child;
+        }
+        Ok(Some((parent, g)))
+    }
+
+    pub(super) fn split_root(
+        &self,
+        w: &Worker,
+        root: &mut ExclusiveGuard<'_>,
+        key: &[u8],
+    ) -> OpResult<()> {
+        // the entries are read from a copy: the root is rewritten while they are used
+        let orig: [u8; PAGE_DATA_SIZE] = page_copy(root);
+        let n = NodeRef::new(&orig);
+        let (kind, level, entries, upper, last) = (
+            n.kind(),
+            n.level(),
+            n.entries(),
+            n.upper_child(),
+            n.last_inserts(),
+        );
+        let mut lg = w.allocate()?;
+        let mut rg = match w.allocate() {
+            Ok(g) => g,
+            Err(e) => {
+                // (a full device, say): give the unused left page back
+                let _ = lg.free();
+                return Err(e.into());
+            }
+        };
+        let (left, sep, right, left_upper) =
+            halves(kind, &entries, sequential_cut(kind, &entries, last, key));
+        let (lpid, rpid) = (lg.pid(), rg.pid());
+        lg.modify(|b| {
+            let mut n = NodeMut::new(b);
+            n.init(kind, level, None, Some(&sep));
+            fill(&mut n, left);
+            n.set_right(rpid.raw());
+            n.set_upper_child(left_upper);
+        });
+        rg.modify(|b| {
+            let mut n = NodeMut::new(b);
+            n.init(kind, level, Some(&sep), None);
+            fill(&mut n, right);
+            n.set_right(NO_PAGE);
+            n.set_upper_child(upper);
+        });
+        root.modify(|b| {
+            let mut n = NodeMut::new(b);
+            n.init(KIND_INNER, level + 1, None, None);
+            n.insert_at(0, &sep, &lpid.raw().to_le_bytes());
+            n.set_upper_child(rpid.raw());
+        });
+        Ok(())
+    }
+}

@@ -1,0 +1,311 @@
+//! The handshake of a tcp connection: hellos naming cluster and nodes, fresh nonces, and
+//! HMAC-SHA256 proofs that both ends know the cluster secret; the checks of each side.
+
+use super::*;
+
+pub(super) fn hello(magic: [u8; 4], cluster_id: u64, from: u8, to: u8) -> [u8; HELLO] {
+    let mut b = [0u8; HELLO];
+    b[0..4].copy_from_slice(&magic);
+    b[4..6].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    b[6] = from;
+    b[7] = to;
+    b[8..16].copy_from_slice(&cluster_id.to_le_bytes());
+    b
+}
+
+/// One side's proof for a handshake: HMAC-SHA256 under the cluster secret of the role and both
+/// sides' hellos and nonces.
+pub(super) fn proof(
+    secret: &[u8],
+    role: &[u8],
+    dialer: (&[u8; HELLO], &[u8; NONCE]),
+    acceptor: (&[u8; HELLO], &[u8; NONCE]),
+) -> hmac::Hmac<sha2::Sha256> {
+    use hmac::Mac;
+    let mut m = <hmac::Hmac<sha2::Sha256> as Mac>::new_from_slice(secret)
+        .expect("HMAC takes keys of any length");
+    m.update(role);
+    m.update(dialer.0);
+    m.update(dialer.1);
+    m.update(acceptor.0);
+    m.update(acceptor.1);
+    m
+}
+
+pub(super) const ACCEPTOR: &[u8] = b"shoal tcp acceptor";
+
+pub(super) fn transcript(
+    dialer: (&[u8; HELLO], &[u8; NONCE]),
+    acceptor: (&[u8; HELLO], &[u8; NONCE]),
+) -> Transcript {
+    Transcript([&dialer.0[..], dialer.1, acceptor.0, acceptor.1].concat())
+}
+
+/// A fresh handshake nonce from the operating system's random source.
+pub(super) fn nonce() -> Result<[u8; NONCE], String> {
+    use rand::{RngCore, SeedableRng};
+    let mut rng = rand::rngs::StdRng::try_from_os_rng()
+        .map_err(|e| format!("no random nonce for the handshake: {e}"))?;
+    let mut b = [0u8; NONCE];
+    rng.fill_bytes(&mut b);
+    Ok(b)
+}
+
+pub(super) const DIALER: &[u8] = b"shoal tcp dialer";
+
+pub(super) fn make_proof(
+    secret: &[u8],
+    role: &[u8],
+    dialer: (&[u8; HELLO], &[u8; NONCE]),
+    acceptor: (&[u8; HELLO], &[u8; NONCE]),
+) -> [u8; PROOF] {
+    use hmac::Mac;
+    proof(secret, role, dialer, acceptor)
+        .finalize()
+        .into_bytes()
+        .into()
+}
+
+/// Whether `got` is the proof for these hellos and nonces (compared in constant time).
+pub(super) fn proof_ok(
+    secret: &[u8],
+    role: &[u8],
+    dialer: (&[u8; HELLO], &[u8; NONCE]),
+    acceptor: (&[u8; HELLO], &[u8; NONCE]),
+    got: &[u8],
+) -> bool {
+    use hmac::Mac;
+    proof(secret, role, dialer, acceptor)
+        .verify_slice(got)
+        .is_ok()
+}
+
+/// The dialing side of a handshake on a connected stream: hello and nonce out; the acceptor's
+/// hello, nonce and proof back (checked); our proof out; the acceptor's one-byte welcome back.
+/// Public for tests and tools that must speak the wire protocol as a node would.
+pub fn dial_handshake(
+    s: &mut TcpStream,
+    cluster_id: u64,
+    me: u8,
+    peer: u8,
+    nodes: u8,
+    secret: &[u8],
+) -> Result<(), String> {
+    handshake_dial(s, MAGIC, cluster_id, me, peer, nodes, secret).map(|_| ())
+}
+
+pub(super) fn handshake_dial(
+    s: &mut TcpStream,
+    magic: [u8; 4],
+    cluster: u64,
+    me: u8,
+    peer: u8,
+    nodes: u8,
+    secret: &[u8],
+) -> Result<Transcript, String> {
+    let hd = hello(magic, cluster, me, peer);
+    let nd = nonce()?;
+    let mut out = [0u8; HELLO + NONCE];
+    out[..HELLO].copy_from_slice(&hd);
+    out[HELLO..].copy_from_slice(&nd);
+    s.write_all(&out).map_err(|e| e.to_string())?;
+    let closed = |e: std::io::Error, what: &str| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof
+        | std::io::ErrorKind::ConnectionReset
+        | std::io::ErrorKind::BrokenPipe => format!(
+            "node {peer} closed the connection {what}: it refused this node (another cluster \
+             id, secret or encryption setting, a node {me} it already has, or not a shoal node \
+             at that address; see its log)"
+        ),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            format!("node {peer} accepted the connection but never answered")
+        }
+        _ => format!("no handshake reply from node {peer}: {e}"),
+    };
+    let mut back = [0u8; HELLO + NONCE + PROOF];
+    s.read_exact(&mut back)
+        .map_err(|e| closed(e, "instead of answering"))?;
+    let ha: [u8; HELLO] = back[..HELLO].try_into().expect("hello bytes");
+    let na: [u8; NONCE] = back[HELLO..HELLO + NONCE].try_into().expect("nonce bytes");
+    let from = check_hello(&ha, magic, cluster, me, nodes)?;
+    if from != peer {
+        return Err(format!("expected node {peer}, node {from} answered"));
+    }
+    if !proof_ok(
+        secret,
+        ACCEPTOR,
+        (&hd, &nd),
+        (&ha, &na),
+        &back[HELLO + NONCE..],
+    ) {
+        return Err(format!(
+            "node {peer} could not prove it knows the cluster secret (bad credentials: the \
+             secrets differ, or another process answers at its address)"
+        ));
+    }
+    s.write_all(&make_proof(secret, DIALER, (&hd, &nd), (&ha, &na)))
+        .map_err(|e| e.to_string())?;
+    let mut welcome = [0u8; 1];
+    s.read_exact(&mut welcome)
+        .map_err(|e| closed(e, "after this node's proof"))?;
+    Ok(transcript((&hd, &nd), (&ha, &na)))
+}
+
+/// Check a peer's hello; returns the sender node.
+pub(super) fn check_hello(
+    b: &[u8; HELLO],
+    magic: [u8; 4],
+    cluster_id: u64,
+    me: u8,
+    nodes: u8,
+) -> Result<u8, String> {
+    if b[0..4] != magic {
+        let sealed = |m: &[u8]| m == SEALED_MAGIC;
+        if [MAGIC, SEALED_MAGIC].iter().any(|m| b[0..4] == m[..])
+            && [MAGIC, SEALED_MAGIC].contains(&magic)
+        {
+            return Err(format!(
+                "the peer {} its frames and this node {}: set `encrypt` the same in every \
+                 node's cluster file",
+                if sealed(&b[0..4]) {
+                    "encrypts"
+                } else {
+                    "does not encrypt"
+                },
+                if sealed(&magic) { "does" } else { "does not" }
+            ));
+        }
+        return Err(format!(
+            "not a Shoal peer of this transport (magic {:?}, expected {:?})",
+            String::from_utf8_lossy(&b[0..4]),
+            String::from_utf8_lossy(&magic)
+        ));
+    }
+    let v = u16::from_le_bytes([b[4], b[5]]);
+    if v != PROTOCOL_VERSION {
+        return Err(format!(
+            "protocol version {v}, this node speaks {PROTOCOL_VERSION}"
+        ));
+    }
+    let c = LittleEndian::read_u64(&b[8..]);
+    if c != cluster_id {
+        return Err(format!(
+            "cluster id {c}, this node is in cluster {cluster_id}"
+        ));
+    }
+    if b[7] != me {
+        return Err(format!("addressed to node {}, this is node {me}", b[7]));
+    }
+    if b[6] >= nodes || b[6] == me {
+        return Err(format!("sender node {} is not a peer", b[6]));
+    }
+    Ok(b[6])
+}
+
+/// How long a connection may take to send its hello before the acceptor gives up on it.
+pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Connections whose hello is awaited at once. While that many are pending, the acceptor
+/// takes no more: further connections wait in the listen backlog (a real peer's hello with
+/// them) until a slot frees, which takes at most [`HANDSHAKE_TIMEOUT`].
+pub(super) const MAX_PENDING_HANDSHAKES: usize = 32;
+
+/// At most one log line per this interval for refused connections (with a count).
+pub(super) const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// Refused connections, logged at most once per [`REFUSAL_LOG_EVERY`] with how many there were
+/// since the last line (a stranger that keeps reconnecting must not flood the log).
+pub(super) struct RefusalLog {
+    pub(super) me: u8,
+    pub(super) since: Option<Instant>,
+    pub(super) unlogged: u64,
+}
+
+impl RefusalLog {
+    pub(super) fn new(me: u8) -> RefusalLog {
+        RefusalLog {
+            me,
+            since: None,
+            unlogged: 0,
+        }
+    }
+
+    /// Count a refusal; returns whether a line was logged for it.
+    pub(super) fn refused(&mut self, from: Option<SocketAddr>, why: &str) -> bool {
+        self.unlogged += 1;
+        let due = self.since.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY);
+        if due {
+            let more = match self.unlogged {
+                1 => String::new(),
+                n => format!(" ({} more refused since the last report)", n - 1),
+            };
+            log::error!(
+                "node {}: refusing a connection from {}: {why}{more}",
+                self.me,
+                from.map_or("?".to_string(), |a| a.to_string())
+            );
+            self.since = Some(Instant::now());
+            self.unlogged = 0;
+        }
+        due
+    }
+}
+
+/// What an acceptor checks a connecting node against.
+pub(super) struct Who {
+    pub(super) magic: [u8; 4],
+    pub(super) cluster: u64,
+    pub(super) me: u8,
+    pub(super) nodes: u8,
+    pub(super) secret: Arc<[u8]>,
+}
+
+/// The accepting side of a handshake (at most [`HANDSHAKE_TIMEOUT`] per read, or until
+/// `deadline`): the dialer's hello and nonce in (checked); our hello, nonce and proof out; the
+/// dialer's proof in (checked). Returns the node the dialer proved to be and the transcript;
+/// the caller sends the one-byte welcome once it keeps the connection.
+pub(super) fn handshake_accept(
+    s: &mut TcpStream,
+    who: &Who,
+    deadline: Instant,
+) -> Result<(u8, Transcript), String> {
+    s.set_nonblocking(false).map_err(|e| e.to_string())?;
+    s.set_nodelay(true).map_err(|e| e.to_string())?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    s.set_read_timeout(Some(
+        HANDSHAKE_TIMEOUT.min(left).max(Duration::from_millis(10)),
+    ))
+    .map_err(|e| e.to_string())?;
+    let silent = |e: std::io::Error, what: &str| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            format!("no {what} in time")
+        }
+        _ => format!("no {what}: {e}"),
+    };
+    let mut first = [0u8; HELLO + NONCE];
+    s.read_exact(&mut first).map_err(|e| silent(e, "hello"))?;
+    let hd: [u8; HELLO] = first[..HELLO].try_into().expect("hello bytes");
+    let nd: [u8; NONCE] = first[HELLO..].try_into().expect("nonce bytes");
+    let from = check_hello(&hd, who.magic, who.cluster, who.me, who.nodes)?;
+    let ha = hello(who.magic, who.cluster, who.me, from);
+    let na = nonce()?;
+    let mut out = [0u8; HELLO + NONCE + PROOF];
+    out[..HELLO].copy_from_slice(&ha);
+    out[HELLO..HELLO + NONCE].copy_from_slice(&na);
+    out[HELLO + NONCE..].copy_from_slice(&make_proof(
+        &who.secret,
+        ACCEPTOR,
+        (&hd, &nd),
+        (&ha, &na),
+    ));
+    s.write_all(&out).map_err(|e| e.to_string())?;
+    let mut got = [0u8; PROOF];
+    s.read_exact(&mut got).map_err(|e| silent(e, "proof"))?;
+    if !proof_ok(&who.secret, DIALER, (&hd, &nd), (&ha, &na), &got) {
+        return Err(format!(
+            "it says it is node {from} but cannot prove it knows the cluster secret (bad \
+             credentials)"
+        ));
+    }
+    Ok((from, transcript((&hd, &nd), (&ha, &na))))
+}

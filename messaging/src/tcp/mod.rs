@@ -1,0 +1,499 @@
+//! `tcp`: one process per node, on one host or many. One TCP connection per pair of nodes
+//! (the lower id dials, the higher accepts), used in both directions, with TCP_NODELAY.
+//!
+//! **Handshake** (16 bytes each way): magic `SHLM`, protocol version, sender node, receiver
+//! node, cluster id. The acceptor checks all of it (and that it expects that peer) before
+//! answering with its own; the dialer checks the answer. Anything else closes the connection
+//! with a logged error.
+//!
+//! **Frames**: `offset u64 | len u32 | reserved u32 | len bytes`, a one-sided write into the
+//! receiver's region. With `encrypt` (a cluster secret is then required) every frame is sealed
+//! with keys derived from the handshake (messaging/src/seal.rs): `sealed_len u32 | ciphertext | tag`;
+//! such nodes say hello with the magic `SHLE`, so an encrypting node and a plain one refuse
+//! each other with an error that says so. A receiver thread per peer applies frames in order. A frame that is too
+//! large, misaligned, or outside the region closes the connection with a logged error, before
+//! any byte of it is applied; so does a truncated frame (EOF mid-frame). Nothing a peer sends
+//! can make the receiver panic or write out of bounds.
+//!
+//! **Failure**: when a connection closes or errs, the peer is marked dead and every waiter of
+//! the local region is woken; pending and new requests to that peer fail with
+//! [`MsgError::PeerDead`]. A killed peer process closes its sockets at once (the kernel sends
+//! FIN/RST); a vanished host is caught by the caller's request timeout.
+
+mod handshake;
+mod mesh;
+pub use handshake::dial_handshake;
+use handshake::*;
+pub(crate) use mesh::connect_mesh;
+pub use mesh::free_loopback_addrs;
+
+use crate::error::MsgError;
+use crate::region::Region;
+use crate::seal::{self, Opener, Sealer, Transcript};
+use crate::transport::Transport;
+use byteorder::{ByteOrder, LittleEndian};
+use parking_lot::Mutex;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Hello magic of the `tcp` transport.
+const MAGIC: [u8; 4] = *b"SHLM";
+/// Hello magic of the `tcp` transport with sealed (encrypted) frames.
+const SEALED_MAGIC: [u8; 4] = *b"SHLE";
+/// Wire protocol version; both sides must match (2: the handshake proves the cluster secret).
+pub const PROTOCOL_VERSION: u16 = 2;
+/// Largest single write a peer may send (a page plus slack).
+pub const MAX_FRAME: usize = 1 << 20;
+const HELLO: usize = 16;
+/// Handshake nonce bytes (fresh per connection and side: a recorded handshake does not verify
+/// against a new nonce).
+const NONCE: usize = 16;
+/// HMAC-SHA256 proof bytes.
+const PROOF: usize = 32;
+const HEADER: usize = 16;
+
+/// Cluster membership and timing of a TCP node.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct TcpConfig {
+    pub node: u8,
+    pub cluster_id: u64,
+    /// Listening address of every node, indexed by node id.
+    pub addrs: Vec<SocketAddr>,
+    /// How long `start` waits for all peers to connect.
+    pub connect_timeout: Duration,
+    /// The cluster secret both ends of every connection prove they know (HMAC-SHA256 over both
+    /// sides' hellos and fresh nonces). Empty: no secret, the proofs are still exchanged but
+    /// anyone can make them (loopback and trusted networks only; see docs/cluster.md).
+    pub secret: Vec<u8>,
+    /// Seal every frame (AES-256-GCM with per-connection keys, messaging/src/seal.rs). Needs a
+    /// secret; every node of a cluster must agree.
+    pub encrypt: bool,
+}
+
+impl TcpConfig {
+    /// Node `node` of cluster `cluster_id`, whose nodes listen at `addrs`: 30 s to connect, no
+    /// secret, no encryption (set the fields to change them).
+    pub fn new(node: u8, cluster_id: u64, addrs: Vec<SocketAddr>) -> TcpConfig {
+        TcpConfig {
+            node,
+            cluster_id,
+            addrs,
+            connect_timeout: Duration::from_secs(30),
+            secret: Vec::new(),
+            encrypt: false,
+        }
+    }
+}
+
+struct Peer {
+    addr: SocketAddr,
+    stream: TcpStream,
+    writer: Mutex<Writer>,
+    alive: AtomicBool,
+}
+
+/// The sending end of one connection: the stream, the sealer of an encrypted one, and a frame
+/// buffer reused from write to write.
+struct Writer {
+    stream: TcpStream,
+    sealer: Option<Sealer>,
+    frame: Vec<u8>,
+}
+
+/// A connected, authenticated peer connection as [`connect_mesh`] returns it.
+pub(crate) struct Link {
+    pub stream: TcpStream,
+    /// What both ends saw in the handshake (keys for sealed frames are derived from it).
+    transcript: Transcript,
+    /// This end dialed (the lower node id dials).
+    dialed: bool,
+}
+
+/// One node's TCP transport.
+pub struct TcpTransport {
+    node: u8,
+    nodes: u8,
+    cluster_id: u64,
+    region: Arc<Region>,
+    peers: Vec<Option<Peer>>,
+    closed: AtomicBool,
+}
+
+impl TcpTransport {
+    /// Connect to every peer (dial higher ids, accept lower ones on `listener`), then start a
+    /// receiver thread per peer. Blocks until the cluster is connected or the timeout passes.
+    pub fn start(
+        cfg: TcpConfig,
+        listener: TcpListener,
+        region: Arc<Region>,
+    ) -> Result<Arc<Self>, MsgError> {
+        if cfg.encrypt && cfg.secret.is_empty() {
+            return Err(MsgError::Config(
+                "encrypted frames need a cluster secret (keys are derived from it)".into(),
+            ));
+        }
+        let magic = if cfg.encrypt { SEALED_MAGIC } else { MAGIC };
+        let mut links = connect_mesh(&cfg, listener, magic)?;
+        let nodes = links.len() as u8;
+        let mut peers = Vec::with_capacity(nodes as usize);
+        let mut openers = Vec::with_capacity(nodes as usize);
+        for (i, l) in links.drain(..).enumerate() {
+            peers.push(match l {
+                None if i == cfg.node as usize => None,
+                None => return Err(MsgError::PeerDead(i as u8)),
+                Some(l) => {
+                    l.stream.set_read_timeout(None).map_err(io)?;
+                    let (sealer, opener) = if cfg.encrypt {
+                        let k = seal::keys(&cfg.secret, &l.transcript, l.dialed);
+                        (Some(k.send), Some(k.recv))
+                    } else {
+                        (None, None)
+                    };
+                    openers.push(opener);
+                    Some(Peer {
+                        addr: cfg.addrs[i],
+                        writer: Mutex::new(Writer {
+                            stream: l.stream.try_clone().map_err(io)?,
+                            sealer,
+                            frame: Vec::new(),
+                        }),
+                        stream: l.stream,
+                        alive: AtomicBool::new(true),
+                    })
+                }
+            });
+        }
+        let mut openers = openers.into_iter();
+        let t = Arc::new(TcpTransport {
+            node: cfg.node,
+            nodes,
+            cluster_id: cfg.cluster_id,
+            region,
+            peers,
+            closed: AtomicBool::new(false),
+        });
+        for (i, p) in t.peers.iter().enumerate() {
+            if let Some(p) = p {
+                let reader = p.stream.try_clone().map_err(io)?;
+                let opener = openers.next().expect("an opener slot per peer");
+                let t2 = Arc::clone(&t);
+                std::thread::Builder::new()
+                    .name(format!("shoal-tcp-rx-{}-{i}", cfg.node))
+                    .spawn(move || t2.receive(i as u8, reader, opener))
+                    .map_err(io)?;
+            }
+        }
+        Ok(t)
+    }
+
+    pub fn cluster_id(&self) -> u64 {
+        self.cluster_id
+    }
+
+    /// Check a frame header: the region offset and length it announces.
+    fn check_header(&self, head: &[u8]) -> Result<(usize, usize), String> {
+        let offset = LittleEndian::read_u64(&head[0..]);
+        let len = LittleEndian::read_u32(&head[8..]) as usize;
+        if len > MAX_FRAME {
+            return Err(format!("frame of {len} bytes exceeds {MAX_FRAME}"));
+        }
+        let offset =
+            usize::try_from(offset).map_err(|_| format!("frame offset {offset} out of range"))?;
+        self.region.check(offset, len).map_err(|e| e.to_string())?;
+        Ok((offset, len))
+    }
+
+    /// Apply `peer`'s frames in order until the connection closes or a frame is bad.
+    fn receive(&self, peer: u8, mut s: TcpStream, opener: Option<Opener>) {
+        let why = match opener {
+            None => self.receive_plain(&mut s),
+            Some(o) => self.receive_sealed(peer, &mut s, o),
+        };
+        if !self.closed.load(Ordering::Acquire) {
+            log::error!("node {}: dropping node {peer}: {why}", self.node);
+        }
+        self.mark_dead(peer);
+    }
+
+    /// Plain frames; returns why the connection ended.
+    fn receive_plain(&self, s: &mut TcpStream) -> String {
+        let mut head = [0u8; HEADER];
+        let mut buf = Vec::new();
+        loop {
+            if let Err(e) = s.read_exact(&mut head) {
+                return format!("connection closed ({e})");
+            }
+            let (offset, len) = match self.check_header(&head) {
+                Ok(x) => x,
+                Err(why) => return why,
+            };
+            buf.resize(len, 0);
+            if let Err(e) = s.read_exact(&mut buf) {
+                return format!("truncated frame ({e})");
+            }
+            if let Err(e) = self.region.apply(offset, &buf) {
+                return e.to_string();
+            }
+        }
+    }
+
+    /// Sealed frames: each is authenticated (and decrypted) whole before its header is even
+    /// looked at; returns why the connection ended.
+    fn receive_sealed(&self, peer: u8, s: &mut TcpStream, mut opener: Opener) -> String {
+        let mut len = [0u8; seal::LEN];
+        let mut buf = Vec::new();
+        loop {
+            if let Err(e) = s.read_exact(&mut len) {
+                return format!("connection closed ({e})");
+            }
+            let sealed_len = u32::from_le_bytes(len) as usize;
+            if !(HEADER + seal::TAG..=HEADER + MAX_FRAME + seal::TAG).contains(&sealed_len) {
+                return format!("sealed frame of {sealed_len} bytes");
+            }
+            buf.resize(sealed_len, 0);
+            if let Err(e) = s.read_exact(&mut buf) {
+                return format!("truncated frame ({e})");
+            }
+            if opener.open(len, &mut buf).is_err() {
+                return format!(
+                    "a frame failed authentication (altered, replayed or not sealed by node \
+                     {peer})"
+                );
+            }
+            let plain = &buf[..sealed_len - seal::TAG];
+            let (offset, len) = match self.check_header(&plain[..HEADER]) {
+                Ok(x) => x,
+                Err(why) => return why,
+            };
+            if plain.len() != HEADER + len {
+                return format!(
+                    "sealed frame of {} bytes announces {len}",
+                    plain.len() - HEADER
+                );
+            }
+            if let Err(e) = self.region.apply(offset, &plain[HEADER..]) {
+                return e.to_string();
+            }
+        }
+    }
+    fn mark_dead(&self, peer: u8) {
+        if let Some(Some(p)) = self.peers.get(peer as usize) {
+            p.alive.store(false, Ordering::Release);
+            let _ = p.stream.shutdown(Shutdown::Both);
+        }
+        self.region.wake_all();
+    }
+
+    /// Close every connection (peers see this node die).
+    pub fn shutdown(&self) {
+        self.closed.store(true, Ordering::Release);
+        for p in self.peers.iter().flatten() {
+            p.alive.store(false, Ordering::Release);
+            let _ = p.stream.shutdown(Shutdown::Both);
+        }
+        self.region.wake_all();
+    }
+}
+
+impl Transport for TcpTransport {
+    fn sever(&self, peer: u8) {
+        self.mark_dead(peer); // closes the connection: the peer sees this node die
+    }
+    fn departing(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+    fn leave(&self, linger: Duration) {
+        self.closed.store(true, Ordering::Release);
+        // FIN after everything written; keep reading so peers' last writes still land
+        for p in self.peers.iter().flatten() {
+            let _ = p.stream.shutdown(Shutdown::Write);
+        }
+        let t0 = Instant::now();
+        while t0.elapsed() < linger
+            && self
+                .peers
+                .iter()
+                .flatten()
+                .any(|p| p.alive.load(Ordering::Acquire))
+        {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.shutdown();
+    }
+    fn answer_poll(&self) -> Duration {
+        // a loopback round trip through two reader threads and the home's handler: 60-100 us
+        // on a busy 2-core machine (docs/BENCHMARKS.md, issue 24)
+        Duration::from_micros(200)
+    }
+    fn node(&self) -> u8 {
+        self.node
+    }
+    fn nodes(&self) -> u8 {
+        self.nodes
+    }
+    fn region(&self) -> &Region {
+        &self.region
+    }
+    fn write(&self, peer: u8, offset: usize, data: &[u8]) -> Result<(), MsgError> {
+        if peer == self.node {
+            return self.region.apply(offset, data);
+        }
+        let p = match self.peers.get(peer as usize) {
+            Some(Some(p)) => p,
+            _ => return Err(MsgError::NoSuchPeer(peer, self.nodes)),
+        };
+        if !p.alive.load(Ordering::Acquire) {
+            return Err(MsgError::PeerDead(peer));
+        }
+        if data.len() > MAX_FRAME
+            || data.is_empty()
+            || !data.len().is_multiple_of(8)
+            || !offset.is_multiple_of(8)
+        {
+            return Err(MsgError::OutOfBounds {
+                offset,
+                len: data.len(),
+                region: MAX_FRAME,
+            });
+        }
+        let r = {
+            let mut w = p.writer.lock();
+            let Writer {
+                stream,
+                sealer,
+                frame,
+            } = &mut *w;
+            frame.clear();
+            if sealer.is_some() {
+                frame.extend_from_slice(&[0u8; seal::LEN]);
+            }
+            frame.extend_from_slice(&(offset as u64).to_le_bytes());
+            frame.extend_from_slice(&(data.len() as u32).to_le_bytes());
+            frame.extend_from_slice(&[0u8; 4]);
+            frame.extend_from_slice(data);
+            if let Some(sealer) = sealer {
+                sealer.seal(frame);
+            }
+            let r = stream.write_all(frame);
+            if frame.capacity() > 2 * (HEADER + crate::PAGE_BYTES + seal::LEN + seal::TAG) {
+                *frame = Vec::new(); // do not keep a large frame's buffer
+            }
+            r
+        };
+        r.map_err(|e| {
+            log::error!(
+                "node {}: writing to node {peer} at {}: {e}",
+                self.node,
+                p.addr
+            );
+            self.mark_dead(peer);
+            MsgError::PeerDead(peer)
+        })
+    }
+    fn peer_alive(&self, peer: u8) -> bool {
+        peer == self.node
+            || matches!(self.peers.get(peer as usize), Some(Some(p)) if p.alive.load(Ordering::Acquire))
+    }
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+pub(crate) fn io(e: std::io::Error) -> MsgError {
+    MsgError::Io(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handshake_proof_verifies_only_with_the_same_secret_and_nonces() {
+        let hd = hello(MAGIC, 7, 0, 1);
+        let ha = hello(MAGIC, 7, 1, 0);
+        let (nd, na) = (nonce().unwrap(), nonce().unwrap());
+        assert_ne!(nd, na, "fresh nonces");
+        let p = make_proof(b"s3cret", DIALER, (&hd, &nd), (&ha, &na));
+        assert!(proof_ok(b"s3cret", DIALER, (&hd, &nd), (&ha, &na), &p));
+        // another secret, the other role, or a replay against a new acceptor nonce: refused
+        assert!(!proof_ok(b"other", DIALER, (&hd, &nd), (&ha, &na), &p));
+        assert!(!proof_ok(b"s3cret", ACCEPTOR, (&hd, &nd), (&ha, &na), &p));
+        let na2 = nonce().unwrap();
+        assert!(!proof_ok(b"s3cret", DIALER, (&hd, &nd), (&ha, &na2), &p));
+        assert!(!proof_ok(
+            b"s3cret",
+            DIALER,
+            (&hd, &nd),
+            (&ha, &na),
+            &p[..31]
+        ));
+    }
+
+    #[test]
+    fn refused_connections_are_logged_once_per_interval_with_a_count() {
+        let mut log = RefusalLog::new(1);
+        let lines = (0..1000)
+            .filter(|_| log.refused(None, "the cluster is already complete"))
+            .count();
+        assert_eq!(lines, 1, "a burst of refusals makes one line");
+        assert_eq!(log.unlogged, 999, "the rest are counted for the next line");
+        log.since = Some(Instant::now() - REFUSAL_LOG_EVERY);
+        assert!(
+            log.refused(None, "again"),
+            "a line once the interval passed"
+        );
+        assert_eq!(log.unlogged, 0);
+    }
+
+    #[test]
+    fn hello_validation() {
+        let h = hello(MAGIC, 7, 0, 1);
+        assert_eq!(check_hello(&h, MAGIC, 7, 1, 2), Ok(0));
+        assert!(check_hello(&h, MAGIC, 8, 1, 2)
+            .unwrap_err()
+            .contains("cluster id"));
+        assert!(check_hello(&h, MAGIC, 7, 2, 3)
+            .unwrap_err()
+            .contains("addressed to node 1"));
+        assert!(check_hello(&hello(MAGIC, 7, 5, 1), MAGIC, 7, 1, 2)
+            .unwrap_err()
+            .contains("not a peer"));
+        let mut bad = h;
+        bad[0] = b'X';
+        assert!(check_hello(&bad, MAGIC, 7, 1, 2)
+            .unwrap_err()
+            .contains("magic"));
+        let mut v = h;
+        v[4] = 9;
+        assert!(check_hello(&v, MAGIC, 7, 1, 2)
+            .unwrap_err()
+            .contains("version"));
+    }
+
+    /// Ports for node processes: distinct across calls, bindable, and below the ephemeral
+    /// range, where no outgoing connection can take them.
+    #[test]
+    fn free_loopback_addrs_are_distinct_bindable_and_below_the_ephemeral_range() {
+        let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok());
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..20 {
+            for a in free_loopback_addrs(3).unwrap() {
+                assert!(a.ip().is_loopback());
+                assert!(seen.insert(a.port()), "port {} handed out twice", a.port());
+                if let Some(low) = low.filter(|&l| l >= 11_000) {
+                    assert!(a.port() < low, "port {} in the ephemeral range", a.port());
+                }
+                TcpListener::bind(a).unwrap();
+            }
+        }
+    }
+}
