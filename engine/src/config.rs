@@ -155,14 +155,20 @@ impl EngineConfig {
         Ok(())
     }
 
+    /// Where this node's write-ahead log is (beside its first device), whether or not it
+    /// runs with one.
+    pub fn log_path(&self) -> Option<PathBuf> {
+        let dev0 = self.device_list().into_iter().next()?;
+        Some(shoal_storage::default_log_path(&dev0))
+    }
+
     /// The device files of this node.
     /// The write-ahead log's configuration (None without one).
     pub fn wal_config(&self) -> Option<shoal_storage::WalConfig> {
         if !self.durability.logged() {
             return None;
         }
-        let dev0 = self.device_list().into_iter().next()?;
-        let mut w = shoal_storage::WalConfig::new(shoal_storage::default_log_path(&dev0));
+        let mut w = shoal_storage::WalConfig::new(self.log_path()?);
         w.file_bytes = self.wal_bytes;
         // the ring holds what a flush takes at once: 1/16 of the log, 1..=16 MiB
         w.ring_bytes =

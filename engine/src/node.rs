@@ -159,7 +159,9 @@ impl Node {
             // Threads that wait for this node's answers may run its handler round themselves
             // (on `mem`, other nodes' workers: `Transport::assist`).
             let weak = Arc::downgrade(&node);
-            c.ch.transport()
+            c.driver()
+                .ch
+                .transport()
                 .region()
                 .set_service(Box::new(move || weak.upgrade().is_some_and(|n| n.help())));
         }
@@ -407,8 +409,8 @@ impl Node {
     /// round any more (none starts one after this). Nothing changes the directory afterwards.
     pub fn stop_handler(&self, handler: Option<JoinHandle<()>>) {
         let Some(c) = &self.coh else { return };
-        c.stop.store(true, Ordering::Release);
-        c.ch.wake();
+        c.driver().stop.store(true, Ordering::Release);
+        c.driver().ch.wake();
         if let Some(h) = handler {
             if h.join().is_err() {
                 log::error!("the message handler thread panicked");
@@ -434,14 +436,14 @@ impl Node {
     /// This node is about to leave the cluster (its transport stops reporting peers' deaths).
     pub fn departing(&self) {
         if let Some(c) = &self.coh {
-            c.ch.transport().departing();
+            c.driver().ch.transport().departing();
         }
     }
 
     /// Leave the cluster: peers see this node leave once they left too, or after `linger`.
     pub fn leave_cluster(&self, linger: Duration) {
         if let Some(c) = &self.coh {
-            c.ch.transport().leave(linger);
+            c.driver().ch.transport().leave(linger);
         }
     }
 
@@ -455,7 +457,7 @@ impl Node {
     pub fn protocol_stats(&self) -> ProtocolStats {
         self.coh
             .as_ref()
-            .map_or_else(ProtocolStats::default, |c| c.counters.snapshot())
+            .map_or_else(ProtocolStats::default, |c| c.driver().counters.snapshot())
     }
 
     // ------------------------------------------------------------------ the provider's side

@@ -84,21 +84,33 @@ impl ChannelLayout {
         peer as usize * SLOT_BYTES
     }
     fn ring_off(&self, src: u8, seq: u64) -> usize {
-        (self.nodes as usize
+        debug_assert!(src < self.nodes, "a ring of a node of the cluster");
+        let off = (self.nodes as usize
             + src as usize * self.ring as usize
             + (seq % self.ring as u64) as usize)
-            * SLOT_BYTES
+            * SLOT_BYTES;
+        debug_assert!(
+            off + SLOT_BYTES <= self.slots() * SLOT_BYTES,
+            "a ring slot lies before the pages"
+        );
+        off
     }
     fn slots(&self) -> usize {
         self.nodes as usize * (1 + self.ring as usize)
     }
     fn page_off(&self, src: u8, seq: u64) -> usize {
+        debug_assert!(src < self.nodes, "a page ring of a node of the cluster");
+        self.pages_off()
+            + (src as usize * self.pages as usize + (seq % self.pages as u64) as usize)
+                * PAGE_BYTES
+    }
+    /// Where the page rings begin (after the message slots, on a page boundary).
+    fn pages_off(&self) -> usize {
         (self.slots() * SLOT_BYTES).div_ceil(PAGE_BYTES) * PAGE_BYTES
-            + (src as usize * self.pages as usize + (seq % self.pages as u64) as usize) * PAGE_BYTES
     }
     /// Bytes of the region.
     pub fn region_bytes(&self) -> usize {
-        self.page_off(0, 0) + self.nodes as usize * self.pages as usize * PAGE_BYTES
+        self.pages_off() + self.nodes as usize * self.pages as usize * PAGE_BYTES
     }
     /// A zeroed region of this layout; every slot wakes wait queue 0 (the node's handler).
     pub fn region(&self) -> Result<Region, MsgError> {
@@ -207,6 +219,20 @@ impl Channels {
         let mut deadline = None;
         loop {
             let (msgs, pages) = self.credit(peer);
+            if msgs > s.msgs || pages > s.pages {
+                // the peer says it consumed more than we sent: its credit slot is corrupt, and
+                // nothing it says about the stream can be trusted any more
+                log::error!(
+                    "node {me}: node {peer} returned credit for {msgs} messages and {pages} \
+                     pages, {} and {} were sent: giving up on it",
+                    s.msgs,
+                    s.pages
+                );
+                self.t.sever(peer);
+                return Err(MsgError::Decode(format!(
+                    "node {peer}'s credit runs ahead of what was sent"
+                )));
+            }
             let room = s.msgs - msgs < self.layout.ring as u64
                 && (page.is_none() || s.pages - pages < self.layout.pages as u64);
             if room {
@@ -242,6 +268,10 @@ impl Channels {
         self.t
             .write(peer, self.layout.ring_off(me, s.msgs), &env.to_bytes())?;
         s.msgs += 1;
+        debug_assert!(
+            s.msgs.saturating_sub(self.credit(peer).0) <= self.layout.ring as u64,
+            "never more messages in flight than the ring holds"
+        );
         Ok(())
     }
 

@@ -543,8 +543,7 @@ pub fn recovering_config(dir: &Path, node: u8, cache: usize) -> shoal_engine::En
     c.node_id = node;
     c.mode = shoal_engine::OpenMode::Open;
     c.roll_back = Some(shoal_btree::roll_back());
-    let log = shoal_storage::default_log_path(&c.device_list()[0]);
-    if let Ok(m) = std::fs::metadata(&log) {
+    if let Some(m) = c.log_path().and_then(|log| std::fs::metadata(log).ok()) {
         c.durability = shoal_engine::Durability::Commit;
         // an existing log keeps its size; a valid size here lets the store itself judge a log
         // that was cut short (and say so) instead of the configuration refusing its length

@@ -2,9 +2,21 @@
 //!
 //! This crate owns the `shoal` binary and its workload drivers: `shoal ycsb`, `shoal tpcc`,
 //! `shoal node` (one node of a multi-process cluster, checking that no update is lost) and
-//! `shoal inspect` (a data directory checked without an engine). It uses
-//! only the public APIs of shoal-engine and shoal-btree; it must not reach into engine
-//! internals.
+//! `shoal inspect` and `shoal recover` (a data directory checked, or recovered, without
+//! running a workload). `harness.rs` is the drivers' shared run phase (streams, warm-up,
+//! measurement, the once-a-second supervisor); `cli.rs` what the commands share (data
+//! directories, progress bars, local process clusters, cache sizes).
+//!
+//! It uses the public APIs of shoal-engine and shoal-btree, and of the two lower crates only
+//! where no engine runs or the engine has nothing to say:
+//! - shoal-storage: `shoal inspect` and `shoal recover` read a stopped store without an
+//!   engine (`StoreReader`, the log's `survey` and `LogEnd`, `CopyState`, `default_log_path`,
+//!   the `CREATING` suffix of files being created); `write_atomic` replaces the YCSB data set
+//!   description durably, as the store replaces its own files.
+//! - shoal-messaging: `free_loopback_addrs` picks the ports of a local process cluster before
+//!   any engine exists.
+//!
+//! It must not reach into engine internals.
 
 /// `println!` that never panics: a closed standard output (`shoal ycsb | head -1`) makes the
 /// command stop as after Ctrl-C (workers stop, the store is closed clean) instead of panicking
@@ -26,6 +38,7 @@ macro_rules! say {
 
 mod acks;
 mod cli;
+mod harness;
 mod inspect;
 mod node;
 mod plot;

@@ -34,7 +34,7 @@ impl Coherence {
         // (granted, page arrived, an acknowledgement arrived) starts the time again. A request
         // has a handful of steps, so the wait stays bounded, while a machine too loaded to run
         // the nodes' threads for a while does not fail a request that is moving.
-        let mut deadline = Instant::now() + self.timeout;
+        let mut deadline = Instant::now() + self.waiting.timeout;
         let mut last_step: Option<Pending> = None;
         let mut asked = false;
         // since when this thread has found nothing to do
@@ -42,17 +42,17 @@ impl Coherence {
         // while this thread polls for its answer, the handler threads it stands in for need
         // not be woken by every message (see `Region::helpers`): from before the request
         // leaves, so that not even the request wakes the home's handler thread
-        let mut helping = wait.then(|| self.ch.helping());
+        let mut helping = wait.then(|| self.driver.ch.helping());
         loop {
             let mut out = None;
             {
-                let mut shard = self.shard(pid).lock();
+                let mut shard = self.pages.shard(pid).lock();
                 let ps = shard
                     .entry(pid)
                     .or_insert_with(|| PageState::new(pid, self.me));
                 if asked && last_step != Some(ps.copy.pending) {
                     if last_step.is_some() {
-                        deadline = Instant::now() + self.timeout;
+                        deadline = Instant::now() + self.waiting.timeout;
                     }
                     last_step = Some(ps.copy.pending);
                 }
@@ -83,9 +83,12 @@ impl Coherence {
                 }
             }
             if let Some((to, msg)) = out {
-                self.counters.requests.fetch_add(1, Ordering::Relaxed);
+                self.driver
+                    .counters
+                    .requests
+                    .fetch_add(1, Ordering::Relaxed);
                 if let Err(e) = self.send(to, pid, &msg, None) {
-                    let mut shard = self.shard(pid).lock();
+                    let mut shard = self.pages.shard(pid).lock();
                     if let Some(s) = shard.get_mut(&pid) {
                         // the request never left: nothing to wait for
                         self.request_over(pid, s);
@@ -97,7 +100,7 @@ impl Coherence {
             if !wait {
                 return Ok(false);
             }
-            if !self.ch.peer_alive(pid.node()) {
+            if !self.driver.ch.peer_alive(pid.node()) {
                 return Err(EngineError::PeerDead { node: pid.node() });
             }
             let now = Instant::now();
@@ -105,7 +108,7 @@ impl Coherence {
                 self.log_stuck(buf, pid);
                 return Err(EngineError::RemoteTimeout {
                     pid,
-                    ms: self.timeout.as_millis() as u64,
+                    ms: self.waiting.timeout.as_millis() as u64,
                 });
             }
             // Do the work that produces the answer instead of waking the threads that would:
@@ -125,7 +128,7 @@ impl Coherence {
             if crate::tasks::may_pause() {
                 drop(helping.take());
                 crate::tasks::pause(crate::tasks::Wait::Idle);
-                let _ = helping.insert(self.ch.helping());
+                let _ = helping.insert(self.driver.ch.helping());
                 continue;
             }
             let since = *idle.get_or_insert(now);
@@ -136,7 +139,7 @@ impl Coherence {
                 }
                 continue;
             }
-            if idle_for < self.answer_poll {
+            if idle_for < self.waiting.answer_poll {
                 // the answer comes over the network: keep looking, leaving the core to others
                 std::thread::yield_now();
                 continue;
@@ -144,7 +147,7 @@ impl Coherence {
             // not polling while parked: the handler threads take over again
             drop(helping.take());
             self.park_on(pid, Duration::from_millis(1).min(deadline - now));
-            let _ = helping.insert(self.ch.helping());
+            let _ = helping.insert(self.driver.ch.helping());
             idle = None;
         }
     }
@@ -154,7 +157,7 @@ impl Coherence {
     /// any message was applied.
     pub(super) fn help_everyone(&self, buf: &Buffer) -> bool {
         let mut did = self.help(buf);
-        let t = self.ch.transport();
+        let t = self.driver.ch.transport();
         for n in 0..self.nodes {
             if n != self.me {
                 did |= t.assist(n);
@@ -167,7 +170,7 @@ impl Coherence {
     /// round unparks every thread listed in the page's `parked` (see [`Coherence::wake`]).
     fn park_on(&self, pid: Pid, max: Duration) {
         {
-            let mut shard = self.shard(pid).lock();
+            let mut shard = self.pages.shard(pid).lock();
             let Some(ps) = shard.get_mut(&pid) else {
                 return;
             };
@@ -198,8 +201,8 @@ impl Coherence {
             if let Some(n) = dead() {
                 // Acquire: pairs with the handler's Release, so what it did with n's last
                 // messages is visible to `done`.
-                let drained = self.dead_drained.load(Ordering::Acquire) & (1 << n) != 0;
-                if drained || self.stop.load(Ordering::Acquire) {
+                let drained = self.driver.dead_drained.load(Ordering::Acquire) & (1 << n) != 0;
+                if drained || self.driver.stop.load(Ordering::Acquire) {
                     // one last look: n's last messages may have finished the wait
                     if let Some(v) = done() {
                         return Ok(Some(v));
@@ -213,14 +216,15 @@ impl Coherence {
             }
             // as a remote miss does: produce the answer rather than wait for it
             let helped = {
-                let _helping = self.ch.helping();
+                let _helping = self.driver.ch.helping();
                 self.help_everyone(buf)
             };
             if helped {
                 continue;
             }
-            let mut g = self.done_mx.lock();
-            self.done_cv
+            let mut g = self.waiting.done_mx.lock();
+            self.waiting
+                .done_cv
                 .wait_for(&mut g, Duration::from_millis(5).min(deadline - now));
         }
     }
@@ -228,7 +232,7 @@ impl Coherence {
     /// The worker whose request completed has latched the page: others may be served once it
     /// releases the latch.
     pub fn used(&self, pid: Pid) {
-        let mut shard = self.shard(pid).lock();
+        let mut shard = self.pages.shard(pid).lock();
         if let Some(s) = shard.get_mut(&pid) {
             s.reserved = None;
             s.waiter = false;
@@ -238,8 +242,8 @@ impl Coherence {
                 s.serve_due = false;
             }
             if s.serve_due || !s.held.is_empty() {
-                self.retry_later(pid);
-                self.ch.wake();
+                self.pages.retry_later(pid);
+                self.driver.ch.wake();
             }
             Self::wake(s);
         }
@@ -248,7 +252,7 @@ impl Coherence {
     /// A page just allocated here, in frame `idx` (exclusively latched by the caller): this
     /// node holds it exclusively.
     pub fn adopt_new(&self, pid: Pid, idx: FrameIdx) {
-        let mut shard = self.shard(pid).lock();
+        let mut shard = self.pages.shard(pid).lock();
         let ps = shard
             .entry(pid)
             .or_insert_with(|| PageState::new(pid, self.me));

@@ -68,9 +68,9 @@ impl Coherence {
         // A dead home answers no more: nothing is left behind there.
         let r = self.wait_until(
             buf,
-            self.timeout,
+            self.waiting.timeout,
             || a.answers.lock().done.remove(&request),
-            || (!self.ch.peer_alive(home)).then_some(home),
+            || (!self.driver.ch.peer_alive(home)).then_some(home),
         )?;
         let raw = match r {
             Some(raw) => raw,
@@ -84,7 +84,7 @@ impl Coherence {
                         ans.abandoned.insert(request);
                         return Err(EngineError::AllocationTimeout {
                             home,
-                            ms: self.timeout.as_millis() as u64,
+                            ms: self.waiting.timeout.as_millis() as u64,
                         });
                     }
                 }
@@ -180,7 +180,7 @@ impl Coherence {
         } else {
             a.done.insert(request, pid);
             drop(a);
-            self.notify();
+            self.waiting.notify();
         }
     }
 
@@ -195,7 +195,7 @@ impl Coherence {
             at.and_then(|i| handed.remove(i)).is_some()
         };
         // Never asked for: no node sent a message about it, so no page state exists.
-        let asked = self.shard(pid).lock().contains_key(&pid);
+        let asked = self.pages.shard(pid).lock().contains_key(&pid);
         if !listed || asked {
             log::warn!(
                 "node {}: node {from} handed back page {pid}, which it may not (not allocated \

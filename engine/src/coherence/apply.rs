@@ -108,7 +108,7 @@ impl Coherence {
                     i = 0;
                 }
                 Ok(Outcome::Stuck(n)) => {
-                    self.counters.held.fetch_add(1, Ordering::Relaxed);
+                    self.driver.counters.held.fetch_add(1, Ordering::Relaxed);
                     ps.held.insert(i, n);
                     blocked |= 1u64 << from;
                     i += 1;
@@ -448,25 +448,33 @@ impl Coherence {
                 let idx = if ps.lost.is_none()
                     && ps.copy.wants_offer()
                     && self.room(buf) > 0
-                    && self.ch.peer_alive(pid.node())
+                    && self.driver.ch.peer_alive(pid.node())
                 {
                     self.install(buf, pid, b, l)
                 } else {
                     None
                 };
                 if idx.is_some() {
-                    self.counters.taken_in.fetch_add(1, Ordering::Relaxed);
+                    self.driver
+                        .counters
+                        .taken_in
+                        .fetch_add(1, Ordering::Relaxed);
                 }
                 ps.copy.on_offer(epoch, idx)?
             }
-            Msg::OfferReply { .. } if ps.dir.offered != Some(from) && !self.ch.peer_alive(from) => {
+            Msg::OfferReply { .. }
+                if ps.dir.offered != Some(from) && !self.driver.ch.peer_alive(from) =>
+            {
                 // sent before its sender died; the sweep ended that offer as declined
                 return Ok(Outcome::Done);
             }
             Msg::OfferReply { accepted } => {
                 ps.dir.offer_reply(from, accepted)?;
                 if accepted {
-                    self.counters.given_away.fetch_add(1, Ordering::Relaxed);
+                    self.driver
+                        .counters
+                        .given_away
+                        .fetch_add(1, Ordering::Relaxed);
                 }
                 self.requeue_deferred(ps);
                 return Ok(Outcome::Done);
@@ -523,7 +531,8 @@ impl Coherence {
             };
             if matches!(msg, Msg::Page { .. }) && ps.copy.data.is_some() {
                 // a page sent while our copy stays: a forwarded read we served as a sharer
-                self.counters
+                self.driver
+                    .counters
                     .served_for_others
                     .fetch_add(1, Ordering::Relaxed);
             }

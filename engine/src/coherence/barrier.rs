@@ -57,7 +57,7 @@ impl Coherence {
             },
             || {
                 let m = b.missing(g, others);
-                (0..self.nodes).find(|&n| m & (1 << n) != 0 && !self.ch.peer_alive(n))
+                (0..self.nodes).find(|&n| m & (1 << n) != 0 && !self.driver.ch.peer_alive(n))
             },
         )?;
         match r {

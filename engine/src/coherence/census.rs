@@ -11,11 +11,11 @@ use std::sync::atomic::Ordering;
 impl Coherence {
     /// A worker's wait for `pid` timed out: log what the page and this node's frames wait for.
     pub(super) fn log_stuck(&self, buf: &Buffer, pid: Pid) {
-        if let Some(s) = self.shard(pid).lock().get(&pid) {
+        if let Some(s) = self.pages.shard(pid).lock().get(&pid) {
             log::warn!(
                 "node {}: {pid}: no answer in {} ms: pending {:?}, page from {:?}, mode {:?}, held {:?}, deferred {:?}, directory {:?}, directory deferred {:?}, reserved {:?}, serve due {}",
                 self.me,
-                self.timeout.as_millis(),
+                self.waiting.timeout.as_millis(),
                 s.copy.pending,
                 s.page_from,
                 s.copy.mode,
@@ -56,7 +56,7 @@ impl Coherence {
             } else if f.latch.is_latched() {
                 "latched"
             } else {
-                let shard = self.shard(pid).lock();
+                let shard = self.pages.shard(pid).lock();
                 let ps = shard.get(&pid).filter(|s| s.copy.data == Some(i));
                 let home = pid.node() == self.me;
                 match ps.map(|s| {
@@ -85,8 +85,8 @@ impl Coherence {
         // pages that wait for something (at most 12): where a stall across nodes shows
         let mut waiting = Vec::new();
         let mut count = 0;
-        let retry: HashSet<Pid> = self.retry.lock().clone();
-        for shard in self.shards.iter() {
+        let retry: HashSet<Pid> = self.pages.retry.lock().clone();
+        for shard in self.pages.shards.iter() {
             for (pid, s) in shard.lock().iter() {
                 if !s.busy() {
                     continue;

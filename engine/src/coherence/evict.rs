@@ -24,7 +24,7 @@ impl Coherence {
             return false;
         }
         let home = pid.node() == self.me;
-        let mut shard = self.shard(pid).lock();
+        let mut shard = self.pages.shard(pid).lock();
         let Some(ps) = shard.get_mut(&pid) else {
             return home; // a home copy nobody asked for through the protocol
         };
@@ -53,7 +53,7 @@ impl Coherence {
         if !home && f.is_dirty() {
             ps.copy.mark_dirty();
         }
-        if !home && !self.ch.peer_alive(pid.node()) {
+        if !home && !self.driver.ch.peer_alive(pid.node()) {
             // the home died: the page can never go home, nor be asked for again
             ps.lost = Some(pid.node());
             if let Err(e) = ps.copy.drop_for_dead_home() {
@@ -88,7 +88,10 @@ impl Coherence {
         }
         h.frame().set_possession(Possession::None);
         let page = msg_has_page(&msg).then(|| h.bytes());
-        self.counters.evict_notices.fetch_add(1, Ordering::Relaxed);
+        self.driver
+            .counters
+            .evict_notices
+            .fetch_add(1, Ordering::Relaxed);
         let queued = batchable(&msg);
         if let Err(e) = self.send(to, pid, &msg, page) {
             log::warn!("node {}: eviction notice for {pid}: {e}", self.me);
@@ -116,7 +119,7 @@ impl Coherence {
             // foreign pages leave through their home (`prepare_evict`), never here
             return false;
         }
-        let shard = self.shard(pid).lock();
+        let shard = self.pages.shard(pid).lock();
         shard.get(&pid).is_none_or(|s| s.copy.data != Some(idx))
     }
 
@@ -127,7 +130,7 @@ impl Coherence {
     /// be stale at once.
     pub fn homed_pages_away(&self) -> usize {
         let mut away = 0;
-        for shard in self.shards.iter() {
+        for shard in self.pages.shards.iter() {
             for (pid, ps) in shard.lock().iter() {
                 if pid.node() != self.me {
                     continue;
@@ -144,7 +147,7 @@ impl Coherence {
     /// Ask every page homed elsewhere to go home (clean shutdown). Returns how many frames
     /// still hold such pages.
     pub fn release_remote(&self, buf: &Buffer) -> usize {
-        if !self.leaving.swap(true, Ordering::Relaxed) {
+        if !self.pool.leaving.swap(true, Ordering::Relaxed) {
             self.advertise_room(buf); // no room from now on
         }
         let mut left = 0;

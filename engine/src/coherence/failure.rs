@@ -15,7 +15,7 @@ impl Coherence {
     pub(super) fn first_dead(&self, nodes: impl Iterator<Item = Node>) -> Option<Node> {
         nodes
             .filter(|&n| n != self.me)
-            .find(|&n| !self.ch.peer_alive(n))
+            .find(|&n| !self.driver.ch.peer_alive(n))
     }
 
     /// A granted request waits for a node that died (the page's sender, or a sharer that must
@@ -41,7 +41,7 @@ impl Coherence {
         }
         if !ps.copy.deferred.is_empty() {
             ps.serve_due = true;
-            self.retry_later(pid);
+            self.pages.retry_later(pid);
         }
     }
 
@@ -82,7 +82,7 @@ impl Coherence {
             // our own page: requests its directory deferred (for a copy-back from this very
             // copy) are refused now, not left waiting (found by the model with deaths)
             self.mark_lost_home(pid, ps, dead);
-        } else if self.ch.peer_alive(pid.node()) {
+        } else if self.driver.ch.peer_alive(pid.node()) {
             self.send_control(
                 pid.node(),
                 &Control::Lost {
@@ -115,21 +115,23 @@ impl Coherence {
         ps.lost = Some(dead);
         self.requeue_deferred(ps);
         if !ps.held.is_empty() {
-            self.retry_later(pid);
+            self.pages.retry_later(pid);
         }
     }
 
     /// After a peer died: every page whose granted request waits for it is lost; at the home,
     /// every page whose copy-back must come from it, too.
     pub(super) fn sweep_dead(&self, buf: &Buffer) {
-        for shard in self.shards.iter() {
+        for shard in self.pages.shards.iter() {
             let mut shard = shard.lock();
             for (&pid, ps) in shard.iter_mut() {
                 if let Some(dead) = self.dead_source(ps) {
                     self.lose(buf, pid, ps, dead);
                 }
                 let home = pid.node();
-                if home != self.me && !self.ch.peer_alive(home) && ps.copy.pending != Pending::Idle
+                if home != self.me
+                    && !self.driver.ch.peer_alive(home)
+                    && ps.copy.pending != Pending::Idle
                 {
                     // an interaction with the dead home (a request, an eviction notice) never
                     // ends: the page is lost here, what waits behind it is answered, and the
@@ -139,19 +141,19 @@ impl Coherence {
                 }
                 Self::wake(ps);
                 if let Some(n) = ps.dir.offered {
-                    if pid.node() == self.me && !self.ch.peer_alive(n) {
+                    if pid.node() == self.me && !self.driver.ch.peer_alive(n) {
                         self.offer_unanswered(pid, ps, n);
                     }
                 }
                 if let Some(n) = ps.dir.awaiting_copy_back {
-                    if pid.node() == self.me && ps.lost.is_none() && !self.ch.peer_alive(n) {
+                    if pid.node() == self.me && ps.lost.is_none() && !self.driver.ch.peer_alive(n) {
                         log::error!("node {}: page {pid} is lost: its copy-back was due from node {n}, which died", self.me);
                         self.mark_lost_home(pid, ps, n);
                     }
                 }
             }
         }
-        self.notify();
+        self.waiting.notify();
     }
 
     /// Tell `to` its request for `pid` is refused (see [`refusal`]).

@@ -108,13 +108,13 @@ impl Coherence {
             );
             return;
         }
-        let mut shard = self.shard(pid).lock();
+        let mut shard = self.pages.shard(pid).lock();
         let ps = shard
             .entry(pid)
             .or_insert_with(|| PageState::new(pid, self.me));
         ps.held.push_back(Note { from, msg });
         if self.progress(buf, pid, ps) {
-            self.retry_later(pid);
+            self.pages.retry_later(pid);
         }
         ps.debug_check(pid, self.me);
         Self::wake(ps);
@@ -124,7 +124,7 @@ impl Coherence {
         match c {
             Control::Arrive { generation } => {
                 self.barrier.arrive(from, generation);
-                self.notify();
+                self.waiting.notify();
             }
             Control::Alloc { request } => self.alloc_asked(buf, from, request),
             Control::Allocated { request, pid } => self.alloc_answered(from, request, pid),
@@ -133,7 +133,7 @@ impl Coherence {
             Control::Lost { pid, node } => {
                 let pid = Pid(pid);
                 if pid.node() == self.me {
-                    let mut shard = self.shard(pid).lock();
+                    let mut shard = self.pages.shard(pid).lock();
                     let ps = shard
                         .entry(pid)
                         .or_insert_with(|| PageState::new(pid, self.me));
@@ -152,7 +152,7 @@ impl Coherence {
             }
             Control::Refuse { pid, code, node } => {
                 let pid = Pid(pid);
-                let mut shard = self.shard(pid).lock();
+                let mut shard = self.pages.shard(pid).lock();
                 if let Some(s) = shard.get_mut(&pid) {
                     if code == REFUSE_HOLDER_DEAD
                         && matches!(
@@ -176,10 +176,10 @@ impl Coherence {
 
     /// Retry the held messages of `pid`.
     pub(super) fn kick(&self, buf: &Buffer, pid: Pid) {
-        let mut shard = self.shard(pid).lock();
+        let mut shard = self.pages.shard(pid).lock();
         if let Some(ps) = shard.get_mut(&pid) {
             if self.progress(buf, pid, ps) {
-                self.retry_later(pid);
+                self.pages.retry_later(pid);
             }
             ps.debug_check(pid, self.me);
             Self::wake(ps);
@@ -191,19 +191,19 @@ impl Coherence {
     /// round's batches. Returns what it did.
     fn round(&self, buf: &Buffer, role: &mut Role) -> Round {
         let dead = (0..self.nodes)
-            .filter(|&n| n != self.me && !self.ch.peer_alive(n))
+            .filter(|&n| n != self.me && !self.driver.ch.peer_alive(n))
             .fold(0u64, |m, n| m | (1 << n));
         if dead & !role.dead_seen != 0 {
             role.dead_seen |= dead;
             self.sweep_dead(buf);
         }
-        let retry: Vec<Pid> = self.retry.lock().drain().collect();
+        let retry: Vec<Pid> = self.pages.retry.lock().drain().collect();
         let retried = !retry.is_empty() | self.serve_allocs(buf);
         for pid in retry {
             self.kick(buf, pid);
         }
         let mut applied = 0;
-        while let Some(inc) = self.ch.try_recv() {
+        while let Some(inc) = self.driver.ch.try_recv() {
             self.receive(buf, inc);
             applied += 1;
             if applied == ROUND {
@@ -218,7 +218,7 @@ impl Coherence {
             // which its transport clears only after storing everything the peer sent), and it
             // drained the rings empty: all those messages are handled. Release: see
             // `dead_drained`.
-            self.dead_drained.fetch_or(dead, Ordering::Release);
+            self.driver.dead_drained.fetch_or(dead, Ordering::Release);
         }
         Round { applied, retried }
     }
@@ -230,19 +230,20 @@ impl Coherence {
     /// stops (`Engine::close` takes the role after setting `stop`, so no round runs after it).
     pub fn help(&self, buf: &Buffer) -> bool {
         // home copies to read come first, outside the role (several helpers read in parallel)
-        let read = !self.stop.load(Ordering::Acquire) && self.do_store_reads(buf);
-        if !read && !self.ch.pending() && self.retry.lock().is_empty() {
+        let read = !self.driver.stop.load(Ordering::Acquire) && self.do_store_reads(buf);
+        if !read && !self.driver.ch.pending() && self.pages.retry.lock().is_empty() {
             return false;
         }
-        let Some(mut role) = self.role.try_lock() else {
+        let Some(mut role) = self.driver.role.try_lock() else {
             return read;
         };
-        if self.stop.load(Ordering::Acquire) {
+        if self.driver.stop.load(Ordering::Acquire) {
             return false;
         }
         let applied = self.round(buf, &mut role).applied;
         drop(role);
-        self.counters
+        self.driver
+            .counters
             .helped
             .fetch_add(applied as u64, Ordering::Relaxed);
         // the round may have asked for store reads: do them now (the answer waits for them)
@@ -252,27 +253,27 @@ impl Coherence {
     /// Wait for a round in progress (by a helper) to end; with `stop` set, no round starts
     /// after it ([`Coherence::help`]).
     pub fn quiesce(&self) {
-        debug_assert!(self.stop.load(Ordering::Acquire));
-        drop(self.role.lock());
+        debug_assert!(self.driver.stop.load(Ordering::Acquire));
+        drop(self.driver.role.lock());
     }
 
     /// The handler thread of a node: rounds until the node stops, waiting for messages
     /// between rounds that found nothing.
     pub fn run_handler(&self, buf: &Buffer) {
-        while !self.stop.load(Ordering::Acquire) {
+        while !self.driver.stop.load(Ordering::Acquire) {
             let r = {
-                let mut role = self.role.lock();
+                let mut role = self.driver.role.lock();
                 self.round(buf, &mut role)
             };
             // the round's store reads, outside the role (helpers may take some of them)
             let read = self.do_store_reads(buf);
             if r.applied == 0 && !read {
-                let t = if r.retried || !self.retry.lock().is_empty() {
+                let t = if r.retried || !self.pages.retry.lock().is_empty() {
                     Duration::from_micros(50)
                 } else {
                     Duration::from_millis(10)
                 };
-                self.ch.wait(t, &self.stop);
+                self.driver.ch.wait(t, &self.driver.stop);
             }
         }
     }

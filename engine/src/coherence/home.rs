@@ -7,9 +7,17 @@ use super::wire::{REFUSE_HOLDER_DEAD, REFUSE_NO_PAGE, REFUSE_READ};
 use super::{failure::refusal, Coherence, Note, PageState, StoreCopy};
 use crate::buffer::Buffer;
 use crate::pid::Pid;
+use parking_lot::Mutex;
 use shoal_messaging::PAGE_BYTES;
 use shoal_storage::AlignedPage;
 use std::sync::atomic::Ordering;
+
+/// The home side's own state: store reads of home copies that rounds asked for.
+#[derive(Default)]
+pub(super) struct Home {
+    /// Pages whose home copy a round asked to read from the store ([`StoreCopy::Reading`]).
+    pub reads_due: Mutex<Vec<Pid>>,
+}
 
 impl Coherence {
     /// A request for `pid` at its home (this node): the directory decides; the grant goes
@@ -50,7 +58,7 @@ impl Coherence {
         // sends its copy instead (it keeps its own; docs/protocol.md "Forwarded reads").
         let at_hand = l.resident.is_some()
             || matches!(&ps.store_copy, StoreCopy::Read { gen, .. } if *gen == ps.home_gen);
-        let may_serve = if at_hand || !self.one_pool || want != Mode::Shared {
+        let may_serve = if at_hand || !self.pool.enabled || want != Mode::Shared {
             0
         } else {
             self.live_peers().fold(0, |set, n| set | bit(n))
@@ -76,7 +84,8 @@ impl Coherence {
             } => (mode, epoch, from_home, source, invalidate, source_keeps),
         };
         if source_keeps {
-            self.counters
+            self.driver
+                .counters
                 .forwarded_reads
                 .fetch_add(1, Ordering::Relaxed);
         }
@@ -107,7 +116,7 @@ impl Coherence {
                 StoreCopy::Failed => return refuse(ps, REFUSE_READ, 0),
                 StoreCopy::None | StoreCopy::Read { .. } => {
                     ps.store_copy = StoreCopy::Reading { gen: ps.home_gen };
-                    self.reads_due.lock().push(pid);
+                    self.home.reads_due.lock().push(pid);
                     return Ok(Outcome::Stuck(note));
                 }
             }
@@ -160,7 +169,7 @@ impl Coherence {
     pub(super) fn do_store_reads(&self, buf: &Buffer) -> bool {
         let mut did = false;
         loop {
-            let Some(pid) = self.reads_due.lock().pop() else {
+            let Some(pid) = self.home.reads_due.lock().pop() else {
                 return did;
             };
             let mut page = Box::new(AlignedPage::new());
@@ -169,8 +178,11 @@ impl Coherence {
                 buf.store()
                     .read_into(pid.slot(), pid.raw(), page.as_mut_ptr())
             };
-            self.counters.home_reads.fetch_add(1, Ordering::Relaxed);
-            let mut shard = self.shard(pid).lock();
+            self.driver
+                .counters
+                .home_reads
+                .fetch_add(1, Ordering::Relaxed);
+            let mut shard = self.pages.shard(pid).lock();
             if let Some(ps) = shard.get_mut(&pid) {
                 if let StoreCopy::Reading { gen } = ps.store_copy {
                     ps.store_copy = match r {
@@ -181,7 +193,7 @@ impl Coherence {
                         }
                     };
                 }
-                self.retry_later(pid);
+                self.pages.retry_later(pid);
             }
             did = true;
         }

@@ -266,18 +266,70 @@ impl CoherenceCounters {
     }
 }
 
-/// One node's protocol state.
+/// One node's protocol state, in the parts its files work on: the pages it touched (shared by
+/// all), the requester side (workers waiting for answers: `acquire.rs`, `barrier.rs`,
+/// `alloc.rs`), the home side (`home.rs`, `pool.rs`) and the transport driver (`handler.rs`,
+/// `send.rs`, `failure.rs`).
 pub(crate) struct Coherence {
-    pub ch: Channels,
     me: Node,
     nodes: u8,
+    pages: Pages,
+    waiting: Waiting,
+    driver: Driver,
+    home: home::Home,
+    pool: pool::OnePool,
+    barrier: Barrier,
+    alloc: RemoteAlloc,
+}
+
+/// What this node knows of every page it touched through the protocol.
+struct Pages {
     shards: Box<[Mutex<HashMap<Pid, PageState>>]>,
     /// Pages whose held messages or due serve the handler must retry.
     retry: Mutex<HashSet<Pid>>,
+}
+
+impl Pages {
+    fn new() -> Pages {
+        Pages {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            retry: Mutex::new(HashSet::new()),
+        }
+    }
+
+    fn shard(&self, pid: Pid) -> &Mutex<HashMap<Pid, PageState>> {
+        let h = (pid.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize;
+        &self.shards[h % SHARDS]
+    }
+
+    /// Schedule `pid`'s held messages (or due serve) for the handler's next round.
+    fn retry_later(&self, pid: Pid) {
+        self.retry.lock().insert(pid);
+    }
+}
+
+/// The requester side: how workers wait for answers.
+struct Waiting {
     done_mx: Mutex<()>,
     done_cv: Condvar,
     /// How long a worker waits for a remote page before failing.
-    pub timeout: Duration,
+    timeout: Duration,
+    /// How long a worker waiting for an answer polls before it parks (the transport's
+    /// `answer_poll`).
+    answer_poll: Duration,
+}
+
+impl Waiting {
+    /// Wake the workers waiting in [`Coherence::acquire`] (and barrier, allocation waits).
+    fn notify(&self) {
+        let _g = self.done_mx.lock();
+        self.done_cv.notify_all();
+    }
+}
+
+/// The transport driver: the channels, who applies incoming messages, what goes out.
+pub(crate) struct Driver {
+    pub ch: Channels,
     pub counters: CoherenceCounters,
     pub stop: AtomicBool,
     /// Bit n: node n is dead and the handler has handled everything it sent (a round that
@@ -287,29 +339,11 @@ pub(crate) struct Coherence {
     dead_drained: AtomicU64,
     /// The handler role: whoever holds it applies incoming messages (see `handler.rs`).
     role: Mutex<handler::Role>,
-    barrier: Barrier,
-    alloc: RemoteAlloc,
     /// Eviction notices and replies waiting to go out in batches, per destination.
     outbox: Outboxes,
     /// Pages whose eviction notice was queued but could not be sent (the handler makes their
     /// copies idle again).
     unsent: Mutex<Vec<Pid>>,
-    /// Pages whose home copy a round asked to read from the store ([`StoreCopy::Reading`]).
-    reads_due: Mutex<Vec<Pid>>,
-    /// How long a worker waiting for an answer polls before it parks (the transport's
-    /// `answer_poll`).
-    answer_poll: Duration,
-    /// `EngineConfig::one_pool`: forward shared reads to a sharer when the home's copy is not
-    /// in memory; offer evicted pages to a peer with room; the provider evicts other homes'
-    /// pages first.
-    one_pool: bool,
-    /// One pool: the room each peer last reported ([`wire::Control::Room`]), less the pages
-    /// offered to it since.
-    peer_room: Box<[AtomicU64]>,
-    /// Shutting down: copies go home (`release_remote` was called); no page is offered or
-    /// taken in any more. Relaxed: a stale read only lets one more offer out or in, which the
-    /// protocol handles like any other (the copy goes home on the next release pass).
-    leaving: AtomicBool,
 }
 
 impl Coherence {
@@ -317,49 +351,44 @@ impl Coherence {
         let nodes = ch.nodes();
         let answer_poll = ch.transport().answer_poll();
         Coherence {
-            answer_poll,
             me: ch.node(),
             nodes,
-            ch,
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            retry: Mutex::new(HashSet::new()),
-            done_mx: Mutex::new(()),
-            done_cv: Condvar::new(),
-            timeout,
-            counters: CoherenceCounters::default(),
-            stop: AtomicBool::new(false),
-            dead_drained: AtomicU64::new(0),
-            role: Mutex::new(handler::Role::default()),
+            pages: Pages::new(),
+            waiting: Waiting {
+                done_mx: Mutex::new(()),
+                done_cv: Condvar::new(),
+                timeout,
+                answer_poll,
+            },
+            driver: Driver {
+                ch,
+                counters: CoherenceCounters::default(),
+                stop: AtomicBool::new(false),
+                dead_drained: AtomicU64::new(0),
+                role: Mutex::new(handler::Role::default()),
+                outbox: Outboxes::new(nodes),
+                unsent: Mutex::new(Vec::new()),
+            },
+            home: home::Home::default(),
+            pool: pool::OnePool::new(nodes, one_pool),
             barrier: Barrier::default(),
             alloc: RemoteAlloc::default(),
-            outbox: Outboxes::new(nodes),
-            unsent: Mutex::new(Vec::new()),
-            reads_due: Mutex::new(Vec::new()),
-            one_pool,
-            peer_room: (0..nodes).map(|_| AtomicU64::new(0)).collect(),
-            leaving: AtomicBool::new(false),
         }
+    }
+
+    /// The transport driver (channels, counters, the stop flag).
+    pub fn driver(&self) -> &Driver {
+        &self.driver
     }
 
     /// `EngineConfig::one_pool` of this node.
     pub fn one_pool(&self) -> bool {
-        self.one_pool
+        self.pool.enabled
     }
 
     /// Nodes in the cluster.
     pub fn nodes(&self) -> u8 {
         self.nodes
-    }
-
-    fn shard(&self, pid: Pid) -> &Mutex<HashMap<Pid, PageState>> {
-        let h = (pid.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize;
-        &self.shards[h % SHARDS]
-    }
-
-    /// Wake the workers waiting in [`Coherence::acquire`] (and barrier, allocation waits).
-    fn notify(&self) {
-        let _g = self.done_mx.lock();
-        self.done_cv.notify_all();
     }
 
     fn check_node(&self, pid: Pid) -> Result<(), EngineError> {
@@ -377,11 +406,6 @@ impl Coherence {
         for t in ps.parked.drain(..) {
             t.unpark();
         }
-    }
-
-    /// Schedule `pid`'s held messages (or due serve) for the handler's next round.
-    fn retry_later(&self, pid: Pid) {
-        self.retry.lock().insert(pid);
     }
 }
 

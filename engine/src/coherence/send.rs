@@ -32,18 +32,23 @@ impl Coherence {
         if to != self.me && batchable(&w.msg) {
             // travels in the next batch to `to` (see outbox.rs for why order is kept)
             let r = self
+                .driver
                 .outbox
                 .push(to, w.pid, w.msg, |to, m| self.send_batch(to, m));
             return r.map_err(|u| self.unsent(u));
         }
         self.flush_to(to)?;
         if to != self.me {
-            self.counters.messages.fetch_add(1, Ordering::Relaxed);
+            self.driver
+                .counters
+                .messages
+                .fetch_add(1, Ordering::Relaxed);
             if page.is_some() {
-                self.counters.pages.fetch_add(1, Ordering::Relaxed);
+                self.driver.counters.pages.fetch_add(1, Ordering::Relaxed);
             }
         }
-        self.ch
+        self.driver
+            .ch
             .send_msg(to, &w, page)
             .map_err(|e| send_error(to, msg.name(), e))
     }
@@ -53,7 +58,8 @@ impl Coherence {
         if to == self.me {
             return Ok(());
         }
-        self.outbox
+        self.driver
+            .outbox
             .flush_if_queued(to, |to, m| self.send_batch(to, m))
             .map_err(|u| self.unsent(u))
     }
@@ -61,7 +67,7 @@ impl Coherence {
     /// Send every queued batch (the provider after an eviction pass, the handler after a round
     /// of messages). Failures are logged and handled as in [`Coherence::unsent`].
     pub fn flush_batches(&self) {
-        for u in self.outbox.flush(|to, m| self.send_batch(to, m)) {
+        for u in self.driver.outbox.flush(|to, m| self.send_batch(to, m)) {
             let e = self.unsent(u);
             log::warn!("node {}: {e}", self.me);
         }
@@ -69,12 +75,16 @@ impl Coherence {
 
     fn send_batch(&self, to: Node, msgs: &[Queued]) -> Result<(), EngineError> {
         let page = encode_batch(msgs);
-        self.counters.messages.fetch_add(1, Ordering::Relaxed);
-        self.counters.batches.fetch_add(1, Ordering::Relaxed);
+        self.driver
+            .counters
+            .messages
+            .fetch_add(1, Ordering::Relaxed);
+        self.driver.counters.batches.fetch_add(1, Ordering::Relaxed);
         let c = Control::Batch {
             count: msgs.len() as u16,
         };
-        self.ch
+        self.driver
+            .ch
             .send_msg(to, &c, Some(&page))
             .map_err(|e| send_error(to, "a batch", e))
     }
@@ -95,17 +105,17 @@ impl Coherence {
             .iter()
             .filter(|(_, m)| matches!(m, Msg::Evict { .. }))
             .map(|&(pid, _)| Pid(pid));
-        self.unsent.lock().extend(pids);
-        self.ch.wake();
+        self.driver.unsent.lock().extend(pids);
+        self.driver.ch.wake();
         u.error
     }
 
     /// The handler's part of [`Coherence::unsent`]: a copy still waiting for the reply to a
     /// notice that never left is idle again (and keeps its page).
     pub(super) fn restore_unsent(&self, buf: &Buffer) {
-        let pids = std::mem::take(&mut *self.unsent.lock());
+        let pids = std::mem::take(&mut *self.driver.unsent.lock());
         for pid in pids {
-            let mut shard = self.shard(pid).lock();
+            let mut shard = self.pages.shard(pid).lock();
             let Some(ps) = shard.get_mut(&pid) else {
                 continue;
             };
@@ -116,7 +126,7 @@ impl Coherence {
             let Some(h) = buf.try_hold(idx, pid) else {
                 if buf.frame(idx).pid() == pid {
                     // a guard waits on it (possession none): try again next round
-                    self.unsent.lock().push(pid);
+                    self.driver.unsent.lock().push(pid);
                 }
                 continue;
             };
@@ -132,7 +142,7 @@ impl Coherence {
             h.frame().touch(buf.clock());
             drop(h);
             Self::wake(ps);
-            self.retry_later(pid);
+            self.pages.retry_later(pid);
         }
     }
 
@@ -146,7 +156,8 @@ impl Coherence {
 
     pub(super) fn try_send_control(&self, to: Node, c: &Control) -> Result<(), EngineError> {
         self.flush_to(to)?;
-        self.ch
+        self.driver
+            .ch
             .send_msg(to, c, None)
             .map_err(|e| send_error(to, &format!("{c:?}"), e))
     }

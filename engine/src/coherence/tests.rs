@@ -53,16 +53,25 @@ fn a_read_whose_home_copy_left_memory_is_served_by_a_sharer() {
     h.drop_page();
     coh0.write_home(buf0, pid, &bytes, &super::apply::Latched::default())
         .unwrap();
-    let reads = |c: &Coherence| c.counters.home_reads.load(Ordering::Relaxed);
+    let reads = |c: &Coherence| c.driver.counters.home_reads.load(Ordering::Relaxed);
     let (home_reads, served) = (
         reads(coh0),
-        coh1.counters.served_for_others.load(Ordering::Relaxed),
+        coh1.driver
+            .counters
+            .served_for_others
+            .load(Ordering::Relaxed),
     );
     assert_eq!(w0.shared(pid).unwrap().page().u64(0), 41);
     assert_eq!(reads(coh0), home_reads, "no store read at the home");
-    assert_eq!(coh0.counters.forwarded_reads.load(Ordering::Relaxed), 1);
     assert_eq!(
-        coh1.counters.served_for_others.load(Ordering::Relaxed),
+        coh0.driver.counters.forwarded_reads.load(Ordering::Relaxed),
+        1
+    );
+    assert_eq!(
+        coh1.driver
+            .counters
+            .served_for_others
+            .load(Ordering::Relaxed),
         served + 1
     );
     assert!(
@@ -121,6 +130,7 @@ fn a_home_frame_granted_to_its_own_worker_is_not_dropped() {
         let t0 = Instant::now();
         loop {
             let completing = coh
+                .pages
                 .shard(pid)
                 .lock()
                 .get(&pid)
@@ -211,7 +221,8 @@ fn eviction_needs_no_free_frame_at_the_home(dirty: bool) {
             let r = s.spawn(|| home.worker().shared(pid).map(|g| g.page().u64(0)));
             // its request reached node 0's handler and waits there for a frame
             let waits = || {
-                coh0.shard(pid)
+                coh0.pages
+                    .shard(pid)
                     .lock()
                     .get(&pid)
                     .is_some_and(|s| s.held.iter().any(|n| n.from == 0))
@@ -227,7 +238,8 @@ fn eviction_needs_no_free_frame_at_the_home(dirty: bool) {
         // its worker's use of the page), so try until the notice is out.
         let idx1 = frame(other, pid).expect("node 1 holds it");
         let sent = || {
-            coh1.shard(pid)
+            coh1.pages
+                .shard(pid)
                 .lock()
                 .get(&pid)
                 .is_some_and(|s| s.copy.pending == Pending::Evicting)
@@ -346,7 +358,7 @@ fn an_upgrade_waiting_for_a_dead_sharer_loses_the_page_cleanly() {
         let coh1 = c.node(1).node().coherence().unwrap();
         let t0 = Instant::now();
         loop {
-            let waiting = coh1.shard(pid).lock().get(&pid).is_some_and(
+            let waiting = coh1.pages.shard(pid).lock().get(&pid).is_some_and(
                 |s| matches!(s.copy.pending, Pending::Completing { acks, .. } if acks != 0),
             );
             if waiting {
@@ -364,7 +376,7 @@ fn an_upgrade_waiting_for_a_dead_sharer_loses_the_page_cleanly() {
             matches!(r, Err(crate::EngineError::HolderDead { pid: p, holder: 2 }) if p == pid),
             "{r:?}"
         );
-        let s = coh1.shard(pid).lock();
+        let s = coh1.pages.shard(pid).lock();
         let ps = s.get(&pid).unwrap();
         assert_eq!(ps.lost, Some(2));
         assert_eq!(

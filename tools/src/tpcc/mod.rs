@@ -9,6 +9,7 @@
 mod check;
 mod load;
 mod random;
+mod run;
 mod schema;
 mod tcp;
 mod txn;
@@ -18,12 +19,13 @@ use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use random::Constants;
+use run::{run_phase, RunOut, Tally};
 use schema::Tables;
 use serde_json::json;
-use shoal_engine::{format_bytes, parse_bytes, Cluster, ClusterFile, Engine, EngineConfig};
+use shoal_engine::{format_bytes, Cluster, ClusterFile, Engine, EngineConfig};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,7 +69,8 @@ pub struct Args {
     pub tasks: usize,
     #[command(flatten)]
     pub net: ClusterArgs,
-    /// Page cache per node, e.g. 256MiB, 1GiB.
+    /// Page cache per node, e.g. 256MiB, 1GiB (one size for every node, or one per node
+    /// separated by commas, as `shoal ycsb --cache`).
     #[arg(long, default_value = "1GiB")]
     pub cache: String,
     /// How a worker picks each transaction's home warehouse.
@@ -111,7 +114,7 @@ pub struct Args {
     pub quiet: bool,
 }
 
-fn validate(a: &Args) -> anyhow::Result<u64> {
+fn validate(a: &Args) -> anyhow::Result<Vec<usize>> {
     if let Some(r) = a.rate {
         if !(r.is_finite() && r > 0.0) {
             return Err(anyhow::anyhow!("--rate {r}: transactions per second, > 0"));
@@ -152,11 +155,11 @@ fn validate(a: &Args) -> anyhow::Result<u64> {
         ));
     }
     crate::cli::check_run_secs(a.duration, a.warmup)?;
-    let cache = parse_bytes(&a.cache).map_err(|e| anyhow::anyhow!("--cache: {e}"))?;
-    if cache < 4 << 20 {
+    let caches = crate::cli::parse_caches(&a.cache, a.net.nodes)?;
+    if caches.iter().any(|&c| c < 4 << 20) {
         return Err(anyhow::anyhow!("--cache {}: at least 4MiB", a.cache));
     }
-    Ok(cache)
+    Ok(caches)
 }
 
 /// The warehouses loaded on (and homed at) node `n` of `nodes`: `lo..=hi`.
@@ -167,7 +170,7 @@ fn share(warehouses: u16, n: usize, nodes: usize) -> (u16, u16) {
 
 /// Run `shoal tpcc`.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let cache = validate(&a)?;
+    let caches = validate(&a)?;
     STARTED.get_or_init(std::time::SystemTime::now);
     if let Some(p) = &a.json {
         crate::cli::check_output("--json", p)?;
@@ -188,7 +191,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         return crate::cli::run_as_member(&file, id, |nodes| drive(nodes, &a));
     }
     if a.check_existing {
-        return check_existing(&a, cache);
+        return check_existing(&a, caches[0]);
     }
     if a.net.transport == Transport::Tcp {
         return tcp::run_local(&a);
@@ -200,7 +203,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         } else {
             dir.clone()
         };
-        let mut c = EngineConfig::new(d, cache as usize);
+        let mut c = EngineConfig::new(d, caches[i as usize]);
         c.one_pool = !a.net.no_one_pool;
         c.durability = a.durability;
         c.wal_bytes = a.wal_size;
@@ -226,14 +229,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// `--check-existing`: open (and so recover) the database in --data-dir and check it.
-fn check_existing(a: &Args, cache: u64) -> anyhow::Result<ExitCode> {
+fn check_existing(a: &Args, cache: usize) -> anyhow::Result<ExitCode> {
     if a.net.nodes > 1 || a.net.cluster.is_some() {
         return Err(anyhow::anyhow!(
             "--check-existing is for a single node's data directory"
         ));
     }
     let dir = a.data_dir.as_deref().expect("clap requires --data-dir");
-    let c = crate::cli::recovering_config(dir, 0, cache as usize);
+    let c = crate::cli::recovering_config(dir, 0, cache);
     let e = Engine::open(c).map_err(anyhow::Error::from)?;
     if let Some(r) = e.store().replayed() {
         say!(
@@ -430,338 +433,6 @@ fn populate(nodes: &Nodes, t: &Tables, a: &Args, c: &Constants) -> anyhow::Resul
     r?;
     bar.finish_and_clear();
     Ok(t0.elapsed().as_secs_f64())
-}
-
-const WARMUP: u8 = 0;
-const MEASURE: u8 = 1;
-const STOP: u8 = 2;
-
-/// One worker's measurements.
-struct Tally {
-    count: [u64; 5],
-    rollbacks: u64,
-    remote_warehouse: u64,
-    remote_node: u64,
-    anomalies: u64,
-    errors: u64,
-    first_error: Option<String>,
-    hist: Vec<Histogram<u64>>,
-}
-
-impl Tally {
-    fn new() -> Tally {
-        Tally {
-            count: [0; 5],
-            rollbacks: 0,
-            remote_warehouse: 0,
-            remote_node: 0,
-            anomalies: 0,
-            errors: 0,
-            first_error: None,
-            hist: (0..5)
-                .map(|_| Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds"))
-                .collect(),
-        }
-    }
-    fn merge(&mut self, o: &Tally) {
-        for i in 0..5 {
-            self.count[i] += o.count[i];
-            self.hist[i].add(&o.hist[i]).expect("same bounds");
-        }
-        self.rollbacks += o.rollbacks;
-        self.remote_warehouse += o.remote_warehouse;
-        self.remote_node += o.remote_node;
-        self.anomalies += o.anomalies;
-        self.errors += o.errors;
-        if self.first_error.is_none() {
-            self.first_error.clone_from(&o.first_error);
-        }
-    }
-}
-
-struct RunOut {
-    tally: Tally,
-    secs: f64,
-    threads: usize,
-    /// Per node over the measured interval: node id, (remote fetches, NVMe reads, NVMe writes,
-    /// and one pool's NVMe reads avoided, pages served for other homes, pages given away,
-    /// pages taken in).
-    per_node: Vec<(u8, [u64; 7])>,
-    /// The first node's log over the measured interval (single nodes with a log).
-    log: shoal_engine::LogCounters,
-}
-
-fn node_counters(e: &Engine) -> [u64; 7] {
-    let (s, p) = (e.stats(), e.protocol_stats());
-    [
-        p.requests,
-        s.store_reads,
-        s.store_writes,
-        p.forwarded_reads,
-        p.served_for_others,
-        p.given_away,
-        p.taken_in,
-    ]
-}
-
-fn run_phase(
-    nodes: &Nodes,
-    t: &Tables,
-    a: &Args,
-    c: &Constants,
-    node_of: &[u8],
-) -> anyhow::Result<RunOut> {
-    let phase = AtomicU8::new(WARMUP);
-    let total = AtomicU64::new(0);
-    let new_orders = AtomicU64::new(0);
-    // Relaxed: a stop signal; the tallies travel through the threads' joins.
-    let failed = AtomicBool::new(false);
-    // (engine index, the warehouses the worker picks home warehouses from)
-    let mut plan: Vec<(usize, Vec<u16>)> = Vec::new();
-    for (ix, e) in nodes.engines.iter().enumerate() {
-        let (lo, hi) = share(a.warehouses, e.node_id() as usize, nodes.cluster);
-        match a.mode {
-            Mode::Affinity => {
-                let workers = a.workers.min((hi - lo + 1) as usize);
-                if workers < a.workers {
-                    say!(
-                        "note: affinity mode runs one worker per warehouse: {workers} on node {} \
-                         ({} warehouses there), not the {} asked for",
-                        e.node_id(),
-                        hi - lo + 1,
-                        a.workers
-                    );
-                }
-                for k in 0..workers {
-                    let mine = (lo..=hi)
-                        .filter(|x| (x - lo) as usize % workers == k)
-                        .collect();
-                    plan.push((ix, mine));
-                }
-            }
-            Mode::Locality => {
-                for _ in 0..a.workers {
-                    plan.push((ix, (lo..=hi).collect()));
-                }
-            }
-            Mode::Uniform => {
-                for _ in 0..a.workers {
-                    plan.push((ix, (1..=a.warehouses).collect()));
-                }
-            }
-        }
-    }
-    let threads = plan.len();
-    let mut measured = 0.0;
-    let mut before = Vec::new();
-    let mut after = Vec::new();
-    let (mut log0, mut log1) = Default::default();
-    let run_start = Instant::now();
-    let mut csv = match &a.csv {
-        Some(p) => {
-            use std::io::Write as _;
-            let mut f = std::fs::File::create(p)
-                .map(std::io::BufWriter::new)
-                .map_err(|e| anyhow::anyhow!("--csv {}: {e}", p.display()))?;
-            writeln!(f, "time_s,phase,txn_per_s,new_orders_per_min")
-                .map_err(|e| anyhow::anyhow!("--csv {}: {e}", p.display()))?;
-            Some(f)
-        }
-        None => None,
-    };
-    let tallies: Vec<Tally> = std::thread::scope(|s| {
-        let hs: Vec<_> = plan
-            .iter()
-            .enumerate()
-            .map(|(id, (n, homes))| {
-                let (phase, total, new_orders, failed) = (&phase, &total, &new_orders, &failed);
-                let e = nodes.engines[*n];
-                // each stream's share of --rate: one transaction every `pace`
-                let streams = threads * a.tasks;
-                let pace = a.rate.map(|r| Duration::from_secs_f64(streams as f64 / r));
-                // stream `k` of this thread (the thread itself without --tasks)
-                let unit = move |k: usize| {
-                    let id = id * a.tasks + k;
-                    let w = e.worker();
-                    let mut next_at = Instant::now();
-                    let mut ctx = txn::Ctx {
-                        w: &w,
-                        t,
-                        warehouses: a.warehouses,
-                        node_of,
-                        node: e.node_id(),
-                        c: *c,
-                        rng: SmallRng::seed_from_u64(a.seed.wrapping_add(1 + id as u64 * 7919)),
-                        history_seq: ((e.node_id() as u64) << 48) | ((id as u64 + 1) << 32),
-                        journal: Default::default(),
-                    };
-                    let mut tally = Tally::new();
-                    // with durability "commit", a transaction counts once its log is durable
-                    let pipelined = a.durability == shoal_engine::Durability::Commit;
-                    let mut acks = crate::acks::Acks::new(a.pipeline);
-                    let fail = |tally: &mut Tally, ty: usize, e: &dyn std::fmt::Display| {
-                        // (undone: see txn::Ctx::run) A failed transaction makes the run's
-                        // numbers meaningless, in warm-up too: stop the run.
-                        tally.errors += 1;
-                        tally.first_error = Some(format!("{}: {e}", txn::TYPES[ty]));
-                        failed.store(true, Ordering::Relaxed);
-                    };
-                    loop {
-                        let p = phase.load(Ordering::Relaxed);
-                        if p == STOP {
-                            break;
-                        }
-                        let ty = txn::pick(&mut ctx.rng);
-                        let home = homes[ctx.rng.random_range(0..homes.len())];
-                        // with --rate, latency counts from the intended start
-                        let t0 = match pace {
-                            Some(p) => {
-                                next_at += p;
-                                while Instant::now() < next_at
-                                    && phase.load(Ordering::Relaxed) != STOP
-                                {
-                                    if shoal_engine::tasks::yield_now() {
-                                        continue; // a task: the others run meanwhile
-                                    }
-                                    let left = next_at - Instant::now();
-                                    std::thread::sleep(left.min(Duration::from_millis(10)));
-                                }
-                                next_at
-                            }
-                            None => Instant::now(),
-                        };
-                        let mut done = |t0: Instant, (ty, d): (usize, txn::Done)| {
-                            total.fetch_add(1, Ordering::Relaxed);
-                            if ty == 0 && !d.rolled_back {
-                                new_orders.fetch_add(1, Ordering::Relaxed);
-                            }
-                            if phase.load(Ordering::Relaxed) != MEASURE {
-                                return;
-                            }
-                            let us = t0.elapsed().as_micros() as u64;
-                            tally.count[ty] += 1;
-                            tally.hist[ty].saturating_record(us.max(1));
-                            tally.rollbacks += d.rolled_back as u64;
-                            tally.remote_warehouse += d.remote_warehouse as u64;
-                            tally.remote_node += d.remote_node as u64;
-                            tally.anomalies += d.anomaly as u64;
-                        };
-                        let r = if pipelined {
-                            ctx.run_later(ty, home).and_then(|(d, point)| {
-                                acks.push(ctx.w, point, t0, (ty, d), &mut done)
-                                    .map_err(txn::TxError::Commit)
-                            })
-                        } else {
-                            ctx.run(ty, home).map(|d| done(t0, (ty, d)))
-                        };
-                        if let Err(e) = r {
-                            fail(&mut tally, ty, &e);
-                            break;
-                        }
-                        // a task gives the thread's other tasks a turn (nothing outside tasks)
-                        shoal_engine::tasks::yield_now();
-                    }
-                    // what is still waiting was committed after the measurement: not counted
-                    if let Err(e) = acks.drain(ctx.w, |_, _| {}) {
-                        fail(&mut tally, 0, &e);
-                    }
-                    tally
-                };
-                s.spawn(move || -> Vec<Tally> {
-                    if a.tasks == 1 {
-                        return vec![unit(0)];
-                    }
-                    let out: Vec<std::cell::RefCell<Option<Tally>>> =
-                        (0..a.tasks).map(|_| Default::default()).collect();
-                    if let Err(e) = shoal_engine::tasks::run(a.tasks, |k| {
-                        *out[k].borrow_mut() = Some(unit(k));
-                    }) {
-                        let mut t = Tally::new();
-                        t.errors += 1;
-                        t.first_error = Some(format!("tasks: cannot map a task's stack: {e}"));
-                        failed.store(true, Ordering::Relaxed);
-                        return vec![t];
-                    }
-                    out.into_iter().filter_map(|r| r.into_inner()).collect()
-                })
-            })
-            .collect();
-        let mut sleep_until = |end: Instant| {
-            // (the baseline is the current count: the first line of a phase reports that
-            // phase's rate, not everything since the start)
-            let mut last = (
-                Instant::now(),
-                total.load(Ordering::Relaxed),
-                new_orders.load(Ordering::Relaxed),
-            );
-            while Instant::now() < end
-                && !failed.load(Ordering::Relaxed)
-                && !crate::stop::requested()
-            {
-                std::thread::sleep(Duration::from_millis(200).min(end - Instant::now()));
-                if last.0.elapsed() >= Duration::from_secs(1) && (!a.quiet || csv.is_some()) {
-                    let (t, no) = (
-                        total.load(Ordering::Relaxed),
-                        new_orders.load(Ordering::Relaxed),
-                    );
-                    let secs = last.0.elapsed().as_secs_f64();
-                    let (tps, nopm) = (
-                        (t - last.1) as f64 / secs,
-                        (no - last.2) as f64 / secs * 60.0,
-                    );
-                    if !a.quiet {
-                        say!("{tps:>10.0} txn/s  {nopm:>10.0} NewOrders/min");
-                    }
-                    if let Some(f) = &mut csv {
-                        use std::io::Write as _;
-                        let warm = phase.load(Ordering::Relaxed) == WARMUP;
-                        let _ = writeln!(
-                            f,
-                            "{:.3},{},{tps:.1},{nopm:.1}",
-                            run_start.elapsed().as_secs_f64(),
-                            if warm { "warmup" } else { "measure" }
-                        );
-                    }
-                    last = (Instant::now(), t, no);
-                }
-            }
-        };
-        sleep_until(Instant::now() + Duration::from_secs_f64(a.warmup));
-        let m0 = Instant::now();
-        before = nodes.engines.iter().map(|e| node_counters(e)).collect();
-        log0 = nodes.engines[0].stats().log;
-        phase.store(MEASURE, Ordering::Relaxed);
-        sleep_until(m0 + Duration::from_secs_f64(a.duration));
-        phase.store(STOP, Ordering::Relaxed);
-        after = nodes.engines.iter().map(|e| node_counters(e)).collect();
-        log1 = nodes.engines[0].stats().log;
-        measured = m0.elapsed().as_secs_f64();
-        if let Some(mut f) = csv.take() {
-            use std::io::Write as _;
-            if let Err(e) = f.flush() {
-                eprintln!("--csv: {e}");
-            }
-        }
-        hs.into_iter()
-            .flat_map(|h| h.join().unwrap_or_else(|_| vec![Tally::new()]))
-            .collect()
-    });
-    let mut all = Tally::new();
-    for t in &tallies {
-        all.merge(t);
-    }
-    Ok(RunOut {
-        tally: all,
-        secs: measured,
-        threads,
-        per_node: nodes
-            .engines
-            .iter()
-            .zip(before.iter().zip(&after))
-            .map(|(e, (b, a))| (e.node_id(), [0, 1, 2, 3, 4, 5, 6].map(|i| a[i] - b[i])))
-            .collect(),
-        log: log1.since(&log0),
-    })
 }
 
 /// Print the summary (and the check's result) and return the run's JSON document: the same

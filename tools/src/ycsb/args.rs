@@ -1,0 +1,251 @@
+//! `shoal ycsb`'s command line ([`Args`]) and what a run is made of once it is checked
+//! ([`Plan`]).
+
+use super::*;
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Distribution {
+    Uniform,
+    Zipf,
+    Latest,
+}
+
+/// Which part of a YCSB run to do.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Load the table into an empty --data-dir, close it, stop.
+    Load,
+    /// Run the workload on the table a `load` left in --data-dir (checked first).
+    Run,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Random,
+    Partitioned,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// `load`: load the table into an empty --data-dir and stop; `run`: run the workload on
+    /// the table a load left there (YCSB's two phases: load once, run many times). Without
+    /// it: both, on a fresh directory.
+    #[arg(value_enum)]
+    pub phase: Option<Phase>,
+    /// A YCSB workload file (`key=value` properties, e.g. workloads/workloada); several are
+    /// read in order. Flags given on the command line override its properties.
+    #[arg(short = 'P', value_name = "FILE")]
+    pub property_files: Vec<PathBuf>,
+    /// A YCSB property, e.g. `-p recordcount=1000000` (overrides -P files).
+    #[arg(short = 'p', value_name = "KEY=VALUE")]
+    pub properties: Vec<String>,
+    /// Operations to run (YCSB's operationcount), shared by all workers; the run ends when
+    /// they are done (or after --duration if that is given too).
+    #[arg(long)]
+    pub operations: Option<u64>,
+    /// Target throughput in operations per second over all workers (YCSB's -target). Each
+    /// worker starts its operations on a fixed schedule, and latencies are measured from the
+    /// intended start: a run that falls behind shows its queueing in the latencies.
+    #[arg(long)]
+    pub target: Option<f64>,
+    /// Write one CSV row per second: throughput (all and per operation type), the latency
+    /// percentiles of that second, hit ratio, remote fetches, NVMe reads and writes (all and
+    /// per node). `shoal plot` draws it.
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    /// Write each second's latencies as an HdrHistogram interval log (a histogram per
+    /// operation type and second, tagged with the type), for HdrHistogram's own tools.
+    #[arg(long)]
+    pub hdr: Option<PathBuf>,
+    /// Flags given on the command line (set by main; properties do not override them).
+    #[arg(skip)]
+    pub explicit: Vec<String>,
+    /// The value size came from fieldcount x fieldlength (for messages).
+    #[arg(skip)]
+    pub value_from_fields: Option<(u64, u64)>,
+    /// When changes become durable: none (only a clean end; a crash loses changes since),
+    /// commit (each write/transaction waits for the log: group commit), or flush-every-ms=N
+    /// (the log is flushed every N ms; a crash loses at most that). Single nodes only;
+    /// docs/durability.md.
+    #[arg(long, default_value = "none", value_parser = shoal_engine::Durability::parse)]
+    pub durability: shoal_engine::Durability,
+    /// Size of the write-ahead log file with a log, e.g. 256MiB, 1GiB (preallocated at start;
+    /// a checkpoint begins when half is in use).
+    #[arg(long, default_value = "1GiB", value_parser = parse_wal_size)]
+    pub wal_size: u64,
+    #[command(flatten)]
+    pub net: ClusterArgs,
+    /// Worker threads per node.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Tasks per worker thread (1: no tasks). Each task runs its own stream of operations; a
+    /// task that misses (NVMe read, remote fetch) pauses and the thread runs another, so one
+    /// thread keeps many reads in flight (docs/ycsb.md, "Tasks").
+    #[arg(long, default_value_t = 1)]
+    pub tasks: usize,
+    /// Records loaded before the run.
+    #[arg(long, default_value_t = 200_000)]
+    pub records: u64,
+    /// Value size in bytes (keys are 8 bytes).
+    #[arg(long, default_value_t = 128)]
+    pub value_size: usize,
+    /// YCSB core workload: a (50/50 read/update), b (95/5), c (read only), d (read latest, 5%
+    /// inserts), e (short scans, 5% inserts), f (read-modify-write).
+    #[arg(long, default_value = "a")]
+    pub workload: String,
+    /// Fraction of reads (the rest are updates); overrides the workload's mix.
+    #[arg(long)]
+    pub read_ratio: Option<f64>,
+    /// Request distribution. As in YCSB's core workloads, the default is zipfian (scrambled:
+    /// the hot keys are spread over the key space), and latest for workload d; `uniform` gives
+    /// the shape of Shoal's runs before 2026-11-25 (docs/BENCHMARKS.md).
+    #[arg(long, value_enum)]
+    pub distribution: Option<Distribution>,
+    /// Zipfian skew (YCSB's default is 0.99).
+    #[arg(long, default_value_t = 0.99)]
+    pub zipf_theta: f64,
+    /// Which keys a node's workers touch: random (all keys) or partitioned (the node's share).
+    #[arg(long, value_enum, default_value = "random")]
+    pub access: Access,
+    /// Page cache per node, e.g. 64MiB, 1GiB; or one per node, separated by commas
+    /// (`--nodes 2 --cache 32MiB,512MiB`).
+    #[arg(long, default_value = "256MiB")]
+    pub cache: String,
+    /// Data directory (default: a temporary directory, removed after the run); node i of a
+    /// cluster uses its subdirectory `node<i>`.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Device files to stripe each node's store over.
+    #[arg(long, default_value_t = 1)]
+    pub devices: usize,
+    /// Seconds to run before measuring.
+    #[arg(long, default_value_t = 2.0)]
+    pub warmup: f64,
+    /// Seconds to measure.
+    #[arg(long, default_value_t = 10.0)]
+    pub duration: f64,
+    /// Longest scan of workload e.
+    #[arg(long, default_value_t = 100)]
+    pub max_scan: usize,
+    /// With --durability commit: writes a worker may have waiting for the log at once. Each
+    /// is acknowledged (counted, its latency taken) only when durable; the worker goes on with
+    /// its next operation meanwhile. 0: each write waits for its flush first.
+    #[arg(long, default_value_t = 10_000)]
+    pub pipeline: usize,
+    /// Seed of the workers' random choices (keys, operations); default: a fresh one, printed
+    /// in the JSON report. The same seed gives the same sequence per worker (their
+    /// interleaving still varies).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Write the results as JSON to this file (`-`: standard output; the per-second lines and
+    /// the summary then go to standard error).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// No per-second lines and no progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+pub(super) struct Plan {
+    pub(super) phase: Option<Phase>,
+    pub(super) mix: Mix,
+    pub(super) dist: Dist,
+    /// Cache of each node (`--cache`, one entry per node).
+    pub(super) caches: Vec<usize>,
+    pub(super) label: String,
+    pub(super) seed: u64,
+    pub(super) started: std::time::SystemTime,
+}
+
+pub(super) fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<Plan> {
+    a.net.validate()?;
+    if a.phase.is_some() && (a.net.transport == Transport::Tcp || a.net.cluster.is_some()) {
+        return Err(anyhow::anyhow!(
+            "shoal ycsb load/run: tcp clusters not yet (use --nodes N over mem, or the one-shot \
+             command)"
+        ));
+    }
+    if a.operations == Some(0) {
+        return Err(anyhow::anyhow!("--operations must be at least 1"));
+    }
+    if let Some(t) = a.target {
+        if !(t.is_finite() && t > 0.0) {
+            return Err(anyhow::anyhow!("--target {t}: operations per second, > 0"));
+        }
+    }
+    if a.records == 0 {
+        return Err(anyhow::anyhow!("--records must be at least 1"));
+    }
+    if a.records < a.net.nodes as u64 {
+        return Err(anyhow::anyhow!(
+            "--records {}: every node loads a share, so use at least --nodes ({})",
+            a.records,
+            a.net.nodes
+        ));
+    }
+    if a.workers == 0 || a.workers > 1024 {
+        return Err(anyhow::anyhow!("--workers {}: use 1 to 1024", a.workers));
+    }
+    if a.tasks == 0 || a.tasks > shoal_engine::tasks::MAX_TASKS {
+        return Err(anyhow::anyhow!(
+            "--tasks {}: use 1 to {}",
+            a.tasks,
+            shoal_engine::tasks::MAX_TASKS
+        ));
+    }
+    // larger than a leaf's record (8-byte keys): kept in overflow pages, a page or more each
+    let max_value = MAX_VALUE;
+    if a.value_size < value::MIN_VALUE || a.value_size > max_value {
+        return Err(anyhow::anyhow!(
+            "--value-size {}: values hold their key and a checksum, so use {} to {max_value} bytes",
+            a.value_size,
+            value::MIN_VALUE
+        ));
+    }
+    if a.zipf_theta.is_nan() || a.zipf_theta <= 0.0 || a.zipf_theta > 3.0 {
+        return Err(anyhow::anyhow!(
+            "--zipf-theta {}: use a value in (0, 3]",
+            a.zipf_theta
+        ));
+    }
+    crate::cli::check_run_secs(a.duration, a.warmup)?;
+    if a.max_scan == 0 {
+        return Err(anyhow::anyhow!("--max-scan must be at least 1"));
+    }
+    let wl = a.workload.to_ascii_lowercase();
+    let wc = wl.chars().next().filter(|_| wl.len() == 1);
+    let mut mix = wc
+        .and_then(Mix::of)
+        .ok_or_else(|| anyhow::anyhow!("--workload {}: use one of a, b, c, d, e, f", a.workload))?;
+    let mut label = format!("workload {wl}");
+    if let Some(m) = mix_from_props {
+        mix = m;
+        label = props::label(a).unwrap_or_else(|| "properties".into());
+    }
+    if let Some(r) = a.read_ratio {
+        if !(0.0..=1.0).contains(&r) {
+            return Err(anyhow::anyhow!(
+                "--read-ratio {r}: use a fraction in [0, 1]"
+            ));
+        }
+        mix = Mix::read_ratio(r);
+        label = format!("read ratio {r}");
+    }
+    let dist = match a.distribution {
+        Some(Distribution::Uniform) => Dist::Uniform,
+        Some(Distribution::Zipf) => Dist::Zipf(a.zipf_theta),
+        Some(Distribution::Latest) => Dist::Latest(a.zipf_theta),
+        None if wc == Some('d') => Dist::Latest(a.zipf_theta),
+        None => Dist::Zipf(a.zipf_theta),
+    };
+    let caches = crate::cli::parse_caches(&a.cache, a.net.nodes)?;
+    Ok(Plan {
+        phase: a.phase,
+        mix,
+        dist,
+        caches,
+        label,
+        seed: a.seed.unwrap_or_else(crate::report::fresh_seed),
+        started: std::time::SystemTime::now(),
+    })
+}

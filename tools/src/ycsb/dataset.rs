@@ -1,0 +1,80 @@
+//! The description of a kept data set (`shoal ycsb load`, then `run` many times): what was
+//! loaded and which key the next insert takes.
+
+use super::*;
+
+pub(super) const DATA_SET_FILE: &str = "ycsb-dataset.json";
+
+/// What `shoal ycsb load` left in a data directory (`ycsb-dataset.json`), updated by every
+/// `run`: the table's shape, so that a run uses the same keys and checks that they are there.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(super) struct DataSet {
+    pub(super) records: u64,
+    pub(super) value_size: usize,
+    pub(super) nodes: usize,
+    /// The key the next insert takes (runs insert keys past the loaded ones).
+    pub(super) next_key: u64,
+    pub(super) loaded_utc: String,
+    pub(super) runs: u64,
+}
+
+impl DataSet {
+    pub(super) fn read(dir: &std::path::Path) -> anyhow::Result<DataSet> {
+        let p = dir.join(DATA_SET_FILE);
+        let usage = |why: String| anyhow::Error::new(crate::cli::Usage(why));
+        let text = std::fs::read_to_string(&p).map_err(|e| {
+            usage(format!(
+                "--data-dir {}: no data set of shoal ycsb load ({}: {e}); load one first",
+                dir.display(),
+                p.display()
+            ))
+        })?;
+        serde_json::from_str(&text)
+            .map_err(|e| usage(format!("{}: not a data set description: {e}", p.display())))
+    }
+
+    /// Written beside the stores, atomically and durably (a new file, synced, renamed over
+    /// the old one, the directory synced): a crash leaves the old description or the new one.
+    pub(super) fn write(&self, dir: &std::path::Path) -> anyhow::Result<()> {
+        let p = dir.join(DATA_SET_FILE);
+        let text = serde_json::to_string_pretty(self).expect("serialises") + "\n";
+        shoal_storage::write_atomic(&p, text.as_bytes())
+            .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
+    }
+
+    /// A run must use the loaded shape: flags or properties that disagree are an error.
+    pub(super) fn matches(&self, a: &Args) -> anyhow::Result<()> {
+        let given = |id: &str| a.explicit.iter().any(|e| e == id);
+        let differ = |what: &str, theirs: String, mine: String| {
+            anyhow::Error::new(crate::cli::Usage(format!(
+                "the data set was loaded with {what} {theirs}, this run asks for {mine}: run with \
+                 the loaded shape (or load a new data set)"
+            )))
+        };
+        if (given("records") || !a.properties.is_empty() || !a.property_files.is_empty())
+            && a.records != self.records
+        {
+            return Err(differ(
+                "recordcount",
+                self.records.to_string(),
+                a.records.to_string(),
+            ));
+        }
+        if a.value_size != self.value_size && (given("value_size") || a.value_from_fields.is_some())
+        {
+            return Err(differ(
+                "value size",
+                self.value_size.to_string(),
+                a.value_size.to_string(),
+            ));
+        }
+        if a.net.nodes != self.nodes {
+            return Err(differ(
+                "--nodes",
+                self.nodes.to_string(),
+                a.net.nodes.to_string(),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,262 @@
+//! One stream of YCSB operations (a worker, or a task of one): which keys it reads, updates
+//! and inserts, what it checks in every value, and its latencies.
+
+use super::*;
+use crate::harness::RunState;
+
+#[repr(align(64))]
+#[derive(Default)]
+pub(super) struct Counter(pub(super) AtomicU64);
+
+#[derive(Default)]
+pub(super) struct WorkerResult {
+    /// Latencies per operation type (indexed as [`OP_NAMES`]).
+    pub(super) hists: Vec<Histogram<u64>>,
+    pub(super) ops: [u64; 5],
+    pub(super) errors: u64,
+    pub(super) misses: u64,
+    pub(super) first_error: Option<String>,
+}
+
+pub(super) fn op_index(op: Op) -> usize {
+    match op {
+        Op::Read => 0,
+        Op::Update => 1,
+        Op::Insert => 2,
+        Op::Scan => 3,
+        Op::ReadModifyWrite => 4,
+    }
+}
+
+pub(super) const OP_NAMES: [&str; 5] = ["read", "update", "insert", "scan", "rmw"];
+
+/// Which keys a node loads, reads and inserts.
+#[derive(Clone, Copy)]
+pub(super) struct Keys {
+    pub(super) records: u64,
+    /// The key of the first insert (past the loaded keys and earlier runs' inserts).
+    pub(super) next_key: u64,
+    pub(super) node: u64,
+    pub(super) nodes: u64,
+    pub(super) partitioned: bool,
+}
+
+impl Keys {
+    /// The node's share of the loaded keys.
+    pub(super) fn share(&self) -> (u64, u64) {
+        (
+            self.records * self.node / self.nodes,
+            self.records * (self.node + 1) / self.nodes,
+        )
+    }
+    /// A loaded key (for updates), from the node's share when partitioned.
+    pub(super) fn existing(&self, c: &mut KeyChooser, rng: &mut SmallRng) -> u64 {
+        if self.partitioned {
+            let (lo, hi) = self.share();
+            lo + c.next((hi - lo).max(1), rng).min(hi - lo - 1)
+        } else {
+            c.next(self.records, rng)
+        }
+    }
+    /// A key that may have been inserted during the run (reads, scans): `inserted` is this
+    /// node's insert count; every node inserts about as many.
+    pub(super) fn live(&self, c: &mut KeyChooser, inserted: u64, rng: &mut SmallRng) -> u64 {
+        if self.partitioned {
+            self.existing(c, rng)
+        } else {
+            c.next(self.next_key + inserted * self.nodes, rng)
+        }
+    }
+    /// The `n`-th key this node inserts (nodes insert disjoint keys).
+    pub(super) fn inserted(&self, n: u64) -> u64 {
+        self.next_key + n * self.nodes + self.node
+    }
+}
+
+/// A worker's part of `--operations` (measured operations, then it stops) and of `--target`
+/// (one operation started every `pace`), and where it records each second's latencies
+/// (`--csv`, `--hdr`: per operation type, taken by the supervisor every second).
+#[derive(Clone, Copy)]
+pub(super) struct Share<'a> {
+    pub(super) quota: Option<u64>,
+    pub(super) pace: Option<Duration>,
+    pub(super) interval: Option<&'a std::sync::Mutex<Vec<Histogram<u64>>>>,
+}
+
+/// Wait until `at` (sleeping, then spinning the last 100 us), or until the run stops.
+pub(super) fn wait_until(at: Instant, phase: &RunState) {
+    loop {
+        let now = Instant::now();
+        if now >= at || phase.stopped() {
+            return;
+        }
+        let left = at - now;
+        if shoal_engine::tasks::yield_now() {
+            continue; // a task: the thread's other tasks run meanwhile
+        }
+        if left > Duration::from_micros(200) {
+            std::thread::sleep((left - Duration::from_micros(100)).min(Duration::from_millis(10)));
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn worker_loop(
+    engine: &Engine,
+    tree: &BTree,
+    a: &Args,
+    plan: &Plan,
+    keys: Keys,
+    t: usize,
+    share: Share<'_>,
+    phase: &RunState,
+    counter: &AtomicU64,
+    inserted: &AtomicU64,
+) -> Result<WorkerResult, TreeError> {
+    let w = engine.worker();
+    // one stream per worker of each node, all from the run's seed
+    let mut rng = SmallRng::seed_from_u64(
+        plan.seed ^ (t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (keys.node << 48),
+    );
+    let mut chooser = KeyChooser::new(plan.dist);
+    let mut hists: Vec<Histogram<u64>> = (0..5).map(|_| crate::report::hist()).collect();
+    let mut res = WorkerResult::default();
+    let mut buf = Vec::with_capacity(a.value_size);
+    let mut val = vec![0u8; a.value_size];
+    let mut measuring = false;
+    let mut n_ops = 0u64;
+    let pipelined = a.durability == shoal_engine::Durability::Commit;
+    let mut acks = crate::acks::Acks::new(a.pipeline);
+    let vs = a.value_size;
+    let note = |res: &mut WorkerResult, msg: String| {
+        res.errors += 1;
+        if res.first_error.is_none() {
+            res.first_error = Some(msg);
+        }
+    };
+    // the intended start of the next operation under --target
+    let mut next_at = Instant::now();
+    loop {
+        if phase.stopped() {
+            break;
+        }
+        if !measuring && phase.measuring() {
+            measuring = true;
+            hists.iter_mut().for_each(Histogram::reset);
+            res.ops = [0; 5];
+        }
+        if measuring
+            && share
+                .quota
+                .is_some_and(|q| res.ops.iter().sum::<u64>() >= q)
+        {
+            break; // this worker's share of --operations is done
+        }
+        let op = plan.mix.pick(&mut rng);
+        let live = inserted.load(Ordering::Relaxed);
+        // with --target, latency counts from the intended start (queueing included)
+        let t0 = match share.pace {
+            Some(p) => {
+                next_at += p;
+                wait_until(next_at, phase);
+                next_at
+            }
+            None => Instant::now(),
+        };
+        let mut ack = false;
+        match op {
+            Op::Read => {
+                let k = keys.live(&mut chooser, live, &mut rng);
+                if tree.lookup(&w, u64_key(k), &mut buf)? {
+                    if !value::check(&buf, k, vs) {
+                        note(&mut res, format!("read of key {k} returned a bad value"));
+                    }
+                } else if k < a.records {
+                    note(&mut res, format!("loaded key {k} not found"));
+                } else {
+                    res.misses += 1;
+                }
+            }
+            Op::Update | Op::ReadModifyWrite => {
+                let k = keys.existing(&mut chooser, &mut rng);
+                let salt: u32 = rng.random();
+                let mut bad = false;
+                let rmw = op == Op::ReadModifyWrite;
+                let found = tree.update(&w, u64_key(k), |v| {
+                    // updates check what they overwrite, too
+                    bad = !value::check(v, k, vs);
+                    let s = if rmw {
+                        value::salt(v).wrapping_add(1)
+                    } else {
+                        salt
+                    };
+                    value::fill(v, k, s);
+                })?;
+                ack = true;
+                if !found {
+                    note(&mut res, format!("update of loaded key {k}: not found"));
+                } else if bad {
+                    note(&mut res, format!("update of key {k} found a bad value"));
+                }
+            }
+            Op::Insert => {
+                let k = keys.inserted(inserted.fetch_add(1, Ordering::Relaxed));
+                value::fill(&mut val, k, 0);
+                if !tree.insert(&w, u64_key(k), &val)?.inserted() {
+                    note(&mut res, format!("insert of new key {k}: already present"));
+                }
+                ack = true;
+            }
+            Op::Scan => {
+                let k = keys.live(&mut chooser, live, &mut rng);
+                let len = rng.random_range(1..=a.max_scan);
+                let mut seen = 0;
+                let mut bad: Option<String> = None;
+                tree.scan(&w, &u64_key(k), Direction::Ascending, |key, v| {
+                    let kk = decode_u64(key).unwrap_or(u64::MAX);
+                    if bad.is_none() && (kk < k || !value::check(v, kk, vs)) {
+                        bad = Some(format!("scan from {k} returned a bad entry for key {kk}"));
+                    }
+                    seen += 1;
+                    seen < len
+                })?;
+                if let Some(m) = bad {
+                    note(&mut res, m);
+                }
+            }
+        }
+        let mut done = |t0: Instant, op: usize| {
+            let ns = t0.elapsed().as_nanos().max(1) as u64;
+            if measuring {
+                let _ = hists[op].record(ns);
+                res.ops[op] += 1;
+            }
+            if let Some(m) = share.interval {
+                if let Ok(mut h) = m.lock() {
+                    let _ = h[op].record(ns);
+                }
+            }
+            n_ops += 1;
+        };
+        if ack && pipelined {
+            // counted when durable
+            acks.push(&w, w.commit_later()?, t0, op_index(op), &mut done)?;
+        } else {
+            if ack {
+                w.commit()?; // durability none or flush-every-ms: returns at once
+            }
+            done(t0, op_index(op));
+            acks.poll(&w, &mut done)?;
+        }
+        counter.store(n_ops, Ordering::Relaxed);
+        // a task gives the thread's other tasks a turn every few operations (nothing
+        // outside tasks)
+        shoal_engine::tasks::turn();
+    }
+    // the writes still waiting were made after the measurement ended: not counted
+    acks.drain(&w, |_, _| {})?;
+    res.hists = hists;
+    Ok(res)
+}
