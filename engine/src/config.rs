@@ -64,7 +64,8 @@ pub struct EngineConfig {
 pub struct RollBack(pub std::sync::Arc<RollBackFn>);
 
 /// The function inside a [`RollBack`].
-pub type RollBackFn = dyn Fn(&Worker, &[crate::Unfinished]) -> Result<(), String> + Send + Sync;
+pub type RollBackFn =
+    dyn Fn(&Worker, &[shoal_storage::Unfinished]) -> Result<(), String> + Send + Sync;
 
 impl std::fmt::Debug for RollBack {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -105,10 +105,10 @@ impl Engine {
         log::info!(
             "node {} engine: {} frames ({}), free target {}, store {}",
             node.id(),
-            node.buf.frames(),
+            node.buffer().frames(),
             crate::config::format_bytes(cfg.cache_bytes as u64),
-            node.buf.free_target,
-            node.buf.store().backend()
+            node.buffer().free_target,
+            node.buffer().store().backend()
         );
         let engine = Engine {
             node,
@@ -225,12 +225,12 @@ impl Engine {
 
     /// Number of frames in the cache.
     pub fn frames(&self) -> usize {
-        self.node.buf.frames()
+        self.node.buffer().frames()
     }
 
     /// The node's page store (read-only use: counters, device paths).
     pub fn store(&self) -> &PageStore {
-        self.node.buf.store()
+        self.node.buffer().store()
     }
 
     /// Whether `pid` is in this node's cache right now (a racy snapshot, for tests and tools).
@@ -240,12 +240,12 @@ impl Engine {
         {
             return false;
         }
-        self.node.buf.resident_frame(pid).is_some()
+        self.node.buffer().resident_frame(pid).is_some()
     }
 
     /// Sum of all counters.
     pub fn stats(&self) -> StatsSnapshot {
-        let buf = &self.node.buf;
+        let buf = &self.node.buffer();
         let (hits, faults, restarts, live_workers) = self.node.worker_totals();
         let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         StatsSnapshot {
@@ -278,7 +278,7 @@ impl Engine {
         if let Some(l) = self.node.log() {
             l.log().flush_all()?;
         }
-        self.node.buf.flush()
+        self.node.buffer().flush()
     }
 
     /// Clean shutdown: stop the provider, write every dirty page, persist the allocator, mark
@@ -297,7 +297,7 @@ impl Engine {
     }
 
     fn close_store(&self) -> Result<(), EngineError> {
-        let (node, buf) = (&self.node, &self.node.buf);
+        let (node, buf) = (&self.node, &self.node.buffer());
         buf.shut_down();
         if let Some(h) = self.provider.lock().take() {
             if h.join().is_err() {
@@ -431,7 +431,7 @@ mod tests {
     use crate::config::MIN_CACHE_FRAMES;
 
     fn frame_of(e: &Engine, pid: Pid) -> Option<crate::buffer::FrameIdx> {
-        e.node.buf.resident_frame(pid)
+        e.node.buffer().resident_frame(pid)
     }
 
     /// The home-frame layout (`FramePool::preferred`): when the pool holds every page, each page
@@ -453,7 +453,7 @@ mod tests {
             for &pid in &pids {
                 assert_eq!(
                     frame_of(&e, pid),
-                    Some(e.node.buf.preferred(pid)),
+                    Some(e.node.buffer().preferred(pid)),
                     "{pid:?}"
                 );
             }
@@ -469,7 +469,7 @@ mod tests {
             assert_eq!(v, i as u64);
             assert_eq!(
                 frame_of(&e, pid),
-                Some(e.node.buf.preferred(pid)),
+                Some(e.node.buffer().preferred(pid)),
                 "{pid:?}"
             );
         }
@@ -485,7 +485,7 @@ mod tests {
                 assert_eq!(v, i as u64);
             }
         }
-        assert!(e.node.buf.free.len() <= e.node.buf.frames());
+        assert!(e.node.buffer().free.len() <= e.node.buffer().frames());
         drop(w);
         e.close().unwrap();
     }

@@ -63,7 +63,7 @@ pub(crate) struct NodeSpec {
 
 /// A node's buffer and, in a cluster, its protocol; its workers' counters.
 pub(crate) struct Node {
-    pub buf: Buffer,
+    buf: Buffer,
     /// The coherence protocol, when this node is a member of a cluster (`None`: a single node
     /// that holds every page exclusively and never sends a message).
     coh: Option<Coherence>,
@@ -232,6 +232,12 @@ impl Node {
     #[cfg(test)]
     pub fn coherence(&self) -> Option<&Coherence> {
         self.coh.as_ref()
+    }
+
+    /// The node's local buffer (frames, latches, the page store).
+    #[inline]
+    pub fn buffer(&self) -> &Buffer {
+        &self.buf
     }
 
     /// When changes become durable.

@@ -112,7 +112,7 @@ impl ErrorLog {
 
 /// The provider thread's main loop.
 pub(crate) fn run(node: Arc<Node>) {
-    let buf = &node.buf;
+    let buf = &node.buffer();
     let mut p = Provider {
         slow: ErrorLog::new("slow write-back"),
         rng: SmallRng::seed_from_u64(0x5EED ^ buf.node as u64),
@@ -184,7 +184,7 @@ impl Provider {
         let c = log.begin_checkpoint()?;
         let t0 = Instant::now();
         let written = self.write_back_dirty(node)?;
-        log.finish_checkpoint(node.buf.store(), c, node.oldest_transaction())?;
+        log.finish_checkpoint(node.buffer().store(), c, node.oldest_transaction())?;
         log::debug!(
             "node {}: checkpoint at LSN {c}: {written} pages written in {:.2} s",
             node.id(),
@@ -196,7 +196,7 @@ impl Provider {
     /// `Engine::flush`: with a log, a checkpoint; without, every page dirty now written back
     /// and the devices synced.
     fn flush(&mut self, node: &Node) -> Result<(), EngineError> {
-        let buf = &node.buf;
+        let buf = &node.buffer();
         if node.log().is_some() {
             return self.checkpoint(node);
         }
@@ -218,7 +218,7 @@ impl Provider {
     /// turn. Returns the pages written (stops early, successfully, when the buffer shuts
     /// down: close writes the rest).
     fn write_back_dirty(&mut self, node: &Node) -> Result<usize, EngineError> {
-        let buf = &node.buf;
+        let buf = &node.buffer();
         let here = node.id();
         let mut todo: Vec<FrameIdx> = buf
             .frame_indexes()
@@ -283,7 +283,7 @@ impl Provider {
     }
 
     fn round(&mut self, node: &Node) -> usize {
-        let buf = &node.buf;
+        let buf = &node.buffer();
         let n = buf.frames();
         // 1. sample (in one pool, the copies of other homes' pages apart)
         let me = node.id();
@@ -438,7 +438,7 @@ impl Provider {
 /// Evict candidate frame `i` if it is still a clean, unlatched page that may go: try the
 /// exclusive latch (never wait), check, unlink it and free the frame. Returns whether it did.
 pub(crate) fn evict(node: &Node, i: FrameIdx) -> bool {
-    let buf = &node.buf;
+    let buf = &node.buffer();
     let Some(h) = buf.try_hold_any(i) else {
         return false;
     };
@@ -463,7 +463,7 @@ fn write_pages(
     bufs: &mut [AlignedPage],
     upto: u64,
 ) -> Vec<Result<(), shoal_storage::StoreError>> {
-    let buf = &node.buf;
+    let buf = &node.buffer();
     if let Some(log) = node.log() {
         if let Err(refused) = log.before_write_back(upto) {
             return pending.iter().map(|_| Err(refused())).collect();
@@ -487,7 +487,7 @@ fn write_pages(
 /// Write every dirty page (shutdown; the provider thread must have stopped). Returns how many
 /// pages were written, or the first error (pages that failed stay dirty).
 pub(crate) fn flush_all(node: &Node) -> Result<usize, EngineError> {
-    let buf = &node.buf;
+    let buf = &node.buffer();
     let mut bufs: Vec<AlignedPage> = (0..BATCH).map(|_| AlignedPage::new()).collect();
     let mut written = 0;
     let mut first_err: Option<EngineError> = None;

@@ -101,8 +101,7 @@ impl ChannelLayout {
     fn page_off(&self, src: u8, seq: u64) -> usize {
         debug_assert!(src < self.nodes, "a page ring of a node of the cluster");
         self.pages_off()
-            + (src as usize * self.pages as usize + (seq % self.pages as u64) as usize)
-                * PAGE_BYTES
+            + (src as usize * self.pages as usize + (seq % self.pages as u64) as usize) * PAGE_BYTES
     }
     /// Where the page rings begin (after the message slots, on a page boundary).
     fn pages_off(&self) -> usize {

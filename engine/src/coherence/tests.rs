@@ -37,7 +37,7 @@ fn a_read_whose_home_copy_left_memory_is_served_by_a_sharer() {
     let dir = tempfile::tempdir().unwrap();
     let c = cluster(dir.path(), 2);
     let (home, other) = (c.node(0), c.node(1));
-    let (buf0, coh0) = (&home.node().buf, home.node().coherence().unwrap());
+    let (buf0, coh0) = (&home.node().buffer(), home.node().coherence().unwrap());
     let coh1 = other.node().coherence().unwrap();
     let w0 = home.worker();
     let pid = page_holding_41(&w0);
@@ -75,7 +75,7 @@ fn a_read_whose_home_copy_left_memory_is_served_by_a_sharer() {
         served + 1
     );
     assert!(
-        other.node().buf.resident_frame(pid).is_some(),
+        other.node().buffer().resident_frame(pid).is_some(),
         "node 1 kept its copy"
     );
     // a write at node 1 invalidates the home's copy and upgrades its own
@@ -103,7 +103,7 @@ fn a_home_frame_granted_to_its_own_worker_is_not_dropped() {
     let pid = page_holding_41(&w0);
     let frame = |pid: Pid| {
         home.node()
-            .buf
+            .buffer()
             .resident_frame(pid)
             .expect("resident at home")
     };
@@ -152,7 +152,7 @@ fn a_home_frame_granted_to_its_own_worker_is_not_dropped() {
         // frames: mark it clean as its write-back would (the page stays in memory, and
         // nothing here reads the store). Checked by breaking it on purpose (2026-11-24):
         // without the `droppable` check in `provider::evict` this fails.
-        home.node().buf.frame(idx).set_dirty(false);
+        home.node().buffer().frame(idx).set_dirty(false);
         assert!(
             !crate::provider::evict(home.node(), idx),
             "the provider dropped the home worker's copy"
@@ -187,9 +187,9 @@ fn eviction_needs_no_free_frame_at_the_home(dirty: bool) {
     let c = cluster_with(dir.path(), 2, false);
     let (home, other) = (c.node(0), c.node(1));
     let (node0, node1) = (home.node(), other.node());
-    let (buf0, buf1) = (&node0.buf, &node1.buf);
+    let (buf0, buf1) = (&node0.buffer(), &node1.buffer());
     let (coh0, coh1) = (node0.coherence().unwrap(), node1.coherence().unwrap());
-    let frame = |e: &crate::Engine, pid: Pid| e.node().buf.resident_frame(pid);
+    let frame = |e: &crate::Engine, pid: Pid| e.node().buffer().resident_frame(pid);
     let w0 = home.worker();
     let pid = page_holding_41(&w0);
     let w1 = other.worker();
@@ -312,7 +312,7 @@ fn unused_notices_free_nothing_that_may_be_in_use() {
     let node = home.node();
     let coh = node.coherence().unwrap();
     for (from, pid) in [(1, own), (1, used), (1, other), (2, own), (0, used)] {
-        coh.free_unused(&node.buf, from, pid);
+        coh.free_unused(node.buffer(), from, pid);
     }
     assert_eq!(home.store().slots_in_use(), in_use);
     for (pid, v) in [(own, 1), (used, 2), (other, 3)] {

@@ -22,7 +22,7 @@
 //!
 //! It must not know about frames, latches or pages: the callers tell it what to append.
 
-use super::counters::LogStats;
+use crate::stats::LogStats;
 use parking_lot::{Condvar, Mutex};
 use shoal_storage::wal::{
     chunk_size, chunk_word1, rec, LogFile, RedoPoint, SectorBuf, CHUNK_HEADER, SBLOCK,

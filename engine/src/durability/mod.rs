@@ -7,7 +7,7 @@
 //! | a worker's part | `group.rs` | [`WorkerLog`]: the open log group of a worker's exclusive guards, its transaction |
 //! | transactions | `transaction.rs` | a running transaction's undo bookkeeping; [`CommitPoint`] |
 //! | a node's part | this file | [`NodeLog`]: opening the log, checkpoints, the write-ahead rule, recovery's leftovers |
-//! | counters | `counters.rs` | [`LogCounters`] |
+//! | counters | `stats.rs` (the engine's counters) | [`LogCounters`] |
 //!
 //! The store (shoal-storage) keeps the log's on-disk side: its file format, writing stamped
 //! flushes, reading it back, and replaying page images into slots at open. Everything here
@@ -16,14 +16,13 @@
 //! It must not know about B-trees or guards' operations: the B-tree's undo records are
 //! opaque bytes here, rolled back through `EngineConfig::roll_back`.
 
-mod counters;
 mod group;
 mod log;
 #[cfg(test)]
 mod log_tests;
 mod transaction;
 
-pub use counters::LogCounters;
+pub use crate::stats::LogCounters;
 pub(crate) use group::WorkerLog;
 pub(crate) use log::Log;
 pub use transaction::CommitPoint;

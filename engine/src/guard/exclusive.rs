@@ -16,7 +16,7 @@ impl<'w> ExclusiveGuard<'w> {
     /// Finish acquiring: refuse new writes after shutdown, mark the page dirty.
     pub(super) fn start(w: &'w Worker, idx: FrameIdx, pid: Pid) -> OpResult<ExclusiveGuard<'w>> {
         let f = w.frame(idx);
-        if w.node.buf.is_shutdown() {
+        if w.node.buffer().is_shutdown() {
             f.latch.unlock_exclusive_unchanged();
             return Err(Restart::Fail(EngineError::Shutdown));
         }
@@ -30,7 +30,7 @@ impl<'w> ExclusiveGuard<'w> {
             return Err(Restart::Retry);
         }
         f.set_dirty(true);
-        f.touch(w.node.buf.clock());
+        f.touch(w.node.buffer().clock());
         w.hold();
         if let Some(log) = &w.log {
             log.open();
@@ -70,7 +70,9 @@ impl<'w> ExclusiveGuard<'w> {
         // SAFETY: we hold the latch exclusively, so only this guard writes the memory, and only
         // through `&mut self`, which cannot coexist with this borrow. Concurrent optimistic
         // readers only load.
-        unsafe { std::slice::from_raw_parts(self.w.node.buf.page_ptr(self.idx), PAGE_DATA_SIZE) }
+        unsafe {
+            std::slice::from_raw_parts(self.w.node.buffer().page_ptr(self.idx), PAGE_DATA_SIZE)
+        }
     }
 
     /// Read accessors.
@@ -82,7 +84,7 @@ impl<'w> ExclusiveGuard<'w> {
     pub fn page_mut(&mut self) -> PageMut<'_> {
         // SAFETY: we hold the exclusive latch: the only writer of this page; `&mut self` makes
         // the returned writer unique.
-        let m = unsafe { PageMut::from_ptr(self.w.node.buf.page_ptr(self.idx)) };
+        let m = unsafe { PageMut::from_ptr(self.w.node.buffer().page_ptr(self.idx)) };
         if self.w.log.is_some() {
             m.tracking(&mut self.changed)
         } else {
@@ -207,7 +209,7 @@ impl<'w> ExclusiveGuard<'w> {
         if let Some(log) = &me.w.log {
             let changed = std::mem::take(&mut me.changed);
             // its change alone is logged now; its latch is kept (downgraded below)
-            log.demote(&me.w.node.buf, me.idx, me.pid, changed);
+            log.demote(me.w.node.buffer(), me.idx, me.pid, changed);
         }
         me.w.frame(me.idx).latch.downgrade();
         // the exclusive guard's hold passes to the shared one
@@ -233,11 +235,13 @@ impl<'w> ExclusiveGuard<'w> {
         if let Some(log) = &me.w.log {
             // the slot goes back after the group (with the change that unlinked the page) is
             // logged; the page itself is gone now
-            let slot = node.buf.drop_freed(node.buf.held_by_guard(me.idx));
-            log.free_later(&node.buf, slot);
+            let slot = node
+                .buffer()
+                .drop_freed(node.buffer().held_by_guard(me.idx));
+            log.free_later(node.buffer(), slot);
             return Ok(());
         }
-        node.free_page(node.buf.held_by_guard(me.idx))
+        node.free_page(node.buffer().held_by_guard(me.idx))
     }
 }
 
@@ -245,7 +249,7 @@ impl Drop for ExclusiveGuard<'_> {
     fn drop(&mut self) {
         let changed = std::mem::take(&mut self.changed);
         match &self.w.log {
-            Some(log) => log.close(&self.w.node.buf, self.idx, self.pid, changed),
+            Some(log) => log.close(self.w.node.buffer(), self.idx, self.pid, changed),
             None => self.w.frame(self.idx).latch.unlock_exclusive(),
         }
         self.w.unhold();

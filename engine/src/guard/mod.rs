@@ -245,7 +245,7 @@ impl Worker {
 
     #[inline]
     fn frame(&self, idx: FrameIdx) -> &Frame {
-        self.node.buf.frame(idx)
+        self.node.buffer().frame(idx)
     }
 
     /// Atomic, total read access to frame `idx`'s page, whatever it holds right now.
@@ -254,14 +254,14 @@ impl Worker {
         // SAFETY: the pool's page memory lives as long as the engine (which `self` keeps alive)
         // and, while others may write it, is only accessed through atomics; PageRef reads only
         // with atomic loads and never out of range.
-        unsafe { PageRef::from_ptr(self.node.buf.page_ptr(idx)) }
+        unsafe { PageRef::from_ptr(self.node.buffer().page_ptr(idx)) }
     }
 
     /// Hint that `pid` will be latched soon: starts loading its translation-table entry, so a
     /// caller can overlap that cache miss with other work (e.g. validating a parent node).
     #[inline]
     pub fn prefetch(&self, pid: Pid) {
-        self.node.buf.prefetch_entry(pid);
+        self.node.buffer().prefetch_entry(pid);
     }
 
     /// Hint: bytes `off..off + len` of `pid`'s page will be read soon. Starts loading them in
@@ -269,7 +269,7 @@ impl Worker {
     /// when the cache holds the data; wasted if it is elsewhere or not resident.
     #[inline]
     pub fn prefetch_range(&self, pid: Pid, off: usize, len: usize) {
-        self.node.buf.prefetch_range(pid, off, len);
+        self.node.buffer().prefetch_range(pid, off, len);
     }
 
     /// Second hint, after [`Worker::prefetch`] had time to load the translation entry: if
@@ -280,7 +280,7 @@ impl Worker {
     /// that such operations can [`Worker::load_many`] the others.
     #[inline]
     pub fn prefetch_frame(&self, pid: Pid) -> bool {
-        self.node.buf.prefetch_frame(pid)
+        self.node.buffer().prefetch_frame(pid)
     }
 
     /// Read the pages among `pids` that are not in memory from the store together (one batch
@@ -297,13 +297,13 @@ impl Worker {
 
     #[inline]
     fn locate(&self, pid: Pid) -> Option<FrameIdx> {
-        self.node.buf.locate(pid)
+        self.node.buffer().locate(pid)
     }
 
     /// Every page access fails once the engine is closing or closed.
     #[inline]
     fn check_open(&self) -> OpResult<()> {
-        if self.node.buf.is_shutdown() {
+        if self.node.buffer().is_shutdown() {
             return Err(Restart::Fail(EngineError::Shutdown));
         }
         Ok(())
@@ -326,7 +326,7 @@ impl Worker {
                         self.miss(pid, Mode::Shared)?;
                         continue;
                     }
-                    f.touch(self.node.buf.clock());
+                    f.touch(self.node.buffer().clock());
                     bump(&self.stats.hits);
                     self.settle(pid);
                     return Ok(OptimisticGuard {
@@ -359,7 +359,7 @@ impl Worker {
                         self.miss(pid, Mode::Shared)?;
                         continue;
                     }
-                    f.touch(self.node.buf.clock());
+                    f.touch(self.node.buffer().clock());
                     bump(&self.stats.hits);
                     self.settle(pid);
                     return Ok(SharedGuard::new(self, idx, pid));
@@ -454,7 +454,7 @@ impl Worker {
         if node == self.node.id() {
             return self.allocate_here();
         }
-        if self.node.buf.is_shutdown() {
+        if self.node.buffer().is_shutdown() {
             return Err(EngineError::Shutdown);
         }
         let pid = self.node.allocate_on(node)?;
@@ -522,7 +522,7 @@ impl Drop for Worker {
     fn drop(&mut self) {
         if let Some(log) = &self.log {
             let frees = log.abandon(self.node.id());
-            if !std::thread::panicking() && !self.node.buf.is_shutdown() {
+            if !std::thread::panicking() && !self.node.buffer().is_shutdown() {
                 self.free_pages(frees);
             }
         }

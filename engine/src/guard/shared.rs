@@ -24,7 +24,9 @@ impl<'w> SharedGuard<'w> {
         // SAFETY: we hold the latch shared, so no thread writes this memory until we release
         // (exclusive holders are excluded; the provider only reads). Concurrent optimistic
         // readers only load. The memory lives as long as the engine.
-        unsafe { std::slice::from_raw_parts(self.w.node.buf.page_ptr(self.idx), PAGE_DATA_SIZE) }
+        unsafe {
+            std::slice::from_raw_parts(self.w.node.buffer().page_ptr(self.idx), PAGE_DATA_SIZE)
+        }
     }
 
     /// The page's bytes through the same accessors optimistic readers use.

@@ -379,7 +379,8 @@ impl Transport for TcpTransport {
                 sealer.seal(frame);
             }
             let r = stream.write_all(frame);
-            if frame.capacity() > 2 * (HEADER + crate::PAGE_BYTES + seal::LEN + seal::TAG) {
+            if frame.capacity() > 2 * (HEADER + crate::mailbox::PAGE_BYTES + seal::LEN + seal::TAG)
+            {
                 *frame = Vec::new(); // do not keep a large frame's buffer
             }
             r

@@ -50,6 +50,16 @@ pub const PAD: u64 = u64::MAX;
 /// LSNs fit in 48 bits (the engine packs a checkpoint epoch above them).
 pub const MAX_LSN: u64 = (1 << 48) - 1;
 
+/// Bytes a chunk whose payload is `len` bytes takes in the log (header and padding included).
+pub fn chunk_size(len: usize) -> u64 {
+    CHUNK_HEADER + len.div_ceil(8) as u64 * 8
+}
+
+/// Word 1 of a chunk whose payload (before padding) is `payload`: its length and CRC-32.
+pub fn chunk_word1(payload: &[u8]) -> u64 {
+    (payload.len() as u64) | ((crc32fast::hash(payload) as u64) << 32)
+}
+
 pub(crate) const HEADER_MAGIC: u64 = 0x4c41_5720_4c41_4f48; // "HOAL WAL"
 pub(crate) const ALLOC_MAGIC: u64 = 0x434f_4c41_4c41_4f48; // "HOALALOC"
 /// Format 3: stamped sectors, the store's id and flush numbers in the header. Formats 1 and 2

@@ -8,8 +8,8 @@
 //! sectors' bytes after their stamps as it is pushed, and the stamps are written last.
 
 use super::disk::{
-    self, encode_alloc, Header, Layout, RedoPoint, BLOCK, CHUNK_HEADER, HEADER_BYTES, MAX_LSN, PAD,
-    SBLOCK, SECTOR, SECTOR_DATA, STAMP,
+    self, encode_alloc, Header, Layout, RedoPoint, BLOCK, HEADER_BYTES, MAX_LSN, PAD, SBLOCK,
+    SECTOR, SECTOR_DATA, STAMP,
 };
 use super::scan::{bad, io_err, Found};
 use super::WalConfig;
@@ -458,14 +458,4 @@ impl SectorBuf {
         }
         &all[..(sectors * SECTOR) as usize]
     }
-}
-
-/// Bytes a chunk whose payload is `len` bytes takes in the log (header and padding included).
-pub fn chunk_size(len: usize) -> u64 {
-    CHUNK_HEADER + len.div_ceil(8) as u64 * 8
-}
-
-/// Word 1 of a chunk whose payload (before padding) is `payload`: its length and CRC-32.
-pub fn chunk_word1(payload: &[u8]) -> u64 {
-    (payload.len() as u64) | ((crc32fast::hash(payload) as u64) << 32)
 }

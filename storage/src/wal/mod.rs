@@ -36,8 +36,8 @@ mod file;
 pub mod record;
 mod scan;
 
-pub use disk::{RedoPoint, BLOCK, CHUNK_HEADER, MAX_LSN, PAD, SBLOCK};
-pub use file::{chunk_size, chunk_word1, LogFile, SectorBuf, FIRST_LSN};
+pub use disk::{chunk_size, chunk_word1, RedoPoint, BLOCK, CHUNK_HEADER, MAX_LSN, PAD, SBLOCK};
+pub use file::{LogFile, SectorBuf, FIRST_LSN};
 pub use record::{put_diff, put_end, put_image, put_undo, rec, IMAGE_RECORD};
 pub use scan::{LogEnd, Replay};
 

@@ -20,10 +20,9 @@
 //! flush (docs/durability.md says what that costs).
 
 use super::disk::{
-    alloc_path, decode_alloc, Header, Layout, RedoPoint, BLOCK, CHUNK_HEADER, FORMAT, HEADER_BYTES,
-    PAD, SBLOCK, SECTOR, SECTOR_DATA, STAMP,
+    alloc_path, chunk_size, decode_alloc, Header, Layout, RedoPoint, BLOCK, CHUNK_HEADER, FORMAT,
+    HEADER_BYTES, PAD, SBLOCK, SECTOR, SECTOR_DATA, STAMP,
 };
-use super::file::chunk_size;
 use super::record::{pages_named, split_records};
 use crate::allocator::Allocator;
 use crate::error::{StoreError, StoreResult};
