@@ -16,6 +16,7 @@ mod node;
 mod overflow;
 mod range;
 mod tree;
+mod txn;
 pub mod value_hint;
 mod verify;
 
@@ -25,4 +26,7 @@ pub use node::{KIND_INNER, KIND_LEAF, MAX_KEY, MAX_RECORD};
 pub use overflow::MAX_VALUE;
 pub use range::Range;
 pub use tree::{roll_back, BTree, Batch, Direction, Insert, Put, LOOKUP_GROUP};
+#[doc(hidden)]
+pub use txn::set_isolation_for_checker_tests;
+pub use txn::{transact, Transaction, TxError};
 pub use verify::{verify_tree, TreeReport};

@@ -61,7 +61,7 @@ pub use config::{format_bytes, parse_bytes, Durability, EngineConfig, RollBack, 
 pub use durability::{CommitPoint, LogCounters};
 pub use engine::{lock_for_reading, Engine};
 pub use error::{EngineError, OpResult, Restart};
-pub use guard::{ExclusiveGuard, OptimisticGuard, SharedGuard, Worker};
+pub use guard::{ExclusiveGuard, OptimisticGuard, PageStamp, SharedGuard, Worker};
 pub use node::Membership;
 pub use pid::{Pid, MAX_NODES};
 pub use shoal_messaging::ChannelLayout;

@@ -39,7 +39,7 @@ pub(super) fn descend<'w>(
 
 impl BTree {
     /// Optimistic descent to the leaf whose range holds `key`.
-    pub(super) fn find_leaf<'w>(&self, w: &'w Worker, key: &[u8]) -> OpResult<OptimisticGuard<'w>> {
+    pub(crate) fn find_leaf<'w>(&self, w: &'w Worker, key: &[u8]) -> OpResult<OptimisticGuard<'w>> {
         let mut g = w.optimistic(self.root)?;
         loop {
             let p = g.page();

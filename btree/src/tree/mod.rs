@@ -255,7 +255,12 @@ impl BTree {
         self.root
     }
 
-    fn check_sizes(key: &[u8], vlen: usize) -> Result<(), TreeError> {
+    /// The tree whose root is `root` (the crate's own records name trees by root).
+    pub(crate) fn at(root: Pid) -> BTree {
+        BTree { root }
+    }
+
+    pub(crate) fn check_sizes(key: &[u8], vlen: usize) -> Result<(), TreeError> {
         if key.len() > MAX_KEY {
             return Err(TreeError::KeyTooLarge {
                 len: key.len(),

@@ -223,7 +223,7 @@ impl BTree {
     /// error here is logged, not returned (the tree stays valid, only less compact). Only
     /// `remove` calls it. (Pages merged away are freed on a single node and recycled on a
     /// cluster node: `ExclusiveGuard::free`.)
-    pub(super) fn merge_underfull(&self, w: &Worker, key: &[u8], mut target: Pid) {
+    pub(crate) fn merge_underfull(&self, w: &Worker, key: &[u8], mut target: Pid) {
         loop {
             match w.run(|w| self.try_merge(w, key, target)) {
                 Ok(Some(next)) => target = next,
@@ -323,7 +323,7 @@ impl BTree {
     }
 
     /// Split the node `target` on `key`'s path unless it already has `need` free bytes.
-    pub(super) fn try_split(
+    pub(crate) fn try_split(
         &self,
         w: &Worker,
         key: &[u8],

@@ -83,6 +83,13 @@ impl HybridLatch {
         state(w) != EXCLUSIVE && version(w) == v
     }
 
+    /// The version now (for an exclusive holder: the version its section will bump; it does
+    /// not change while the latch is held).
+    #[inline]
+    pub fn version_now(&self) -> u64 {
+        version(self.word.load(Ordering::Acquire))
+    }
+
     /// Whether any shared or exclusive holder is present (racy snapshot).
     pub fn is_latched(&self) -> bool {
         state(self.word.load(Ordering::Relaxed)) != 0

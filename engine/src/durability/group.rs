@@ -92,6 +92,18 @@ impl WorkerLog {
         }
     }
 
+    /// An exclusive guard on `idx` that changed nothing ends: its latch is let go at once
+    /// without a version bump.
+    pub fn close_unchanged(&self, buf: &Buffer, idx: FrameIdx) {
+        let mut g = self.group.borrow_mut();
+        assert!(g.open > 0, "an exclusive guard closed that was not open");
+        g.open -= 1;
+        buf.frame(idx).latch.unlock_exclusive_unchanged();
+        if g.open == 0 {
+            self.publish(buf, &mut g, None);
+        }
+    }
+
     /// An exclusive guard on `idx` becomes a shared one: its change (if any) is logged now,
     /// in a chunk of its own (not with the worker's other open guards), keeping its latch for
     /// the caller to downgrade.

@@ -201,6 +201,31 @@ impl<'w> ExclusiveGuard<'w> {
         }
     }
 
+    /// The page's stamp (see [`OptimisticGuard::stamp`]) before this guard took it: it does not
+    /// change while the guard is held (the release bumps the version). Equal to an earlier
+    /// stamp of the page: nothing changed in between.
+    pub fn stamp(&self) -> PageStamp {
+        PageStamp {
+            frame: self.idx.0,
+            version: self.w.frame(self.idx).latch.version_now(),
+        }
+    }
+
+    /// Let the page go without bumping its version: optimistic readers that began before the
+    /// guard was taken stay valid. Only for a guard that changed nothing (asserted).
+    pub fn release_unchanged(self) {
+        let me = ManuallyDrop::new(self);
+        assert!(
+            me.changed.is_empty(),
+            "release_unchanged of a guard that changed its page"
+        );
+        match &me.w.log {
+            Some(log) => log.close_unchanged(me.w.node.buffer(), me.idx),
+            None => me.w.frame(me.idx).latch.unlock_exclusive_unchanged(),
+        }
+        me.w.unhold();
+    }
+
     /// Become a shared guard (bumps the version: optimistic readers of the old state restart).
     /// With a log, the page's change is logged now, in a chunk of its own (not with the
     /// worker's other open guards).

@@ -39,6 +39,13 @@ use std::mem::ManuallyDrop;
 use std::ops::Range;
 use std::sync::Arc;
 
+/// Where a page was and in which version, at one moment ([`OptimisticGuard::stamp`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageStamp {
+    frame: u32,
+    version: u64,
+}
+
 /// A thread's registration with its node: the handle that takes guards. Not `Sync`: one thread
 /// uses it at a time (it owns per-thread counters, and will own mailbox slots).
 pub struct Worker {
@@ -83,6 +90,11 @@ impl Worker {
             self.wait_durable(point)?;
         }
         Ok(())
+    }
+
+    /// When this worker's commits become durable (the engine's `EngineConfig::durability`).
+    pub fn durability(&self) -> crate::durability::Durability {
+        self.node.durability()
     }
 
     /// Commit without waiting: returns the point in the log that must be durable before the
@@ -338,6 +350,47 @@ impl Worker {
                 }
                 Some(_) => {} // the frame moved on to another page: look up again
                 None => Worker::snooze(&mut backoff)?,
+            }
+        }
+    }
+
+    /// [`Worker::optimistic`], but without waiting long for an exclusive holder: `Ok(None)`
+    /// if `pid` stays exclusively latched for a few backoff steps. For a caller that holds
+    /// exclusive guards itself (a transaction's commit validating its reads): waiting for
+    /// another such holder could close a cycle.
+    pub fn optimistic_unless_held(&self, pid: Pid) -> OpResult<Option<OptimisticGuard<'_>>> {
+        const TRIES: u32 = 8;
+        self.check_open()?;
+        let mut backoff = Backoff::new();
+        let mut waits = 0;
+        loop {
+            let Some(idx) = self.locate(pid) else {
+                self.miss(pid, Mode::Shared)?;
+                continue;
+            };
+            let f = self.frame(idx);
+            match f.latch.optimistic_begin() {
+                Some(version) if f.pid() == pid && f.is_resident() => {
+                    if f.possession() == Possession::None {
+                        self.miss(pid, Mode::Shared)?;
+                        continue;
+                    }
+                    f.touch(self.node.buffer().clock());
+                    bump(&self.stats.hits);
+                    self.settle(pid);
+                    return Ok(Some(OptimisticGuard {
+                        w: self,
+                        idx,
+                        pid,
+                        version,
+                    }));
+                }
+                Some(_) => {} // the frame moved on to another page: look up again
+                None if waits < TRIES => {
+                    waits += 1;
+                    Worker::snooze(&mut backoff)?;
+                }
+                None => return Ok(None),
             }
         }
     }

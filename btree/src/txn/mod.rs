@@ -1,0 +1,354 @@
+//! Transactions over any number of trees: serializable, optimistic (docs/transactions.md).
+//!
+//! A [`Transaction`] reads the trees as they are and keeps its writes to itself until it
+//! commits. Every read goes into its *read set*: the value it saw (or that the key was absent)
+//! with the stamp of the leaf it came from, and for a range, every entry it saw and every leaf
+//! it walked. The commit then
+//!
+//! 1. latches the leaf of every key it writes, exclusively, in page order, without waiting
+//!    for anyone (a busy leaf: let everything go and try again; the same leaf latched twice
+//!    is one guard);
+//! 2. checks that each of those leaves has room for its writes (else lets everything go,
+//!    splits the leaf as any insert would, and tries again);
+//! 3. validates the read set: each read leaf is unchanged since the read (same stamp), or,
+//!    where it changed, the key still holds what was read (a range: the same entries, nothing
+//!    inserted or removed in it, which also excludes phantoms). A read whose leaf another
+//!    committer holds is a conflict;
+//! 4. writes every change into the leaves it holds and lets them go together: the engine logs
+//!    the changes of guards held at once as one chunk, so after a crash all of them are there
+//!    or none. Nothing was written before this point, so an abort has nothing to undo.
+//!
+//! Serializable: the transaction is equivalent to running alone at the moment it held every
+//! leaf it writes (step 3 shows that everything it read was still so then, step 4 shows
+//! nobody else's write to those leaves came between). It works the same on a cluster: leaf
+//! stamps change whenever another node takes a page exclusively, and a page homed elsewhere is
+//! fetched through the coherence protocol like any read (a commit that would wait for a remote
+//! page while holding leaves lets them go and tries again).
+//!
+//! It must not know how pages reach memory or other nodes: it uses the engine's guards.
+
+mod commit;
+mod read;
+
+use crate::error::TreeError;
+use crate::range::Entry;
+use crate::tree::{BTree, Direction, Insert};
+use read::{PointRead, RangeRead};
+use shoal_engine::{CommitPoint, Worker};
+use std::collections::BTreeMap;
+use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// Whether commits validate their reads (always, but for the checkers' own tests).
+static ISOLATION: AtomicBool = AtomicBool::new(true);
+
+/// Switch read validation off (`false`) for the whole process: commits then write without
+/// checking what they read, so transactions are atomic but not isolated. Only for showing
+/// that the isolation checkers (tests/transactions.rs) catch what it lets through; never in
+/// a real run.
+#[doc(hidden)]
+pub fn set_isolation_for_checker_tests(on: bool) {
+    ISOLATION.store(on, Ordering::Relaxed);
+}
+
+fn isolated() -> bool {
+    ISOLATION.load(Ordering::Relaxed)
+}
+
+/// Why a transaction did not commit.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TxError {
+    /// Another transaction changed what this one read (or held a leaf it needed for too
+    /// long): nothing of it was written. Running it again usually succeeds ([`transact`]).
+    #[error("the transaction conflicted with another one and was rolled back; run it again")]
+    Conflict,
+    /// An error of the trees or the engine (a full device, a dead node, a key too large).
+    #[error(transparent)]
+    Tree(#[from] TreeError),
+}
+
+impl From<shoal_engine::EngineError> for TxError {
+    fn from(e: shoal_engine::EngineError) -> TxError {
+        TxError::Tree(TreeError::Engine(e))
+    }
+}
+
+impl TxError {
+    /// Whether running the transaction again may succeed.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, TxError::Conflict)
+    }
+}
+
+/// A write the transaction keeps until it commits.
+#[derive(Debug, Clone)]
+pub(crate) enum Write {
+    Put(Vec<u8>),
+    Remove,
+}
+
+/// A transaction of one worker over any number of trees. Made by [`Transaction::begin`];
+/// ends with [`Transaction::commit`] or [`Transaction::abort`] (dropping it aborts). Reads see
+/// the transaction's own writes.
+pub struct Transaction<'w> {
+    w: &'w Worker,
+    points: Vec<PointRead>,
+    ranges: Vec<RangeRead>,
+    /// Writes by (tree root, key), in key order within a tree.
+    writes: BTreeMap<(u64, Vec<u8>), Write>,
+}
+
+impl<'w> Transaction<'w> {
+    /// Begin a transaction of worker `w`. Call with no guard held.
+    pub fn begin(w: &'w Worker) -> Transaction<'w> {
+        Transaction {
+            w,
+            points: Vec::new(),
+            ranges: Vec::new(),
+            writes: BTreeMap::new(),
+        }
+    }
+
+    /// The worker the transaction runs on.
+    pub fn worker(&self) -> &'w Worker {
+        self.w
+    }
+
+    /// Whether the transaction has written anything yet.
+    pub fn is_read_only(&self) -> bool {
+        self.writes.is_empty()
+    }
+
+    fn own_write(&self, tree: &BTree, key: &[u8]) -> Option<&Write> {
+        // (a lookup by borrowed key would need a second map; keys are short)
+        self.writes.get(&(tree.root().raw(), key.to_vec()))
+    }
+
+    /// The value of `key` in `tree`, as this transaction sees it.
+    pub fn get(&mut self, tree: &BTree, key: impl AsRef<[u8]>) -> Result<Option<Vec<u8>>, TxError> {
+        let key = key.as_ref();
+        if let Some(w) = self.own_write(tree, key) {
+            return Ok(match w {
+                Write::Put(v) => Some(v.clone()),
+                Write::Remove => None,
+            });
+        }
+        let r = read::point(self.w, *tree, key)?;
+        let v = r.seen.clone();
+        self.points.push(r);
+        Ok(v)
+    }
+
+    /// Insert `key` -> `value` if `key` is absent; [`Insert::Exists`] (and nothing written) if
+    /// it is present.
+    pub fn insert(
+        &mut self,
+        tree: &BTree,
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+    ) -> Result<Insert, TxError> {
+        let key = key.as_ref();
+        BTree::check_sizes(key, value.as_ref().len())?;
+        if self.get(tree, key)?.is_some() {
+            return Ok(Insert::Exists);
+        }
+        self.put(tree, key, Write::Put(value.as_ref().to_vec()));
+        Ok(Insert::Inserted)
+    }
+
+    /// Insert or replace, without reading: the transaction does not depend on what was there.
+    pub fn upsert(
+        &mut self,
+        tree: &BTree,
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+    ) -> Result<(), TxError> {
+        let key = key.as_ref();
+        BTree::check_sizes(key, value.as_ref().len())?;
+        self.put(tree, key, Write::Put(value.as_ref().to_vec()));
+        Ok(())
+    }
+
+    /// Change the value of `key` (its length stays): `f` gets the value as this transaction
+    /// sees it. Returns whether the key exists (if not, nothing is written).
+    pub fn update(
+        &mut self,
+        tree: &BTree,
+        key: impl AsRef<[u8]>,
+        f: impl FnOnce(&mut [u8]),
+    ) -> Result<bool, TxError> {
+        let key = key.as_ref();
+        let Some(mut v) = self.get(tree, key)? else {
+            return Ok(false);
+        };
+        f(&mut v);
+        self.put(tree, key, Write::Put(v));
+        Ok(true)
+    }
+
+    /// Remove `key`. Returns whether it was there.
+    pub fn remove(&mut self, tree: &BTree, key: impl AsRef<[u8]>) -> Result<bool, TxError> {
+        let key = key.as_ref();
+        if self.get(tree, key)?.is_none() {
+            return Ok(false);
+        }
+        self.put(tree, key, Write::Remove);
+        Ok(true)
+    }
+
+    fn put(&mut self, tree: &BTree, key: &[u8], w: Write) {
+        self.writes.insert((tree.root().raw(), key.to_vec()), w);
+    }
+
+    /// At most `limit` entries of `tree` whose keys lie in `range`, in `dir` order, as this
+    /// transaction sees them. Serializable with phantoms excluded: the commit fails if any key
+    /// was inserted into or removed from the part of the range this read covered (from its
+    /// start to the last entry returned, or to its end if fewer than `limit` came back).
+    pub fn range<K: AsRef<[u8]>>(
+        &mut self,
+        tree: &BTree,
+        range: impl RangeBounds<K>,
+        dir: Direction,
+        limit: usize,
+    ) -> Result<Vec<Entry>, TxError> {
+        let own = |b: Bound<&K>| b.map(|k| k.as_ref().to_vec());
+        let (lo, hi) = (own(range.start_bound()), own(range.end_bound()));
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        // this transaction's writes in the range, in `dir` order
+        let root = tree.root().raw();
+        let wlo = lo.clone().map(|k| (root, k));
+        let whi = hi.clone().map(|k| (root, k));
+        let mut mine: Vec<(Vec<u8>, Write)> = if matches!(
+            (&wlo, &whi),
+            (Bound::Included(a) | Bound::Excluded(a), Bound::Included(b) | Bound::Excluded(b)) if a > b
+        ) {
+            Vec::new()
+        } else {
+            let lo_b = match &wlo {
+                Bound::Unbounded => Bound::Included((root, Vec::new())),
+                b => b.clone(),
+            };
+            let hi_b = match &whi {
+                Bound::Unbounded => Bound::Excluded((root + 1, Vec::new())),
+                b => b.clone(),
+            };
+            self.writes
+                .range((lo_b, hi_b))
+                .map(|((_, k), w)| (k.clone(), w.clone()))
+                .collect()
+        };
+        if dir == Direction::Descending {
+            mine.reverse();
+        }
+        // every removal of ours can hide one entry of the tree: read that many more
+        let removes = mine
+            .iter()
+            .filter(|(_, w)| matches!(w, Write::Remove))
+            .count();
+        let r = read::range(self.w, *tree, lo, hi, dir, limit + removes)?;
+        let merged = merge(&r.seen, &mine, dir, limit);
+        self.ranges.push(r);
+        Ok(merged)
+    }
+
+    /// Commit: write everything at once if nothing this transaction read has changed, else
+    /// [`TxError::Conflict`] (and nothing is written). Durable as the engine's durability says
+    /// (with `commit`, this waits until the log holding it is on the device).
+    pub fn commit(self) -> Result<(), TxError> {
+        let w = self.w;
+        let point = self.commit_later()?;
+        if w.durability() == shoal_engine::Durability::Commit {
+            w.wait_durable(point)?;
+        }
+        Ok(())
+    }
+
+    /// [`Transaction::commit`] without waiting for durability: the point in the log that must
+    /// be durable before anyone is told the transaction is done ([`Worker::is_durable`]).
+    pub fn commit_later(mut self) -> Result<CommitPoint, TxError> {
+        commit::commit(&mut self)
+    }
+
+    /// Give the transaction up: nothing of it is written (dropping it does the same).
+    pub fn abort(self) {}
+}
+
+/// Merge the tree's entries `seen` (in `dir` order) with this transaction's writes `mine` in
+/// the same range (in `dir` order): at most `limit` entries.
+fn merge(seen: &[Entry], mine: &[(Vec<u8>, Write)], dir: Direction, limit: usize) -> Vec<Entry> {
+    let before = |a: &[u8], b: &[u8]| match dir {
+        Direction::Ascending => a < b,
+        Direction::Descending => a > b,
+    };
+    let mut out = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    while out.len() < limit && (i < seen.len() || j < mine.len()) {
+        let take_mine = match (seen.get(i), mine.get(j)) {
+            (Some((k, _)), Some((m, _))) => !before(k, m),
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        if take_mine {
+            let (m, w) = &mine[j];
+            if seen.get(i).is_some_and(|(k, _)| k == m) {
+                i += 1; // ours replaces the tree's
+            }
+            if let Write::Put(v) = w {
+                out.push((m.clone(), v.clone()));
+            }
+            j += 1;
+        } else {
+            out.push(seen[i].clone());
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Run `f` as a transaction of `w` and commit it; on [`TxError::Conflict`] (in `f` or at the
+/// commit) run it again, after a pause that grows with each try (up to about 10 ms, with
+/// jitter), until it commits or fails otherwise. `f` may run several times: it must not have
+/// effects outside the transaction that cannot be repeated.
+pub fn transact<T>(
+    w: &Worker,
+    mut f: impl FnMut(&mut Transaction<'_>) -> Result<T, TxError>,
+) -> Result<T, TxError> {
+    let mut tries = 0u32;
+    loop {
+        let mut tx = Transaction::begin(w);
+        let r = f(&mut tx).and_then(|v| tx.commit().map(|()| v));
+        match r {
+            Err(TxError::Conflict) => {
+                tries += 1;
+                backoff(tries);
+            }
+            r => return r,
+        }
+    }
+}
+
+/// The pause before try `tries + 1` of a transaction that conflicted.
+fn backoff(tries: u32) {
+    if tries < 3 {
+        std::hint::spin_loop();
+        return;
+    }
+    if shoal_engine::tasks::yield_now() {
+        return; // a task: the thread's other tasks run meanwhile
+    }
+    let max_us = (1u64 << tries.min(13)).min(10_000);
+    // jitter from the clock's low bits: transactions that collided do not collide again
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() as u64);
+    let us = max_us / 2 + nanos % (max_us / 2 + 1);
+    if us < 50 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(us));
+    }
+}
