@@ -28,5 +28,5 @@ pub use range::Range;
 pub use tree::{roll_back, BTree, Batch, Direction, Insert, Put, LOOKUP_GROUP};
 #[doc(hidden)]
 pub use txn::set_isolation_for_checker_tests;
-pub use txn::{transact, Transaction, TxError};
+pub use txn::{backoff_after_conflict, transact, Transaction, TxError};
 pub use verify::{verify_tree, TreeReport};

@@ -3,10 +3,10 @@
 
 use super::read::{point_holds, range_holds, Held};
 use super::{Transaction, TxError, Write};
-use crate::node::{entry_space, NodeMut, FLAG_OVERFLOW, MAX_RECORD};
+use crate::node::{self, entry_space, NodeMut, FLAG_OVERFLOW, MAX_RECORD};
 use crate::overflow::{self, ValueRef};
 use crate::tree::BTree;
-use shoal_engine::{CommitPoint, ExclusiveGuard, OpResult, Pid, Worker, PAGE_DATA_SIZE};
+use shoal_engine::{CommitPoint, ExclusiveGuard, OpResult, Pid, Restart, Worker, PAGE_DATA_SIZE};
 use std::collections::BTreeMap;
 
 /// Commit attempts (each latches, checks and validates again) before a commit that keeps
@@ -153,7 +153,7 @@ fn attempt<'w>(w: &'w Worker, tx: &Transaction<'_>, stored: &[Stored<'_>]) -> Op
         img.copy_from_slice(x.data());
         let mut n = NodeMut::new(&mut img);
         let mut removed = false;
-        for (k, &i) in ws.iter().enumerate() {
+        for &i in ws.iter() {
             let s = &stored[i];
             let (at, exact) = n.lower_bound(s.key);
             let old_chain = |n: &NodeMut<'_>| {
@@ -176,17 +176,17 @@ fn attempt<'w>(w: &'w Worker, tx: &Transaction<'_>, stored: &[Stored<'_>]) -> Op
                         n.fits(s.key.len(), v.len())
                     };
                     if !fits {
-                        // this write and the rest of this leaf's need room
-                        let need: usize = ws[k..]
-                            .iter()
-                            .map(|&j| {
-                                let s = &stored[j];
-                                s.value
-                                    .as_ref()
-                                    .map_or(0, |(v, _)| entry_space(s.key.len(), v.len()))
-                            })
-                            .sum();
-                        let need = need.min(PAGE_DATA_SIZE / 2);
+                        // the room all of this leaf's writes take, on the page as it is:
+                        // split until one leaf has it
+                        let need = leaf_need(x, ws, stored);
+                        if need > MAX_GAP {
+                            return Err(Restart::Fail(shoal_engine::EngineError::Config(format!(
+                                "a transaction writes {need} bytes into one gap of tree {}'s keys \
+                                 (at {:?}); one commit takes at most {MAX_GAP}: commit in parts",
+                                s.tree.root(),
+                                s.key
+                            ))));
+                        }
                         return Ok(Attempt::Split(s.tree, s.key.to_vec(), x.pid(), need));
                     }
                     if exact {
@@ -216,6 +216,29 @@ fn attempt<'w>(w: &'w Worker, tx: &Transaction<'_>, stored: &[Stored<'_>]) -> Op
         x.modify(|b| b.copy_from_slice(&img[..]));
     }
     Ok(Attempt::Done(replaced, underfull))
+}
+
+/// Most bytes the writes into one leaf may take (what a nearly empty leaf holds): more cannot
+/// be written at once, since no split puts keys between keys that are not in the tree yet.
+const MAX_GAP: usize = PAGE_DATA_SIZE - node::HEADER - 2 * node::MAX_KEY;
+
+/// The room the writes `ws` into leaf `x` take on its page as it is: an insert its entry, a
+/// replace what its value grows by (removals are not counted: this is an upper bound).
+fn leaf_need(x: &ExclusiveGuard<'_>, ws: &[usize], stored: &[Stored<'_>]) -> usize {
+    let p = x.page();
+    ws.iter()
+        .map(|&i| {
+            let s = &stored[i];
+            let Some((v, _)) = &s.value else { return 0 };
+            let (at, exact) = node::lower_bound(p, s.key);
+            if exact {
+                let (_, _, old) = node::slot_info(p, at);
+                v.len().saturating_sub(old)
+            } else {
+                entry_space(s.key.len(), v.len())
+            }
+        })
+        .sum()
 }
 
 /// Whether every read of `tx` still holds (`held`: the leaves the commit holds).

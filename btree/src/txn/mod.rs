@@ -331,7 +331,15 @@ pub fn transact<T>(
     }
 }
 
-/// The pause before try `tries + 1` of a transaction that conflicted.
+/// The pause before try `tries + 1` of a transaction that conflicted: a spin for the first
+/// tries, then a sleep that grows to about 10 ms (with jitter), or in a task a turn for the
+/// thread's other tasks. [`transact`] uses it; a caller with its own retry loop (to count its
+/// conflicts) can too.
+pub fn backoff_after_conflict(tries: u32) {
+    backoff(tries)
+}
+
+/// See [`backoff_after_conflict`].
 fn backoff(tries: u32) {
     if tries < 3 {
         std::hint::spin_loop();

@@ -130,9 +130,17 @@ fn find_leaf<'a, 'w>(
                 let (i, _) = node::lower_bound(p, key);
                 let c = Pid(node::child(p, i));
                 g.validate()?; // `c` is a real pid
-                let next = match take(w, mode, c)? {
-                    Ok(n) => n,
-                    Err(b) => return Ok(Err(b)),
+                               // A merge may have freed `c` since `g` was read, and loading a freed page can
+                               // fail (its slot holds an old image or nothing): a restart when `g` changed
+                               // meanwhile, the error it is when not (as `descend` in the tree).
+                let next = match take(w, mode, c) {
+                    Ok(Ok(n)) => n,
+                    Ok(Err(b)) => return Ok(Err(b)),
+                    Err(Restart::Fail(e)) => {
+                        g.validate()?;
+                        return Err(Restart::Fail(e));
+                    }
+                    Err(r) => return Err(r),
                 };
                 g.validate()?; // and still the child for the key
                 g = next;
@@ -388,9 +396,14 @@ fn unchanged(w: &Worker, held: &Held<'_, '_>, pid: Pid, stamp: PageStamp) -> Got
     if let Some(x) = held.get(&pid) {
         return Ok(Ok(x.stamp() == stamp));
     }
-    match w.optimistic_unless_held(pid)? {
-        None => Ok(Err(Busy)),
-        Some(g) => Ok(Ok(g.stamp() == stamp)),
+    match w.optimistic_unless_held(pid) {
+        Ok(None) => Ok(Err(Busy)),
+        Ok(Some(g)) => Ok(Ok(g.stamp() == stamp)),
+        // the page is gone (a merge freed it since the read, and its slot reads as never
+        // written or as another page): it changed; the caller reads again from the root,
+        // where a real failure shows again
+        Err(Restart::Fail(_)) => Ok(Ok(false)),
+        Err(r) => Err(r),
     }
 }
 

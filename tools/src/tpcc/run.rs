@@ -9,6 +9,8 @@ use crate::harness::{self, RunState, Stream};
 pub(super) struct Tally {
     pub(super) count: [u64; 5],
     pub(super) rollbacks: u64,
+    /// Tries that conflicted with another transaction, per type (each was run again).
+    pub(super) aborts: [u64; 5],
     pub(super) remote_warehouse: u64,
     pub(super) remote_node: u64,
     pub(super) anomalies: u64,
@@ -22,6 +24,7 @@ impl Tally {
         Tally {
             count: [0; 5],
             rollbacks: 0,
+            aborts: [0; 5],
             remote_warehouse: 0,
             remote_node: 0,
             anomalies: 0,
@@ -35,6 +38,7 @@ impl Tally {
     pub(super) fn merge(&mut self, o: &Tally) {
         for i in 0..5 {
             self.count[i] += o.count[i];
+            self.aborts[i] += o.aborts[i];
             self.hist[i].add(&o.hist[i]).expect("same bounds");
         }
         self.rollbacks += o.rollbacks;
@@ -109,7 +113,6 @@ impl harness::Workload for TpccRun<'_> {
             c: *self.c,
             rng: SmallRng::seed_from_u64(a.seed.wrapping_add(1 + id as u64 * 7919)),
             history_seq: ((e.node_id() as u64) << 48) | ((id as u64 + 1) << 32),
-            journal: Default::default(),
         };
         let mut tally = Tally::new();
         // with durability "commit", a transaction counts once its log is durable
@@ -155,6 +158,7 @@ impl harness::Workload for TpccRun<'_> {
                 tally.count[ty] += 1;
                 tally.hist[ty].saturating_record(us.max(1));
                 tally.rollbacks += d.rolled_back as u64;
+                tally.aborts[ty] += d.aborts as u64;
                 tally.remote_warehouse += d.remote_warehouse as u64;
                 tally.remote_node += d.remote_node as u64;
                 tally.anomalies += d.anomaly as u64;

@@ -57,6 +57,7 @@ fn tally_of(d: &Value) -> anyhow::Result<Tally> {
     let mut t = Tally::new();
     for (i, name) in txn::TYPES.iter().enumerate() {
         t.count[i] = d["types"][name]["count"].as_u64().ok_or_else(bad)?;
+        t.aborts[i] = d["types"][name]["aborts"].as_u64().ok_or_else(bad)?;
         crate::report::add_hist_json(&mut t.hist[i], &d["histograms_us"][name])
             .map_err(|e| anyhow::anyhow!("a node wrote an unreadable report: {e}"))?;
     }
