@@ -182,6 +182,16 @@ pub fn value_into(p: PageRef<'_>, i: usize, out: &mut Vec<u8>) {
     p.read(off, out);
 }
 
+/// Append value `i` to `out` (as [`value_into`], without replacing what `out` holds).
+pub fn value_append(p: PageRef<'_>, i: usize, out: &mut Vec<u8>) {
+    let (off, n) = value_at(p, i);
+    let n = n.min(PAGE_DATA_SIZE);
+    p.prefetch(off, n);
+    let at = out.len();
+    out.resize(at + n, 0);
+    p.read(off, &mut out[at..]);
+}
+
 /// Hint: the node will be searched soon (reads kind and count, so the header line should be on
 /// its way already): inner nodes need their heads and children, leaves their heads and infos.
 #[inline]

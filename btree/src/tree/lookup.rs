@@ -145,6 +145,43 @@ impl BTree {
         Ok(())
     }
 
+    /// [`BTree::lookup_many`] for a transaction: `each(i, Some((value, leaf, stamp)))` for a
+    /// key found or absent at a leaf with that stamp (`value` `None`: absent), `each(i, None)`
+    /// for a key whose batched walk saw a change or whose value is in overflow pages (the
+    /// caller looks it up alone).
+    pub(crate) fn lookup_many_stamped<K: AsRef<[u8]>>(
+        &self,
+        w: &Worker,
+        keys: &[K],
+        mut each: impl FnMut(usize, Option<(Option<&[u8]>, Pid, shoal_engine::PageStamp)>),
+    ) -> Result<(), TreeError> {
+        let width = keys.len().min(LOOKUP_GROUP);
+        let mut lanes: Vec<Lane<'_>> = Vec::with_capacity(width);
+        let mut bufs: Vec<Vec<u8>> = (0..width).map(|_| Vec::new()).collect();
+        for (g, group) in keys.chunks(LOOKUP_GROUP).enumerate() {
+            let root = match w.optimistic(self.root) {
+                Ok(r) => Some(r),
+                Err(Restart::Retry) => None,
+                Err(Restart::Fail(e)) => return Err(e.into()),
+            };
+            lanes.clear();
+            lanes.extend(group.iter().map(|_| Lane {
+                node: root.clone(),
+                child: Pid(NO_PAGE),
+                slot: None,
+            }));
+            self.walk_group(w, group, &mut lanes, &mut bufs)?;
+            for (j, lane) in lanes.iter().enumerate() {
+                let at = lane.node.as_ref().map(|g| {
+                    let v = lane.slot.map(|_| &bufs[j][..]);
+                    (v, g.pid(), g.stamp())
+                });
+                each(g * LOOKUP_GROUP + j, at);
+            }
+        }
+        Ok(())
+    }
+
     /// Walk a group of keys down to their leaves and copy their values (see `lookup_many`).
     /// Lanes whose walk fails validation end with `node == None`.
     pub(super) fn walk_group<'w, K: AsRef<[u8]>>(

@@ -2,23 +2,48 @@
 //! write, let go (see the module docs of `txn`).
 
 use super::read::{point_holds, range_holds, Held};
-use super::{Transaction, TxError, Write};
+use super::{Op, ReadAt, Transaction, TxError};
 use crate::node::{self, entry_space, NodeMut, FLAG_OVERFLOW, MAX_RECORD};
 use crate::overflow::{self, ValueRef};
 use crate::tree::BTree;
-use shoal_engine::{CommitPoint, ExclusiveGuard, OpResult, Pid, Restart, Worker, PAGE_DATA_SIZE};
+use shoal_engine::{
+    CommitPoint, EngineError, ExclusiveGuard, OpResult, OptimisticGuard, Pid, Restart, Worker,
+    PAGE_DATA_SIZE,
+};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 /// Commit attempts (each latches, checks and validates again) before a commit that keeps
 /// meeting busy leaves or splitting gives up with [`TxError::Conflict`].
 const ATTEMPTS: u32 = 64;
 
+/// Most bytes the writes into one leaf may take (what a nearly empty leaf holds): more cannot
+/// be written at once, since no split puts keys between keys that are not in the tree yet.
+const MAX_GAP: usize = PAGE_DATA_SIZE - node::HEADER - 2 * node::MAX_KEY;
+
 /// One write as it goes into a leaf: the bytes the slot holds and its flags.
 struct Stored<'t> {
     tree: BTree,
     key: &'t [u8],
     /// `None`: remove.
-    value: Option<(Vec<u8>, u16)>,
+    value: Option<(Cow<'t, [u8]>, u16)>,
+    /// Where the transaction read the key (see [`Write::read_at`]).
+    read_at: Option<ReadAt>,
+}
+
+impl Stored<'_> {
+    /// The room this write takes in its leaf at most: what its slot's bytes grow by if the
+    /// key was read with a value (the read is validated before anything is written), else a
+    /// whole entry.
+    fn need_at_most(&self) -> usize {
+        let Some((v, _)) = &self.value else {
+            return 0;
+        };
+        match self.read_at.and_then(|r| r.len) {
+            Some(old) => v.len().saturating_sub(old),
+            None => entry_space(self.key.len(), v.len()),
+        }
+    }
 }
 
 /// What a commit leaves to do once its leaves are let go: overflow chains its writes replaced
@@ -27,12 +52,11 @@ type Leftovers = (Vec<ValueRef>, Vec<(BTree, Vec<u8>, Pid)>);
 
 /// What one attempt came to.
 enum Attempt {
-    /// Written; the overflow chains the writes replaced (freed now that the leaves are let go),
-    /// and the leaves a removal may have left underfull.
-    Done(Vec<ValueRef>, Vec<(BTree, Vec<u8>, Pid)>),
+    /// Written; what is left to do.
+    Done(Leftovers),
     /// A leaf was busy (another committer, a reader's shared latch): try again.
     Busy,
-    /// Leaf `pid` on `key`'s path of `tree` needs `need` more bytes: split it, try again.
+    /// Leaf `pid` on `key`'s path of `tree` needs `need` free bytes: split it, try again.
     Split(BTree, Vec<u8>, Pid, usize),
     /// A read no longer holds.
     Conflict,
@@ -55,7 +79,7 @@ pub(super) fn commit(tx: &mut Transaction<'_>) -> Result<CommitPoint, TxError> {
     let w = tx.w;
     if tx.writes.is_empty() {
         // read-only: valid if every read still holds now
-        let ok = w.run(|w| validate(w, tx, &Held::new()))?;
+        let ok = w.run(|w| validate(w, tx, &Held::none()))?;
         if !ok {
             return Err(TxError::Conflict);
         }
@@ -64,20 +88,27 @@ pub(super) fn commit(tx: &mut Transaction<'_>) -> Result<CommitPoint, TxError> {
     // Values too large for a leaf go to overflow pages first (not referenced until the
     // leaves are written; freed again if the commit fails).
     let mut chains: Vec<ValueRef> = Vec::new();
-    let mut stored: Vec<Stored<'_>> = Vec::with_capacity(tx.writes.len());
+    let mut stored: Vec<Stored<'_>> = Vec::new();
     let mut prepare = || -> Result<(), TxError> {
-        for ((root, key), wr) in &tx.writes {
+        for (root, ws) in &tx.writes {
             let tree = BTree::at(Pid(*root));
-            let value = match wr {
-                Write::Remove => None,
-                Write::Put(v) if key.len() + v.len() > MAX_RECORD => {
-                    let r = overflow::write(w, v)?;
-                    chains.push(r);
-                    Some((r.encode().to_vec(), FLAG_OVERFLOW))
-                }
-                Write::Put(v) => Some((v.clone(), 0)),
-            };
-            stored.push(Stored { tree, key, value });
+            for (key, wr) in ws {
+                let value = match &wr.op {
+                    Op::Remove => None,
+                    Op::Put(v) if key.len() + v.len() > MAX_RECORD => {
+                        let r = overflow::write(w, v)?;
+                        chains.push(r);
+                        Some((Cow::Owned(r.encode().to_vec()), FLAG_OVERFLOW))
+                    }
+                    Op::Put(v) => Some((Cow::Borrowed(&v[..]), 0)),
+                };
+                stored.push(Stored {
+                    tree,
+                    key,
+                    value,
+                    read_at: wr.read_at,
+                });
+            }
         }
         Ok(())
     };
@@ -85,8 +116,7 @@ pub(super) fn commit(tx: &mut Transaction<'_>) -> Result<CommitPoint, TxError> {
         chains.iter().for_each(|&r| overflow::free(w, r));
         return Err(e);
     }
-    let outcome = attempts(w, tx, &stored);
-    let (replaced, underfull) = match outcome {
+    let (replaced, underfull) = match attempts(w, tx, &stored) {
         Ok(done) => done,
         Err(e) => {
             chains.iter().for_each(|&r| overflow::free(w, r));
@@ -107,7 +137,7 @@ pub(super) fn commit(tx: &mut Transaction<'_>) -> Result<CommitPoint, TxError> {
 fn attempts(w: &Worker, tx: &Transaction<'_>, stored: &[Stored<'_>]) -> Result<Leftovers, TxError> {
     for tries in 0..ATTEMPTS {
         match w.run(|w| attempt(w, tx, stored))? {
-            Attempt::Done(replaced, underfull) => return Ok((replaced, underfull)),
+            Attempt::Done(left) => return Ok(left),
             Attempt::Conflict => return Err(TxError::Conflict),
             Attempt::Busy => super::backoff(tries + 1),
             Attempt::Split(tree, key, pid, need) => {
@@ -118,13 +148,65 @@ fn attempts(w: &Worker, tx: &Transaction<'_>, stored: &[Stored<'_>]) -> Result<L
     Err(TxError::Conflict)
 }
 
+/// The leaf a descent found last, and the keys it holds (between its fences): the next write
+/// of the same tree goes there too if its key lies between them (writes come in key order).
+struct LastLeaf {
+    root: Pid,
+    pid: Pid,
+    lower: Option<Vec<u8>>,
+    upper: Option<Vec<u8>>,
+}
+
+impl LastLeaf {
+    fn holds(&self, root: Pid, key: &[u8]) -> bool {
+        root == self.root
+            && self.lower.as_deref().is_none_or(|l| key > l)
+            && self.upper.as_deref().is_none_or(|u| key <= u)
+    }
+}
+
 /// One attempt (restarts, `Restart::Retry`, let every leaf go and run it again).
 fn attempt<'w>(w: &'w Worker, tx: &Transaction<'_>, stored: &[Stored<'_>]) -> OpResult<Attempt> {
-    // 1. the leaf of every write, and which writes go to it
-    let mut leaves: BTreeMap<Pid, (shoal_engine::OptimisticGuard<'w>, Vec<usize>)> =
-        BTreeMap::new();
+    // 1. the leaf of every write, and which writes go to it (an optimistic guard per leaf,
+    //    validated when it is latched)
+    let mut leaves: BTreeMap<Pid, (OptimisticGuard<'w>, Vec<usize>)> = BTreeMap::new();
+    let mut last: Option<LastLeaf> = None;
     for (i, s) in stored.iter().enumerate() {
+        if let Some(l) = last.as_ref().filter(|l| l.holds(s.tree.root(), s.key)) {
+            if let Some((_, ws)) = leaves.get_mut(&l.pid) {
+                ws.push(i);
+                continue;
+            }
+        }
+        // the leaf the key was read from, while it is unchanged since (it held the key then)
+        if let Some(at) = s.read_at {
+            if let Some((g, ws)) = leaves.get_mut(&at.leaf) {
+                if g.stamp() == at.stamp {
+                    ws.push(i);
+                    continue;
+                }
+            } else {
+                match w.optimistic(at.leaf) {
+                    Ok(g) if g.stamp() == at.stamp => {
+                        leaves.insert(at.leaf, (g, vec![i]));
+                        continue;
+                    }
+                    // changed, or gone (a merge freed it): descend
+                    Ok(_) | Err(Restart::Fail(_)) => {}
+                    Err(r) => return Err(r),
+                }
+            }
+        }
         let g = s.tree.find_leaf(w, s.key)?;
+        let p = g.page();
+        let (lower, upper) = (node::fence(p, false), node::fence(p, true));
+        g.validate()?;
+        last = Some(LastLeaf {
+            root: s.tree.root(),
+            pid: g.pid(),
+            lower,
+            upper,
+        });
         match leaves.get_mut(&g.pid()) {
             Some((_, ws)) => ws.push(i),
             None => {
@@ -132,98 +214,129 @@ fn attempt<'w>(w: &'w Worker, tx: &Transaction<'_>, stored: &[Stored<'_>]) -> Op
             }
         }
     }
-    // 2. latch them in page order without waiting (a changed leaf: start over)
-    let mut latched = Latched { guards: Vec::new() };
-    let mut groups: Vec<Vec<usize>> = Vec::new();
+    // 2. latch them in page order without waiting (a changed leaf: start over), and check
+    //    each has room for its writes on its page as it is
+    let mut latched = Latched {
+        guards: Vec::with_capacity(leaves.len()),
+    };
+    let mut groups: Vec<Vec<usize>> = Vec::with_capacity(leaves.len());
     for (_, (g, ws)) in leaves {
-        match g.try_exclusive()? {
-            Some(x) => {
-                latched.guards.push(x);
-                groups.push(ws);
-            }
-            None => return Ok(Attempt::Busy),
+        let Some(x) = g.try_exclusive()? else {
+            return Ok(Attempt::Busy);
+        };
+        let free = node::free_space(x.page());
+        let mut need: usize = ws.iter().map(|&i| stored[i].need_at_most()).sum();
+        if need > free {
+            need = leaf_need(&x, &ws, stored); // exactly, on the page
         }
-    }
-    // 3. the new contents of each leaf, on a copy: does everything fit?
-    let mut images: Vec<Box<[u8; PAGE_DATA_SIZE]>> = Vec::with_capacity(groups.len());
-    let mut replaced = Vec::new();
-    let mut underfull = Vec::new();
-    for (x, ws) in latched.guards.iter().zip(&groups) {
-        let mut img: Box<[u8; PAGE_DATA_SIZE]> = Box::new([0; PAGE_DATA_SIZE]);
-        img.copy_from_slice(x.data());
-        let mut n = NodeMut::new(&mut img);
-        let mut removed = false;
-        for &i in ws.iter() {
-            let s = &stored[i];
-            let (at, exact) = n.lower_bound(s.key);
-            let old_chain = |n: &NodeMut<'_>| {
-                (exact && n.flags(at) & FLAG_OVERFLOW != 0)
-                    .then(|| ValueRef::decode(n.value(at)))
-                    .flatten()
-            };
-            match &s.value {
-                None => {
-                    if exact {
-                        replaced.extend(old_chain(&n));
-                        n.remove_at(at);
-                        removed = true;
-                    }
-                }
-                Some((v, flags)) => {
-                    let fits = if exact {
-                        n.free_space() + n.value(at).len() >= v.len()
-                    } else {
-                        n.fits(s.key.len(), v.len())
-                    };
-                    if !fits {
-                        // the room all of this leaf's writes take, on the page as it is:
-                        // split until one leaf has it
-                        let need = leaf_need(x, ws, stored);
-                        if need > MAX_GAP {
-                            return Err(Restart::Fail(shoal_engine::EngineError::Config(format!(
-                                "a transaction writes {need} bytes into one gap of tree {}'s keys \
-                                 (at {:?}); one commit takes at most {MAX_GAP}: commit in parts",
-                                s.tree.root(),
-                                s.key
-                            ))));
-                        }
-                        return Ok(Attempt::Split(s.tree, s.key.to_vec(), x.pid(), need));
-                    }
-                    if exact {
-                        replaced.extend(old_chain(&n));
-                        n.replace_flagged(at, v, *flags);
-                    } else {
-                        n.insert_flagged(at, s.key, v, *flags);
-                    }
-                }
-            }
-        }
-        // (as `node::is_underfull`)
-        if removed && PAGE_DATA_SIZE - n.free_space() < PAGE_DATA_SIZE / 4 {
+        if need > free {
             let s = &stored[ws[0]];
-            underfull.push((s.tree, s.key.to_vec(), x.pid()));
+            if need > MAX_GAP {
+                return Err(Restart::Fail(EngineError::Config(format!(
+                    "a transaction writes {need} bytes into one gap of tree {}'s keys (at \
+                     {:?}); one commit takes at most {MAX_GAP}: commit in parts",
+                    s.tree.root(),
+                    s.key
+                ))));
+            }
+            return Ok(Attempt::Split(s.tree, s.key.to_vec(), x.pid(), need));
         }
-        images.push(img);
+        latched.guards.push(x);
+        groups.push(ws);
     }
-    // 4. everything read still holds (through the guards held here for these leaves)
-    let held: Held<'_, 'w> = latched.guards.iter().map(|x| (x.pid(), x)).collect();
-    if !validate(w, tx, &held)? {
+    // 3. everything read still holds (through the guards held here for these leaves)
+    debug_assert!(
+        latched.guards.windows(2).all(|p| p[0].pid() < p[1].pid()),
+        "leaves are latched in page order"
+    );
+    if !validate(w, tx, &Held(&latched.guards))? {
         return Ok(Attempt::Conflict);
     }
-    drop(held);
-    // 5. write: the guards are let go together, their changes logged as one chunk
-    for (mut x, img) in latched.guards.drain(..).zip(images) {
-        x.modify(|b| b.copy_from_slice(&img[..]));
+    // 4. write: the guards are let go together, their changes logged as one chunk
+    let mut replaced = Vec::new();
+    let mut underfull = Vec::new();
+    for (mut x, ws) in latched.guards.drain(..).zip(groups) {
+        let pid = x.pid();
+        // same-sized values of the same flags go straight into their place (only their bytes
+        // are stored and logged); the rest change the node's layout, in one edit of a copy
+        let mut rest: Vec<usize> = Vec::new();
+        for &i in &ws {
+            let s = &stored[i];
+            let p = x.page();
+            let (at, exact) = node::lower_bound(p, s.key);
+            match &s.value {
+                Some((v, flags))
+                    if exact
+                        && node::val_flags(p, at) == *flags
+                        && node::slot_info(p, at).2 == v.len() =>
+                {
+                    if *flags & FLAG_OVERFLOW != 0 {
+                        let mut old = Vec::new();
+                        node::value_into(p, at, &mut old);
+                        replaced.extend(ValueRef::decode(&old));
+                    }
+                    let off = node::value_offset(p, at);
+                    x.page_mut().write(off, v);
+                }
+                _ => rest.push(i),
+            }
+        }
+        if rest.is_empty() {
+            continue;
+        }
+        let mut removed = false;
+        x.modify_in(|b| {
+            let mut n = NodeMut::new(b);
+            // inserts alone name what they change (the header and slots, the heap's new
+            // part): only that is compared and stored; anything else: the whole page
+            let mut within: Option<[std::ops::Range<usize>; 2]> = Some([0..0, 0..0]);
+            for &i in &rest {
+                let s = &stored[i];
+                let (at, exact) = n.lower_bound(s.key);
+                if exact && n.flags(at) & FLAG_OVERFLOW != 0 {
+                    replaced.extend(ValueRef::decode(n.value(at)));
+                }
+                match &s.value {
+                    None if exact => {
+                        n.remove_at(at);
+                        removed = true;
+                        within = None;
+                    }
+                    None => {}
+                    // (room checked above: the need is at most the free space)
+                    Some((v, flags)) if exact => {
+                        n.replace_flagged(at, v, *flags);
+                        within = None;
+                    }
+                    Some((v, flags)) => {
+                        let r = n.insert_flagged_within(at, s.key, v, *flags);
+                        within = match (within, r) {
+                            (Some([a0, a1]), Some([b0, b1])) => Some([
+                                a0.start.min(b0.start)..a0.end.max(b0.end),
+                                if a1.is_empty() {
+                                    b1
+                                } else {
+                                    a1.start.min(b1.start)..a1.end.max(b1.end)
+                                },
+                            ]),
+                            _ => None,
+                        };
+                    }
+                }
+            }
+            ((), within)
+        });
+        if removed && node::is_underfull(x.page()) {
+            let s = &stored[ws[0]];
+            underfull.push((s.tree, s.key.to_vec(), pid));
+        }
     }
-    Ok(Attempt::Done(replaced, underfull))
+    Ok(Attempt::Done((replaced, underfull)))
 }
 
-/// Most bytes the writes into one leaf may take (what a nearly empty leaf holds): more cannot
-/// be written at once, since no split puts keys between keys that are not in the tree yet.
-const MAX_GAP: usize = PAGE_DATA_SIZE - node::HEADER - 2 * node::MAX_KEY;
-
 /// The room the writes `ws` into leaf `x` take on its page as it is: an insert its entry, a
-/// replace what its value grows by (removals are not counted: this is an upper bound).
+/// replace what its value grows by (removals are not counted: an upper bound, so writes whose
+/// need fits the leaf's free space all fit, in any order).
 fn leaf_need(x: &ExclusiveGuard<'_>, ws: &[usize], stored: &[Stored<'_>]) -> usize {
     let p = x.page();
     ws.iter()
@@ -247,12 +360,12 @@ fn validate(w: &Worker, tx: &Transaction<'_>, held: &Held<'_, '_>) -> OpResult<b
         return Ok(true);
     }
     for r in &tx.points {
-        if !point_holds(w, held, r)? {
+        if !point_holds(w, held, r, &tx.arena)? {
             return Ok(false);
         }
     }
     for r in &tx.ranges {
-        if !range_holds(w, held, r)? {
+        if !range_holds(w, held, r, &tx.arena)? {
             return Ok(false);
         }
     }

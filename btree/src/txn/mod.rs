@@ -84,9 +84,26 @@ impl TxError {
 
 /// A write the transaction keeps until it commits.
 #[derive(Debug, Clone)]
-pub(crate) enum Write {
+pub(crate) struct Write {
+    pub op: Op,
+    /// Where the transaction read the key before writing it, if it did: the commit starts
+    /// from that leaf instead of descending, while its stamp is unchanged.
+    pub read_at: Option<ReadAt>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum Op {
     Put(Vec<u8>),
     Remove,
+}
+
+/// The leaf a key was read from, its stamp then, and the length of what its slot held
+/// (`None`: absent).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReadAt {
+    pub leaf: shoal_engine::Pid,
+    pub stamp: shoal_engine::PageStamp,
+    pub len: Option<usize>,
 }
 
 /// A transaction of one worker over any number of trees. Made by [`Transaction::begin`];
@@ -96,8 +113,11 @@ pub struct Transaction<'w> {
     w: &'w Worker,
     points: Vec<PointRead>,
     ranges: Vec<RangeRead>,
-    /// Writes by (tree root, key), in key order within a tree.
-    writes: BTreeMap<(u64, Vec<u8>), Write>,
+    /// The keys and values the reads saw, one after the other (their spans are in `points`
+    /// and `ranges`).
+    arena: Vec<u8>,
+    /// Writes by tree root, then key (in key order within a tree).
+    writes: BTreeMap<u64, BTreeMap<Vec<u8>, Write>>,
 }
 
 impl<'w> Transaction<'w> {
@@ -107,6 +127,7 @@ impl<'w> Transaction<'w> {
             w,
             points: Vec::new(),
             ranges: Vec::new(),
+            arena: Vec::new(),
             writes: BTreeMap::new(),
         }
     }
@@ -122,23 +143,105 @@ impl<'w> Transaction<'w> {
     }
 
     fn own_write(&self, tree: &BTree, key: &[u8]) -> Option<&Write> {
-        // (a lookup by borrowed key would need a second map; keys are short)
-        self.writes.get(&(tree.root().raw(), key.to_vec()))
+        self.writes.get(&tree.root().raw())?.get(key)
     }
 
     /// The value of `key` in `tree`, as this transaction sees it.
     pub fn get(&mut self, tree: &BTree, key: impl AsRef<[u8]>) -> Result<Option<Vec<u8>>, TxError> {
-        let key = key.as_ref();
+        Ok(self.read(tree, key.as_ref())?.0)
+    }
+
+    /// [`Transaction::get`], with where the value came from (for a write that follows).
+    fn read(
+        &mut self,
+        tree: &BTree,
+        key: &[u8],
+    ) -> Result<(Option<Vec<u8>>, Option<ReadAt>), TxError> {
         if let Some(w) = self.own_write(tree, key) {
-            return Ok(match w {
-                Write::Put(v) => Some(v.clone()),
-                Write::Remove => None,
-            });
+            let v = match &w.op {
+                Op::Put(v) => Some(v.clone()),
+                Op::Remove => None,
+            };
+            return Ok((v, w.read_at));
         }
-        let r = read::point(self.w, *tree, key)?;
-        let v = r.seen.clone();
+        let r = read::point(self.w, *tree, key, &mut self.arena)?;
+        let at = ReadAt {
+            leaf: r.leaf,
+            stamp: r.stamp,
+            // (what the leaf holds: the reference, for a value in overflow pages)
+            len: r.seen.as_ref().map(|v| {
+                if r.overflow {
+                    crate::overflow::REF_LEN
+                } else {
+                    v.len()
+                }
+            }),
+        };
+        let v = r.seen.clone().map(|v| self.arena[v].to_vec());
         self.points.push(r);
-        Ok(v)
+        Ok((v, Some(at)))
+    }
+
+    /// The values of many keys of `tree` at once: `each(i, value)` for every `keys[i]`, in
+    /// order (`None`: absent), as [`Transaction::get`] would give them one by one, but faster
+    /// for many keys (the lookups walk down together, their cache misses overlapping: see
+    /// [`BTree::lookup_many`]).
+    pub fn get_many<K: AsRef<[u8]>>(
+        &mut self,
+        tree: &BTree,
+        keys: &[K],
+        mut each: impl FnMut(usize, Option<&[u8]>),
+    ) -> Result<(), TxError> {
+        // keys this transaction wrote are its own; the rest are read from the tree together
+        let theirs: Vec<usize> = (0..keys.len())
+            .filter(|&i| self.own_write(tree, keys[i].as_ref()).is_none())
+            .collect();
+        // (the value spans in the arena: `Some(None)` absent)
+        let mut got: Vec<Option<Option<read::Span>>> = vec![None; keys.len()];
+        let batch: Vec<&[u8]> = theirs.iter().map(|&i| keys[i].as_ref()).collect();
+        let mut alone = Vec::new();
+        let (arena, points) = (&mut self.arena, &mut self.points);
+        tree.lookup_many_stamped(self.w, &batch, |j, at| match at {
+            Some((v, leaf, stamp)) => {
+                let i = theirs[j];
+                let k0 = arena.len();
+                arena.extend_from_slice(keys[i].as_ref());
+                let v0 = arena.len();
+                let seen = v.map(|v| {
+                    arena.extend_from_slice(v);
+                    v0..arena.len()
+                });
+                got[i] = Some(seen.clone());
+                points.push(read::PointRead {
+                    tree: *tree,
+                    key: k0..v0,
+                    seen,
+                    leaf,
+                    stamp,
+                    overflow: false,
+                });
+            }
+            None => alone.push(theirs[j]),
+        })?;
+        let mut own: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+        for i in alone {
+            own[i] = self.get(tree, keys[i].as_ref())?;
+            got[i] = None;
+        }
+        for (i, k) in keys.iter().enumerate() {
+            match got[i].take() {
+                Some(span) => each(i, span.map(|v| &self.arena[v])),
+                None => {
+                    // looked up alone, or this transaction's own write
+                    let v = match own[i].take() {
+                        Some(v) => Some(v),
+                        None => self.get(tree, k.as_ref())?,
+                    };
+                    each(i, v.as_deref());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Insert `key` -> `value` if `key` is absent; [`Insert::Exists`] (and nothing written) if
@@ -151,10 +254,11 @@ impl<'w> Transaction<'w> {
     ) -> Result<Insert, TxError> {
         let key = key.as_ref();
         BTree::check_sizes(key, value.as_ref().len())?;
-        if self.get(tree, key)?.is_some() {
+        let (now, at) = self.read(tree, key)?;
+        if now.is_some() {
             return Ok(Insert::Exists);
         }
-        self.put(tree, key, Write::Put(value.as_ref().to_vec()));
+        self.put(tree, key, Op::Put(value.as_ref().to_vec()), at);
         Ok(Insert::Inserted)
     }
 
@@ -167,7 +271,9 @@ impl<'w> Transaction<'w> {
     ) -> Result<(), TxError> {
         let key = key.as_ref();
         BTree::check_sizes(key, value.as_ref().len())?;
-        self.put(tree, key, Write::Put(value.as_ref().to_vec()));
+        // (a key this transaction read keeps where it was read)
+        let at = self.own_write(tree, key).and_then(|w| w.read_at);
+        self.put(tree, key, Op::Put(value.as_ref().to_vec()), at);
         Ok(())
     }
 
@@ -180,26 +286,30 @@ impl<'w> Transaction<'w> {
         f: impl FnOnce(&mut [u8]),
     ) -> Result<bool, TxError> {
         let key = key.as_ref();
-        let Some(mut v) = self.get(tree, key)? else {
+        let (Some(mut v), at) = self.read(tree, key)? else {
             return Ok(false);
         };
         f(&mut v);
-        self.put(tree, key, Write::Put(v));
+        self.put(tree, key, Op::Put(v), at);
         Ok(true)
     }
 
     /// Remove `key`. Returns whether it was there.
     pub fn remove(&mut self, tree: &BTree, key: impl AsRef<[u8]>) -> Result<bool, TxError> {
         let key = key.as_ref();
-        if self.get(tree, key)?.is_none() {
+        let (now, at) = self.read(tree, key)?;
+        if now.is_none() {
             return Ok(false);
         }
-        self.put(tree, key, Write::Remove);
+        self.put(tree, key, Op::Remove, at);
         Ok(true)
     }
 
-    fn put(&mut self, tree: &BTree, key: &[u8], w: Write) {
-        self.writes.insert((tree.root().raw(), key.to_vec()), w);
+    fn put(&mut self, tree: &BTree, key: &[u8], op: Op, read_at: Option<ReadAt>) {
+        self.writes
+            .entry(tree.root().raw())
+            .or_default()
+            .insert(key.to_vec(), Write { op, read_at });
     }
 
     /// At most `limit` entries of `tree` whose keys lie in `range`, in `dir` order, as this
@@ -213,33 +323,44 @@ impl<'w> Transaction<'w> {
         dir: Direction,
         limit: usize,
     ) -> Result<Vec<Entry>, TxError> {
+        let mut out = Vec::new();
+        self.scan(tree, range, dir, limit, |k, v| {
+            out.push((k.to_vec(), v.to_vec()))
+        })?;
+        Ok(out)
+    }
+
+    /// [`Transaction::range`], handing each entry to `f` instead of copying it out.
+    pub fn scan<K: AsRef<[u8]>>(
+        &mut self,
+        tree: &BTree,
+        range: impl RangeBounds<K>,
+        dir: Direction,
+        limit: usize,
+        mut f: impl FnMut(&[u8], &[u8]),
+    ) -> Result<(), TxError> {
         let own = |b: Bound<&K>| b.map(|k| k.as_ref().to_vec());
         let (lo, hi) = (own(range.start_bound()), own(range.end_bound()));
         if limit == 0 {
-            return Ok(Vec::new());
+            return Ok(());
         }
         // this transaction's writes in the range, in `dir` order
-        let root = tree.root().raw();
-        let wlo = lo.clone().map(|k| (root, k));
-        let whi = hi.clone().map(|k| (root, k));
-        let mut mine: Vec<(Vec<u8>, Write)> = if matches!(
-            (&wlo, &whi),
-            (Bound::Included(a) | Bound::Excluded(a), Bound::Included(b) | Bound::Excluded(b)) if a > b
-        ) {
-            Vec::new()
-        } else {
-            let lo_b = match &wlo {
-                Bound::Unbounded => Bound::Included((root, Vec::new())),
-                b => b.clone(),
-            };
-            let hi_b = match &whi {
-                Bound::Unbounded => Bound::Excluded((root + 1, Vec::new())),
-                b => b.clone(),
-            };
-            self.writes
-                .range((lo_b, hi_b))
-                .map(|((_, k), w)| (k.clone(), w.clone()))
-                .collect()
+        // (an empty range: `BTreeMap::range` refuses those)
+        let empty = match (&lo, &hi) {
+            (Bound::Included(a), Bound::Included(b)) => a > b,
+            (Bound::Included(a) | Bound::Excluded(a), Bound::Included(b) | Bound::Excluded(b)) => {
+                a >= b
+            }
+            _ => false,
+        };
+        let mut mine: Vec<(&Vec<u8>, &Write)> = match self.writes.get(&tree.root().raw()) {
+            Some(ws) if !empty => ws
+                .range::<[u8], _>((
+                    lo.as_ref().map(|k| k.as_slice()),
+                    hi.as_ref().map(|k| k.as_slice()),
+                ))
+                .collect(),
+            _ => Vec::new(),
         };
         if dir == Direction::Descending {
             mine.reverse();
@@ -247,12 +368,17 @@ impl<'w> Transaction<'w> {
         // every removal of ours can hide one entry of the tree: read that many more
         let removes = mine
             .iter()
-            .filter(|(_, w)| matches!(w, Write::Remove))
+            .filter(|(_, w)| matches!(w.op, Op::Remove))
             .count();
-        let r = read::range(self.w, *tree, lo, hi, dir, limit + removes)?;
-        let merged = merge(&r.seen, &mine, dir, limit);
+        let r = read::range(self.w, *tree, lo, hi, dir, limit + removes, &mut self.arena)?;
+        let arena = &self.arena;
+        let seen = r
+            .seen
+            .iter()
+            .map(|(k, v)| (&arena[k.clone()], &arena[v.clone()]));
+        merge(seen, &mine, dir, limit, &mut f);
         self.ranges.push(r);
-        Ok(merged)
+        Ok(())
     }
 
     /// Commit: write everything at once if nothing this transaction read has changed, else
@@ -278,35 +404,47 @@ impl<'w> Transaction<'w> {
 }
 
 /// Merge the tree's entries `seen` (in `dir` order) with this transaction's writes `mine` in
-/// the same range (in `dir` order): at most `limit` entries.
-fn merge(seen: &[Entry], mine: &[(Vec<u8>, Write)], dir: Direction, limit: usize) -> Vec<Entry> {
+/// the same range (in `dir` order): at most `limit` entries, handed to `f`.
+fn merge<'s>(
+    seen: impl Iterator<Item = (&'s [u8], &'s [u8])>,
+    mine: &[(&Vec<u8>, &Write)],
+    dir: Direction,
+    limit: usize,
+    f: &mut impl FnMut(&[u8], &[u8]),
+) {
     let before = |a: &[u8], b: &[u8]| match dir {
         Direction::Ascending => a < b,
         Direction::Descending => a > b,
     };
-    let mut out = Vec::new();
-    let (mut i, mut j) = (0, 0);
-    while out.len() < limit && (i < seen.len() || j < mine.len()) {
-        let take_mine = match (seen.get(i), mine.get(j)) {
+    let mut seen = seen.peekable();
+    let (mut n, mut j) = (0, 0);
+    while n < limit {
+        let next = seen.peek().copied();
+        let take_mine = match (next, mine.get(j)) {
             (Some((k, _)), Some((m, _))) => !before(k, m),
             (None, Some(_)) => true,
-            _ => false,
+            (_, None) => false,
         };
         if take_mine {
-            let (m, w) = &mine[j];
-            if seen.get(i).is_some_and(|(k, _)| k == m) {
-                i += 1; // ours replaces the tree's
+            let (m, w) = mine[j];
+            if next.is_some_and(|(k, _)| k == m.as_slice()) {
+                seen.next(); // ours replaces the tree's
             }
-            if let Write::Put(v) = w {
-                out.push((m.clone(), v.clone()));
+            if let Op::Put(v) = &w.op {
+                f(m, v);
+                n += 1;
             }
             j += 1;
         } else {
-            out.push(seen[i].clone());
-            i += 1;
+            match seen.next() {
+                Some((k, v)) => {
+                    f(k, v);
+                    n += 1;
+                }
+                None => break,
+            }
         }
     }
-    out
 }
 
 /// Run `f` as a transaction of `w` and commit it; on [`TxError::Conflict`] (in `f` or at the

@@ -15,21 +15,27 @@ use shoal_engine::{
     EngineError, ExclusiveGuard, OpResult, OptimisticGuard, PageRef, PageStamp, Pid, Restart,
     Worker,
 };
-use std::collections::HashMap;
 use std::ops::Bound;
 
-/// A point read: `key` of `tree` held `seen` (`None`: absent) in leaf `leaf` at `stamp`.
+/// Where a read's bytes are kept: a range of the transaction's byte arena.
+pub(crate) type Span = std::ops::Range<usize>;
+
+/// A point read: `key` of `tree` held `seen` (`None`: absent) in leaf `leaf` at `stamp`
+/// (key and value kept in the transaction's arena).
 #[derive(Debug)]
 pub(crate) struct PointRead {
     pub tree: BTree,
-    pub key: Vec<u8>,
-    pub seen: Option<Vec<u8>>,
+    pub key: Span,
+    pub seen: Option<Span>,
     pub leaf: Pid,
     pub stamp: PageStamp,
+    /// The value was kept in overflow pages (the leaf holds a reference).
+    pub overflow: bool,
 }
 
-/// A range read: the entries of `tree` in `lo..hi` (in `dir` order) were `seen`, the first
-/// `fetch` asked for; fewer means the range ended there. `leaves` were walked, with stamps.
+/// A range read: the entries of `tree` in `lo..hi` (in `dir` order) were `seen` (keys and
+/// values in the arena), the first `fetch` asked for; fewer means the range ended there.
+/// `leaves` were walked, with stamps.
 #[derive(Debug)]
 pub(crate) struct RangeRead {
     pub tree: BTree,
@@ -37,12 +43,23 @@ pub(crate) struct RangeRead {
     pub hi: Bound<Vec<u8>>,
     pub dir: Direction,
     pub fetch: usize,
-    pub seen: Vec<(Vec<u8>, Vec<u8>)>,
+    pub seen: Vec<(Span, Span)>,
     pub leaves: Vec<(Pid, PageStamp)>,
 }
 
-/// The leaves a committer holds exclusively, by page.
-pub(crate) type Held<'a, 'w> = HashMap<Pid, &'a ExclusiveGuard<'w>>;
+/// The leaves a committer holds exclusively, in page order.
+pub(crate) struct Held<'a, 'w>(pub &'a [ExclusiveGuard<'w>]);
+
+impl<'a, 'w> Held<'a, 'w> {
+    pub fn none() -> Held<'a, 'w> {
+        Held(&[])
+    }
+
+    fn get(&self, pid: Pid) -> Option<&'a ExclusiveGuard<'w>> {
+        let i = self.0.binary_search_by_key(&pid, |x| x.pid()).ok()?;
+        Some(&self.0[i])
+    }
+}
 
 /// A leaf being read: through the committer's own exclusive guard, or optimistically.
 enum Leaf<'a, 'w> {
@@ -97,7 +114,7 @@ fn take<'a, 'w>(w: &'w Worker, mode: Mode<'_, 'a, 'w>, pid: Pid) -> Got<Leaf<'a,
     match mode {
         Mode::Plain => Ok(Ok(Leaf::Free(w.optimistic(pid)?))),
         Mode::Validating(held) => {
-            if let Some(x) = held.get(&pid) {
+            if let Some(x) = held.get(pid) {
                 return Ok(Ok(Leaf::Held(x)));
             }
             Ok(w.optimistic_unless_held(pid)?.map(Leaf::Free).ok_or(Busy))
@@ -118,6 +135,10 @@ fn find_leaf<'a, 'w>(
     tree: BTree,
     key: &[u8],
 ) -> Got<Leaf<'a, 'w>> {
+    if let Mode::Plain = mode {
+        // the tree's own descent (with its prefetching)
+        return Ok(Ok(Leaf::Free(tree.find_leaf(w, key)?)));
+    }
     let mut g = match take(w, mode, tree.root())? {
         Ok(g) => g,
         Err(b) => return Ok(Err(b)),
@@ -167,21 +188,23 @@ fn read_chain(w: &Worker, leaf: &Leaf<'_, '_>, stored: &[u8], out: &mut Vec<u8>)
     read
 }
 
-/// `key`'s value in `tree` now (`None`: absent), with its leaf and the leaf's stamp.
+/// `key`'s value in `tree` now, appended to `out` (whether found), with its leaf, the leaf's
+/// stamp and whether the value was in overflow pages.
 fn point_at<'a, 'w>(
     w: &'w Worker,
     mode: Mode<'_, 'a, 'w>,
     tree: BTree,
     key: &[u8],
-) -> Got<(Option<Vec<u8>>, Pid, PageStamp)> {
+    out: &mut Vec<u8>,
+) -> Got<(bool, Pid, PageStamp, bool)> {
     let leaf = match find_leaf(w, mode, tree, key)? {
         Ok(l) => l,
         Err(b) => return Ok(Err(b)),
     };
     let p = leaf.page();
     let (i, found) = node::lower_bound(p, key);
-    let mut v = Vec::new();
     let mut big = false;
+    let mut v = Vec::new();
     if found {
         node::value_into(p, i, &mut v);
         big = node::val_flags(p, i) & FLAG_OVERFLOW != 0;
@@ -191,23 +214,34 @@ fn point_at<'a, 'w>(
         let stored = std::mem::take(&mut v);
         read_chain(w, &leaf, &stored, &mut v)?;
     }
-    Ok(Ok((found.then_some(v), leaf.pid(), leaf.stamp())))
+    out.extend_from_slice(&v);
+    Ok(Ok((found, leaf.pid(), leaf.stamp(), big)))
 }
 
-/// Read `key` of `tree` for a transaction.
-pub(crate) fn point(w: &Worker, tree: BTree, key: &[u8]) -> Result<PointRead, TreeError> {
-    let (seen, leaf, stamp) = w.run(|w| {
-        point_at(w, Mode::Plain, tree, key).map(|r| match r {
+/// Read `key` of `tree` for a transaction, keeping key and value in `arena`.
+pub(crate) fn point(
+    w: &Worker,
+    tree: BTree,
+    key: &[u8],
+    arena: &mut Vec<u8>,
+) -> Result<PointRead, TreeError> {
+    let k0 = arena.len();
+    arena.extend_from_slice(key);
+    let v0 = arena.len();
+    let (found, leaf, stamp, overflow) = w.run(|w| {
+        arena.truncate(v0);
+        point_at(w, Mode::Plain, tree, key, arena).map(|r| match r {
             Ok(x) => x,
             Err(Busy) => unreachable!("plain reads wait"),
         })
     })?;
     Ok(PointRead {
         tree,
-        key: key.to_vec(),
-        seen,
+        key: k0..v0,
+        seen: found.then_some(v0..arena.len()),
         leaf,
         stamp,
+        overflow,
     })
 }
 
@@ -234,26 +268,30 @@ fn above(b: &Bound<Vec<u8>>, k: &[u8]) -> bool {
     }
 }
 
-/// The entries of `tree` in `lo..hi` in `dir` order, at most `fetch`, with the leaves walked.
-/// Each leaf's entries are copied under one optimistic guard and validated; the walk is not a
-/// snapshot (the commit's validation makes it one).
-#[allow(clippy::type_complexity)]
+/// The entries of `tree` in `lo..hi` in `dir` order, at most `fetch`: keys and values
+/// appended to `out`, their spans to `entries`, the leaves walked to `leaves`. Each leaf's
+/// entries are copied under one optimistic guard and validated (a failed validation restarts
+/// the whole walk: the caller truncates); the walk is not a snapshot (the commit's validation
+/// makes it one).
+#[allow(clippy::too_many_arguments)]
 fn walk<'a, 'w>(
     w: &'w Worker,
     mode: Mode<'_, 'a, 'w>,
     tree: BTree,
-    lo: &Bound<Vec<u8>>,
-    hi: &Bound<Vec<u8>>,
+    (lo, hi): (&Bound<Vec<u8>>, &Bound<Vec<u8>>),
     dir: Direction,
     fetch: usize,
-) -> Got<(Vec<(Vec<u8>, Vec<u8>)>, Vec<(Pid, PageStamp)>)> {
-    let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-    let mut leaves = Vec::new();
+    out: &mut Vec<u8>,
+    entries: &mut Vec<(Span, Span)>,
+    leaves: &mut Vec<(Pid, PageStamp)>,
+) -> Got<()> {
+    let first = entries.len();
     // where the walk goes on: past this bound
     let mut at = match dir {
         Direction::Ascending => lo.clone(),
         Direction::Descending => hi.clone(),
     };
+    let mut stored = Vec::new();
     loop {
         // the key to descend to: for an ascending walk past `k`, the smallest key above it
         let key = match (&at, dir) {
@@ -272,25 +310,20 @@ fn walk<'a, 'w>(
         };
         let p = leaf.page();
         let n = node::count(p);
-        let mut batch: Vec<(Vec<u8>, Vec<u8>, bool)> = Vec::new();
+        // slots to copy, in walk order
         let mut ended = false;
-        let (mut k, mut v) = (Vec::new(), Vec::new());
+        let mut big: Vec<usize> = Vec::new(); // entries whose value is in overflow pages
         match dir {
             Direction::Ascending => {
                 let mut i = node::lower_bound(p, &key).0;
                 while i < n {
-                    node::key_into(p, i, &mut k);
-                    if below(hi, &k) {
+                    node::key_into(p, i, &mut stored);
+                    if below(hi, &stored) {
                         ended = true;
                         break;
                     }
-                    node::value_into(p, i, &mut v);
-                    batch.push((
-                        k.clone(),
-                        v.clone(),
-                        node::val_flags(p, i) & FLAG_OVERFLOW != 0,
-                    ));
-                    if out.len() + batch.len() >= fetch {
+                    take_slot(p, i, &stored, out, entries, &mut big);
+                    if entries.len() - first >= fetch {
                         ended = true;
                         break;
                     }
@@ -307,18 +340,13 @@ fn walk<'a, 'w>(
                 j = j.min(n);
                 while j > 0 {
                     j -= 1;
-                    node::key_into(p, j, &mut k);
-                    if above(lo, &k) {
+                    node::key_into(p, j, &mut stored);
+                    if above(lo, &stored) {
                         ended = true;
                         break;
                     }
-                    node::value_into(p, j, &mut v);
-                    batch.push((
-                        k.clone(),
-                        v.clone(),
-                        node::val_flags(p, j) & FLAG_OVERFLOW != 0,
-                    ));
-                    if out.len() + batch.len() >= fetch {
+                    take_slot(p, j, &stored, out, entries, &mut big);
+                    if entries.len() - first >= fetch {
                         ended = true;
                         break;
                     }
@@ -330,25 +358,26 @@ fn walk<'a, 'w>(
             Direction::Descending => node::fence(p, false),
         };
         leaf.validate()?;
-        for (k, stored, big) in batch {
-            let mut v = stored;
-            if big {
-                let r = std::mem::take(&mut v);
-                read_chain(w, &leaf, &r, &mut v)?;
-            }
-            out.push((k, v));
+        // values in overflow pages: read their chains now that the references are valid
+        for e in big {
+            let r = out[entries[e].1.clone()].to_vec();
+            let mut v = Vec::new();
+            read_chain(w, &leaf, &r, &mut v)?;
+            let v0 = out.len();
+            out.extend_from_slice(&v);
+            entries[e].1 = v0..out.len();
         }
         leaves.push((leaf.pid(), leaf.stamp()));
         if ended {
-            return Ok(Ok((out, leaves)));
+            return Ok(Ok(()));
         }
         match (next, dir) {
-            (None, _) => return Ok(Ok((out, leaves))),
+            (None, _) => return Ok(Ok(())),
             // the next leaf holds the keys above this one's upper fence
             (Some(up), Direction::Ascending) => {
                 if let Bound::Included(h) | Bound::Excluded(h) = hi {
                     if up >= *h {
-                        return Ok(Ok((out, leaves))); // every key beyond is past the end
+                        return Ok(Ok(())); // every key beyond is past the end
                     }
                 }
                 at = Bound::Excluded(up);
@@ -356,7 +385,7 @@ fn walk<'a, 'w>(
             // the previous leaf holds the lower fence and the keys below it
             (Some(low), Direction::Descending) => {
                 if above(lo, &low) {
-                    return Ok(Ok((out, leaves)));
+                    return Ok(Ok(()));
                 }
                 at = Bound::Included(low);
             }
@@ -364,7 +393,28 @@ fn walk<'a, 'w>(
     }
 }
 
-/// Read a range of `tree` for a transaction: the first `fetch` entries in `lo..hi`.
+/// Copy slot `i` of leaf page `p` (its key already in `key`) to `out` and its spans to
+/// `entries`; note it in `big` if its value is in overflow pages.
+fn take_slot(
+    p: PageRef<'_>,
+    i: usize,
+    key: &[u8],
+    out: &mut Vec<u8>,
+    entries: &mut Vec<(Span, Span)>,
+    big: &mut Vec<usize>,
+) {
+    let k0 = out.len();
+    out.extend_from_slice(key);
+    let v0 = out.len();
+    node::value_append(p, i, out);
+    if node::val_flags(p, i) & FLAG_OVERFLOW != 0 {
+        big.push(entries.len());
+    }
+    entries.push((k0..v0, v0..out.len()));
+}
+
+/// Read a range of `tree` for a transaction: the first `fetch` entries in `lo..hi`, kept in
+/// `arena`.
 pub(crate) fn range(
     w: &Worker,
     tree: BTree,
@@ -372,11 +422,29 @@ pub(crate) fn range(
     hi: Bound<Vec<u8>>,
     dir: Direction,
     fetch: usize,
+    arena: &mut Vec<u8>,
 ) -> Result<RangeRead, TreeError> {
     assert!(fetch > 0, "a range read asks for at least one entry");
-    let (seen, leaves) = w.run(|w| {
-        walk(w, Mode::Plain, tree, &lo, &hi, dir, fetch).map(|r| match r {
-            Ok(x) => x,
+    let mark = arena.len();
+    let mut seen = Vec::new();
+    let mut leaves = Vec::new();
+    w.run(|w| {
+        arena.truncate(mark);
+        seen.clear();
+        leaves.clear();
+        walk(
+            w,
+            Mode::Plain,
+            tree,
+            (&lo, &hi),
+            dir,
+            fetch,
+            arena,
+            &mut seen,
+            &mut leaves,
+        )
+        .map(|r| match r {
+            Ok(()) => (),
             Err(Busy) => unreachable!("plain reads wait"),
         })
     })?;
@@ -393,7 +461,7 @@ pub(crate) fn range(
 
 /// Whether the leaf `pid` still has `stamp` (through the committer's guard if it holds it).
 fn unchanged(w: &Worker, held: &Held<'_, '_>, pid: Pid, stamp: PageStamp) -> Got<bool> {
-    if let Some(x) = held.get(&pid) {
+    if let Some(x) = held.get(pid) {
         return Ok(Ok(x.stamp() == stamp));
     }
     match w.optimistic_unless_held(pid) {
@@ -407,21 +475,43 @@ fn unchanged(w: &Worker, held: &Held<'_, '_>, pid: Pid, stamp: PageStamp) -> Got
     }
 }
 
-/// Whether `r` still holds (validation: `held` are the committer's leaves). `Ok(false)`: a
-/// conflict (changed, or held by another committer).
-pub(crate) fn point_holds(w: &Worker, held: &Held<'_, '_>, r: &PointRead) -> OpResult<bool> {
+/// Whether `r` still holds (validation: `held` are the committer's leaves; `arena` the
+/// transaction's bytes). `Ok(false)`: a conflict (changed, or held by another committer).
+pub(crate) fn point_holds(
+    w: &Worker,
+    held: &Held<'_, '_>,
+    r: &PointRead,
+    arena: &[u8],
+) -> OpResult<bool> {
     if unchanged(w, held, r.leaf, r.stamp)?.unwrap_or(false) {
         return Ok(true);
     }
-    Ok(match point_at(w, Mode::Validating(held), r.tree, &r.key)? {
-        Ok((now, _, _)) => now == r.seen,
-        Err(Busy) => false,
-    })
+    let mut now = Vec::new();
+    Ok(
+        match point_at(
+            w,
+            Mode::Validating(held),
+            r.tree,
+            &arena[r.key.clone()],
+            &mut now,
+        )? {
+            Ok((found, _, _, _)) => match &r.seen {
+                Some(v) => found && now == arena[v.clone()],
+                None => !found,
+            },
+            Err(Busy) => false,
+        },
+    )
 }
 
 /// Whether `r` still holds: the same entries in the part of the range it covered, nothing
 /// inserted or removed there. `Ok(false)`: a conflict.
-pub(crate) fn range_holds(w: &Worker, held: &Held<'_, '_>, r: &RangeRead) -> OpResult<bool> {
+pub(crate) fn range_holds(
+    w: &Worker,
+    held: &Held<'_, '_>,
+    r: &RangeRead,
+    arena: &[u8],
+) -> OpResult<bool> {
     let mut same = true;
     for &(pid, stamp) in &r.leaves {
         match unchanged(w, held, pid, stamp)? {
@@ -438,22 +528,26 @@ pub(crate) fn range_holds(w: &Worker, held: &Held<'_, '_>, r: &RangeRead) -> OpR
     }
     // read the range again, one entry further than what it returned: if it ended early (the
     // range's end), no entry may follow; if it was cut at `fetch`, what follows is outside it
-    let again = match walk(
+    let (mut bytes, mut again, mut leaves) = (Vec::new(), Vec::new(), Vec::new());
+    let walked = walk(
         w,
         Mode::Validating(held),
         r.tree,
-        &r.lo,
-        &r.hi,
+        (&r.lo, &r.hi),
         r.dir,
         r.seen.len() + 1,
-    )? {
-        Ok((entries, _)) => entries,
-        Err(Busy) => return Ok(false),
-    };
+        &mut bytes,
+        &mut again,
+        &mut leaves,
+    )?;
+    if walked.is_err() {
+        return Ok(false); // busy
+    }
     let ended_early = r.seen.len() < r.fetch;
-    Ok(if ended_early {
-        again == r.seen
-    } else {
-        again.len() >= r.seen.len() && again[..r.seen.len()] == r.seen[..]
-    })
+    if again.len() < r.seen.len() || (ended_early && again.len() > r.seen.len()) {
+        return Ok(false);
+    }
+    Ok(r.seen.iter().zip(&again).all(|((k, v), (k2, v2))| {
+        arena[k.clone()] == bytes[k2.clone()] && arena[v.clone()] == bytes[v2.clone()]
+    }))
 }

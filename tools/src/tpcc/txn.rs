@@ -647,16 +647,26 @@ impl Ctx<'_> {
             }
             items.push(get_u32(v, order_line::I_ID));
         }
+        // Up to 300 independent stock lookups: one multi-get, whose lookups overlap their
+        // cache misses.
         items.sort_unstable();
         items.dedup();
-        let mut low = 0;
-        for i in items {
-            let s = get(tx, &set.stock, &stock_key(w, i), "stock", stock::LEN)?;
-            if get_u32(&s, stock::QUANTITY) < threshold {
-                low += 1;
+        let keys: Vec<_> = items.into_iter().map(|i| stock_key(w, i)).collect();
+        let (mut low, mut bad) = (0, None);
+        tx.get_many(&set.stock, &keys, |j, row| match row {
+            Some(s) if s.len() == stock::LEN => {
+                if get_u32(s, stock::QUANTITY) < threshold {
+                    low += 1;
+                }
             }
+            _ if bad.is_some() => {}
+            Some(s) => bad = Some(wrong_size("stock", &keys[j], s.len(), stock::LEN)),
+            None => bad = Some(missing(format!("stock {:?} does not exist", keys[j]))),
+        })?;
+        match bad {
+            Some(e) => Err(e.into()),
+            None => Ok(low),
         }
-        Ok(low)
     }
 }
 
