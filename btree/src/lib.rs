@@ -25,7 +25,7 @@ pub use key::{decode_u64, u64_key, KeyBuilder};
 pub use node::{KIND_INNER, KIND_LEAF, MAX_KEY, MAX_RECORD};
 pub use overflow::MAX_VALUE;
 pub use range::Range;
-pub use tree::{roll_back, BTree, Batch, Direction, Insert, Put, LOOKUP_GROUP};
+pub use tree::{BTree, Batch, Direction, Insert, Put, LOOKUP_GROUP};
 #[doc(hidden)]
 pub use txn::set_isolation_for_checker_tests;
 pub use txn::{backoff_after_conflict, transact, Transaction, TxError};

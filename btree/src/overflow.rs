@@ -155,48 +155,9 @@ pub fn read(w: &Worker, r: ValueRef, out: &mut Vec<u8>) -> OpResult<()> {
     Ok(())
 }
 
-/// Free a chain no leaf points at any more (errors are logged: the pages leak). Inside a
-/// transaction that logs undo the pages are freed when it commits instead
-/// (`Worker::free_when_committed`): its undo record may put the reference back.
-pub fn release(w: &Worker, r: ValueRef) {
-    if w.logs_undo() {
-        match w.run(|w| page_ids(w, r)) {
-            Ok(pages) => {
-                if w.free_when_committed(&pages) {
-                    return;
-                }
-            }
-            Err(e) => {
-                log::warn!("overflow chain from {}: {e} (its pages leak)", r.first);
-                return;
-            }
-        }
-    }
-    free(w, r);
-}
-
 /// Free a chain no leaf points at any more, now (errors are logged: the pages leak).
 pub fn free(w: &Worker, r: ValueRef) {
     free_pages(w, r, r.pages());
-}
-
-/// The pages of a chain, in order.
-fn page_ids(w: &Worker, r: ValueRef) -> OpResult<Vec<Pid>> {
-    let mut out = Vec::with_capacity(r.pages());
-    let mut at = r.first;
-    for _ in 0..r.pages() {
-        let g = w.shared(at)?;
-        let (kind, _, next) = header(g.data());
-        if kind != KIND_OVERFLOW {
-            return Err(broken(at, format!("kind {kind}")));
-        }
-        out.push(at);
-        if next == NO_PAGE {
-            break;
-        }
-        at = Pid(next);
-    }
-    Ok(out)
 }
 
 fn free_pages(w: &Worker, r: ValueRef, pages: usize) {

@@ -19,7 +19,6 @@ fn config(dir: &Path) -> EngineConfig {
     let mut c = EngineConfig::new(dir, 8 << 20);
     c.durability = Durability::FlushEveryMs(60_000);
     c.wal_bytes = 64 << 20;
-    c.roll_back = Some(shoal_btree::roll_back());
     c
 }
 

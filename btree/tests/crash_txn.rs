@@ -1,13 +1,14 @@
-//! kill -9 never leaves half a transaction: a child process (this test binary run again)
-//! moves money between accounts, each transfer one transaction of three B-tree operations
-//! (debit, credit, and the insert of the transfer's record), committed without waiting and
-//! acknowledged on stdout once durable; one in ten is undone by the child itself before it
-//! commits (as a failed transaction is). The parent kills it with SIGKILL at a random moment,
-//! reopens the store (recovery rolls back the transactions the crash cut off), and checks:
-//! every acknowledged transfer's record is there, and every balance equals the initial
-//! balance plus what the recorded transfers moved. Half a transaction (a debit without its
-//! credit, a record without its balances) breaks that equation. Small cache and log, so the
-//! rounds cross evictions, checkpoints (with transactions running) and the log's wrap.
+//! kill -9 never leaves half a transaction, and loses no acknowledged one: a child process
+//! (this test binary run again) moves money between accounts on two threads, each transfer one
+//! transaction (`shoal_btree::Transaction`: debit, credit, and the insert of the transfer's
+//! record), the two threads' transactions conflicting and run again (`transact`); each is
+//! committed without waiting and acknowledged on stdout once durable; one in ten is given up
+//! by the child itself before it commits (as a failed transaction is). The parent kills it with
+//! SIGKILL at a random moment, reopens the store (recovery replays the log), and checks: every
+//! acknowledged transfer's record is there, every balance equals the initial balance plus what
+//! the recorded transfers moved, and the total is exact. Half a transaction (a debit without
+//! its credit, a record without its balances) breaks that equation. Small cache and log, so
+//! the rounds cross evictions, checkpoints (with transactions running) and the log's wrap.
 //!
 //! Rounds: `SHOAL_CRASH_TXN_ROUNDS` (default 12).
 
@@ -15,8 +16,8 @@ mod common;
 
 use byteorder::{ByteOrder, LittleEndian};
 use rand::{Rng, SeedableRng};
-use shoal_btree::{decode_u64, u64_key, BTree, Direction};
-use shoal_engine::{CommitPoint, Durability, Engine, EngineConfig};
+use shoal_btree::{decode_u64, u64_key, BTree, Direction, Transaction, TxError};
+use shoal_engine::{CommitPoint, Durability, Engine, EngineConfig, Worker};
 use std::collections::{HashSet, VecDeque};
 use std::io::Write;
 use std::path::Path;
@@ -30,7 +31,6 @@ fn config(dir: &Path) -> EngineConfig {
     let mut c = EngineConfig::new(dir, 2 << 20);
     c.durability = Durability::Commit;
     c.wal_bytes = 4 << 20;
-    c.roll_back = Some(shoal_btree::roll_back());
     c
 }
 
@@ -39,15 +39,77 @@ fn get(t: &BTree, w: &shoal_engine::Worker, k: u64) -> u64 {
     LittleEndian::read_u64(&v)
 }
 
-fn add(t: &BTree, w: &shoal_engine::Worker, k: u64, delta: i64) {
-    let found = t
-        .update(w, u64_key(k), |v| {
-            let b = LittleEndian::read_u64(v);
-            v[..8].copy_from_slice(&b.wrapping_add_signed(delta).to_le_bytes());
-        })
-        .expect("update");
+fn add(tx: &mut Transaction<'_>, t: &BTree, k: u64, delta: i64) -> Result<(), TxError> {
+    let found = tx.update(t, u64_key(k), |v| {
+        let b = LittleEndian::read_u64(v);
+        v[..8].copy_from_slice(&b.wrapping_add_signed(delta).to_le_bytes());
+    })?;
     assert!(found, "account {k}");
+    Ok(())
 }
+
+/// Transfers on one thread of the child: ids `first`, `first + THREADS`, ...; acknowledged
+/// on `out` once durable.
+fn transfers_of(
+    w: &Worker,
+    (accounts, transfers): (BTree, BTree),
+    first: u64,
+    seed: u64,
+    out: &std::sync::Mutex<std::io::Stdout>,
+) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut pending: VecDeque<(CommitPoint, u64)> = VecDeque::new();
+    let mut next = first;
+    loop {
+        let (from, to) = (rng.random_range(0..ACCOUNTS), rng.random_range(0..ACCOUNTS));
+        let x = rng.random_range(1..1000i64);
+        let give_up = rng.random_range(0..10) == 0;
+        let mut rec = from.to_le_bytes().to_vec();
+        rec.extend_from_slice(&to.to_le_bytes());
+        rec.extend_from_slice(&x.to_le_bytes());
+        // its own retry loop (not `transact`): `commit_later`, acknowledged once durable
+        let mut tries = 0;
+        let point = loop {
+            let mut tx = Transaction::begin(w);
+            let built = (|| -> Result<(), TxError> {
+                add(&mut tx, &accounts, from, -x)?;
+                assert!(tx.insert(&transfers, u64_key(next), &rec)?.inserted());
+                add(&mut tx, &accounts, to, x)
+            })();
+            match built {
+                Ok(()) if give_up => {
+                    // given up by its owner before the commit, as a failed transaction is
+                    tx.abort();
+                    break None;
+                }
+                Ok(()) => match tx.commit_later() {
+                    Ok(p) => break Some(p),
+                    Err(TxError::Conflict) => {}
+                    Err(e) => panic!("transfer {next}: {e}"),
+                },
+                Err(TxError::Conflict) => {}
+                Err(e) => panic!("transfer {next}: {e}"),
+            }
+            tries += 1;
+            shoal_btree::backoff_after_conflict(tries);
+        };
+        let Some(point) = point else { continue };
+        pending.push_back((point, next));
+        next += THREADS;
+        let mut out = out.lock().unwrap();
+        while let Some(&(p, id)) = pending.front() {
+            if !w.is_durable(p).unwrap() {
+                break;
+            }
+            writeln!(out, "ack {id}").unwrap();
+            pending.pop_front();
+        }
+        out.flush().unwrap();
+    }
+}
+
+/// Threads of the child, their transfers conflicting on the same accounts.
+const THREADS: u64 = 2;
 
 /// The child: transfer forever (until killed), acknowledging each durable transfer.
 fn child(dir: &Path, seed: u64) {
@@ -76,45 +138,21 @@ fn child(dir: &Path, seed: u64) {
             false
         })
         .unwrap();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let out = std::io::stdout();
-    let mut out = out.lock();
-    writeln!(out, "ready").unwrap();
-    out.flush().unwrap();
-    let mut pending: VecDeque<(CommitPoint, u64)> = VecDeque::new();
-    loop {
-        let (from, to) = (rng.random_range(0..ACCOUNTS), rng.random_range(0..ACCOUNTS));
-        let x = rng.random_range(1..1000i64);
-        w.begin_transaction().unwrap();
-        add(&accounts, &w, from, -x);
-        let mut rec = from.to_le_bytes().to_vec();
-        rec.extend_from_slice(&to.to_le_bytes());
-        rec.extend_from_slice(&x.to_le_bytes());
-        assert!(transfers
-            .insert(&w, u64_key(next), &rec)
-            .unwrap()
-            .inserted());
-        add(&accounts, &w, to, x);
-        if rng.random_range(0..10) == 0 {
-            // undone by its owner, as a failed transaction is
-            w.rolling_back();
-            add(&accounts, &w, to, -x);
-            assert!(transfers.remove(&w, u64_key(next)).unwrap());
-            add(&accounts, &w, from, x);
-            let _ended = w.commit_later().unwrap();
-            continue;
-        }
-        pending.push_back((w.commit_later().unwrap(), next));
-        next += 1;
-        while let Some(&(p, id)) = pending.front() {
-            if !w.is_durable(p).unwrap() {
-                break;
-            }
-            writeln!(out, "ack {id}").unwrap();
-            pending.pop_front();
-        }
-        out.flush().unwrap();
+    let out = std::sync::Mutex::new(std::io::stdout());
+    {
+        let mut o = out.lock().unwrap();
+        writeln!(o, "ready").unwrap();
+        o.flush().unwrap();
     }
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (e, out) = (&e, &out);
+            s.spawn(move || {
+                let w = e.worker();
+                transfers_of(&w, (accounts, transfers), next + t, seed * 7 + t, out)
+            });
+        }
+    });
 }
 
 #[test]
@@ -127,7 +165,6 @@ fn kill_9_never_leaves_half_a_transaction() {
     let dir = tempfile::tempdir().unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(0xFEED);
     let mut acked: HashSet<u64> = HashSet::new();
-    let mut rolled_back = 0;
     for round in 0..rounds {
         let ch = common::respawn(
             "kill_9_never_leaves_half_a_transaction",
@@ -144,7 +181,6 @@ fn kill_9_never_leaves_half_a_transaction() {
         }
         let e = Engine::open(config(dir.path()))
             .unwrap_or_else(|err| panic!("round {round}: reopening after kill -9: {err}"));
-        rolled_back += e.rolled_back();
         let w = e.worker();
         let (Ok(accounts), Ok(transfers)) =
             (BTree::open(&w, "accounts"), BTree::open(&w, "transfers"))
@@ -176,18 +212,26 @@ fn kill_9_never_leaves_half_a_transaction() {
                 "round {round}: acknowledged transfer {id} is gone"
             );
         }
+        let mut total = 0i64;
         for k in 0..ACCOUNTS {
+            let have = get(&accounts, &w, k) as i64;
             assert_eq!(
-                get(&accounts, &w, k) as i64,
+                have,
                 want[k as usize],
                 "round {round}: account {k} does not match the recorded transfers (half a transaction)"
             );
+            total += have;
         }
+        assert_eq!(
+            total,
+            (ACCOUNTS * START) as i64,
+            "round {round}: money was made or lost"
+        );
         drop(w);
         e.close().unwrap();
     }
     eprintln!(
-        "{rounds} kills, {} acknowledged transfers, none lost, none half applied; {rolled_back} cut-off transactions rolled back",
+        "{rounds} kills, {} acknowledged transfers, none lost, none half applied, the total exact",
         acked.len()
     );
 }

@@ -2,7 +2,6 @@
 
 pub use crate::durability::Durability;
 use crate::error::EngineError;
-use crate::guard::Worker;
 use shoal_storage::{BackendChoice, OpenMode, PAGE_SIZE};
 use std::path::PathBuf;
 
@@ -50,27 +49,6 @@ pub struct EngineConfig {
     /// Size of the write-ahead log file (with a log; 4 KiB multiple, at least 1 MiB; default
     /// 1 GiB). A checkpoint begins when half of it is in use.
     pub wal_bytes: u64,
-    /// Rolls back the transactions a crash cut off, at open after recovery (the layer that
-    /// logs undo provides it: `shoal_btree::roll_back`). A store with such transactions is
-    /// not opened without it.
-    pub roll_back: Option<RollBack>,
-}
-
-/// The hook of [`EngineConfig::roll_back`]: given a worker of the open engine and the
-/// transactions a crash cut off (undo records oldest first), undo each, newest record first
-/// (in a transaction begun with `Worker::rolling_back` already set, or none); the engine then
-/// logs their end.
-#[derive(Clone)]
-pub struct RollBack(pub std::sync::Arc<RollBackFn>);
-
-/// The function inside a [`RollBack`].
-pub type RollBackFn =
-    dyn Fn(&Worker, &[shoal_storage::Unfinished]) -> Result<(), String> + Send + Sync;
-
-impl std::fmt::Debug for RollBack {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RollBack(..)")
-    }
 }
 
 impl Default for EngineConfig {
@@ -92,7 +70,6 @@ impl Default for EngineConfig {
             free_frame_timeout: std::time::Duration::from_secs(10),
             durability: Durability::None,
             wal_bytes: 1 << 30,
-            roll_back: None,
         }
     }
 }

@@ -6,7 +6,7 @@
 //! The fault path is in [`crate::buffer`], the hit paths in [`crate::guard`], the choice
 //! between a single node and a cluster node in [`crate::node`].
 
-use crate::config::{EngineConfig, RollBack};
+use crate::config::EngineConfig;
 use crate::error::EngineError;
 use crate::guard::Worker;
 use crate::node::{Membership, Node, NodeSpec};
@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use shoal_storage::{PageStore, StoreConfig};
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -30,10 +30,6 @@ pub struct Engine {
     node: Arc<Node>,
     provider: Mutex<Option<JoinHandle<()>>>,
     log_writer: Mutex<Option<JoinHandle<()>>>,
-    /// Transactions cut off by a crash and rolled back at open.
-    rolled_back: AtomicU64,
-    /// `EngineConfig::roll_back`.
-    roll_back: Option<RollBack>,
     handler: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
 }
@@ -116,47 +112,8 @@ impl Engine {
             log_writer: Mutex::new(log_writer),
             handler: Mutex::new(handler),
             closed: AtomicBool::new(false),
-            rolled_back: AtomicU64::new(0),
-            roll_back: cfg.roll_back.clone(),
         };
-        engine.roll_back_unfinished()?;
         Ok(engine)
-    }
-
-    /// Roll back the transactions recovery found cut off (through `cfg.roll_back`), then log
-    /// their ends durably. Without the hook the open fails (and the store stays unclean).
-    fn roll_back_unfinished(&self) -> Result<(), EngineError> {
-        let Some(log) = self.node.log() else {
-            return Ok(());
-        };
-        let un = log.unfinished();
-        if un.is_empty() {
-            return Ok(());
-        }
-        let fail = |why: String| EngineError::Unfinished {
-            count: un.len(),
-            why,
-        };
-        let Some(hook) = &self.roll_back else {
-            return Err(fail(
-                "no roll-back hook (EngineConfig::roll_back; for B-trees shoal_btree::roll_back())"
-                    .into(),
-            ));
-        };
-        (hook.0)(&self.worker(), &un).map_err(fail)?;
-        log.unfinished_resolved(&un)?;
-        self.rolled_back.store(un.len() as u64, Ordering::Relaxed);
-        log::warn!(
-            "node {}: rolled back {} transaction(s) cut off by the crash",
-            self.node.id(),
-            un.len()
-        );
-        Ok(())
-    }
-
-    /// How many transactions cut off by a crash this open rolled back.
-    pub fn rolled_back(&self) -> u64 {
-        self.rolled_back.load(Ordering::Relaxed)
     }
 
     /// Register a worker: the handle a thread uses to take guards.

@@ -57,7 +57,7 @@ pub mod tasks;
 pub use buffer::page::{PageMut, PageRef};
 pub use cluster::{Cluster, ClusterBuilder};
 pub use cluster_file::{join, new_secret_hex, ClusterFile, Secret, SECRET_BYTES};
-pub use config::{format_bytes, parse_bytes, Durability, EngineConfig, RollBack, MIN_CACHE_FRAMES};
+pub use config::{format_bytes, parse_bytes, Durability, EngineConfig, MIN_CACHE_FRAMES};
 pub use durability::{CommitPoint, LogCounters};
 pub use engine::{lock_for_reading, Engine};
 pub use error::{EngineError, OpResult, Restart};

@@ -537,19 +537,6 @@ impl Node {
         }
     }
 
-    /// The lowest `tx_first` of the workers' running transactions (see `WorkerStats`).
-    pub fn oldest_transaction(&self) -> Option<u64> {
-        // SeqCst: pairs with the worker's SeqCst store before its first undo chunk is placed
-        // (a SeqCst compare-and-swap of the log's tail); the checkpoint's own placement came
-        // before this, so a transaction whose undo precedes the checkpoint is seen here.
-        self.workers
-            .lock()
-            .iter()
-            .map(|w| w.tx_first.load(Ordering::SeqCst))
-            .filter(|&t| t != 0)
-            .min()
-    }
-
     /// Every worker's counters (live and retired), summed: (hits, faults, restarts, live
     /// workers).
     pub fn worker_totals(&self) -> (u64, u64, u64, u64) {

@@ -184,7 +184,7 @@ impl Provider {
         let c = log.begin_checkpoint()?;
         let t0 = Instant::now();
         let written = self.write_back_dirty(node)?;
-        log.finish_checkpoint(node.buffer().store(), c, node.oldest_transaction())?;
+        log.finish_checkpoint(node.buffer().store(), c)?;
         log::debug!(
             "node {}: checkpoint at LSN {c}: {written} pages written in {:.2} s",
             node.id(),

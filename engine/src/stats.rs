@@ -10,9 +10,6 @@ pub struct WorkerStats {
     pub hits: AtomicU64,
     pub faults: AtomicU64,
     pub restarts: AtomicU64,
-    /// The log's tail just before the first undo record of the worker's running transaction
-    /// (0: none): checkpoints keep the log from there (`Node::oldest_transaction`).
-    pub tx_first: AtomicU64,
 }
 
 /// Add one to a counter that only the calling thread writes.

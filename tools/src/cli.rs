@@ -542,7 +542,6 @@ pub fn recovering_config(dir: &Path, node: u8, cache: usize) -> shoal_engine::En
     let mut c = shoal_engine::EngineConfig::new(dir, cache);
     c.node_id = node;
     c.mode = shoal_engine::OpenMode::Open;
-    c.roll_back = Some(shoal_btree::roll_back());
     if let Some(m) = c.log_path().and_then(|log| std::fs::metadata(log).ok()) {
         c.durability = shoal_engine::Durability::Commit;
         // an existing log keeps its size; a valid size here lets the store itself judge a log

@@ -96,7 +96,6 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         );
         let engine = Engine::open(cfg).map_err(|e| anyhow::anyhow!("node {node}: {e}"))?;
         let r = engine.store().replayed().cloned().unwrap_or_default();
-        let rolled_back = engine.rolled_back();
         engine
             .close()
             .map_err(|e| anyhow::anyhow!("node {node}: closing after recovery: {e}"))?;
@@ -113,8 +112,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         let rate = if r.seconds > 0.0 { mb / r.seconds } else { 0.0 };
         say!(
             "node {node}: recovered: {} chunks, {} records, {mb:.1} MB of log, {} pages written, \
-             {:.2} s ({rate:.0} MB/s of log), {rolled_back} unfinished transaction(s) rolled \
-             back; the store is clean{ended}",
+             {:.2} s ({rate:.0} MB/s of log); the store is clean{ended}",
             r.chunks,
             r.records,
             r.pages,
@@ -129,7 +127,6 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             "pages": r.pages,
             "seconds": r.seconds,
             "log_mb_per_s": rate,
-            "transactions_rolled_back": rolled_back,
             "log_end": match &r.end {
                 Some(LogEnd::TornTail { lsn, .. }) => json!({"torn_tail_at": lsn}),
                 Some(LogEnd::Discarded { lsn, why }) => json!({"discarded_from": lsn, "damage": why}),

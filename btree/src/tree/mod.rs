@@ -29,12 +29,9 @@
 mod lookup;
 mod restructure;
 mod scan;
-mod undo;
 
 use lookup::descend;
 use scan::no_write_in_own_scan;
-pub use undo::roll_back;
-use undo::{log_changed_bytes, undo_record, undo_reference};
 
 use crate::error::TreeError;
 use crate::node::FLAG_OVERFLOW;
@@ -284,16 +281,8 @@ impl BTree {
         key: impl AsRef<[u8]>,
         value: impl AsRef<[u8]>,
     ) -> Result<Insert, TreeError> {
-        let mut old = Vec::new();
         Ok(
-            match self.put(
-                w,
-                key.as_ref(),
-                value.as_ref(),
-                Mode::Insert,
-                false,
-                &mut old,
-            )? {
+            match self.put(w, key.as_ref(), value.as_ref(), Mode::Insert)? {
                 Put::Inserted => Insert::Inserted,
                 _ => Insert::Exists,
             },
@@ -307,28 +296,11 @@ impl BTree {
         key: impl AsRef<[u8]>,
         value: impl AsRef<[u8]>,
     ) -> Result<Put, TreeError> {
-        let mut old = Vec::new();
-        self.put(
-            w,
-            key.as_ref(),
-            value.as_ref(),
-            Mode::Upsert,
-            false,
-            &mut old,
-        )
+        self.put(w, key.as_ref(), value.as_ref(), Mode::Upsert)
     }
 
-    /// Insert or replace; with `keep_old` (or while a transaction logs undo) a replaced value
-    /// is left in `old`.
-    fn put(
-        &self,
-        w: &Worker,
-        key: &[u8],
-        value: &[u8],
-        mode: Mode,
-        keep_old: bool,
-        old: &mut Vec<u8>,
-    ) -> Result<Put, TreeError> {
+    /// Insert or replace.
+    fn put(&self, w: &Worker, key: &[u8], value: &[u8], mode: Mode) -> Result<Put, TreeError> {
         Self::check_sizes(key, value.len())?;
         no_write_in_own_scan(self.root)?;
         // a record too large for a leaf: the value goes to overflow pages first
@@ -342,7 +314,7 @@ impl BTree {
             Some(r) => (&r[..], FLAG_OVERFLOW),
             None => (value, 0),
         };
-        let r = self.put_stored(w, key, stored, flags, mode, keep_old, old);
+        let r = self.put_stored(w, key, stored, flags, mode);
         if let Some(c) = chain {
             if !matches!(r, Ok(Put::Inserted | Put::Replaced)) {
                 overflow::free(w, c); // not referenced: the key existed, or the put failed
@@ -353,7 +325,6 @@ impl BTree {
 
     /// `put` of the bytes a leaf slot holds (`flags`: see [`FLAG_OVERFLOW`]). A replaced
     /// value's chain is freed once the leaf's latch is released.
-    #[allow(clippy::too_many_arguments)]
     fn put_stored(
         &self,
         w: &Worker,
@@ -361,11 +332,8 @@ impl BTree {
         stored: &[u8],
         flags: u16,
         mode: Mode,
-        keep_old: bool,
-        old: &mut Vec<u8>,
     ) -> Result<Put, TreeError> {
         let need = node::entry_space(key.len(), stored.len());
-        let log = w.logs_undo();
         // what the slot held before a replace: its bytes and flags
         let mut was: (Vec<u8>, u16) = (Vec::new(), 0);
         loop {
@@ -375,14 +343,6 @@ impl BTree {
                 let pid = x.pid();
                 let p = x.page();
                 let (i, exact) = node::lower_bound(p, key);
-                if exact && keep_old && mode == Mode::Upsert {
-                    // the whole value before (read before anything changes: this may restart)
-                    node::value_into(p, i, old);
-                    if node::val_flags(p, i) & FLAG_OVERFLOW != 0 {
-                        let r = ValueRef::decode(old).ok_or_else(|| bad_reference(pid))?;
-                        overflow::read(w, r, old)?;
-                    }
-                }
                 // (an insert names what it changed, so only that is compared and stored)
                 const NOTHING: Option<[std::ops::Range<usize>; 2]> = Some([0..0, 0..0]);
                 let step = x.modify_in(|b| {
@@ -404,27 +364,13 @@ impl BTree {
                         (Step::Split(pid, need), NOTHING)
                     }
                 });
-                if log {
-                    match step {
-                        Step::Done(Put::Inserted) => w.log_undo(&undo_record(self.root, key, None)),
-                        // an overflow value's undo is its reference (its chain is freed at
-                        // the commit, not before: `overflow::release`)
-                        Step::Done(Put::Replaced) if was.1 & FLAG_OVERFLOW != 0 => {
-                            w.log_undo(&undo_reference(self.root, key, &was.0))
-                        }
-                        Step::Done(Put::Replaced) => {
-                            w.log_undo(&undo_record(self.root, key, Some(&was.0)))
-                        }
-                        _ => {}
-                    }
-                }
                 Ok(step)
             })?;
             match step {
                 Step::Done(p) => {
                     if p == Put::Replaced && was.1 & FLAG_OVERFLOW != 0 {
                         if let Some(r) = ValueRef::decode(&was.0) {
-                            overflow::release(w, r);
+                            overflow::free(w, r);
                         }
                     }
                     return Ok(p);
@@ -463,24 +409,16 @@ impl BTree {
                 overflow::read(w, r, &mut v)?; // (may restart: nothing changed yet)
                 f(&mut v);
                 let new = overflow::write(w, &v).map_err(Restart::Fail)?;
-                if w.logs_undo() {
-                    // undo puts the old reference back (the old chain is kept until commit)
-                    w.log_undo(&undo_reference(self.root, key, &r.encode()));
-                }
                 x.page_mut().write(off, &new.encode());
                 replaced = Some(r);
                 return Ok(true);
             }
-            let before = w.logs_undo().then(|| v.clone());
             f(&mut v);
-            if let Some(old) = before {
-                log_changed_bytes(w, self.root, key, &old, &v);
-            }
             x.page_mut().write(off, &v);
             Ok(true)
         })?;
         if let Some(r) = replaced {
-            overflow::release(w, r);
+            overflow::free(w, r);
         }
         Ok(found)
     }
@@ -502,8 +440,6 @@ impl BTree {
                 return Ok((false, None));
             }
             let mut x = leaf.to_exclusive()?;
-            let undo = w.logs_undo();
-            let mut old = Vec::new();
             let p = x.page();
             let (i, exact) = node::lower_bound(p, key);
             debug_assert!(exact, "leaf unchanged since validation");
@@ -518,24 +454,15 @@ impl BTree {
                 let mut n = NodeMut::new(b);
                 let (i, exact) = n.lower_bound(key);
                 if exact {
-                    if undo && chain.is_none() {
-                        old.extend_from_slice(n.value(i));
-                    }
                     n.remove_at(i);
                 }
                 exact
             });
-            if undo && exact {
-                match chain {
-                    Some(r) => w.log_undo(&undo_reference(self.root, key, &r.encode())),
-                    None => w.log_undo(&undo_record(self.root, key, Some(&old))),
-                }
-            }
             let underfull = exact && node::is_underfull(x.page());
             Ok((exact, underfull.then(|| (parent, x.pid()))))
         })?;
         if let Some(r) = chain {
-            overflow::release(w, r);
+            overflow::free(w, r);
         }
         if let Some((parent, leaf)) = underfull {
             // First with the parent this descent passed (no second descent: removes that
@@ -557,56 +484,32 @@ impl BTree {
         Ok(existed)
     }
 
-    /// Apply every put and remove of `batch`, in order, as one transaction: after a crash,
-    /// all of them or none (with a write-ahead log; docs/durability.md), and if one fails
-    /// (a full device, a dead node) the ones before it are undone before the error returns.
-    /// Sizes are checked before anything is written. A transaction this worker was running
-    /// is committed first; the batch is committed (as [`Worker::commit`] does) at the end.
+    /// Apply every put and remove of `batch`, in order, as one transaction
+    /// ([`crate::Transaction`]): isolated from other transactions, and after a crash all of
+    /// it or none (with a write-ahead log; docs/durability.md); if it fails (a full device, a
+    /// dead node) nothing of it is written. Sizes are checked before anything is written.
+    /// Committed as [`Worker::commit`] does.
     pub fn apply(&self, w: &Worker, batch: &Batch) -> Result<(), TreeError> {
         for (k, v) in &batch.ops {
             Self::check_sizes(k, v.as_ref().map_or(0, Vec::len))?;
         }
         no_write_in_own_scan(self.root)?;
-        w.begin_transaction()?;
-        // what each applied op replaced: to undo them if a later one fails
-        let mut before: Vec<(&[u8], Option<Vec<u8>>)> = Vec::with_capacity(batch.ops.len());
-        let mut failed = None;
-        for (k, v) in &batch.ops {
-            let r = match v {
-                Some(v) => {
-                    let mut old = Vec::new();
-                    self.put(w, k, v, Mode::Upsert, true, &mut old)
-                        .map(|p| (p == Put::Replaced).then_some(old))
-                }
-                None => self
-                    .get(w, k)
-                    .and_then(|old| self.remove(w, k).map(|_| old)),
-            };
-            match r {
-                Ok(old) => before.push((k, old)),
-                Err(e) => {
-                    failed = Some(e);
-                    break;
+        let r = crate::txn::transact(w, |tx| {
+            for (k, v) in &batch.ops {
+                match v {
+                    Some(v) => tx.upsert(self, k, v)?,
+                    None => {
+                        tx.remove(self, k)?;
+                    }
                 }
             }
+            Ok(())
+        });
+        match r {
+            Ok(()) => Ok(()),
+            Err(crate::TxError::Tree(e)) => Err(e),
+            Err(e) => unreachable!("transact runs a conflicting batch again: {e}"),
         }
-        if let Some(e) = failed {
-            w.rolling_back();
-            for (k, old) in before.iter().rev() {
-                let undone = match old {
-                    Some(v) => self.upsert(w, k, v).map(|_| ()),
-                    None => self.remove(w, k).map(|_| ()),
-                };
-                if let Err(u) = undone {
-                    log::error!("undoing a failed batch: {u} (the batch stays partly applied)");
-                    break;
-                }
-            }
-            w.commit()?;
-            return Err(e);
-        }
-        w.commit()?;
-        Ok(())
     }
 
     /// Number of entries (a full scan).

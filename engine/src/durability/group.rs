@@ -1,5 +1,4 @@
-//! [`WorkerLog`]: a worker's part of the write-ahead log: its open *log group* and its
-//! transaction.
+//! [`WorkerLog`]: a worker's part of the write-ahead log: its open *log group*.
 //!
 //! The exclusive guards a worker holds at once (a split's parent and children, a merge's
 //! three nodes) are logged as one chunk, which recovery replays whole or not at all. A guard
@@ -10,12 +9,11 @@
 //! debug builds panic).
 
 use super::log::Log;
-use super::transaction::{CommitPoint, Tx};
+use super::CommitPoint;
 use crate::buffer::page::Changed;
 use crate::buffer::{Buffer, FrameIdx};
 use crate::error::EngineError;
 use crate::pid::Pid;
-use crate::stats::WorkerStats;
 use shoal_storage::wal::{put_diff, put_image};
 use shoal_storage::PAGE_DATA_SIZE;
 use std::cell::RefCell;
@@ -36,24 +34,18 @@ struct LogGroup {
     buf: Vec<u8>,
     /// Logging a group failed: the error `commit` reports.
     failed: Option<EngineError>,
-    /// Undo records for the open group (encoded, placed with its pages).
-    undo: Vec<u8>,
-    /// The running transaction, if any.
-    tx: Option<Tx>,
 }
 
-/// A worker's log group and transaction (one per worker of a node with a log).
+/// A worker's log group (one per worker of a node with a log).
 pub(crate) struct WorkerLog {
     log: Arc<Log>,
-    stats: Arc<WorkerStats>,
     group: RefCell<LogGroup>,
 }
 
 impl WorkerLog {
-    pub fn new(log: Arc<Log>, stats: Arc<WorkerStats>) -> WorkerLog {
+    pub fn new(log: Arc<Log>) -> WorkerLog {
         WorkerLog {
             log,
-            stats,
             group: RefCell::new(LogGroup::default()),
         }
     }
@@ -144,17 +136,14 @@ impl WorkerLog {
     /// Log the group (latches still held), then release its latches (but `keep`'s) and its
     /// freed slots.
     fn publish(&self, buf: &Buffer, g: &mut LogGroup, keep: Option<FrameIdx>) {
-        if g.pages.is_empty() && g.frees.is_empty() && g.undo.is_empty() {
+        if g.pages.is_empty() && g.frees.is_empty() {
             return;
         }
         let LogGroup {
-            pages,
-            buf: lbuf,
-            undo,
-            ..
+            pages, buf: lbuf, ..
         } = g;
         let mut images = 0u64;
-        let result = if pages.is_empty() && undo.is_empty() {
+        let result = if pages.is_empty() {
             Ok((0, 0))
         } else {
             self.log.append(lbuf, |c, b| {
@@ -174,26 +163,16 @@ impl WorkerLog {
                         put_diff(b, pid.slot(), pid.raw(), changed.ranges(), data);
                     }
                 }
-                b.extend_from_slice(undo);
             })
         };
         if images > 0 {
             self.log.stats.images.fetch_add(images, Ordering::Relaxed);
         }
         let end = match result {
-            Ok((start, end)) => {
-                if !g.undo.is_empty() {
-                    if let Some(tx) = &mut g.tx {
-                        tx.placed(start);
-                    }
-                    g.undo.clear();
-                }
-                end
-            }
+            Ok((_, end)) => end,
             Err(e) => {
                 log::error!("node {}: logging a change failed: {e}", buf.node);
                 g.failed.get_or_insert(e.into());
-                g.undo.clear();
                 // never written back: the write-ahead rule cannot be met for these pages
                 u64::MAX
             }
@@ -214,102 +193,19 @@ impl WorkerLog {
         }
     }
 
-    // ------------------------------------------------------------------ the transaction
+    // ------------------------------------------------------------------ commits
 
-    /// Commit: end the running transaction (if any) and return the point in the log that must
-    /// be durable before the caller may say the work is done, with the pages the transaction
-    /// left to free. The point covers everything this worker changed and everything it could
-    /// have read (the log's tail now: a change is in the log before its page is unlatched).
-    pub fn commit_later(&self) -> Result<(CommitPoint, Vec<Pid>), EngineError> {
-        let frees = {
-            let mut g = self.group.borrow_mut();
-            debug_assert_eq!(g.open, 0, "commit while holding an exclusive guard");
-            if let Some(e) = g.failed.take() {
-                return Err(e);
-            }
-            self.end_transaction(&mut g)?
-        };
+    /// The point in the log that must be durable before the caller may say the work is done:
+    /// the log's tail now, which covers everything this worker changed and everything it could
+    /// have read (a change is in the log before its page is unlatched).
+    pub fn commit_later(&self) -> Result<CommitPoint, EngineError> {
+        let mut g = self.group.borrow_mut();
+        debug_assert_eq!(g.open, 0, "commit while holding an exclusive guard");
+        if let Some(e) = g.failed.take() {
+            return Err(e);
+        }
         self.log.stats.commits.fetch_add(1, Ordering::Relaxed);
-        Ok((CommitPoint(self.log.tail()), frees))
-    }
-
-    /// Begin a transaction (a running one is committed first); the pages it left to free.
-    pub fn begin(&self) -> Result<Vec<Pid>, EngineError> {
-        let mut g = self.group.borrow_mut();
-        debug_assert_eq!(
-            g.open, 0,
-            "begin_transaction while holding an exclusive guard"
-        );
-        let frees = self.end_transaction(&mut g)?;
-        g.tx = Some(Tx::default());
-        Ok(frees)
-    }
-
-    /// Keep `pages` to free when the running transaction commits; `false` (nothing kept)
-    /// when no transaction logs undo.
-    pub fn free_when_committed(&self, pages: &[Pid]) -> bool {
-        match &mut self.group.borrow_mut().tx {
-            Some(tx) if tx.logs_undo() => {
-                tx.frees.extend_from_slice(pages);
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// The running transaction is being undone by its owner: no more undo is logged.
-    pub fn rolling_back(&self) {
-        if let Some(tx) = &mut self.group.borrow_mut().tx {
-            tx.rolling_back = true;
-        }
-    }
-
-    /// Whether operations should log undo now (a transaction runs, not being rolled back).
-    pub fn logs_undo(&self) -> bool {
-        self.group.borrow().tx.as_ref().is_some_and(Tx::logs_undo)
-    }
-
-    /// Log how to undo the change just made under an open exclusive guard (in the group's
-    /// chunk, with the change). Does nothing unless [`WorkerLog::logs_undo`].
-    pub fn log_undo(&self, undo: &[u8]) {
-        let mut g = self.group.borrow_mut();
-        let LogGroup {
-            tx,
-            undo: out,
-            open,
-            ..
-        } = &mut *g;
-        let Some(tx) = tx else { return };
-        if !tx.logs_undo() {
-            return;
-        }
-        debug_assert!(*open > 0, "log_undo outside an exclusive guard");
-        tx.put_undo(&self.log, &self.stats.tx_first, out, undo);
-    }
-
-    /// The worker is dropped: a transaction still running ends (its changes are kept, as
-    /// without a transaction; its end is logged so that checkpoints stop keeping the log for
-    /// it and recovery does not undo it). Returns the pages it left to free.
-    pub fn abandon(&self, node: u8) -> Vec<Pid> {
-        let mut g = self.group.borrow_mut();
-        if g.tx.is_none() {
-            return Vec::new();
-        }
-        log::warn!("node {node}: a worker was dropped inside a transaction: its changes are kept");
-        match self.end_transaction(&mut g) {
-            Ok(f) => f,
-            Err(e) => {
-                log::error!("node {node}: ending the transaction: {e}");
-                Vec::new()
-            }
-        }
-    }
-
-    fn end_transaction(&self, g: &mut LogGroup) -> Result<Vec<Pid>, EngineError> {
-        match g.tx.take() {
-            Some(tx) => tx.end(&self.log, &self.stats.tx_first),
-            None => Ok(Vec::new()),
-        }
+        Ok(CommitPoint(self.log.tail()))
     }
 
     /// Whether everything before `point` is durable (an error if the log failed: then it

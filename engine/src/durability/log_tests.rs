@@ -324,7 +324,7 @@ fn a_data_file_cut_short_is_refused() {
         .collect();
     assert!(store.write_batch(&mut reqs).iter().all(|r| r.is_ok()));
     let cp = log.begin_checkpoint().unwrap();
-    log.finish_checkpoint(&store, cp, None).unwrap();
+    log.finish_checkpoint(&store, cp).unwrap();
     drop(reqs);
     drop(store); // crash
     let need = (2 + PAGES) * PAGE_SIZE as u64;

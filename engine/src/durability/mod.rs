@@ -4,106 +4,73 @@
 //! | part | where | what |
 //! |---|---|---|
 //! | the log | `log.rs` | [`Log`]: the ring, group commit, the log writer, checkpoint epochs |
-//! | a worker's part | `group.rs` | [`WorkerLog`]: the open log group of a worker's exclusive guards, its transaction |
-//! | transactions | `transaction.rs` | a running transaction's undo bookkeeping; [`CommitPoint`] |
-//! | a node's part | this file | [`NodeLog`]: opening the log, checkpoints, the write-ahead rule, recovery's leftovers |
+//! | a worker's part | `group.rs` | [`WorkerLog`]: the open log group of a worker's exclusive guards (one chunk, all of it or nothing after a crash), commits |
+//! | a node's part | this file | [`NodeLog`]: opening the log, checkpoints, the write-ahead rule; [`CommitPoint`] |
 //! | counters | `stats.rs` (the engine's counters) | [`LogCounters`] |
 //!
 //! The store (shoal-storage) keeps the log's on-disk side: its file format, writing stamped
 //! flushes, reading it back, and replaying page images into slots at open. Everything here
 //! runs on top of that: what goes into the log and when, and what a commit waits for.
 //!
-//! It must not know about B-trees or guards' operations: the B-tree's undo records are
-//! opaque bytes here, rolled back through `EngineConfig::roll_back`.
+//! Transactions (shoal-btree's `Transaction`) write nothing before they commit and then log all
+//! their changes as one group: nothing here ever needs undoing.
+//!
+//! It must not know about B-trees or guards' operations.
 
 mod group;
 mod log;
 #[cfg(test)]
 mod log_tests;
-mod transaction;
 
 pub use crate::stats::LogCounters;
 pub(crate) use group::WorkerLog;
 pub(crate) use log::Log;
-pub use transaction::CommitPoint;
 
 use crate::error::EngineError;
-use parking_lot::Mutex;
-use shoal_storage::Unfinished;
 use shoal_storage::{OpenedLog, PageStore, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A node's log, and the transactions a crash cut off that are not rolled back yet.
-pub(crate) struct NodeLog {
-    log: Arc<Log>,
-    cut_off: Mutex<CutOff>,
+/// A point in the log ([`crate::Worker::commit_later`]): the commit is durable once the log
+/// is durable up to here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[must_use = "a commit is durable only once is_durable(point) says so"]
+pub struct CommitPoint(pub(crate) u64);
+
+impl CommitPoint {
+    /// A commit that needs nothing from the log (no log, or nothing logged).
+    pub(crate) const NOW: CommitPoint = CommitPoint(0);
 }
 
-/// Transactions a crash cut off: carried into the log at open, rolled back by the engine.
-#[derive(Default)]
-struct CutOff {
-    txns: Vec<Unfinished>,
-    /// LSN of the first carried undo record: checkpoints keep the log from there until the
-    /// transactions are rolled back.
-    carried_from: Option<u64>,
+/// A node's log.
+pub(crate) struct NodeLog {
+    log: Arc<Log>,
 }
 
 impl NodeLog {
-    /// The log over the file the store opened, with the undo records of the transactions
-    /// recovery found cut off carried into it (durably) before anything else: if the engine
-    /// stops again before they are rolled back, the next recovery finds them there (the old
-    /// part of the log is no longer read).
+    /// The log over the file the store opened. A log whose recovery found transactions of an
+    /// older build cut off by a crash (undo records without an end) is refused: this build
+    /// writes no undo and rolls nothing back.
     pub fn open(opened: OpenedLog) -> Result<NodeLog, EngineError> {
-        let log = Arc::new(Log::new(opened.file));
-        let mut cut = CutOff {
-            txns: opened.unfinished,
-            carried_from: None,
-        };
-        let mut buf = Vec::new();
-        for u in &cut.txns {
-            cut.carried_from.get_or_insert(log.tail());
-            log.append(&mut buf, |_, b| {
-                for r in &u.undo {
-                    shoal_storage::wal::put_undo(b, u.txn, r);
-                }
-            })?;
-        }
-        if cut.carried_from.is_some() {
-            log.flush_all()?;
-            ::log::warn!(
-                "{}: {} transaction(s) were cut off by the crash; they must be rolled back",
-                log.path().display(),
-                cut.txns.len()
-            );
+        if !opened.unfinished.is_empty() {
+            return Err(EngineError::Unfinished {
+                count: opened.unfinished.len(),
+                why: format!(
+                    "{}: the log holds transactions of an older build of Shoal that a crash cut \
+                     off, which that build rolled back at recovery; this build's transactions \
+                     write nothing before they commit and roll nothing back: recover the store \
+                     with the build that wrote it (open and close it once), then open it here",
+                    opened.file.path().display()
+                ),
+            });
         }
         Ok(NodeLog {
-            log,
-            cut_off: Mutex::new(cut),
+            log: Arc::new(Log::new(opened.file)),
         })
     }
 
     pub fn log(&self) -> &Arc<Log> {
         &self.log
-    }
-
-    /// The transactions a crash cut off, not rolled back yet.
-    pub fn unfinished(&self) -> Vec<Unfinished> {
-        self.cut_off.lock().txns.clone()
-    }
-
-    /// Every transaction [`NodeLog::unfinished`] returned was rolled back: log their ends
-    /// durably; the log need not keep their undo records any more.
-    pub fn unfinished_resolved(&self, txns: &[Unfinished]) -> Result<(), EngineError> {
-        let mut b = Vec::new();
-        self.log.append(&mut b, |_, b| {
-            for u in txns {
-                shoal_storage::wal::put_end(b, u.txn);
-            }
-        })?;
-        self.log.flush_all()?;
-        *self.cut_off.lock() = CutOff::default();
-        Ok(())
     }
 
     /// The write-ahead rule: the log up to `upto` (the highest LSN of pages about to be
@@ -139,45 +106,21 @@ impl NodeLog {
 
     /// Finish the checkpoint begun at `c`: the caller has written back every page dirty at
     /// `c`. Syncs the devices, then records the allocator (after the log holding every
-    /// allocation it reflects is durable) and the new redo point. `oldest`: the oldest running
-    /// transaction's first LSN (see [`Log::finish_checkpoint`]).
-    pub fn finish_checkpoint(
-        &self,
-        store: &PageStore,
-        c: u64,
-        oldest: Option<u64>,
-    ) -> Result<(), EngineError> {
+    /// allocation it reflects is durable) and the new redo point.
+    pub fn finish_checkpoint(&self, store: &PageStore, c: u64) -> Result<(), EngineError> {
         store.sync()?;
         // every allocation and free reflected in the copy was logged under the allocator's
         // lock, before the tail read there
         let (alloc, upto) = store.allocator_snapshot(|| self.log.tail());
         self.log.flush_to(upto)?;
-        // cut-off transactions' undo records carried at open stay readable until resolved
-        let carried = self.cut_off.lock().carried_from;
-        let oldest = match (oldest, carried) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        Ok(self.log.finish_checkpoint(c, oldest, &alloc)?)
+        Ok(self.log.finish_checkpoint(c, None, &alloc)?)
     }
 
     /// Close, part: a last checkpoint (every dirty page is written back and synced), so that
-    /// the next open finds the log's end at once. Refused while transactions cut off by a
-    /// crash are not rolled back (the store then stays unclean and the next open recovers it
-    /// again).
+    /// the next open finds the log's end at once.
     pub fn close(&self, store: &PageStore) -> Result<(), EngineError> {
-        let n = self.cut_off.lock().txns.len();
-        if n > 0 {
-            return Err(StoreError::BadLog {
-                path: self.log.path().to_path_buf(),
-                why: format!(
-                    "{n} transaction(s) cut off by a crash were not rolled back; the store stays unclean (the next open recovers it again)"
-                ),
-            }
-            .into());
-        }
         let c = self.log.begin_checkpoint()?;
-        self.finish_checkpoint(store, c, None)
+        self.finish_checkpoint(store, c)
     }
 
     /// Start the log writer thread for `durability` (commit: flush as soon as anything is

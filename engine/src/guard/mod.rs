@@ -68,9 +68,7 @@ impl Worker {
     pub(crate) fn new(node: Arc<Node>, stats: Arc<WorkerStats>) -> Worker {
         node.register_worker(&stats);
         Worker {
-            log: node
-                .log()
-                .map(|l| WorkerLog::new(Arc::clone(l.log()), Arc::clone(&stats))),
+            log: node.log().map(|l| WorkerLog::new(Arc::clone(l.log()))),
             stats,
             held: Cell::new(0),
             owed: Cell::new(None),
@@ -104,12 +102,10 @@ impl Worker {
     /// background: group commit without a waiting thread); [`Worker::is_durable`] says when.
     /// Call it with no guard held.
     pub fn commit_later(&self) -> Result<CommitPoint, EngineError> {
-        let Some(log) = &self.log else {
-            return Ok(CommitPoint::NOW);
-        };
-        let (point, frees) = log.commit_later()?;
-        self.free_pages(frees);
-        Ok(point)
+        match &self.log {
+            Some(log) => log.commit_later(),
+            None => Ok(CommitPoint::NOW),
+        }
     }
 
     /// Whether everything before `point` is durable (an error if the log failed: then it
@@ -126,64 +122,6 @@ impl Worker {
         match &self.log {
             Some(log) => log.wait_durable(point),
             None => Ok(()),
-        }
-    }
-
-    /// Begin a transaction: until the next [`Worker::commit`] / [`Worker::commit_later`], the
-    /// changes this worker makes through a layer that logs undo (the B-tree's `insert`,
-    /// `upsert`, `update`, `remove`) are rolled back after a crash unless the commit made it
-    /// into the log: a crash never leaves half a transaction (docs/durability.md,
-    /// "Transactions"). Without a log (durability none) it does nothing. Call it with no guard
-    /// held; a transaction still running is committed first.
-    pub fn begin_transaction(&self) -> Result<(), EngineError> {
-        if let Some(log) = &self.log {
-            let frees = log.begin()?;
-            self.free_pages(frees);
-        }
-        Ok(())
-    }
-
-    /// Free `pages` when the running transaction commits, not now: a layer whose undo record
-    /// still refers to them (the B-tree's overflow chains of a replaced value) needs them if
-    /// the transaction is rolled back after a crash. Returns `false` (and keeps nothing) when
-    /// no transaction logs undo: the caller frees them itself. A crash after the commit and
-    /// before the frees leaks the pages.
-    pub fn free_when_committed(&self, pages: &[Pid]) -> bool {
-        self.log
-            .as_ref()
-            .is_some_and(|l| l.free_when_committed(pages))
-    }
-
-    /// Free pages a committed transaction left (errors are logged: the pages leak).
-    fn free_pages(&self, pages: Vec<Pid>) {
-        for pid in pages {
-            if let Err(e) = self.run(|w| w.exclusive(pid)).and_then(|g| g.free()) {
-                log::warn!("freeing page {pid} after a commit: {e} (it leaks)");
-            }
-        }
-    }
-
-    /// The running transaction is being undone by its owner: operations from now on log no
-    /// undo (undoing them again after a crash is what the first undo records do). The next
-    /// commit ends it.
-    pub fn rolling_back(&self) {
-        if let Some(log) = &self.log {
-            log.rolling_back();
-        }
-    }
-
-    /// Whether operations should log undo now (a transaction runs, not being rolled back).
-    pub fn logs_undo(&self) -> bool {
-        self.log.as_ref().is_some_and(WorkerLog::logs_undo)
-    }
-
-    /// Log how to undo the change just made under the exclusive guard this worker holds (it
-    /// goes into the same chunk as the change: both are in the log or neither). `undo` is
-    /// opaque here; after a crash the layer that wrote it gets it back through
-    /// `EngineConfig::roll_back` at the next open. Does nothing unless [`Worker::logs_undo`].
-    pub fn log_undo(&self, undo: &[u8]) {
-        if let Some(log) = &self.log {
-            log.log_undo(undo);
         }
     }
 
@@ -573,12 +511,6 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        if let Some(log) = &self.log {
-            let frees = log.abandon(self.node.id());
-            if !std::thread::panicking() && !self.node.buffer().is_shutdown() {
-                self.free_pages(frees);
-            }
-        }
         self.node.retire_worker(&self.stats);
     }
 }

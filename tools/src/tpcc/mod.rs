@@ -207,7 +207,6 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         c.one_pool = !a.net.no_one_pool;
         c.durability = a.durability;
         c.wal_bytes = a.wal_size;
-        c.roll_back = Some(shoal_btree::roll_back());
         c
     };
     if a.net.nodes == 1 {
@@ -240,13 +239,12 @@ fn check_existing(a: &Args, cache: usize) -> anyhow::Result<ExitCode> {
     let e = Engine::open(c).map_err(anyhow::Error::from)?;
     if let Some(r) = e.store().replayed() {
         say!(
-            "recovered: {} chunks, {} records, {:.1} MB of log, {} pages, {:.2} s; {} unfinished transaction(s) rolled back",
+            "recovered: {} chunks, {} records, {:.1} MB of log, {} pages, {:.2} s",
             r.chunks,
             r.records,
             r.log_bytes as f64 / 1e6,
             r.pages,
-            r.seconds,
-            e.rolled_back()
+            r.seconds
         );
     }
     let r = (|| {

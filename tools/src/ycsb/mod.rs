@@ -105,7 +105,6 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
         cfg.devices = a.devices;
         cfg.durability = a.durability;
         cfg.wal_bytes = a.wal_size;
-        cfg.roll_back = Some(shoal_btree::roll_back());
         cfg
     };
     if let (Some(path), Some(id)) = (&a.net.cluster, a.net.id) {
