@@ -10,6 +10,9 @@
 //! its credit, a record without its balances) breaks that equation. Small cache and log, so
 //! the rounds cross evictions, checkpoints (with transactions running) and the log's wrap.
 //!
+//! The second test runs the same child on eight accounts with isolation switched off and
+//! shows these checks failing (a lost update breaks the balance equation).
+//!
 //! Rounds: `SHOAL_CRASH_TXN_ROUNDS` (default 12).
 
 mod common;
@@ -24,7 +27,12 @@ use std::path::Path;
 use std::time::Duration;
 
 const CHILD: &str = "SHOAL_CRASH_TXN_CHILD_DIR";
+/// Set in the child of the test that shows the checker failing: isolation switched off.
+const UNISOLATED: &str = "SHOAL_CRASH_TXN_UNISOLATED";
+/// Accounts: many, so that the two threads conflict now and then; the unisolated test uses
+/// few, so that they conflict often.
 const ACCOUNTS: u64 = 2_000;
+const FEW_ACCOUNTS: u64 = 8;
 const START: u64 = 1_000_000;
 
 fn config(dir: &Path) -> EngineConfig {
@@ -53,15 +61,17 @@ fn add(tx: &mut Transaction<'_>, t: &BTree, k: u64, delta: i64) -> Result<(), Tx
 fn transfers_of(
     w: &Worker,
     (accounts, transfers): (BTree, BTree),
-    first: u64,
-    seed: u64,
+    (first, seed, accounts_n): (u64, u64, u64),
     out: &std::sync::Mutex<std::io::Stdout>,
 ) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut pending: VecDeque<(CommitPoint, u64)> = VecDeque::new();
     let mut next = first;
     loop {
-        let (from, to) = (rng.random_range(0..ACCOUNTS), rng.random_range(0..ACCOUNTS));
+        let (from, to) = (
+            rng.random_range(0..accounts_n),
+            rng.random_range(0..accounts_n),
+        );
         let x = rng.random_range(1..1000i64);
         let give_up = rng.random_range(0..10) == 0;
         let mut rec = from.to_le_bytes().to_vec();
@@ -112,7 +122,7 @@ fn transfers_of(
 const THREADS: u64 = 2;
 
 /// The child: transfer forever (until killed), acknowledging each durable transfer.
-fn child(dir: &Path, seed: u64) {
+fn child(dir: &Path, seed: u64, accounts_n: u64) {
     let e = Engine::open(config(dir)).expect("open (recovering) in the child");
     let w = e.worker();
     let (accounts, transfers) = match BTree::open(&w, "accounts") {
@@ -120,7 +130,7 @@ fn child(dir: &Path, seed: u64) {
         Err(_) => {
             let a = BTree::create(&w, "accounts").expect("accounts");
             let t = BTree::create(&w, "transfers").expect("transfers");
-            for k in 0..ACCOUNTS {
+            for k in 0..accounts_n {
                 assert!(a
                     .insert(&w, u64_key(k), START.to_le_bytes())
                     .unwrap()
@@ -149,89 +159,154 @@ fn child(dir: &Path, seed: u64) {
             let (e, out) = (&e, &out);
             s.spawn(move || {
                 let w = e.worker();
-                transfers_of(&w, (accounts, transfers), next + t, seed * 7 + t, out)
+                let how = (next + t, seed * 7 + t, accounts_n);
+                transfers_of(&w, (accounts, transfers), how, out)
             });
         }
     });
 }
 
-#[test]
-fn kill_9_never_leaves_half_a_transaction() {
-    if let Ok(dir) = std::env::var(CHILD) {
-        child(Path::new(&dir), common::env_num("SHOAL_CRASH_SEED", 1));
-        return;
-    }
-    let rounds: usize = common::env_num("SHOAL_CRASH_TXN_ROUNDS", 12);
+/// What the parent checks after each kill: the tables open, every acknowledged transfer is
+/// recorded, every balance is its start plus what the recorded transfers moved, the total is
+/// exact. `Err` says what broke.
+fn check_after_kill(
+    dir: &Path,
+    accounts_n: u64,
+    acked: &HashSet<u64>,
+    round: usize,
+) -> Result<(), String> {
+    let e = Engine::open(config(dir))
+        .unwrap_or_else(|err| panic!("round {round}: reopening after kill -9: {err}"));
+    let w = e.worker();
+    let (Ok(accounts), Ok(transfers)) = (BTree::open(&w, "accounts"), BTree::open(&w, "transfers"))
+    else {
+        return if acked.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("round {round}: tables gone after acknowledgements"))
+        };
+    };
+    accounts.verify(&w).unwrap();
+    transfers.verify(&w).unwrap();
+    let mut want = vec![START as i64; accounts_n as usize];
+    let mut recorded = HashSet::new();
+    transfers
+        .scan(&w, &[], Direction::Ascending, |k, v| {
+            let from = LittleEndian::read_u64(&v[0..]);
+            let to = LittleEndian::read_u64(&v[8..]);
+            let x = LittleEndian::read_i64(&v[16..]);
+            want[from as usize] -= x;
+            want[to as usize] += x;
+            recorded.insert(decode_u64(k).unwrap());
+            true
+        })
+        .unwrap();
+    let result = (|| {
+        if let Some(id) = acked.iter().find(|id| !recorded.contains(id)) {
+            return Err(format!("round {round}: acknowledged transfer {id} is gone"));
+        }
+        let mut total = 0i64;
+        for k in 0..accounts_n {
+            let have = get(&accounts, &w, k) as i64;
+            if have != want[k as usize] {
+                return Err(format!(
+                    "round {round}: account {k} holds {have}, the recorded transfers say {} \
+                     (half a transaction, or a lost update)",
+                    want[k as usize]
+                ));
+            }
+            total += have;
+        }
+        if total != (accounts_n * START) as i64 {
+            return Err(format!(
+                "round {round}: money was made or lost: total {total}"
+            ));
+        }
+        Ok(())
+    })();
+    drop(w);
+    e.close().unwrap();
+    result
+}
+
+/// Kill the child `rounds` times; after each kill, check. Returns the acknowledged transfers,
+/// or the first check that failed.
+fn kill_rounds(
+    test: &str,
+    rounds: usize,
+    accounts_n: u64,
+    unisolated: bool,
+) -> Result<usize, String> {
     let dir = tempfile::tempdir().unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(0xFEED);
     let mut acked: HashSet<u64> = HashSet::new();
     for round in 0..rounds {
-        let ch = common::respawn(
-            "kill_9_never_leaves_half_a_transaction",
-            &[
-                (CHILD, dir.path().display().to_string()),
-                ("SHOAL_CRASH_SEED", (round as u64 + 1).to_string()),
-            ],
-        );
+        let mut env = vec![
+            (CHILD, dir.path().display().to_string()),
+            ("SHOAL_CRASH_SEED", (round as u64 + 1).to_string()),
+        ];
+        if unisolated {
+            env.push((UNISOLATED, "1".to_string()));
+        }
+        let ch = common::respawn(test, &env);
         let kill_after = Duration::from_millis(rng.random_range(100..1500));
         for l in common::kill_after(ch, kill_after, round) {
             if let Some(id) = l.strip_prefix("ack ").and_then(|s| s.parse().ok()) {
                 acked.insert(id);
             }
         }
-        let e = Engine::open(config(dir.path()))
-            .unwrap_or_else(|err| panic!("round {round}: reopening after kill -9: {err}"));
-        let w = e.worker();
-        let (Ok(accounts), Ok(transfers)) =
-            (BTree::open(&w, "accounts"), BTree::open(&w, "transfers"))
-        else {
-            assert!(
-                acked.is_empty(),
-                "round {round}: tables gone after acknowledgements"
-            );
-            continue;
-        };
-        accounts.verify(&w).unwrap();
-        transfers.verify(&w).unwrap();
-        let mut want = vec![START as i64; ACCOUNTS as usize];
-        let mut recorded = HashSet::new();
-        transfers
-            .scan(&w, &[], Direction::Ascending, |k, v| {
-                let from = LittleEndian::read_u64(&v[0..]);
-                let to = LittleEndian::read_u64(&v[8..]);
-                let x = LittleEndian::read_i64(&v[16..]);
-                want[from as usize] -= x;
-                want[to as usize] += x;
-                recorded.insert(decode_u64(k).unwrap());
-                true
-            })
-            .unwrap();
-        for id in &acked {
-            assert!(
-                recorded.contains(id),
-                "round {round}: acknowledged transfer {id} is gone"
-            );
-        }
-        let mut total = 0i64;
-        for k in 0..ACCOUNTS {
-            let have = get(&accounts, &w, k) as i64;
-            assert_eq!(
-                have,
-                want[k as usize],
-                "round {round}: account {k} does not match the recorded transfers (half a transaction)"
-            );
-            total += have;
-        }
-        assert_eq!(
-            total,
-            (ACCOUNTS * START) as i64,
-            "round {round}: money was made or lost"
-        );
-        drop(w);
-        e.close().unwrap();
+        check_after_kill(dir.path(), accounts_n, &acked, round)?;
     }
-    eprintln!(
-        "{rounds} kills, {} acknowledged transfers, none lost, none half applied, the total exact",
-        acked.len()
+    Ok(acked.len())
+}
+
+#[test]
+fn kill_9_never_leaves_half_a_transaction() {
+    if let Ok(dir) = std::env::var(CHILD) {
+        child(
+            Path::new(&dir),
+            common::env_num("SHOAL_CRASH_SEED", 1),
+            ACCOUNTS,
+        );
+        return;
+    }
+    let rounds: usize = common::env_num("SHOAL_CRASH_TXN_ROUNDS", 12);
+    match kill_rounds(
+        "kill_9_never_leaves_half_a_transaction",
+        rounds,
+        ACCOUNTS,
+        false,
+    ) {
+        Ok(acked) => eprintln!(
+            "{rounds} kills, {acked} acknowledged transfers, none lost, none half applied, the \
+             total exact"
+        ),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn the_kill_9_checker_catches_transactions_that_are_not_isolated() {
+    if let Ok(dir) = std::env::var(CHILD) {
+        if std::env::var(UNISOLATED).is_ok() {
+            shoal_btree::set_isolation_for_checker_tests(false);
+        }
+        child(
+            Path::new(&dir),
+            common::env_num("SHOAL_CRASH_SEED", 1),
+            FEW_ACCOUNTS,
+        );
+        return;
+    }
+    let test = "the_kill_9_checker_catches_transactions_that_are_not_isolated";
+    // the same child and checks with isolation on pass on the same few accounts ...
+    let isolated = kill_rounds(test, 2, FEW_ACCOUNTS, false);
+    assert!(isolated.is_ok(), "with isolation: {isolated:?}");
+    // ... and with it off, a lost update shows within a few kills
+    let unisolated = kill_rounds(test, 6, FEW_ACCOUNTS, true);
+    eprintln!("without isolation: {unisolated:?}");
+    assert!(
+        unisolated.is_err(),
+        "the checker saw nothing wrong without isolation"
     );
 }
