@@ -92,6 +92,35 @@ pub(crate) struct Log {
     /// Bytes in use ([`Log::used_bytes`]), set with `tight`.
     used: AtomicU64,
     pub stats: LogStats,
+    /// Where tests stop a thread between two steps of the log (see [`Pauses`]).
+    #[cfg(test)]
+    pub(crate) pauses: Mutex<Pauses>,
+}
+
+/// A test's hook, run by the thread that reaches its point.
+#[cfg(test)]
+pub(crate) type Hook = std::sync::Arc<dyn Fn() + Send + Sync>;
+
+/// Points inside the log's lock-free steps where a test runs a hook of its own, to put one
+/// thread exactly between two steps of another.
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct Pauses {
+    /// In `place`: a chunk is reserved and copied in, its mark not yet stored.
+    pub before_mark: Option<Hook>,
+    /// In `flush_locked`: copying chunks out stopped; why is decided next.
+    pub copy_stopped: Option<Hook>,
+}
+
+impl Log {
+    /// Run the hook a test set at a point (the calls exist only in tests).
+    #[cfg(test)]
+    fn pause(&self, at: impl Fn(&Pauses) -> Option<Hook>) {
+        let hook = at(&self.pauses.lock());
+        if let Some(h) = hook {
+            h();
+        }
+    }
 }
 
 fn join(epoch: u64, lsn: u64) -> u64 {
@@ -139,6 +168,8 @@ impl Log {
             writer_sleep: Mutex::new(()),
             writer_wake: Condvar::new(),
             stats: LogStats::default(),
+            #[cfg(test)]
+            pauses: Mutex::new(Pauses::default()),
         }
     }
 
@@ -247,7 +278,7 @@ impl Log {
             let len = buf.len();
             let size = chunk_size(len);
             if size > self.ring_bytes / 4 || size > self.file.capacity() / 4 {
-                // (what one exclusive guard logs: its pages' changes and its undo records)
+                // (what the guards held at once log: their pages' changes)
                 return Err(StoreError::BadLog {
                     path: self.path().to_path_buf(),
                     why: format!(
@@ -289,6 +320,8 @@ impl Log {
             buf.resize((size - CHUNK_HEADER) as usize, 0);
             self.put_word(lsn + 8, w1);
             self.copy_in(lsn + CHUNK_HEADER, buf);
+            #[cfg(test)]
+            self.pause(|p| p.before_mark.clone());
             // Release: the flusher that reads this mark (Acquire) sees the words above.
             self.word(lsn).store(lsn, Ordering::Release);
             self.stats.chunks.fetch_add(1, Ordering::Relaxed);
@@ -488,6 +521,10 @@ impl Log {
         let mut pos = f.fpos; // stream position of the next byte pushed
         let mut lsn = f.next;
         let flush = f.flush;
+        // Whether the copying stopped at a complete chunk because the log has no room for it
+        // (decided here, where it stopped: re-reading the mark afterwards would mistake a
+        // chunk completed meanwhile for a full log)
+        let mut full = false;
         loop {
             // Acquire pairs with the writer's Release of the mark: the chunk's words are visible.
             if self.word(lsn).load(Ordering::Acquire) != lsn {
@@ -505,7 +542,8 @@ impl Log {
                 break; // the rest in the next flush (the last block's padding fits)
             }
             if pos + wrap + size > f.keep.fpos + cap {
-                break; // the log is full up to the keep point
+                full = true; // the log is full up to the keep point
+                break;
             }
             if wrap > 0 {
                 f.out.pad(&mut pos, wrap);
@@ -524,8 +562,9 @@ impl Log {
             pos += size;
             lsn += size;
         }
+        #[cfg(test)]
+        self.pause(|p| p.copy_stopped.clone());
         if lsn == start_lsn {
-            let full = self.word(lsn).load(Ordering::Acquire) == lsn;
             if full {
                 // the next chunk is complete but the log has no room: wait for a checkpoint
                 self.stats.full_waits.fetch_add(1, Ordering::Relaxed);

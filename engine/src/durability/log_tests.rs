@@ -1,7 +1,8 @@
 //! The log with the store under it: a damaged log is refused (never read as a short one), a
 //! torn last flush is its end, a log of another store or a missing log is named, a data file
-//! cut short is refused, an interrupted creation leaves no store or a whole one, and a page
-//! whose write-back was torn by a crash is repaired from the log at open.
+//! cut short is refused, an interrupted creation leaves no store or a whole one, a page
+//! whose write-back was torn by a crash is repaired from the log at open, and a flush that
+//! stops at a chunk being finished is not taken for a full log.
 //!
 //! Each test writes page images through the log (one flush per page, so the log holds many
 //! flushes), "crashes" by dropping the store without closing it, changes the files as the
@@ -15,6 +16,7 @@ use shoal_storage::{
 };
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 
 /// Pages each test writes.
 const PAGES: u64 = 120;
@@ -450,4 +452,67 @@ fn a_torn_page_write_is_repaired_from_the_log_at_open() {
         "the slot stays allocated after recovery"
     );
     store.close().unwrap();
+}
+
+#[test]
+fn a_chunk_finished_while_a_flush_stops_is_not_taken_for_a_full_log() {
+    // A writer has reserved a chunk and not yet marked it complete when a flush copies the
+    // log out: the flush stops there, and the writer finishes at exactly that moment. The
+    // flush must see nothing to write, not a full log (which waited 30 s for a checkpoint no
+    // one needed, then failed the log for good).
+    use std::sync::mpsc::channel;
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let (store, log) = logged(&config(dir.path()));
+    let slot = store.allocate().unwrap();
+    let w = log.log();
+    let (reserved_tx, reserved) = channel::<()>();
+    let (go_tx, go) = channel::<()>();
+    let (marked_tx, marked) = channel::<()>();
+    // the appender, once: stops before its mark, says so, waits for "go"
+    let once = Mutex::new(Some((reserved_tx, go)));
+    w.pauses.lock().before_mark = Some(Arc::new(move || {
+        if let Some((reserved, go)) = once.lock().unwrap().take() {
+            reserved.send(()).unwrap();
+            go.recv().unwrap();
+        }
+    }));
+    let page = page_of(1);
+    w.flush_all().unwrap(); // the flush below starts at the appender's chunk
+    std::thread::scope(|s| {
+        let appender = s.spawn(|| {
+            let mut buf = Vec::new();
+            let at = w
+                .append(&mut buf, |_, b| put_image(b, slot, slot, &page))
+                .unwrap();
+            marked_tx.send(()).unwrap();
+            at
+        });
+        reserved.recv().unwrap();
+        // the flush, once: where it stopped, lets the appender finish and waits until it has
+        let once = Mutex::new(Some((go_tx, marked)));
+        w.pauses.lock().copy_stopped = Some(Arc::new(move || {
+            if let Some((go, marked)) = once.lock().unwrap().take() {
+                go.send(()).unwrap();
+                marked.recv().unwrap();
+            }
+        }));
+        let t0 = Instant::now();
+        w.flush_some().unwrap();
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the flush waited {:?}",
+            t0.elapsed()
+        );
+        assert_eq!(
+            w.stats.full_waits.load(Ordering::Relaxed),
+            0,
+            "a wait for room"
+        );
+        let (_, end) = appender.join().unwrap();
+        w.flush_to(end).unwrap();
+        assert!(w.durable() >= end);
+    });
+    *w.pauses.lock() = Default::default();
 }
