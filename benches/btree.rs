@@ -9,7 +9,7 @@
 use rand::{Rng, SeedableRng};
 use shoal_benches::{bench_dir, bench_secs};
 use shoal_btree::{u64_key, BTree};
-use shoal_engine::{parse_bytes, Engine, EngineConfig, Worker};
+use shoal_engine::{parse_bytes, Engine, Worker};
 use std::time::Instant;
 
 fn env(name: &str, default: u64) -> u64 {
@@ -63,7 +63,7 @@ fn main() {
     let cache = env("SHOAL_BTREE_CACHE", 4 << 30) as usize;
     let secs = bench_secs(10);
     let dir = bench_dir();
-    let e = Engine::open(EngineConfig::new(dir.path(), cache)).unwrap();
+    let e = Engine::open(shoal_benches::config(dir.path(), cache)).unwrap();
     let t = BTree::create(&e.worker(), "bench").unwrap();
 
     let t0 = Instant::now();

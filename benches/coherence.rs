@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn cfg(dir: &std::path::Path, i: u8) -> EngineConfig {
-    EngineConfig::new(dir.join(format!("n{i}")), 256 << 20)
+    EngineConfig::for_cluster_node(dir.join(format!("n{i}")), 256 << 20)
 }
 
 fn mem(n: usize, dir: &std::path::Path) -> Cluster {
@@ -123,7 +123,7 @@ fn fetch_latency(name: &str, c: &Cluster, pages: usize) -> (Hist, Hist) {
 fn nvme_read_latency(pages: usize) -> Hist {
     let dir = shoal_benches::bench_dir();
     let frames = (pages / 4).max(1024);
-    let mut cfg = EngineConfig::new(dir.path().join("nvme"), frames * shoal_engine::PAGE_SIZE);
+    let mut cfg = shoal_benches::config(&dir.path().join("nvme"), frames * shoal_engine::PAGE_SIZE);
     let mut pids = Vec::with_capacity(frames * 4);
     {
         let e = Engine::open(cfg.clone()).unwrap();

@@ -12,7 +12,7 @@
 
 use rand::{Rng, SeedableRng};
 use shoal_benches::{bench_dir, bench_secs, raw_random_read_iops};
-use shoal_engine::{Engine, EngineConfig, OpResult, Pid, PAGE_SIZE};
+use shoal_engine::{Engine, OpResult, Pid, PAGE_SIZE};
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -28,7 +28,7 @@ fn main() {
 
 fn optimistic_hit() {
     let dir = bench_dir();
-    let e = Engine::open(EngineConfig::new(dir.path(), 1 << 30)).unwrap();
+    let e = Engine::open(shoal_benches::config(dir.path(), 1 << 30)).unwrap();
     let w = e.worker();
     let pids: Vec<Pid> = (0..4096)
         .map(|i| {
@@ -85,7 +85,7 @@ fn random_reads() {
     let cache_frames: usize = 16 * 1024; // 64 MiB
     let pages = cache_frames as u64 * 5; // 80% of pages not resident
     let secs = bench_secs(10);
-    let mut cfg = EngineConfig::new(dir.path(), cache_frames * PAGE_SIZE);
+    let mut cfg = shoal_benches::config(dir.path(), cache_frames * PAGE_SIZE);
     {
         let e = Engine::open(cfg.clone()).unwrap();
         let w = e.worker();

@@ -72,6 +72,15 @@ pub fn bench_secs(default: u64) -> Duration {
     )
 }
 
+/// An engine configuration for a benchmark: `cache` bytes in `dir`, without a log
+/// (durability none): the benchmarks measure pages, trees and messages, not the log, unless
+/// they say otherwise.
+pub fn config(dir: &Path, cache: usize) -> shoal_engine::EngineConfig {
+    let mut c = shoal_engine::EngineConfig::new(dir, cache);
+    c.durability = shoal_engine::Durability::None;
+    c
+}
+
 /// Where benchmark data lives: `SHOAL_BENCH_DIR` (should be on the NVMe device under test) or
 /// a temporary directory under the current directory.
 pub fn bench_dir() -> tempfile::TempDir {

@@ -13,7 +13,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use shoal_benches::{bench_dir, bench_secs};
 use shoal_btree::{u64_key, value_hint, BTree};
-use shoal_engine::{parse_bytes, Engine, EngineConfig};
+use shoal_engine::{parse_bytes, Engine};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -30,7 +30,7 @@ fn main() {
     let spread = env("SHOAL_HINT_VALUES", "fixed") == "spread";
     let secs = bench_secs(20);
     let dir = bench_dir();
-    let e = Engine::open(EngineConfig::new(dir.path(), cache)).unwrap();
+    let e = Engine::open(shoal_benches::config(dir.path(), cache)).unwrap();
     let t = BTree::create(&e.worker(), "bench").unwrap();
     let value_len = |k: u64| {
         if spread {

@@ -20,7 +20,7 @@ fn scale() -> u64 {
 fn cluster(dir: &std::path::Path, n: usize, frames: usize) -> Cluster {
     let d = dir.to_path_buf();
     Cluster::mem(n, Duration::from_secs(20), move |i| {
-        let mut c = EngineConfig::new(d.join(format!("n{i}")), frames * 4096);
+        let mut c = EngineConfig::for_cluster_node(d.join(format!("n{i}")), frames * 4096);
         c.free_target_percent = 10;
         c
     })
@@ -713,7 +713,7 @@ fn a_dead_node_gives_errors_not_hangs() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_path_buf();
     let c = Cluster::mem(3, Duration::from_secs(2), move |i| {
-        EngineConfig::new(d.join(format!("n{i}")), 512 * 4096)
+        EngineConfig::for_cluster_node(d.join(format!("n{i}")), 512 * 4096)
     })
     .unwrap();
     let (w0, w1, w2) = (c.node(0).worker(), c.node(1).worker(), c.node(2).worker());
@@ -949,7 +949,7 @@ fn a_cluster_dropped_with_pages_away_leaves_stores_unclean_not_stale() {
     c.kill(0);
     drop(c);
     let err = Cluster::mem(2, Duration::from_secs(20), |i| {
-        EngineConfig::new(dir.path().join(format!("n{i}")), 256 * 4096)
+        EngineConfig::for_cluster_node(dir.path().join(format!("n{i}")), 256 * 4096)
     })
     .err()
     .expect("a stale home store must not open as clean");
@@ -957,7 +957,7 @@ fn a_cluster_dropped_with_pages_away_leaves_stores_unclean_not_stale() {
 
     // allowed to open anyway, the cluster works (the lost change is the documented cost)
     let c = Cluster::mem(2, Duration::from_secs(20), |i| {
-        let mut cfg = EngineConfig::new(dir.path().join(format!("n{i}")), 256 * 4096);
+        let mut cfg = EngineConfig::for_cluster_node(dir.path().join(format!("n{i}")), 256 * 4096);
         cfg.allow_unclean = true;
         cfg
     })
@@ -986,7 +986,7 @@ fn allocations_given_up_by_their_requester_are_freed_at_the_home() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_path_buf();
     let c = Cluster::mem(2, Duration::ZERO, move |i| {
-        EngineConfig::new(d.join(format!("n{i}")), 256 * 4096)
+        EngineConfig::for_cluster_node(d.join(format!("n{i}")), 256 * 4096)
     })
     .unwrap();
     let store = c.node(0).store();
@@ -1103,7 +1103,7 @@ fn eviction_notices_that_cannot_leave_keep_their_copies() {
         .map(|f| Arc::clone(f) as Arc<dyn shoal_messaging::Transport>)
         .collect();
     let c = Cluster::over(dyns, Duration::from_secs(20), move |i| {
-        let mut c = EngineConfig::new(d.join(format!("n{i}")), 256 * 4096);
+        let mut c = EngineConfig::for_cluster_node(d.join(format!("n{i}")), 256 * 4096);
         c.free_target_percent = 10;
         // Without one pool: with it node 1 offers its evicted pages to node 0 (which has
         // room), and a write of such a page needs an invalidation sent to node 0, which this

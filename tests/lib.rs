@@ -16,9 +16,13 @@ pub fn engine(dir: &Path, frames: usize) -> Engine {
     Engine::open(config(dir, frames)).expect("open engine")
 }
 
-/// The configuration `engine` uses.
+/// The configuration `engine` uses: without a log (durability none), as these tests are
+/// about pages, caches and devices; the log has its own tests (engine/src/durability, the
+/// crash tests of the B-tree).
 pub fn config(dir: &Path, frames: usize) -> EngineConfig {
-    EngineConfig::new(dir, frames * PAGE_SIZE)
+    let mut c = EngineConfig::new(dir, frames * PAGE_SIZE);
+    c.durability = shoal_engine::Durability::None;
+    c
 }
 
 fn word(pid: Pid, version: u64, i: usize) -> u64 {

@@ -125,7 +125,7 @@ fn tasks_on_a_two_node_cluster_lose_no_update() {
     let d = dir.path().to_path_buf();
     let c = std::sync::Arc::new(
         Cluster::mem(2, Duration::from_secs(20), move |i| {
-            let mut c = EngineConfig::new(d.join(format!("n{i}")), FRAMES * 4096);
+            let mut c = EngineConfig::for_cluster_node(d.join(format!("n{i}")), FRAMES * 4096);
             c.free_target_percent = 10;
             c
         })

@@ -30,7 +30,7 @@ fn assert_no_leak(c: &Cluster, t: &BTree, w: &Worker, workers: &[&Worker]) -> (u
 fn two_nodes(dir: &std::path::Path, cache: usize) -> Cluster {
     let d = dir.to_path_buf();
     Cluster::mem(2, Duration::from_secs(20), move |i| {
-        EngineConfig::new(d.join(format!("n{i}")), cache)
+        EngineConfig::for_cluster_node(d.join(format!("n{i}")), cache)
     })
     .unwrap()
 }

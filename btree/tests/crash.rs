@@ -201,3 +201,64 @@ fn kill_9_at_random_moments_loses_no_acknowledged_write() {
     }
     eprintln!("{rounds} kills, {total_acks} acknowledged writes, none lost");
 }
+
+const DEFAULT_CHILD: &str = "SHOAL_CRASH_DEFAULT_CHILD_DIR";
+
+/// The child of the next test: an engine opened without choosing anything but where and how
+/// much cache, transactions committed one after another, each acknowledged once `commit`
+/// returned.
+fn default_child(dir: &Path) {
+    let e = Engine::open(EngineConfig::new(dir, 8 << 20)).expect("open (recovering) in the child");
+    let w = e.worker();
+    let t = BTree::open_or_create(&w, "default").expect("tree");
+    w.commit().expect("commit the tree");
+    let mut next = t.count(&w).expect("count");
+    let mut out = std::io::stdout().lock();
+    loop {
+        shoal_btree::transact(&w, |tx| {
+            tx.upsert(&t, u64_key(next), value(next, 1))?;
+            Ok(())
+        })
+        .expect("a transaction");
+        writeln!(out, "ack {next}").unwrap();
+        out.flush().unwrap();
+        next += 1;
+    }
+}
+
+#[test]
+fn an_engine_opened_without_choosing_durability_loses_no_commit_to_kill_9() {
+    if let Ok(dir) = std::env::var(DEFAULT_CHILD) {
+        default_child(Path::new(&dir));
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut acked = 0u64;
+    for round in 0..3 {
+        let ch = common::respawn(
+            "an_engine_opened_without_choosing_durability_loses_no_commit_to_kill_9",
+            &[(DEFAULT_CHILD, dir.path().display().to_string())],
+        );
+        for l in common::kill_after(ch, Duration::from_millis(400 + 300 * round), round) {
+            if let Some(k) = l.strip_prefix("ack ").and_then(|s| s.parse::<u64>().ok()) {
+                acked = acked.max(k + 1);
+            }
+        }
+        let e = Engine::open(EngineConfig::new(dir.path(), 8 << 20))
+            .unwrap_or_else(|err| panic!("round {round}: reopening after kill -9: {err}"));
+        let w = e.worker();
+        let t = BTree::open(&w, "default").expect("the tree survived");
+        for k in 0..acked {
+            let got = t.get(&w, u64_key(k)).unwrap();
+            assert_eq!(
+                got,
+                Some(value(k, 1)),
+                "round {round}: committed key {k} lost"
+            );
+        }
+        drop(w);
+        e.close().unwrap();
+    }
+    assert!(acked > 10, "only {acked} commits in three rounds");
+    eprintln!("{acked} acknowledged commits with the default configuration, none lost");
+}

@@ -21,10 +21,16 @@ fn list_append_histories_are_serializable_on_one_node() {
     let e = Engine::open(EngineConfig::new(dir.path(), 64 << 20)).unwrap();
     let w = e.worker();
     let tree = BTree::create(&w, "lists").unwrap();
+    let t0 = std::time::Instant::now();
     let history = run_all(
         (0..4).map(|_| e.worker()).collect(),
         tree,
         txns_per_thread(),
+    );
+    eprintln!(
+        "{:?} with the default durability; log: {:?}",
+        t0.elapsed(),
+        e.stats().log
     );
     let bad = elle::check(&history, &finals(&w, &tree));
     assert!(bad.is_empty(), "not serializable: {bad:#?}");
@@ -37,7 +43,7 @@ fn list_append_histories_are_serializable_on_three_nodes() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let c = Cluster::mem(3, Duration::from_secs(20), move |i| {
-        EngineConfig::new(path.join(format!("node{i}")), 16 << 20)
+        EngineConfig::for_cluster_node(path.join(format!("node{i}")), 16 << 20)
     })
     .unwrap();
     let w = c.node(0).worker();

@@ -40,7 +40,7 @@ fn transfers_keep_the_total_and_audits_see_it_on_three_nodes() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let c = Cluster::mem(3, Duration::from_secs(20), move |i| {
-        EngineConfig::new(path.join(format!("node{i}")), 16 << 20)
+        EngineConfig::for_cluster_node(path.join(format!("node{i}")), 16 << 20)
     })
     .unwrap();
     let w = c.node(0).worker();

@@ -23,7 +23,7 @@ use std::time::Duration;
 pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Builds a [`Cluster`] with defaults: each node in `<data_dir>/node<i>` with a 64 MiB cache,
-/// remote pages awaited for at most 10 s; [`ClusterBuilder::mem`] or
+/// durability none (a cluster node has no log yet), remote pages awaited for at most 10 s; [`ClusterBuilder::mem`] or
 /// [`ClusterBuilder::tcp_loopback`] opens it.
 ///
 /// ```
@@ -71,7 +71,10 @@ impl ClusterBuilder {
     }
 
     fn config(&self, i: u8) -> EngineConfig {
-        let mut c = EngineConfig::new(self.data_dir.join(format!("node{i}")), self.cache_bytes);
+        let mut c = EngineConfig::for_cluster_node(
+            self.data_dir.join(format!("node{i}")),
+            self.cache_bytes,
+        );
         if let Some(f) = &self.configure {
             f(i, &mut c);
         }

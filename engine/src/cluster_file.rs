@@ -315,7 +315,7 @@ impl ClusterFile {
     /// The engine configuration of node `id` (its data directory, cache, devices, ids).
     pub fn engine_config(&self, id: u8) -> Result<EngineConfig, EngineError> {
         let e = self.node(id)?;
-        let mut cfg = EngineConfig::new(&e.data_dir, e.cache_bytes);
+        let mut cfg = EngineConfig::for_cluster_node(&e.data_dir, e.cache_bytes);
         cfg.devices = e.devices;
         cfg.node_id = id;
         cfg.cluster_id = self.cluster_id;

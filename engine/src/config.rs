@@ -44,10 +44,13 @@ pub struct EngineConfig {
     /// copy, and the provider evicts copies of other nodes' pages before this node's own.
     /// Default on; off gives the plain per-node caches (for comparisons).
     pub one_pool: bool,
-    /// When changes become durable (docs/durability.md). Single nodes only.
+    /// When changes become durable (docs/durability.md). Default [`Durability::Commit`]: a
+    /// commit that returned survives kill -9 and power loss. Cluster nodes have no log yet
+    /// and must say [`Durability::None`].
     pub durability: Durability,
     /// Size of the write-ahead log file (with a log; 4 KiB multiple, at least 1 MiB; default
-    /// 1 GiB). A checkpoint begins when half of it is in use.
+    /// 64 MiB, written once when the log is created). A checkpoint begins when half of it is
+    /// in use: a larger log checkpoints less often under heavy writing.
     pub wal_bytes: u64,
 }
 
@@ -68,8 +71,8 @@ impl Default for EngineConfig {
             free_target_percent: 5,
             one_pool: true,
             free_frame_timeout: std::time::Duration::from_secs(10),
-            durability: Durability::None,
-            wal_bytes: 1 << 30,
+            durability: Durability::Commit,
+            wal_bytes: 64 << 20,
         }
     }
 }
@@ -81,6 +84,16 @@ impl EngineConfig {
             data_dir: data_dir.into(),
             cache_bytes,
             ..Default::default()
+        }
+    }
+
+    /// A configuration for a cluster node: as [`EngineConfig::new`] with durability
+    /// [`Durability::None`], the only one a cluster node has until cluster durability lands
+    /// (docs/durability.md); a cluster refuses to open a node configured with a log.
+    pub fn for_cluster_node(data_dir: impl Into<PathBuf>, cache_bytes: usize) -> Self {
+        EngineConfig {
+            durability: Durability::None,
+            ..EngineConfig::new(data_dir, cache_bytes)
         }
     }
 

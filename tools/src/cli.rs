@@ -537,11 +537,13 @@ pub fn drive_cluster<T>(
 
 /// Open the existing store of `node` in `dir` as recovery does (`shoal recover`, `shoal tpcc
 /// --check-existing`): with its log if it has one (kept at its size; without it the open
-/// would delete the log), rolling back the B-tree transactions a crash cut off.
+/// would delete the log), without one if it has none (a store that never had a log gets
+/// none).
 pub fn recovering_config(dir: &Path, node: u8, cache: usize) -> shoal_engine::EngineConfig {
     let mut c = shoal_engine::EngineConfig::new(dir, cache);
     c.node_id = node;
     c.mode = shoal_engine::OpenMode::Open;
+    c.durability = shoal_engine::Durability::None;
     if let Some(m) = c.log_path().and_then(|log| std::fs::metadata(log).ok()) {
         c.durability = shoal_engine::Durability::Commit;
         // an existing log keeps its size; a valid size here lets the store itself judge a log

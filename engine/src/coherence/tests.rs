@@ -15,7 +15,7 @@ fn cluster(dir: &std::path::Path, n: usize) -> Cluster {
 fn cluster_with(dir: &std::path::Path, n: usize, one_pool: bool) -> Cluster {
     let d = dir.to_path_buf();
     Cluster::mem(n, Duration::from_secs(20), move |i| {
-        let mut cfg = EngineConfig::new(d.join(format!("n{i}")), 256 * 4096);
+        let mut cfg = EngineConfig::for_cluster_node(d.join(format!("n{i}")), 256 * 4096);
         cfg.one_pool = one_pool;
         cfg
     })

@@ -170,14 +170,20 @@ pub(crate) fn logged(cfg: &shoal_storage::StoreConfig) -> (PageStore, NodeLog) {
 }
 
 /// When a change survives a crash (kill -9, power loss).
+///
+/// The default is [`Durability::Commit`]: a commit that returned is never lost. It is the only
+/// choice under which "committed" means what a user of a database expects without reading
+/// further, so an engine opened without choosing gets it; the others trade that promise for
+/// speed and must be asked for (docs/durability.md, "Choosing").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Durability {
     /// No log: only a clean close makes changes durable; after a crash the store refuses to
-    /// open (unless `allow_unclean`, which loses what was not written back).
-    #[default]
+    /// open (unless `allow_unclean`, which loses what was not written back). For speed runs
+    /// and for cluster nodes (which have no log yet).
     None,
     /// [`crate::Worker::commit`] returns once everything the worker changed is durable
-    /// (group commit: one `fdatasync` covers every worker waiting).
+    /// (group commit: one `fdatasync` covers every worker waiting). The default.
+    #[default]
     Commit,
     /// The log is flushed every this many milliseconds; `commit` does not wait. A crash loses
     /// at most the last interval's changes, never leaves a page half-changed.
