@@ -8,6 +8,8 @@
 //! - `two updates`: each transfer two `BTree::update` calls, each sum a plain scan: what a
 //!   transfer was before transactions (each update atomic by itself, nothing isolated).
 //!
+//! `SHOAL_BANK_SUMMERS` sets the summing threads (default 1; 0 measures the movers alone).
+//!
 //! Alternating in one process keeps the machine's drift out of the ratio. Each phase ends with
 //! every thread finishing its transfer; the total is then checked (it must be exact in both
 //! ways: a lone update cannot lose money, it only lets readers see a transfer half done).
@@ -96,7 +98,7 @@ fn sum(w: &Worker, t: &BTree, way: Way) -> i64 {
 }
 
 /// One phase of `way`: the counts.
-fn phase(e: &Engine, t: &BTree, way: Way, len: Duration, seed: u64) -> Counts {
+fn phase(e: &Engine, t: &BTree, way: Way, len: Duration, seed: u64, summers: usize) -> Counts {
     let stop = AtomicBool::new(false);
     let (transfers, sums, wrong) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
     let start = Instant::now();
@@ -122,16 +124,18 @@ fn phase(e: &Engine, t: &BTree, way: Way, len: Duration, seed: u64) -> Counts {
                 transfers.fetch_add(n, Ordering::Relaxed);
             });
         }
-        let (stop, sums, wrong) = (&stop, &sums, &wrong);
-        s.spawn(move || {
-            let w = e.worker();
-            while !stop.load(Ordering::Relaxed) {
-                if sum(&w, t, way) != TOTAL {
-                    wrong.fetch_add(1, Ordering::Relaxed);
+        for _ in 0..summers {
+            let (stop, sums, wrong) = (&stop, &sums, &wrong);
+            s.spawn(move || {
+                let w = e.worker();
+                while !stop.load(Ordering::Relaxed) {
+                    if sum(&w, t, way) != TOTAL {
+                        wrong.fetch_add(1, Ordering::Relaxed);
+                    }
+                    sums.fetch_add(1, Ordering::Relaxed);
                 }
-                sums.fetch_add(1, Ordering::Relaxed);
-            }
-        });
+            });
+        }
         std::thread::sleep(len);
         stop.store(true, Ordering::Relaxed);
     });
@@ -159,6 +163,10 @@ fn main() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(1000),
     );
+    let summers: usize = std::env::var("SHOAL_BANK_SUMMERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
     let dir = shoal_benches::bench_dir();
     let e = Engine::open(shoal_benches::config(dir.path(), 64 << 20)).expect("engine");
     let t = {
@@ -175,7 +183,7 @@ fn main() {
     let phases = (secs.as_millis() / phase_len.as_millis().max(1)).max(2) as u64;
     for p in 0..phases {
         let i = (p % 2) as usize;
-        let c = phase(&e, &t, ways[i], phase_len, p);
+        let c = phase(&e, &t, ways[i], phase_len, p, summers);
         let all = &mut counts[i];
         all.transfers += c.transfers;
         all.sums += c.sums;
@@ -189,7 +197,10 @@ fn main() {
             c.wrong_sums
         );
     }
-    println!("bank: {ACCOUNTS} accounts, {MOVERS} movers, 1 summing thread, in memory, {phases} phases of {phase_len:?}");
+    println!(
+        "bank: {ACCOUNTS} accounts, {MOVERS} movers, {summers} summing thread(s), in memory, \
+         {phases} phases of {phase_len:?}"
+    );
     let rate = |c: &Counts| c.transfers as f64 / c.secs;
     for (w, c) in ways.iter().zip(&counts) {
         println!(
@@ -214,7 +225,7 @@ fn main() {
             )
         };
         let json = format!(
-            "{{\"bench\":\"bank\",\"transaction\":{},\"two_updates\":{},\"ratio\":{ratio:.3}}}\n",
+            "{{\"bench\":\"bank\",\"summers\":{summers},\"transaction\":{},\"two_updates\":{},\"ratio\":{ratio:.3}}}\n",
             way(&counts[0]),
             way(&counts[1])
         );

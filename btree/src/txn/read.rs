@@ -13,7 +13,7 @@ use crate::overflow::{self, ValueRef};
 use crate::tree::{BTree, Direction};
 use shoal_engine::{
     EngineError, ExclusiveGuard, OpResult, OptimisticGuard, PageRef, PageStamp, Pid, Restart,
-    Worker,
+    SharedGuard, Worker,
 };
 use std::ops::Bound;
 
@@ -61,10 +61,12 @@ impl<'a, 'w> Held<'a, 'w> {
     }
 }
 
-/// A leaf being read: through the committer's own exclusive guard, or optimistically.
+/// A leaf being read: through the committer's own exclusive guard, optimistically, or
+/// latched shared (with the stamp it had when latched).
 enum Leaf<'a, 'w> {
     Held(&'a ExclusiveGuard<'w>),
     Free(OptimisticGuard<'w>),
+    Latched(SharedGuard<'w>, PageStamp),
 }
 
 impl<'w> Leaf<'_, 'w> {
@@ -72,6 +74,7 @@ impl<'w> Leaf<'_, 'w> {
         match self {
             Leaf::Held(x) => x.page(),
             Leaf::Free(g) => g.page(),
+            Leaf::Latched(g, _) => g.page(),
         }
     }
 
@@ -79,6 +82,7 @@ impl<'w> Leaf<'_, 'w> {
         match self {
             Leaf::Held(x) => x.pid(),
             Leaf::Free(g) => g.pid(),
+            Leaf::Latched(g, _) => g.pid(),
         }
     }
 
@@ -86,12 +90,13 @@ impl<'w> Leaf<'_, 'w> {
         match self {
             Leaf::Held(x) => x.stamp(),
             Leaf::Free(g) => g.stamp(),
+            Leaf::Latched(_, s) => *s,
         }
     }
 
     fn validate(&self) -> OpResult<()> {
         match self {
-            Leaf::Held(_) => Ok(()),
+            Leaf::Held(_) | Leaf::Latched(..) => Ok(()),
             Leaf::Free(g) => g.validate(),
         }
     }
@@ -101,8 +106,33 @@ impl<'w> Leaf<'_, 'w> {
 /// commit (through the committer's guards, never waiting long for another's).
 #[derive(Clone, Copy)]
 enum Mode<'h, 'a, 'w> {
+    /// Leaves read optimistically.
     Plain,
+    /// Leaves latched shared while they are copied: for a read whose optimistic tries kept
+    /// meeting writers (a leaf written without pause, as a hot account's, changes under every
+    /// optimistic copy of it; a latch lets the copy finish, and holds writers back only for
+    /// as long as it takes).
+    Latched,
     Validating(&'h Held<'a, 'w>),
+}
+
+impl Mode<'_, '_, '_> {
+    /// The mode of try `tries` (from 1) of a transaction's read.
+    fn plain_or_latched(tries: u32) -> Self {
+        /// Optimistic tries before a read latches its leaves.
+        const OPTIMISTIC_TRIES: u32 = 2;
+        if tries > OPTIMISTIC_TRIES {
+            Mode::Latched
+        } else {
+            Mode::Plain
+        }
+    }
+}
+
+/// `g`'s leaf latched shared, if unchanged since `g` read it.
+fn latched<'a, 'w>(g: OptimisticGuard<'w>) -> OpResult<Leaf<'a, 'w>> {
+    let stamp = g.stamp();
+    Ok(Leaf::Latched(g.to_shared()?, stamp))
 }
 
 /// A read that met a page another committer holds (validation only).
@@ -113,6 +143,7 @@ type Got<T> = OpResult<Result<T, Busy>>;
 fn take<'a, 'w>(w: &'w Worker, mode: Mode<'_, 'a, 'w>, pid: Pid) -> Got<Leaf<'a, 'w>> {
     match mode {
         Mode::Plain => Ok(Ok(Leaf::Free(w.optimistic(pid)?))),
+        Mode::Latched => Ok(Ok(latched(w.optimistic(pid)?)?)),
         Mode::Validating(held) => {
             if let Some(x) = held.get(pid) {
                 return Ok(Ok(Leaf::Held(x)));
@@ -135,9 +166,11 @@ fn find_leaf<'a, 'w>(
     tree: BTree,
     key: &[u8],
 ) -> Got<Leaf<'a, 'w>> {
-    if let Mode::Plain = mode {
+    match mode {
         // the tree's own descent (with its prefetching)
-        return Ok(Ok(Leaf::Free(tree.find_leaf(w, key)?)));
+        Mode::Plain => return Ok(Ok(Leaf::Free(tree.find_leaf(w, key)?))),
+        Mode::Latched => return Ok(Ok(latched(tree.find_leaf(w, key)?)?)),
+        Mode::Validating(_) => {}
     }
     let mut g = match take(w, mode, tree.root())? {
         Ok(g) => g,
@@ -228,9 +261,11 @@ pub(crate) fn point(
     let k0 = arena.len();
     arena.extend_from_slice(key);
     let v0 = arena.len();
+    let mut tries = 0;
     let (found, leaf, stamp, overflow) = w.run(|w| {
         arena.truncate(v0);
-        point_at(w, Mode::Plain, tree, key, arena).map(|r| match r {
+        tries += 1;
+        point_at(w, Mode::plain_or_latched(tries), tree, key, arena).map(|r| match r {
             Ok(x) => x,
             Err(Busy) => unreachable!("plain reads wait"),
         })
@@ -428,13 +463,15 @@ pub(crate) fn range(
     let mark = arena.len();
     let mut seen = Vec::new();
     let mut leaves = Vec::new();
+    let mut tries = 0;
     w.run(|w| {
         arena.truncate(mark);
         seen.clear();
         leaves.clear();
+        tries += 1;
         walk(
             w,
-            Mode::Plain,
+            Mode::plain_or_latched(tries),
             tree,
             (&lo, &hi),
             dir,
