@@ -224,8 +224,8 @@ impl Engine {
 
     /// Make every change so far durable without closing. With a write-ahead log (durability
     /// `commit` or `flush-every-ms`): the log is flushed up to its tail, so everything logged
-    /// before the call survives a crash (a transaction still running is rolled back by
-    /// recovery, as always), then a checkpoint writes the dirty pages back, so recovery
+    /// before the call survives a crash (a transaction still running has logged nothing
+    /// yet), then a checkpoint writes the dirty pages back, so recovery
     /// replays less. Without a log (durability `none`): every page dirty now is written back
     /// and the devices are synced; that is no crash safety (a crash afterwards still needs
     /// `allow_unclean`, and write-backs made after the flush can leave the trees damaged:

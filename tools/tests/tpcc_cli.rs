@@ -153,9 +153,10 @@ fn bad_flags_are_refused_with_a_reason() {
 
 /// A device that fills up during the run (a file-size limit, `ulimit -f` in 512-byte blocks,
 /// a little above what one warehouse loads) stops the run at the first failed transaction,
-/// which is undone: the consistency check passes and the store closes clean.
+/// which writes nothing (a transaction's writes wait for its commit): the consistency check
+/// passes and the store closes clean.
 #[test]
-fn a_full_device_stops_the_run_and_undoes_the_failed_transaction() {
+fn a_full_device_stops_the_run_and_the_failed_transaction_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("out.json");
     let data = dir.path().join("data");
