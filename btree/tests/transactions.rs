@@ -1,6 +1,8 @@
 //! Transactions are isolated: threads moving money between accounts neither make nor lose any,
 //! and read-only transactions summing every account see the exact total every time; on one
-//! node and on a 3-node cluster (in one process, over `mem`). tests/transactions_unisolated.rs
+//! node and on a 3-node cluster (in one process, over `mem`), and with accounts over many
+//! leaves on 2 nodes (commits that latch leaves the other node keeps taking must still get
+//! through). tests/transactions_unisolated.rs
 //! shows the same checker failing with isolation switched off.
 
 mod bank;
@@ -51,6 +53,33 @@ fn transfers_keep_the_total_and_audits_see_it_on_three_nodes() {
     let seen = bank::run(movers, vec![c.node(2).worker()], tree, secs(), false);
     let total = bank::total_now(&c.node(1).worker(), &tree);
     eprintln!("three nodes: {seen:?}, total after {total}");
+    assert!(seen.transfers > 100, "{seen:?}");
+    assert!(seen.audits > 10, "{seen:?}");
+    assert_eq!(seen.wrong_audits, 0, "audits saw a wrong total: {seen:?}");
+    assert_eq!(total, bank::TOTAL, "money was made or lost");
+    drop(w);
+    c.close().unwrap();
+}
+
+#[test]
+fn transfers_between_leaves_that_both_nodes_write_still_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let c = Cluster::mem(2, Duration::from_secs(20), move |i| {
+        EngineConfig::for_cluster_node(path.join(format!("node{i}")), 16 << 20)
+    })
+    .unwrap();
+    let w = c.node(0).worker();
+    let tree = BTree::create(&w, "bank").unwrap();
+    bank::open_wide_accounts(&w, &tree);
+    let leaves = tree.verify(&w).unwrap().leaves;
+    assert!(leaves >= 8, "the accounts fill {leaves} leaves");
+    // two movers on each node, each transfer four moves that write the same few leaves every
+    // time, which the other node keeps taking
+    let movers = (0..4).map(|i| c.node(i % 2).worker()).collect();
+    let seen = bank::run_legs(movers, vec![c.node(1).worker()], tree, secs(), false, 4);
+    let total = bank::total_now(&c.node(1).worker(), &tree);
+    eprintln!("two nodes, {leaves} leaves: {seen:?}, total after {total}");
     assert!(seen.transfers > 100, "{seen:?}");
     assert!(seen.audits > 10, "{seen:?}");
     assert_eq!(seen.wrong_audits, 0, "audits saw a wrong total: {seen:?}");

@@ -27,17 +27,38 @@ pub fn open_accounts(w: &Worker, tree: &BTree) {
     .expect("accounts opened");
 }
 
+/// Bytes after an account's balance in [`open_wide_accounts`]: a leaf then holds about ten
+/// accounts, so the accounts span many leaves and most transfers write two.
+pub const WIDE_PAD: usize = 400;
+
+/// Open every account with `START` and `WIDE_PAD` bytes of padding after the balance (one
+/// transaction each: a commit writes at most a few KB into one gap of the keys).
+pub fn open_wide_accounts(w: &Worker, tree: &BTree) {
+    let mut v = vec![0u8; 8 + WIDE_PAD];
+    v[..8].copy_from_slice(&START.to_le_bytes());
+    for a in 0..ACCOUNTS {
+        transact(w, |tx| tx.upsert(tree, u64_key(a), &v)).expect("account opened");
+    }
+}
+
 /// Move `amt` from account `from` to `to` in one transaction.
 pub fn transfer(w: &Worker, tree: &BTree, from: u64, to: u64, amt: i64) -> Result<(), TxError> {
+    transfer_legs(w, tree, &[(from, to, amt)])
+}
+
+/// Make every move `(from, to, amt)` of `legs`, all in one transaction.
+pub fn transfer_legs(w: &Worker, tree: &BTree, legs: &[(u64, u64, i64)]) -> Result<(), TxError> {
     transact(w, |tx| {
-        tx.update(tree, u64_key(from), |v| {
-            let now = amount(v);
-            v[..8].copy_from_slice(&(now - amt).to_le_bytes())
-        })?;
-        tx.update(tree, u64_key(to), |v| {
-            let now = amount(v);
-            v[..8].copy_from_slice(&(now + amt).to_le_bytes())
-        })?;
+        for &(from, to, amt) in legs {
+            tx.update(tree, u64_key(from), |v| {
+                let now = amount(v);
+                v[..8].copy_from_slice(&(now - amt).to_le_bytes())
+            })?;
+            tx.update(tree, u64_key(to), |v| {
+                let now = amount(v);
+                v[..8].copy_from_slice(&(now + amt).to_le_bytes())
+            })?;
+        }
         Ok(())
     })
 }
@@ -74,13 +95,28 @@ pub struct Seen {
 }
 
 /// Run `movers.len()` threads moving money and `auditors.len()` threads summing, for `secs`
-/// (or, with `until_wrong`, until a wrong total is seen, at most `secs`).
+/// (or, with `until_wrong`, until a wrong total is seen, at most `secs`). If nothing commits
+/// for `STALL` the process exits with an error: transactions that stopped making progress
+/// (a livelock) would otherwise hang the test for ever.
 pub fn run(
     movers: Vec<Worker>,
     auditors: Vec<Worker>,
     tree: BTree,
     secs: f64,
     until_wrong: bool,
+) -> Seen {
+    run_legs(movers, auditors, tree, secs, until_wrong, 1)
+}
+
+/// [`run`] with transfers of `legs` moves each; with more than one, leg `i` moves money
+/// within part `i` of the accounts, so that every transfer writes the same few leaves.
+pub fn run_legs(
+    movers: Vec<Worker>,
+    auditors: Vec<Worker>,
+    tree: BTree,
+    secs: f64,
+    until_wrong: bool,
+    legs: usize,
 ) -> Seen {
     let stop = AtomicBool::new(false);
     let transfers = AtomicU64::new(0);
@@ -99,11 +135,26 @@ pub fn run(
                     x ^= x << 17;
                     x
                 };
+                let mut moves = Vec::with_capacity(legs);
                 while !stop.load(Ordering::Relaxed) {
-                    let a = next() % ACCOUNTS;
-                    let b = (a + 1 + next() % (ACCOUNTS - 1)) % ACCOUNTS;
-                    let amt = (next() % 100) as i64 + 1;
-                    transfer(&w, tree, a, b, amt).expect("a transfer failed");
+                    moves.clear();
+                    for leg in 0..legs as u64 {
+                        let (a, b) = if legs == 1 {
+                            let a = next() % ACCOUNTS;
+                            (a, (a + 1 + next() % (ACCOUNTS - 1)) % ACCOUNTS)
+                        } else {
+                            // leg `i` between the two halves of its own part of the accounts:
+                            // every transfer writes the same few leaves, as every TPC-C
+                            // NewOrder of a warehouse writes its district's and its tables'
+                            // last leaves
+                            let part = ACCOUNTS / legs as u64;
+                            let half = (part / 2).max(1);
+                            let a = leg * part + next() % half;
+                            (a, a + half)
+                        };
+                        moves.push((a, b, (next() % 100) as i64 + 1));
+                    }
+                    transfer_legs(&w, tree, &moves).expect("a transfer failed");
                     transfers.fetch_add(1, Ordering::Relaxed);
                 }
             });
@@ -122,8 +173,17 @@ pub fn run(
                 }
             });
         }
+        const STALL: Duration = Duration::from_secs(30);
+        let (mut done, mut since) = (0, Instant::now());
         while Instant::now() < end && !(until_wrong && wrong.load(Ordering::Relaxed) > 0) {
             std::thread::sleep(Duration::from_millis(10));
+            let now = transfers.load(Ordering::Relaxed) + audits.load(Ordering::Relaxed);
+            if now != done {
+                (done, since) = (now, Instant::now());
+            } else if since.elapsed() > STALL {
+                eprintln!("no transfer or audit committed for {STALL:?}: the bank stalled");
+                std::process::exit(101);
+            }
         }
         stop.store(true, Ordering::Relaxed);
     });

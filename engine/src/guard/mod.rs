@@ -143,6 +143,29 @@ impl Worker {
         self.node.recycled()
     }
 
+    /// Bring `pid` to this node with the possession a write needs (node-exclusive), waiting
+    /// for it, without latching it: for a caller that will latch several pages at once and
+    /// may not wait for a remote page while it holds latches (a transaction's commit).
+    /// Gathering its pages first, holding nothing, lets its latching find them here; another
+    /// node may still take one back before then (the caller then gathers again). Nothing to
+    /// do on a single node. Call it with no guard held.
+    pub fn gather_exclusive(&self, pid: Pid) -> Result<(), EngineError> {
+        assert_eq!(
+            self.held.get(),
+            0,
+            "gather_exclusive while holding guards (it waits for other nodes)"
+        );
+        if !self.node.is_cluster() {
+            return Ok(());
+        }
+        bump(&self.stats.faults);
+        if let Missed::Brought = self.node.miss(pid, Mode::Exclusive, true)? {
+            // no latch follows at once: the page need not be kept for this worker
+            self.node.used(pid);
+        }
+        Ok(())
+    }
+
     /// `pid` is not resident, or not with possession `want`: bring it in. A single node reads
     /// it from the store. A cluster node asks the page's home; it waits for the answer only
     /// if it holds no latch (else it restarts the operation, which drops its guards, so that
