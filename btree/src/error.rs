@@ -19,4 +19,6 @@ pub enum TreeError {
     NotATree(String, Pid),
     #[error("a write to a tree from inside its own scan callback (it would wait for the scan's latch for ever): collect the keys first, or iterate with BTree::range")]
     WriteInScan,
+    #[error("bytes {start}..{end} of a value were asked for, and the value ends before {end}")]
+    PartOutside { start: usize, end: usize },
 }

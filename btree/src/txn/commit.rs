@@ -25,8 +25,10 @@ const MAX_GAP: usize = PAGE_DATA_SIZE - node::HEADER - 2 * node::MAX_KEY;
 struct Stored<'t> {
     tree: BTree,
     key: &'t [u8],
-    /// `None`: remove.
+    /// `None`: remove (or, with `patch`, neither).
     value: Option<(Cow<'t, [u8]>, u16)>,
+    /// Bytes to write over the value the leaf holds, at their offsets ([`Op::Patch`]).
+    patch: Option<&'t [(usize, Vec<u8>)]>,
     /// Where the transaction read the key (see [`Write::read_at`]).
     read_at: Option<ReadAt>,
 }
@@ -98,8 +100,12 @@ pub(super) fn commit(tx: &mut Transaction<'_>) -> Result<CommitPoint, TxError> {
         for (root, ws) in &tx.writes {
             let tree = BTree::at(Pid(*root));
             for (key, wr) in ws {
+                let patch = match &wr.op {
+                    Op::Patch(ps) => Some(&ps[..]),
+                    _ => None,
+                };
                 let value = match &wr.op {
-                    Op::Remove => None,
+                    Op::Remove | Op::Patch(_) => None,
                     Op::Put(v) if key.len() + v.len() > MAX_RECORD => {
                         let r = overflow::write(w, v)?;
                         chains.push(r);
@@ -111,6 +117,7 @@ pub(super) fn commit(tx: &mut Transaction<'_>) -> Result<CommitPoint, TxError> {
                     tree,
                     key,
                     value,
+                    patch,
                     read_at: wr.read_at,
                 });
             }
@@ -284,6 +291,17 @@ fn attempt<'w>(
     if !validate(w, tx, &Held(&latched.guards))? {
         return Ok(Attempt::Conflict);
     }
+    // a patch goes over a value in its leaf that holds its bytes: so the validated read of
+    // those bytes says (checked again here, where it is cheap, instead of trusted)
+    for (x, ws) in latched.guards.iter().zip(&groups) {
+        for &i in ws {
+            if let Some(ps) = stored[i].patch {
+                if !patch_fits(x.page(), stored[i].key, ps) {
+                    return Ok(Attempt::Conflict);
+                }
+            }
+        }
+    }
     // 4. write: the guards are let go together, their changes logged as one chunk
     let mut replaced = Vec::new();
     let mut underfull = Vec::new();
@@ -296,6 +314,14 @@ fn attempt<'w>(
             let s = &stored[i];
             let p = x.page();
             let (at, exact) = node::lower_bound(p, s.key);
+            if let Some(ps) = s.patch {
+                // only the patched bytes are written (and logged)
+                let off = node::value_offset(p, at);
+                for (o, bytes) in ps {
+                    x.page_mut().write(off + o, bytes);
+                }
+                continue;
+            }
             match &s.value {
                 Some((v, flags))
                     if exact
@@ -364,6 +390,17 @@ fn attempt<'w>(
         }
     }
     Ok(Attempt::Done((replaced, underfull)))
+}
+
+/// Whether `key`'s value in leaf page `p` is kept in the leaf and holds every byte `patches`
+/// writes.
+fn patch_fits(p: shoal_engine::PageRef<'_>, key: &[u8], patches: &[(usize, Vec<u8>)]) -> bool {
+    let (at, exact) = node::lower_bound(p, key);
+    exact
+        && node::val_flags(p, at) & FLAG_OVERFLOW == 0
+        && patches
+            .iter()
+            .all(|(o, b)| o + b.len() <= node::slot_info(p, at).2)
 }
 
 /// The room the writes `ws` into leaf `x` take on its page as it is: an insert its entry, a

@@ -31,6 +31,18 @@ pub(crate) struct PointRead {
     pub stamp: PageStamp,
     /// The value was kept in overflow pages (the leaf holds a reference).
     pub overflow: bool,
+    /// Only these bytes of the value were read (`seen` holds them): only they are validated.
+    pub part: Option<std::ops::Range<usize>>,
+}
+
+/// A read of some bytes of a key's value ([`point_part`]).
+pub(crate) struct PartRead {
+    pub read: PointRead,
+    pub leaf: Pid,
+    pub stamp: PageStamp,
+    /// What the key's slot held: the value's length (an overflow reference's for a value in
+    /// overflow pages); `None`: absent.
+    pub len: Option<usize>,
 }
 
 /// A range read: the entries of `tree` in `lo..hi` (in `dir` order) were `seen` (keys and
@@ -277,6 +289,43 @@ pub(crate) fn point(
         leaf,
         stamp,
         overflow,
+        part: None,
+    })
+}
+
+/// Read bytes `part` of `key`'s value in `tree` for a transaction. The read keeps only those
+/// bytes (and is validated on them alone) when the value is in its leaf and holds them all;
+/// otherwise it is a read of the whole value.
+pub(crate) fn point_part(
+    w: &Worker,
+    tree: BTree,
+    key: &[u8],
+    part: std::ops::Range<usize>,
+    arena: &mut Vec<u8>,
+) -> Result<PartRead, TreeError> {
+    let mut r = point(w, tree, key, arena)?;
+    let len = r.seen.as_ref().map(|v| {
+        if r.overflow {
+            overflow::REF_LEN
+        } else {
+            v.len()
+        }
+    });
+    if let Some(v) = r.seen.clone() {
+        if !r.overflow && v.len() >= part.end {
+            // the value is the arena's last bytes: keep only the part
+            debug_assert_eq!(v.end, arena.len());
+            arena.copy_within(v.start + part.start..v.start + part.end, v.start);
+            arena.truncate(v.start + part.len());
+            r.seen = Some(v.start..v.start + part.len());
+            r.part = Some(part);
+        }
+    }
+    Ok(PartRead {
+        leaf: r.leaf,
+        stamp: r.stamp,
+        read: r,
+        len,
     })
 }
 
@@ -532,9 +581,14 @@ pub(crate) fn point_holds(
             &arena[r.key.clone()],
             &mut now,
         )? {
-            Ok((found, _, _, _)) => match &r.seen {
-                Some(v) => found && now == arena[v.clone()],
-                None => !found,
+            Ok((found, _, _, big)) => match (&r.seen, &r.part) {
+                (Some(v), None) => found && now == arena[v.clone()],
+                // (a value now in overflow pages: `now` is the value itself, but a patch of
+                // its bytes cannot go into its leaf)
+                (Some(v), Some(p)) => {
+                    found && !big && now.get(p.clone()) == Some(&arena[v.clone()])
+                }
+                (None, _) => !found,
             },
             Err(Busy) => false,
         },

@@ -31,6 +31,13 @@ impl F {
     pub const fn end(self) -> usize {
         self.off + self.len
     }
+    /// The field's bytes within its row.
+    pub const fn bytes(self) -> std::ops::Range<usize> {
+        self.off..self.off + self.len
+    }
+    pub const fn size(self) -> usize {
+        self.len
+    }
 }
 
 pub fn get_u32(row: &[u8], f: F) -> u32 {

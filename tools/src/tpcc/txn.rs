@@ -155,6 +155,56 @@ fn get(tx: &mut Transaction<'_>, tree: &BTree, key: &[u8], what: &str, len: usiz
     Ok(row)
 }
 
+/// Field `f` of the row at `key`: only its bytes are read, so only a change to them by
+/// another transaction conflicts with this one (not one to the row's other columns).
+fn get_field(tx: &mut Transaction<'_>, tree: &BTree, key: &[u8], what: &str, f: F) -> Try<Vec<u8>> {
+    let bytes = tx
+        .get_part(tree, key, f.bytes())?
+        .ok_or_else(|| missing(format!("{what} {key:?} does not exist")))?;
+    if bytes.len() != f.size() {
+        return Err(too_short(what, key, f).into());
+    }
+    Ok(bytes)
+}
+
+/// Apply `change` to field `f` of the row at `key`: only its bytes are read and written
+/// ([`Transaction::update_part`]), so another transaction may change the row's other columns
+/// meanwhile without a conflict.
+fn change_field(
+    tx: &mut Transaction<'_>,
+    tree: &BTree,
+    key: &[u8],
+    what: &str,
+    f: F,
+    change: impl FnOnce(&mut [u8]),
+) -> Try<()> {
+    match tx.update_part(tree, key, f.bytes(), change) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(missing(format!("{what} {key:?} does not exist")).into()),
+        Err(shoal_btree::TxError::Tree(TreeError::PartOutside { .. })) => {
+            Err(too_short(what, key, f).into())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn too_short(what: &str, key: &[u8], f: F) -> TxError {
+    TxError::Missing(format!(
+        "{what} {key:?} ends before its field at {:?}: not a row of this table",
+        f.bytes()
+    ))
+}
+
+/// A field's little-endian `u32`.
+fn le_u32(b: &[u8]) -> u32 {
+    u32::from_le_bytes(b[..4].try_into().expect("a 4-byte field"))
+}
+
+/// A field's little-endian `i64`.
+fn le_i64(b: &[u8]) -> i64 {
+    i64::from_le_bytes(b[..8].try_into().expect("an 8-byte field"))
+}
+
 /// Apply `f` to the row at `key`; an absent row, or one that is not `len` bytes long, is an
 /// error (and nothing is written).
 fn change(
@@ -302,22 +352,22 @@ impl Ctx<'_> {
             lines.push((i, supply, self.rng.random_range(1..=10u32)));
         }
         let set = self.t.at(w);
-        let wrow = get(
+        // (the fields it needs alone: Payment adds to the warehouse's YTD meanwhile, and a
+        // Payment or Delivery changes the customer's balance, without a conflict)
+        let w_tax = le_u32(&get_field(
             tx,
             &set.warehouse,
             &warehouse_key(w),
             "warehouse",
-            warehouse::LEN,
-        )?;
-        let w_tax = get_u32(&wrow, warehouse::TAX) as i64;
-        let crow = get(
+            warehouse::TAX,
+        )?) as i64;
+        let discount = le_u32(&get_field(
             tx,
             &set.customer,
             &customer_key(w, d, c),
             "customer",
-            customer::LEN,
-        )?;
-        let discount = get_u32(&crow, customer::DISCOUNT) as i64;
+            customer::DISCOUNT,
+        )?) as i64;
         // the items' prices: one multi-get outside the transaction (ITEM is never written),
         // whose lookups overlap their cache misses; the first line (in order) without a
         // proper item decides
@@ -344,17 +394,25 @@ impl Ctx<'_> {
                 return Err(missing(format!("item {} does not exist", lines[j].0)).into())
             }
         }
-        let (mut o_id, mut d_tax) = (0, 0);
-        change(
+        // the district's tax and next order id (not its YTD, which Payments change)
+        let dkey = district_key(w, d);
+        let d_tax = le_u32(&get_field(
             tx,
             &set.district,
-            &district_key(w, d),
+            &dkey,
             "district",
-            district::LEN,
-            |row| {
-                o_id = get_u32(row, district::NEXT_O_ID);
-                set_u32(row, district::NEXT_O_ID, o_id + 1);
-                d_tax = get_u32(row, district::TAX) as i64;
+            district::TAX,
+        )?) as i64;
+        let mut o_id = 0;
+        change_field(
+            tx,
+            &set.district,
+            &dkey,
+            "district",
+            district::NEXT_O_ID,
+            |b| {
+                o_id = le_u32(b);
+                b.copy_from_slice(&(o_id + 1).to_le_bytes());
             },
         )?;
         let date = now();
@@ -424,25 +482,24 @@ impl Ctx<'_> {
         };
         self.note_remote(&mut done, w, cw);
         let set = self.t.at(w);
-        change(
+        // the YTD fields alone: a NewOrder taking the district's next order id meanwhile is
+        // no conflict
+        let add = |b: &mut [u8]| b.copy_from_slice(&(le_i64(b) + amount).to_le_bytes());
+        change_field(
             tx,
             &set.warehouse,
             &warehouse_key(w),
             "warehouse",
-            warehouse::LEN,
-            |row| {
-                set_i64(row, warehouse::YTD, get_i64(row, warehouse::YTD) + amount);
-            },
+            warehouse::YTD,
+            add,
         )?;
-        change(
+        change_field(
             tx,
             &set.district,
             &district_key(w, d),
             "district",
-            district::LEN,
-            |row| {
-                set_i64(row, district::YTD, get_i64(row, district::YTD) + amount);
-            },
+            district::YTD,
+            add,
         )?;
         let c = self.customer(tx, cw, cd)?;
         change(
@@ -623,14 +680,13 @@ impl Ctx<'_> {
 
     fn low_stock_in(&self, tx: &mut Transaction<'_>, w: u16, d: u8, threshold: u32) -> Try<u32> {
         let set = self.t.at(w);
-        let drow = get(
+        let next = le_u32(&get_field(
             tx,
             &set.district,
             &district_key(w, d),
             "district",
-            district::LEN,
-        )?;
-        let next = get_u32(&drow, district::NEXT_O_ID);
+            district::NEXT_O_ID,
+        )?);
         let lines = tx.range(
             &set.order_line,
             (
