@@ -61,8 +61,6 @@ pub enum EngineError {
     ProtocolViolation { pid: Pid, why: String },
     #[error("node {node}: {count} pages {why}")]
     PagesAway { node: u8, count: usize, why: String },
-    #[error("{count} transaction(s) cut off by a crash could not be rolled back: {why}; the store stays unclean")]
-    Unfinished { count: usize, why: String },
     #[error("cannot set up {what}: {source}")]
     Resources {
         what: String,

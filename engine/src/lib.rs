@@ -65,6 +65,5 @@ pub use guard::{ExclusiveGuard, OptimisticGuard, PageStamp, SharedGuard, Worker}
 pub use node::Membership;
 pub use pid::{Pid, MAX_NODES};
 pub use shoal_messaging::ChannelLayout;
-pub use shoal_storage::Unfinished;
 pub use shoal_storage::{BackendChoice, OpenMode, PAGE_DATA_SIZE, PAGE_SIZE};
 pub use stats::{ProtocolStats, StatsSnapshot};

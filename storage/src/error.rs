@@ -131,4 +131,8 @@ pub enum StoreError {
     },
     #[error("slot {slot} is out of range (store has {limit} slots allocated)")]
     SlotOutOfRange { slot: u64, limit: u64 },
+    #[error(
+        "write-ahead log {path} holds {count} transaction(s) of an older build of Shoal that a crash cut off; that build rolled them back at recovery, this one writes transactions whole at their commit and rolls nothing back. Nothing was written: recover the store with the build that wrote it (open and close it once), then open it here"
+    )]
+    OldTransactions { path: PathBuf, count: usize },
 }

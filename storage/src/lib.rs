@@ -51,8 +51,7 @@ pub use io::{Backend, BackendChoice};
 pub use page::{checksum, seal, AlignedPage, PAGE_DATA_SIZE, PAGE_SIZE, TRAILER_SIZE};
 pub use store::{
     default_log_path, OpenMode, OpenedLog, PageStore, ReadRequest, SlotChange, SlotLog,
-    StoreConfig, StoreStats, Unfinished, WriteRequest, CREATING, GROW_CHUNK, MAX_DEVICES,
-    WRITE_CHUNK,
+    StoreConfig, StoreStats, WriteRequest, CREATING, GROW_CHUNK, MAX_DEVICES, WRITE_CHUNK,
 };
 pub use superblock::{CopyState, DeviceCopies, Superblock, FORMAT_VERSION};
 pub use wal::{LogFile, WalConfig};

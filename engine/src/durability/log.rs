@@ -50,9 +50,9 @@ struct Flusher {
     fpos: u64,
     /// The redo point: where replaying pages begins.
     redo: RedoPoint,
-    /// The keep point (<= redo): the data area before it may be overwritten. Before `redo`
-    /// only when a transaction that was running at the last checkpoint began before it (its
-    /// undo records must stay readable).
+    /// The keep point (<= redo): the data area before it may be overwritten. This build
+    /// keeps it at the redo point (it has no undo records to keep readable); the header
+    /// keeps both, as logs of older builds may have them apart.
     keep: RedoPoint,
     /// The last checkpoint record copied out: (lsn, fpos, flush).
     last_checkpoint: Option<RedoPoint>,
@@ -667,16 +667,9 @@ impl Log {
 
     /// Finish the checkpoint begun at `c`: every page changed before `c` is durable in the
     /// store. Writes `alloc` (the allocator as it is now; allocations logged before now are in
-    /// it, and replaying them again is harmless) and a header naming `c` as the redo start.
-    /// `oldest` is the lowest [`Log::tail`] any transaction running at `c` saw before its
-    /// first undo record (read after `c` was placed): the log is kept from the latest earlier
-    /// checkpoint at or before it, so that recovery still reads that transaction's undo.
-    pub fn finish_checkpoint(
-        &self,
-        c: u64,
-        oldest: Option<u64>,
-        alloc: &shoal_storage::Allocator,
-    ) -> StoreResult<()> {
+    /// it, and replaying them again is harmless) and a header naming `c` as the redo start
+    /// and the keep point: the log before `c` may be overwritten.
+    pub fn finish_checkpoint(&self, c: u64, alloc: &shoal_storage::Allocator) -> StoreResult<()> {
         let (redo, keep) = {
             let f = self.flusher.lock();
             let redo = match f.last_checkpoint {
@@ -688,19 +681,9 @@ impl Log {
                     })
                 }
             };
-            // Every transaction running now began after the previous keep point (it was
-            // chosen the same way, or the transaction began after that checkpoint), so one of
-            // these three always qualifies.
-            let limit = oldest.unwrap_or(u64::MAX).min(c);
-            let keep = [redo, f.redo, f.keep]
-                .into_iter()
-                .find(|p| p.lsn <= limit)
-                .unwrap_or(f.keep);
-            debug_assert!(
-                keep.lsn <= limit,
-                "no kept checkpoint precedes a running transaction"
-            );
-            (redo, keep)
+            // nothing before the checkpoint is needed again: the pages changed before it are
+            // in the store, and no record is ever undone
+            (redo, redo)
         };
         // the next flush's number, read now: the header promises a number past every flush
         // written before it (later flushes only make the promise more true)

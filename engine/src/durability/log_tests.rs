@@ -1,15 +1,16 @@
 //! The log with the store under it: a damaged log is refused (never read as a short one), a
 //! torn last flush is its end, a log of another store or a missing log is named, a data file
 //! cut short is refused, an interrupted creation leaves no store or a whole one, a page
-//! whose write-back was torn by a crash is repaired from the log at open, and a flush that
-//! stops at a chunk being finished is not taken for a full log.
+//! whose write-back was torn by a crash is repaired from the log at open, a flush that stops
+//! at a chunk being finished is not taken for a full log, and a log with an older build's
+//! cut-off transaction is refused with nothing written.
 //!
 //! Each test writes page images through the log (one flush per page, so the log holds many
 //! flushes), "crashes" by dropping the store without closing it, changes the files as the
 //! fault would, and opens the store again.
 
 use super::logged;
-use shoal_storage::wal::{put_diff, put_image};
+use shoal_storage::wal::{put_diff, put_image, put_undo};
 use shoal_storage::WriteRequest;
 use shoal_storage::{
     AlignedPage, PageStore, StoreConfig, StoreError, WalConfig, PAGE_DATA_SIZE, PAGE_SIZE,
@@ -515,4 +516,53 @@ fn a_chunk_finished_while_a_flush_stops_is_not_taken_for_a_full_log() {
         assert!(w.durable() >= end);
     });
     *w.pauses.lock() = Default::default();
+}
+
+/// Every file in `dir` with its bytes.
+fn files(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .map(|p| {
+            let bytes = std::fs::read(&p).unwrap();
+            (p, bytes)
+        })
+        .collect()
+}
+
+#[test]
+fn a_log_holding_an_older_builds_unfinished_transaction_is_refused_and_left_as_it_was() {
+    // An older build logged a transaction's changes with undo records and rolled it back at
+    // recovery when a crash cut it off. This build cannot: it must refuse before writing
+    // anything, or the undo records become unreachable and the half transaction stays.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    {
+        let (store, log) = logged(&cfg);
+        let slot = store.allocate().unwrap();
+        let w = log.log();
+        let mut buf = Vec::new();
+        // the transaction's first change (txn 0: it begins in this chunk), and no end
+        let (_, end) = w
+            .append(&mut buf, |_, b| {
+                put_image(b, slot, slot, &page_of(1));
+                put_undo(b, 0, b"the value before");
+            })
+            .unwrap();
+        w.flush_to(end).unwrap();
+        drop(store); // crash
+    }
+    let before = files(dir.path());
+    for _ in 0..2 {
+        let e = refused(&cfg);
+        assert!(
+            matches!(e, StoreError::OldTransactions { count: 1, .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("older build"), "{e}");
+        assert!(
+            files(dir.path()) == before,
+            "the refused open changed the files"
+        );
+    }
 }

@@ -48,22 +48,9 @@ pub(crate) struct NodeLog {
 }
 
 impl NodeLog {
-    /// The log over the file the store opened. A log whose recovery found transactions of an
-    /// older build cut off by a crash (undo records without an end) is refused: this build
-    /// writes no undo and rolls nothing back.
+    /// The log over the file the store opened (a log of an older build holding transactions
+    /// a crash cut off was refused by the store's recovery: `StoreError::OldTransactions`).
     pub fn open(opened: OpenedLog) -> Result<NodeLog, EngineError> {
-        if !opened.unfinished.is_empty() {
-            return Err(EngineError::Unfinished {
-                count: opened.unfinished.len(),
-                why: format!(
-                    "{}: the log holds transactions of an older build of Shoal that a crash cut \
-                     off, which that build rolled back at recovery; this build's transactions \
-                     write nothing before they commit and roll nothing back: recover the store \
-                     with the build that wrote it (open and close it once), then open it here",
-                    opened.file.path().display()
-                ),
-            });
-        }
         Ok(NodeLog {
             log: Arc::new(Log::new(opened.file)),
         })
@@ -113,7 +100,7 @@ impl NodeLog {
         // lock, before the tail read there
         let (alloc, upto) = store.allocator_snapshot(|| self.log.tail());
         self.log.flush_to(upto)?;
-        Ok(self.log.finish_checkpoint(c, None, &alloc)?)
+        Ok(self.log.finish_checkpoint(c, &alloc)?)
     }
 
     /// Close, part: a last checkpoint (every dirty page is written back and synced), so that

@@ -140,9 +140,6 @@ pub struct PageStore {
     slot_log: Option<Arc<dyn SlotLog>>,
     /// What recovery replayed at open (None: nothing to recover).
     replayed: Option<Replay>,
-    /// Transactions the crash cut off (undo records, no end record), found by recovery and
-    /// handed to the engine with the log.
-    unfinished: Vec<Unfinished>,
 }
 
 /// Where the store records the slots it hands out and takes back: the write-ahead log, kept
@@ -164,17 +161,6 @@ pub enum SlotChange {
 pub struct OpenedLog {
     /// The log file, continued after whatever it held.
     pub file: LogFile,
-    /// Transactions recovery found cut off by a crash: the engine carries their undo records
-    /// into the continued log before anything else, then rolls them back.
-    pub unfinished: Vec<Unfinished>,
-}
-
-/// A transaction a crash cut off: its undo records, oldest first (the layer that wrote them
-/// rolls it back: newest first).
-#[derive(Debug, Clone)]
-pub struct Unfinished {
-    pub txn: u64,
-    pub undo: Vec<Vec<u8>>,
 }
 
 /// Most devices one store stripes over.
@@ -298,7 +284,6 @@ impl PageStore {
             logged: cfg.wal.is_some(),
             slot_log: None,
             replayed: None,
-            unfinished: Vec::new(),
         };
         let log_path = cfg
             .wal
@@ -404,15 +389,12 @@ impl PageStore {
         Ok(())
     }
 
-    /// Take the log file a store opened with a log holds, and the transactions recovery
-    /// found cut off (once; `None` without a log or after the first call). The caller must
-    /// [`PageStore::set_slot_log`] before the next allocation.
+    /// Take the log file a store opened with a log holds (once; `None` without a log or
+    /// after the first call). The caller must [`PageStore::set_slot_log`] before the next
+    /// allocation.
     pub fn take_log(&mut self) -> Option<OpenedLog> {
         let file = self.log.take()?;
-        Some(OpenedLog {
-            file,
-            unfinished: std::mem::take(&mut self.unfinished),
-        })
+        Some(OpenedLog { file })
     }
 
     /// Record every allocation and free in `log` from now on (a store opened with a log

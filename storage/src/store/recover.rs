@@ -117,6 +117,16 @@ impl PageStore {
             }
             Ok(())
         })?;
+        // Undo records without an end: transactions of an older build that this one cannot
+        // roll back. Refused before anything is written (replaying pages and resuming the log
+        // would leave those records unreachable, and the half-done transactions in the store
+        // for good).
+        if !txns.is_empty() {
+            return Err(StoreError::OldTransactions {
+                path: wc.path.clone(),
+                count: txns.len(),
+            });
+        }
         let end = scanned.end;
         let mut replay = scanned.replay;
         replay.end = Some(scanned.how.clone());
@@ -155,13 +165,6 @@ impl PageStore {
         self.sync()?;
         *self.alloc.get_mut() = alloc.clone();
         self.log = Some(LogFile::resume(wc, file, &found, end, &alloc)?);
-        // The engine carries the undo records of the transactions the crash cut off into the
-        // resumed log before anything else (the old part is no longer read) and rolls them
-        // back.
-        self.unfinished = txns
-            .into_iter()
-            .map(|(txn, undo)| Unfinished { txn, undo })
-            .collect();
         log::warn!(
             "{} was not shut down cleanly: recovered from its log: {} chunks ({} records, {:.1} MiB) replayed into {} pages in {:.2} s",
             self.devices[0].path.display(),

@@ -119,8 +119,8 @@ impl harness::Workload for TpccRun<'_> {
         let pipelined = a.durability == shoal_engine::Durability::Commit;
         let mut acks = crate::acks::Acks::new(a.pipeline);
         let fail = |tally: &mut Tally, ty: usize, e: &dyn std::fmt::Display| {
-            // (undone: see txn::Ctx::run) A failed transaction makes the run's numbers
-            // meaningless, in warm-up too: stop the run.
+            // (it wrote nothing: see txn::Ctx::run) A failed transaction makes the run's
+            // numbers meaningless, in warm-up too: stop the run.
             tally.errors += 1;
             tally.first_error = Some(format!("{}: {e}", txn::TYPES[ty]));
             self.failed.store(true, Ordering::Relaxed);
