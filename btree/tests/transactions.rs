@@ -18,6 +18,24 @@ fn secs() -> f64 {
         .unwrap_or(2.0)
 }
 
+/// A mem cluster of `n` nodes with small caches, its data under `dir`.
+fn cluster(n: usize, dir: &std::path::Path) -> Cluster {
+    let path = dir.to_path_buf();
+    Cluster::mem(n, Duration::from_secs(20), move |i| {
+        EngineConfig::for_cluster_node(path.join(format!("node{i}")), 16 << 20)
+    })
+    .unwrap()
+}
+
+/// What isolation promises of a bank run: transfers and audits ran, no audit saw a wrong
+/// total, and the total after it is exact.
+fn isolated(seen: &bank::Seen, total: i64) {
+    assert!(seen.transfers > 100, "{seen:?}");
+    assert!(seen.audits > 10, "{seen:?}");
+    assert_eq!(seen.wrong_audits, 0, "audits saw a wrong total: {seen:?}");
+    assert_eq!(total, bank::TOTAL, "money was made or lost");
+}
+
 #[test]
 fn transfers_keep_the_total_and_audits_see_it_on_one_node() {
     let dir = tempfile::tempdir().unwrap();
@@ -29,10 +47,7 @@ fn transfers_keep_the_total_and_audits_see_it_on_one_node() {
     let seen = bank::run(movers, vec![e.worker()], tree, secs(), false);
     let total = bank::total_now(&w, &tree);
     eprintln!("one node: {seen:?}, total after {total}");
-    assert!(seen.transfers > 100, "{seen:?}");
-    assert!(seen.audits > 10, "{seen:?}");
-    assert_eq!(seen.wrong_audits, 0, "audits saw a wrong total: {seen:?}");
-    assert_eq!(total, bank::TOTAL, "money was made or lost");
+    isolated(&seen, total);
     drop(w);
     e.close().unwrap();
 }
@@ -40,11 +55,7 @@ fn transfers_keep_the_total_and_audits_see_it_on_one_node() {
 #[test]
 fn transfers_keep_the_total_and_audits_see_it_on_three_nodes() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().to_path_buf();
-    let c = Cluster::mem(3, Duration::from_secs(20), move |i| {
-        EngineConfig::for_cluster_node(path.join(format!("node{i}")), 16 << 20)
-    })
-    .unwrap();
+    let c = cluster(3, dir.path());
     let w = c.node(0).worker();
     let tree = BTree::create(&w, "bank").unwrap();
     bank::open_accounts(&w, &tree);
@@ -53,10 +64,7 @@ fn transfers_keep_the_total_and_audits_see_it_on_three_nodes() {
     let seen = bank::run(movers, vec![c.node(2).worker()], tree, secs(), false);
     let total = bank::total_now(&c.node(1).worker(), &tree);
     eprintln!("three nodes: {seen:?}, total after {total}");
-    assert!(seen.transfers > 100, "{seen:?}");
-    assert!(seen.audits > 10, "{seen:?}");
-    assert_eq!(seen.wrong_audits, 0, "audits saw a wrong total: {seen:?}");
-    assert_eq!(total, bank::TOTAL, "money was made or lost");
+    isolated(&seen, total);
     drop(w);
     c.close().unwrap();
 }
@@ -64,11 +72,7 @@ fn transfers_keep_the_total_and_audits_see_it_on_three_nodes() {
 #[test]
 fn transfers_between_leaves_that_both_nodes_write_still_commit() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().to_path_buf();
-    let c = Cluster::mem(2, Duration::from_secs(20), move |i| {
-        EngineConfig::for_cluster_node(path.join(format!("node{i}")), 16 << 20)
-    })
-    .unwrap();
+    let c = cluster(2, dir.path());
     let w = c.node(0).worker();
     let tree = BTree::create(&w, "bank").unwrap();
     bank::open_wide_accounts(&w, &tree);
@@ -80,10 +84,7 @@ fn transfers_between_leaves_that_both_nodes_write_still_commit() {
     let seen = bank::run_legs(movers, vec![c.node(1).worker()], tree, secs(), false, 4);
     let total = bank::total_now(&c.node(1).worker(), &tree);
     eprintln!("two nodes, {leaves} leaves: {seen:?}, total after {total}");
-    assert!(seen.transfers > 100, "{seen:?}");
-    assert!(seen.audits > 10, "{seen:?}");
-    assert_eq!(seen.wrong_audits, 0, "audits saw a wrong total: {seen:?}");
-    assert_eq!(total, bank::TOTAL, "money was made or lost");
+    isolated(&seen, total);
     drop(w);
     c.close().unwrap();
 }
