@@ -118,31 +118,16 @@ impl BTree {
         keys: &[K],
         mut each: impl FnMut(usize, Option<&[u8]>),
     ) -> Result<(), TreeError> {
-        let width = keys.len().min(LOOKUP_GROUP);
-        let mut lanes: Vec<Lane<'_>> = Vec::with_capacity(width);
-        let mut bufs: Vec<Vec<u8>> = (0..width).map(|_| Vec::new()).collect();
-        for (g, group) in keys.chunks(LOOKUP_GROUP).enumerate() {
-            let root = match w.optimistic(self.root) {
-                Ok(r) => Some(r),
-                Err(Restart::Retry) => None,
-                Err(Restart::Fail(e)) => return Err(e.into()),
-            };
-            lanes.clear();
-            lanes.extend(group.iter().map(|_| Lane {
-                node: root.clone(),
-                child: Pid(NO_PAGE),
-                slot: None,
-            }));
-            self.walk_group(w, group, &mut lanes, &mut bufs)?;
+        self.walk_groups(w, keys, |first, group, lanes, bufs| {
             for (j, lane) in lanes.iter().enumerate() {
                 let found = match lane.node {
                     Some(_) => lane.slot.is_some(),
                     None => self.lookup(w, group[j].as_ref(), &mut bufs[j])?,
                 };
-                each(g * LOOKUP_GROUP + j, found.then_some(&bufs[j][..]));
+                each(first + j, found.then_some(&bufs[j][..]));
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// [`BTree::lookup_many`] for a transaction: `each(i, Some((value, leaf, stamp)))` for a
@@ -155,8 +140,28 @@ impl BTree {
         keys: &[K],
         mut each: impl FnMut(usize, Option<(Option<&[u8]>, Pid, shoal_engine::PageStamp)>),
     ) -> Result<(), TreeError> {
+        self.walk_groups(w, keys, |first, _, lanes, bufs| {
+            for (j, lane) in lanes.iter().enumerate() {
+                let at = lane.node.as_ref().map(|g| {
+                    let v = lane.slot.map(|_| &bufs[j][..]);
+                    (v, g.pid(), g.stamp())
+                });
+                each(first + j, at);
+            }
+            Ok(())
+        })
+    }
+
+    /// Walk `keys` down in groups of [`LOOKUP_GROUP`] (`walk_group`), handing each walked
+    /// group to `done` with the index of its first key, its keys, lanes and value buffers.
+    fn walk_groups<'w, K: AsRef<[u8]>>(
+        &self,
+        w: &'w Worker,
+        keys: &[K],
+        mut done: impl FnMut(usize, &[K], &[Lane<'w>], &mut [Vec<u8>]) -> Result<(), TreeError>,
+    ) -> Result<(), TreeError> {
         let width = keys.len().min(LOOKUP_GROUP);
-        let mut lanes: Vec<Lane<'_>> = Vec::with_capacity(width);
+        let mut lanes: Vec<Lane<'w>> = Vec::with_capacity(width);
         let mut bufs: Vec<Vec<u8>> = (0..width).map(|_| Vec::new()).collect();
         for (g, group) in keys.chunks(LOOKUP_GROUP).enumerate() {
             let root = match w.optimistic(self.root) {
@@ -171,13 +176,7 @@ impl BTree {
                 slot: None,
             }));
             self.walk_group(w, group, &mut lanes, &mut bufs)?;
-            for (j, lane) in lanes.iter().enumerate() {
-                let at = lane.node.as_ref().map(|g| {
-                    let v = lane.slot.map(|_| &bufs[j][..]);
-                    (v, g.pid(), g.stamp())
-                });
-                each(g * LOOKUP_GROUP + j, at);
-            }
+            done(g * LOOKUP_GROUP, group, &lanes, &mut bufs)?;
         }
         Ok(())
     }

@@ -285,34 +285,9 @@ impl Worker {
     /// Take an optimistic guard on `pid`. Waits while an exclusive holder is in.
     #[inline]
     pub fn optimistic(&self, pid: Pid) -> OpResult<OptimisticGuard<'_>> {
-        self.check_open()?;
-        let mut backoff = Backoff::new();
-        loop {
-            let Some(idx) = self.locate(pid) else {
-                self.miss(pid, Mode::Shared)?;
-                continue;
-            };
-            let f = self.frame(idx);
-            match f.latch.optimistic_begin() {
-                Some(version) if f.pid() == pid && f.is_resident() => {
-                    if f.possession() == Possession::None {
-                        self.miss(pid, Mode::Shared)?;
-                        continue;
-                    }
-                    f.touch(self.node.buffer().clock());
-                    bump(&self.stats.hits);
-                    self.settle(pid);
-                    return Ok(OptimisticGuard {
-                        w: self,
-                        idx,
-                        pid,
-                        version,
-                    });
-                }
-                Some(_) => {} // the frame moved on to another page: look up again
-                None => Worker::snooze(&mut backoff)?,
-            }
-        }
+        Ok(self
+            .optimistic_waiting(pid, None)?
+            .expect("an unbounded wait ends with a guard"))
     }
 
     /// [`Worker::optimistic`], but without waiting long for an exclusive holder: `Ok(None)`
@@ -320,10 +295,20 @@ impl Worker {
     /// exclusive guards itself (a transaction's commit validating its reads): waiting for
     /// another such holder could close a cycle.
     pub fn optimistic_unless_held(&self, pid: Pid) -> OpResult<Option<OptimisticGuard<'_>>> {
-        const TRIES: u32 = 8;
+        self.optimistic_waiting(pid, Some(8))
+    }
+
+    /// An optimistic guard on `pid`, waiting for an exclusive holder at most `waits` backoff
+    /// steps (`Ok(None)` after them; `None`: for as long as it takes).
+    #[inline(always)]
+    fn optimistic_waiting(
+        &self,
+        pid: Pid,
+        waits: Option<u32>,
+    ) -> OpResult<Option<OptimisticGuard<'_>>> {
         self.check_open()?;
         let mut backoff = Backoff::new();
-        let mut waits = 0;
+        let mut waited = 0;
         loop {
             let Some(idx) = self.locate(pid) else {
                 self.miss(pid, Mode::Shared)?;
@@ -347,8 +332,8 @@ impl Worker {
                     }));
                 }
                 Some(_) => {} // the frame moved on to another page: look up again
-                None if waits < TRIES => {
-                    waits += 1;
+                None if waits.is_none_or(|n| waited < n) => {
+                    waited = waited.saturating_add(1);
                     Worker::snooze(&mut backoff)?;
                 }
                 None => return Ok(None),
