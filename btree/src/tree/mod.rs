@@ -31,7 +31,7 @@ mod restructure;
 mod scan;
 
 use lookup::descend;
-use scan::no_write_in_own_scan;
+pub(crate) use scan::no_write_in_own_scan;
 
 use crate::error::TreeError;
 use crate::node::FLAG_OVERFLOW;
@@ -109,7 +109,7 @@ impl Insert {
 /// A list of puts and removes that [`BTree::apply`] applies as one transaction.
 #[derive(Debug, Clone, Default)]
 pub struct Batch {
-    ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    pub(crate) ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
 }
 
 impl Batch {
@@ -482,34 +482,6 @@ impl BTree {
             }
         }
         Ok(existed)
-    }
-
-    /// Apply every put and remove of `batch`, in order, as one transaction
-    /// ([`crate::Transaction`]): isolated from other transactions, and after a crash all of
-    /// it or none (with a write-ahead log; docs/durability.md); if it fails (a full device, a
-    /// dead node) nothing of it is written. Sizes are checked before anything is written.
-    /// Committed as [`Worker::commit`] does.
-    pub fn apply(&self, w: &Worker, batch: &Batch) -> Result<(), TreeError> {
-        for (k, v) in &batch.ops {
-            Self::check_sizes(k, v.as_ref().map_or(0, Vec::len))?;
-        }
-        no_write_in_own_scan(self.root)?;
-        let r = crate::txn::transact(w, |tx| {
-            for (k, v) in &batch.ops {
-                match v {
-                    Some(v) => tx.upsert(self, k, v)?,
-                    None => {
-                        tx.remove(self, k)?;
-                    }
-                }
-            }
-            Ok(())
-        });
-        match r {
-            Ok(()) => Ok(()),
-            Err(crate::TxError::Tree(e)) => Err(e),
-            Err(e) => unreachable!("transact runs a conflicting batch again: {e}"),
-        }
     }
 
     /// Number of entries (a full scan).

@@ -35,7 +35,7 @@ impl Drop for Scanning {
 
 /// A write to the tree at `root` from inside one of its own scans would wait for the scan's
 /// shared latch for ever: refuse it.
-pub(super) fn no_write_in_own_scan(root: Pid) -> Result<(), TreeError> {
+pub(crate) fn no_write_in_own_scan(root: Pid) -> Result<(), TreeError> {
     if SCANNING.with(|s| s.borrow().contains(&root)) {
         return Err(TreeError::WriteInScan);
     }

@@ -32,7 +32,7 @@ mod read;
 
 use crate::error::TreeError;
 use crate::range::Entry;
-use crate::tree::{BTree, Direction, Insert};
+use crate::tree::{BTree, Batch, Direction, Insert};
 use read::{PointRead, RangeRead};
 use shoal_engine::{CommitPoint, Worker};
 use std::collections::BTreeMap;
@@ -644,6 +644,36 @@ fn merge<'s>(
                 }
                 None => break,
             }
+        }
+    }
+}
+
+impl BTree {
+    /// Apply every put and remove of `batch`, in order, as one transaction
+    /// ([`crate::Transaction`]): isolated from other transactions, and after a crash all of
+    /// it or none (with a write-ahead log; docs/durability.md); if it fails (a full device, a
+    /// dead node) nothing of it is written. Sizes are checked before anything is written.
+    /// Committed as [`Worker::commit`] does.
+    pub fn apply(&self, w: &Worker, batch: &Batch) -> Result<(), TreeError> {
+        for (k, v) in &batch.ops {
+            Self::check_sizes(k, v.as_ref().map_or(0, Vec::len))?;
+        }
+        crate::tree::no_write_in_own_scan(self.root())?;
+        let r = transact(w, |tx| {
+            for (k, v) in &batch.ops {
+                match v {
+                    Some(v) => tx.upsert(self, k, v)?,
+                    None => {
+                        tx.remove(self, k)?;
+                    }
+                }
+            }
+            Ok(())
+        });
+        match r {
+            Ok(()) => Ok(()),
+            Err(crate::TxError::Tree(e)) => Err(e),
+            Err(e) => unreachable!("transact runs a conflicting batch again: {e}"),
         }
     }
 }
