@@ -35,7 +35,7 @@ pub enum StoreError {
     #[error("page store is full: all {capacity} page slots are in use")]
     StoreFull { capacity: u64 },
     #[error(
-        "checksum mismatch for page {pid:#x} (slot {slot}) on {path}: stored {stored:#010x}, computed {computed:#010x}; the page is corrupt"
+        "checksum mismatch for page {pid:#x} (slot {slot}) on {path}: stored {stored:#010x}, computed {computed:#010x}; the page is corrupt (or is another slot's page)"
     )]
     Checksum {
         pid: u64,

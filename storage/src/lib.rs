@@ -48,7 +48,10 @@ pub use error::{StoreError, StoreResult};
 pub use fs::{with_suffix, write_atomic};
 pub use inspect::{SlotScan, StoreReader, MAX_LISTED};
 pub use io::{Backend, BackendChoice};
-pub use page::{checksum, seal, AlignedPage, PAGE_DATA_SIZE, PAGE_SIZE, TRAILER_SIZE};
+pub use page::{
+    checksum, seal, set_version, version, AlignedPage, PAGE_DATA_SIZE, PAGE_SIZE, TRAILER_SIZE,
+    VERSION_OFF,
+};
 pub use store::{
     default_log_path, OpenMode, OpenedLog, PageStore, ReadRequest, SlotChange, SlotLog,
     StoreConfig, StoreStats, WriteRequest, CREATING, GROW_CHUNK, MAX_DEVICES, WRITE_CHUNK,

@@ -15,7 +15,7 @@ use crate::buffer::{Buffer, FrameIdx};
 use crate::error::EngineError;
 use crate::pid::Pid;
 use shoal_storage::wal::{put_diff, put_image};
-use shoal_storage::PAGE_DATA_SIZE;
+use shoal_storage::{PAGE_DATA_SIZE, VERSION_OFF};
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -150,7 +150,9 @@ impl WorkerLog {
                 images = 0;
                 for (idx, pid, changed) in pages.iter() {
                     // SAFETY: this worker holds frame `idx`'s exclusive latch (kept for the
-                    // group), so nobody writes the page while we read it.
+                    // group), so nobody else reads the version or writes the page meanwhile.
+                    let version = unsafe { bump_version(buf.page_ptr(*idx)) };
+                    // SAFETY: as above: nobody writes the page while we read it.
                     let data =
                         unsafe { std::slice::from_raw_parts(buf.page_ptr(*idx), PAGE_DATA_SIZE) };
                     // a page whose last logged change precedes the latest checkpoint's start
@@ -158,9 +160,9 @@ impl WorkerLog {
                     // needs no page from the store
                     if buf.frame(*idx).lsn() <= c {
                         images += 1;
-                        put_image(b, pid.slot(), pid.raw(), data);
+                        put_image(b, pid.slot(), pid.raw(), version, data);
                     } else {
-                        put_diff(b, pid.slot(), pid.raw(), changed.ranges(), data);
+                        put_diff(b, pid.slot(), pid.raw(), version, changed.ranges(), data);
                     }
                 }
             })
@@ -233,4 +235,25 @@ impl WorkerLog {
         }
         Ok(self.log.flush_to(point.0)?)
     }
+}
+
+/// Count one more logged change of the page at `page` and return its new version (the page's
+/// version lives in its own bytes, after the data area: it travels with the page between
+/// nodes and into the store; storage/src/page.rs).
+///
+/// # Safety
+/// `page` points to a frame's [`shoal_storage::PAGE_SIZE`] bytes, and the caller holds the
+/// frame's exclusive latch (no other thread reads or writes the version meanwhile).
+unsafe fn bump_version(page: *mut u8) -> u64 {
+    // SAFETY: per the contract, the 8 bytes at VERSION_OFF are inside the frame and ours.
+    let at = unsafe { page.add(VERSION_OFF) };
+    let mut b = [0u8; 8];
+    // SAFETY: as above (unaligned-safe byte copies).
+    unsafe { std::ptr::copy_nonoverlapping(at, b.as_mut_ptr(), 8) };
+    let v = u64::from_le_bytes(b)
+        .checked_add(1)
+        .expect("a page's version overflows 64 bits");
+    // SAFETY: as above.
+    unsafe { std::ptr::copy_nonoverlapping(v.to_le_bytes().as_ptr(), at, 8) };
+    v
 }

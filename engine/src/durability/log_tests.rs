@@ -81,7 +81,7 @@ fn crashed_store_at(c: &StoreConfig, at: u64, mut before: impl FnMut(u64)) -> (V
         let slot = store.allocate().unwrap();
         let (_, end) = w
             .append(&mut buf, |_, b| {
-                put_image(b, slot, 1000 + slot, &page_of(i))
+                put_image(b, slot, 1000 + slot, 1, &page_of(i))
             })
             .unwrap();
         w.flush_to(end).unwrap();
@@ -404,12 +404,12 @@ fn a_torn_page_write_is_repaired_from_the_log_at_open() {
             .for_each(|(i, b)| *b = (i % 251) as u8);
         let w = log.log();
         let mut buf = Vec::new();
-        w.append(&mut buf, |_, b| put_image(b, slot, slot, &page))
+        w.append(&mut buf, |_, b| put_image(b, slot, slot, 1, &page))
             .unwrap();
         page[100..108].copy_from_slice(b"changed!");
         let (_, end) = w
             .append(&mut buf, |_, b| {
-                put_diff(b, slot, slot, [(100u16, 8u16)].into_iter(), &page)
+                put_diff(b, slot, slot, 2, [(100u16, 8u16)].into_iter(), &page)
             })
             .unwrap();
         w.flush_to(end).unwrap();
@@ -485,7 +485,7 @@ fn a_chunk_finished_while_a_flush_stops_is_not_taken_for_a_full_log() {
         let appender = s.spawn(|| {
             let mut buf = Vec::new();
             let at = w
-                .append(&mut buf, |_, b| put_image(b, slot, slot, &page))
+                .append(&mut buf, |_, b| put_image(b, slot, slot, 1, &page))
                 .unwrap();
             marked_tx.send(()).unwrap();
             at
@@ -545,7 +545,7 @@ fn a_log_holding_an_older_builds_unfinished_transaction_is_refused_and_left_as_i
         // the transaction's first change (txn 0: it begins in this chunk), and no end
         let (_, end) = w
             .append(&mut buf, |_, b| {
-                put_image(b, slot, slot, &page_of(1));
+                put_image(b, slot, slot, 1, &page_of(1));
                 put_undo(b, 0, b"the value before");
             })
             .unwrap();

@@ -18,10 +18,10 @@ pub(crate) use device::*;
 use crate::allocator::{decode_chain_page, encode_chain_page, Allocator, NO_SLOT};
 use crate::error::{StoreError, StoreResult};
 use crate::io::{self, fallocate, is_full, Backend, BackendChoice, IoOp};
-use crate::page::{seal, verify, AlignedPage, PAGE_DATA_SIZE, PAGE_SIZE};
+use crate::page::{seal, AlignedPage, PAGE_DATA_SIZE, PAGE_SIZE};
 use crate::superblock::{self, header_pages, Superblock, FORMAT_VERSION, FREELIST_PID};
 use crate::wal::disk::alloc_path;
-use crate::wal::record::{apply_diff, rec, slot_pid as wal_slot_pid};
+use crate::wal::record::rec;
 use crate::wal::{self, LogFile, Replay};
 use byteorder::{ByteOrder, LittleEndian};
 use parking_lot::Mutex;
@@ -541,7 +541,8 @@ impl PageStore {
     /// Judge a finished read of `req` that returned `r` (bytes or `-errno`).
     ///
     /// # Safety
-    /// `req.dst` is valid for reads of [`PAGE_SIZE`] bytes and nothing writes them now.
+    /// `req.dst` is valid for reads and writes of [`PAGE_SIZE`] bytes (the read's destination,
+    /// see [`Self::read_into`]) and nothing else reads or writes them now.
     unsafe fn check_read(&self, req: &ReadRequest, r: i64) -> StoreResult<()> {
         let (slot, pid) = (req.slot, req.pid);
         let path = &self.devices[self.slot_location(slot).0].path;
@@ -556,9 +557,10 @@ impl PageStore {
                 got: r as usize,
             });
         }
-        // SAFETY: the read filled all PAGE_SIZE bytes of dst; nothing writes them now.
-        let page = unsafe { &*(req.dst as *const [u8; PAGE_SIZE]) };
-        verify(page, pid, slot, path).map_err(|e| {
+        // SAFETY: the read filled all PAGE_SIZE bytes of dst, which is ours (the caller's
+        // buffer for this read); nothing else reads or writes them now.
+        let page = unsafe { &mut *(req.dst as *mut [u8; PAGE_SIZE]) };
+        crate::page::verify_and_upgrade(page, pid, slot, path).map_err(|e| {
             if page.iter().all(|&b| b == 0) {
                 // preallocated space that no write reached
                 StoreError::NeverWritten {

@@ -3,6 +3,52 @@
 //! engine's log continues it and rolls back the transactions it found cut off).
 
 use super::*;
+use crate::wal::record::{page_record, Change, PageRecord};
+use std::collections::HashMap;
+
+/// Replay one page record at `lsn` into `images` (slot -> page id and page, its version in
+/// its trailer): an image replaces the page, a change applies to the page before it. Within
+/// one log the records of a page follow its changes, each one version up (records of older
+/// builds have version 0 and are applied in log order).
+fn replay_page(
+    images: &mut HashMap<u64, (u64, AlignedPage)>,
+    r: &PageRecord<'_>,
+    lsn: u64,
+    path: &std::path::Path,
+) -> StoreResult<()> {
+    let bad = |why: String| StoreError::BadLog {
+        path: path.to_path_buf(),
+        why,
+    };
+    let page = match (r.change, images.get_mut(&r.slot)) {
+        (Change::Image(_), Some(e)) => &mut e.1,
+        (Change::Image(_), None) => {
+            &mut images
+                .entry(r.slot)
+                .or_insert((r.pid, AlignedPage::new()))
+                .1
+        }
+        (Change::Diff(_), None) => {
+            return Err(bad(format!(
+                "the change at LSN {lsn} to slot {} has no page image before it since the redo point (the log breaks its own rule)",
+                r.slot
+            )))
+        }
+        (Change::Diff(_), Some(e)) => {
+            let had = crate::page::version(&e.1);
+            if r.version != 0 && had + 1 != r.version {
+                return Err(bad(format!(
+                    "the change at LSN {lsn} makes slot {} version {}, but the page before it is at version {had} (the log breaks its own rule)",
+                    r.slot, r.version
+                )));
+            }
+            &mut e.1
+        }
+    };
+    r.change.apply(&mut page[..PAGE_DATA_SIZE]);
+    crate::page::set_version(page, r.version);
+    Ok(())
+}
 
 impl PageStore {
     /// Set up the write-ahead log `cfg.wal` names: recover from it first if the store was not
@@ -63,8 +109,7 @@ impl PageStore {
         }
         let mut alloc = wal::read_alloc(&wc.path, &found, self.sb.get_mut().capacity)?;
         self.check_lengths(alloc.next_slot())?;
-        let mut images: std::collections::HashMap<u64, (u64, AlignedPage)> =
-            std::collections::HashMap::new();
+        let mut images: HashMap<u64, (u64, AlignedPage)> = HashMap::new();
         // transactions seen (first LSN -> undo records), in order of their first record
         let mut txns: std::collections::BTreeMap<u64, Vec<Vec<u8>>> = Default::default();
         let redo_lsn = found.redo_lsn();
@@ -79,25 +124,10 @@ impl PageStore {
             if lsn < redo_lsn && kind != rec::UNDO && kind != rec::END {
                 return Ok(());
             }
+            if let Some(r) = page_record(kind, body) {
+                return replay_page(&mut images, &r, lsn, &wc.path);
+            }
             match kind {
-                rec::IMAGE => {
-                    let (slot, pid) = wal_slot_pid(body);
-                    let mut page = AlignedPage::new();
-                    page[..PAGE_DATA_SIZE].copy_from_slice(&body[16..16 + PAGE_DATA_SIZE]);
-                    images.insert(slot, (pid, page));
-                }
-                rec::DIFF => {
-                    let (slot, _) = wal_slot_pid(body);
-                    let Some((_, page)) = images.get_mut(&slot) else {
-                        return Err(StoreError::BadLog {
-                            path: wc.path.clone(),
-                            why: format!(
-                                "the change at LSN {lsn} to slot {slot} has no page image before it since the redo point (the log breaks its own rule)"
-                            ),
-                        });
-                    };
-                    apply_diff(body, &mut page[..PAGE_DATA_SIZE]);
-                }
                 rec::ALLOC => alloc.replay_allocated(LittleEndian::read_u64(body)),
                 rec::FREE => {
                     let slot = LittleEndian::read_u64(body);

@@ -9,11 +9,11 @@ use byteorder::{ByteOrder, LittleEndian};
 
 /// Record kinds (the first byte of each record in a chunk's payload).
 pub mod rec {
-    /// A whole page: slot u64, pid u64, `PAGE_DATA_SIZE` bytes.
-    pub const IMAGE: u8 = 1;
-    /// Changed byte ranges of a page: slot u64, pid u64, count u16, then per range off u16,
-    /// len u16 and the bytes.
-    pub const DIFF: u8 = 2;
+    /// A whole page of an older build (no version): slot u64, pid u64, `PAGE_DATA_SIZE` bytes.
+    pub const OLD_IMAGE: u8 = 1;
+    /// Changed byte ranges of a page of an older build (no version): slot u64, pid u64, count
+    /// u16, then per range off u16, len u16 and the bytes.
+    pub const OLD_DIFF: u8 = 2;
     /// A slot was handed out: slot u64.
     pub const ALLOC: u8 = 3;
     /// A slot was given back: slot u64.
@@ -26,6 +26,70 @@ pub mod rec {
     pub const UNDO: u8 = 6;
     /// A transaction ended (committed, or rolled back by its owner): txn u64.
     pub const END: u8 = 7;
+    /// A whole page: slot u64, pid u64, version u64 (the page's version after this change),
+    /// `PAGE_DATA_SIZE` bytes.
+    pub const IMAGE: u8 = 8;
+    /// Changed byte ranges of a page: slot u64, pid u64, version u64 (after the change; the
+    /// ranges apply to the page at version - 1), count u16, then per range off u16, len u16
+    /// and the bytes.
+    pub const DIFF: u8 = 9;
+}
+
+/// A page's record, read back: which page, its version after the change, and the change.
+#[derive(Debug, Clone, Copy)]
+pub struct PageRecord<'a> {
+    pub slot: u64,
+    pub pid: u64,
+    /// The page's version after the change (0: a record of an older build, which has none).
+    pub version: u64,
+    pub change: Change<'a>,
+}
+
+/// What a page record changes.
+#[derive(Debug, Clone, Copy)]
+pub enum Change<'a> {
+    /// The whole data area.
+    Image(&'a [u8]),
+    /// Changed ranges: count u16, then per range off u16, len u16 and the bytes (checked by
+    /// [`body_len`] when the chunk was split).
+    Diff(&'a [u8]),
+}
+
+impl Change<'_> {
+    /// Apply the change to a page's data area.
+    pub fn apply(&self, page: &mut [u8]) {
+        match self {
+            Change::Image(d) => page[..PAGE_DATA_SIZE].copy_from_slice(d),
+            Change::Diff(r) => apply_ranges(r, page),
+        }
+    }
+}
+
+/// The page record a body of `kind` holds (None: the record is not about a page).
+pub fn page_record(kind: u8, body: &[u8]) -> Option<PageRecord<'_>> {
+    let (slot, pid) = (
+        LittleEndian::read_u64(body.get(0..8)?),
+        LittleEndian::read_u64(body.get(8..16)?),
+    );
+    let (version, change) = match kind {
+        rec::OLD_IMAGE => (0, Change::Image(body.get(16..16 + PAGE_DATA_SIZE)?)),
+        rec::OLD_DIFF => (0, Change::Diff(body.get(16..)?)),
+        rec::IMAGE => (
+            LittleEndian::read_u64(body.get(16..24)?),
+            Change::Image(body.get(24..24 + PAGE_DATA_SIZE)?),
+        ),
+        rec::DIFF => (
+            LittleEndian::read_u64(body.get(16..24)?),
+            Change::Diff(body.get(24..)?),
+        ),
+        _ => return None,
+    };
+    Some(PageRecord {
+        slot,
+        pid,
+        version,
+        change,
+    })
 }
 
 /// Append an undo record of transaction `txn` (0: it begins in this chunk).
@@ -42,8 +106,8 @@ pub fn put_end(buf: &mut Vec<u8>, txn: u64) {
     buf.extend_from_slice(&txn.to_le_bytes());
 }
 
-/// Append a whole-page record to a chunk being built.
-pub fn put_image(buf: &mut Vec<u8>, slot: u64, pid: u64, data: &[u8]) {
+/// Append a whole-page record to a chunk being built: the page at `version`.
+pub fn put_image(buf: &mut Vec<u8>, slot: u64, pid: u64, version: u64, data: &[u8]) {
     assert_eq!(
         data.len(),
         PAGE_DATA_SIZE,
@@ -52,20 +116,24 @@ pub fn put_image(buf: &mut Vec<u8>, slot: u64, pid: u64, data: &[u8]) {
     buf.push(rec::IMAGE);
     buf.extend_from_slice(&slot.to_le_bytes());
     buf.extend_from_slice(&pid.to_le_bytes());
+    buf.extend_from_slice(&version.to_le_bytes());
     buf.extend_from_slice(data);
 }
 
-/// Append a changed-ranges record: `ranges` are (offset, length) into `page` (the data area).
+/// Append a changed-ranges record: `ranges` are (offset, length) into `page` (the data area),
+/// which is at `version` after the change.
 pub fn put_diff(
     buf: &mut Vec<u8>,
     slot: u64,
     pid: u64,
+    version: u64,
     ranges: impl ExactSizeIterator<Item = (u16, u16)>,
     page: &[u8],
 ) {
     buf.push(rec::DIFF);
     buf.extend_from_slice(&slot.to_le_bytes());
     buf.extend_from_slice(&pid.to_le_bytes());
+    buf.extend_from_slice(&version.to_le_bytes());
     buf.extend_from_slice(&(ranges.len() as u16).to_le_bytes());
     for (off, len) in ranges {
         let (o, l) = (off as usize, len as usize);
@@ -80,7 +148,7 @@ pub fn put_diff(
 }
 
 /// Bytes an image record takes.
-pub const IMAGE_RECORD: usize = 17 + PAGE_DATA_SIZE;
+pub const IMAGE_RECORD: usize = 25 + PAGE_DATA_SIZE;
 
 /// Split a chunk's payload into its records, `(kind, body start, body end)` into `out`
 /// (cleared first): all of them or an error, so that a chunk is applied whole or not at all.
@@ -101,13 +169,15 @@ pub(crate) fn split_records(
 /// The length of the body of a record of `kind` that begins `rest` (checked to fit in it).
 pub(crate) fn body_len(kind: u8, rest: &[u8]) -> Result<usize, String> {
     let len = match kind {
-        rec::IMAGE => 16 + PAGE_DATA_SIZE,
-        rec::DIFF => {
-            if rest.len() < 18 {
+        rec::OLD_IMAGE => 16 + PAGE_DATA_SIZE,
+        rec::IMAGE => 24 + PAGE_DATA_SIZE,
+        rec::OLD_DIFF | rec::DIFF => {
+            let head = if kind == rec::DIFF { 24 } else { 16 };
+            if rest.len() < head + 2 {
                 return Err("short diff record".into());
             }
-            let count = u16::from_le_bytes([rest[16], rest[17]]) as usize;
-            let mut l = 18;
+            let count = u16::from_le_bytes([rest[head], rest[head + 1]]) as usize;
+            let mut l = head + 2;
             for _ in 0..count {
                 if rest.len() < l + 4 {
                     return Err("short diff range".into());
@@ -145,30 +215,23 @@ pub(crate) fn pages_named(mut p: &[u8]) -> Vec<u64> {
         let Ok(len) = body_len(kind, rest) else {
             break;
         };
-        if kind == rec::IMAGE || kind == rec::DIFF {
-            pages.push(slot_pid(&rest[..len]).1);
+        if let Some(r) = page_record(kind, &rest[..len]) {
+            pages.push(r.pid);
         }
         p = &rest[len..];
     }
     pages
 }
 
-/// Apply a diff record's body (after the kind byte) to a page's data area.
-pub(crate) fn apply_diff(body: &[u8], page: &mut [u8]) {
-    let count = u16::from_le_bytes([body[16], body[17]]) as usize;
-    let mut l = 18;
+/// Apply a diff's ranges (count u16, then the ranges; checked by [`body_len`]) to a page's
+/// data area.
+fn apply_ranges(body: &[u8], page: &mut [u8]) {
+    let count = u16::from_le_bytes([body[0], body[1]]) as usize;
+    let mut l = 2;
     for _ in 0..count {
         let off = u16::from_le_bytes([body[l], body[l + 1]]) as usize;
         let len = u16::from_le_bytes([body[l + 2], body[l + 3]]) as usize;
         page[off..off + len].copy_from_slice(&body[l + 4..l + 4 + len]);
         l += 4 + len;
     }
-}
-
-/// The slot and pid at the start of an image or diff body.
-pub(crate) fn slot_pid(body: &[u8]) -> (u64, u64) {
-    (
-        LittleEndian::read_u64(&body[0..]),
-        LittleEndian::read_u64(&body[8..]),
-    )
 }
