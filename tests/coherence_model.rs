@@ -137,6 +137,20 @@ struct Sim {
     /// Fault injection for offers: the home decides requests while an offer is unanswered
     /// (as if nobody had been offered the page).
     offers_not_awaited: bool,
+    /// Durability (issue 44): each node's log of the writes its workers made (page, version
+    /// after the write; every record a change of one version), how much of it is durable,
+    /// and the newest acknowledged version of each page (a write is acknowledged once its
+    /// record is durable). A crash keeps only the durable part of a node's log; recovery is
+    /// the engine's own merge (`shoal_storage::wal::merge::plan`) over every log and the
+    /// store, checked after every death and at the end: every acknowledged write is there,
+    /// and the chain has no gap.
+    logs: Vec<Vec<(usize, Version)>>,
+    durable: Vec<usize>,
+    acked: Vec<Version>,
+    /// The rule: a node's log is durable before a page leaves it (and before the home writes
+    /// one back). Off only for the model's own test of the check.
+    flush_before_send: bool,
+    recoveries: u64,
 }
 
 /// Every message the protocol sends must survive the engine's 64-byte wire format unchanged
@@ -150,6 +164,16 @@ fn wire_round_trip(page: usize, msg: &Msg<Version>) {
         .and_then(|e| e.decode::<Wire>())
         .unwrap_or_else(|e| panic!("{msg:?} does not survive the wire: {e}"));
     assert_eq!(back, w);
+}
+
+/// Whether a message carries a page from its sender.
+fn carries_page(msg: &Msg<Version>) -> bool {
+    match msg {
+        Msg::Grant(g) => g.data.is_some(),
+        Msg::Page { .. } | Msg::Offer { .. } => true,
+        Msg::CopyBack { data } | Msg::Evict { data, .. } => data.is_some(),
+        _ => false,
+    }
 }
 
 fn home(page: usize, nodes: usize) -> Node {
@@ -209,11 +233,19 @@ impl Sim {
             offers: false,
             taken_in: 0,
             offers_not_awaited: false,
+            logs: vec![Vec::new(); nodes],
+            durable: vec![0; nodes],
+            acked: vec![0; pages],
+            flush_before_send: true,
+            recoveries: 0,
         }
     }
 
     fn send(&mut self, from: Node, page: usize, out: Vec<(Node, Msg<Version>)>) {
         for (to, msg) in out {
+            if self.flush_before_send && carries_page(&msg) && to != from {
+                self.flush(from as usize);
+            }
             wire_round_trip(page, &msg);
             if !self.alive[to as usize] {
                 // a send to a dead node fails; what its sender does about it happens when the
@@ -238,6 +270,7 @@ impl Sim {
         if op.write {
             self.latest[op.page] += 1;
             c.wrote(self.latest[op.page]);
+            self.logs[node].push((op.page, self.latest[op.page]));
             self.writes += 1;
             if home(op.page, self.nodes) as usize == node {
                 // the home node's copy is the home's frame: the home copy changes with it
@@ -702,6 +735,10 @@ impl Sim {
 
     /// The home's provider writes the frame of `p` back (`true` if it was dirty).
     fn write_back(&mut self, p: usize) -> bool {
+        if self.flush_before_send && matches!(self.home_frame[p], Some((_, true))) {
+            // the write-ahead rule at the home
+            self.flush(home(p, self.nodes) as usize);
+        }
         match &mut self.home_frame[p] {
             Some((v, dirty @ true)) => {
                 self.home_store[p] = *v;
@@ -781,6 +818,7 @@ impl Sim {
         }
         self.net.retain(|e| e.to as usize != k);
         self.ctl.retain(|c| c.to as usize != k);
+        self.logs[k].truncate(self.durable[k]);
         self.note(|| format!("node {k} dies"));
     }
 
@@ -1180,11 +1218,19 @@ impl Sim {
                     continue;
                 }
             }
+            if rng.random_bool(0.1) {
+                // a node's log writer flushes
+                let n = rng.random_range(0..self.nodes);
+                if self.alive[n] {
+                    self.flush(n);
+                }
+            }
             let alive = self.alive.iter().filter(|&&a| a).count();
             if self.deaths < self.max_deaths && alive > 1 && rng.random_bool(self.death_chance) {
                 let k = rng.random_range(0..self.nodes);
                 if self.alive[k] {
                     self.kill(k);
+                    self.recover_check()?;
                     continue;
                 }
             }
@@ -1218,7 +1264,49 @@ impl Sim {
                 self.notice(n, dead)?;
             }
         }
+        self.recover_check()?;
         self.drain(rng)
+    }
+
+    /// Node `n`'s log becomes durable: the writes in it are acknowledged.
+    fn flush(&mut self, n: usize) {
+        for &(p, v) in &self.logs[n][self.durable[n]..] {
+            self.acked[p] = self.acked[p].max(v);
+        }
+        self.durable[n] = self.logs[n].len();
+    }
+
+    /// Every node crashes now (memory and unflushed logs gone); recovery merges every durable
+    /// log with the store: every acknowledged write must be there, as a chain without a gap.
+    fn recover_check(&mut self) -> Result<(), String> {
+        use shoal_storage::wal::merge::{plan, Found};
+        self.recoveries += 1;
+        for p in 0..self.latest.len() {
+            let mut found: Vec<Found> = (0..self.nodes)
+                .flat_map(|n| self.logs[n][..self.durable[n]].iter())
+                .filter(|r| r.0 == p)
+                .enumerate()
+                .map(|(at, &(_, version))| Found {
+                    version,
+                    image: false,
+                    at,
+                })
+                .collect();
+            let got = plan(Some(self.home_store[p]), &mut found);
+            if got.version < self.acked[p] || got.gap.is_some() {
+                return Err(format!(
+                    "page {p}: recovery reaches version {} (store {}, gap {:?}), but version {} was acknowledged (an acknowledged write lost)",
+                    got.version, self.home_store[p], got.gap, self.acked[p]
+                ));
+            }
+            if got.version > self.latest[p] {
+                return Err(format!(
+                    "page {p}: recovery reaches version {}, never written",
+                    got.version
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Every live node notices every death, then evicts everything it holds, until nothing is
@@ -1354,6 +1442,7 @@ struct Tally {
     timeouts: u64,
     forwarded: u64,
     taken_in: u64,
+    recoveries: u64,
 }
 
 fn run_seed(seed: u64) -> Result<Tally, String> {
@@ -1387,6 +1476,7 @@ fn run_seed(seed: u64) -> Result<Tally, String> {
             timeouts: sim.timeouts,
             forwarded: sim.forwarded,
             taken_in: sim.taken_in,
+            recoveries: sim.recoveries,
         }),
         Err(e) => Err(format!(
             "seed {seed} ({nodes} nodes x {workers} workers, {pages} pages, {ops} ops/worker, evict {evict}, faults {faults}, deaths {}): {e}\ntrace tail:\n{}",
@@ -1416,13 +1506,18 @@ fn random_schedules_keep_every_invariant() {
                 t.timeouts += r.timeouts;
                 t.forwarded += r.forwarded;
                 t.taken_in += r.taken_in;
+                t.recoveries += r.recoveries;
             }
             Err(e) => panic!("{e}"),
         }
     }
     eprintln!(
-        "{seeds} schedules: {} reads and {} writes checked, {} remote requests ({} shared reads forwarded to a sharer, {} offered pages taken in), {} give-ups and unsent messages, {} node deaths, {} operations ended by an error, {} pages left unavailable, {} operations timed out behind a dead grantee",
-        t.reads, t.writes, t.remote, t.forwarded, t.taken_in, t.faults, t.deaths, t.failed, t.unavailable, t.timeouts
+        "{seeds} schedules: {} reads and {} writes checked, {} remote requests ({} shared reads forwarded to a sharer, {} offered pages taken in), {} give-ups and unsent messages, {} node deaths, {} operations ended by an error, {} pages left unavailable, {} operations timed out behind a dead grantee, {} crash recoveries of every log checked",
+        t.reads, t.writes, t.remote, t.forwarded, t.taken_in, t.faults, t.deaths, t.failed, t.unavailable, t.timeouts, t.recoveries
+    );
+    assert!(
+        t.recoveries > seeds,
+        "recovery was checked after deaths too"
     );
     assert!(t.writes > 0 && t.reads > 0 && t.remote > 0 && t.faults > 0);
     assert!(t.forwarded > 0, "forwarded reads were exercised");
@@ -2193,4 +2288,29 @@ fn the_model_catches_a_home_frame_dropped_with_news() {
         e.contains("clean") || e.contains("version") || e.contains("lost update"),
         "{e}"
     );
+}
+
+/// Durability on clusters (issue 44): without the rule that a node's log is durable before a
+/// page leaves it, a node that changed a page and handed it on can crash with that change
+/// unlogged, while the next holder's acknowledged change builds on it: recovery then has a
+/// gap and loses the acknowledged write. The model must catch that, with and without deaths.
+#[test]
+fn the_model_catches_a_page_that_leaves_before_its_log_is_durable() {
+    for deaths in [0, 1] {
+        let caught = (0..3000u64).find_map(|seed| {
+            let mut rng = SmallRng::seed_from_u64(8_000_000 + seed);
+            let scripts = random_scripts(&mut rng, 3, 1, 10);
+            let mut sim = Sim::new(3, 1, scripts);
+            sim.flush_before_send = false;
+            sim.max_deaths = deaths;
+            sim.death_chance = 0.05;
+            sim.run_with(&mut rng, 0.1, 0.0).err()
+        });
+        let e = caught.expect("a page left before its log was durable, unnoticed in 3000 runs");
+        eprintln!(
+            "caught ({deaths} deaths): {}",
+            e.lines().next().unwrap_or("")
+        );
+        assert!(e.contains("acknowledged write lost"), "{e}");
+    }
 }

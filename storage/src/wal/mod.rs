@@ -33,6 +33,7 @@
 
 pub mod disk;
 mod file;
+pub mod merge;
 pub mod record;
 mod scan;
 
