@@ -195,9 +195,28 @@ impl Cluster {
         cfg: impl Fn(u8) -> EngineConfig,
     ) -> Result<Cluster, EngineError> {
         let mut nodes = Vec::with_capacity(transports.len());
-        for (i, t) in transports.into_iter().enumerate() {
-            let mut c = cfg(i as u8);
-            c.node_id = i as u8;
+        let mut cfgs: Vec<EngineConfig> = (0..transports.len())
+            .map(|i| {
+                let mut c = cfg(i as u8);
+                c.node_id = i as u8;
+                c
+            })
+            .collect();
+        // every node's recovery reads the others' logs (docs/durability.md, "Clusters")
+        let logs: Vec<Option<PathBuf>> = cfgs.iter().map(|c| c.log_path()).collect();
+        for (i, c) in cfgs.iter_mut().enumerate() {
+            c.peer_logs = (0..logs.len())
+                .filter(|&j| j != i)
+                .filter_map(|j| logs[j].clone())
+                .collect();
+        }
+        // Recovery in two passes: every node's pages are brought up to every node's log first,
+        // and only then does any node resume its log (which leaves its records unreachable to
+        // the others). A crash between the passes finds every store already recovered.
+        for c in &cfgs {
+            crate::engine::replay_cluster_node(c)?;
+        }
+        for (t, c) in transports.into_iter().zip(cfgs) {
             nodes.push(Engine::open_member(
                 c,
                 Membership {
@@ -247,6 +266,14 @@ impl Cluster {
             if let Err(err) = e.send_pages_home(limit) {
                 // close the nodes anyway (their stores then stay marked unclean, as they must)
                 log::error!("node {}: sending pages home: {err}", e.node_id());
+                first.get_or_insert(err);
+            }
+        }
+        // every page is home, logged whole where it arrived dirty: each log is made durable
+        // before any node's last checkpoint drops its records of pages it handed over
+        for e in &self.nodes {
+            if let Err(err) = e.flush_log() {
+                log::error!("node {}: flushing its log: {err}", e.node_id());
                 first.get_or_insert(err);
             }
         }

@@ -45,9 +45,13 @@ pub struct EngineConfig {
     /// Default on; off gives the plain per-node caches (for comparisons).
     pub one_pool: bool,
     /// When changes become durable (docs/durability.md). Default [`Durability::Commit`]: a
-    /// commit that returned survives kill -9 and power loss. Cluster nodes have no log yet
-    /// and must say [`Durability::None`].
+    /// commit that returned survives kill -9 and power loss, on a single node and on a
+    /// cluster node (docs/durability.md, "Clusters").
     pub durability: Durability,
+    /// A cluster node with a log: the logs of the cluster's other nodes, which its recovery
+    /// reads for the records of its own pages (every node logs the changes its workers make,
+    /// whatever the page's home). [`crate::Cluster`] and cluster files fill it in.
+    pub peer_logs: Vec<PathBuf>,
     /// Size of the write-ahead log file (with a log; 4 KiB multiple, at least 1 MiB; default
     /// 64 MiB, written once when the log is created). A checkpoint begins when half of it is
     /// in use: a larger log checkpoints less often under heavy writing.
@@ -72,6 +76,7 @@ impl Default for EngineConfig {
             one_pool: true,
             free_frame_timeout: std::time::Duration::from_secs(10),
             durability: Durability::Commit,
+            peer_logs: Vec::new(),
             wal_bytes: 64 << 20,
         }
     }
@@ -88,8 +93,8 @@ impl EngineConfig {
     }
 
     /// A configuration for a cluster node: as [`EngineConfig::new`] with durability
-    /// [`Durability::None`], the only one a cluster node has until cluster durability lands
-    /// (docs/durability.md); a cluster refuses to open a node configured with a log.
+    /// [`Durability::None`] (speed runs and tests; set [`EngineConfig::durability`] for a
+    /// cluster whose commits survive a crash, docs/durability.md "Clusters").
     pub fn for_cluster_node(data_dir: impl Into<PathBuf>, cache_bytes: usize) -> Self {
         EngineConfig {
             durability: Durability::None,

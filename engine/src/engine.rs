@@ -53,28 +53,8 @@ impl Engine {
 
     fn open_with(cfg: EngineConfig, member: Option<Membership>) -> Result<Engine, EngineError> {
         cfg.validate()?;
-        if member.is_some() && cfg.durability.logged() {
-            return Err(EngineError::Config(format!(
-                "durability {} is for single nodes: a cluster node has no write-ahead log yet (docs/durability.md)",
-                cfg.durability
-            )));
-        }
         let lock = prepare_data_dir(&cfg)?;
-        // The translation table addresses at most MAX_SLOTS_PER_NODE slots per node.
-        let max = crate::buffer::table::MAX_SLOTS_PER_NODE;
-        let mut store = StoreConfig::new(cfg.device_list());
-        store.mode = cfg.mode;
-        store.backend = cfg.backend;
-        store.node_id = cfg.node_id as u32;
-        store.cluster_id = cfg.cluster_id;
-        store.capacity_pages = if cfg.capacity_pages == 0 {
-            max
-        } else {
-            cfg.capacity_pages.min(max)
-        };
-        store.allow_unclean = cfg.allow_unclean;
-        store.discard_damaged_log = cfg.discard_damaged_log;
-        store.wal = cfg.wal_config();
+        let store = store_config(&cfg, member.is_some(), false);
         let spec = NodeSpec {
             id: cfg.node_id,
             store,
@@ -168,10 +148,23 @@ impl Engine {
     pub fn leave(&self, limit: Duration) -> Result<(), EngineError> {
         self.send_pages_home(limit)?;
         self.barrier(limit)?;
+        // Every page is home now, and each home logged the pages that arrived dirty. Each node
+        // makes its log durable, and none closes (its last checkpoint drops its log's records
+        // of pages it handed over) before all have (docs/durability.md, "Clusters").
+        self.flush_log()?;
+        self.barrier(limit)?;
         self.node.departing();
         self.close()?;
         // peers see this node leave once they left too (tcp closes its connections)
         self.node.leave_cluster(LEAVE_LINGER);
+        Ok(())
+    }
+
+    /// Make the log durable up to its tail (nothing without a log).
+    pub(crate) fn flush_log(&self) -> Result<(), EngineError> {
+        if let Some(l) = self.node.log() {
+            l.log().flush_all()?;
+        }
         Ok(())
     }
 
@@ -294,6 +287,18 @@ impl Engine {
             });
         }
         if let Some(l) = node.log() {
+            let foreign = node.foreign_dirty();
+            if foreign > 0 {
+                // their changes are only in this log: a last checkpoint would drop them
+                return Err(EngineError::PagesAway {
+                    node: node.id(),
+                    count: foreign,
+                    why: "of other homes were still held dirty here at close (not sent home); the \
+                          log keeps them and the store stays marked unclean: the next open \
+                          recovers them"
+                        .into(),
+                });
+            }
             l.close(buf.store())?;
         }
         buf.store().close()?;
@@ -311,6 +316,61 @@ impl Drop for Engine {
             log::error!("closing node {} failed: {e}", self.node.id());
         }
     }
+}
+
+/// The page store's configuration for `cfg`; `member`: a cluster node's (whose recovery
+/// merges every node's log), `replay_only`: the first of a cluster's two recovery passes.
+fn store_config(cfg: &EngineConfig, member: bool, replay_only: bool) -> StoreConfig {
+    // The translation table addresses at most MAX_SLOTS_PER_NODE slots per node.
+    let max = crate::buffer::table::MAX_SLOTS_PER_NODE;
+    let mut store = StoreConfig::new(cfg.device_list());
+    store.mode = cfg.mode;
+    store.backend = cfg.backend;
+    store.node_id = cfg.node_id as u32;
+    store.cluster_id = cfg.cluster_id;
+    store.capacity_pages = if cfg.capacity_pages == 0 {
+        max
+    } else {
+        cfg.capacity_pages.min(max)
+    };
+    store.allow_unclean = cfg.allow_unclean;
+    store.discard_damaged_log = cfg.discard_damaged_log;
+    store.wal = cfg.wal_config();
+    if member && store.wal.is_some() {
+        store.cluster = Some(shoal_storage::ClusterLogs {
+            node: cfg.node_id,
+            peers: cfg.peer_logs.clone(),
+            home_of: |pid| crate::pid::Pid(pid).node(),
+            replay_only,
+        });
+    }
+    store
+}
+
+/// The first of a cluster's two recovery passes for node `cfg.node_id` (see
+/// [`shoal_storage::ClusterLogs::replay_only`]): its pages are brought up to every node's log
+/// and synced; its own log stays as it is for the other nodes' passes. Nothing to do for a
+/// node without a log or without a store yet.
+pub(crate) fn replay_cluster_node(cfg: &EngineConfig) -> Result<(), EngineError> {
+    let Some(dev0) = cfg.device_list().into_iter().next() else {
+        return Ok(());
+    };
+    if !cfg.durability.logged() || !dev0.exists() {
+        return Ok(());
+    }
+    let _lock = prepare_data_dir(cfg)?;
+    let mut sc = store_config(cfg, true, true);
+    sc.mode = shoal_storage::OpenMode::Open;
+    let store = shoal_storage::PageStore::open(&sc)?;
+    if let Some(r) = store.replayed() {
+        log::info!(
+            "node {}: recovery, first pass: {} pages brought up to the cluster's logs",
+            cfg.node_id,
+            r.pages
+        );
+    }
+    drop(store); // unclean still: the second pass (the node's open) resumes its log
+    Ok(())
 }
 
 fn prepare_data_dir(cfg: &EngineConfig) -> Result<File, EngineError> {

@@ -57,6 +57,8 @@ pub enum EngineError {
     AllocationRefused { home: u8 },
     #[error("node {home} did not answer an allocation within {ms} ms")]
     AllocationTimeout { home: u8, ms: u64 },
+    #[error("log fence: nodes {late:?} did not make their logs durable within {ms} ms (a checkpoint waits for them; docs/durability.md, \"Clusters\")")]
+    FenceTimeout { late: Vec<u8>, ms: u64 },
     #[error("page {pid}: protocol violation: {why}")]
     ProtocolViolation { pid: Pid, why: String },
     #[error("node {node}: {count} pages {why}")]

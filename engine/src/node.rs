@@ -116,8 +116,6 @@ impl Node {
             if spec.store.backend == BackendChoice::Auto {
                 spec.store.backend = BackendChoice::Pread;
             }
-            // (no log on a cluster node yet: the engine refuses such a configuration)
-            spec.store.wal = None;
             assert!(c.nodes() > spec.id, "a member's id is one of its cluster's");
         }
         let table = TranslationTable::new();
@@ -151,6 +149,9 @@ impl Node {
             spec.free_target_percent,
             spec.free_frame_timeout,
         )?;
+        if let (Some(c), Some(l)) = (&coh, &log) {
+            c.attach_log(l.log().clone());
+        }
         let node = Arc::new(Node::new(buf, coh, spec.durability, log, lock));
         if node.id() == 0 && node.buf.store().high_water() == 0 {
             node.create_catalog()?;
@@ -228,8 +229,7 @@ impl Node {
         self.buf.node
     }
 
-    /// The protocol (in-crate tests drive its pieces directly).
-    #[cfg(test)]
+    /// The protocol (None: a single node).
     pub fn coherence(&self) -> Option<&Coherence> {
         self.coh.as_ref()
     }
@@ -304,10 +304,18 @@ impl Node {
         if self.buf.is_shutdown() {
             return Err(EngineError::Shutdown);
         }
-        let slot = self.buf.store().allocate()?;
-        let pid = Pid::new(self.id(), slot);
+        let me = self.id();
+        let (slot, version) = if self.is_cluster() {
+            self.buf
+                .store()
+                .allocate_versioned(|s| Pid::new(me, s).raw())?
+        } else {
+            (self.buf.store().allocate()?, 0)
+        };
+        let pid = Pid::new(me, slot);
         match self.buf.install_new_page(pid, Possession::Exclusive) {
-            Ok(h) => {
+            Ok(mut h) => {
+                h.set_version(version);
                 if let Some(c) = &self.coh {
                     c.adopt_new(pid, h.idx());
                 }
@@ -347,6 +355,18 @@ impl Node {
             return Ok(());
         }
         self.buf.free_page(h)
+    }
+
+    /// Frames holding a page of another home with changes of this node (or received dirty).
+    pub fn foreign_dirty(&self) -> usize {
+        let here = self.id();
+        self.buf
+            .frame_indexes()
+            .filter(|&i| {
+                let f = self.buf.frame(i);
+                f.is_resident() && f.is_dirty() && f.pid().node() != here
+            })
+            .count()
     }
 
     /// Take back a page this node recycled, if any.

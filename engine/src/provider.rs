@@ -37,10 +37,14 @@ use crate::node::Node;
 use crate::pid::Pid;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use shoal_storage::{AlignedPage, WriteRequest};
+use shoal_storage::wal::put_image;
+use shoal_storage::{AlignedPage, WriteRequest, PAGE_DATA_SIZE, PAGE_SIZE};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// How long after a failed checkpoint the provider tries the next.
+const CHECKPOINT_RETRY: Duration = Duration::from_secs(1);
 
 /// Frames sampled per round to find the cut-off.
 pub const SAMPLE: usize = 64;
@@ -123,6 +127,7 @@ pub(crate) fn run(node: Arc<Node>) {
         failing_pause: Duration::ZERO,
     };
     let mut room_told = Instant::now();
+    let mut checkpoint_retry = Instant::now();
     while !buf.is_shutdown() {
         if room_told.elapsed() >= ROOM_INTERVAL {
             node.advertise_room();
@@ -132,9 +137,12 @@ pub(crate) fn run(node: Arc<Node>) {
             let r = p.flush(&node).map_err(|e| e.to_string());
             buf.flushes.served(ticket, r);
         }
-        if node.log().is_some_and(|l| l.wants_checkpoint()) {
+        if node.log().is_some_and(|l| l.wants_checkpoint()) && Instant::now() >= checkpoint_retry {
             if let Err(e) = p.checkpoint(&node) {
                 p.errors.error(Pid::NONE, &e);
+                // (a cluster node's checkpoint waits for its peers: one that failed, for a
+                // peer that died or did not answer, is tried again a little later)
+                checkpoint_retry = Instant::now() + CHECKPOINT_RETRY;
             }
         }
         if buf.free.len() >= buf.free_target {
@@ -184,13 +192,71 @@ impl Provider {
         let c = log.begin_checkpoint()?;
         let t0 = Instant::now();
         let written = self.write_back_dirty(node)?;
+        let mut logged = 0;
+        if let Some(coh) = node.coherence() {
+            // A cluster node's log also holds changes to pages homed elsewhere, and images of
+            // pages that arrived dirty. Before the log before `c` goes: the pages of other
+            // homes this node holds dirty are logged whole after `c` (they cannot be written
+            // to this store), so are those waiting for a frame, and every peer's log is made
+            // durable up to the pages this node handed it (docs/durability.md, "Clusters").
+            logged = self.log_foreign_dirty(node)? + coh.log_held_pages()?;
+            coh.fence_logs(node.buffer(), coh.fence_limit())?;
+        }
         log.finish_checkpoint(node.buffer().store(), c)?;
         log::debug!(
-            "node {}: checkpoint at LSN {c}: {written} pages written in {:.2} s",
+            "node {}: checkpoint at LSN {c}: {written} pages written, {logged} pages of other homes logged whole, in {:.2} s",
             node.id(),
             t0.elapsed().as_secs_f64()
         );
         Ok(())
+    }
+
+    /// A cluster node's checkpoint: log whole every page homed elsewhere that this node holds
+    /// dirty (under a shared latch: no change to it can be placed in the log meanwhile, so the
+    /// image lands in its order). Latched frames are come back to, as in `write_back_dirty`.
+    fn log_foreign_dirty(&mut self, node: &Node) -> Result<u64, EngineError> {
+        let (buf, here) = (node.buffer(), node.id());
+        let Some(log) = node.log() else {
+            return Ok(0);
+        };
+        let foreign_dirty = |i: FrameIdx| {
+            let f = buf.frame(i);
+            f.is_resident() && f.is_dirty() && f.pid().node() != here
+        };
+        let mut todo: Vec<FrameIdx> = buf.frame_indexes().filter(|&i| foreign_dirty(i)).collect();
+        let mut logged = 0;
+        let mut scratch = Vec::with_capacity(PAGE_SIZE + 64);
+        while !todo.is_empty() {
+            let mut later = Vec::new();
+            for i in todo {
+                let Some(s) = buf.try_hold_shared(i) else {
+                    later.push(i);
+                    continue;
+                };
+                if !foreign_dirty(i) {
+                    continue;
+                }
+                let (pid, bytes) = (s.frame().pid(), s.bytes());
+                let version = shoal_storage::version(bytes);
+                log.log().append(&mut scratch, |_, b| {
+                    put_image(b, pid.slot(), pid.raw(), version, &bytes[..PAGE_DATA_SIZE])
+                })?;
+                logged += 1;
+            }
+            todo = later;
+            if !todo.is_empty() {
+                if buf.is_shutdown() {
+                    // the checkpoint must not end without them (close takes its own)
+                    return Err(EngineError::Shutdown);
+                }
+                if buf.free.len() < buf.free_target {
+                    self.round(node);
+                    buf.frames_were_freed();
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        Ok(logged)
     }
 
     /// `Engine::flush`: with a log, a checkpoint; without, every page dirty now written back

@@ -92,6 +92,11 @@ pub struct ProtocolStats {
     pub given_away: u64,
     /// One pool: pages other homes offered that this node took in.
     pub taken_in: u64,
+    /// With a log: flushes made because a page with changes not yet durable was about to
+    /// leave this node (docs/durability.md, "Clusters").
+    pub flushes_before_send: u64,
+    /// With a log: pages that arrived dirty and were logged whole here.
+    pub logged_on_arrival: u64,
 }
 
 /// Counters of one log (all since open).

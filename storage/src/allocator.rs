@@ -35,8 +35,13 @@ impl Allocator {
 
     /// Hand out a slot: a freed one if any, else the next new one.
     pub fn allocate(&mut self) -> StoreResult<u64> {
+        self.allocate_noting_reuse().map(|(s, _)| s)
+    }
+
+    /// [`Allocator::allocate`], and whether the slot was used before (from the free list).
+    pub fn allocate_noting_reuse(&mut self) -> StoreResult<(u64, bool)> {
         if let Some(s) = self.free.pop() {
-            return Ok(s);
+            return Ok((s, true));
         }
         if self.capacity != 0 && self.next_slot >= self.capacity {
             return Err(StoreError::StoreFull {
@@ -45,7 +50,7 @@ impl Allocator {
         }
         let s = self.next_slot;
         self.next_slot += 1;
-        Ok(s)
+        Ok((s, false))
     }
 
     /// Take back `slot`, just handed out by [`Allocator::allocate`] and never used: the next

@@ -53,8 +53,8 @@ pub use page::{
     VERSION_OFF,
 };
 pub use store::{
-    default_log_path, OpenMode, OpenedLog, PageStore, ReadRequest, SlotChange, SlotLog,
-    StoreConfig, StoreStats, WriteRequest, CREATING, GROW_CHUNK, MAX_DEVICES, WRITE_CHUNK,
+    default_log_path, ClusterLogs, OpenMode, OpenedLog, PageStore, ReadRequest, SlotChange,
+    SlotLog, StoreConfig, StoreStats, WriteRequest, CREATING, GROW_CHUNK, MAX_DEVICES, WRITE_CHUNK,
 };
 pub use superblock::{CopyState, DeviceCopies, Superblock, FORMAT_VERSION};
 pub use wal::{LogFile, WalConfig};

@@ -99,6 +99,21 @@ impl<'b> HeldFrame<'b> {
         unsafe { PageMut::from_ptr(self.page_ptr()) }
     }
 
+    /// Set the page's version (kept after the data area; storage/src/page.rs): a page that
+    /// arrives from another node keeps the version it had there.
+    pub fn set_version(&mut self, v: u64) {
+        // SAFETY: the 8 bytes at VERSION_OFF are inside the frame's PAGE_SIZE bytes; we hold
+        // the exclusive latch and `&mut self`, so nobody else reads or writes them now
+        // (optimistic readers load the data area only, never the trailer).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                v.to_le_bytes().as_ptr(),
+                self.page_ptr().add(shoal_storage::VERSION_OFF),
+                8,
+            )
+        };
+    }
+
     /// The whole page (data and trailer) as plain bytes, for sending or copying out.
     pub fn bytes(&self) -> &[u8; PAGE_SIZE] {
         // SAFETY: the frame's memory is PAGE_SIZE valid, aligned bytes that live as long as the

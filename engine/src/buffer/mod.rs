@@ -489,6 +489,7 @@ impl Buffer {
         f.set_dirty(true);
         f.set_possession(possession);
         h.page_mut().fill(0, PAGE_DATA_SIZE, 0);
+        h.set_version(0); // (not the frame's previous page's)
         self.table.insert(&self.pool, &part, h.idx());
         drop(part);
         f.touch(self.clock());

@@ -110,12 +110,13 @@ impl Coherence {
             let pid = if buf.is_shutdown() {
                 Pid::NONE
             } else {
-                match buf.store().allocate() {
+                let me = self.me;
+                match buf.store().allocate_versioned(|s| Pid::new(me, s).raw()) {
                     Err(e) => {
                         log::error!("node {}: allocating a page for node {from}: {e}", self.me);
                         Pid::NONE
                     }
-                    Ok(slot) => {
+                    Ok((slot, version)) => {
                         let pid = Pid::new(self.me, slot);
                         let Some(mut h) = buf.take_frame_for(pid) else {
                             // no free frame now: give the slot back and try later
@@ -125,6 +126,8 @@ impl Coherence {
                             return true;
                         };
                         h.page_mut().fill(0, shoal_storage::PAGE_DATA_SIZE, 0);
+                        // a slot used before continues its old page's versions
+                        h.set_version(version);
                         // a home copy nobody holds yet; dirty so the store gets the page
                         debug_assert_eq!(h.frame().possession(), Possession::None);
                         h.frame().set_dirty(true);

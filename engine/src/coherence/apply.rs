@@ -213,6 +213,7 @@ impl Coherence {
         let data: &[u8; PAGE_DATA_SIZE] =
             bytes[..PAGE_DATA_SIZE].try_into().expect("page data area");
         h.page_mut().copy_in(data);
+        h.set_version(shoal_storage::version(bytes));
         // at the home the page may be newer than the store; elsewhere the store is not ours
         h.frame().set_dirty(home);
         h.frame().touch(buf.clock());
@@ -237,6 +238,7 @@ impl Coherence {
         );
         let mut page = AlignedPage::new();
         page[..PAGE_DATA_SIZE].copy_from_slice(&bytes[..PAGE_DATA_SIZE]);
+        shoal_storage::set_version(&mut page, shoal_storage::version(bytes));
         let mut req = [shoal_storage::WriteRequest {
             slot: pid.slot(),
             pid: pid.raw(),
@@ -419,6 +421,11 @@ impl Coherence {
                             // the frame needs no write-back (a forwarded read, typically).
                             l.get(i).frame().set_dirty(false);
                         }
+                        if dirty && pid.node() != self.me {
+                            // our copy is now the page's newest state: the frame says so, so
+                            // that a checkpoint logs it and an eviction carries it home
+                            l.get(i).frame().set_dirty(true);
+                        }
                         ps.copy.on_page(i, dirty)?
                     }
                     None => return Ok(Outcome::Stuck(note)),
@@ -525,7 +532,13 @@ impl Coherence {
             let page = match &msg {
                 // the frame is this node's copy, latched by us (in `l`)
                 Msg::Page { data, .. } | Msg::CopyBack { data: Some(data) } => {
-                    Some(l.get(*data).bytes())
+                    let h = l.get(*data);
+                    if let Err(e) = self.before_page_leaves(h.frame()) {
+                        // not sent: the requester's wait ends in an error, nothing is lost
+                        log::error!("node {}: {pid} not sent to node {to}: {e}", self.me);
+                        continue;
+                    }
+                    Some(h.bytes())
                 }
                 _ => None,
             };

@@ -86,6 +86,16 @@ impl Coherence {
             h.frame().set_possession(possession_of(&ps.copy));
             return accepted;
         }
+        if msg_has_page(&msg) {
+            if let Err(e) = self.before_page_leaves(h.frame()) {
+                log::error!("node {}: {pid} not evicted: {e}", self.me);
+                if let Err(e) = ps.copy.evict_unsent() {
+                    log::error!("node {}: {pid}: {e}", self.me);
+                }
+                h.release_unchanged();
+                return false;
+            }
+        }
         h.frame().set_possession(Possession::None);
         let page = msg_has_page(&msg).then(|| h.bytes());
         self.driver

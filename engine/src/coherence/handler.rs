@@ -92,6 +92,10 @@ impl Coherence {
                 return;
             }
         };
+        if let Some(Data::Bytes(p)) = &data {
+            // before anything else of ours can make the page leave again (see logged.rs)
+            self.log_received(pid, &w.msg, p);
+        }
         let Some(msg) = attach(w.msg, data) else {
             unreachable!("the page was checked against the message above")
         };
@@ -130,6 +134,8 @@ impl Coherence {
             Control::Allocated { request, pid } => self.alloc_answered(from, request, pid),
             Control::Unused { pid } => self.free_unused(buf, from, Pid(pid)),
             Control::Room { frames } => self.room_of(from, frames),
+            Control::LogFence { seq } => self.on_log_fence(from, seq),
+            Control::LogFenced { seq } => self.on_log_fenced(from, seq),
             Control::Lost { pid, node } => {
                 let pid = Pid(pid);
                 if pid.node() == self.me {

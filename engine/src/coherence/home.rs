@@ -83,6 +83,14 @@ impl Coherence {
                 source_keeps,
             } => (mode, epoch, from_home, source, invalidate, source_keeps),
         };
+        if let (true, false, Some(i)) = (from_home, from == self.me, l.resident) {
+            // the home's frame leaves with the grant: its changes must be durable first (the
+            // directory is left as it was: `d` is not stored)
+            if let Err(e) = self.before_page_leaves(l.get(i).frame()) {
+                log::error!("node {}: {pid} not granted to node {from}: {e}", self.me);
+                return refuse(ps, REFUSE_READ, 0);
+            }
+        }
         if source_keeps {
             self.driver
                 .counters

@@ -20,6 +20,7 @@
 //! | `send.rs` | everyone | sending, batches of small messages per destination ([`outbox`]) |
 //! | `failure.rs` | everyone | dead nodes: lost pages, refusals |
 //! | `barrier.rs`, `alloc.rs` | workers, the handler | the cluster barrier; pages allocated on another node |
+//! | `logged.rs` | everyone | with a write-ahead log: a page leaves only once durable, a page received dirty is logged whole, log fences for checkpoints |
 //! | `census.rs` | a timed-out worker | what this node's frames and pages wait for, for the log |
 //!
 //! Per page this node has touched it keeps a `PageState`: the page's directory entry
@@ -54,6 +55,7 @@ mod evict;
 mod failure;
 mod handler;
 mod home;
+mod logged;
 mod pool;
 mod send;
 #[cfg(test)]
@@ -242,6 +244,9 @@ pub struct CoherenceCounters {
     pub given_away: AtomicU64,
     /// Pages other homes offered that this node took in.
     pub taken_in: AtomicU64,
+    /// Flushes before a page left / pages logged whole on arrival (`logged.rs`).
+    pub flushes_before_send: AtomicU64,
+    pub logged_on_arrival: AtomicU64,
 }
 
 impl CoherenceCounters {
@@ -262,6 +267,8 @@ impl CoherenceCounters {
             offers: l(&self.offers),
             given_away: l(&self.given_away),
             taken_in: l(&self.taken_in),
+            flushes_before_send: l(&self.flushes_before_send),
+            logged_on_arrival: l(&self.logged_on_arrival),
         }
     }
 }
@@ -280,6 +287,8 @@ pub(crate) struct Coherence {
     pool: pool::OnePool,
     barrier: Barrier,
     alloc: RemoteAlloc,
+    /// Durability: the log, log fences (`logged.rs`).
+    logged: logged::Logged,
 }
 
 /// What this node knows of every page it touched through the protocol.
@@ -373,6 +382,7 @@ impl Coherence {
             pool: pool::OnePool::new(nodes, one_pool),
             barrier: Barrier::default(),
             alloc: RemoteAlloc::default(),
+            logged: logged::Logged::new(nodes),
         }
     }
 

@@ -329,6 +329,12 @@ pub enum Control {
     /// One pool: every node tells the others, periodically, how many frames it could take
     /// in for them (free frames beyond its provider's target).
     Room { frames: u64 },
+    /// A checkpointing node to a peer: make your log durable up to everything you logged so
+    /// far (every page the sender handed you before this is logged by now), then answer with
+    /// [`Control::LogFenced`] carrying the same `seq` (docs/durability.md, "Clusters").
+    LogFence { seq: u64 },
+    /// Answer to [`Control::LogFence`].
+    LogFenced { seq: u64 },
 }
 
 impl Message for Control {
@@ -342,6 +348,8 @@ impl Message for Control {
             Control::Batch { .. } => CONTROL_BASE + 5,
             Control::Unused { .. } => CONTROL_BASE + 6,
             Control::Room { .. } => CONTROL_BASE + 7,
+            Control::LogFence { .. } => CONTROL_BASE + 8,
+            Control::LogFenced { .. } => CONTROL_BASE + 9,
         }
     }
 
@@ -372,6 +380,9 @@ impl Message for Control {
             }
             Control::Room { frames } => {
                 w.u64(*frames);
+            }
+            Control::LogFence { seq } | Control::LogFenced { seq } => {
+                w.u64(*seq);
             }
         }
     }
@@ -420,6 +431,8 @@ impl Message for Control {
             }
             k if k == CONTROL_BASE + 6 => Control::Unused { pid: r.u64() },
             k if k == CONTROL_BASE + 7 => Control::Room { frames: r.u64() },
+            k if k == CONTROL_BASE + 8 => Control::LogFence { seq: r.u64() },
+            k if k == CONTROL_BASE + 9 => Control::LogFenced { seq: r.u64() },
             k => return Err(bad(format!("message kind {k} is not a control message"))),
         };
         r.end()?;

@@ -138,6 +138,8 @@ fn control_messages_round_trip_and_reject_garbage() {
         },
         Control::Unused { pid: 1 << 56 | 3 },
         Control::Room { frames: 1 << 33 },
+        Control::LogFence { seq: 5 },
+        Control::LogFenced { seq: u64::MAX },
     ];
     for c in all {
         let env = Envelope::new(&c, 1, 0, 0);

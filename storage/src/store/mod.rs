@@ -67,6 +67,25 @@ pub struct StoreConfig {
     /// The write-ahead log (None: durability "none", no log; a log left by an earlier run is
     /// deleted at open, as the store is about to change without it).
     pub wal: Option<crate::wal::WalConfig>,
+    /// A cluster node's store: recovery merges the records of this store's pages from every
+    /// node's log (docs/durability.md, "Clusters"). None: a single node.
+    pub cluster: Option<ClusterLogs>,
+}
+
+/// What a cluster node's recovery needs beyond its own log.
+#[derive(Debug, Clone)]
+pub struct ClusterLogs {
+    /// The node whose store this is.
+    pub node: u8,
+    /// The logs of the cluster's other nodes (read only, from their redo points).
+    pub peers: Vec<PathBuf>,
+    /// The node a page id is homed on (the engine's page id layout).
+    pub home_of: fn(u64) -> u8,
+    /// The first of a cluster's two recovery passes: replay this store's pages (from every
+    /// node's log) into it and sync, but leave its log as it is, unresumed (the peers' recovery
+    /// still reads it), and the store unclean. The second pass (a normal open, once every
+    /// node's first pass is done) finds the pages there and resumes the log.
+    pub replay_only: bool,
 }
 
 impl StoreConfig {
@@ -81,6 +100,7 @@ impl StoreConfig {
             allow_unclean: false,
             discard_damaged_log: false,
             wal: None,
+            cluster: None,
         }
     }
 }

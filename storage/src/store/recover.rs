@@ -3,8 +3,135 @@
 //! engine's log continues it and rolls back the transactions it found cut off).
 
 use super::*;
+use crate::wal::merge::{plan, Found};
 use crate::wal::record::{page_record, Change, PageRecord};
 use std::collections::HashMap;
+
+/// A cluster node's recovery: the records of this store's pages from its own log and every
+/// peer's, merged per page by version (`wal::merge::plan`).
+#[derive(Default)]
+struct Merge {
+    /// Per slot, the records found (in any order).
+    recs: HashMap<u64, Vec<Owned>>,
+    /// Records found in the peers' logs.
+    from_peers: u64,
+}
+
+/// A page record, copied out of the log it was read from.
+struct Owned {
+    pid: u64,
+    version: u64,
+    image: bool,
+    /// The image's data area, or the diff's ranges.
+    bytes: Vec<u8>,
+}
+
+impl Merge {
+    fn add(&mut self, r: &PageRecord<'_>) {
+        let (image, bytes) = match r.change {
+            Change::Image(d) => (true, d.to_vec()),
+            Change::Diff(d) => (false, d.to_vec()),
+        };
+        self.recs.entry(r.slot).or_default().push(Owned {
+            pid: r.pid,
+            version: r.version,
+            image,
+            bytes,
+        });
+    }
+
+    /// Add the records of this store's pages in `peer`'s log (from its redo point).
+    fn scan_peer(&mut self, peer: &std::path::Path, c: &ClusterLogs) -> StoreResult<()> {
+        if !peer.exists() {
+            let here = peer.parent().is_some_and(|d| d.is_dir());
+            if here {
+                // that node runs without a log: it has no records of anyone's pages
+                return Ok(());
+            }
+            return Err(StoreError::BadLog {
+                path: peer.to_path_buf(),
+                why:
+                    "a cluster node's recovery reads every node's log, and this one's directory is \
+                      not reachable from here (docs/durability.md, \"Clusters\")"
+                        .into(),
+            });
+        }
+        let (found, file) = wal::read_existing(peer, false)?;
+        let redo = found.redo_lsn();
+        let mut n = 0u64;
+        wal::scan(
+            peer,
+            &file,
+            &found,
+            wal::ScanMode::Judge,
+            |lsn, kind, body| {
+                if lsn < redo {
+                    return Ok(());
+                }
+                if let Some(r) = page_record(kind, body) {
+                    if (c.home_of)(r.pid) == c.node {
+                        self.add(&r);
+                        n += 1;
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        self.from_peers += n;
+        Ok(())
+    }
+
+    /// The newest page of every slot the logs name, as far as its chain reaches (an error if
+    /// a chain has a gap: a log is missing or damaged).
+    fn finish(self, store: &PageStore) -> StoreResult<HashMap<u64, (u64, AlignedPage)>> {
+        let mut out = HashMap::new();
+        for (slot, recs) in self.recs {
+            let pid = recs[0].pid;
+            let mut stored = AlignedPage::new();
+            // (a slot used again continues its old page's versions: `allocate_versioned`)
+            // SAFETY: `stored` is our own aligned page buffer, written only by this read.
+            let stored_version = match unsafe { store.read_into(slot, pid, stored.as_mut_ptr()) } {
+                Ok(()) => Some(crate::page::version(&stored)),
+                Err(_) => None, // never written, or torn: the chain must begin with an image
+            };
+            let mut found: Vec<Found> = recs
+                .iter()
+                .enumerate()
+                .map(|(at, r)| Found {
+                    version: r.version,
+                    image: r.image,
+                    at,
+                })
+                .collect();
+            let p = plan(stored_version, &mut found);
+            if let Some((low, high)) = p.gap {
+                return Err(StoreError::BadLog {
+                    path: store.devices[0].path.clone(),
+                    why: format!(
+                        "page {pid:#x} (slot {slot}): the logs hold its changes up to version                          {high}, but none holds version {low} (the store's copy is at {}): a                          node's log is missing or damaged",
+                        stored_version.map_or("none".to_string(), |v| v.to_string())
+                    ),
+                });
+            }
+            if p.apply.is_empty() {
+                continue;
+            }
+            let mut page = stored;
+            for &at in &p.apply {
+                let r = &recs[at];
+                let change = if r.image {
+                    Change::Image(&r.bytes)
+                } else {
+                    Change::Diff(&r.bytes)
+                };
+                change.apply(&mut page[..PAGE_DATA_SIZE]);
+            }
+            crate::page::set_version(&mut page, p.version);
+            out.insert(slot, (pid, page));
+        }
+        Ok(out)
+    }
+}
 
 /// Replay one page record at `lsn` into `images` (slot -> page id and page, its version in
 /// its trailer): an image replaces the page, a change applies to the page before it. Within
@@ -113,6 +240,7 @@ impl PageStore {
         // transactions seen (first LSN -> undo records), in order of their first record
         let mut txns: std::collections::BTreeMap<u64, Vec<Vec<u8>>> = Default::default();
         let redo_lsn = found.redo_lsn();
+        let mut merge = cfg.cluster.as_ref().map(|_| Merge::default());
         let mode = if cfg.discard_damaged_log {
             wal::ScanMode::DiscardDamage
         } else {
@@ -125,7 +253,15 @@ impl PageStore {
                 return Ok(());
             }
             if let Some(r) = page_record(kind, body) {
-                return replay_page(&mut images, &r, lsn, &wc.path);
+                return match (&cfg.cluster, &mut merge) {
+                    (Some(c), Some(m)) => {
+                        if (c.home_of)(r.pid) == c.node {
+                            m.add(&r);
+                        }
+                        Ok(())
+                    }
+                    _ => replay_page(&mut images, &r, lsn, &wc.path),
+                };
             }
             match kind {
                 rec::ALLOC => alloc.replay_allocated(LittleEndian::read_u64(body)),
@@ -156,6 +292,12 @@ impl PageStore {
                 path: wc.path.clone(),
                 count: txns.len(),
             });
+        }
+        if let (Some(c), Some(mut m)) = (&cfg.cluster, merge.take()) {
+            for peer in &c.peers {
+                m.scan_peer(peer, c)?;
+            }
+            images = m.finish(self)?;
         }
         let end = scanned.end;
         let mut replay = scanned.replay;
@@ -193,6 +335,11 @@ impl PageStore {
             }
         }
         self.sync()?;
+        if cfg.cluster.as_ref().is_some_and(|c| c.replay_only) {
+            // (first pass: the log stays as it is, for the peers' recovery)
+            self.replayed = Some(replay);
+            return Ok(());
+        }
         *self.alloc.get_mut() = alloc.clone();
         self.log = Some(LogFile::resume(wc, file, &found, end, &alloc)?);
         log::warn!(

@@ -11,11 +11,35 @@ impl PageStore {
     /// network and FUSE file systems) the room is reserved by writing zero pages, a
     /// [`WRITE_CHUNK`] at a time, with the same guarantee.
     pub fn allocate(&self) -> StoreResult<u64> {
+        self.allocate_noting_reuse().map(|(s, _)| s)
+    }
+
+    /// Allocate a slot for page `pid_of(slot)` and give the version its new page starts
+    /// from: a slot used before continues the versions of the page it held (read from the
+    /// store; 0 if unreadable), so that no record of the old page in any node's log can pass
+    /// for a newer state of the new one (docs/durability.md, "Clusters").
+    pub fn allocate_versioned(&self, pid_of: impl Fn(u64) -> u64) -> StoreResult<(u64, u64)> {
+        let (slot, reused) = self.allocate_noting_reuse()?;
+        if !reused {
+            return Ok((slot, 0));
+        }
+        let mut old = crate::page::AlignedPage::new();
+        // SAFETY: `old` is our own aligned page buffer, written only by this read.
+        let version = match unsafe { self.read_into(slot, pid_of(slot), old.as_mut_ptr()) } {
+            Ok(()) => crate::page::version(&old),
+            // a free-list chain page, or never written back: no log holds records of it (the
+            // free list is written at a clean close, after which every log is checkpointed)
+            Err(_) => 0,
+        };
+        Ok((slot, version))
+    }
+
+    fn allocate_noting_reuse(&self) -> StoreResult<(u64, bool)> {
         // The allocator's lock is held while space is reserved so that a refused slot can be
         // taken back exactly (the next fresh slot again, not a free-list entry: free slots
         // hold the free-list chain at shutdown and must have room).
         let mut alloc = self.alloc.lock();
-        let slot = alloc.allocate()?;
+        let (slot, reused) = alloc.allocate_noting_reuse()?;
         if let Err(e) = self.ensure_space(slot) {
             alloc.unallocate(slot);
             return Err(e);
@@ -24,7 +48,7 @@ impl PageStore {
             alloc.unallocate(slot);
             return Err(e);
         }
-        Ok(slot)
+        Ok((slot, reused))
     }
 
     /// Reserve the device range holding `slot` if it lies beyond what was reserved, a

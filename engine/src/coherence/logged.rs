@@ -1,0 +1,207 @@
+//! The protocol's part of durability on a cluster (docs/durability.md, "Clusters"): what a
+//! node with a write-ahead log does when pages move.
+//!
+//! - **A page leaves only once its changes are durable** ([`Coherence::before_page_leaves`]):
+//!   before a frame's bytes go to another node, this node's log is made durable up to the
+//!   frame's last logged change. A change acknowledged on the next holder builds on this node's
+//!   changes; if they could be lost with this node, recovery would find a gap and lose the
+//!   acknowledged change (the model check's `the_model_catches_a_page_that_leaves_before_its_log_is_durable`).
+//! - **A node that becomes responsible for a page's newest state logs it whole**
+//!   ([`Coherence::log_received`]): a page that arrives dirty (handed over exclusively, copied
+//!   back or evicted home) is logged as an image at the version it carries, in arrival order.
+//!   The sender's records of the page are then needed only until that image is durable.
+//! - **Log fences** ([`Coherence::fence_logs`]): a node's checkpoint drops its log's records
+//!   before the checkpoint, including records of pages it gave away dirty. It asks every
+//!   peer to make its log durable up to everything that peer received before the fence
+//!   (`Control::LogFence`, answered by `Control::LogFenced` once durable). Messages from one
+//!   node arrive in the order sent, so the receipt images of every page handed over before
+//!   the fence are covered.
+//!
+//! It must not know about checkpoints' other steps or the B-tree: it is given frames, page
+//! bytes and the log.
+
+use super::protocol::{Msg, Node};
+use super::wire::Control;
+use super::{Coherence, Data};
+use crate::buffer::frame::Frame;
+use crate::buffer::Buffer;
+use crate::durability::Log;
+use crate::error::EngineError;
+use crate::pid::Pid;
+use shoal_messaging::PAGE_BYTES;
+use shoal_storage::wal::put_image;
+use shoal_storage::PAGE_DATA_SIZE;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+impl Coherence {
+    /// This node logs its changes in `log` (durability other than none).
+    pub fn attach_log(&self, log: Arc<Log>) {
+        let _ = self.logged.log.set(log);
+    }
+
+    /// The log, if this node has one.
+    pub(crate) fn log(&self) -> Option<&Arc<Log>> {
+        self.logged.log.get()
+    }
+
+    /// The write-ahead rule for pages that leave: the log is durable up to the last logged
+    /// change of `f`'s page before its bytes go to another node. An error means the page must
+    /// not leave (its changes could be lost while the next holder builds on them).
+    pub(super) fn before_page_leaves(&self, f: &Frame) -> Result<(), EngineError> {
+        let Some(log) = self.log() else {
+            return Ok(());
+        };
+        let lsn = f.lsn();
+        if log.durable() >= lsn {
+            return Ok(());
+        }
+        self.driver
+            .counters
+            .flushes_before_send
+            .fetch_add(1, Ordering::Relaxed);
+        log.flush_to(lsn)?;
+        Ok(())
+    }
+
+    /// A message from another node that makes this node responsible for the newest state of
+    /// `pid` (a page handed over dirty, copied back or evicted home with its bytes) logs the
+    /// page whole at the version it carries.
+    pub(super) fn log_received<D>(&self, pid: Pid, msg: &Msg<D>, page: &[u8; PAGE_BYTES]) {
+        let responsible = match msg {
+            Msg::Page { dirty, .. } => *dirty,
+            Msg::CopyBack { data } | Msg::Evict { data, .. } => data.is_some(),
+            _ => false,
+        };
+        let Some(log) = self.log() else { return };
+        if !responsible {
+            return;
+        }
+        let version = shoal_storage::version(page);
+        let mut buf = Vec::with_capacity(PAGE_DATA_SIZE + 64);
+        let r = log.append(&mut buf, |_, b| {
+            put_image(b, pid.slot(), pid.raw(), version, &page[..PAGE_DATA_SIZE])
+        });
+        match r {
+            Ok(_) => {
+                self.driver
+                    .counters
+                    .logged_on_arrival
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            // the sender's records still hold the page: its checkpoint waits for our fence
+            // answer, which a failed log never gives
+            Err(e) => log::error!(
+                "node {}: logging {pid} received from another node failed: {e}",
+                self.me
+            ),
+        }
+    }
+
+    /// A peer's `LogFence`: answer once our log is durable up to everything placed in it so
+    /// far (every page that peer handed over before the fence arrived is logged by now).
+    pub(super) fn on_log_fence(&self, from: Node, seq: u64) {
+        if let Some(log) = self.log() {
+            if let Err(e) = log.flush_to(log.tail()) {
+                log::error!("node {}: a log fence for node {from} failed: {e}", self.me);
+                return; // no answer: the peer's checkpoint fails and is retried
+            }
+        }
+        self.send_control(from, &Control::LogFenced { seq });
+    }
+
+    /// A peer answered our fence `seq`.
+    pub(super) fn on_log_fenced(&self, from: Node, seq: u64) {
+        self.logged.fenced[from as usize].fetch_max(seq, Ordering::AcqRel);
+        self.waiting.notify();
+    }
+
+    /// Every live peer's log is durable up to every page this node handed it before the
+    /// call (see the module's doc). Fails if a peer dies or does not answer within `limit`.
+    pub fn fence_logs(&self, buf: &Buffer, limit: Duration) -> Result<(), EngineError> {
+        let seq = self.logged.fence_seq.fetch_add(1, Ordering::AcqRel) + 1;
+        let peers: Vec<Node> = (0..self.nodes).filter(|&n| n != self.me).collect();
+        for &n in &peers {
+            self.try_send_control(n, &Control::LogFence { seq })?;
+        }
+        let answered = |n: Node| self.logged.fenced[n as usize].load(Ordering::Acquire) >= seq;
+        let r = self.wait_until(
+            buf,
+            limit,
+            || peers.iter().all(|&n| answered(n)).then_some(()),
+            || {
+                peers
+                    .iter()
+                    .copied()
+                    .find(|&n| !answered(n) && !self.driver.ch.peer_alive(n))
+            },
+        )?;
+        r.ok_or_else(|| EngineError::FenceTimeout {
+            late: peers.iter().copied().filter(|&n| !answered(n)).collect(),
+            ms: limit.as_millis() as u64,
+        })
+    }
+
+    /// A checkpoint's part for pages that arrived dirty and wait, held, for a frame: each is
+    /// logged whole again (after the checkpoint's start), as its receipt image is about to be
+    /// dropped with the log before the checkpoint. Returns how many.
+    pub fn log_held_pages(&self) -> Result<u64, EngineError> {
+        let Some(log) = self.log() else {
+            return Ok(0);
+        };
+        let mut n = 0;
+        let mut buf = Vec::with_capacity(PAGE_DATA_SIZE + 64);
+        for shard in self.pages.shards.iter() {
+            let shard = shard.lock();
+            for (pid, ps) in shard.iter() {
+                for note in &ps.held {
+                    let page = match &note.msg {
+                        Msg::Page {
+                            data: Data::Bytes(b),
+                            dirty: true,
+                        }
+                        | Msg::CopyBack {
+                            data: Some(Data::Bytes(b)),
+                        }
+                        | Msg::Evict {
+                            data: Some(Data::Bytes(b)),
+                            ..
+                        } => b,
+                        _ => continue,
+                    };
+                    let version = shoal_storage::version(page);
+                    log.append(&mut buf, |_, b| {
+                        put_image(b, pid.slot(), pid.raw(), version, &page[..PAGE_DATA_SIZE])
+                    })?;
+                    n += 1;
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// The wait a log fence gets (the remote timeout).
+    pub fn fence_limit(&self) -> Duration {
+        self.waiting.timeout
+    }
+}
+
+/// The state of [`Coherence`]'s durability part.
+pub(super) struct Logged {
+    log: std::sync::OnceLock<Arc<Log>>,
+    /// Our last fence's number.
+    fence_seq: std::sync::atomic::AtomicU64,
+    /// Per peer: the highest fence of ours it answered.
+    fenced: Vec<std::sync::atomic::AtomicU64>,
+}
+
+impl Logged {
+    pub(super) fn new(nodes: u8) -> Logged {
+        Logged {
+            log: std::sync::OnceLock::new(),
+            fence_seq: Default::default(),
+            fenced: (0..nodes).map(|_| Default::default()).collect(),
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! Durability on a cluster (docs/durability.md, "Clusters"): kill -9 of a process running a
+//! 3-node cluster loses no acknowledged change, wherever the page's home and whichever node
+//! changed it last.
+//!
+//! A child process (this test binary run again) opens a 3-node `Cluster` over `mem` with
+//! `durability = commit`, small caches (pages move between nodes and are evicted to their
+//! homes all the time) and a small log (checkpoints, with their log fences, all the time).
+//! Two workers per node increment counters on random pages of every home: worker `g` owns
+//! word `g` of every page, and prints its running total after each `Worker::commit`
+//! returned. The parent kills the child with SIGKILL at a random moment (during the run, or
+//! during the next start's recovery), and the next child reports what recovery gave back:
+//! each worker's total must be its last acknowledged one, or one more (the increment in
+//! flight at the kill). The last round is checked by the parent itself, which then closes the
+//! cluster cleanly and opens it once more.
+//!
+//! Rounds: `SHOAL_CLUSTER_CRASH_ROUNDS` (default 6; docs/BENCHMARKS.md reports longer runs).
+
+use rand::{Rng, SeedableRng};
+use shoal_engine::{Cluster, Durability, Pid, Worker};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CHILD: &str = "SHOAL_CLUSTER_CRASH_CHILD_DIR";
+const NODES: usize = 3;
+const WORKERS_PER_NODE: usize = 2;
+const WORKERS: usize = NODES * WORKERS_PER_NODE;
+const PAGES_PER_NODE: usize = 400;
+
+fn env_num<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+fn open(dir: &Path) -> Cluster {
+    Cluster::builder(NODES, dir)
+        .cache_bytes(1 << 20) // 256 frames a node: evictions all the time
+        .remote_timeout(Duration::from_secs(20))
+        .configure(|_, c| {
+            c.durability = Durability::Commit;
+            c.wal_bytes = 2 << 20; // a checkpoint every MiB of log
+            c.free_target_percent = 10;
+        })
+        .mem()
+        .expect("the cluster opens (recovering)")
+}
+
+/// Where the pages are listed (written once, after they are durable).
+fn pid_file(dir: &Path) -> PathBuf {
+    dir.join("pids")
+}
+
+/// The counter pages: made (and their list written) on the first start.
+fn pages(c: &Cluster, dir: &Path) -> Vec<Pid> {
+    if let Ok(s) = std::fs::read_to_string(pid_file(dir)) {
+        return s
+            .split_whitespace()
+            .map(|p| Pid(p.parse().unwrap()))
+            .collect();
+    }
+    let mut pids = Vec::new();
+    for n in 0..NODES {
+        let w = c.node(n).worker();
+        for _ in 0..PAGES_PER_NODE {
+            pids.push(w.allocate().expect("allocate").pid());
+        }
+        w.commit().expect("the new pages are durable");
+    }
+    let text: Vec<String> = pids.iter().map(|p| p.raw().to_string()).collect();
+    let tmp = dir.join("pids.tmp");
+    std::fs::write(&tmp, text.join(" ")).unwrap();
+    std::fs::File::open(&tmp).unwrap().sync_all().unwrap();
+    std::fs::rename(&tmp, pid_file(dir)).unwrap();
+    pids
+}
+
+/// Every worker's total: the sum of its word over every page.
+fn totals(w: &Worker, pids: &[Pid]) -> Vec<u64> {
+    let mut t = vec![0u64; WORKERS];
+    for &p in pids {
+        let g = w.run(|w| w.shared(p)).expect("read a counter page");
+        for (i, t) in t.iter_mut().enumerate() {
+            *t += g.page().u64(i * 8);
+        }
+    }
+    t
+}
+
+/// The child: report the totals recovery gave back, then increment until killed.
+fn child(dir: &Path, seed: u64) {
+    let c = open(dir);
+    let pids = pages(&c, dir);
+    let start = totals(&c.node(0).worker(), &pids);
+    let out = std::sync::Mutex::new(std::io::stdout());
+    {
+        let mut o = out.lock().unwrap();
+        let t: Vec<String> = start.iter().map(|t| t.to_string()).collect();
+        writeln!(o, "start {}", t.join(" ")).unwrap();
+        o.flush().unwrap();
+    }
+    std::thread::scope(|s| {
+        // what the run exercises: checkpoints (with their log fences), pages leaving only
+        // once durable, pages logged whole on arrival, evictions
+        s.spawn(|| loop {
+            std::thread::sleep(Duration::from_millis(100));
+            let (mut cp, mut sent, mut arrived, mut ev) = (0, 0, 0, 0);
+            for e in c.nodes() {
+                let st = e.stats();
+                let p = e.protocol_stats();
+                cp += st.log.checkpoints;
+                ev += st.evictions;
+                sent += p.flushes_before_send;
+                arrived += p.logged_on_arrival;
+            }
+            let mut o = out.lock().unwrap();
+            writeln!(o, "stats {cp} {sent} {arrived} {ev}").unwrap();
+            o.flush().unwrap();
+        });
+        for g in 0..WORKERS {
+            let (c, pids, out, start) = (&c, &pids, &out, &start);
+            s.spawn(move || {
+                let w = c.node(g / WORKERS_PER_NODE).worker();
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 100 + g as u64);
+                let mut total = start[g];
+                loop {
+                    let p = pids[rng.random_range(0..pids.len())];
+                    {
+                        let mut x = w.run(|w| w.exclusive(p)).expect("latch a counter page");
+                        let v = x.page().u64(g * 8);
+                        x.page_mut().set_u64(g * 8, v + 1);
+                    }
+                    w.commit().expect("commit");
+                    total += 1;
+                    let mut o = out.lock().unwrap();
+                    writeln!(o, "ack {g} {total}").unwrap();
+                    o.flush().unwrap();
+                }
+            });
+        }
+    });
+}
+
+fn respawn(dir: &Path, seed: u64) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "kill_9_of_a_cluster_loses_no_acknowledged_change",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, dir)
+        .env("SHOAL_CLUSTER_CRASH_SEED", seed.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Let the child run `after`, then SIGKILL it; its output lines.
+fn kill_after(mut ch: Child, after: Duration) -> Vec<String> {
+    let stdout = ch.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+    });
+    let t0 = Instant::now();
+    while t0.elapsed() < after {
+        if let Some(st) = ch.try_wait().unwrap() {
+            panic!("the child ended by itself ({st})");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    ch.kill().unwrap();
+    let _ = ch.wait();
+    reader.join().unwrap()
+}
+
+/// Recovered totals against what was acknowledged: each is the last acknowledged total or one
+/// more (the increment in flight).
+fn check(round: usize, got: &[u64], acked: &[u64]) {
+    for g in 0..WORKERS {
+        assert!(
+            got[g] == acked[g] || got[g] == acked[g] + 1,
+            "round {round}: worker {g}'s total after recovery is {}, its last acknowledged total {} (totals {got:?}, acknowledged {acked:?})",
+            got[g],
+            acked[g]
+        );
+    }
+}
+
+#[test]
+fn kill_9_of_a_cluster_loses_no_acknowledged_change() {
+    if let Ok(dir) = std::env::var(CHILD) {
+        child(Path::new(&dir), env_num("SHOAL_CLUSTER_CRASH_SEED", 1));
+        return;
+    }
+    let rounds: usize = env_num("SHOAL_CLUSTER_CRASH_ROUNDS", 6);
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0xC1057E);
+    let mut acked = vec![0u64; WORKERS];
+    let (mut started, mut acks) = (0, 0u64);
+    // (checkpoints, flushes before a page left, pages logged on arrival, evictions), summed
+    // over the rounds from each round's last report
+    let mut seen = [0u64; 4];
+    for round in 0..rounds {
+        // the first round creates the cluster; later ones may be killed during recovery
+        let after = Duration::from_millis(if round == 0 {
+            2500
+        } else {
+            rng.random_range(150..2500)
+        });
+        let lines = kill_after(respawn(dir.path(), round as u64 + 1), after);
+        let last = lines.iter().rev().find(|l| l.starts_with("stats "));
+        if let Some(l) = last {
+            for (s, x) in seen.iter_mut().zip(l.split_whitespace().skip(1)) {
+                *s += x.parse::<u64>().unwrap();
+            }
+        }
+        for l in &lines {
+            let l = match l.find("start ") {
+                Some(i) => &l[i..],
+                None => l.as_str(),
+            };
+            let mut f = l.split_whitespace();
+            match f.next() {
+                Some("start") => {
+                    let got: Vec<u64> = f.map(|x| x.parse().unwrap()).collect();
+                    check(round, &got, &acked);
+                    acked = got;
+                    started += 1;
+                }
+                Some("ack") => {
+                    let g: usize = f.next().unwrap().parse().unwrap();
+                    let t: u64 = f.next().unwrap().parse().unwrap();
+                    assert!(
+                        t > acked[g],
+                        "worker {g} acknowledged {t} after {}",
+                        acked[g]
+                    );
+                    acked[g] = t;
+                    acks += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        started >= 2 && acks > 0,
+        "the children ran: {started} starts, {acks} acks"
+    );
+    let [checkpoints, sent, arrived, evictions] = seen;
+    assert!(
+        checkpoints > 0 && sent > 0 && arrived > 0 && evictions > 0,
+        "the rounds crossed checkpoints ({checkpoints}), pages leaving after a flush ({sent}), pages logged on arrival ({arrived}) and evictions ({evictions})"
+    );
+    // the parent recovers the last round, checks, closes cleanly and opens once more
+    let c = open(dir.path());
+    let pids = pages(&c, dir.path());
+    let got = totals(&c.node(1).worker(), &pids);
+    check(rounds, &got, &acked);
+    c.close().unwrap();
+    drop(c);
+    let c = open(dir.path());
+    assert_eq!(
+        totals(&c.node(2).worker(), &pids),
+        got,
+        "a clean close keeps every total"
+    );
+    c.close().unwrap();
+    eprintln!(
+        "{rounds} kills, {started} recoveries checked, {acks} increments acknowledged; {checkpoints} checkpoints, {sent} flushes before a page left, {arrived} pages logged on arrival, {evictions} evictions"
+    );
+}
