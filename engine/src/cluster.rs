@@ -210,12 +210,6 @@ impl Cluster {
                 .filter_map(|j| logs[j].clone())
                 .collect();
         }
-        // Recovery in two passes: every node's pages are brought up to every node's log first,
-        // and only then does any node resume its log (which leaves its records unreachable to
-        // the others). A crash between the passes finds every store already recovered.
-        for c in &cfgs {
-            crate::engine::replay_cluster_node(c)?;
-        }
         for (t, c) in transports.into_iter().zip(cfgs) {
             nodes.push(Engine::open_member(
                 c,

@@ -54,7 +54,7 @@ impl Engine {
     fn open_with(cfg: EngineConfig, member: Option<Membership>) -> Result<Engine, EngineError> {
         cfg.validate()?;
         let lock = prepare_data_dir(&cfg)?;
-        let store = store_config(&cfg, member.is_some(), false);
+        let store = store_config(&cfg, member.is_some());
         let spec = NodeSpec {
             id: cfg.node_id,
             store,
@@ -319,8 +319,8 @@ impl Drop for Engine {
 }
 
 /// The page store's configuration for `cfg`; `member`: a cluster node's (whose recovery
-/// merges every node's log), `replay_only`: the first of a cluster's two recovery passes.
-fn store_config(cfg: &EngineConfig, member: bool, replay_only: bool) -> StoreConfig {
+/// merges every node's log).
+fn store_config(cfg: &EngineConfig, member: bool) -> StoreConfig {
     // The translation table addresses at most MAX_SLOTS_PER_NODE slots per node.
     let max = crate::buffer::table::MAX_SLOTS_PER_NODE;
     let mut store = StoreConfig::new(cfg.device_list());
@@ -341,36 +341,9 @@ fn store_config(cfg: &EngineConfig, member: bool, replay_only: bool) -> StoreCon
             node: cfg.node_id,
             peers: cfg.peer_logs.clone(),
             home_of: |pid| crate::pid::Pid(pid).node(),
-            replay_only,
         });
     }
     store
-}
-
-/// The first of a cluster's two recovery passes for node `cfg.node_id` (see
-/// [`shoal_storage::ClusterLogs::replay_only`]): its pages are brought up to every node's log
-/// and synced; its own log stays as it is for the other nodes' passes. Nothing to do for a
-/// node without a log or without a store yet.
-pub(crate) fn replay_cluster_node(cfg: &EngineConfig) -> Result<(), EngineError> {
-    let Some(dev0) = cfg.device_list().into_iter().next() else {
-        return Ok(());
-    };
-    if !cfg.durability.logged() || !dev0.exists() {
-        return Ok(());
-    }
-    let _lock = prepare_data_dir(cfg)?;
-    let mut sc = store_config(cfg, true, true);
-    sc.mode = shoal_storage::OpenMode::Open;
-    let store = shoal_storage::PageStore::open(&sc)?;
-    if let Some(r) = store.replayed() {
-        log::info!(
-            "node {}: recovery, first pass: {} pages brought up to the cluster's logs",
-            cfg.node_id,
-            r.pages
-        );
-    }
-    drop(store); // unclean still: the second pass (the node's open) resumes its log
-    Ok(())
 }
 
 fn prepare_data_dir(cfg: &EngineConfig) -> Result<File, EngineError> {

@@ -100,7 +100,13 @@ impl NodeLog {
         // lock, before the tail read there
         let (alloc, upto) = store.allocator_snapshot(|| self.log.tail());
         self.log.flush_to(upto)?;
-        Ok(self.log.finish_checkpoint(c, &alloc)?)
+        self.log.finish_checkpoint(c, &alloc)?;
+        // A cluster node's checkpoint fenced every peer first: all of them run, so all have
+        // recovered and read what the last recovery carried over for them
+        // (shoal_storage::wal::carried). A single node has no such file.
+        Ok(shoal_storage::wal::carried::remove_carried(
+            self.log.path(),
+        )?)
     }
 
     /// Close, part: a last checkpoint (every dirty page is written back and synced), so that

@@ -81,11 +81,6 @@ pub struct ClusterLogs {
     pub peers: Vec<PathBuf>,
     /// The node a page id is homed on (the engine's page id layout).
     pub home_of: fn(u64) -> u8,
-    /// The first of a cluster's two recovery passes: replay this store's pages (from every
-    /// node's log) into it and sync, but leave its log as it is, unresumed (the peers' recovery
-    /// still reads it), and the store unclean. The second pass (a normal open, once every
-    /// node's first pass is done) finds the pages there and resumes the log.
-    pub replay_only: bool,
 }
 
 impl StoreConfig {

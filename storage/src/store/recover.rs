@@ -15,6 +15,8 @@ struct Merge {
     recs: HashMap<u64, Vec<Owned>>,
     /// Records found in the peers' logs.
     from_peers: u64,
+    /// This log's records of pages homed elsewhere (kind, body).
+    carry: Vec<(u8, Vec<u8>)>,
 }
 
 /// A page record, copied out of the log it was read from.
@@ -77,6 +79,17 @@ impl Merge {
                 Ok(())
             },
         )?;
+        // after the log: a peer that resumed its log (moving its redo point past these
+        // records) wrote its carried file before (see wal/carried.rs)
+        for (kind, body) in wal::carried::read_carried(peer)? {
+            let Some(r) = page_record(kind, &body) else {
+                continue;
+            };
+            if (c.home_of)(r.pid) == c.node {
+                self.add(&r);
+                n += 1;
+            }
+        }
         self.from_peers += n;
         Ok(())
     }
@@ -257,6 +270,8 @@ impl PageStore {
                     (Some(c), Some(m)) => {
                         if (c.home_of)(r.pid) == c.node {
                             m.add(&r);
+                        } else {
+                            m.carry.push((kind, body.to_vec()));
                         }
                         Ok(())
                     }
@@ -297,7 +312,12 @@ impl PageStore {
             for peer in &c.peers {
                 m.scan_peer(peer, c)?;
             }
+            // this log's records of other homes' pages (and those an earlier recovery carried)
+            // stay readable for their homes' recovery once the log is resumed below
+            let mut carry = wal::carried::read_carried(&wc.path)?;
+            carry.append(&mut m.carry);
             images = m.finish(self)?;
+            wal::carried::write_carried(&wc.path, &carry)?;
         }
         let end = scanned.end;
         let mut replay = scanned.replay;
@@ -335,11 +355,6 @@ impl PageStore {
             }
         }
         self.sync()?;
-        if cfg.cluster.as_ref().is_some_and(|c| c.replay_only) {
-            // (first pass: the log stays as it is, for the peers' recovery)
-            self.replayed = Some(replay);
-            return Ok(());
-        }
         *self.alloc.get_mut() = alloc.clone();
         self.log = Some(LogFile::resume(wc, file, &found, end, &alloc)?);
         log::warn!(

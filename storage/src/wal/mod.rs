@@ -31,6 +31,7 @@
 //! This module must not know about frames, latches or the in-memory ring: it writes what it
 //! is given and reads back what is there.
 
+pub mod carried;
 pub mod disk;
 mod file;
 pub mod merge;
