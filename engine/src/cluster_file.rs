@@ -13,6 +13,11 @@
 //! encrypt = true              # optional (default false): seal every frame (AES-256-GCM,
 //!                             # keys from the secret and each handshake); needs the secret
 //! one_pool = false            # optional (default true): EngineConfig::one_pool
+//! durability = "commit"       # optional (default "none"): "none", "commit" or
+//!                             # "flush-every-ms=N", for every node (docs/durability.md,
+//!                             # "Clusters"); with a log, every node's recovery reads every
+//!                             # node's log, so every data_dir must be reachable from every host
+//! wal_size = "64MiB"          # optional: the size of each node's log (with a log)
 //!
 //! [[node]]
 //! id = 0
@@ -59,6 +64,8 @@ struct RawFile {
     encrypt: bool,
     #[serde(default = "default_one_pool")]
     one_pool: bool,
+    durability: Option<String>,
+    wal_size: Option<String>,
     #[serde(default)]
     node: Vec<RawNode>,
 }
@@ -107,6 +114,10 @@ pub struct ClusterFile {
     pub encrypt: bool,
     /// `EngineConfig::one_pool` of every node.
     pub one_pool: bool,
+    /// `EngineConfig::durability` of every node (default none).
+    pub durability: crate::Durability,
+    /// `EngineConfig::wal_bytes` of every node (with a log).
+    pub wal_bytes: u64,
 }
 
 /// A cluster secret: bytes both ends of every tcp connection prove they know (the transport's
@@ -265,7 +276,17 @@ impl ClusterFile {
             0 => Err(format!("{what} must be at least 1 ms")),
             v => Ok(Duration::from_millis(v)),
         };
+        let durability = match raw.durability.as_deref() {
+            None => crate::Durability::None,
+            Some(d) => crate::Durability::parse(d).map_err(|e| format!("durability: {e}"))?,
+        };
+        let wal_bytes = match raw.wal_size.as_deref() {
+            None => EngineConfig::default().wal_bytes,
+            Some(w) => parse_bytes(w).map_err(|e| format!("wal_size '{w}': {e}"))?,
+        };
         Ok(ClusterFile {
+            durability,
+            wal_bytes,
             cluster_id: raw.cluster_id,
             remote_timeout: ms(raw.remote_timeout_ms, 10_000, "remote_timeout_ms")?,
             connect_timeout: ms(raw.connect_timeout_ms, 60_000, "connect_timeout_ms")?,
@@ -320,6 +341,20 @@ impl ClusterFile {
         cfg.node_id = id;
         cfg.cluster_id = self.cluster_id;
         cfg.one_pool = self.one_pool;
+        cfg.durability = self.durability;
+        cfg.wal_bytes = self.wal_bytes;
+        // every node's recovery reads the others' logs (docs/durability.md, "Clusters")
+        cfg.peer_logs = self
+            .nodes
+            .iter()
+            .filter(|n| n.id != id)
+            .filter_map(|n| {
+                let mut c = EngineConfig::for_cluster_node(&n.data_dir, n.cache_bytes);
+                c.devices = n.devices;
+                c.node_id = n.id;
+                c.log_path()
+            })
+            .collect();
         Ok(cfg)
     }
 

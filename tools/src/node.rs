@@ -11,6 +11,11 @@
 //!
 //! If a node dies, the others report errors for the pages they cannot reach, keep incrementing
 //! the pages that do not depend on it, and exit with status 1 at the end instead of hanging.
+//!
+//! With a write-ahead log (`durability` in the cluster file), each increment also counts in
+//! the node's tally, both pages changed under one log group (all of it or nothing after a
+//! crash), and is committed before the next: the sums match after any crash, and a restart
+//! of the whole cluster gives back every committed increment (docs/durability.md, "Clusters").
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -57,12 +62,17 @@ pub struct Args {
     /// No per-second lines.
     #[arg(long)]
     pub quiet: bool,
-    /// Open this node's store even if it was not shut down cleanly (after a crash). Shoal has
-    /// no write-ahead log: the crashed run's increments are lost (those of pages written back
-    /// before the crash may remain); the check then accepts the loss found at the start and
-    /// requires every increment of this run to land.
+    /// Open this node's store even if it was not shut down cleanly (after a crash) and the
+    /// cluster runs without a log (`durability = "none"`, the default): the crashed run's
+    /// increments are lost (those of pages written back before the crash may remain); the
+    /// check then accepts the loss found at the start and requires every increment of this
+    /// run to land. With a log a crashed store is recovered and the flag is not needed.
     #[arg(long)]
     pub allow_unclean: bool,
+    /// Print this node's committed increments every 100 ms (`node N: committed C`), for
+    /// crash tests (with a log: every increment is committed before the next).
+    #[arg(long)]
+    pub commit_lines: bool,
 }
 
 /// One node's counter pages and tally page.
@@ -175,6 +185,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         crate::cli::check_output("--json", p)?;
     }
     let file = ClusterFile::load(&a.config).map_err(anyhow::Error::from)?;
+    let logged = file.durability.logged();
     let mut cfg = file.engine_config(a.id).map_err(anyhow::Error::from)?;
     cfg.allow_unclean = a.allow_unclean;
     let n = file.nodes.len();
@@ -191,7 +202,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         a.id,
         t_join.elapsed().as_secs_f64()
     );
-    let r = check(&engine, &a, n, limit);
+    let r = check(&engine, &a, n, limit, logged);
     let (report, ok) = match r {
         Ok(x) => x,
         Err(e) => {
@@ -237,6 +248,7 @@ fn check(
     a: &Args,
     n: usize,
     limit: Duration,
+    logged: bool,
 ) -> anyhow::Result<(serde_json::Value, bool)> {
     let me = a.id;
     let barrier = |what: &str| {
@@ -284,7 +296,7 @@ fn check(
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..a.workers)
             .map(|t| {
-                let (errors, done, pages) = (&errors, &done, &pages);
+                let (errors, done, pages, tally) = (&errors, &done, &pages, mine.tally);
                 let quota = a.increments / a.workers as u64
                     + u64::from((t as u64) < a.increments % a.workers as u64);
                 s.spawn(move || {
@@ -294,11 +306,22 @@ fn check(
                     while made < quota && !crate::stop::requested() {
                         let p = pages[rng.random_range(0..pages.len())];
                         let at = 64 + 8 * rng.random_range(0..COUNTERS);
-                        match w.run(|w| w.exclusive(p)) {
-                            Ok(mut g) => {
+                        let r = w
+                            .run(|w| -> OpResult<()> {
+                                let mut g = w.exclusive(p)?;
                                 let v = g.page().u64(at);
                                 g.page_mut().set_u64(at, v + 1);
-                                drop(g);
+                                if logged {
+                                    // the tally counts it in the same log group
+                                    let mut t = w.exclusive(tally)?;
+                                    let v = t.page().u64(16);
+                                    t.page_mut().set_u64(16, v + 1);
+                                }
+                                Ok(())
+                            })
+                            .and_then(|()| w.commit());
+                        match r {
+                            Ok(()) => {
                                 made += 1;
                                 done.fetch_add(1, Ordering::Relaxed);
                                 let mut e = errors.lock().expect("errors");
@@ -331,8 +354,13 @@ fn check(
             })
             .collect();
         let mut last = (Instant::now(), 0u64);
+        let mut told = Instant::now();
         while !hs.iter().all(|h| h.is_finished()) {
             std::thread::sleep(Duration::from_millis(50));
+            if a.commit_lines && told.elapsed() >= Duration::from_millis(100) {
+                say!("node {me}: committed {}", done.load(Ordering::Relaxed));
+                told = Instant::now();
+            }
             if !a.quiet && last.0.elapsed() >= Duration::from_secs(1) {
                 let d = done.load(Ordering::Relaxed);
                 let e = errors.lock().expect("errors");
@@ -351,14 +379,16 @@ fn check(
     let secs = started.elapsed().as_secs_f64();
     let made = done.load(Ordering::Relaxed);
     let errors = errors.into_inner().expect("errors");
-    // record this node's increments in its tally (one more exclusive write, at its home)
+    // record this node's increments in its tally (one more exclusive write, at its home;
+    // with a log each increment counted there already)
     let tally = w
         .run(|w| -> OpResult<u64> {
             let mut g = w.exclusive(mine.tally)?;
-            let v = g.page().u64(16) + made;
+            let v = g.page().u64(16) + if logged { 0 } else { made };
             g.page_mut().set_u64(16, v);
             Ok(v)
         })
+        .and_then(|v| w.commit().map(|()| v))
         .map_err(|e| anyhow::anyhow!("writing the tally: {e}"));
     let finished = tally.and_then(|_| barrier("end of the run"));
     let mut verdict = json!(null);

@@ -421,12 +421,14 @@ impl Coherence {
                             // the frame needs no write-back (a forwarded read, typically).
                             l.get(i).frame().set_dirty(false);
                         }
-                        if dirty && pid.node() != self.me {
-                            // our copy is now the page's newest state: the frame says so, so
-                            // that a checkpoint logs it and an eviction carries it home
+                        let step = ps.copy.on_page(i, dirty)?;
+                        if ps.copy.dirty && pid.node() != self.me {
+                            // our (exclusive) copy is now the page's newest state: the frame
+                            // says so, so that a checkpoint logs it and an eviction carries
+                            // it home (a shared copy of a dirty page is not ours to carry)
                             l.get(i).frame().set_dirty(true);
                         }
-                        ps.copy.on_page(i, dirty)?
+                        step
                     }
                     None => return Ok(Outcome::Stuck(note)),
                 }
