@@ -124,6 +124,7 @@ pub(crate) fn run(node: Arc<Node>) {
         bufs: (0..BATCH).map(|_| AlignedPage::new()).collect(),
         since_tick: 0,
         errors: ErrorLog::new("writing back"),
+        checkpoint_errors: CheckpointErrors::default(),
         failing_pause: Duration::ZERO,
     };
     let mut room_told = Instant::now();
@@ -139,7 +140,7 @@ pub(crate) fn run(node: Arc<Node>) {
         }
         if node.log().is_some_and(|l| l.wants_checkpoint()) && Instant::now() >= checkpoint_retry {
             if let Err(e) = p.checkpoint(&node) {
-                p.errors.error(Pid::NONE, &e);
+                p.checkpoint_errors.error(&e);
                 // (a cluster node's checkpoint waits for its peers: one that failed, for a
                 // peer that died or did not answer, is tried again a little later)
                 checkpoint_retry = Instant::now() + CHECKPOINT_RETRY;
@@ -170,6 +171,32 @@ pub(crate) fn run(node: Arc<Node>) {
     }
 }
 
+/// Failed checkpoints, reported at most once every 10 s (a cluster node whose peer died
+/// fails every try: its log fence is never answered).
+#[derive(Default)]
+struct CheckpointErrors {
+    last: Option<Instant>,
+    since: u64,
+}
+
+impl CheckpointErrors {
+    fn error(&mut self, e: &EngineError) {
+        self.since += 1;
+        if self
+            .last
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
+        {
+            log::error!(
+                "a checkpoint failed ({} since the last report): {e}; the log keeps everything \
+                 since the last checkpoint, and commits fail with LogFull once it is full",
+                self.since
+            );
+            self.last = Some(Instant::now());
+            self.since = 0;
+        }
+    }
+}
+
 struct Provider {
     /// Write-back batches slower than [`SLOW_WRITE`] (rate-limited reports).
     slow: ErrorLog,
@@ -178,6 +205,7 @@ struct Provider {
     bufs: Vec<AlignedPage>,
     since_tick: usize,
     errors: ErrorLog,
+    checkpoint_errors: CheckpointErrors,
     /// Pause after a round whose write-backs all failed (zero after one that wrote a page).
     failing_pause: Duration,
 }

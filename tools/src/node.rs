@@ -275,6 +275,11 @@ fn check(
         all.push(load_owned(&w, j, tally)?);
     }
     let (c0, t0) = sums(&w, &all).map_err(|e| anyhow::anyhow!("reading the counters: {e}"))?;
+    let tallies0 = all
+        .iter()
+        .map(|o| read_u64(&w, o.tally, 16))
+        .collect::<Result<Vec<u64>, _>>()
+        .map_err(|e| anyhow::anyhow!("reading the tallies: {e}"))?;
     let unclean = engine.store().opened_unclean();
     say!(
         "node {me}: start: counters sum {c0}, tallies sum {t0} ({}){}",
@@ -308,12 +313,18 @@ fn check(
                         let at = 64 + 8 * rng.random_range(0..COUNTERS);
                         let r = w
                             .run(|w| -> OpResult<()> {
+                                // both latched before either changes: an attempt that must
+                                // start again has changed nothing
                                 let mut g = w.exclusive(p)?;
+                                // the tally counts it in the same log group
+                                let t = if logged {
+                                    Some(w.exclusive(tally)?)
+                                } else {
+                                    None
+                                };
                                 let v = g.page().u64(at);
                                 g.page_mut().set_u64(at, v + 1);
-                                if logged {
-                                    // the tally counts it in the same log group
-                                    let mut t = w.exclusive(tally)?;
+                                if let Some(mut t) = t {
                                     let v = t.page().u64(16);
                                     t.page_mut().set_u64(16, v + 1);
                                 }
@@ -453,7 +464,7 @@ fn check(
         "increments": made,
         "duration_s": secs,
         "increments_per_s": made as f64 / secs.max(1e-9),
-        "start": {"counters_sum": c0, "tallies_sum": t0, "consistent": c0 == t0, "opened_after_crash": unclean},
+        "start": {"counters_sum": c0, "tallies_sum": t0, "tallies": tallies0, "consistent": c0 == t0, "opened_after_crash": unclean},
         "stopped_by_signal": crate::stop::requested(),
         "end": verdict,
         "errors": errors.count,
