@@ -276,3 +276,70 @@ fn kill_9_of_a_cluster_loses_no_acknowledged_change() {
         "{rounds} kills, {started} recoveries checked, {acks} increments acknowledged; {checkpoints} checkpoints, {sent} flushes before a page left, {arrived} pages logged on arrival, {evictions} evictions"
     );
 }
+
+/// A cluster node's store after a crash holds, in its log, changes to other nodes' pages:
+/// opened on its own (a single engine, as `shoal recover` does) its recovery must refuse, not
+/// replay them into its own slots nor resume the log past them; the cluster then recovers it.
+#[test]
+fn a_crashed_cluster_nodes_store_is_not_recovered_alone() {
+    const ALONE: &str = "SHOAL_CLUSTER_ALONE_CHILD_DIR";
+    if let Ok(dir) = std::env::var(ALONE) {
+        let c = open(Path::new(&dir));
+        let pids = pages(&c, Path::new(&dir));
+        let w = c.node(0).worker();
+        // node 0 changes pages homed on the other nodes
+        for &p in pids.iter().filter(|p| p.node() != 0).take(50) {
+            let mut x = w.run(|w| w.exclusive(p)).unwrap();
+            let v = x.page().u64(0);
+            x.page_mut().set_u64(0, v + 1);
+        }
+        w.commit().unwrap();
+        println!("changed");
+        std::io::stdout().flush().unwrap();
+        std::thread::sleep(Duration::from_secs(3600));
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut ch = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_crashed_cluster_nodes_store_is_not_recovered_alone",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ALONE, dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(ch.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("changed") {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the child ended early"
+        );
+    }
+    ch.kill().unwrap();
+    let _ = ch.wait();
+    let mut cfg = shoal_engine::EngineConfig::new(dir.path().join("node0"), 1 << 20);
+    cfg.durability = Durability::Commit;
+    cfg.wal_bytes = 2 << 20;
+    let err = shoal_engine::Engine::open(cfg)
+        .err()
+        .expect("refused alone");
+    assert!(err.to_string().contains("cluster node's log"), "{err}");
+    // the cluster recovers it, with every change
+    let c = open(dir.path());
+    let pids = pages(&c, dir.path());
+    let w = c.node(2).worker();
+    let changed = pids
+        .iter()
+        .filter(|p| p.node() != 0)
+        .take(50)
+        .filter(|&&p| w.run(|w| w.shared(p)).unwrap().page().u64(0) == 1)
+        .count();
+    assert_eq!(changed, 50);
+    c.close().unwrap();
+}

@@ -336,6 +336,7 @@ fn store_config(cfg: &EngineConfig, member: bool) -> StoreConfig {
     store.allow_unclean = cfg.allow_unclean;
     store.discard_damaged_log = cfg.discard_damaged_log;
     store.wal = cfg.wal_config();
+    store.page_home = Some(|pid| crate::pid::Pid(pid).node());
     if member && store.wal.is_some() {
         store.cluster = Some(shoal_storage::ClusterLogs {
             node: cfg.node_id,

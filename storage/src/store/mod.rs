@@ -70,6 +70,10 @@ pub struct StoreConfig {
     /// A cluster node's store: recovery merges the records of this store's pages from every
     /// node's log (docs/durability.md, "Clusters"). None: a single node.
     pub cluster: Option<ClusterLogs>,
+    /// The node a page id is homed on (the engine's page id layout), if the caller knows it:
+    /// a single node's recovery then refuses a log holding records of another node's pages
+    /// (a cluster node's log, which only the cluster's recovery may replay).
+    pub page_home: Option<fn(u64) -> u8>,
 }
 
 /// What a cluster node's recovery needs beyond its own log.
@@ -96,6 +100,7 @@ impl StoreConfig {
             discard_damaged_log: false,
             wal: None,
             cluster: None,
+            page_home: None,
         }
     }
 }

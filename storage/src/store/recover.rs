@@ -275,7 +275,21 @@ impl PageStore {
                         }
                         Ok(())
                     }
-                    _ => replay_page(&mut images, &r, lsn, &wc.path),
+                    _ => {
+                        if let Some(home) =
+                            cfg.page_home.filter(|h| u32::from(h(r.pid)) != cfg.node_id)
+                        {
+                            return Err(StoreError::BadLog {
+                                path: wc.path.clone(),
+                                why: format!(
+                                    "the change at LSN {lsn} is to page {:#x}, homed on node {}: this is a cluster node's log, which only its cluster's recovery replays (open the store as a member of its cluster; docs/durability.md, \"Clusters\")",
+                                    r.pid,
+                                    home(r.pid)
+                                ),
+                            });
+                        }
+                        replay_page(&mut images, &r, lsn, &wc.path)
+                    }
                 };
             }
             match kind {
