@@ -106,7 +106,7 @@ fn child(dir: &Path, seed: u64) {
         // once durable, pages logged whole on arrival, evictions
         s.spawn(|| loop {
             std::thread::sleep(Duration::from_millis(100));
-            let (mut cp, mut sent, mut arrived, mut ev) = (0, 0, 0, 0);
+            let (mut cp, mut sent, mut arrived, mut ev, mut pages) = (0, 0, 0, 0, 0);
             for e in c.nodes() {
                 let st = e.stats();
                 let p = e.protocol_stats();
@@ -114,9 +114,10 @@ fn child(dir: &Path, seed: u64) {
                 ev += st.evictions;
                 sent += p.flushes_before_send;
                 arrived += p.logged_on_arrival;
+                pages += p.pages;
             }
             let mut o = out.lock().unwrap();
-            writeln!(o, "stats {cp} {sent} {arrived} {ev}").unwrap();
+            writeln!(o, "stats {cp} {sent} {arrived} {ev} {pages}").unwrap();
             o.flush().unwrap();
         });
         for g in 0..WORKERS {
@@ -204,9 +205,10 @@ fn kill_9_of_a_cluster_loses_no_acknowledged_change() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(0xC1057E);
     let mut acked = vec![0u64; WORKERS];
     let (mut started, mut acks) = (0, 0u64);
-    // (checkpoints, flushes before a page left, pages logged on arrival, evictions), summed
+    // (checkpoints, flushes before a page left, pages logged on arrival, evictions, pages
+    // sent), summed
     // over the rounds from each round's last report
-    let mut seen = [0u64; 4];
+    let mut seen = [0u64; 5];
     for round in 0..rounds {
         // the first round creates the cluster; later ones may be killed during recovery
         let after = Duration::from_millis(if round == 0 {
@@ -253,7 +255,7 @@ fn kill_9_of_a_cluster_loses_no_acknowledged_change() {
         started >= 2 && acks > 0,
         "the children ran: {started} starts, {acks} acks"
     );
-    let [checkpoints, sent, arrived, evictions] = seen;
+    let [checkpoints, sent, arrived, evictions, pages_sent] = seen;
     assert!(
         checkpoints > 0 && sent > 0 && arrived > 0 && evictions > 0,
         "the rounds crossed checkpoints ({checkpoints}), pages leaving after a flush ({sent}), pages logged on arrival ({arrived}) and evictions ({evictions})"
@@ -273,7 +275,7 @@ fn kill_9_of_a_cluster_loses_no_acknowledged_change() {
     );
     c.close().unwrap();
     eprintln!(
-        "{rounds} kills, {started} recoveries checked, {acks} increments acknowledged; {checkpoints} checkpoints, {sent} flushes before a page left, {arrived} pages logged on arrival, {evictions} evictions"
+        "{rounds} kills, {started} recoveries checked, {acks} increments acknowledged; {checkpoints} checkpoints, {pages_sent} pages sent, {sent} flushes before a page left, {arrived} pages logged on arrival, {evictions} evictions"
     );
 }
 

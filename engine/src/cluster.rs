@@ -23,7 +23,8 @@ use std::time::Duration;
 pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Builds a [`Cluster`] with defaults: each node in `<data_dir>/node<i>` with a 64 MiB cache,
-/// durability none (a cluster node has no log yet), remote pages awaited for at most 10 s; [`ClusterBuilder::mem`] or
+/// durability none (set one with [`ClusterBuilder::configure`]: docs/durability.md, "Clusters"),
+/// remote pages awaited for at most 10 s; [`ClusterBuilder::mem`] or
 /// [`ClusterBuilder::tcp_loopback`] opens it.
 ///
 /// ```

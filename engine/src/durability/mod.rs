@@ -172,7 +172,7 @@ pub(crate) fn logged(cfg: &shoal_storage::StoreConfig) -> (PageStore, NodeLog) {
 pub enum Durability {
     /// No log: only a clean close makes changes durable; after a crash the store refuses to
     /// open (unless `allow_unclean`, which loses what was not written back). For speed runs
-    /// and for cluster nodes (which have no log yet).
+    /// and the default of cluster nodes.
     None,
     /// [`crate::Worker::commit`] returns once everything the worker changed is durable
     /// (group commit: one `fdatasync` covers every worker waiting). The default.
