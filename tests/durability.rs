@@ -177,14 +177,22 @@ fn a_store_on_three_files_stripes_across_all_of_them() {
     assert_eq!(paths.len(), 3);
     for (d, p) in paths.iter().enumerate() {
         let data = std::fs::read(p).unwrap();
-        // every slot s with s % 3 == d lives here, with its pid in the trailer
+        // every slot s with s % 3 == d lives here, sealed as its pid's page (the trailer's
+        // checksum covers the pid, and its tag holds the pid's low 16 bits)
         let mine: Vec<&Pid> = pids.iter().filter(|p| p.slot() % 3 == d as u64).collect();
         assert!(mine.len() >= 99, "device {d} holds {} pages", mine.len());
         for pid in mine {
             let off = (2 + pid.slot() as usize / 3) * PAGE_SIZE;
-            let page = &data[off..off + PAGE_SIZE];
-            let trailer_pid = LittleEndian::read_u64(&page[PAGE_SIZE - 16..]);
-            assert_eq!(trailer_pid, pid.raw(), "slot {} on device {d}", pid.slot());
+            let page: &[u8; PAGE_SIZE] = data[off..off + PAGE_SIZE].try_into().unwrap();
+            let tag = LittleEndian::read_u16(&page[PAGE_SIZE - 4..]);
+            assert_eq!(tag, pid.raw() as u16, "slot {} on device {d}", pid.slot());
+            let sum = LittleEndian::read_u32(&page[PAGE_SIZE - 8..]);
+            assert_eq!(
+                sum,
+                shoal_storage::checksum(page, pid.raw()),
+                "slot {}",
+                pid.slot()
+            );
             assert!(check_stamp(&page[..PAGE_SIZE - 16], *pid).is_ok());
         }
     }

@@ -150,7 +150,10 @@ impl Node {
             spec.free_frame_timeout,
         )?;
         if let (Some(c), Some(l)) = (&coh, &log) {
-            c.attach_log(l.log().clone());
+            c.attach_log(
+                l.log().clone(),
+                spec.durability == crate::durability::Durability::Commit,
+            );
         }
         let node = Arc::new(Node::new(buf, coh, spec.durability, log, lock));
         if node.id() == 0 && node.buf.store().high_water() == 0 {

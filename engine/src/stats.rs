@@ -95,6 +95,9 @@ pub struct ProtocolStats {
     /// With a log: flushes made because a page with changes not yet durable was about to
     /// leave this node (docs/durability.md, "Clusters").
     pub flushes_before_send: u64,
+    /// With a log: messages held (and retried) until the log writer made the changes of the
+    /// page they would send durable.
+    pub held_for_log: u64,
     /// With a log: pages that arrived dirty and were logged whole here.
     pub logged_on_arrival: u64,
 }

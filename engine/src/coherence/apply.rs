@@ -307,6 +307,13 @@ impl Coherence {
         if takes && ps.reserved_now() {
             return Ok(Outcome::Stuck(note));
         }
+        if let (Msg::Transfer { .. }, Some(f)) = (&note.msg, ps.copy.data) {
+            // our copy leaves: held (the handler goes on) until the log writer has made its
+            // changes durable, instead of a flush under the handler's role
+            if !self.durable_soon(buf.frame(f)) {
+                return Ok(Outcome::Stuck(note));
+            }
+        }
         let mut l = Latched::default();
         if !self.latch_for(buf, pid, ps, &mut l) {
             self.release(pid, ps, l);

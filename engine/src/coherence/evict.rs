@@ -47,6 +47,9 @@ impl Coherence {
         {
             return false;
         }
+        if !home && f.is_dirty() && !self.durable_soon(f) {
+            return false; // its changes are not durable yet: another page first
+        }
         let Some(h) = buf.try_hold(idx, pid) else {
             return false;
         };

@@ -84,6 +84,11 @@ impl Coherence {
             } => (mode, epoch, from_home, source, invalidate, source_keeps),
         };
         if let (true, false, Some(i)) = (from_home, from == self.me, l.resident) {
+            if !self.durable_soon(l.get(i).frame()) {
+                // held until the log writer has made the home frame's changes durable (the
+                // directory is left as it was)
+                return Ok(Outcome::Stuck(note));
+            }
             // the home's frame leaves with the grant: its changes must be durable first (the
             // directory is left as it was: `d` is not stored)
             if let Err(e) = self.before_page_leaves(l.get(i).frame()) {

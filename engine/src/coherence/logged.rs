@@ -36,9 +36,37 @@ use std::sync::Arc;
 use std::time::Duration;
 
 impl Coherence {
-    /// This node logs its changes in `log` (durability other than none).
-    pub fn attach_log(&self, log: Arc<Log>) {
+    /// This node logs its changes in `log` (durability other than none); `continuous`: its
+    /// log writer flushes as soon as anything is complete (durability `commit`), so a page
+    /// waiting for its changes to be durable can wait for the writer instead of flushing.
+    pub fn attach_log(&self, log: Arc<Log>, continuous: bool) {
         let _ = self.logged.log.set(log);
+        self.logged
+            .continuous
+            .store(continuous, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether `f`'s page may leave now without a flush of its own: no log, its changes are
+    /// durable, or (the log writer flushing only on its tick) they were just made durable
+    /// here. `false`: they will be soon (the log writer flushes continuously); the caller
+    /// holds the message and tries again, rather than wait for a flush while it holds the
+    /// handler's role. Not a guarantee: the frame may change before it is latched, and
+    /// [`Coherence::before_page_leaves`] makes it one.
+    pub(super) fn durable_soon(&self, f: &Frame) -> bool {
+        let Some(log) = self.log() else {
+            return true;
+        };
+        if log.durable() >= f.lsn() {
+            return true;
+        }
+        if self.logged.continuous.load(Ordering::Relaxed) {
+            self.driver
+                .counters
+                .held_for_log
+                .fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        self.before_page_leaves(f).is_ok()
     }
 
     /// The log, if this node has one.
@@ -194,6 +222,8 @@ pub(super) struct Logged {
     fence_seq: std::sync::atomic::AtomicU64,
     /// Per peer: the highest fence of ours it answered.
     fenced: Vec<std::sync::atomic::AtomicU64>,
+    /// The log writer flushes continuously (durability `commit`).
+    continuous: std::sync::atomic::AtomicBool,
 }
 
 impl Logged {
@@ -202,6 +232,7 @@ impl Logged {
             log: std::sync::OnceLock::new(),
             fence_seq: Default::default(),
             fenced: (0..nodes).map(|_| Default::default()).collect(),
+            continuous: Default::default(),
         }
     }
 }

@@ -246,6 +246,8 @@ pub struct CoherenceCounters {
     pub taken_in: AtomicU64,
     /// Flushes before a page left / pages logged whole on arrival (`logged.rs`).
     pub flushes_before_send: AtomicU64,
+    /// Messages held until the log writer made a page's changes durable.
+    pub held_for_log: AtomicU64,
     pub logged_on_arrival: AtomicU64,
 }
 
@@ -268,6 +270,7 @@ impl CoherenceCounters {
             given_away: l(&self.given_away),
             taken_in: l(&self.taken_in),
             flushes_before_send: l(&self.flushes_before_send),
+            held_for_log: l(&self.held_for_log),
             logged_on_arrival: l(&self.logged_on_arrival),
         }
     }
