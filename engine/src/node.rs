@@ -346,17 +346,13 @@ impl Node {
         }
     }
 
-    /// The caller deleted the page `h` holds: on a single node its frame and slot are freed;
-    /// a cluster node zeroes it and keeps it for its next allocation (see
-    /// [`crate::ExclusiveGuard::free`]). The frame is released either way.
-    pub fn free_page(&self, mut h: HeldFrame<'_>) -> Result<(), EngineError> {
-        if self.is_cluster() {
-            h.page_mut().fill(0, shoal_storage::PAGE_DATA_SIZE, 0);
-            let pid = h.pid();
-            drop(h); // a new version: optimistic readers of the page restart
-            self.recycled.lock().push(pid);
-            return Ok(());
-        }
+    /// A single node's caller deleted the page `h` holds: its frame and slot are freed (a
+    /// cluster node recycles the page instead: [`crate::ExclusiveGuard::free`]).
+    pub fn free_page(&self, h: HeldFrame<'_>) -> Result<(), EngineError> {
+        assert!(
+            !self.is_cluster(),
+            "a cluster node recycles, never frees, a page"
+        );
         self.buf.free_page(h)
     }
 
@@ -370,6 +366,12 @@ impl Node {
                 f.is_resident() && f.is_dirty() && f.pid().node() != here
             })
             .count()
+    }
+
+    /// Keep page `pid` (zeroed, released) for this node's next allocation (a cluster node's
+    /// free: see [`crate::ExclusiveGuard::free`]).
+    pub fn recycle(&self, pid: Pid) {
+        self.recycled.lock().push(pid);
     }
 
     /// Take back a page this node recycled, if any.

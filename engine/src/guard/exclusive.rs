@@ -253,7 +253,16 @@ impl<'w> ExclusiveGuard<'w> {
     /// change. Recycled pages are not remembered across a restart: they stay allocated,
     /// zeroed and unused (`shoal inspect` counts them as in use outside every tree), except
     /// those homed on the node itself, which a clean close returns to its store's free list.
-    pub fn free(self) -> Result<(), EngineError> {
+    pub fn free(mut self) -> Result<(), EngineError> {
+        if self.w.node.is_cluster() {
+            // recycled: zeroed as a change like any other (logged with the worker's group, its
+            // version bumped), then released as any guard is
+            self.page_mut().fill(0, shoal_storage::PAGE_DATA_SIZE, 0);
+            let (w, pid) = (self.w, self.pid);
+            drop(self);
+            w.node.recycle(pid);
+            return Ok(());
+        }
         let me = ManuallyDrop::new(self);
         me.w.unhold();
         let node = &me.w.node;
