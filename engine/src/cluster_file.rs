@@ -114,8 +114,9 @@ pub struct ClusterFile {
     pub encrypt: bool,
     /// `EngineConfig::one_pool` of every node.
     pub one_pool: bool,
-    /// `EngineConfig::durability` of every node (default none).
-    pub durability: crate::Durability,
+    /// `EngineConfig::durability` of every node (`None`: the file names none, and a node gets
+    /// durability none unless its command line says otherwise).
+    pub durability: Option<crate::Durability>,
     /// `EngineConfig::wal_bytes` of every node (with a log).
     pub wal_bytes: u64,
 }
@@ -277,8 +278,8 @@ impl ClusterFile {
             v => Ok(Duration::from_millis(v)),
         };
         let durability = match raw.durability.as_deref() {
-            None => crate::Durability::None,
-            Some(d) => crate::Durability::parse(d).map_err(|e| format!("durability: {e}"))?,
+            None => None,
+            Some(d) => Some(crate::Durability::parse(d).map_err(|e| format!("durability: {e}"))?),
         };
         let wal_bytes = match raw.wal_size.as_deref() {
             None => EngineConfig::default().wal_bytes,
@@ -341,7 +342,7 @@ impl ClusterFile {
         cfg.node_id = id;
         cfg.cluster_id = self.cluster_id;
         cfg.one_pool = self.one_pool;
-        cfg.durability = self.durability;
+        cfg.durability = self.durability.unwrap_or(crate::Durability::None);
         cfg.wal_bytes = self.wal_bytes;
         // every node's recovery reads the others' logs (docs/durability.md, "Clusters")
         cfg.peer_logs = self

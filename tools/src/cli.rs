@@ -464,10 +464,20 @@ pub struct Nodes<'e> {
 pub fn run_as_member<T>(
     file: &ClusterFile,
     id: u8,
+    durability: shoal_engine::Durability,
+    wal_bytes: u64,
     drive: impl FnOnce(&Nodes) -> anyhow::Result<T>,
 ) -> anyhow::Result<T> {
-    // the cluster file sets each node's cache and data directory
-    let cfg = file.engine_config(id).map_err(anyhow::Error::from)?;
+    // the cluster file sets each node's cache and data directory; the run's durability is the
+    // command line's, which must agree with the file's if it names one
+    let mut cfg = file.engine_config(id).map_err(anyhow::Error::from)?;
+    if let Some(d) = file.durability.filter(|&d| d != durability) {
+        return Err(anyhow::anyhow!(
+            "the cluster file says durability = \"{d}\", the command line --durability {durability}: give the same on both (the drivers' default is none)"
+        ));
+    }
+    cfg.durability = durability;
+    cfg.wal_bytes = wal_bytes;
     let engine = shoal_engine::join(file, id, cfg).map_err(anyhow::Error::from)?;
     let nodes = Nodes {
         engines: vec![&engine],

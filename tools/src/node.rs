@@ -185,7 +185,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         crate::cli::check_output("--json", p)?;
     }
     let file = ClusterFile::load(&a.config).map_err(anyhow::Error::from)?;
-    let logged = file.durability.logged();
+    let logged = file.durability.is_some_and(|d| d.logged());
     let mut cfg = file.engine_config(a.id).map_err(anyhow::Error::from)?;
     cfg.allow_unclean = a.allow_unclean;
     let n = file.nodes.len();

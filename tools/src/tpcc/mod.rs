@@ -188,7 +188,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 file.nodes.len()
             ));
         }
-        return crate::cli::run_as_member(&file, id, |nodes| drive(nodes, &a));
+        return crate::cli::run_as_member(&file, id, a.durability, a.wal_size, |nodes| {
+            drive(nodes, &a)
+        });
     }
     if a.check_existing {
         return check_existing(&a, caches[0]);

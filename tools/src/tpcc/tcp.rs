@@ -36,6 +36,14 @@ fn node_args(a: &Args, file: &Path, id: usize, json: &Path) -> Vec<String> {
     ]
     .map(String::from)
     .to_vec();
+    for (k, x) in [
+        ("--durability", a.durability.to_string()),
+        ("--wal-size", a.wal_size.to_string()),
+        ("--pipeline", a.pipeline.to_string()),
+    ] {
+        v.push(k.into());
+        v.push(x);
+    }
     if a.check {
         v.push("--check".into());
     }

@@ -109,7 +109,9 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
     };
     if let (Some(path), Some(id)) = (&a.net.cluster, a.net.id) {
         let file = ClusterFile::load(path).map_err(anyhow::Error::from)?;
-        return crate::cli::run_as_member(&file, id, |nodes| drive(nodes, &a, &plan));
+        return crate::cli::run_as_member(&file, id, a.durability, a.wal_size, |nodes| {
+            drive(nodes, &a, &plan)
+        });
     }
     if a.net.nodes == 1 {
         let engine = Engine::open(node_cfg(0)).map_err(anyhow::Error::from)?;

@@ -50,6 +50,9 @@ fn node_args(a: &Args, plan: &Plan, file: &Path, id: usize, json: &Path) -> Vec<
     f("--duration", a.duration.to_string());
     f("--max-scan", a.max_scan.to_string());
     f("--seed", plan.seed.to_string());
+    f("--durability", a.durability.to_string());
+    f("--wal-size", a.wal_size.to_string());
+    f("--pipeline", a.pipeline.to_string());
     // the workload's properties (the mix), and each node's share of the rate and operations
     for file in &a.property_files {
         f("-P", file.display().to_string());
