@@ -64,6 +64,7 @@ impl Coherence {
                 .counters
                 .held_for_log
                 .fetch_add(1, Ordering::Relaxed);
+            log.hurry();
             return false;
         }
         self.before_page_leaves(f).is_ok()
