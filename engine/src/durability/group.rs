@@ -250,9 +250,9 @@ unsafe fn bump_version(page: *mut u8) -> u64 {
     let mut b = [0u8; 8];
     // SAFETY: as above (unaligned-safe byte copies).
     unsafe { std::ptr::copy_nonoverlapping(at, b.as_mut_ptr(), 8) };
-    let v = u64::from_le_bytes(b)
-        .checked_add(1)
-        .expect("a page's version overflows 64 bits");
+    // (2^64 changes of one page cannot happen; a version that large came from a damaged
+    // page or a faulty peer: it stays there rather than wrap back below older records)
+    let v = u64::from_le_bytes(b).saturating_add(1);
     // SAFETY: as above.
     unsafe { std::ptr::copy_nonoverlapping(v.to_le_bytes().as_ptr(), at, 8) };
     v
