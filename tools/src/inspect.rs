@@ -673,7 +673,7 @@ fn print_summary(
     for r in reports {
         match r.state() {
             "needs_recovery" => say!(
-                "node {}: NEEDS RECOVERY (not shut down cleanly; its log holds the changes): run `shoal recover {}`, or open it with a log (durability commit or flush-every-ms); the findings above are from before recovery",
+                "node {}: NEEDS RECOVERY (not shut down cleanly; its log holds the changes): run `shoal recover {}` (a cluster node's store: `shoal recover --cluster FILE`, or start the cluster), or open it with a log (durability commit or flush-every-ms); the findings above are from before recovery",
                 r.node,
                 dir.display()
             ),

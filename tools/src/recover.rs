@@ -8,6 +8,11 @@
 //! error naming the damaged range, and nothing is changed; `--discard-damaged-log` recovers up
 //! to the damage instead and gives up the rest.
 //!
+//! `shoal recover --cluster FILE`: recover every node of a cluster with a log (docs/durability.md,
+//! "Clusters"): each node's recovery reads every node's log, so they are recovered together,
+//! in one process, then closed cleanly. A cluster node's store is refused by `shoal recover
+//! DIR` (its log holds other nodes' pages).
+//!
 //! Exit status: 0 when every store is clean afterwards, 1 when a store could not be recovered
 //! (no log, or its log is missing), 2 when DIR cannot be read or recovery failed (a damaged
 //! log among the causes).
@@ -22,7 +27,12 @@ use std::process::ExitCode;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Data directory holding the device files `node<N>-<i>.dat` and logs `node<N>-0.wal`.
-    pub dir: PathBuf,
+    #[arg(required_unless_present = "cluster", conflicts_with = "cluster")]
+    pub dir: Option<PathBuf>,
+    /// Recover every node of the cluster this file describes (their data directories must be
+    /// reachable from here), instead of the stores of one directory.
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -35,9 +45,14 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let stores = match crate::inspect::find_stores(&a.dir) {
+    let dir = match (&a.dir, &a.cluster) {
+        (_, Some(file)) => return recover_cluster(file, a.json.as_deref()),
+        (Some(d), None) => d.clone(),
+        (None, None) => unreachable!("clap requires DIR or --cluster"),
+    };
+    let stores = match crate::inspect::find_stores(&dir) {
         Ok(s) => s,
-        Err(e) if !crate::inspect::creation_leftovers(&a.dir).is_empty() => {
+        Err(e) if !crate::inspect::creation_leftovers(&dir).is_empty() => {
             // a creation that never reached its commit point: there is nothing to recover
             say!("{e:#}");
             return Ok(ExitCode::SUCCESS);
@@ -136,7 +151,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         }));
     }
     if let Some(path) = &a.json {
-        let doc = json!({"dir": a.dir.display().to_string(), "nodes": nodes});
+        let doc = json!({"dir": dir.display().to_string(), "nodes": nodes});
         std::fs::write(
             path,
             serde_json::to_string_pretty(&doc).expect("json") + "\n",
@@ -148,4 +163,59 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// `shoal recover --cluster FILE`: open every node of the cluster in this process (over `mem`),
+/// each recovering from every node's log, then close them all cleanly.
+fn recover_cluster(
+    file: &std::path::Path,
+    json: Option<&std::path::Path>,
+) -> anyhow::Result<ExitCode> {
+    let f = shoal_engine::ClusterFile::load(file).map_err(anyhow::Error::from)?;
+    let Some(durability) = f.durability.filter(|d| d.logged()) else {
+        return Err(anyhow::anyhow!(
+            "{}: the cluster names no durability with a log (durability = \"commit\" or \"flush-every-ms=N\"): its nodes have no log to recover from",
+            file.display()
+        ));
+    };
+    let nodes = f.nodes.len();
+    let cluster = shoal_engine::Cluster::mem(nodes, f.remote_timeout, |i| {
+        let mut c = f
+            .engine_config(i)
+            .expect("every id of the file has a configuration");
+        c.mode = shoal_engine::OpenMode::Open;
+        c.durability = durability;
+        c
+    })
+    .map_err(|e| anyhow::anyhow!("recovering the cluster of {}: {e}", file.display()))?;
+    let mut report = Vec::new();
+    for (i, e) in cluster.nodes().iter().enumerate() {
+        match e.store().replayed() {
+            Some(r) => {
+                say!(
+                    "node {i}: recovered from the cluster's logs: {} chunks of its own log ({:.1} MiB), {} pages written",
+                    r.chunks,
+                    r.log_bytes as f64 / (1u64 << 20) as f64,
+                    r.pages
+                );
+                report.push(
+                    json!({"node": i, "state": "recovered", "pages": r.pages, "chunks": r.chunks}),
+                );
+            }
+            None => {
+                say!("node {i}: clean, nothing to recover");
+                report.push(json!({"node": i, "state": "clean"}));
+            }
+        }
+    }
+    cluster
+        .close()
+        .map_err(|e| anyhow::anyhow!("closing the recovered cluster: {e}"))?;
+    say!("every node of the cluster closed cleanly");
+    if let Some(p) = json {
+        let doc = json!({"cluster": file.display().to_string(), "nodes": report});
+        std::fs::write(p, serde_json::to_string_pretty(&doc).expect("json") + "\n")
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", p.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
 }

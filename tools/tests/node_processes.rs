@@ -394,9 +394,10 @@ fn run_cluster_with(
 /// Issue 44: with `durability = "commit"` in the cluster file, every increment is committed
 /// (counter and tally in one log group) before the next. One node killed with SIGKILL at a
 /// random moment (the others then fail and close with their logs), then every node killed at
-/// once, then a kill during the restart's recovery: after each, the whole cluster restarts
-/// with nothing but the same command line, and the counters equal the tallies exactly, and
-/// each node's tally holds every increment it committed.
+/// once, then a kill during the restart's recovery (then `shoal recover --cluster`, after one
+/// node's store was refused alone): after each, the whole cluster restarts with nothing but the
+/// same command line, and the counters equal the tallies exactly, and each node's tally holds
+/// every increment it committed.
 #[test]
 fn a_cluster_with_a_log_keeps_every_committed_increment_through_kill_9() {
     use rand::{Rng, SeedableRng};
@@ -496,6 +497,24 @@ fn a_cluster_with_a_log_keeps_every_committed_increment_through_kill_9() {
         let _ = k.wait();
     }
     drop(kids);
+    // one node's store alone is refused (its log holds other nodes' pages); the cluster file
+    // recovers them all, offline
+    let recover = |args: &[&std::ffi::OsStr]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+            .arg("recover")
+            .args(args)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code(), text)
+    };
+    let (code, text) = recover(&[dir.path().join("node0").as_os_str()]);
+    assert_ne!(code, Some(0), "{text}");
+    assert!(text.contains("cluster node's log"), "{text}");
+    let (code, text) = recover(&["--cluster".as_ref(), file.as_os_str()]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("closed cleanly"), "{text}");
     let after = restart_and_tallies(&file, dir.path(), "e");
     for i in 0..3 {
         // (the run's committed lines count from its start, the tallies from the first run)

@@ -247,6 +247,21 @@ impl PageStore {
             });
             return Ok(());
         }
+        if cfg.cluster.is_none()
+            && cfg.page_home.is_some()
+            && wal::carried::carried_path(&wc.path).exists()
+        {
+            // records of other nodes' pages that a cluster recovery carried over: only the
+            // cluster's recovery may go on from here (a single open would drop them)
+            return Err(StoreError::BadLog {
+                path: wc.path.clone(),
+                why: "beside it are records of other nodes' pages carried over a recovery: this \
+                      is a cluster node's log, which only its cluster's recovery replays (open \
+                      the store as a member of its cluster, or `shoal recover --cluster FILE`; \
+                      docs/durability.md, \"Clusters\")"
+                    .into(),
+            });
+        }
         let mut alloc = wal::read_alloc(&wc.path, &found, self.sb.get_mut().capacity)?;
         self.check_lengths(alloc.next_slot())?;
         let mut images: HashMap<u64, (u64, AlignedPage)> = HashMap::new();
@@ -282,7 +297,7 @@ impl PageStore {
                             return Err(StoreError::BadLog {
                                 path: wc.path.clone(),
                                 why: format!(
-                                    "the change at LSN {lsn} is to page {:#x}, homed on node {}: this is a cluster node's log, which only its cluster's recovery replays (open the store as a member of its cluster; docs/durability.md, \"Clusters\")",
+                                    "the change at LSN {lsn} is to page {:#x}, homed on node {}: this is a cluster node's log, which only its cluster's recovery replays (open the store as a member of its cluster, or `shoal recover --cluster FILE`; docs/durability.md, \"Clusters\")",
                                     r.pid,
                                     home(r.pid)
                                 ),
