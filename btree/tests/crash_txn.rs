@@ -318,8 +318,9 @@ fn kill_rounds(
     Ok(acked.len())
 }
 
-#[test]
-fn kill_9_never_leaves_half_a_transaction() {
+/// The bank test on one engine or on a cluster (`rounds` kills): in the child, transfer; in
+/// the parent, kill and check.
+fn bank_kills(test: &str, rounds: usize, cluster: bool) {
     if let Ok(dir) = std::env::var(CHILD) {
         child(
             Path::new(&dir),
@@ -328,20 +329,23 @@ fn kill_9_never_leaves_half_a_transaction() {
         );
         return;
     }
-    let rounds: usize = common::env_num("SHOAL_CRASH_TXN_ROUNDS", 12);
-    match kill_rounds(
-        "kill_9_never_leaves_half_a_transaction",
-        rounds,
-        ACCOUNTS,
-        false,
-        false,
-    ) {
+    match kill_rounds(test, rounds, ACCOUNTS, false, cluster) {
         Ok(acked) => eprintln!(
-            "{rounds} kills, {acked} acknowledged transfers, none lost, none half applied, the \
-             total exact"
+            "{rounds} kills{}, {acked} acknowledged transfers, none lost, none half applied, \
+             the total exact",
+            if cluster { " of a 3-node cluster" } else { "" }
         ),
         Err(e) => panic!("{e}"),
     }
+}
+
+#[test]
+fn kill_9_never_leaves_half_a_transaction() {
+    bank_kills(
+        "kill_9_never_leaves_half_a_transaction",
+        common::env_num("SHOAL_CRASH_TXN_ROUNDS", 12),
+        false,
+    );
 }
 
 #[test]
@@ -375,26 +379,9 @@ fn the_kill_9_checker_catches_transactions_that_are_not_isolated() {
 /// at random moments: no half transfer, no acknowledged one lost, the total exact.
 #[test]
 fn kill_9_of_a_cluster_never_leaves_half_a_transaction() {
-    if let Ok(dir) = std::env::var(CHILD) {
-        child(
-            Path::new(&dir),
-            common::env_num("SHOAL_CRASH_SEED", 1),
-            ACCOUNTS,
-        );
-        return;
-    }
-    let rounds: usize = common::env_num("SHOAL_CRASH_TXN_ROUNDS", 12) / 2;
-    match kill_rounds(
+    bank_kills(
         "kill_9_of_a_cluster_never_leaves_half_a_transaction",
-        rounds.max(3),
-        ACCOUNTS,
-        false,
+        (common::env_num::<usize>("SHOAL_CRASH_TXN_ROUNDS", 12) / 2).max(3),
         true,
-    ) {
-        Ok(acked) => eprintln!(
-            "{rounds} kills of a 3-node cluster, {acked} acknowledged transfers, none lost, none \
-             half applied, the total exact"
-        ),
-        Err(e) => panic!("{e}"),
-    }
+    );
 }

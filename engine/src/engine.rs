@@ -341,7 +341,6 @@ fn store_config(cfg: &EngineConfig, member: bool) -> StoreConfig {
         store.cluster = Some(shoal_storage::ClusterLogs {
             node: cfg.node_id,
             peers: cfg.peer_logs.clone(),
-            home_of: |pid| crate::pid::Pid(pid).node(),
         });
     }
     store

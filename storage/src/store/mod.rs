@@ -76,15 +76,14 @@ pub struct StoreConfig {
     pub page_home: Option<fn(u64) -> u8>,
 }
 
-/// What a cluster node's recovery needs beyond its own log.
+/// What a cluster node's recovery needs beyond its own log (and [`StoreConfig::page_home`],
+/// which it requires).
 #[derive(Debug, Clone)]
 pub struct ClusterLogs {
     /// The node whose store this is.
     pub node: u8,
     /// The logs of the cluster's other nodes (read only, from their redo points).
     pub peers: Vec<PathBuf>,
-    /// The node a page id is homed on (the engine's page id layout).
-    pub home_of: fn(u64) -> u8,
 }
 
 impl StoreConfig {

@@ -43,7 +43,12 @@ impl Merge {
     }
 
     /// Add the records of this store's pages in `peer`'s log (from its redo point).
-    fn scan_peer(&mut self, peer: &std::path::Path, c: &ClusterLogs) -> StoreResult<()> {
+    fn scan_peer(
+        &mut self,
+        peer: &std::path::Path,
+        c: &ClusterLogs,
+        home: fn(u64) -> u8,
+    ) -> StoreResult<()> {
         if !peer.exists() {
             let here = peer.parent().is_some_and(|d| d.is_dir());
             if here {
@@ -71,7 +76,7 @@ impl Merge {
                     return Ok(());
                 }
                 if let Some(r) = page_record(kind, body) {
-                    if (c.home_of)(r.pid) == c.node {
+                    if home(r.pid) == c.node {
                         self.add(&r);
                         n += 1;
                     }
@@ -85,7 +90,7 @@ impl Merge {
             let Some(r) = page_record(kind, &body) else {
                 continue;
             };
-            if (c.home_of)(r.pid) == c.node {
+            if home(r.pid) == c.node {
                 self.add(&r);
                 n += 1;
             }
@@ -269,6 +274,16 @@ impl PageStore {
         let mut txns: std::collections::BTreeMap<u64, Vec<Vec<u8>>> = Default::default();
         let redo_lsn = found.redo_lsn();
         let mut merge = cfg.cluster.as_ref().map(|_| Merge::default());
+        // (a cluster's recovery sorts records by their pages' homes)
+        let home = match (&cfg.cluster, cfg.page_home) {
+            (Some(_), None) => {
+                return Err(StoreError::Config(
+                    "a cluster node's store needs page_home (the node a page id is homed on)"
+                        .into(),
+                ))
+            }
+            (_, h) => h.unwrap_or(|_| 0),
+        };
         let mode = if cfg.discard_damaged_log {
             wal::ScanMode::DiscardDamage
         } else {
@@ -283,7 +298,7 @@ impl PageStore {
             if let Some(r) = page_record(kind, body) {
                 return match (&cfg.cluster, &mut merge) {
                     (Some(c), Some(m)) => {
-                        if (c.home_of)(r.pid) == c.node {
+                        if home(r.pid) == c.node {
                             m.add(&r);
                         } else {
                             m.carry.push((kind, body.to_vec()));
@@ -339,7 +354,7 @@ impl PageStore {
         }
         if let (Some(c), Some(mut m)) = (&cfg.cluster, merge.take()) {
             for peer in &c.peers {
-                m.scan_peer(peer, c)?;
+                m.scan_peer(peer, c, home)?;
             }
             // this log's records of other homes' pages (and those an earlier recovery carried)
             // stay readable for their homes' recovery once the log is resumed below
