@@ -347,3 +347,45 @@ fn a_crashed_cluster_nodes_store_is_not_recovered_alone() {
     assert_eq!(changed, 50);
     c.close().unwrap();
 }
+
+/// A node's last checkpoint drops its log's records of pages it handed to peers, so it may
+/// only close cleanly once every peer made its receipt of them durable (an orderly leave). A
+/// node closed after a peer died must not claim a clean store: the dead peer may have lost
+/// its receipt, and this log is then the only durable copy of the changes.
+#[test]
+fn a_node_closed_after_a_peer_died_stays_unclean_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path());
+    let pids = pages(&c, dir.path());
+    let w = c.node(0).worker();
+    let others: Vec<Pid> = pids.iter().copied().filter(|p| p.node() != 0).collect();
+    for &p in others.iter().take(60) {
+        let mut x = w.run(|w| w.exclusive(p)).unwrap();
+        let v = x.page().u64(0);
+        x.page_mut().set_u64(0, v + 1);
+    }
+    w.commit().unwrap();
+    drop(w);
+    // every page goes home (each home logs it on arrival); then node 2 dies
+    c.node(0)
+        .send_pages_home(Duration::from_secs(20))
+        .expect("pages go home");
+    c.kill(2);
+    let err = c
+        .node(0)
+        .close()
+        .expect_err("a close after a peer died is not clean");
+    assert!(err.to_string().contains("unclean"), "{err}");
+    drop(c);
+    // the next open recovers every node from the logs, with every change
+    let c = open(dir.path());
+    let w = c.node(1).worker();
+    let changed = others
+        .iter()
+        .take(60)
+        .filter(|&&p| w.run(|w| w.shared(p)).unwrap().page().u64(0) == 1)
+        .count();
+    assert_eq!(changed, 60);
+    drop(w);
+    c.close().unwrap();
+}

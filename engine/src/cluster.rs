@@ -272,6 +272,11 @@ impl Cluster {
                 first.get_or_insert(err);
             }
         }
+        if first.is_none() {
+            for e in &self.nodes {
+                e.peers_flushed();
+            }
+        }
         for e in &self.nodes {
             if let Err(err) = e.close() {
                 log::error!("closing node {}: {err}", e.node_id());

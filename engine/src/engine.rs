@@ -32,6 +32,11 @@ pub struct Engine {
     log_writer: Mutex<Option<JoinHandle<()>>>,
     handler: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
+    /// A cluster node with a log: every peer made its log durable after every page went
+    /// home (an orderly leave, [`Engine::leave`] or [`crate::Cluster::close`]). Only then may
+    /// the last checkpoint drop this log's records of pages handed to peers; else the store
+    /// stays unclean and the next open recovers (docs/durability.md, "Clusters").
+    peers_flushed: AtomicBool,
 }
 
 impl Engine {
@@ -92,6 +97,7 @@ impl Engine {
             log_writer: Mutex::new(log_writer),
             handler: Mutex::new(handler),
             closed: AtomicBool::new(false),
+            peers_flushed: AtomicBool::new(false),
         };
         Ok(engine)
     }
@@ -153,11 +159,18 @@ impl Engine {
         // of pages it handed over) before all have (docs/durability.md, "Clusters").
         self.flush_log()?;
         self.barrier(limit)?;
+        self.peers_flushed();
         self.node.departing();
         self.close()?;
         // peers see this node leave once they left too (tcp closes its connections)
         self.node.leave_cluster(LEAVE_LINGER);
         Ok(())
+    }
+
+    /// Every peer made its log durable after every page went home: the close may end with a
+    /// last checkpoint (see `Engine::peers_flushed`).
+    pub(crate) fn peers_flushed(&self) {
+        self.peers_flushed.store(true, Ordering::Release);
     }
 
     /// Make the log durable up to its tail (nothing without a log).
@@ -287,6 +300,12 @@ impl Engine {
             });
         }
         if let Some(l) = node.log() {
+            if node.coherence().is_some() && !self.peers_flushed.load(Ordering::Acquire) {
+                // a peer may not have made durable the receipt of a page this node handed it
+                // (it died, or it was never asked): this log's records of that page are its
+                // only durable copy, and a last checkpoint would drop them
+                return Err(EngineError::Unfenced { node: node.id() });
+            }
             let foreign = node.foreign_dirty();
             if foreign > 0 {
                 // their changes are only in this log: a last checkpoint would drop them

@@ -69,6 +69,12 @@ pub enum EngineError {
         #[source]
         source: Arc<std::io::Error>,
     },
+    #[error(
+        "node {node}: the store stays marked unclean: not every peer made its log durable before \
+         this close (the cluster did not leave in order: a peer died, or Engine::close without \
+         Engine::leave); the next open recovers from the logs"
+    )]
+    Unfenced { node: u8 },
     #[error("the engine is shut down")]
     Shutdown,
     #[error("flush failed: {0}")]
