@@ -13,6 +13,10 @@
 //! needing recovery (with a log: `shoal recover DIR`) or as having lost its recent changes
 //! (without one), never as "ok".
 //!
+//! `shoal inspect --cluster FILE`: the same for every node of a cluster file, each store read
+//! from its node's `data_dir` (they must be reachable from here); a node with no store is a
+//! problem. A store that needs recovery is then pointed to `shoal recover --cluster FILE`.
+//!
 //! Exit status: 0 when everything checks out, 1 when anything is corrupt or broken, 2 when
 //! DIR cannot be inspected at all (no store, unreadable device, an engine is running), 3 when
 //! a store was not shut down cleanly (the findings are from before any recovery).
@@ -32,7 +36,12 @@ use std::process::ExitCode;
 pub struct Args {
     /// Data directory holding the device files `node<N>-<i>.dat` (the `--data-dir` of `shoal
     /// ycsb`/`shoal tpcc`, or a node's `data_dir` in a cluster file).
-    pub dir: PathBuf,
+    #[arg(required_unless_present = "cluster", conflicts_with = "cluster")]
+    pub dir: Option<PathBuf>,
+    /// Inspect every node of the cluster this file describes (their data directories must be
+    /// reachable from here), instead of the stores of one directory.
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
     /// Also write the report as JSON to this file (`-` for standard output, instead of the
     /// summary).
     #[arg(long)]
@@ -79,8 +88,67 @@ struct Entry {
     result: Result<Option<TreeReport>, String>,
 }
 
+/// What is inspected: a data directory, or the nodes of a cluster file.
+enum Target {
+    Dir(PathBuf),
+    Cluster(PathBuf),
+}
+
+impl Target {
+    fn label(&self) -> String {
+        match self {
+            Target::Dir(d) => d.display().to_string(),
+            Target::Cluster(f) => format!("the cluster of {}", f.display()),
+        }
+    }
+
+    /// The command that recovers what this target holds.
+    fn recover_command(&self) -> String {
+        match self {
+            Target::Dir(d) => format!(
+                "`shoal recover {}` (a cluster node's store: `shoal recover --cluster FILE`, or start the cluster)",
+                d.display()
+            ),
+            Target::Cluster(f) => format!(
+                "`shoal recover --cluster {}`, or start the cluster",
+                f.display()
+            ),
+        }
+    }
+}
+
+/// Every node's store of the cluster `file` describes, each found in its node's `data_dir`.
+fn cluster_stores(file: &Path) -> anyhow::Result<BTreeMap<u8, Store>> {
+    let f = shoal_engine::ClusterFile::load(file).map_err(anyhow::Error::from)?;
+    let mut out = BTreeMap::new();
+    for n in &f.nodes {
+        let mut found = find_stores(&n.data_dir)
+            .map_err(|e| anyhow::anyhow!("node {} of {}: {e:#}", n.id, file.display()))?;
+        let Some(store) = found.remove(&n.id) else {
+            return Err(anyhow::anyhow!(
+                "node {} of {}: its data directory {} holds no store of node {} (has it ever \
+                 started?)",
+                n.id,
+                file.display(),
+                n.data_dir.display(),
+                n.id
+            ));
+        };
+        out.insert(n.id, store);
+    }
+    Ok(out)
+}
+
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let nodes = find_stores(&a.dir)?;
+    let target = match (&a.dir, &a.cluster) {
+        (_, Some(f)) => Target::Cluster(f.clone()),
+        (Some(d), None) => Target::Dir(d.clone()),
+        (None, None) => unreachable!("clap requires DIR or --cluster"),
+    };
+    let nodes = match &target {
+        Target::Dir(d) => find_stores(d)?,
+        Target::Cluster(f) => cluster_stores(f)?,
+    };
     // Hold every node's lock (shared) for the whole inspection.
     let mut _locks = Vec::new();
     for (node, store) in &nodes {
@@ -224,8 +292,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         .collect();
     if clusters.len() > 1 {
         problems.push(format!(
-            "the stores in {} belong to different clusters: {clusters:?}",
-            a.dir.display()
+            "the stores of {} belong to different clusters: {clusters:?}",
+            target.label()
         ));
     }
 
@@ -261,7 +329,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 
     let ok = problems.is_empty() && reports.iter().all(|r| r.state() == "clean");
     let doc = json!({
-        "dir": a.dir.display().to_string(),
+        "dir": a.dir.as_ref().map(|d| d.display().to_string()),
+        "cluster": a.cluster.as_ref().map(|f| f.display().to_string()),
         "ok": ok,
         "nodes": reports.iter().map(|r| node_json(r, outside.as_ref())).collect::<Vec<_>>(),
         "catalog": entries.as_ref().map(|es| es.iter().map(entry_json).collect::<Vec<_>>()),
@@ -274,7 +343,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         }
         other => {
             print_summary(
-                &a.dir,
+                &target,
                 &reports,
                 entries.as_deref(),
                 outside.as_ref(),
@@ -546,14 +615,14 @@ fn entry_json(e: &Entry) -> serde_json::Value {
 }
 
 fn print_summary(
-    dir: &Path,
+    target: &Target,
     reports: &[NodeReport],
     entries: Option<&[Entry]>,
     outside: Option<&BTreeMap<u8, u64>>,
     problems: &[String],
     notes: &[String],
 ) {
-    say!("inspect {}", dir.display());
+    say!("inspect {}", target.label());
     for r in reports {
         let sb = r.reader.superblock();
         let bytes: u64 = r.reader.device_bytes().iter().sum();
@@ -673,9 +742,9 @@ fn print_summary(
     for r in reports {
         match r.state() {
             "needs_recovery" => say!(
-                "node {}: NEEDS RECOVERY (not shut down cleanly; its log holds the changes): run `shoal recover {}` (a cluster node's store: `shoal recover --cluster FILE`, or start the cluster), or open it with a log (durability commit or flush-every-ms); the findings above are from before recovery",
+                "node {}: NEEDS RECOVERY (not shut down cleanly; its log holds the changes): run {}, or open it with a log (durability commit or flush-every-ms); the findings above are from before recovery",
                 r.node,
-                dir.display()
+                target.recover_command()
             ),
             "unclean_without_log" => say!(
                 "node {}: NOT shut down cleanly and no log: changes since its last clean shutdown are lost (an engine opens it only with allow_unclean)",

@@ -479,6 +479,29 @@ fn a_cluster_with_a_log_keeps_every_committed_increment_through_kill_9() {
     }
     let acked: Vec<u64> = (0..3).map(|i| committed(&paths[i])).collect();
     drop(kids);
+    // the cluster file's stores, inspected: each needs recovery, the cluster's way
+    let inspect = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+            .args(["inspect", "--quiet", "--cluster"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code(), text)
+    };
+    let (code, text) = inspect();
+    assert_eq!(code, Some(3), "{text}");
+    for i in 0..3 {
+        assert!(
+            text.contains(&format!("node {i}: NEEDS RECOVERY")),
+            "{text}"
+        );
+    }
+    assert!(
+        text.contains(&format!("shoal recover --cluster {}", file.display())),
+        "{text}"
+    );
 
     // 3. killed again during the restart's recovery, then restarted
     let paths: Vec<PathBuf> = (0..3)
@@ -515,6 +538,9 @@ fn a_cluster_with_a_log_keeps_every_committed_increment_through_kill_9() {
     let (code, text) = recover(&["--cluster".as_ref(), file.as_os_str()]);
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("closed cleanly"), "{text}");
+    let (code, text) = inspect();
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("ok: no problems found"), "{text}");
     let after = restart_and_tallies(&file, dir.path(), "e");
     for i in 0..3 {
         // (the run's committed lines count from its start, the tallies from the first run)
