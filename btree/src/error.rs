@@ -9,8 +9,8 @@ pub enum TreeError {
     Engine(#[from] EngineError),
     #[error("key of {len} bytes is too large (at most {max})")]
     KeyTooLarge { len: usize, max: usize },
-    #[error("key plus value of {len} bytes is too large (at most {max})")]
-    RecordTooLarge { len: usize, max: usize },
+    #[error("value of {len} bytes is too large (at most {max})")]
+    ValueTooLarge { len: usize, max: usize },
     #[error("a tree named '{0}' already exists")]
     Exists(String),
     #[error("no tree named '{0}' in the catalog")]

@@ -480,8 +480,49 @@ fn a_batch_with_an_oversized_record_writes_nothing() {
     b.put(b"huge", vec![0u8; shoal_btree::MAX_VALUE + 1]);
     assert!(matches!(
         t.apply(&w, &b),
-        Err(shoal_btree::TreeError::RecordTooLarge { .. })
+        Err(shoal_btree::TreeError::ValueTooLarge { .. })
     ));
+    assert_eq!(t.count(&w).unwrap(), 0);
+}
+
+/// Issue 47: a key too long for any tree is an error on every operation, reads too (a lookup
+/// that said "absent" would hide the caller's bug), and an oversized value's error names the
+/// value's length, the length the limit is on.
+#[test]
+fn an_oversized_key_is_an_error_everywhere_and_a_value_error_names_the_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(EngineConfig::new(dir.path(), 4 << 20)).unwrap();
+    let w = e.worker();
+    let t = BTree::create(&w, "t").unwrap();
+    let long = vec![7u8; shoal_btree::MAX_KEY + 1];
+    let too_long = |r: Result<(), shoal_btree::TreeError>| matches!(r, Err(shoal_btree::TreeError::KeyTooLarge { len, .. }) if len == long.len());
+    assert!(too_long(t.insert(&w, &long, b"v").map(|_| ())));
+    assert!(too_long(t.get(&w, &long).map(|_| ())));
+    assert!(too_long(t.update(&w, &long, |_| {}).map(|_| ())));
+    assert!(too_long(t.remove(&w, &long).map(|_| ())));
+    assert!(too_long(t.lookup_many(&w, &[&long[..]], |_, _| {})));
+    let mut tx = shoal_btree::Transaction::begin(&w);
+    let r = tx.get(&t, &long).map(|_| ());
+    assert!(
+        matches!(
+            r,
+            Err(shoal_btree::TxError::Tree(
+                shoal_btree::TreeError::KeyTooLarge { .. }
+            ))
+        ),
+        "{r:?}"
+    );
+    drop(tx);
+    let big = vec![0u8; shoal_btree::MAX_VALUE + 1];
+    let err = t.insert(&w, b"k", &big).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "value of {} bytes is too large (at most {})",
+            big.len(),
+            shoal_btree::MAX_VALUE
+        )
+    );
     assert_eq!(t.count(&w).unwrap(), 0);
 }
 

@@ -256,8 +256,24 @@ pub fn data_dir(
 ) -> anyhow::Result<(PathBuf, Option<tempfile::TempDir>)> {
     match dir {
         Some(d) => {
-            std::fs::create_dir_all(d)
-                .map_err(|e| anyhow::anyhow!("--data-dir {}: {e}", d.display()))?;
+            // only the directory itself is made: a parent that does not exist is more likely a
+            // mistyped mount point than a wish to create directories up to the root
+            if let Some(parent) = d.parent().filter(|p| !p.as_os_str().is_empty()) {
+                if !parent.is_dir() {
+                    return Err(Usage(format!(
+                        "--data-dir {}: its parent directory {} does not exist (create it first; \
+                         only the data directory itself is created)",
+                        d.display(),
+                        parent.display()
+                    ))
+                    .into());
+                }
+            }
+            match std::fs::create_dir(d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && d.is_dir() => {}
+                Err(e) => return Err(anyhow::anyhow!("--data-dir {}: {e}", d.display())),
+            }
             let entries = std::fs::read_dir(d)
                 .map_err(|e| anyhow::anyhow!("--data-dir {}: {e}", d.display()))?;
             // what a crash can leave of a creation that never finished is not a data set: the
@@ -419,13 +435,30 @@ pub fn progress_bar(len: u64, what: &str, unit: &str, quiet: bool) -> indicatif:
         return indicatif::ProgressBar::hidden();
     }
     let b = indicatif::ProgressBar::new(len);
+    // (narrow enough for 80 columns with 10-digit counts; the rate in whole units)
     b.set_style(
         indicatif::ProgressStyle::with_template(&format!(
-            "{what} {{bar:40}} {{pos}}/{{len}} {unit} ({{per_sec}}, eta {{eta}})"
+            "{what} {{bar:25}} {{pos}}/{{len}} {unit} ({{rate}}, eta {{eta}})"
         ))
-        .expect("template"),
+        .expect("template")
+        .with_key(
+            "rate",
+            |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = w.write_str(&rate_text(s.per_sec()));
+            },
+        ),
     );
     b
+}
+
+/// A rate for a progress line: `950/s`, `12.3K/s`, `1.23M/s`.
+pub fn rate_text(per_sec: f64) -> String {
+    match per_sec {
+        r if !r.is_finite() || r < 0.0 => "-/s".to_string(),
+        r if r < 1e3 => format!("{r:.0}/s"),
+        r if r < 1e6 => format!("{:.1}K/s", r / 1e3),
+        r => format!("{:.2}M/s", r / 1e6),
+    }
 }
 
 /// Wait for loader threads, moving `bar` to `done` (at most `total`) every 100 ms, then join
@@ -609,4 +642,17 @@ pub fn parse_wal_size(s: &str) -> Result<u64, String> {
         ));
     }
     Ok(b)
+}
+
+#[cfg(test)]
+mod tests {
+    /// Issue 47: a progress line's rate is short ("1,232,196.9393/s" wrapped lines at 80
+    /// columns).
+    #[test]
+    fn a_rate_is_printed_in_a_few_digits() {
+        assert_eq!(super::rate_text(1_232_196.939_3), "1.23M/s");
+        assert_eq!(super::rate_text(45_678.9), "45.7K/s");
+        assert_eq!(super::rate_text(950.4), "950/s");
+        assert_eq!(super::rate_text(f64::NAN), "-/s");
+    }
 }

@@ -91,8 +91,16 @@ enum Cmd {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Print the manual page (roff) to standard output, e.g. `shoal man | man -l -`.
-    Man,
+    /// Print a manual page (roff) to standard output, e.g. `shoal man | man -l -`: shoal(1),
+    /// or a command's (`shoal man ycsb`: shoal-ycsb(1)); `--dir DIR` writes every page there
+    /// (shoal.1, shoal-ycsb.1, ...), for `MANPATH`.
+    Man {
+        /// The command whose page to print (default: shoal's own).
+        command: Option<String>,
+        /// Write every page (shoal's and each command's) into this directory instead.
+        #[arg(long, conflicts_with = "command")]
+        dir: Option<std::path::PathBuf>,
+    },
     /// Draw results as an SVG chart: `shoal ycsb --csv` files (throughput and p99 over time)
     /// or `--json` reports (latency by percentile), several runs on one chart.
     Plot(plot::Args),
@@ -138,13 +146,7 @@ fn main() -> ExitCode {
             clap_complete::generate(shell, &mut cmd, "shoal", &mut std::io::stdout());
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Man => {
-            let cmd = <Cli as clap::CommandFactory>::command();
-            clap_mangen::Man::new(cmd)
-                .render(&mut std::io::stdout())
-                .map(|()| ExitCode::SUCCESS)
-                .map_err(|e| anyhow::anyhow!("writing the manual page: {e}"))
-        }
+        Cmd::Man { command, dir } => man(command.as_deref(), dir.as_deref()),
     };
     match r {
         Ok(code) => code,
@@ -159,4 +161,38 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `shoal man`: shoal(1) names a page per command (shoal-ycsb(1), ...); each one exists, printed
+/// with `shoal man ycsb` or written with the rest by `--dir`.
+fn man(command: Option<&str>, dir: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
+    let mut cmd = <Cli as clap::CommandFactory>::command().disable_help_subcommand(true);
+    cmd.build(); // (names each command's page shoal-<command>)
+    if let Some(d) = dir {
+        std::fs::create_dir_all(d).map_err(|e| anyhow::anyhow!("--dir {}: {e}", d.display()))?;
+        clap_mangen::generate_to(cmd, d)
+            .map_err(|e| anyhow::anyhow!("writing the manual pages to {}: {e}", d.display()))?;
+        say!("manual pages written to {}", d.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let page = match command {
+        None => cmd,
+        Some(name) => {
+            let names: Vec<String> = cmd
+                .get_subcommands()
+                .filter(|s| !s.is_hide_set())
+                .map(|s| s.get_name().to_string())
+                .collect();
+            cmd.find_subcommand(name).cloned().ok_or_else(|| {
+                cli::Usage(format!(
+                    "no command '{name}' (one of: {})",
+                    names.join(", ")
+                ))
+            })?
+        }
+    };
+    clap_mangen::Man::new(page)
+        .render(&mut std::io::stdout())
+        .map(|()| ExitCode::SUCCESS)
+        .map_err(|e| anyhow::anyhow!("writing the manual page: {e}"))
 }

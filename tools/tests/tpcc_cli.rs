@@ -74,6 +74,7 @@ fn run_checked_for(args: &[&str], secs: &str, csv: Option<&std::path::Path>) -> 
     );
     assert!(stdout.contains("conditions 1-4 hold"), "{stdout}");
     assert!(stdout.contains("NewOrders/min"), "{stdout}");
+
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(v["errors"], 0, "{v}");
@@ -336,6 +337,12 @@ fn tpcc_rate_and_csv() {
     let tps = v["throughput_txn_per_s"].as_f64().unwrap();
     assert!(tps > 0.0 && tps <= 400.0 * 1.05 + 5.0, "{tps} txn/s");
     assert_eq!(v["rate_txn_per_s"], 400.0);
+    // issue 47: one warehouse is "1 warehouse"
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("tpcc: 1 warehouse, 1 node in this report"),
+        "{stdout}"
+    );
     let text = std::fs::read_to_string(&csv).unwrap();
     let mut lines = text.lines();
     assert_eq!(
@@ -343,6 +350,20 @@ fn tpcc_rate_and_csv() {
         Some("time_s,phase,txn_per_s,new_orders_per_min")
     );
     let rows: Vec<&str> = lines.collect();
-    assert!(rows.len() >= 2, "{text}");
     assert!(rows.iter().all(|r| r.split(',').count() == 4), "{text}");
+    // issue 47: one row per second of the run (1 s warm-up + 2 s), each at its second (rows
+    // neither missing nor drifting)
+    assert_eq!(rows.len(), 3, "{text}");
+    for (i, r) in rows.iter().enumerate() {
+        let t: f64 = r.split(',').next().unwrap().parse().unwrap();
+        assert!(
+            (t - (i + 1) as f64).abs() < 0.25,
+            "row {i} at {t} s: {text}"
+        );
+        let phase = r.split(',').nth(1).unwrap();
+        assert_eq!(phase, if i == 0 { "warmup" } else { "measure" }, "{text}");
+        // every second ran transactions, the warm-up's too (its row said 0 before)
+        let rate: f64 = r.split(',').nth(2).unwrap().parse().unwrap();
+        assert!(rate > 100.0, "row {i}: {rate} txn/s: {text}");
+    }
 }

@@ -284,6 +284,46 @@ fn a_data_directory_that_is_not_empty_is_refused_untouched() {
     assert_eq!(std::fs::read(&other).unwrap(), b"keep me");
 }
 
+/// Issue 47: a data directory whose parent is missing (a mistyped or unmounted mount point) is
+/// refused, and no directory is made on the way to the root; the directory itself is made.
+#[test]
+fn a_data_directory_is_made_only_under_a_parent_that_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    let deep = dir.path().join("nvme").join("shoal");
+    for cmd in ["ycsb", "tpcc"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+            .args([cmd, "--duration", "1", "--quiet", "--data-dir"])
+            .arg(&deep)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd}: {err}");
+        assert!(err.contains("does not exist"), "{err}");
+        assert!(!dir.path().join("nvme").exists(), "{cmd} made a parent");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .args([
+            "ycsb",
+            "--records",
+            "1000",
+            "--warmup",
+            "0",
+            "--duration",
+            "0.2",
+            "--quiet",
+            "--data-dir",
+        ])
+        .arg(dir.path().join("made"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(dir.path().join("made").is_dir());
+}
+
 /// A process killed before anything was written back leaves a store whose catalog page is
 /// still readable (the empty catalog is written when the store is made), so `shoal inspect`
 /// reads the catalog of an unclean store instead of failing on a page that was never written.
@@ -554,7 +594,7 @@ fn csv_hdr_and_plots_of_a_run() {
             "--warmup",
             "1",
         ])
-        .args(["--duration", "3", "--quiet", "--csv"])
+        .args(["--duration", "3", "--csv"])
         .arg(&csv)
         .arg("--hdr")
         .arg(&hdr)
@@ -589,6 +629,20 @@ fn csv_hdr_and_plots_of_a_run() {
     for r in &rows {
         assert_eq!(r.len(), head.len());
         assert!(r[2].parse::<f64>().unwrap() > 0.0, "{r:?}");
+    }
+    // issue 47: the console's per-second lines say "warm" exactly where the CSV says warmup
+    let console = String::from_utf8_lossy(&out.stdout);
+    for r in &rows {
+        let t = r[0].parse::<f64>().unwrap().round() as u64;
+        let line = console
+            .lines()
+            .find(|l| l.starts_with(&format!("[{t:>4}s")))
+            .unwrap_or_else(|| panic!("no console line for second {t}: {console}"));
+        assert_eq!(
+            line.contains(" warm]"),
+            r[1] == "warmup",
+            "second {t}: console {line:?}, CSV {r:?}"
+        );
     }
     // the interval log decodes, tagged per operation type
     let log = std::fs::read(&hdr).unwrap();
@@ -682,6 +736,28 @@ fn completions_and_the_manual_page_are_generated() {
         text.contains(".TH shoal 1") && text.contains("ycsb"),
         "{text}"
     );
+    // issue 47: every page shoal(1) names exists
+    assert!(text.contains("shoal\\-ycsb(1)"), "{text}");
+    let out = shoal().args(["man", "ycsb"]).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(".TH shoal-ycsb 1") && text.contains("records"),
+        "{text}"
+    );
+    let out = shoal().args(["man", "nosuch"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("one of: ycsb"));
+    let dir = tempfile::tempdir().unwrap();
+    let out = shoal()
+        .args(["man", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    for page in ["shoal.1", "shoal-ycsb.1", "shoal-tpcc.1", "shoal-node.1"] {
+        assert!(dir.path().join(page).exists(), "{page}");
+    }
 }
 
 /// Issue 28: every shipped workload file runs (YCSB's record shape: 10 x 100 bytes), with

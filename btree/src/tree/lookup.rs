@@ -78,6 +78,7 @@ impl BTree {
         key: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<bool, TreeError> {
+        Self::check_key(key)?;
         Ok(w.run(|w| {
             let g = self.find_leaf(w, key)?;
             let p = g.page();
@@ -160,6 +161,9 @@ impl BTree {
         keys: &[K],
         mut done: impl FnMut(usize, &[K], &[Lane<'w>], &mut [Vec<u8>]) -> Result<(), TreeError>,
     ) -> Result<(), TreeError> {
+        for k in keys {
+            Self::check_key(k.as_ref())?;
+        }
         let width = keys.len().min(LOOKUP_GROUP);
         let mut lanes: Vec<Lane<'w>> = Vec::with_capacity(width);
         let mut bufs: Vec<Vec<u8>> = (0..width).map(|_| Vec::new()).collect();

@@ -257,16 +257,23 @@ impl BTree {
         BTree { root }
     }
 
-    pub(crate) fn check_sizes(key: &[u8], vlen: usize) -> Result<(), TreeError> {
+    /// A key longer than [`MAX_KEY`] is an error wherever it is used (it can never be in a
+    /// tree: a lookup that said "absent" would hide a caller's bug).
+    pub(crate) fn check_key(key: &[u8]) -> Result<(), TreeError> {
         if key.len() > MAX_KEY {
             return Err(TreeError::KeyTooLarge {
                 len: key.len(),
                 max: MAX_KEY,
             });
         }
+        Ok(())
+    }
+
+    pub(crate) fn check_sizes(key: &[u8], vlen: usize) -> Result<(), TreeError> {
+        Self::check_key(key)?;
         if vlen > overflow::MAX_VALUE {
-            return Err(TreeError::RecordTooLarge {
-                len: key.len() + vlen,
+            return Err(TreeError::ValueTooLarge {
+                len: vlen,
                 max: overflow::MAX_VALUE,
             });
         }
@@ -388,6 +395,7 @@ impl BTree {
         mut f: impl FnMut(&mut [u8]),
     ) -> Result<bool, TreeError> {
         let key = key.as_ref();
+        Self::check_key(key)?;
         no_write_in_own_scan(self.root)?;
         // an overflow value is rewritten into a new chain; the old one is freed afterwards
         let mut replaced: Option<ValueRef> = None;
@@ -427,6 +435,7 @@ impl BTree {
     /// merged with a neighbour when the two fit in one page (see `merge_underfull`).
     pub fn remove(&self, w: &Worker, key: impl AsRef<[u8]>) -> Result<bool, TreeError> {
         let key = key.as_ref();
+        Self::check_key(key)?;
         no_write_in_own_scan(self.root)?;
         // the chain of a removed overflow value, freed once the leaf is released
         let mut chain: Option<ValueRef> = None;

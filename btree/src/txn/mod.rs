@@ -215,6 +215,7 @@ impl<'w> Transaction<'w> {
         tree: &BTree,
         key: &[u8],
     ) -> Result<(Option<Vec<u8>>, Option<ReadAt>), TxError> {
+        BTree::check_key(key)?;
         if let Some(w) = self.own_write(tree, key) {
             let v = match &w.op {
                 Op::Put(v) => Some(v.clone()),
@@ -390,6 +391,7 @@ impl<'w> Transaction<'w> {
         key: &[u8],
         part: &Range<usize>,
     ) -> Result<Option<Part>, TxError> {
+        BTree::check_key(key)?;
         let clip = |v: &[u8]| v[part.start.min(v.len())..part.end.min(v.len())].to_vec();
         let mut patches = Vec::new();
         if let Some(w) = self.own_write(tree, key) {

@@ -270,7 +270,13 @@ fn check_existing(a: &Args, cache: usize) -> anyhow::Result<ExitCode> {
 /// Print the consistency check's result (the first 20 violations).
 fn say_check(bad: &[String], warehouses: u16) {
     if bad.is_empty() {
-        say!("check: consistency conditions 1-4 hold on all {warehouses} warehouses");
+        say!(
+            "check: consistency conditions 1-4 hold on {}",
+            match warehouses {
+                1 => "the warehouse".to_string(),
+                n => format!("all {n} warehouses"),
+            }
+        );
     } else {
         say!("check: {} violations", bad.len());
         for b in bad.iter().take(20) {
@@ -331,7 +337,8 @@ fn drive(nodes: &Nodes, a: &Args) -> anyhow::Result<ExitCode> {
         })
         .sum();
     say!(
-        "load: {mine} warehouses in {load_s:.1} s, {} of pages ({} per warehouse)",
+        "load: {} in {load_s:.1} s, {} of pages ({} per warehouse)",
+        count(mine as u64, "warehouse"),
         format_bytes(pages * 4096),
         format_bytes(pages * 4096 / mine as u64),
     );
@@ -451,10 +458,10 @@ fn report(
     let new_orders = t.count[0] - t.rollbacks;
     let tpm_c = new_orders as f64 / o.secs * 60.0;
     say!(
-        "tpcc: {} warehouses, {} node(s) in this report, {} workers, mode {:?}, {:.1} s measured",
-        a.warehouses,
-        o.per_node.len(),
-        o.threads,
+        "tpcc: {}, {} in this report, {}, mode {:?}, {:.1} s measured",
+        count(a.warehouses as u64, "warehouse"),
+        count(o.per_node.len() as u64, "node"),
+        count(o.threads as u64, "worker"),
         a.mode,
         o.secs
     );
@@ -596,4 +603,13 @@ fn report(
             "pages_taken_in": c[6],
         })).collect::<Vec<_>>(),
     }))
+}
+
+/// `1 warehouse`, `2 warehouses`.
+fn count(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
 }

@@ -192,8 +192,7 @@ struct TpccWatch<'a> {
     run: &'a TpccRun<'a>,
     csv: Option<std::io::BufWriter<std::fs::File>>,
     start: Instant,
-    /// The time, transactions and NewOrders of the last line (a phase's first line reports
-    /// that phase's rate: the baseline is reset when the measurement starts).
+    /// The time, transactions and NewOrders of the last line.
     last: (Instant, u64, u64),
     before: Vec<[u64; 7]>,
     log0: shoal_engine::LogCounters,
@@ -214,7 +213,8 @@ impl harness::Supervisor for TpccWatch<'_> {
         let engines = &self.run.nodes.engines;
         self.before = engines.iter().map(|e| node_counters(e)).collect();
         self.log0 = engines[0].stats().log;
-        self.last = self.counts();
+        // (`last` is kept: the warm-up's last second, whose line comes right after this when
+        // the warm-up is whole seconds, reports its own rate, not zero)
     }
 
     fn second(&mut self, _tick: u64, warm: bool, _whole: bool) -> anyhow::Result<()> {

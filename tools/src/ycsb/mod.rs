@@ -477,9 +477,8 @@ impl harness::Supervisor for YcsbWatch<'_> {
             say!(
                 "[{:>4}s{}] {:>10.0} ops/s  hit {:>6.2}%  remote {:>7.0}/s  nvme r {:>7.0}/s w {:>7.0}/s",
                 tick,
-                // the line is printed after the second ended: "warm" if the run is still in
-                // its warm-up now
-                if warm && self.before.is_empty() { " warm" } else { "" },
+                // the second began in the warm-up (as the CSV marks it)
+                if warm { " warm" } else { "" },
                 (now.1 - last.1) as f64 / dt,
                 hit,
                 remote as f64 / dt,
