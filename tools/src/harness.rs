@@ -112,6 +112,11 @@ pub fn run<W: Workload, S: Supervisor>(
 ) -> anyhow::Result<Ran<W::Out>> {
     assert!(tasks >= 1, "a thread runs at least one stream");
     let phase = RunState::new();
+    if timing.warmup.is_zero() {
+        // no warm-up: every operation counts, the first ones too
+        sup.measuring();
+        phase.set(MEASURE);
+    }
     let streams = threads.len() * tasks;
     std::thread::scope(|s| {
         let hs: Vec<_> = threads

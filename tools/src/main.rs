@@ -118,7 +118,8 @@ fn main() -> ExitCode {
     }
     // Ctrl-C and SIGTERM stop a command cleanly; a second one exits at once (stop.rs).
     stop::install();
-    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let matches = <Cli as clap::CommandFactory>::command()
+        .get_matches_from(ycsb::ycsb_style(std::env::args_os().collect()));
     let cli =
         <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let r = match cli.cmd {

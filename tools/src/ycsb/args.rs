@@ -6,6 +6,8 @@ use super::*;
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Distribution {
     Uniform,
+    /// (YCSB's name, `zipfian`, works too)
+    #[value(alias = "zipfian")]
     Zipf,
     Latest,
 }

@@ -3,6 +3,7 @@
 //! with `--json`). Every value read is checked (see [`crate::value`]); a run with value errors
 //! exits with status 1.
 
+mod flags;
 mod props;
 mod tcp;
 
@@ -14,6 +15,7 @@ mod stream;
 pub use args::Args;
 use args::*;
 use dataset::*;
+pub use flags::ycsb_style;
 use report::*;
 use series::*;
 use stream::*;
@@ -376,7 +378,7 @@ struct YcsbRun<'a> {
     plan: &'a Plan,
     set: &'a DataSet,
     counters: Vec<Counter>,
-    inserts: Vec<Counter>,
+    inserts: Vec<Inserts>,
     /// Each second's latencies per stream and operation type (only for --csv / --hdr).
     intervals: Vec<std::sync::Mutex<Vec<Histogram<u64>>>>,
 }
@@ -414,7 +416,7 @@ impl harness::Workload for YcsbRun<'_> {
             share,
             phase,
             &self.counters[i].0,
-            &self.inserts[s.engine].0,
+            (&self.inserts, &self.inserts[s.engine]),
         )
     }
 }
@@ -514,7 +516,7 @@ fn run_phase(
         plan,
         set,
         counters: (0..n_units).map(|_| Counter::default()).collect(),
-        inserts: nodes.engines.iter().map(|_| Counter::default()).collect(),
+        inserts: nodes.engines.iter().map(|_| Inserts::default()).collect(),
         intervals: if a.csv.is_some() || a.hdr.is_some() {
             (0..n_units)
                 .map(|_| std::sync::Mutex::new((0..5).map(|_| crate::report::hist()).collect()))
@@ -559,11 +561,6 @@ fn run_phase(
             out.push(r.map_err(|e| anyhow::anyhow!("the run failed: {e}"))?);
         }
     }
-    let inserted = run
-        .inserts
-        .iter()
-        .map(|c| c.0.load(Ordering::Relaxed))
-        .max()
-        .unwrap_or(0);
+    let inserted = run.inserts.iter().map(Inserts::started).max().unwrap_or(0);
     Ok((out, ran.measured, before, after, inserted))
 }

@@ -29,18 +29,51 @@ const KNOWN: &[(&str, &str)] = &[
     ("maxscanlength", "--max-scan"),
 ];
 
-/// Properties that are accepted and have no effect here (said once, on standard error).
-const IGNORED: &[&str] = &[
-    "workload",
-    "readallfields",
-    "writeallfields",
-    "table",
-    "insertorder",
-    "scanlengthdistribution",
-    "fieldlengthdistribution",
-    "measurementtype",
-    "histogram.buckets",
-    "status.interval",
+/// Properties that are accepted without changing the run, each with what this driver does
+/// instead: said on standard error when given with a value that differs from it.
+const IGNORED: &[(&str, &[&str], &str)] = &[
+    (
+        "workload",
+        &[],
+        "the CoreWorkload is what shoal ycsb runs (anything else is refused)",
+    ),
+    (
+        "readallfields",
+        &["true"],
+        "a record is one value: a read reads all its fields",
+    ),
+    (
+        "writeallfields",
+        &["true"],
+        "a record is one value: an update writes all its fields",
+    ),
+    ("table", &["usertable"], "the table is the tree 'usertable'"),
+    (
+        "insertorder",
+        &["ordered"],
+        "keys are 8-byte integers inserted in order",
+    ),
+    (
+        "scanlengthdistribution",
+        &["uniform"],
+        "scan lengths are uniform in 1..=maxscanlength",
+    ),
+    (
+        "fieldlengthdistribution",
+        &["constant"],
+        "every record has fieldcount x fieldlength bytes",
+    ),
+    (
+        "measurementtype",
+        &["hdrhistogram"],
+        "latencies go into HdrHistograms",
+    ),
+    (
+        "histogram.buckets",
+        &[],
+        "latencies go into HdrHistograms (no buckets)",
+    ),
+    ("status.interval", &["1"], "status lines come every second"),
 ];
 
 /// Read the property files and `-p` pairs of `a`, in order.
@@ -106,11 +139,18 @@ pub fn apply(
             .transpose()
     };
     for k in props.keys() {
-        if !KNOWN.iter().any(|(n, _)| n == k) && !IGNORED.contains(&k.as_str()) {
+        if !KNOWN.iter().any(|(n, _)| n == k) && !IGNORED.iter().any(|(n, _, _)| n == k) {
             return Err(anyhow::anyhow!(
                 "property {k}: not understood by shoal ycsb (it understands {})",
                 KNOWN.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
             ));
+        }
+    }
+    for (k, same, what) in IGNORED {
+        if let Some(v) = props.get(*k) {
+            if !same.contains(&v.as_str()) && *k != "workload" {
+                eprintln!("note: property {k}={v} does not change this run: {what}");
+            }
         }
     }
     if let Some(w) = props.get("workload") {
@@ -166,6 +206,10 @@ pub fn apply(
     // otherwise (as one value here); only when a workload file or property is given, so the
     // plain command keeps its 128-byte values
     let ycsb_shape = !a.property_files.is_empty() || !a.properties.is_empty();
+    // YCSB has no warm-up: with its properties, none unless --warmup asks for one
+    if ycsb_shape && !given("warmup") {
+        a.warmup = 0.0;
+    }
     if ycsb_shape || props.contains_key("fieldcount") || props.contains_key("fieldlength") {
         // YCSB's defaults: 10 fields of 100 bytes
         let count = int("fieldcount")?.unwrap_or(10);

@@ -8,6 +8,49 @@ use crate::harness::RunState;
 #[derive(Default)]
 pub(super) struct Counter(pub(super) AtomicU64);
 
+/// One node's inserts during a run: the numbers handed out, and how many of them, from the
+/// first, returned (YCSB's acknowledged counter): reads of the latest keys read only keys
+/// whose inserts returned, never one still on its way.
+#[derive(Default)]
+pub(super) struct Inserts {
+    /// The next insert number to hand out.
+    started: AtomicU64,
+    /// Every insert numbered below this one returned.
+    acked: AtomicU64,
+    /// Inserts that returned above `acked` (an earlier one is still on its way).
+    early: std::sync::Mutex<std::collections::BTreeSet<u64>>,
+}
+
+impl Inserts {
+    /// The number of a new insert.
+    pub(super) fn begin(&self) -> u64 {
+        self.started.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Insert `n` returned.
+    pub(super) fn done(&self, n: u64) {
+        let mut early = self.early.lock().unwrap_or_else(|p| p.into_inner());
+        early.insert(n);
+        let mut acked = self.acked.load(Ordering::Relaxed);
+        while early.remove(&acked) {
+            acked += 1;
+        }
+        // Release: a reader that sees `acked` sees the inserts below it done (their tree
+        // writes happened before their `done`)
+        self.acked.store(acked, Ordering::Release);
+    }
+
+    /// How many inserts, from the first, returned.
+    pub(super) fn acked(&self) -> u64 {
+        self.acked.load(Ordering::Acquire)
+    }
+
+    /// How many insert numbers were handed out (the keys the run took).
+    pub(super) fn started(&self) -> u64 {
+        self.started.load(Ordering::Relaxed)
+    }
+}
+
 #[derive(Default)]
 pub(super) struct WorkerResult {
     /// Latencies per operation type (indexed as [`OP_NAMES`]).
@@ -58,8 +101,10 @@ impl Keys {
             c.next(self.records, rng)
         }
     }
-    /// A key that may have been inserted during the run (reads, scans): `inserted` is this
-    /// node's insert count; every node inserts about as many.
+    /// A key that is loaded or was inserted during the run (reads, scans): `inserted` is how
+    /// many inserts every node has seen return (node `i`'s `n`-th insert is
+    /// [`Keys::inserted`]`(n)` there, so every key below the bound is in the tree; a process
+    /// of a tcp cluster sees only its own node's and takes the others' to be as many).
     pub(super) fn live(&self, c: &mut KeyChooser, inserted: u64, rng: &mut SmallRng) -> u64 {
         if self.partitioned {
             self.existing(c, rng)
@@ -113,7 +158,7 @@ pub(super) fn worker_loop(
     share: Share<'_>,
     phase: &RunState,
     counter: &AtomicU64,
-    inserted: &AtomicU64,
+    (inserts, mine): (&[Inserts], &Inserts),
 ) -> Result<WorkerResult, TreeError> {
     let w = engine.worker();
     // one stream per worker of each node, all from the run's seed
@@ -155,7 +200,7 @@ pub(super) fn worker_loop(
             break; // this worker's share of --operations is done
         }
         let op = plan.mix.pick(&mut rng);
-        let live = inserted.load(Ordering::Relaxed);
+        let live = inserts.iter().map(Inserts::acked).min().unwrap_or(0);
         // with --target, latency counts from the intended start (queueing included)
         let t0 = match share.pace {
             Some(p) => {
@@ -202,11 +247,13 @@ pub(super) fn worker_loop(
                 }
             }
             Op::Insert => {
-                let k = keys.inserted(inserted.fetch_add(1, Ordering::Relaxed));
+                let n = mine.begin();
+                let k = keys.inserted(n);
                 value::fill(&mut val, k, 0);
                 if !tree.insert(&w, u64_key(k), &val)?.inserted() {
                     note(&mut res, format!("insert of new key {k}: already present"));
                 }
+                mine.done(n);
                 ack = true;
             }
             Op::Scan => {
