@@ -106,7 +106,7 @@ fn child(dir: &Path, seed: u64) {
         // once durable, pages logged whole on arrival, evictions
         s.spawn(|| loop {
             std::thread::sleep(Duration::from_millis(100));
-            let (mut cp, mut sent, mut arrived, mut ev, mut pages) = (0, 0, 0, 0, 0);
+            let (mut cp, mut sent, mut arrived, mut ev, mut pages, mut again) = (0, 0, 0, 0, 0, 0);
             for e in c.nodes() {
                 let st = e.stats();
                 let p = e.protocol_stats();
@@ -117,9 +117,10 @@ fn child(dir: &Path, seed: u64) {
                 sent += p.flushes_before_send + p.held_for_log;
                 arrived += p.logged_on_arrival;
                 pages += p.pages;
+                again += p.relogged_after_checkpoint;
             }
             let mut o = out.lock().unwrap();
-            writeln!(o, "stats {cp} {sent} {arrived} {ev} {pages}").unwrap();
+            writeln!(o, "stats {cp} {sent} {arrived} {ev} {pages} {again}").unwrap();
             o.flush().unwrap();
         });
         for g in 0..WORKERS {
@@ -208,9 +209,9 @@ fn kill_9_of_a_cluster_loses_no_acknowledged_change() {
     let mut acked = vec![0u64; WORKERS];
     let (mut started, mut acks) = (0, 0u64);
     // (checkpoints, waits before a page left, pages logged on arrival, evictions, pages
-    // sent), summed
-    // over the rounds from each round's last report
-    let mut seen = [0u64; 5];
+    // sent, pages logged again after a checkpoint), summed over the rounds from each round's
+    // last report
+    let mut seen = [0u64; 6];
     for round in 0..rounds {
         // the first round creates the cluster; later ones may be killed during recovery
         let after = Duration::from_millis(if round == 0 {
@@ -257,7 +258,7 @@ fn kill_9_of_a_cluster_loses_no_acknowledged_change() {
         started >= 2 && acks > 0,
         "the children ran: {started} starts, {acks} acks"
     );
-    let [checkpoints, sent, arrived, evictions, pages_sent] = seen;
+    let [checkpoints, sent, arrived, evictions, pages_sent, again] = seen;
     assert!(
         checkpoints > 0 && sent > 0 && arrived > 0 && evictions > 0,
         "the rounds crossed checkpoints ({checkpoints}), pages waiting for their changes to be durable before they left ({sent}), pages logged on arrival ({arrived}) and evictions ({evictions})"
@@ -277,7 +278,7 @@ fn kill_9_of_a_cluster_loses_no_acknowledged_change() {
     );
     c.close().unwrap();
     eprintln!(
-        "{rounds} kills, {started} recoveries checked, {acks} increments acknowledged; {checkpoints} checkpoints, {pages_sent} pages sent, {sent} waits for a page's changes to be durable before it left, {arrived} pages logged on arrival, {evictions} evictions"
+        "{rounds} kills, {started} recoveries checked, {acks} increments acknowledged; {checkpoints} checkpoints, {pages_sent} pages sent, {sent} waits for a page's changes to be durable before it left, {arrived} pages logged on arrival ({again} again after a checkpoint began), {evictions} evictions"
     );
 }
 

@@ -100,6 +100,9 @@ pub struct ProtocolStats {
     pub held_for_log: u64,
     /// With a log: pages that arrived dirty and were logged whole here.
     pub logged_on_arrival: u64,
+    /// With a log: of those, pages logged whole again when applied, because a checkpoint
+    /// began between their arrival and their application.
+    pub relogged_after_checkpoint: u64,
 }
 
 /// Counters of one log (all since open).

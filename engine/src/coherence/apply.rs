@@ -341,7 +341,7 @@ impl Coherence {
         note: Note,
         l: &mut Latched<'b>,
     ) -> Result<Outcome, ProtocolError> {
-        let from = note.from;
+        let (from, logged) = (note.from, note.logged);
         let step = match note.msg {
             Msg::Request { .. } => return self.home_request(buf, pid, ps, note, l),
             Msg::Evict { epoch, ref data } => {
@@ -362,6 +362,9 @@ impl Coherence {
                             d = ps.dir;
                             dec = EvictDecision::Decline;
                         }
+                    }
+                    if matches!(dec, EvictDecision::Accept { .. }) {
+                        self.relog_received(pid, logged, b);
                     }
                 }
                 ps.dir = d;
@@ -387,6 +390,7 @@ impl Coherence {
                             return Ok(Outcome::Stuck(note));
                         }
                     }
+                    self.relog_received(pid, logged, b);
                 }
                 ps.dir = d;
                 self.requeue_deferred(ps);
@@ -435,6 +439,7 @@ impl Coherence {
                             // it home (a shared copy of a dirty page is not ours to carry)
                             l.get(i).frame().set_dirty(true);
                         }
+                        self.relog_received(pid, logged, b);
                         step
                     }
                     None => return Ok(Outcome::Stuck(note)),
@@ -534,6 +539,7 @@ impl Coherence {
                     m => ps.held.push_back(Note {
                         from: self.me,
                         msg: m.map_data(|_| Data::Home),
+                        logged: 0,
                     }),
                 }
                 continue;

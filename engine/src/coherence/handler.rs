@@ -47,7 +47,7 @@ impl Coherence {
                         for (pid, msg) in msgs {
                             // (batches carry only messages without a page)
                             match attach(msg, None) {
-                                Some(m) => self.deliver(buf, from, Pid(pid), m),
+                                Some(m) => self.deliver(buf, from, Pid(pid), m, 0),
                                 None => log::error!(
                                     "node {}: a page message in a batch from node {from}: dropped",
                                     self.me
@@ -92,18 +92,20 @@ impl Coherence {
                 return;
             }
         };
-        if let Some(Data::Bytes(p)) = &data {
+        let logged = match &data {
             // before anything else of ours can make the page leave again (see logged.rs)
-            self.log_received(pid, &w.msg, p);
-        }
+            Some(Data::Bytes(p)) => self.log_received(pid, &w.msg, p),
+            _ => 0,
+        };
         let Some(msg) = attach(w.msg, data) else {
             unreachable!("the page was checked against the message above")
         };
-        self.deliver(buf, from, pid, msg);
+        self.deliver(buf, from, pid, msg, logged);
     }
 
-    /// Queue a decoded message about `pid` and apply what can be applied.
-    fn deliver(&self, buf: &Buffer, from: Node, pid: Pid, msg: Msg<Data>) {
+    /// Queue a decoded message about `pid` (`logged`: where its receipt image is in the log,
+    /// 0 for none) and apply what can be applied.
+    fn deliver(&self, buf: &Buffer, from: Node, pid: Pid, msg: Msg<Data>, logged: u64) {
         if pid.node() >= self.nodes {
             log::error!(
                 "node {}: {} from {from} about {pid}, outside the cluster",
@@ -116,7 +118,7 @@ impl Coherence {
         let ps = shard
             .entry(pid)
             .or_insert_with(|| PageState::new(pid, self.me));
-        ps.held.push_back(Note { from, msg });
+        ps.held.push_back(Note { from, msg, logged });
         if self.progress(buf, pid, ps) {
             self.pages.retry_later(pid);
         }

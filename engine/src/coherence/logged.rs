@@ -96,36 +96,79 @@ impl Coherence {
 
     /// A message from another node that makes this node responsible for the newest state of
     /// `pid` (a page handed over dirty, copied back or evicted home with its bytes) logs the
-    /// page whole at the version it carries.
-    pub(super) fn log_received<D>(&self, pid: Pid, msg: &Msg<D>, page: &[u8; PAGE_BYTES]) {
+    /// page whole at the version it carries. Returns the LSN of the image's chunk (0: none
+    /// logged), for [`Coherence::relog_received`].
+    pub(super) fn log_received<D>(&self, pid: Pid, msg: &Msg<D>, page: &[u8; PAGE_BYTES]) -> u64 {
         let responsible = match msg {
             Msg::Page { dirty, .. } => *dirty,
             Msg::CopyBack { data } | Msg::Evict { data, .. } => data.is_some(),
             _ => false,
         };
-        let Some(log) = self.log() else { return };
+        let Some(log) = self.log() else { return 0 };
         if !responsible {
-            return;
+            return 0;
         }
-        let version = shoal_storage::version(page);
-        let mut buf = Vec::with_capacity(PAGE_DATA_SIZE + 64);
-        let r = log.append(&mut buf, |_, b| {
-            put_image(b, pid.slot(), pid.raw(), version, &page[..PAGE_DATA_SIZE])
-        });
-        match r {
-            Ok(_) => {
+        match self.log_image(log, pid, page) {
+            Ok(at) => {
                 self.driver
                     .counters
                     .logged_on_arrival
                     .fetch_add(1, Ordering::Relaxed);
+                at
             }
             // the sender's records still hold the page: its checkpoint waits for our fence
             // answer, which a failed log never gives
+            Err(e) => {
+                log::error!(
+                    "node {}: logging {pid} received from another node failed: {e}",
+                    self.me
+                );
+                0
+            }
+        }
+    }
+
+    /// A message whose page was logged on arrival at `logged` (its chunk's LSN; 0: none)
+    /// was just applied: the page is in a frame (dirty) or written to the store. If a
+    /// checkpoint began after the receipt, that checkpoint may have looked for dirty frames
+    /// before this one became dirty, and then drops the receipt with the log before it: the
+    /// page's newest state would be in no log and not in the store. The image is logged
+    /// again, after the checkpoint's start.
+    pub(super) fn relog_received(&self, pid: Pid, logged: u64, page: &[u8; PAGE_BYTES]) {
+        let Some(log) = self.log() else { return };
+        if logged == 0 {
+            return;
+        }
+        // SeqCst fence, paired with the one in `Log::begin_checkpoint` after the checkpoint's
+        // start is published (the store-buffer pattern): either this load sees the new
+        // start, or that checkpoint's search for dirty frames (after its fence) sees the
+        // frame this message just made dirty. Both may happen: then the page is logged twice.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if log.checkpoint_start() <= logged {
+            return; // the receipt is after every checkpoint's start: it stays in the log
+        }
+        match self.log_image(log, pid, page) {
+            Ok(_) => {
+                self.driver
+                    .counters
+                    .relogged_after_checkpoint
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             Err(e) => log::error!(
-                "node {}: logging {pid} received from another node failed: {e}",
+                "node {}: logging {pid} again after a checkpoint failed: {e}",
                 self.me
             ),
         }
+    }
+
+    /// Log `page` (of `pid`) whole at the version it carries; returns its chunk's LSN.
+    fn log_image(&self, log: &Log, pid: Pid, page: &[u8; PAGE_BYTES]) -> Result<u64, EngineError> {
+        let version = shoal_storage::version(page);
+        let mut buf = Vec::with_capacity(PAGE_DATA_SIZE + 64);
+        let (at, _) = log.append(&mut buf, |_, b| {
+            put_image(b, pid.slot(), pid.raw(), version, &page[..PAGE_DATA_SIZE])
+        })?;
+        Ok(at)
     }
 
     /// A peer's `LogFence`: answer once our log is durable up to everything placed in it so

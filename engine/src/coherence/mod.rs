@@ -95,6 +95,9 @@ pub(crate) enum Data {
 pub(crate) struct Note {
     from: Node,
     msg: Msg<Data>,
+    /// Where this node's log holds the page the message brought (its receipt image), if it
+    /// logged one: the LSN the image's chunk starts at, 0 for none (`logged.rs`).
+    logged: u64,
 }
 
 /// What this node knows and holds of one page.
@@ -249,6 +252,7 @@ pub struct CoherenceCounters {
     /// Messages held until the log writer made a page's changes durable.
     pub held_for_log: AtomicU64,
     pub logged_on_arrival: AtomicU64,
+    pub relogged_after_checkpoint: AtomicU64,
 }
 
 impl CoherenceCounters {
@@ -272,6 +276,7 @@ impl CoherenceCounters {
             flushes_before_send: l(&self.flushes_before_send),
             held_for_log: l(&self.held_for_log),
             logged_on_arrival: l(&self.logged_on_arrival),
+            relogged_after_checkpoint: l(&self.relogged_after_checkpoint),
         }
     }
 }

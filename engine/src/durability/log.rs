@@ -249,6 +249,11 @@ impl Log {
     /// given `c`, the LSN of the latest checkpoint begun: a page whose last logged change is
     /// before `c` must be logged whole. It is called again if a checkpoint begins before the
     /// chunk is placed. Returns the chunk's LSN and the LSN just past it: (start, end).
+    /// The LSN of the latest checkpoint begun (see the field).
+    pub fn checkpoint_start(&self) -> u64 {
+        self.checkpoint_start.load(Ordering::Acquire)
+    }
+
     pub fn append(
         &self,
         buf: &mut Vec<u8>,
@@ -680,6 +685,10 @@ impl Log {
     pub fn begin_checkpoint(&self) -> StoreResult<u64> {
         let mut buf = Vec::with_capacity(8);
         let (c, end) = self.place(&mut buf, |_, b| b.push(rec::CHECKPOINT), true)?;
+        // SeqCst fence: the checkpoint's start (`checkpoint_start`, set in `place`) is
+        // published before the caller looks for dirty frames; paired with the fence in
+        // `Coherence::relog_received` (engine/src/coherence/logged.rs)
+        std::sync::atomic::fence(Ordering::SeqCst);
         self.flush_to(end)?;
         Ok(c)
     }
