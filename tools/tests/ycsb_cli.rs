@@ -7,6 +7,20 @@ fn shoal() -> Command {
     Command::new(env!("CARGO_BIN_EXE_shoal"))
 }
 
+/// `shoal ycsb ARGS` run in `dir`, which must succeed; its standard output and error.
+fn ycsb_in(dir: &std::path::Path, args: &[&str]) -> String {
+    let out = shoal()
+        .arg("ycsb")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{args:?}: {text}");
+    text
+}
+
 fn run_json(args: &[&str]) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("out.json");
@@ -839,18 +853,7 @@ fn ycsbs_own_flags_load_and_run_a_workload_file() {
     let dir = tempfile::tempdir().unwrap();
     let file = format!("{}/../workloads/workloada", env!("CARGO_MANIFEST_DIR"));
     let json = dir.path().join("run.json");
-    let ycsb = |args: &[&str]| {
-        let out = shoal()
-            .arg("ycsb")
-            .args(args)
-            .current_dir(dir.path())
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{args:?}: {text}");
-        text
-    };
+    let ycsb = |args: &[&str]| ycsb_in(dir.path(), args);
     let text = ycsb(&[
         "-load",
         "-db",
@@ -915,19 +918,10 @@ fn workload_d_inserts_only_its_operations_and_reads_only_acknowledged_keys() {
     let file = format!("{}/../workloads/workloadd", env!("CARGO_MANIFEST_DIR"));
     let json = dir.path().join("run.json");
     let ycsb = |args: &[&str]| {
-        let out = shoal()
-            .arg("ycsb")
-            .args(args)
-            .args(["-P", &file, "-p", "recordcount=5000", "--workers", "4"])
-            .args(["--tasks", "4", "--quiet"])
-            .current_dir(dir.path())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let mut all = args.to_vec();
+        all.extend(["-P", &file, "-p", "recordcount=5000", "--workers", "4"]);
+        all.extend(["--tasks", "4", "--quiet"]);
+        ycsb_in(dir.path(), &all);
     };
     ycsb(&["load"]);
     ycsb(&[
@@ -952,4 +946,61 @@ fn workload_d_inserts_only_its_operations_and_reads_only_acknowledged_keys() {
     )
     .unwrap();
     assert_eq!(set["next_key"].as_u64().unwrap(), 5000 + inserts, "{set}");
+}
+
+/// Issue 47: every request distribution YCSB names runs, from its property and from the flag,
+/// with its parameters (hotspot's fractions, exponential's percentile) as properties.
+#[test]
+fn every_ycsb_request_distribution_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("run.json");
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec![
+            "-p",
+            "recordcount=2000",
+            "-p",
+            "operationcount=1000",
+            "--quiet",
+            "--json",
+            json.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        ycsb_in(dir.path(), &args);
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(v["ops"], 1000, "{extra:?}: {v}");
+        assert_eq!(v["value_errors"], 0, "{extra:?}: {v}");
+        v
+    };
+    for d in [
+        "uniform",
+        "zipfian",
+        "latest",
+        "hotspot",
+        "sequential",
+        "exponential",
+    ] {
+        let prop = format!("requestdistribution={d}");
+        let v = run(&["-p", &prop]);
+        assert_eq!(v["distribution"]["name"], d, "{v}");
+        let v = run(&["--distribution", d]);
+        assert_eq!(v["distribution"]["name"], d, "{v}");
+    }
+    let v = run(&[
+        "-p",
+        "requestdistribution=hotspot",
+        "-p",
+        "hotspotdatafraction=0.1",
+        "-p",
+        "hotspotopnfraction=0.9",
+    ]);
+    assert_eq!(v["distribution"]["data_fraction"], 0.1, "{v}");
+    assert_eq!(v["distribution"]["op_fraction"], 0.9, "{v}");
+    let v = run(&[
+        "-p",
+        "requestdistribution=exponential",
+        "-p",
+        "exponential.percentile=90",
+    ]);
+    assert_eq!(v["distribution"]["percentile"], 90.0, "{v}");
 }

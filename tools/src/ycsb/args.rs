@@ -10,6 +10,12 @@ pub enum Distribution {
     #[value(alias = "zipfian")]
     Zipf,
     Latest,
+    /// YCSB's hotspot (--hotspot-data-fraction, --hotspot-op-fraction).
+    Hotspot,
+    /// YCSB's sequential: each worker walks the keys in order.
+    Sequential,
+    /// YCSB's exponential over recency (--exponential-percentile, --exponential-frac).
+    Exponential,
 }
 
 /// Which part of a YCSB run to do.
@@ -106,6 +112,19 @@ pub struct Args {
     /// Zipfian skew (YCSB's default is 0.99).
     #[arg(long, default_value_t = 0.99)]
     pub zipf_theta: f64,
+    /// Hotspot: the share of the keys that is hot (YCSB's hotspotdatafraction).
+    #[arg(long, default_value_t = 0.2)]
+    pub hotspot_data_fraction: f64,
+    /// Hotspot: the share of the requests that go to the hot keys (hotspotopnfraction).
+    #[arg(long, default_value_t = 0.8)]
+    pub hotspot_op_fraction: f64,
+    /// Exponential: the percentage of requests that fall within the newest
+    /// --exponential-frac of the keys (YCSB's exponential.percentile).
+    #[arg(long, default_value_t = 95.0)]
+    pub exponential_percentile: f64,
+    /// Exponential: see --exponential-percentile (YCSB's exponential.frac).
+    #[arg(long, default_value_t = 0.857_142_857_1)]
+    pub exponential_frac: f64,
     /// Which keys a node's workers touch: random (all keys) or partitioned (the node's share).
     #[arg(long, value_enum, default_value = "random")]
     pub access: Access,
@@ -237,6 +256,33 @@ pub(super) fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<
         Some(Distribution::Uniform) => Dist::Uniform,
         Some(Distribution::Zipf) => Dist::Zipf(a.zipf_theta),
         Some(Distribution::Latest) => Dist::Latest(a.zipf_theta),
+        Some(Distribution::Hotspot) => {
+            let fraction = |flag: &str, v: f64| {
+                if (0.0..=1.0).contains(&v) {
+                    Ok(v)
+                } else {
+                    Err(anyhow::anyhow!("{flag} {v}: use a fraction in [0, 1]"))
+                }
+            };
+            Dist::Hotspot {
+                data: fraction("--hotspot-data-fraction", a.hotspot_data_fraction)?,
+                op: fraction("--hotspot-op-fraction", a.hotspot_op_fraction)?,
+            }
+        }
+        Some(Distribution::Sequential) => Dist::Sequential,
+        Some(Distribution::Exponential) => {
+            let (p, f) = (a.exponential_percentile, a.exponential_frac);
+            if !(p > 0.0 && p < 100.0 && f > 0.0 && f <= 1.0) {
+                return Err(anyhow::anyhow!(
+                    "--exponential-percentile {p} and --exponential-frac {f}: use a percentage in \
+                     (0, 100) and a fraction in (0, 1]"
+                ));
+            }
+            Dist::Exponential {
+                percentile: p,
+                frac: f,
+            }
+        }
         None if wc == Some('d') => Dist::Latest(a.zipf_theta),
         None => Dist::Zipf(a.zipf_theta),
     };

@@ -21,9 +21,13 @@ const KNOWN: &[(&str, &str)] = &[
     ("readmodifywriteproportion", "the mix"),
     (
         "requestdistribution",
-        "--distribution (uniform, zipfian, latest)",
+        "--distribution (uniform, zipfian, latest, hotspot, sequential, exponential)",
     ),
     ("zipfianconstant", "--zipf-theta"),
+    ("hotspotdatafraction", "--hotspot-data-fraction"),
+    ("hotspotopnfraction", "--hotspot-op-fraction"),
+    ("exponential.percentile", "--exponential-percentile"),
+    ("exponential.frac", "--exponential-frac"),
     ("fieldcount", "--value-size (fieldcount x fieldlength)"),
     ("fieldlength", "--value-size (fieldcount x fieldlength)"),
     ("maxscanlength", "--max-scan"),
@@ -197,6 +201,34 @@ pub fn apply(
             a.zipf_theta = v;
         }
     }
+    for (key, id, field) in [
+        (
+            "hotspotdatafraction",
+            "hotspot_data_fraction",
+            &mut a.hotspot_data_fraction,
+        ),
+        (
+            "hotspotopnfraction",
+            "hotspot_op_fraction",
+            &mut a.hotspot_op_fraction,
+        ),
+        (
+            "exponential.percentile",
+            "exponential_percentile",
+            &mut a.exponential_percentile,
+        ),
+        (
+            "exponential.frac",
+            "exponential_frac",
+            &mut a.exponential_frac,
+        ),
+    ] {
+        if let Some(v) = num(key)? {
+            if !given(id) {
+                *field = v;
+            }
+        }
+    }
     if let Some(v) = int("maxscanlength")? {
         if !given("max_scan") {
             a.max_scan = v as usize;
@@ -225,10 +257,13 @@ pub fn apply(
                 "uniform" => super::Distribution::Uniform,
                 "zipfian" => super::Distribution::Zipf,
                 "latest" => super::Distribution::Latest,
+                "hotspot" => super::Distribution::Hotspot,
+                "sequential" => super::Distribution::Sequential,
+                "exponential" => super::Distribution::Exponential,
                 other => {
                     return Err(anyhow::anyhow!(
-                        "property requestdistribution={other}: shoal ycsb has uniform, zipfian \
-                         and latest (hotspot, sequential and exponential: not yet)"
+                        "property requestdistribution={other}: shoal ycsb has uniform, zipfian, \
+                         latest, hotspot, sequential and exponential"
                     ))
                 }
             });

@@ -268,6 +268,11 @@ pub(super) fn dist_text(d: Dist) -> String {
         Dist::Uniform => "uniform".into(),
         Dist::Zipf(t) => format!("zipfian {t}"),
         Dist::Latest(t) => format!("latest {t}"),
+        Dist::Hotspot { data, op } => format!("hotspot {op} of requests to {data} of keys"),
+        Dist::Sequential => "sequential".into(),
+        Dist::Exponential { percentile, frac } => {
+            format!("exponential {percentile}% within the newest {frac}")
+        }
     }
 }
 
@@ -277,6 +282,13 @@ pub(super) fn dist_json(d: Dist) -> serde_json::Value {
         Dist::Uniform => json!({"name": "uniform"}),
         Dist::Zipf(t) => json!({"name": "zipfian", "theta": t}),
         Dist::Latest(t) => json!({"name": "latest", "theta": t}),
+        Dist::Hotspot { data, op } => {
+            json!({"name": "hotspot", "data_fraction": data, "op_fraction": op})
+        }
+        Dist::Sequential => json!({"name": "sequential"}),
+        Dist::Exponential { percentile, frac } => {
+            json!({"name": "exponential", "percentile": percentile, "frac": frac})
+        }
     }
 }
 

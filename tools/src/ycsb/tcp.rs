@@ -36,10 +36,23 @@ fn node_args(a: &Args, plan: &Plan, file: &Path, id: usize, json: &Path) -> Vec<
             Distribution::Uniform => "uniform",
             Distribution::Zipf => "zipf",
             Distribution::Latest => "latest",
+            Distribution::Hotspot => "hotspot",
+            Distribution::Sequential => "sequential",
+            Distribution::Exponential => "exponential",
         };
         f("--distribution", d.into());
     }
     f("--zipf-theta", a.zipf_theta.to_string());
+    f(
+        "--hotspot-data-fraction",
+        a.hotspot_data_fraction.to_string(),
+    );
+    f("--hotspot-op-fraction", a.hotspot_op_fraction.to_string());
+    f(
+        "--exponential-percentile",
+        a.exponential_percentile.to_string(),
+    );
+    f("--exponential-frac", a.exponential_frac.to_string());
     let access = match a.access {
         Access::Random => "random",
         Access::Partitioned => "partitioned",
