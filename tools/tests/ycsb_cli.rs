@@ -874,7 +874,7 @@ fn ycsbs_own_flags_load_and_run_a_workload_file() {
         text.contains("property writeallfields=false does not change this run"),
         "{text}"
     );
-    ycsb(&[
+    let run = ycsb(&[
         "-t",
         "-P",
         &file,
@@ -896,6 +896,23 @@ fn ycsbs_own_flags_load_and_run_a_workload_file() {
     assert_eq!(v["workers_per_node"], 2, "{v}");
     assert_eq!(v["target_ops_per_s"], 4000.0, "{v}");
     assert_eq!(v["ops"], 2000, "{v}");
+    // under a target, [READ] is the service time and [Intended-READ] counts from the intended
+    // start (each operation's no shorter), as YCSB reports them
+    assert!(run.contains("[READ], 99thPercentileLatency(us)"), "{run}");
+    assert!(
+        run.contains("[Intended-READ], 99thPercentileLatency(us)"),
+        "{run}"
+    );
+    for op in ["read", "update"] {
+        let (service, intended) = (&v["per_op"][op], &v["per_op_intended"][op]);
+        assert_eq!(service["ops"], intended["ops"], "{v}");
+        for q in ["p50_us", "p99_us", "max_us"] {
+            assert!(
+                intended[q].as_f64().unwrap() >= service[q].as_f64().unwrap(),
+                "{op} {q}: {v}"
+            );
+        }
+    }
     // YCSB's name for the distribution, as a flag value
     ycsb(&[
         "run",

@@ -77,6 +77,7 @@ pub(super) fn report_run(
     nodes.barrier("run finished")?;
     let mut hist = crate::report::hist();
     let mut per_op: Vec<Histogram<u64>> = (0..5).map(|_| crate::report::hist()).collect();
+    let mut intended: Vec<Histogram<u64>> = (0..5).map(|_| crate::report::hist()).collect();
     let mut ops = [0u64; 5];
     let (mut errors, mut misses) = (0, 0);
     let mut first_error = None;
@@ -84,6 +85,9 @@ pub(super) fn report_run(
         for (all, h) in per_op.iter_mut().zip(&r.hists) {
             all.add(h).expect("same bounds");
             hist.add(h).expect("same bounds");
+        }
+        for (all, h) in intended.iter_mut().zip(&r.intended) {
+            all.add(h).expect("same bounds");
         }
         for (total, n) in ops.iter_mut().zip(r.ops) {
             *total += n;
@@ -177,6 +181,9 @@ pub(super) fn report_run(
     say!("  value errors  {errors}  (reads of keys inserted during the run and not yet visible: {misses})");
     if !a.property_files.is_empty() || !a.properties.is_empty() {
         ycsb_lines(secs, tput, &per_op, errors);
+        if a.target.is_some() {
+            op_lines("Intended-", &intended);
+        }
     }
     if let Some(e) = &first_error {
         say!("  first error   {e}");
@@ -221,6 +228,10 @@ pub(super) fn report_run(
                 v["histogram_ns"] = crate::report::hist_json(h);
                 (OP_NAMES[i].to_string(), v)
             }).collect::<serde_json::Map<_, _>>(),
+            // under --target: latency from each operation's intended start (YCSB's Intended-)
+            "per_op_intended": a.target.map(|_| intended.iter().enumerate().filter(|(_, h)| !h.is_empty()).map(|(i, h)| {
+                (OP_NAMES[i].to_string(), crate::report::latency_json(h, secs))
+            }).collect::<serde_json::Map<_, _>>()),
             "value_errors": errors,
             "first_error": first_error,
             "read_misses_of_new_keys": misses,
@@ -246,8 +257,17 @@ pub(super) fn report_run(
 pub(super) fn ycsb_lines(secs: f64, tput: f64, per_op: &[Histogram<u64>], errors: u64) {
     say!("[OVERALL], RunTime(ms), {:.0}", secs * 1000.0);
     say!("[OVERALL], Throughput(ops/sec), {tput:.2}");
+    op_lines("", per_op);
+    if errors > 0 {
+        say!("[VALUE-ERRORS], Count, {errors}");
+    }
+}
+
+/// YCSB's lines per operation type, named `[{prefix}READ]` and so on.
+fn op_lines(prefix: &str, per_op: &[Histogram<u64>]) {
     let names = ["READ", "UPDATE", "INSERT", "SCAN", "READ-MODIFY-WRITE"];
     for (name, h) in names.iter().zip(per_op).filter(|(_, h)| !h.is_empty()) {
+        let name = format!("{prefix}{name}");
         let us = |q: f64| h.value_at_quantile(q) / 1000;
         say!("[{name}], Operations, {}", h.len());
         say!("[{name}], AverageLatency(us), {:.3}", h.mean() / 1000.0);
@@ -255,10 +275,9 @@ pub(super) fn ycsb_lines(secs: f64, tput: f64, per_op: &[Histogram<u64>], errors
         say!("[{name}], MaxLatency(us), {}", h.max() / 1000);
         say!("[{name}], 95thPercentileLatency(us), {}", us(0.95));
         say!("[{name}], 99thPercentileLatency(us), {}", us(0.99));
-        say!("[{name}], Return=OK, {}", h.len());
-    }
-    if errors > 0 {
-        say!("[VALUE-ERRORS], Count, {errors}");
+        if prefix.is_empty() {
+            say!("[{name}], Return=OK, {}", h.len());
+        }
     }
 }
 

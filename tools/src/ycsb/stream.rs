@@ -53,8 +53,12 @@ impl Inserts {
 
 #[derive(Default)]
 pub(super) struct WorkerResult {
-    /// Latencies per operation type (indexed as [`OP_NAMES`]).
+    /// Latencies per operation type (indexed as [`OP_NAMES`]), from each operation's start
+    /// (its service time, YCSB's `[READ]`).
     pub(super) hists: Vec<Histogram<u64>>,
+    /// Under --target: latencies from each operation's intended start, queueing included
+    /// (YCSB's `[Intended-READ]`); empty otherwise.
+    pub(super) intended: Vec<Histogram<u64>>,
     pub(super) ops: [u64; 5],
     pub(super) errors: u64,
     pub(super) misses: u64,
@@ -167,6 +171,10 @@ pub(super) fn worker_loop(
     );
     let mut chooser = KeyChooser::new(plan.dist);
     let mut hists: Vec<Histogram<u64>> = (0..5).map(|_| crate::report::hist()).collect();
+    let mut intended: Vec<Histogram<u64>> = match share.pace {
+        Some(_) => (0..5).map(|_| crate::report::hist()).collect(),
+        None => Vec::new(),
+    };
     let mut res = WorkerResult::default();
     let mut buf = Vec::with_capacity(a.value_size);
     let mut val = vec![0u8; a.value_size];
@@ -190,6 +198,7 @@ pub(super) fn worker_loop(
         if !measuring && phase.measuring() {
             measuring = true;
             hists.iter_mut().for_each(Histogram::reset);
+            intended.iter_mut().for_each(Histogram::reset);
             res.ops = [0; 5];
         }
         if measuring
@@ -210,6 +219,8 @@ pub(super) fn worker_loop(
             }
             None => Instant::now(),
         };
+        // the operation's own start (later than `t0` when the run is behind its schedule)
+        let started = Instant::now();
         let mut ack = false;
         match op {
             Op::Read => {
@@ -274,10 +285,13 @@ pub(super) fn worker_loop(
                 }
             }
         }
-        let mut done = |t0: Instant, op: usize| {
-            let ns = t0.elapsed().as_nanos().max(1) as u64;
+        let mut done = |t0: Instant, (op, started): (usize, Instant)| {
+            let ns = started.elapsed().as_nanos().max(1) as u64;
             if measuring {
                 let _ = hists[op].record(ns);
+                if let Some(h) = intended.get_mut(op) {
+                    let _ = h.record(t0.elapsed().as_nanos().max(1) as u64);
+                }
                 res.ops[op] += 1;
             }
             if let Some(m) = share.interval {
@@ -289,12 +303,18 @@ pub(super) fn worker_loop(
         };
         if ack && pipelined {
             // counted when durable
-            acks.push(&w, w.commit_later()?, t0, op_index(op), &mut done)?;
+            acks.push(
+                &w,
+                w.commit_later()?,
+                t0,
+                (op_index(op), started),
+                &mut done,
+            )?;
         } else {
             if ack {
                 w.commit()?; // durability none or flush-every-ms: returns at once
             }
-            done(t0, op_index(op));
+            done(t0, (op_index(op), started));
             acks.poll(&w, &mut done)?;
         }
         counter.store(n_ops, Ordering::Relaxed);
@@ -305,5 +325,6 @@ pub(super) fn worker_loop(
     // the writes still waiting were made after the measurement ended: not counted
     acks.drain(&w, |_, _| {})?;
     res.hists = hists;
+    res.intended = intended;
     Ok(res)
 }
