@@ -367,3 +367,54 @@ fn tpcc_rate_and_csv() {
         assert!(rate > 100.0, "row {i}: {rate} txn/s: {text}");
     }
 }
+
+/// Issue 47: `--weights` picks the mix as BenchBase's `weights` does (here Payments only),
+/// and each type's summary has BenchBase's figures: average, min, p50, p95, p99, max, aborts.
+#[test]
+fn weights_choose_the_mix_and_each_type_reports_its_latencies() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("t.json");
+    let out = shoal()
+        .args(["tpcc", "--duration", "1", "--warmup", "0", "--weights"])
+        .arg("0,100,0,0,0")
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("mix: weights 0,100,0,0,0"), "{text}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["weights"]["payment"], 100, "{v}");
+    let types = &v["types"];
+    for t in ["new_order", "order_status", "delivery", "stock_level"] {
+        assert_eq!(types[t]["count"], 0, "{t}: {v}");
+    }
+    let p = &types["payment"];
+    assert!(p["count"].as_u64().unwrap() > 0, "{v}");
+    let f = |k: &str| p[k].as_f64().unwrap();
+    assert!(
+        f("min_us") <= f("p50_us") && f("p50_us") <= f("p95_us"),
+        "{p}"
+    );
+    assert!(
+        f("p95_us") <= f("p99_us") && f("p99_us") <= f("max_us"),
+        "{p}"
+    );
+    assert!(
+        f("avg_us") >= f("min_us") && f("avg_us") <= f("max_us"),
+        "{p}"
+    );
+    // a bad mix is refused before anything runs
+    let out = shoal()
+        .args(["tpcc", "--weights", "45,43,4"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("five weights"));
+}

@@ -106,6 +106,10 @@ pub struct Args {
     /// intended start (queueing included).
     #[arg(long)]
     pub rate: Option<f64>,
+    /// The transaction mix, as BenchBase's `weights`: five whole numbers for NewOrder,
+    /// Payment, OrderStatus, Delivery and StockLevel (relative; the standard mix by default).
+    #[arg(long, value_parser = txn::parse_weights, default_value = "45,43,4,4,4")]
+    pub weights: [u32; 5],
     /// Write one CSV row per second (warm-up included): transactions/s and NewOrders/min.
     #[arg(long)]
     pub csv: Option<PathBuf>,
@@ -465,6 +469,13 @@ fn report(
         a.mode,
         o.secs
     );
+    if a.weights != txn::STANDARD_WEIGHTS {
+        say!(
+            "  mix: weights {} for {} (not TPC-C's standard mix 45,43,4,4,4)",
+            a.weights.map(|w| w.to_string()).join(","),
+            txn::TYPES.join(", ")
+        );
+    }
     if crate::stop::requested() {
         say!(
             "  ({}: the figures cover the part that ran)",
@@ -472,12 +483,16 @@ fn report(
         );
     }
     say!(
-        "  {:<13} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}",
+        "  {:<13} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7}",
         "transaction",
         "count",
         "per s",
+        "avg us",
+        "min us",
         "p50 us",
+        "p95 us",
         "p99 us",
+        "max us",
         "aborts",
         "abort %"
     );
@@ -485,26 +500,34 @@ fn report(
     let mut hists = serde_json::Map::new();
     for (i, name) in txn::TYPES.iter().enumerate() {
         let h = &t.hist[i];
-        let (p50, p99) = if h.is_empty() {
-            (0, 0)
+        // (microseconds; all zero for a type that did not run)
+        let (avg, min, p50, p95, p99, max) = if h.is_empty() {
+            (0.0, 0, 0, 0, 0, 0)
         } else {
-            (h.value_at_quantile(0.5), h.value_at_quantile(0.99))
+            let q = |x: f64| h.value_at_quantile(x);
+            (h.mean(), h.min(), q(0.5), q(0.95), q(0.99), h.max())
         };
         // conflicts per try: aborted tries / all tries
         let abort_rate = t.aborts[i] as f64 / (t.count[i] + t.aborts[i]).max(1) as f64;
         say!(
-            "  {:<13} {:>10} {:>10.0} {:>10} {:>10} {:>10} {:>7.2}%",
+            "  {:<13} {:>9} {:>9.0} {:>8.0} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6.2}%",
             name,
             t.count[i],
             t.count[i] as f64 / o.secs,
+            avg,
+            min,
             p50,
+            p95,
             p99,
+            max,
             t.aborts[i],
             100.0 * abort_rate
         );
         types.insert(
             name.to_string(),
-            json!({"count": t.count[i], "per_s": t.count[i] as f64 / o.secs, "p50_us": p50, "p99_us": p99, "aborts": t.aborts[i], "abort_rate": abort_rate}),
+            json!({"count": t.count[i], "per_s": t.count[i] as f64 / o.secs, "avg_us": avg,
+                   "min_us": min, "p50_us": p50, "p95_us": p95, "p99_us": p99, "max_us": max,
+                   "aborts": t.aborts[i], "abort_rate": abort_rate}),
         );
         hists.insert(name.to_string(), crate::report::hist_json(h));
     }
@@ -567,6 +590,7 @@ fn report(
         "run": crate::report::run_facts(a.seed, *STARTED.get_or_init(std::time::SystemTime::now)),
         "stopped_by_signal": crate::stop::requested(),
         "rate_txn_per_s": a.rate,
+        "weights": txn::TYPES.iter().zip(a.weights).map(|(t, w)| (t.to_string(), json!(w))).collect::<serde_json::Map<_, _>>(),
         "warehouses": a.warehouses,
         "nodes": o.per_node.len(),
         "workers": o.threads,

@@ -129,7 +129,7 @@ impl harness::Workload for TpccRun<'_> {
             if phase.stopped() {
                 break;
             }
-            let ty = txn::pick(&mut ctx.rng);
+            let ty = txn::pick(&a.weights, &mut ctx.rng);
             let home = homes[ctx.rng.random_range(0..homes.len())];
             // with --rate, latency counts from the intended start
             let t0 = match self.pace {

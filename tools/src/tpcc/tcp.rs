@@ -40,6 +40,7 @@ fn node_args(a: &Args, file: &Path, id: usize, json: &Path) -> Vec<String> {
         ("--durability", a.durability.to_string()),
         ("--wal-size", a.wal_size.to_string()),
         ("--pipeline", a.pipeline.to_string()),
+        ("--weights", a.weights.map(|w| w.to_string()).join(",")),
     ] {
         v.push(k.into());
         v.push(x);

@@ -29,15 +29,44 @@ pub const TYPES: [&str; 5] = [
 /// Most lines of a NewOrder (clause 2.4.1.3: 5 to 15).
 const MAX_LINES: usize = 15;
 
-/// Pick a type by the standard mix: 45% NewOrder, 43% Payment, 4% each of the others.
-pub fn pick(rng: &mut SmallRng) -> usize {
-    match rng.random_range(0..100) {
-        0..45 => 0,
-        45..88 => 1,
-        88..92 => 2,
-        92..96 => 3,
-        _ => 4,
+/// The standard mix's weights (clause 5.2.3, BenchBase's default): 45% NewOrder, 43%
+/// Payment, 4% each of the others.
+pub const STANDARD_WEIGHTS: [u32; 5] = [45, 43, 4, 4, 4];
+
+/// Pick a type by `weights` (one per type of [`TYPES`], not all zero).
+pub fn pick(weights: &[u32; 5], rng: &mut SmallRng) -> usize {
+    let total: u32 = weights.iter().sum();
+    debug_assert!(total > 0, "checked when the flag was parsed");
+    let mut x = rng.random_range(0..total.max(1));
+    for (ty, &w) in weights.iter().enumerate() {
+        if x < w {
+            return ty;
+        }
+        x -= w;
     }
+    0
+}
+
+/// `--weights`: five whole numbers, one per type in [`TYPES`]' order (BenchBase's
+/// `weights`: NewOrder, Payment, OrderStatus, Delivery, StockLevel), not all zero.
+pub fn parse_weights(s: &str) -> Result<[u32; 5], String> {
+    let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+    if parts.len() != 5 {
+        return Err(format!(
+            "{s:?}: five weights, one per type in this order: {}",
+            TYPES.join(", ")
+        ));
+    }
+    let mut w = [0u32; 5];
+    for (slot, p) in w.iter_mut().zip(&parts) {
+        *slot = p
+            .parse()
+            .map_err(|_| format!("{p:?}: a weight is a whole number"))?;
+    }
+    if w.iter().all(|&x| x == 0) {
+        return Err("the weights are all zero".into());
+    }
+    Ok(w)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -732,6 +761,28 @@ mod tests {
     use super::*;
     use rand::SeedableRng;
     use std::collections::BTreeSet;
+
+    /// Issue 47: `--weights` as BenchBase's: the standard mix by default, any mix asked for.
+    #[test]
+    fn weights_pick_the_mix_they_name() {
+        assert_eq!(parse_weights("45,43,4,4,4"), Ok(STANDARD_WEIGHTS));
+        assert!(parse_weights("45,43,4,4").is_err());
+        assert!(parse_weights("0,0,0,0,0").is_err());
+        assert!(parse_weights("45,43,4,4,x").is_err());
+        let mut rng = SmallRng::seed_from_u64(3);
+        let mut seen = [0u32; 5];
+        for _ in 0..100_000 {
+            seen[pick(&STANDARD_WEIGHTS, &mut rng)] += 1;
+        }
+        assert!((44_000..46_000).contains(&seen[0]), "{seen:?}");
+        assert!((42_000..44_000).contains(&seen[1]), "{seen:?}");
+        assert!(
+            seen[2..].iter().all(|&n| (3_500..4_500).contains(&n)),
+            "{seen:?}"
+        );
+        let only_payments = parse_weights("0, 1, 0, 0, 0").unwrap();
+        assert!((0..1000).all(|_| pick(&only_payments, &mut rng) == 1));
+    }
 
     fn district_field(ctx: &Ctx, d: u8) -> (u32, i64) {
         let r = ctx
