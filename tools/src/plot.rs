@@ -2,10 +2,11 @@
 //!
 //! - CSV files of `shoal ycsb --csv` (one row per second): throughput over time and the p99
 //!   latency of each second, one line per file.
-//! - JSON reports of `shoal ycsb --json`: the latency percentile distribution (the classic
-//!   HdrHistogram plot: latency against percentile on a 1/(1-q) scale, so 99%, 99.9% and
-//!   99.99% are evenly spaced), one line per file, from its histogram (all operations, or one
-//!   type with `--op`).
+//! - CSV files of `shoal tpcc --csv`: transactions per second and each second's p99.
+//! - JSON reports of `shoal ycsb --json` and `shoal tpcc --json`: the latency percentile
+//!   distribution (the classic HdrHistogram plot: latency against percentile on a 1/(1-q)
+//!   scale, so 99%, 99.9% and 99.99% are evenly spaced), one line per file, from its
+//!   histograms (all operations or transactions, or one type with `--op`).
 
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
@@ -20,8 +21,8 @@ pub struct Args {
     /// The SVG file to write.
     #[arg(long, short = 'o', default_value = "shoal-plot.svg")]
     pub out: PathBuf,
-    /// With JSON reports: the operation type to draw (read, update, insert, scan, rmw);
-    /// default: all operations.
+    /// With JSON reports: the operation type to draw (ycsb: read, update, insert, scan, rmw;
+    /// tpcc: new_order, payment, order_status, delivery, stock_level); default: all.
     #[arg(long)]
     pub op: Option<String>,
     /// Chart title (default: the files' names).
@@ -90,12 +91,13 @@ fn read_csv(p: &Path) -> anyhow::Result<Run> {
     let col = |name: &str| {
         head.iter().position(|h| *h == name).ok_or_else(|| {
             anyhow::anyhow!(
-                "{}: no column {name} (not a shoal ycsb --csv file?)",
+                "{}: no column {name} (not a shoal ycsb or shoal tpcc --csv file?)",
                 p.display()
             )
         })
     };
-    // shoal ycsb --csv (ops_per_s, p99_us) or shoal tpcc --csv (txn_per_s, no latencies)
+    // shoal ycsb --csv (ops_per_s, p99_us) or shoal tpcc --csv (txn_per_s, p99_us; none in
+    // files of builds before 2026-11-27)
     let t = col("time_s")?;
     let ops = col("ops_per_s").or_else(|_| col("txn_per_s"))?;
     let p99 = col("p99_us").ok();
@@ -132,20 +134,38 @@ fn read_json(p: &Path, op: Option<&str>) -> anyhow::Result<Run> {
     let text = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
     let v: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
-    let hist_json = match op {
-        None => &v["histogram_ns"],
-        Some(o) => &v["per_op"][o]["histogram_ns"],
+    // ycsb: one histogram in ns (and one per operation type); tpcc: one per transaction type,
+    // in us
+    let (hists, per_us): (Vec<&serde_json::Value>, f64) = if v["command"] == "tpcc" {
+        let all = v["histograms_us"].as_object();
+        let hs = match (op, all) {
+            (None, Some(m)) => m.values().collect(),
+            (Some(o), Some(m)) => m.get(o).into_iter().collect(),
+            (_, None) => Vec::new(),
+        };
+        (hs, 1.0)
+    } else {
+        let h = match op {
+            None => &v["histogram_ns"],
+            Some(o) => &v["per_op"][o]["histogram_ns"],
+        };
+        (
+            vec![h].into_iter().filter(|h| !h.is_null()).collect(),
+            1000.0,
+        )
     };
-    if hist_json.is_null() {
+    if hists.is_empty() {
         return Err(anyhow::anyhow!(
-            "{}: no histogram{} (a shoal ycsb --json report?)",
+            "{}: no histogram{} (a shoal ycsb or shoal tpcc --json report?)",
             p.display(),
-            op.map_or(String::new(), |o| format!(" for operation {o}"))
+            op.map_or(String::new(), |o| format!(" for type {o}"))
         ));
     }
     let mut h = crate::report::hist();
-    crate::report::add_hist_json(&mut h, hist_json)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+    for hj in hists {
+        crate::report::add_hist_json(&mut h, hj)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+    }
     if h.is_empty() {
         return Err(anyhow::anyhow!("{}: the histogram is empty", p.display()));
     }
@@ -153,7 +173,7 @@ fn read_json(p: &Path, op: Option<&str>) -> anyhow::Result<Run> {
     let mut x = 1.0f64;
     while x <= 100_000.0 {
         let q = 1.0 - 1.0 / x;
-        points.push((x, h.value_at_quantile(q).max(1) as f64 / 1000.0));
+        points.push((x, h.value_at_quantile(q).max(1) as f64 / per_us));
         x *= 1.1;
     }
     Ok(Run {
@@ -175,8 +195,14 @@ fn draw_series(out: &Path, title: &str, runs: &[Run]) -> DrawResult {
     let root = SVGBackend::new(out, (1000, 700)).into_drawing_area();
     root.fill(&WHITE)?;
     let root = root.titled(title, ("sans-serif", 22))?;
-    let (upper, lower) = root.split_vertically(350);
     let t_max = max_of(runs, |r| &r.points, |p| p.0).max(1.0);
+    if runs.iter().all(|r| r.p99.is_empty()) {
+        // no latencies in these files (an older tpcc CSV): throughput only, no empty panel
+        panel(&root, t_max, "per second", runs, |r| &r.points, true)?;
+        root.present()?;
+        return Ok(());
+    }
+    let (upper, lower) = root.split_vertically(350);
     panel(&upper, t_max, "per second", runs, |r| &r.points, true)?;
     panel(
         &lower,

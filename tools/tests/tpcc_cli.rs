@@ -347,10 +347,10 @@ fn tpcc_rate_and_csv() {
     let mut lines = text.lines();
     assert_eq!(
         lines.next(),
-        Some("time_s,phase,txn_per_s,new_orders_per_min")
+        Some("time_s,phase,txn_per_s,new_orders_per_min,p50_us,p99_us")
     );
     let rows: Vec<&str> = lines.collect();
-    assert!(rows.iter().all(|r| r.split(',').count() == 4), "{text}");
+    assert!(rows.iter().all(|r| r.split(',').count() == 6), "{text}");
     // issue 47: one row per second of the run (1 s warm-up + 2 s), each at its second (rows
     // neither missing nor drifting)
     assert_eq!(rows.len(), 3, "{text}");
@@ -365,6 +365,38 @@ fn tpcc_rate_and_csv() {
         // every second ran transactions, the warm-up's too (its row said 0 before)
         let rate: f64 = r.split(',').nth(2).unwrap().parse().unwrap();
         assert!(rate > 100.0, "row {i}: {rate} txn/s: {text}");
+        // issue 47: each second's latency (us), p50 <= p99
+        let (p50, p99): (u64, u64) = (
+            r.split(',').nth(4).unwrap().parse().unwrap(),
+            r.split(',').nth(5).unwrap().parse().unwrap(),
+        );
+        assert!(p50 > 0 && p50 <= p99, "row {i}: {text}");
+    }
+    // issue 47: shoal plot draws tpcc's CSV (with its latency panel) and JSON (all types, or
+    // one)
+    for (args, drawn) in [
+        (vec![csv.as_os_str()], "p99 latency of the second"),
+        (vec![json.as_os_str()], "percentile"),
+        (
+            vec![json.as_os_str(), "--op".as_ref(), "payment".as_ref()],
+            "percentile",
+        ),
+    ] {
+        let svg = dir.path().join("plot.svg");
+        let out = shoal()
+            .arg("plot")
+            .args(&args)
+            .arg("-o")
+            .arg(&svg)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let svg = std::fs::read_to_string(&svg).unwrap();
+        assert!(svg.contains(drawn), "{args:?}: no {drawn:?} in the chart");
     }
 }
 

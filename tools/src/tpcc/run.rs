@@ -93,6 +93,8 @@ struct TpccRun<'a> {
     /// A transaction failed: the run stops (Relaxed: a stop signal; the tallies travel through
     /// the threads' joins).
     failed: AtomicBool,
+    /// With --csv: the latencies (us, all types) since the last row, warm-up included.
+    second: Option<std::sync::Mutex<hdrhistogram::Histogram<u64>>>,
 }
 
 impl harness::Workload for TpccRun<'_> {
@@ -150,6 +152,12 @@ impl harness::Workload for TpccRun<'_> {
                 self.total.fetch_add(1, Ordering::Relaxed);
                 if ty == 0 && !d.rolled_back {
                     self.new_orders.fetch_add(1, Ordering::Relaxed);
+                }
+                if let Some(m) = &self.second {
+                    let us = t0.elapsed().as_micros() as u64;
+                    if let Ok(mut h) = m.lock() {
+                        h.saturating_record(us.max(1));
+                    }
                 }
                 if !phase.measuring() {
                     return;
@@ -233,9 +241,19 @@ impl harness::Supervisor for TpccWatch<'_> {
         }
         if let Some(f) = &mut self.csv {
             use std::io::Write as _;
+            // this second's latencies (taken and cleared: the next row starts afresh)
+            let (p50, p99) = match &self.run.second {
+                Some(m) => {
+                    let mut h = m.lock().unwrap_or_else(|p| p.into_inner());
+                    let q = (h.value_at_quantile(0.5), h.value_at_quantile(0.99));
+                    h.reset();
+                    q
+                }
+                None => (0, 0),
+            };
             let _ = writeln!(
                 f,
-                "{:.3},{},{tps:.1},{nopm:.1}",
+                "{:.3},{},{tps:.1},{nopm:.1},{p50},{p99}",
                 self.start.elapsed().as_secs_f64(),
                 if warm { "warmup" } else { "measure" }
             );
@@ -299,7 +317,7 @@ pub(super) fn run_phase(
             let mut f = std::fs::File::create(p)
                 .map(std::io::BufWriter::new)
                 .map_err(|e| anyhow::anyhow!("--csv {}: {e}", p.display()))?;
-            writeln!(f, "time_s,phase,txn_per_s,new_orders_per_min")
+            writeln!(f, "time_s,phase,txn_per_s,new_orders_per_min,p50_us,p99_us")
                 .map_err(|e| anyhow::anyhow!("--csv {}: {e}", p.display()))?;
             Some(f)
         }
@@ -320,6 +338,10 @@ pub(super) fn run_phase(
         total: AtomicU64::new(0),
         new_orders: AtomicU64::new(0),
         failed: AtomicBool::new(false),
+        second: a
+            .csv
+            .as_ref()
+            .map(|_| std::sync::Mutex::new(crate::report::hist())),
     };
     let start = Instant::now();
     let mut watch = TpccWatch {
