@@ -7,6 +7,11 @@ fn shoal() -> Command {
     Command::new(env!("CARGO_BIN_EXE_shoal"))
 }
 
+/// The JSON report at `p`.
+fn report(p: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
 /// `shoal ycsb ARGS` run in `dir`, which must succeed; its standard output and error.
 fn ycsb_in(dir: &std::path::Path, args: &[&str]) -> String {
     let out = shoal()
@@ -525,8 +530,7 @@ fn load_once_then_run_many_times_on_the_kept_data_set() {
             "{text}{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let v = report(&json);
         (v, text)
     };
     let (v, text) = run("workloadd", "5000");
@@ -646,8 +650,9 @@ fn csv_hdr_and_plots_of_a_run() {
     }
     // issue 47: the console's per-second lines say "warm" exactly where the CSV says warmup
     let console = String::from_utf8_lossy(&out.stdout);
-    for r in &rows {
-        let t = r[0].parse::<f64>().unwrap().round() as u64;
+    // (row i is second i + 1: both are written by the same tick, whatever its delay)
+    for (i, r) in rows.iter().enumerate() {
+        let t = i + 1;
         let line = console
             .lines()
             .find(|l| l.starts_with(&format!("[{t:>4}s")))
@@ -674,8 +679,7 @@ fn csv_hdr_and_plots_of_a_run() {
             }
         }
     }
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = report(&json);
     let measured = v["ops"].as_u64().unwrap();
     assert!(
         read + update >= measured,
@@ -890,8 +894,7 @@ fn ycsbs_own_flags_load_and_run_a_workload_file() {
         "--json",
         json.to_str().unwrap(),
     ]);
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = report(&json);
     assert_eq!(v["warmup_s"], 0.0, "{v}");
     assert_eq!(v["workers_per_node"], 2, "{v}");
     assert_eq!(v["target_ops_per_s"], 4000.0, "{v}");
@@ -948,8 +951,7 @@ fn workload_d_inserts_only_its_operations_and_reads_only_acknowledged_keys() {
         "--json",
         json.to_str().unwrap(),
     ]);
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = report(&json);
     assert_eq!(v["ops"], 4000, "{v}");
     let inserts = v["ops_by_type"]["insert"].as_u64().unwrap();
     assert!(
@@ -983,8 +985,7 @@ fn every_ycsb_request_distribution_runs() {
         ];
         args.extend(extra);
         ycsb_in(dir.path(), &args);
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let v = report(&json);
         assert_eq!(v["ops"], 1000, "{extra:?}: {v}");
         assert_eq!(v["value_errors"], 0, "{extra:?}: {v}");
         v
