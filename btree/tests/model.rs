@@ -293,6 +293,58 @@ fn oversized_keys_and_values_are_refused_cleanly() {
     ));
 }
 
+/// Issue 47: a record of up to `MAX_RECORD` bytes (YCSB's 1 KB record with its key) lives in
+/// its leaf, whatever the key length and the insert order; one byte more takes an overflow
+/// page.
+#[test]
+fn records_of_the_largest_in_leaf_size_stay_in_their_leaves_in_any_order() {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(EngineConfig::new(dir.path(), 64 << 20)).unwrap();
+    let w = e.worker();
+    let t = BTree::create(&w, "t").unwrap();
+    let max = shoal_btree::MAX_RECORD;
+    assert!(max >= 24 + 10 * 100, "YCSB's default record fits");
+    // keys of 8 to 24 bytes and of the longest length, shuffled: splits at every position
+    let mut keys: Vec<Vec<u8>> = (0..3000u32)
+        .map(|i| {
+            let len = match i % 4 {
+                0 => shoal_btree::MAX_KEY,
+                n => 8 + 8 * n as usize,
+            };
+            let mut k = vec![b'k'; len];
+            k[..4].copy_from_slice(&i.wrapping_mul(2_654_435_761).to_be_bytes());
+            k
+        })
+        .collect();
+    keys.shuffle(&mut rand::rngs::SmallRng::seed_from_u64(47));
+    for (i, k) in keys.iter().enumerate() {
+        let v = vec![i as u8; max - k.len()];
+        if i % 3 == 0 {
+            // a small value first, then replaced by the largest in-leaf one
+            assert!(t.insert(&w, k, b"small").unwrap().inserted());
+            t.upsert(&w, k, &v).unwrap();
+        } else {
+            assert!(t.insert(&w, k, &v).unwrap().inserted());
+        }
+    }
+    let r = t.verify(&w).unwrap();
+    assert_eq!(r.entries, keys.len() as u64);
+    assert_eq!((r.overflow_values, r.overflow_pages), (0, 0));
+    // more than one such record per leaf on average (a page each was the old cost; with a
+    // quarter of the keys and fences 256 bytes long, a leaf holds two or three)
+    assert!(r.leaves * 3 <= keys.len() as u64 * 2, "{} leaves", r.leaves);
+    for (i, k) in keys.iter().enumerate().step_by(97) {
+        assert_eq!(t.get(&w, k).unwrap(), Some(vec![i as u8; max - k.len()]));
+    }
+    // one byte more: the value goes to an overflow page
+    t.upsert(&w, &keys[0], vec![9u8; max + 1 - keys[0].len()])
+        .unwrap();
+    let r = t.verify(&w).unwrap();
+    assert_eq!((r.overflow_values, r.overflow_pages), (1, 1));
+}
+
 #[test]
 fn model_sized_runs_split_and_evict() {
     // The property test's largest runs must reach a multi-level tree on a cache that evicts;

@@ -115,8 +115,9 @@ pub struct KeyChooser {
     next_in_order: u64,
 }
 
-fn scramble(x: u64) -> u64 {
-    // FNV-1a over the 8 bytes, as YCSB does to scatter zipfian ranks
+/// YCSB's `Utils.fnvhash64` (before its `Math.abs`): FNV-1a over the number's 8 bytes, lowest
+/// first. Scatters zipfian ranks and, in YCSB's key names, the records.
+pub fn fnv64(x: u64) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in x.to_le_bytes() {
         h ^= b as u64;
@@ -151,7 +152,7 @@ impl KeyChooser {
     pub fn next(&mut self, n: u64, rng: &mut SmallRng) -> u64 {
         match self.dist {
             Dist::Uniform => rng.random_range(0..n.max(1)),
-            Dist::Zipf(t) => scramble(self.zipf_rank(n, t, rng)) % n.max(1),
+            Dist::Zipf(t) => fnv64(self.zipf_rank(n, t, rng)) % n.max(1),
             Dist::Latest(t) => n.max(1) - 1 - self.zipf_rank(n, t, rng),
             Dist::Hotspot { data, op } => {
                 let n = n.max(1);

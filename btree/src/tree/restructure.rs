@@ -40,7 +40,10 @@ pub(super) fn halves<'e, 'a>(
             (m, entries[m - 1].0.to_vec())
         }
     };
-    assert!((1..n).contains(&m), "cut {m} of {n} entries");
+    // each half keeps an entry, except that a leaf's right half may start empty (an
+    // ascending run continues there)
+    let most = if kind == KIND_LEAF { n } else { n - 1 };
+    assert!((1..=most).contains(&m), "cut {m} of {n} entries");
     if kind == KIND_LEAF {
         (&entries[..m], sep, &entries[m..], NO_PAGE)
     } else {
@@ -56,19 +59,22 @@ pub(super) fn halves<'e, 'a>(
 /// them alternating in one node each continue their own previous insert); for an inner node the
 /// "insert" is the separator that `key`'s child will post when it splits. Then:
 ///
-/// - past the last entry: left keeps all but the last entry (the run continues on the right);
+/// - past the last entry: a leaf keeps every entry and the run continues in the new, empty
+///   right leaf (an inner node keeps all but its last separator);
 /// - before existing entries: cut at the insertion point (leaves: with a separator just below
 ///   the first entry on the right), so the run keeps going left and never touches the right
 ///   node again.
 ///
 /// Either way nodes are left full instead of half full: without it an ascending load leaves
 /// every inner node half full, and a tree of 200,000 records one level taller than it needs.
-/// Otherwise: `None` (split in the middle).
+/// Otherwise: `None` (split in the middle). `room`: the bytes the node has for a longer upper
+/// fence than its own (its free space plus its upper fence's length).
 pub(super) fn sequential_cut(
     kind: u8,
     entries: &[Entry<'_>],
     last: [usize; 2],
     key: &[u8],
+    room: usize,
 ) -> Option<Cut> {
     let n = entries.len();
     let pos = entries.partition_point(|&(k, _, _)| k < key);
@@ -91,9 +97,12 @@ pub(super) fn sequential_cut(
         };
     }
     if pos >= n {
+        // every entry stays left if its new upper fence (the last key) fits there, and the
+        // new right leaf starts empty and takes the run; else the last entry moves right too
+        let m = if room >= entries[n - 1].0.len() { n } else { n - 1 };
         return Some(Cut {
-            m: n - 1,
-            sep: entries[n - 2].0.to_vec(),
+            m,
+            sep: entries[m - 1].0.to_vec(),
         });
     }
     let next = entries[pos].0;
@@ -181,8 +190,9 @@ pub(super) fn split_child(
     let n = NodeRef::new(&orig);
     let (kind, level, entries, upper) = (n.kind(), n.level(), n.entries(), n.upper_child());
     let (right, (lower_fence, upper_fence), last) = (n.right(), n.fences(), n.last_inserts());
+    let room = n.free_space() + upper_fence.as_ref().map_or(0, Vec::len);
     let (left, sep, rest, left_upper) =
-        halves(kind, &entries, sequential_cut(kind, &entries, last, key));
+        halves(kind, &entries, sequential_cut(kind, &entries, last, key, room));
     let mut rg = w.allocate()?;
     let rpid = rg.pid();
     rg.modify(|b| {
@@ -415,8 +425,11 @@ impl BTree {
                 return Err(e.into());
             }
         };
-        let (left, sep, right, left_upper) =
-            halves(kind, &entries, sequential_cut(kind, &entries, last, key));
+        let (left, sep, right, left_upper) = halves(
+            kind,
+            &entries,
+            sequential_cut(kind, &entries, last, key, n.free_space()),
+        );
         let (lpid, rpid) = (lg.pid(), rg.pid());
         lg.modify(|b| {
             let mut n = NodeMut::new(b);

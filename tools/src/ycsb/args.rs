@@ -94,9 +94,19 @@ pub struct Args {
     /// Records loaded before the run.
     #[arg(long, default_value_t = 200_000)]
     pub records: u64,
-    /// Value size in bytes (keys are 8 bytes).
+    /// Value size in bytes.
     #[arg(long, default_value_t = 128)]
     pub value_size: usize,
+    /// The table's keys: integer (8-byte numbers in order), hashed (YCSB's `user` and the
+    /// hash of the number: inserts land all over the key space) or ordered (YCSB's `user` and
+    /// the number). Default: hashed with YCSB's properties (-P/-p, its insertorder default),
+    /// else integer.
+    #[arg(long, value_enum)]
+    pub keys: Option<KeyNames>,
+    /// With hashed or ordered keys: the digits the number is padded to with zeros (YCSB's
+    /// zeropadding; 1 pads nothing).
+    #[arg(long, default_value_t = 1)]
+    pub zero_padding: usize,
     /// YCSB core workload: a (50/50 read/update), b (95/5), c (read only), d (read latest, 5%
     /// inserts), e (short scans, 5% inserts), f (read-modify-write).
     #[arg(long, default_value = "a")]
@@ -171,6 +181,8 @@ pub(super) struct Plan {
     pub(super) phase: Option<Phase>,
     pub(super) mix: Mix,
     pub(super) dist: Dist,
+    /// The table's keys.
+    pub(super) names: Namer,
     /// Cache of each node (`--cache`, one entry per node).
     pub(super) caches: Vec<usize>,
     pub(super) label: String,
@@ -287,10 +299,21 @@ pub(super) fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<
         None => Dist::Zipf(a.zipf_theta),
     };
     let caches = crate::cli::parse_caches(&a.cache, a.net.nodes)?;
+    if a.zero_padding == 0 || a.zero_padding > MAX_ZERO_PADDING {
+        return Err(anyhow::anyhow!(
+            "--zero-padding {}: use 1 to {MAX_ZERO_PADDING} digits",
+            a.zero_padding
+        ));
+    }
+    let names = Namer {
+        names: a.keys.unwrap_or(KeyNames::Integer),
+        zero_padding: a.zero_padding,
+    };
     Ok(Plan {
         phase: a.phase,
         mix,
         dist,
+        names,
         caches,
         label,
         seed: a.seed.unwrap_or_else(crate::report::fresh_seed),

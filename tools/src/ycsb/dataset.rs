@@ -12,10 +12,19 @@ pub(super) struct DataSet {
     pub(super) records: u64,
     pub(super) value_size: usize,
     pub(super) nodes: usize,
+    /// The table's keys (a description without them is of a table of integer keys).
+    #[serde(default)]
+    pub(super) keys: KeyNames,
+    #[serde(default = "one")]
+    pub(super) zero_padding: usize,
     /// The key the next insert takes (runs insert keys past the loaded ones).
     pub(super) next_key: u64,
     pub(super) loaded_utc: String,
     pub(super) runs: u64,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl DataSet {
@@ -66,6 +75,20 @@ impl DataSet {
                 "value size",
                 self.value_size.to_string(),
                 a.value_size.to_string(),
+            ));
+        }
+        let names = |n: KeyNames, p: usize| match n {
+            KeyNames::Integer => "integer".to_string(),
+            KeyNames::Hashed => format!("hashed (zeropadding {p})"),
+            KeyNames::Ordered => format!("ordered (zeropadding {p})"),
+        };
+        if a.keys.is_some_and(|k| k != self.keys)
+            || (a.keys.is_some() && a.zero_padding != self.zero_padding)
+        {
+            return Err(differ(
+                "keys",
+                names(self.keys, self.zero_padding),
+                names(a.keys.unwrap_or_default(), a.zero_padding),
             ));
         }
         if a.net.nodes != self.nodes {

@@ -4,6 +4,7 @@
 //! exits with status 1.
 
 mod flags;
+mod names;
 mod props;
 mod tcp;
 
@@ -16,6 +17,8 @@ pub use args::Args;
 use args::*;
 use dataset::*;
 pub use flags::ycsb_style;
+pub use names::KeyNames;
+use names::*;
 use report::*;
 use series::*;
 use stream::*;
@@ -28,7 +31,7 @@ use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use shoal_btree::{decode_u64, u64_key, BTree, Direction, TreeError, MAX_VALUE};
+use shoal_btree::{decode_u64, BTree, Direction, TreeError, MAX_VALUE};
 use shoal_engine::{
     format_bytes, Cluster, ClusterFile, Engine, EngineConfig, ProtocolStats, StatsSnapshot,
 };
@@ -62,6 +65,8 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
         set.matches(&a)?;
         a.records = set.records;
         a.value_size = set.value_size;
+        a.keys = Some(set.keys);
+        a.zero_padding = set.zero_padding;
     }
     let plan = validate(&a, mix)?;
     if let Some(p) = &a.json {
@@ -158,12 +163,17 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
     };
     drop(w0);
     say!(
-        "shoal ycsb: {} ({}), {}, {} records x {} B, {} node{} ({}), {} workers/node{}, cache {}/node, {:?} access, seed {}",
+        "shoal ycsb: {} ({}), {}, {} records x {} B{}, {} node{} ({}), {} workers/node{}, cache {}/node, {:?} access, seed {}",
         plan.label,
         mix_text(&plan.mix),
         dist_text(plan.dist),
         a.records,
         a.value_size,
+        match plan.names.names {
+            KeyNames::Integer => "",
+            KeyNames::Hashed => " (keys user<hash>)",
+            KeyNames::Ordered => " (keys user<number>)",
+        },
         nodes.cluster,
         if nodes.cluster > 1 { "s" } else { "" },
         if nodes.member { "tcp member" } else if nodes.cluster > 1 { "mem" } else { "embedded" },
@@ -180,7 +190,7 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
         a.access,
         plan.seed
     );
-    let load_s = load(nodes, &tree, a)?;
+    let load_s = load(nodes, &tree, a, plan.names)?;
     if crate::stop::requested() {
         // the records loaded so far stay (the caller closes the store clean)
         return Ok(ExitCode::from(crate::stop::STOPPED_EXIT));
@@ -195,6 +205,8 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
             records: a.records,
             value_size: a.value_size,
             nodes: nodes.cluster,
+            keys: plan.names.names,
+            zero_padding: plan.names.zero_padding,
             next_key: a.records,
             loaded_utc: crate::report::utc_text(std::time::SystemTime::now()),
             runs: 0,
@@ -213,6 +225,7 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
                 "run": crate::report::run_facts(plan.seed, plan.started),
                 "records": a.records,
                 "value_size": a.value_size,
+                "keys": plan.names.names,
                 "nodes": nodes.cluster,
                 "load_s": load_s,
                 "records_per_s": a.records as f64 / load_s.max(1e-9),
@@ -225,6 +238,8 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
         records: a.records,
         value_size: a.value_size,
         nodes: nodes.cluster,
+        keys: plan.names.names,
+        zero_padding: plan.names.zero_padding,
         next_key: a.records,
         loaded_utc: String::new(),
         runs: 0,
@@ -262,10 +277,7 @@ fn drive_run_phase(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitC
     // A run that crashed wrote its inserts but not the description: the next insert goes past
     // the largest key the table holds, whatever the description says.
     let w0 = nodes.engines[0].worker();
-    let largest = match tree.range::<&[u8]>(&w0, ..).next_back() {
-        Some(entry) => decode_u64(&entry.map_err(anyhow::Error::from)?.0),
-        None => None,
-    };
+    let largest = largest_record(&tree, &w0, plan.names)?;
     drop(w0);
     if let Some(k) = largest.filter(|&k| k >= set.next_key) {
         say!(
@@ -291,7 +303,29 @@ fn drive_run_phase(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitC
     Ok(code)
 }
 
-fn load(nodes: &Nodes, tree: &BTree, a: &Args) -> anyhow::Result<f64> {
+/// The largest record number the table holds: its last key's, or with key names (in no
+/// number order) the largest of every entry's.
+fn largest_record(
+    tree: &BTree,
+    w: &shoal_engine::Worker,
+    names: Namer,
+) -> anyhow::Result<Option<u64>> {
+    if names.names == KeyNames::Integer {
+        return Ok(match tree.range::<&[u8]>(w, ..).next_back() {
+            Some(entry) => decode_u64(&entry.map_err(anyhow::Error::from)?.0),
+            None => None,
+        });
+    }
+    let (mut buf, mut largest) = (Vec::new(), None);
+    tree.scan(w, &[], Direction::Ascending, |key, v| {
+        largest = largest.max(names.number(key, v, &mut buf));
+        true
+    })
+    .map_err(anyhow::Error::from)?;
+    Ok(largest)
+}
+
+fn load(nodes: &Nodes, tree: &BTree, a: &Args, names: Namer) -> anyhow::Result<f64> {
     let done = AtomicU64::new(0);
     let t0 = Instant::now();
     let keys = |e: &Engine| Keys {
@@ -324,13 +358,14 @@ fn load(nodes: &Nodes, tree: &BTree, a: &Args) -> anyhow::Result<f64> {
                 hs.push(s.spawn(move || -> anyhow::Result<()> {
                     let w = e.worker();
                     let mut v = vec![0u8; a.value_size];
+                    let mut key = Vec::new();
                     let mut n = 0;
                     for k in from..to {
                         if crate::stop::requested() {
                             break;
                         }
                         value::fill(&mut v, k, 0);
-                        if !tree.insert(&w, u64_key(k), &v)?.inserted() {
+                        if !tree.insert(&w, names.key(k, &mut key), &v)?.inserted() {
                             anyhow::bail!("loading record {k}: the key exists already");
                         }
                         n += 1;

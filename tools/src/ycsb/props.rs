@@ -2,7 +2,7 @@
 //! lines, `#` or `!` comments) and `-p key=value`, mapped onto the command's flags. Later files
 //! and `-p` override earlier ones; a flag given on the command line overrides them all.
 
-use super::Args;
+use super::{Args, KeyNames};
 use crate::workload::Mix;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -31,6 +31,8 @@ const KNOWN: &[(&str, &str)] = &[
     ("fieldcount", "--value-size (fieldcount x fieldlength)"),
     ("fieldlength", "--value-size (fieldcount x fieldlength)"),
     ("maxscanlength", "--max-scan"),
+    ("insertorder", "--keys (hashed or ordered)"),
+    ("zeropadding", "--zero-padding"),
 ];
 
 /// Properties that are accepted without changing the run, each with what this driver does
@@ -52,11 +54,6 @@ const IGNORED: &[(&str, &[&str], &str)] = &[
         "a record is one value: an update writes all its fields",
     ),
     ("table", &["usertable"], "the table is the tree 'usertable'"),
-    (
-        "insertorder",
-        &["ordered"],
-        "keys are 8-byte integers inserted in order",
-    ),
     (
         "scanlengthdistribution",
         &["uniform"],
@@ -164,11 +161,23 @@ pub fn apply(
             ));
         }
     }
-    if let Some(o) = props.get("insertorder") {
-        if o != "hashed" && o != "ordered" {
+    // YCSB's key names: insertorder (hashed unless it says ordered) with YCSB's properties
+    let ycsb_shape = !a.property_files.is_empty() || !a.properties.is_empty();
+    let order = match props.get("insertorder").map(String::as_str) {
+        Some("hashed") | None => KeyNames::Hashed,
+        Some("ordered") => KeyNames::Ordered,
+        Some(o) => {
             return Err(anyhow::anyhow!(
                 "property insertorder={o}: use hashed or ordered"
-            ));
+            ))
+        }
+    };
+    if ycsb_shape && !given("keys") {
+        a.keys = Some(order);
+    }
+    if let Some(v) = int("zeropadding")? {
+        if !given("zero_padding") {
+            a.zero_padding = usize::try_from(v).unwrap_or(usize::MAX);
         }
     }
     if let Some(v) = int("recordcount")? {
@@ -237,7 +246,6 @@ pub fn apply(
     // YCSB's record: fieldcount x fieldlength, 10 x 100 bytes unless the properties say
     // otherwise (as one value here); only when a workload file or property is given, so the
     // plain command keeps its 128-byte values
-    let ycsb_shape = !a.property_files.is_empty() || !a.properties.is_empty();
     // YCSB has no warm-up: with its properties, none unless --warmup asks for one
     if ycsb_shape && !given("warmup") {
         a.warmup = 0.0;

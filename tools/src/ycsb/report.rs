@@ -202,6 +202,7 @@ pub(super) fn report_run(
             "access": format!("{:?}", a.access).to_lowercase(),
             "records": a.records,
             "value_size": a.value_size,
+            "keys": plan.names.names,
             "nodes": nodes.cluster,
             "transport": if nodes.member { "tcp" } else { "mem" },
             "workers_per_node": a.workers,

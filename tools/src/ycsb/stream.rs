@@ -178,6 +178,7 @@ pub(super) fn worker_loop(
     let mut res = WorkerResult::default();
     let mut buf = Vec::with_capacity(a.value_size);
     let mut val = vec![0u8; a.value_size];
+    let (names, mut key, mut other) = (plan.names, Vec::new(), Vec::new());
     let mut measuring = false;
     let mut n_ops = 0u64;
     let pipelined = a.durability == shoal_engine::Durability::Commit;
@@ -225,7 +226,7 @@ pub(super) fn worker_loop(
         match op {
             Op::Read => {
                 let k = keys.live(&mut chooser, live, &mut rng);
-                if tree.lookup(&w, u64_key(k), &mut buf)? {
+                if tree.lookup(&w, names.key(k, &mut key), &mut buf)? {
                     if !value::check(&buf, k, vs) {
                         note(&mut res, format!("read of key {k} returned a bad value"));
                     }
@@ -240,7 +241,7 @@ pub(super) fn worker_loop(
                 let salt: u32 = rng.random();
                 let mut bad = false;
                 let rmw = op == Op::ReadModifyWrite;
-                let found = tree.update(&w, u64_key(k), |v| {
+                let found = tree.update(&w, names.key(k, &mut key), |v| {
                     // updates check what they overwrite, too
                     bad = !value::check(v, k, vs);
                     let s = if rmw {
@@ -261,7 +262,7 @@ pub(super) fn worker_loop(
                 let n = mine.begin();
                 let k = keys.inserted(n);
                 value::fill(&mut val, k, 0);
-                if !tree.insert(&w, u64_key(k), &val)?.inserted() {
+                if !tree.insert(&w, names.key(k, &mut key), &val)?.inserted() {
                     note(&mut res, format!("insert of new key {k}: already present"));
                 }
                 mine.done(n);
@@ -272,10 +273,16 @@ pub(super) fn worker_loop(
                 let len = rng.random_range(1..=a.max_scan);
                 let mut seen = 0;
                 let mut bad: Option<String> = None;
-                tree.scan(&w, &u64_key(k), Direction::Ascending, |key, v| {
-                    let kk = decode_u64(key).unwrap_or(u64::MAX);
-                    if bad.is_none() && (kk < k || !value::check(v, kk, vs)) {
-                        bad = Some(format!("scan from {k} returned a bad entry for key {kk}"));
+                let from = names.key(k, &mut key);
+                tree.scan(&w, from, Direction::Ascending, |key, v| {
+                    let kk = names.number(key, v, &mut other);
+                    if bad.is_none()
+                        && (key < from || !kk.is_some_and(|kk| value::check(v, kk, vs)))
+                    {
+                        bad = Some(format!(
+                            "scan from {k} returned a bad entry for key {}",
+                            String::from_utf8_lossy(key)
+                        ));
                     }
                     seen += 1;
                     seen < len

@@ -4,7 +4,7 @@
 //! histograms included) into one summary. Node 0's per-second lines are shown; every node's
 //! output is kept in `<data dir>/node<i>.log`.
 
-use super::{Access, Args, Distribution, Plan};
+use super::{Access, Args, Distribution, KeyNames, Plan};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::ExitCode;
@@ -27,6 +27,13 @@ fn node_args(a: &Args, plan: &Plan, file: &Path, id: usize, json: &Path) -> Vec<
     f("--workers", a.workers.to_string());
     f("--records", a.records.to_string());
     f("--value-size", a.value_size.to_string());
+    let keys = match plan.names.names {
+        KeyNames::Integer => "integer",
+        KeyNames::Hashed => "hashed",
+        KeyNames::Ordered => "ordered",
+    };
+    f("--keys", keys.into());
+    f("--zero-padding", plan.names.zero_padding.to_string());
     f("--workload", a.workload.clone());
     if let Some(r) = a.read_ratio {
         f("--read-ratio", r.to_string());
