@@ -1022,3 +1022,90 @@ fn every_ycsb_request_distribution_runs() {
     ]);
     assert_eq!(v["distribution"]["percentile"], 90.0, "{v}");
 }
+
+/// Issue 47: with YCSB's properties the keys are YCSB's (`user` and the hash of the record
+/// number: insertorder=hashed, its default), `insertorder=ordered` and `zeropadding` name them
+/// in order, a kept data set remembers its keys and refuses a run that asks for others, and
+/// workload e's scans check every entry they return under each naming.
+#[test]
+fn ycsb_key_names_are_hashed_by_default_and_kept_with_the_data_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |w: &str| format!("{}/../workloads/{w}", env!("CARGO_MANIFEST_DIR"));
+    let json = dir.path().join("e.json");
+    for (order, keys) in [("hashed", "hashed"), ("ordered", "ordered")] {
+        let out = ycsb_in(
+            dir.path(),
+            &[
+                "-P",
+                &file("workloade"),
+                "-p",
+                "recordcount=4000",
+                "-p",
+                "operationcount=3000",
+                "-p",
+                &format!("insertorder={order}"),
+                "--quiet",
+                "--json",
+                json.to_str().unwrap(),
+            ],
+        );
+        let r = report(&json);
+        assert_eq!(r["keys"], keys, "{out}");
+        assert_eq!(r["value_errors"], 0, "{out}");
+        assert!(r["ops_by_type"]["scan"].as_u64().unwrap() > 0, "{r}");
+    }
+    // hashed without saying so; the data set description keeps it
+    let data = dir.path().join("kept");
+    let data = data.to_str().unwrap();
+    let out = ycsb_in(
+        dir.path(),
+        &[
+            "load",
+            "-P",
+            &file("workloada"),
+            "-p",
+            "recordcount=3000",
+            "--data-dir",
+            data,
+        ],
+    );
+    assert!(out.contains("keys user<hash>"), "{out}");
+    let set: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("kept/ycsb-dataset.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(set["keys"], "hashed");
+    // a run that asks for other keys is refused, the data set untouched
+    let out = shoal()
+        .args([
+            "ycsb",
+            "run",
+            "-P",
+            &file("workloada"),
+            "-p",
+            "recordcount=3000",
+        ])
+        .args(["-p", "insertorder=ordered", "--data-dir", data])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("loaded with keys hashed"), "{err}");
+    // a run that does not say finds every loaded record under its hashed name
+    let out = ycsb_in(
+        dir.path(),
+        &[
+            "run",
+            "-P",
+            &file("workloadd"),
+            "-p",
+            "recordcount=3000",
+            "-p",
+            "operationcount=2000",
+            "--data-dir",
+            data,
+        ],
+    );
+    assert!(out.contains("check: 3000 records"), "{out}");
+    assert!(out.contains("value errors  0"), "{out}");
+}

@@ -68,6 +68,9 @@ pub struct Args {
     /// Flags given on the command line (set by main; properties do not override them).
     #[arg(skip)]
     pub explicit: Vec<String>,
+    /// The keys without --keys or insertorder: hashed with YCSB's properties, else integer.
+    #[arg(skip = KeyNames::Integer)]
+    pub default_keys: KeyNames,
     /// The value size came from fieldcount x fieldlength (for messages).
     #[arg(skip)]
     pub value_from_fields: Option<(u64, u64)>,
@@ -100,7 +103,7 @@ pub struct Args {
     /// The table's keys: integer (8-byte numbers in order), hashed (YCSB's `user` and the
     /// hash of the number: inserts land all over the key space) or ordered (YCSB's `user` and
     /// the number). Default: hashed with YCSB's properties (-P/-p, its insertorder default),
-    /// else integer.
+    /// else integer; a run on a kept data set uses the loaded keys.
     #[arg(long, value_enum)]
     pub keys: Option<KeyNames>,
     /// With hashed or ordered keys: the digits the number is padded to with zeros (YCSB's
@@ -306,7 +309,7 @@ pub(super) fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<
         ));
     }
     let names = Namer {
-        names: a.keys.unwrap_or(KeyNames::Integer),
+        names: a.keys.unwrap_or(a.default_keys),
         zero_padding: a.zero_padding,
     };
     Ok(Plan {

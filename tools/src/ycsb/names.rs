@@ -37,7 +37,6 @@ pub struct Namer {
     pub zero_padding: usize,
 }
 
-
 impl Namer {
     /// The key of record `k`, written into `buf` (which it returns).
     pub fn key<'b>(&self, k: u64, buf: &'b mut Vec<u8>) -> &'b [u8] {
@@ -116,8 +115,9 @@ mod tests {
             assert_eq!(hashed.number(&key, &value, &mut buf), None);
         }
         // distinct records, distinct keys (and no order kept by the hash)
-        let keys: std::collections::BTreeSet<Vec<u8>> =
-            (0..10_000).map(|k| hashed.key(k, &mut buf).to_vec()).collect();
+        let keys: std::collections::BTreeSet<Vec<u8>> = (0..10_000)
+            .map(|k| hashed.key(k, &mut buf).to_vec())
+            .collect();
         assert_eq!(keys.len(), 10_000);
     }
 }

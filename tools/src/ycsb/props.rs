@@ -163,17 +163,21 @@ pub fn apply(
     }
     // YCSB's key names: insertorder (hashed unless it says ordered) with YCSB's properties
     let ycsb_shape = !a.property_files.is_empty() || !a.properties.is_empty();
+    if ycsb_shape {
+        a.default_keys = KeyNames::Hashed;
+    }
     let order = match props.get("insertorder").map(String::as_str) {
-        Some("hashed") | None => KeyNames::Hashed,
-        Some("ordered") => KeyNames::Ordered,
+        None => None,
+        Some("hashed") => Some(KeyNames::Hashed),
+        Some("ordered") => Some(KeyNames::Ordered),
         Some(o) => {
             return Err(anyhow::anyhow!(
                 "property insertorder={o}: use hashed or ordered"
             ))
         }
     };
-    if ycsb_shape && !given("keys") {
-        a.keys = Some(order);
+    if order.is_some() && !given("keys") {
+        a.keys = order;
     }
     if let Some(v) = int("zeropadding")? {
         if !given("zero_padding") {
