@@ -38,26 +38,43 @@ pub struct Namer {
 }
 
 impl Namer {
-    /// The key of record `k`, written into `buf` (which it returns).
+    /// The key of record `k`, written into `buf` (which it returns). No allocation: scans
+    /// name every entry they check.
     pub fn key<'b>(&self, k: u64, buf: &'b mut Vec<u8>) -> &'b [u8] {
         buf.clear();
-        let number = match self.names {
+        let (negative, mut x) = match self.names {
             KeyNames::Integer => {
                 buf.extend_from_slice(&u64_key(k));
                 return buf;
             }
-            // Java's Math.abs of the hash as a signed long (which leaves i64::MIN negative)
-            KeyNames::Hashed => (fnv64(k) as i64).wrapping_abs() as i128,
-            KeyNames::Ordered => k as i128,
+            KeyNames::Hashed => {
+                // Java's Math.abs of the hash as a signed long (i64::MIN stays negative)
+                let h = (fnv64(k) as i64).wrapping_abs();
+                (h < 0, h.unsigned_abs())
+            }
+            KeyNames::Ordered => (false, k),
         };
-        use std::io::Write;
+        let mut text = [0u8; 21];
+        let mut at = text.len();
+        loop {
+            at -= 1;
+            text[at] = b'0' + (x % 10) as u8;
+            x /= 10;
+            if x == 0 {
+                break;
+            }
+        }
+        if negative {
+            at -= 1;
+            text[at] = b'-';
+        }
+        let digits = &text[at..];
         buf.extend_from_slice(b"user");
-        let digits = number.to_string();
         buf.extend(std::iter::repeat_n(
             b'0',
             self.zero_padding.saturating_sub(digits.len()),
         ));
-        let _ = buf.write_all(digits.as_bytes());
+        buf.extend_from_slice(digits);
         buf
     }
 
