@@ -679,3 +679,36 @@ fn large_values_in_logged_transactions() {
     drop(w);
     e.close().unwrap();
 }
+
+/// Issue 47: `lookup_part` copies only the asked bytes of a value (one column of a row kept as
+/// one value), clipped to the value, from a leaf or from overflow pages; an absent key is
+/// `false`.
+#[test]
+fn a_part_of_a_value_is_its_bytes_clipped_to_the_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(EngineConfig::new(dir.path(), 16 << 20)).unwrap();
+    let w = e.worker();
+    let t = BTree::create(&w, "t").unwrap();
+    let small: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+    let large: Vec<u8> = (0..9000u32).map(|i| (i % 241) as u8).collect();
+    assert!(t.insert(&w, b"small", &small).unwrap().inserted());
+    assert!(t.insert(&w, b"large", &large).unwrap().inserted());
+    let mut out = vec![7u8; 3];
+    for (key, v) in [(&b"small"[..], &small), (&b"large"[..], &large)] {
+        for part in [0..100, 300..400, 900..1000, 950..1200, 5000..6000, 2..2] {
+            assert!(t.lookup_part(&w, key, part.clone(), &mut out).unwrap());
+            let (from, to) = (
+                part.start.min(v.len()),
+                part.end.min(v.len()).max(part.start.min(v.len())),
+            );
+            assert_eq!(
+                out,
+                v[from..to],
+                "{} {part:?}",
+                String::from_utf8_lossy(key)
+            );
+        }
+    }
+    assert!(!t.lookup_part(&w, b"none", 0..10, &mut out).unwrap());
+    assert!(out.is_empty());
+}

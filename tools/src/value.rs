@@ -1,22 +1,64 @@
-//! Self-checking YCSB values: every value carries its key and a checksum, so a wrong, stale
-//! page's or torn value is detected by the reader.
+//! Self-checking YCSB values: every field of a value carries its record number and a
+//! checksum, so a wrong, stale page's or torn value is detected by the reader, and so is a
+//! single field read or written alone (YCSB's readallfields / writeallfields=false). A value
+//! of plain `--value-size` bytes is one field.
 //!
 //! ```text
-//! 0..8    key        u64 LE
-//! 8..12   salt       u32 LE (changes with every update)
-//! 12..16  checksum   CRC-32 of bytes 0..12 and 16..len
-//! 16..    filler     derived from (key, salt)
+//! each field of `Layout::field` bytes, field f at f x field:
+//! 0..8    record    u64 LE
+//! 8..12   salt      u32 LE (changes with every write of the field)
+//! 12..16  checksum  CRC-32 of bytes 0..12, f (u32 LE, fields after the first only) and 16..
+//! 16..    filler    derived from (record, f, salt)
 //! ```
 use byteorder::{ByteOrder, LittleEndian};
 
-/// Smallest value size that holds the header.
+/// Smallest field (and value) that holds the header.
 pub const MIN_VALUE: usize = 16;
 
-/// Fill `v` (of the run's value size) for `key` with `salt`.
-pub fn fill(v: &mut [u8], key: u64, salt: u32) {
-    v[0..8].copy_from_slice(&key.to_le_bytes());
+/// A run's values: `size` bytes made of fields of `field` bytes (`field` divides `size`; one
+/// field is the whole value).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub size: usize,
+    pub field: usize,
+}
+
+impl Layout {
+    /// One field: the whole value.
+    pub fn whole(size: usize) -> Layout {
+        Layout { size, field: size }
+    }
+
+    pub fn fields(&self) -> usize {
+        self.size / self.field
+    }
+
+    /// The bytes of field `f` within the value.
+    pub fn range(&self, f: usize) -> std::ops::Range<usize> {
+        f * self.field..(f + 1) * self.field
+    }
+
+    /// Fill all of `v` (of `size` bytes) for record `k` with `salt`.
+    pub fn fill(&self, v: &mut [u8], k: u64, salt: u32) {
+        for (f, field) in v.chunks_mut(self.field).enumerate() {
+            fill_field(field, k, f, salt);
+        }
+    }
+
+    /// Whether `v` is an intact value of record `k`: every field intact.
+    pub fn check(&self, v: &[u8], k: u64) -> bool {
+        v.len() == self.size
+            && v.chunks(self.field)
+                .enumerate()
+                .all(|(f, field)| field.len() == self.field && check_field(field, k, f))
+    }
+}
+
+/// Fill field `f` (all its bytes) for record `k` with `salt`.
+pub fn fill_field(v: &mut [u8], k: u64, f: usize, salt: u32) {
+    v[0..8].copy_from_slice(&k.to_le_bytes());
     v[8..12].copy_from_slice(&salt.to_le_bytes());
-    let mut x = key ^ ((salt as u64) << 32) ^ 0x9E37_79B9_7F4A_7C15;
+    let mut x = k ^ ((salt as u64) << 32) ^ 0x9E37_79B9_7F4A_7C15 ^ (f as u64).rotate_left(17);
     for chunk in v[16..].chunks_mut(8) {
         x ^= x << 13;
         x ^= x >> 7;
@@ -24,26 +66,29 @@ pub fn fill(v: &mut [u8], key: u64, salt: u32) {
         let b = x.to_le_bytes();
         chunk.copy_from_slice(&b[..chunk.len()]);
     }
-    let sum = sum(v);
+    let sum = sum(v, f);
     v[12..16].copy_from_slice(&sum.to_le_bytes());
 }
 
-fn sum(v: &[u8]) -> u32 {
+fn sum(v: &[u8], f: usize) -> u32 {
     let mut h = crc32fast::Hasher::new();
     h.update(&v[0..12]);
+    if f > 0 {
+        // (the first field's sum is the one a whole value had before fields)
+        h.update(&(f as u32).to_le_bytes());
+    }
     h.update(&v[16..]);
     h.finalize()
 }
 
-/// Whether `v` is an intact value of `key` with the expected size.
-pub fn check(v: &[u8], key: u64, size: usize) -> bool {
-    v.len() == size
-        && v.len() >= MIN_VALUE
-        && v[0..8] == key.to_le_bytes()
-        && LittleEndian::read_u32(&v[12..]) == sum(v)
+/// Whether `v` is an intact field `f` of record `k`.
+pub fn check_field(v: &[u8], k: u64, f: usize) -> bool {
+    v.len() >= MIN_VALUE
+        && v[0..8] == k.to_le_bytes()
+        && LittleEndian::read_u32(&v[12..]) == sum(v, f)
 }
 
-/// The salt of an intact value.
+/// The salt of an intact field.
 pub fn salt(v: &[u8]) -> u32 {
     LittleEndian::read_u32(&v[8..])
 }
@@ -54,13 +99,36 @@ mod tests {
 
     #[test]
     fn detects_wrong_key_and_corruption() {
+        let whole = Layout::whole(128);
         let mut v = vec![0u8; 128];
-        fill(&mut v, 42, 7);
-        assert!(check(&v, 42, 128));
-        assert!(!check(&v, 43, 128));
-        assert!(!check(&v, 42, 129));
+        whole.fill(&mut v, 42, 7);
+        assert!(whole.check(&v, 42));
+        assert!(!whole.check(&v, 43));
+        assert!(!Layout::whole(129).check(&v, 42));
         assert_eq!(salt(&v), 7);
         v[100] ^= 1;
-        assert!(!check(&v, 42, 128));
+        assert!(!whole.check(&v, 42));
+    }
+
+    /// Issue 47: YCSB's fields each check on their own: one written alone keeps the value
+    /// whole, one read alone is checked, and a field in another field's place is caught.
+    #[test]
+    fn each_field_checks_on_its_own() {
+        let l = Layout {
+            size: 1000,
+            field: 100,
+        };
+        assert_eq!(l.fields(), 10);
+        let mut v = vec![0u8; 1000];
+        l.fill(&mut v, 9, 1);
+        assert!(l.check(&v, 9));
+        fill_field(&mut v[l.range(3)], 9, 3, 77);
+        assert!(l.check(&v, 9), "one field rewritten alone");
+        assert_eq!(salt(&v[l.range(3)]), 77);
+        assert!(check_field(&v[l.range(3)], 9, 3));
+        assert!(!check_field(&v[l.range(3)], 9, 4), "field 3 is not field 4");
+        let three = v[l.range(3)].to_vec();
+        v[l.range(4)].copy_from_slice(&three);
+        assert!(!l.check(&v, 9), "a field in another's place");
     }
 }

@@ -1109,3 +1109,98 @@ fn ycsb_key_names_are_hashed_by_default_and_kept_with_the_data_set() {
     assert!(out.contains("check: 3000 records"), "{out}");
     assert!(out.contains("value errors  0"), "{out}");
 }
+
+/// Issue 47: YCSB's record is 10 fields, each checked on its own; by YCSB's defaults a read
+/// takes every field and an update writes one (writeallfields=false), `readallfields=false`
+/// reads one, and a kept data set remembers its fields so a later run checks them the same way.
+#[test]
+fn ycsb_fields_are_read_and_written_one_at_a_time_as_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |w: &str| format!("{}/../workloads/{w}", env!("CARGO_MANIFEST_DIR"));
+    let json = dir.path().join("f.json");
+    let j = json.to_str().unwrap();
+    for (extra, read_all, write_all) in [
+        (&[][..], true, false),
+        (&["-p", "readallfields=false"][..], false, false),
+        (
+            &["--write-all-fields", "true", "--read-all-fields", "false"][..],
+            false,
+            true,
+        ),
+    ] {
+        let f = file("workloadf");
+        let mut args = vec!["-P", &f];
+        args.extend(["-p", "recordcount=3000", "-p", "operationcount=20000"]);
+        args.extend(extra);
+        args.extend(["--quiet", "--json", j]);
+        let out = ycsb_in(dir.path(), &args);
+        let r = report(&json);
+        assert_eq!(r["fields"]["count"], 10, "{out}");
+        assert_eq!(r["fields"]["length"], 100);
+        assert_eq!(r["fields"]["read_all"], read_all, "{extra:?}");
+        assert_eq!(r["fields"]["write_all"], write_all, "{extra:?}");
+        assert_eq!(r["value_errors"], 0, "{extra:?}: {out}");
+        assert!(r["ops_by_type"]["rmw"].as_u64().unwrap() > 0);
+    }
+    // a plain --value-size is one field whatever is asked (said on standard error)
+    let out = ycsb_in(
+        dir.path(),
+        &[
+            "--records",
+            "2000",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0",
+            "--read-all-fields",
+            "false",
+            "--quiet",
+            "--json",
+            j,
+        ],
+    );
+    assert!(out.contains("one field"), "{out}");
+    assert!(report(&json)["fields"].is_null());
+    // kept: loaded in fields, run with one-field reads, every field checked
+    let data = dir.path().join("kept");
+    let data = data.to_str().unwrap();
+    ycsb_in(
+        dir.path(),
+        &[
+            "load",
+            "-P",
+            &file("workloadb"),
+            "-p",
+            "recordcount=2000",
+            "--data-dir",
+            data,
+        ],
+    );
+    let set: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("kept/ycsb-dataset.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(set["field_length"], 100);
+    let out = ycsb_in(
+        dir.path(),
+        &[
+            "run",
+            "--data-dir",
+            data,
+            "--workload",
+            "a",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0",
+            "--read-all-fields",
+            "false",
+            "--quiet",
+            "--json",
+            j,
+        ],
+    );
+    let r = report(&json);
+    assert_eq!(r["fields"]["read_all"], false, "{out}");
+    assert_eq!(r["value_errors"], 0, "{out}");
+}

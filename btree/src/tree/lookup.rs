@@ -101,6 +101,52 @@ impl BTree {
         })?)
     }
 
+    /// Copy the bytes `part` of `key`'s value into `out` (clipped to the value: a part past its
+    /// end is shorter or empty). Returns whether the key exists. For one column of a row kept
+    /// as one value: only those bytes are copied from a leaf (a value in overflow pages is
+    /// read whole, then cut).
+    pub fn lookup_part(
+        &self,
+        w: &Worker,
+        key: impl AsRef<[u8]>,
+        part: std::ops::Range<usize>,
+        out: &mut Vec<u8>,
+    ) -> Result<bool, TreeError> {
+        let key = key.as_ref();
+        Self::check_key(key)?;
+        Ok(w.run(|w| {
+            let g = self.find_leaf(w, key)?;
+            let p = g.page();
+            let (i, found) = node::lower_bound(p, key);
+            let mut big = false;
+            out.clear();
+            if found {
+                big = node::val_flags(p, i) & FLAG_OVERFLOW != 0;
+                if big {
+                    node::value_into(p, i, out);
+                } else {
+                    // (a page changing underneath gives garbage, within the page, that the
+                    // validation below discards)
+                    let len = node::slot_info(p, i).2.min(PAGE_DATA_SIZE);
+                    let from = part.start.min(len);
+                    out.resize(part.end.clamp(from, len) - from, 0);
+                    p.read(node::value_offset(p, i) + from, out);
+                }
+            }
+            g.validate()?;
+            if big {
+                let r = ValueRef::decode(out).ok_or_else(|| bad_reference(g.pid()))?;
+                let read = overflow::read(w, r, out);
+                g.validate()?;
+                read?;
+                let (from, to) = (part.start.min(out.len()), part.end.min(out.len()));
+                out.truncate(to.max(from));
+                out.drain(..from);
+            }
+            Ok(found)
+        })?)
+    }
+
     /// Look up many keys at once: calls `each(i, value)` for every `keys[i]`, in order of `i`,
     /// with `None` for keys that are absent. Same results as calling [`BTree::lookup`] for each
     /// key, but faster for large batches (a multi-get).

@@ -68,6 +68,14 @@ pub struct Args {
     /// Flags given on the command line (set by main; properties do not override them).
     #[arg(skip)]
     pub explicit: Vec<String>,
+    /// With YCSB's fields (fieldcount x fieldlength): false reads one field, chosen at random
+    /// (YCSB's readallfields; default true).
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub read_all_fields: Option<bool>,
+    /// With YCSB's fields: false makes an update (and a read-modify-write's write) change one
+    /// field, chosen at random (YCSB's writeallfields; default false, as YCSB's).
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub write_all_fields: Option<bool>,
     /// The keys without --keys or insertorder: hashed with YCSB's properties, else integer.
     #[arg(skip = KeyNames::Integer)]
     pub default_keys: KeyNames,
@@ -186,6 +194,12 @@ pub(super) struct Plan {
     pub(super) dist: Dist,
     /// The table's keys.
     pub(super) names: Namer,
+    /// The values: one self-checked field, or YCSB's fields.
+    pub(super) layout: value::Layout,
+    /// Reads take one field (readallfields=false).
+    pub(super) read_one: bool,
+    /// Updates write one field (writeallfields=false).
+    pub(super) write_one: bool,
     /// Cache of each node (`--cache`, one entry per node).
     pub(super) caches: Vec<usize>,
     pub(super) label: String,
@@ -312,11 +326,38 @@ pub(super) fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<
         names: a.keys.unwrap_or(a.default_keys),
         zero_padding: a.zero_padding,
     };
+    // YCSB's fields, each self-checked, when the record is made of them (and a field holds
+    // the check's header)
+    let layout = match a.value_from_fields {
+        Some((count, len))
+            if count > 1
+                && len as usize >= value::MIN_VALUE
+                && (count * len) as usize == a.value_size =>
+        {
+            value::Layout {
+                size: a.value_size,
+                field: len as usize,
+            }
+        }
+        _ => value::Layout::whole(a.value_size),
+    };
+    let fields = layout.fields() > 1;
+    if !fields && (a.read_all_fields == Some(false) || a.write_all_fields == Some(false)) {
+        eprintln!(
+            "note: a value of this run is one field ({} bytes; fields need fieldcount > 1 and a \
+             fieldlength of at least {} bytes): reads and writes take all of it",
+            a.value_size,
+            value::MIN_VALUE
+        );
+    }
     Ok(Plan {
         phase: a.phase,
         mix,
         dist,
         names,
+        layout,
+        read_one: fields && a.read_all_fields == Some(false),
+        write_one: fields && a.write_all_fields != Some(true),
         caches,
         label,
         seed: a.seed.unwrap_or_else(crate::report::fresh_seed),

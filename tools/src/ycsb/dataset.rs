@@ -17,6 +17,10 @@ pub(super) struct DataSet {
     pub(super) keys: KeyNames,
     #[serde(default = "one")]
     pub(super) zero_padding: usize,
+    /// Bytes of each of YCSB's fields, each checked on its own (0: the value is one field,
+    /// as every value of a description without it).
+    #[serde(default)]
+    pub(super) field_length: usize,
     /// The key the next insert takes (runs insert keys past the loaded ones).
     pub(super) next_key: u64,
     pub(super) loaded_utc: String,

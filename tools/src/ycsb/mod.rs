@@ -67,6 +67,10 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
         a.value_size = set.value_size;
         a.keys = Some(set.keys);
         a.zero_padding = set.zero_padding;
+        a.value_from_fields = (set.field_length > 0).then(|| {
+            let f = set.field_length as u64;
+            (set.value_size as u64 / f, f)
+        });
     }
     let plan = validate(&a, mix)?;
     if let Some(p) = &a.json {
@@ -169,11 +173,7 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
         dist_text(plan.dist),
         a.records,
         a.value_size,
-        match plan.names.names {
-            KeyNames::Integer => "",
-            KeyNames::Hashed => " (keys user<hash>)",
-            KeyNames::Ordered => " (keys user<number>)",
-        },
+        record_text(plan),
         nodes.cluster,
         if nodes.cluster > 1 { "s" } else { "" },
         if nodes.member { "tcp member" } else if nodes.cluster > 1 { "mem" } else { "embedded" },
@@ -190,7 +190,7 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
         a.access,
         plan.seed
     );
-    let load_s = load(nodes, &tree, a, plan.names)?;
+    let load_s = load(nodes, &tree, a, plan)?;
     if crate::stop::requested() {
         // the records loaded so far stay (the caller closes the store clean)
         return Ok(ExitCode::from(crate::stop::STOPPED_EXIT));
@@ -207,6 +207,11 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
             nodes: nodes.cluster,
             keys: plan.names.names,
             zero_padding: plan.names.zero_padding,
+            field_length: if plan.layout.fields() > 1 {
+                plan.layout.field
+            } else {
+                0
+            },
             next_key: a.records,
             loaded_utc: crate::report::utc_text(std::time::SystemTime::now()),
             runs: 0,
@@ -226,6 +231,7 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
                 "records": a.records,
                 "value_size": a.value_size,
                 "keys": plan.names.names,
+                "fields": fields_json(plan),
                 "nodes": nodes.cluster,
                 "load_s": load_s,
                 "records_per_s": a.records as f64 / load_s.max(1e-9),
@@ -240,6 +246,11 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
         nodes: nodes.cluster,
         keys: plan.names.names,
         zero_padding: plan.names.zero_padding,
+        field_length: if plan.layout.fields() > 1 {
+            plan.layout.field
+        } else {
+            0
+        },
         next_key: a.records,
         loaded_utc: String::new(),
         runs: 0,
@@ -303,6 +314,32 @@ fn drive_run_phase(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitC
     Ok(code)
 }
 
+/// What a record is made of beyond its size (YCSB's fields, key names), for the header line.
+fn record_text(plan: &Plan) -> String {
+    let l = plan.layout;
+    let mut parts = Vec::new();
+    if l.fields() > 1 {
+        let which = |one: bool| if one { "one" } else { "all" };
+        parts.push(format!(
+            "{} fields of {} B, {} read, {} written",
+            l.fields(),
+            l.field,
+            which(plan.read_one),
+            which(plan.write_one)
+        ));
+    }
+    match plan.names.names {
+        KeyNames::Integer => {}
+        KeyNames::Hashed => parts.push("keys user<hash>".into()),
+        KeyNames::Ordered => parts.push("keys user<number>".into()),
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", parts.join(", "))
+    }
+}
+
 /// The largest record number the table holds: its last key's, or with key names (in no
 /// number order) the largest of every entry's.
 fn largest_record(
@@ -325,7 +362,8 @@ fn largest_record(
     Ok(largest)
 }
 
-fn load(nodes: &Nodes, tree: &BTree, a: &Args, names: Namer) -> anyhow::Result<f64> {
+fn load(nodes: &Nodes, tree: &BTree, a: &Args, plan: &Plan) -> anyhow::Result<f64> {
+    let (names, layout) = (plan.names, plan.layout);
     let done = AtomicU64::new(0);
     let t0 = Instant::now();
     let keys = |e: &Engine| Keys {
@@ -364,7 +402,7 @@ fn load(nodes: &Nodes, tree: &BTree, a: &Args, names: Namer) -> anyhow::Result<f
                         if crate::stop::requested() {
                             break;
                         }
-                        value::fill(&mut v, k, 0);
+                        layout.fill(&mut v, k, 0);
                         if !tree.insert(&w, names.key(k, &mut key), &v)?.inserted() {
                             anyhow::bail!("loading record {k}: the key exists already");
                         }

@@ -33,6 +33,8 @@ const KNOWN: &[(&str, &str)] = &[
     ("maxscanlength", "--max-scan"),
     ("insertorder", "--keys (hashed or ordered)"),
     ("zeropadding", "--zero-padding"),
+    ("readallfields", "--read-all-fields"),
+    ("writeallfields", "--write-all-fields"),
 ];
 
 /// Properties that are accepted without changing the run, each with what this driver does
@@ -42,16 +44,6 @@ const IGNORED: &[(&str, &[&str], &str)] = &[
         "workload",
         &[],
         "the CoreWorkload is what shoal ycsb runs (anything else is refused)",
-    ),
-    (
-        "readallfields",
-        &["true"],
-        "a record is one value: a read reads all its fields",
-    ),
-    (
-        "writeallfields",
-        &["true"],
-        "a record is one value: an update writes all its fields",
     ),
     ("table", &["usertable"], "the table is the tree 'usertable'"),
     (
@@ -178,6 +170,25 @@ pub fn apply(
     };
     if order.is_some() && !given("keys") {
         a.keys = order;
+    }
+    for (key, id, field) in [
+        ("readallfields", "read_all_fields", &mut a.read_all_fields),
+        (
+            "writeallfields",
+            "write_all_fields",
+            &mut a.write_all_fields,
+        ),
+    ] {
+        if let Some(v) = props.get(key) {
+            let v = match v.to_ascii_lowercase().as_str() {
+                "true" => true,
+                "false" => false,
+                _ => return Err(anyhow::anyhow!("property {key}={v}: true or false")),
+            };
+            if !given(id) {
+                *field = Some(v);
+            }
+        }
     }
     if let Some(v) = int("zeropadding")? {
         if !given("zero_padding") {

@@ -203,6 +203,7 @@ pub(super) fn report_run(
             "records": a.records,
             "value_size": a.value_size,
             "keys": plan.names.names,
+            "fields": fields_json(plan),
             "nodes": nodes.cluster,
             "transport": if nodes.member { "tcp" } else { "mem" },
             "workers_per_node": a.workers,
@@ -346,4 +347,18 @@ pub(super) fn delta(a: &StatsSnapshot, b: &StatsSnapshot) -> StatsSnapshot {
         log: b.log.since(&a.log),
         ..b.clone()
     }
+}
+
+/// YCSB's fields of a run's records (`null` for values of one field).
+pub(super) fn fields_json(plan: &Plan) -> serde_json::Value {
+    let l = plan.layout;
+    if l.fields() < 2 {
+        return serde_json::Value::Null;
+    }
+    json!({
+        "count": l.fields(),
+        "length": l.field,
+        "read_all": !plan.read_one,
+        "write_all": !plan.write_one,
+    })
 }

@@ -183,7 +183,7 @@ pub(super) fn worker_loop(
     let mut n_ops = 0u64;
     let pipelined = a.durability == shoal_engine::Durability::Commit;
     let mut acks = crate::acks::Acks::new(a.pipeline);
-    let vs = a.value_size;
+    let layout = plan.layout;
     let note = |res: &mut WorkerResult, msg: String| {
         res.errors += 1;
         if res.first_error.is_none() {
@@ -226,13 +226,28 @@ pub(super) fn worker_loop(
         match op {
             Op::Read => {
                 let k = keys.live(&mut chooser, live, &mut rng);
-                if tree.lookup(&w, names.key(k, &mut key), &mut buf)? {
-                    if !value::check(&buf, k, vs) {
+                let found = if plan.read_one {
+                    // one field (readallfields=false): only its bytes are copied and checked
+                    let f = rng.random_range(0..layout.fields());
+                    let found =
+                        tree.lookup_part(&w, names.key(k, &mut key), layout.range(f), &mut buf)?;
+                    if found && !(buf.len() == layout.field && value::check_field(&buf, k, f)) {
+                        note(
+                            &mut res,
+                            format!("read of field {f} of key {k}: a bad field"),
+                        );
+                    }
+                    found
+                } else {
+                    let found = tree.lookup(&w, names.key(k, &mut key), &mut buf)?;
+                    if found && !layout.check(&buf, k) {
                         note(&mut res, format!("read of key {k} returned a bad value"));
                     }
-                } else if k < a.records {
+                    found
+                };
+                if !found && k < a.records {
                     note(&mut res, format!("loaded key {k} not found"));
-                } else {
+                } else if !found {
                     res.misses += 1;
                 }
             }
@@ -241,15 +256,24 @@ pub(super) fn worker_loop(
                 let salt: u32 = rng.random();
                 let mut bad = false;
                 let rmw = op == Op::ReadModifyWrite;
+                // writeallfields=false: one field, chosen at random
+                let one = plan.write_one.then(|| rng.random_range(0..layout.fields()));
                 let found = tree.update(&w, names.key(k, &mut key), |v| {
                     // updates check what they overwrite, too
-                    bad = !value::check(v, k, vs);
+                    bad = !layout.check(v, k);
+                    let part = match one {
+                        Some(f) => layout.range(f),
+                        None => 0..v.len(),
+                    };
                     let s = if rmw {
-                        value::salt(v).wrapping_add(1)
+                        value::salt(&v[part.clone()]).wrapping_add(1)
                     } else {
                         salt
                     };
-                    value::fill(v, k, s);
+                    match one {
+                        Some(f) if part.end <= v.len() => value::fill_field(&mut v[part], k, f, s),
+                        _ => layout.fill(v, k, s),
+                    }
                 })?;
                 ack = true;
                 if !found {
@@ -261,7 +285,7 @@ pub(super) fn worker_loop(
             Op::Insert => {
                 let n = mine.begin();
                 let k = keys.inserted(n);
-                value::fill(&mut val, k, 0);
+                layout.fill(&mut val, k, 0);
                 if !tree.insert(&w, names.key(k, &mut key), &val)?.inserted() {
                     note(&mut res, format!("insert of new key {k}: already present"));
                 }
@@ -276,9 +300,7 @@ pub(super) fn worker_loop(
                 let from = names.key(k, &mut key);
                 tree.scan(&w, from, Direction::Ascending, |key, v| {
                     let kk = names.number(key, v, &mut other);
-                    if bad.is_none()
-                        && (key < from || !kk.is_some_and(|kk| value::check(v, kk, vs)))
-                    {
+                    if bad.is_none() && (key < from || !kk.is_some_and(|kk| layout.check(v, kk))) {
                         bad = Some(format!(
                             "scan from {k} returned a bad entry for key {}",
                             String::from_utf8_lossy(key)
