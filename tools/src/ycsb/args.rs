@@ -68,6 +68,10 @@ pub struct Args {
     /// Flags given on the command line (set by main; properties do not override them).
     #[arg(skip)]
     pub explicit: Vec<String>,
+    /// Make each value of fields of this many bytes, each checked on its own (YCSB's
+    /// fieldlength; --value-size a multiple of it). YCSB's properties make 10 of 100 bytes.
+    #[arg(long)]
+    pub field_length: Option<usize>,
     /// With YCSB's fields (fieldcount x fieldlength): false reads one field, chosen at random
     /// (YCSB's readallfields; default true).
     #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
@@ -328,7 +332,18 @@ pub(super) fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<
     };
     // YCSB's fields, each self-checked, when the record is made of them (and a field holds
     // the check's header)
-    let layout = match a.value_from_fields {
+    let from_flag = match a.field_length {
+        Some(l) if l < value::MIN_VALUE || a.value_size % l != 0 => {
+            return Err(anyhow::anyhow!(
+                "--field-length {l}: use at least {} bytes, a divisor of --value-size {}",
+                value::MIN_VALUE,
+                a.value_size
+            ))
+        }
+        Some(l) => Some(((a.value_size / l) as u64, l as u64)),
+        None => None,
+    };
+    let layout = match from_flag.or(a.value_from_fields) {
         Some((count, len))
             if count > 1
                 && len as usize >= value::MIN_VALUE

@@ -95,6 +95,13 @@ impl DataSet {
                 names(a.keys.unwrap_or_default(), a.zero_padding),
             ));
         }
+        if let Some(l) = a.field_length.filter(|&l| l != self.field_length) {
+            return Err(differ(
+                "fields of",
+                format!("{} bytes (0: one field)", self.field_length),
+                format!("{l}"),
+            ));
+        }
         if a.net.nodes != self.nodes {
             return Err(differ(
                 "--nodes",
