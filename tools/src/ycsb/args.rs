@@ -333,7 +333,7 @@ pub(super) fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<
     // YCSB's fields, each self-checked, when the record is made of them (and a field holds
     // the check's header)
     let from_flag = match a.field_length {
-        Some(l) if l < value::MIN_VALUE || a.value_size % l != 0 => {
+        Some(l) if l < value::MIN_VALUE || !a.value_size.is_multiple_of(l) => {
             return Err(anyhow::anyhow!(
                 "--field-length {l}: use at least {} bytes, a divisor of --value-size {}",
                 value::MIN_VALUE,
