@@ -229,3 +229,22 @@ fn supervise<S: Supervisor>(
     }
     Ok(measure_start)
 }
+
+/// Wait until `at` (sleeping, then spinning the last 100 us), or until the run stops.
+pub fn wait_until(at: Instant, phase: &RunState) {
+    loop {
+        let now = Instant::now();
+        if now >= at || phase.stopped() {
+            return;
+        }
+        let left = at - now;
+        if shoal_engine::tasks::yield_now() {
+            continue; // a task: the thread's other tasks run meanwhile
+        }
+        if left > Duration::from_micros(200) {
+            std::thread::sleep((left - Duration::from_micros(100)).min(Duration::from_millis(10)));
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}

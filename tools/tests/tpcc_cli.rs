@@ -447,3 +447,63 @@ fn weights_choose_the_mix_and_each_type_reports_its_latencies() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("five weights"));
 }
+
+/// Issue 47: TPC-C's terminal times: a worker waits its keying time before each transaction
+/// and a think time after it, so it runs at most one transaction per keying time (waits are
+/// at least as long as asked, so the bound holds on any machine); the times are reported, and
+/// pacing by --rate as well is refused.
+#[test]
+fn terminals_wait_their_keying_and_think_times() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("t.json");
+    let out = shoal()
+        .args([
+            "tpcc",
+            "--duration",
+            "2",
+            "--warmup",
+            "0",
+            "--mode",
+            "uniform",
+        ])
+        .args(["--workers", "2", "--keying-ms", "250,250,250,250,250"])
+        .args(["--think-ms", "0,0,0,0,0", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("terminals: keying 250,250,250,250,250 ms"),
+        "{text}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["keying_ms"][0], 250, "{v}");
+    assert_eq!(v["think_ms"][4], 0, "{v}");
+    let done = v["transactions"].as_u64().unwrap();
+    let workers = v["workers"].as_u64().unwrap();
+    let secs = v["duration_s"].as_f64().unwrap();
+    let most = workers * ((secs / 0.25) as u64 + 1);
+    assert!(
+        done >= 1 && done <= most,
+        "{done} transactions by {workers} terminals in {secs} s"
+    );
+    // pacing by --rate as well is refused, and so is a list that is not five times
+    let out = shoal()
+        .args(["tpcc", "--think", "--rate", "100"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("choose one way"));
+    let out = shoal()
+        .args(["tpcc", "--keying-ms", "1,2"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("five times"));
+}

@@ -110,6 +110,19 @@ pub struct Args {
     /// Payment, OrderStatus, Delivery and StockLevel (relative; the standard mix by default).
     #[arg(long, value_parser = txn::parse_weights, default_value = "45,43,4,4,4")]
     pub weights: [u32; 5],
+    /// TPC-C's keying and think times (clause 5.2.5): each worker is a terminal that waits
+    /// its keying time before a transaction (NewOrder 18 s, Payment 3 s, the others 2 s) and
+    /// a think time after it, drawn from a negative exponential with mean 12, 12, 10, 5 and 5 s
+    /// (at most ten times the mean). Latencies leave the waits out. Off by default, as in
+    /// BenchBase; --keying-ms and --think-ms set other times.
+    #[arg(long)]
+    pub think: bool,
+    /// Keying times in milliseconds, per type as --weights (turns terminal times on).
+    #[arg(long, value_parser = txn::parse_times, value_name = "MS,MS,MS,MS,MS")]
+    pub keying_ms: Option<[u32; 5]>,
+    /// Mean think times in milliseconds, per type as --weights (turns terminal times on).
+    #[arg(long, value_parser = txn::parse_times, value_name = "MS,MS,MS,MS,MS")]
+    pub think_ms: Option<[u32; 5]>,
     /// Write one CSV row per second (warm-up included): transactions/s and NewOrders/min.
     #[arg(long)]
     pub csv: Option<PathBuf>,
@@ -118,7 +131,25 @@ pub struct Args {
     pub quiet: bool,
 }
 
+impl Args {
+    /// The terminals' (keying, mean think) times in milliseconds per type, if they wait.
+    pub fn terminal_times(&self) -> Option<([u32; 5], [u32; 5])> {
+        (self.think || self.keying_ms.is_some() || self.think_ms.is_some()).then(|| {
+            (
+                self.keying_ms.unwrap_or(txn::KEYING_MS),
+                self.think_ms.unwrap_or(txn::THINK_MS),
+            )
+        })
+    }
+}
+
 fn validate(a: &Args) -> anyhow::Result<Vec<usize>> {
+    if a.terminal_times().is_some() && a.rate.is_some() {
+        return Err(anyhow::anyhow!(
+            "--rate and terminal times (--think, --keying-ms, --think-ms): choose one way to \
+             pace the terminals"
+        ));
+    }
     if let Some(r) = a.rate {
         if !(r.is_finite() && r > 0.0) {
             return Err(anyhow::anyhow!("--rate {r}: transactions per second, > 0"));
@@ -361,7 +392,10 @@ fn drive(nodes: &Nodes, a: &Args) -> anyhow::Result<ExitCode> {
     };
     // the others stay until node 0 has read their pages
     nodes.barrier("checked")?;
-    let doc = report(a, &out, pages, load_s, check.as_deref())?;
+    let mut doc = report(a, &out, pages, load_s, check.as_deref())?;
+    // (beside the report: one json! more would pass the macro's recursion limit)
+    doc["keying_ms"] = json!(a.terminal_times().map(|t| t.0));
+    doc["think_ms"] = json!(a.terminal_times().map(|t| t.1));
     write_json(a, &doc)?;
     Ok(exit_code(&doc))
 }
@@ -469,6 +503,14 @@ fn report(
         a.mode,
         o.secs
     );
+    if let Some((keying, think)) = a.terminal_times() {
+        let ms = |t: [u32; 5]| t.map(|x| x.to_string()).join(",");
+        say!(
+            "  terminals: keying {} ms, mean think {} ms, per type (waits not in the latencies)",
+            ms(keying),
+            ms(think)
+        );
+    }
     if a.weights != txn::STANDARD_WEIGHTS {
         say!(
             "  mix: weights {} for {} (not TPC-C's standard mix 45,43,4,4,4)",

@@ -87,6 +87,8 @@ struct TpccRun<'a> {
     homes: Vec<Vec<u16>>,
     /// Pacing under --rate: one transaction per stream every this long.
     pace: Option<Duration>,
+    /// TPC-C's terminal times: (keying, mean think) in ms per type.
+    terminal: Option<([u32; 5], [u32; 5])>,
     /// Transactions and NewOrders done (warm-up included), for the per-second line.
     total: AtomicU64,
     new_orders: AtomicU64,
@@ -133,17 +135,19 @@ impl harness::Workload for TpccRun<'_> {
             }
             let ty = txn::pick(&a.weights, &mut ctx.rng);
             let home = homes[ctx.rng.random_range(0..homes.len())];
+            if let Some((keying, _)) = self.terminal {
+                // the terminal's keying time (not part of the latency)
+                let at = Instant::now() + Duration::from_millis(keying[ty].into());
+                harness::wait_until(at, phase);
+                if phase.stopped() {
+                    break;
+                }
+            }
             // with --rate, latency counts from the intended start
             let t0 = match self.pace {
                 Some(p) => {
                     next_at += p;
-                    while Instant::now() < next_at && !phase.stopped() {
-                        if shoal_engine::tasks::yield_now() {
-                            continue; // a task: the others run meanwhile
-                        }
-                        let left = next_at - Instant::now();
-                        std::thread::sleep(left.min(Duration::from_millis(10)));
-                    }
+                    harness::wait_until(next_at, phase);
                     next_at
                 }
                 None => Instant::now(),
@@ -182,6 +186,10 @@ impl harness::Workload for TpccRun<'_> {
             if let Err(e) = r {
                 fail(&mut tally, ty, &e);
                 break;
+            }
+            if let Some((_, think)) = self.terminal {
+                let at = Instant::now() + txn::think_time(think[ty], &mut ctx.rng);
+                harness::wait_until(at, phase);
             }
             // a task gives the thread's other tasks a turn (nothing outside tasks)
             shoal_engine::tasks::yield_now();
@@ -335,6 +343,7 @@ pub(super) fn run_phase(
         pace: a
             .rate
             .map(|r| Duration::from_secs_f64((threads * a.tasks) as f64 / r)),
+        terminal: a.terminal_times(),
         total: AtomicU64::new(0),
         new_orders: AtomicU64::new(0),
         failed: AtomicBool::new(false),

@@ -16,6 +16,7 @@ use rand::Rng;
 use shoal_btree::{BTree, Direction, Transaction, TreeError};
 use shoal_engine::{CommitPoint, Durability, Worker};
 use std::ops::Bound;
+use std::time::Duration;
 
 /// The transaction types, in the order of the standard mix's table.
 pub const TYPES: [&str; 5] = [
@@ -50,10 +51,29 @@ pub fn pick(weights: &[u32; 5], rng: &mut SmallRng) -> usize {
 /// `--weights`: five whole numbers, one per type in [`TYPES`]' order (BenchBase's
 /// `weights`: NewOrder, Payment, OrderStatus, Delivery, StockLevel), not all zero.
 pub fn parse_weights(s: &str) -> Result<[u32; 5], String> {
+    let w = five(s, "weights", "a weight")?;
+    if w.iter().all(|&x| x == 0) {
+        return Err("the weights are all zero".into());
+    }
+    Ok(w)
+}
+
+/// TPC-C's keying times (clause 5.2.5.7), in ms, per type in [`TYPES`] order.
+pub const KEYING_MS: [u32; 5] = [18_000, 3_000, 2_000, 2_000, 2_000];
+/// TPC-C's minimum mean think times (clause 5.2.5.7), in ms.
+pub const THINK_MS: [u32; 5] = [12_000, 12_000, 10_000, 5_000, 5_000];
+
+/// `--keying-ms` / `--think-ms`: five times in milliseconds, one per type.
+pub fn parse_times(s: &str) -> Result<[u32; 5], String> {
+    five(s, "times", "a time in milliseconds")
+}
+
+/// Five whole numbers, one per transaction type.
+fn five(s: &str, plural: &str, one: &str) -> Result<[u32; 5], String> {
     let parts: Vec<&str> = s.split(',').map(str::trim).collect();
     if parts.len() != 5 {
         return Err(format!(
-            "{s:?}: five weights, one per type in this order: {}",
+            "{s:?}: five {plural}, one per type in this order: {}",
             TYPES.join(", ")
         ));
     }
@@ -61,12 +81,17 @@ pub fn parse_weights(s: &str) -> Result<[u32; 5], String> {
     for (slot, p) in w.iter_mut().zip(&parts) {
         *slot = p
             .parse()
-            .map_err(|_| format!("{p:?}: a weight is a whole number"))?;
-    }
-    if w.iter().all(|&x| x == 0) {
-        return Err("the weights are all zero".into());
+            .map_err(|_| format!("{p:?}: {one} is a whole number"))?;
     }
     Ok(w)
+}
+
+/// A think time with mean `mean_ms`: negative exponential, at most ten times the mean
+/// (clause 5.2.5.4).
+pub fn think_time(mean_ms: u32, rng: &mut SmallRng) -> Duration {
+    let u: f64 = rng.random();
+    let ms = (-(1.0 - u).ln() * mean_ms as f64).min(10.0 * mean_ms as f64);
+    Duration::from_secs_f64(ms / 1000.0)
 }
 
 #[derive(Debug, thiserror::Error)]

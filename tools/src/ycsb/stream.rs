@@ -2,7 +2,7 @@
 //! and inserts, what it checks in every value, and its latencies.
 
 use super::*;
-use crate::harness::RunState;
+use crate::harness::{self, RunState};
 
 #[repr(align(64))]
 #[derive(Default)]
@@ -132,25 +132,6 @@ pub(super) struct Share<'a> {
     pub(super) interval: Option<&'a std::sync::Mutex<Vec<Histogram<u64>>>>,
 }
 
-/// Wait until `at` (sleeping, then spinning the last 100 us), or until the run stops.
-pub(super) fn wait_until(at: Instant, phase: &RunState) {
-    loop {
-        let now = Instant::now();
-        if now >= at || phase.stopped() {
-            return;
-        }
-        let left = at - now;
-        if shoal_engine::tasks::yield_now() {
-            continue; // a task: the thread's other tasks run meanwhile
-        }
-        if left > Duration::from_micros(200) {
-            std::thread::sleep((left - Duration::from_micros(100)).min(Duration::from_millis(10)));
-        } else {
-            std::hint::spin_loop();
-        }
-    }
-}
-
 #[allow(clippy::too_many_arguments)]
 pub(super) fn worker_loop(
     engine: &Engine,
@@ -215,7 +196,7 @@ pub(super) fn worker_loop(
         let t0 = match share.pace {
             Some(p) => {
                 next_at += p;
-                wait_until(next_at, phase);
+                harness::wait_until(next_at, phase);
                 next_at
             }
             None => Instant::now(),
