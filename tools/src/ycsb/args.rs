@@ -68,6 +68,15 @@ pub struct Args {
     /// Flags given on the command line (set by main; properties do not override them).
     #[arg(skip)]
     pub explicit: Vec<String>,
+    /// The first record this load inserts, and a run's reads and updates choose from
+    /// (YCSB's insertstart; 0 by default). Loads of separate ranges into one --data-dir add up
+    /// to the table, as YCSB's clients spread a load.
+    #[arg(long)]
+    pub insert_start: Option<u64>,
+    /// How many records from --insert-start (YCSB's insertcount; the rest of --records by
+    /// default).
+    #[arg(long)]
+    pub insert_count: Option<u64>,
     /// Make each value of fields of this many bytes, each checked on its own (YCSB's
     /// fieldlength; --value-size a multiple of it). YCSB's properties make 10 of 100 bytes.
     #[arg(long)]
@@ -196,6 +205,11 @@ pub(super) struct Plan {
     pub(super) phase: Option<Phase>,
     pub(super) mix: Mix,
     pub(super) dist: Dist,
+    /// The records this run loads, and reads and updates: `first..first + count`.
+    pub(super) first: u64,
+    pub(super) count: u64,
+    /// A load adds its records to a kept data set (which has others).
+    pub(super) adding: bool,
     /// The table's keys.
     pub(super) names: Namer,
     /// The values: one self-checked field, or YCSB's fields.
@@ -326,6 +340,16 @@ pub(super) fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<
             a.zero_padding
         ));
     }
+    let first = a.insert_start.unwrap_or(0);
+    let count = a.insert_count.unwrap_or(a.records.saturating_sub(first));
+    if first.checked_add(count).is_none_or(|end| end > a.records) || count < a.net.nodes as u64 {
+        return Err(anyhow::anyhow!(
+            "--insert-start {first} --insert-count {count}: the records must lie within \
+             --records {} (0..{}), at least one per node",
+            a.records,
+            a.records
+        ));
+    }
     let names = Namer {
         names: a.keys.unwrap_or(a.default_keys),
         zero_padding: a.zero_padding,
@@ -369,6 +393,9 @@ pub(super) fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<
         phase: a.phase,
         mix,
         dist,
+        first,
+        count,
+        adding: false,
         names,
         layout,
         read_one: fields && a.read_all_fields == Some(false),

@@ -21,6 +21,10 @@ pub(super) struct DataSet {
     /// as every value of a description without it).
     #[serde(default)]
     pub(super) field_length: usize,
+    /// The records loaded, as `[start, end)` ranges in order (a description without them
+    /// had all of `0..records`): loads of separate ranges (insertstart, insertcount) add up.
+    #[serde(default)]
+    pub(super) loaded: Option<Vec<[u64; 2]>>,
     /// The key the next insert takes (runs insert keys past the loaded ones).
     pub(super) next_key: u64,
     pub(super) loaded_utc: String,
@@ -53,6 +57,71 @@ impl DataSet {
         let text = serde_json::to_string_pretty(self).expect("serialises") + "\n";
         shoal_storage::write_atomic(&p, text.as_bytes())
             .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
+    }
+
+    /// The loaded ranges, `[start, end)`, in order and apart.
+    pub(super) fn loaded(&self) -> Vec<[u64; 2]> {
+        match &self.loaded {
+            Some(l) => l.clone(),
+            None => vec![[0, self.records]],
+        }
+    }
+
+    /// Records loaded, over every range.
+    pub(super) fn loaded_count(&self) -> u64 {
+        self.loaded().iter().map(|[a, b]| b - a).sum()
+    }
+
+    /// Whether `first..first + count` was loaded.
+    pub(super) fn covers(&self, first: u64, count: u64) -> bool {
+        self.loaded()
+            .iter()
+            .any(|&[a, b]| a <= first && first + count <= b)
+    }
+
+    /// What of `0..records` is not loaded yet, as text ("none" if everything is).
+    pub(super) fn missing(&self) -> String {
+        let mut gaps = Vec::new();
+        let mut at = 0;
+        for [a, b] in self
+            .loaded()
+            .into_iter()
+            .chain([[self.records, self.records]])
+        {
+            if a > at {
+                gaps.push(format!("{at}..{a}"));
+            }
+            at = at.max(b);
+        }
+        if gaps.is_empty() {
+            "none".into()
+        } else {
+            gaps.join(", ")
+        }
+    }
+
+    /// Add the range `first..first + count` a load wrote: refused if it overlaps a loaded one.
+    pub(super) fn add(&mut self, first: u64, count: u64) -> anyhow::Result<()> {
+        let end = first + count;
+        let mut ranges = self.loaded();
+        if let Some([a, b]) = ranges.iter().find(|&&[a, b]| first < b && a < end) {
+            return Err(anyhow::Error::new(crate::cli::Usage(format!(
+                "records {first}..{end} overlap the records {a}..{b} loaded already (not loaded \
+                 yet: {})",
+                self.missing()
+            ))));
+        }
+        ranges.push([first, end]);
+        ranges.sort_unstable();
+        let mut merged: Vec<[u64; 2]> = Vec::new();
+        for r in ranges {
+            match merged.last_mut() {
+                Some(last) if last[1] == r[0] => last[1] = r[1],
+                _ => merged.push(r),
+            }
+        }
+        self.loaded = Some(merged);
+        Ok(())
     }
 
     /// A run must use the loaded shape: flags or properties that disagree are an error.

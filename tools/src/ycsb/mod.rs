@@ -59,8 +59,17 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
     {
         a.duration = 1e7; // until the operations are done
     }
-    if let (Some(Phase::Run), Some(d)) = (a.phase, a.data_dir.as_deref()) {
-        // the run uses the loaded shape; flags that disagree are an error
+    // a load into a directory that holds a data set adds its range of records (YCSB's
+    // insertstart / insertcount: a load spread over several invocations)
+    let adding = a.phase == Some(Phase::Load)
+        && a.data_dir
+            .as_deref()
+            .is_some_and(|d| d.join(DATA_SET_FILE).exists());
+    if let (Some(Phase::Run), Some(d)) | (Some(Phase::Load), Some(d)) = (
+        a.phase.filter(|&p| p == Phase::Run || adding),
+        a.data_dir.as_deref(),
+    ) {
+        // the run (or the added load) uses the loaded shape; flags that disagree are an error
         let set = DataSet::read(d)?;
         set.matches(&a)?;
         a.records = set.records;
@@ -72,7 +81,13 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
             (set.value_size as u64 / f, f)
         });
     }
-    let plan = validate(&a, mix)?;
+    let mut plan = validate(&a, mix)?;
+    if adding {
+        let d = a.data_dir.as_deref().expect("adding: a data directory");
+        // refused before anything is written if the range was loaded already
+        DataSet::read(d)?.add(plan.first, plan.count)?;
+        plan.adding = true;
+    }
     if let Some(p) = &a.json {
         crate::cli::check_output("--json", p)?;
     }
@@ -100,6 +115,7 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
     }
     let (dir, _tmp) = match (a.phase, a.data_dir.as_deref()) {
         (Some(Phase::Run), Some(d)) => (d.to_path_buf(), None),
+        (Some(Phase::Load), Some(d)) if adding => (d.to_path_buf(), None),
         (_, d) => crate::cli::data_dir(d, "ycsb")?,
     };
     let node_cfg = |i: u8| {
@@ -110,7 +126,7 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
         };
         let mut cfg = EngineConfig::new(d, plan.caches[i as usize]);
         cfg.one_pool = !a.net.no_one_pool;
-        if a.phase == Some(Phase::Run) {
+        if a.phase == Some(Phase::Run) || adding {
             cfg.mode = shoal_engine::OpenMode::Open;
         }
         cfg.devices = a.devices;
@@ -153,12 +169,15 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
     let first = nodes.engines[0];
     let w0 = first.worker();
     let tree = if first.node_id() == 0 {
-        if BTree::open(&w0, TABLE).is_ok() {
-            return Err(anyhow::Error::new(crate::cli::Usage(
-                "the data directory already holds a YCSB table; use an empty --data-dir".into(),
-            )));
-        }
-        let t = BTree::create(&w0, TABLE).map_err(anyhow::Error::from)?;
+        let t = match BTree::open(&w0, TABLE) {
+            Ok(t) if plan.adding => t,
+            Ok(_) => {
+                return Err(anyhow::Error::new(crate::cli::Usage(
+                    "the data directory already holds a YCSB table; use an empty --data-dir".into(),
+                )))
+            }
+            Err(_) => BTree::create(&w0, TABLE).map_err(anyhow::Error::from)?,
+        };
         nodes.barrier("table created")?;
         t
     } else {
@@ -201,26 +220,26 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
             .data_dir
             .as_deref()
             .expect("validated: load has --data-dir");
-        let set = DataSet {
-            records: a.records,
-            value_size: a.value_size,
-            nodes: nodes.cluster,
-            keys: plan.names.names,
-            zero_padding: plan.names.zero_padding,
-            field_length: if plan.layout.fields() > 1 {
-                plan.layout.field
-            } else {
-                0
-            },
-            next_key: a.records,
-            loaded_utc: crate::report::utc_text(std::time::SystemTime::now()),
-            runs: 0,
+        let mut set = if plan.adding {
+            DataSet::read(dir)?
+        } else {
+            new_set(a, plan, nodes.cluster)
         };
+        set.add(plan.first, plan.count)?;
+        set.loaded_utc = crate::report::utc_text(std::time::SystemTime::now());
         set.write(dir)?;
+        let missing = set.missing();
         say!(
-            "loaded {} records into {} (next: shoal ycsb run --data-dir {} ...)",
-            a.records,
+            "loaded {} records ({}..{}) into {} ({}; next: shoal ycsb run --data-dir {} ...)",
+            plan.count,
+            plan.first,
+            plan.first + plan.count,
             dir.display(),
+            if missing == "none" {
+                format!("all {} records loaded", set.records)
+            } else {
+                format!("not loaded yet: {missing}")
+            },
             dir.display()
         );
         if let Some(path) = &a.json {
@@ -229,21 +248,30 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
                 "command": "ycsb load",
                 "run": crate::report::run_facts(plan.seed, plan.started),
                 "records": a.records,
+                "insert_start": plan.first,
+                "insert_count": plan.count,
                 "value_size": a.value_size,
                 "keys": plan.names.names,
                 "fields": fields_json(plan),
                 "nodes": nodes.cluster,
                 "load_s": load_s,
-                "records_per_s": a.records as f64 / load_s.max(1e-9),
+                "records_per_s": plan.count as f64 / load_s.max(1e-9),
             });
             crate::report::write_json(path, &doc)?;
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let set = DataSet {
+    let mut set = new_set(a, plan, nodes.cluster);
+    set.add(plan.first, plan.count)?;
+    report_run(nodes, &tree, a, plan, &set, load_s).map(|(code, _)| code)
+}
+
+/// The description of a data set of this run's shape, nothing loaded yet.
+fn new_set(a: &Args, plan: &Plan, nodes: usize) -> DataSet {
+    DataSet {
         records: a.records,
         value_size: a.value_size,
-        nodes: nodes.cluster,
+        nodes,
         keys: plan.names.names,
         zero_padding: plan.names.zero_padding,
         field_length: if plan.layout.fields() > 1 {
@@ -251,11 +279,11 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
         } else {
             0
         },
+        loaded: Some(Vec::new()),
         next_key: a.records,
         loaded_utc: String::new(),
         runs: 0,
-    };
-    report_run(nodes, &tree, a, plan, &set, load_s).map(|(code, _)| code)
+    }
 }
 
 /// `shoal ycsb run`: open the table a load left, check it holds every record the load and
@@ -266,6 +294,16 @@ fn drive_run_phase(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitC
         .as_deref()
         .expect("validated: run has --data-dir");
     let mut set = DataSet::read(dir)?;
+    if !set.covers(plan.first, plan.count) {
+        return Err(anyhow::Error::new(crate::cli::Usage(format!(
+            "this run reads and updates records {}..{}, which are not all loaded (not loaded yet: \
+             {}): load them (shoal ycsb load with --insert-start / --insert-count, YCSB's \
+             insertstart / insertcount), or run on the loaded ones",
+            plan.first,
+            plan.first + plan.count,
+            set.missing()
+        ))));
+    }
     let w0 = nodes.engines[0].worker();
     let tree = BTree::open(&w0, TABLE).map_err(|e| {
         anyhow::Error::new(crate::cli::Usage(format!(
@@ -276,12 +314,12 @@ fn drive_run_phase(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitC
     let t0 = Instant::now();
     let count = tree.count(&w0).map_err(anyhow::Error::from)?;
     drop(w0);
-    if count < set.records {
+    let loaded = set.loaded_count();
+    if count < loaded {
         return Err(anyhow::anyhow!(
-            "--data-dir {}: the table holds {count} records, the load wrote {}: records were \
-             lost (shoal inspect {} checks the store)",
+            "--data-dir {}: the table holds {count} records, the loads wrote {loaded}: records \
+             were lost (shoal inspect {} checks the store)",
             dir.display(),
-            set.records,
             dir.display()
         ));
     }
@@ -301,9 +339,8 @@ fn drive_run_phase(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitC
         set.write(dir)?;
     }
     say!(
-        "check: {count} records ({} loaded, {} inserted by {} earlier run(s)) in {:.2} s",
-        set.records,
-        count - set.records,
+        "check: {count} records ({loaded} loaded, {} inserted by {} earlier run(s)) in {:.2} s",
+        count - loaded,
         set.runs,
         t0.elapsed().as_secs_f64()
     );
@@ -368,6 +405,8 @@ fn load(nodes: &Nodes, tree: &BTree, a: &Args, plan: &Plan) -> anyhow::Result<f6
     let t0 = Instant::now();
     let keys = |e: &Engine| Keys {
         records: a.records,
+        first: plan.first,
+        count: plan.count,
         next_key: a.records,
         node: e.node_id() as u64,
         nodes: nodes.cluster as u64,
@@ -463,6 +502,8 @@ impl harness::Workload for YcsbRun<'_> {
         let (a, e) = (self.a, self.nodes.engines[s.engine]);
         let keys = Keys {
             records: self.set.records,
+            first: self.plan.first,
+            count: self.plan.count,
             next_key: self.set.next_key,
             node: e.node_id() as u64,
             nodes: self.nodes.cluster as u64,

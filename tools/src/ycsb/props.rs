@@ -33,6 +33,8 @@ const KNOWN: &[(&str, &str)] = &[
     ("maxscanlength", "--max-scan"),
     ("insertorder", "--keys (hashed or ordered)"),
     ("zeropadding", "--zero-padding"),
+    ("insertstart", "--insert-start"),
+    ("insertcount", "--insert-count"),
     ("readallfields", "--read-all-fields"),
     ("writeallfields", "--write-all-fields"),
 ];
@@ -250,6 +252,16 @@ pub fn apply(
         if let Some(v) = num(key)? {
             if !given(id) {
                 *field = v;
+            }
+        }
+    }
+    for (key, id, field) in [
+        ("insertstart", "insert_start", &mut a.insert_start),
+        ("insertcount", "insert_count", &mut a.insert_count),
+    ] {
+        if let Some(v) = int(key)? {
+            if !given(id) {
+                *field = Some(v);
             }
         }
     }

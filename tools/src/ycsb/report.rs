@@ -189,7 +189,7 @@ pub(super) fn report_run(
         say!("  first error   {e}");
     }
     if let Some(path) = &a.json {
-        let doc = json!({
+        let mut doc = json!({
             "schema": crate::report::SCHEMA,
             "command": "ycsb",
             "phase": if plan.phase == Some(Phase::Run) { "run" } else { "load and run" },
@@ -241,6 +241,9 @@ pub(super) fn report_run(
             // the latency histogram (value in ns, count), so runs of several processes merge
             "histogram_ns": crate::report::hist_json(&hist),
         });
+        // (beside the rest: the json! macro's recursion limit)
+        doc["insert_start"] = plan.first.into();
+        doc["insert_count"] = plan.count.into();
         crate::report::write_json(path, &doc)?;
     }
     let code = if errors > 0 {

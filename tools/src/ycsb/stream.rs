@@ -81,6 +81,10 @@ pub(super) const OP_NAMES: [&str; 5] = ["read", "update", "insert", "scan", "rmw
 #[derive(Clone, Copy)]
 pub(super) struct Keys {
     pub(super) records: u64,
+    /// The loaded keys a run's reads and updates choose from: `first..first + count` (YCSB's
+    /// insertstart and insertcount; all of `0..records` unless they say otherwise).
+    pub(super) first: u64,
+    pub(super) count: u64,
     /// The key of the first insert (past the loaded keys and earlier runs' inserts).
     pub(super) next_key: u64,
     pub(super) node: u64,
@@ -92,8 +96,8 @@ impl Keys {
     /// The node's share of the loaded keys.
     pub(super) fn share(&self) -> (u64, u64) {
         (
-            self.records * self.node / self.nodes,
-            self.records * (self.node + 1) / self.nodes,
+            self.first + self.count * self.node / self.nodes,
+            self.first + self.count * (self.node + 1) / self.nodes,
         )
     }
     /// A loaded key (for updates), from the node's share when partitioned.
@@ -102,18 +106,26 @@ impl Keys {
             let (lo, hi) = self.share();
             lo + c.next((hi - lo).max(1), rng).min(hi - lo - 1)
         } else {
-            c.next(self.records, rng)
+            self.first + c.next(self.count, rng)
         }
     }
     /// A key that is loaded or was inserted during the run (reads, scans): `inserted` is how
     /// many inserts every node has seen return (node `i`'s `n`-th insert is
     /// [`Keys::inserted`]`(n)` there, so every key below the bound is in the tree; a process
-    /// of a tcp cluster sees only its own node's and takes the others' to be as many).
+    /// of a tcp cluster sees only its own node's and takes the others' to be as many). The
+    /// chooser ranks the loaded keys first, then the inserted ones (`records..`) in order.
     pub(super) fn live(&self, c: &mut KeyChooser, inserted: u64, rng: &mut SmallRng) -> u64 {
         if self.partitioned {
-            self.existing(c, rng)
+            return self.existing(c, rng);
+        }
+        let i = c.next(
+            self.count + (self.next_key - self.records) + inserted * self.nodes,
+            rng,
+        );
+        if i < self.count {
+            self.first + i
         } else {
-            c.next(self.next_key + inserted * self.nodes, rng)
+            self.records + (i - self.count)
         }
     }
     /// The `n`-th key this node inserts (nodes insert disjoint keys).

@@ -27,6 +27,8 @@ fn node_args(a: &Args, plan: &Plan, file: &Path, id: usize, json: &Path) -> Vec<
     f("--workers", a.workers.to_string());
     f("--records", a.records.to_string());
     f("--value-size", a.value_size.to_string());
+    f("--insert-start", plan.first.to_string());
+    f("--insert-count", plan.count.to_string());
     if plan.layout.fields() > 1 {
         f("--field-length", plan.layout.field.to_string());
     }
