@@ -7,7 +7,9 @@
 //! each field of `Layout::field` bytes, field f at f x field:
 //! 0..8    record    u64 LE
 //! 8..12   salt      u32 LE (changes with every write of the field)
-//! 12..16  checksum  CRC-32 of bytes 0..12, f (u32 LE, fields after the first only) and 16..
+//! 12..16  checksum  one field: CRC-32 of bytes 0..12 and 16..; several fields: a
+//!                   multiply-rotate hash of f and those bytes' words (a CRC per 100-byte field
+//!                   made a scan's checks cost more than the scan)
 //! 16..    filler    derived from (record, f, salt)
 //! ```
 use byteorder::{ByteOrder, LittleEndian};
@@ -41,51 +43,62 @@ impl Layout {
     /// Fill all of `v` (of `size` bytes) for record `k` with `salt`.
     pub fn fill(&self, v: &mut [u8], k: u64, salt: u32) {
         for (f, field) in v.chunks_mut(self.field).enumerate() {
-            fill_field(field, k, f, salt);
+            self.fill_field(field, k, f, salt);
         }
     }
 
     /// Whether `v` is an intact value of record `k`: every field intact.
     pub fn check(&self, v: &[u8], k: u64) -> bool {
         v.len() == self.size
-            && v.chunks(self.field)
+            && v
+                .chunks(self.field)
                 .enumerate()
-                .all(|(f, field)| field.len() == self.field && check_field(field, k, f))
+                .all(|(f, field)| field.len() == self.field && self.check_field(field, k, f))
     }
-}
 
-/// Fill field `f` (all its bytes) for record `k` with `salt`.
-pub fn fill_field(v: &mut [u8], k: u64, f: usize, salt: u32) {
-    v[0..8].copy_from_slice(&k.to_le_bytes());
-    v[8..12].copy_from_slice(&salt.to_le_bytes());
-    let mut x = k ^ ((salt as u64) << 32) ^ 0x9E37_79B9_7F4A_7C15 ^ (f as u64).rotate_left(17);
-    for chunk in v[16..].chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let b = x.to_le_bytes();
-        chunk.copy_from_slice(&b[..chunk.len()]);
+    /// Fill field `f` (all its bytes, at least [`MIN_VALUE`]) for record `k` with `salt`.
+    pub fn fill_field(&self, v: &mut [u8], k: u64, f: usize, salt: u32) {
+        v[0..8].copy_from_slice(&k.to_le_bytes());
+        v[8..12].copy_from_slice(&salt.to_le_bytes());
+        let mut x = k ^ ((salt as u64) << 32) ^ 0x9E37_79B9_7F4A_7C15 ^ (f as u64).rotate_left(17);
+        for chunk in v[16..].chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let b = x.to_le_bytes();
+            chunk.copy_from_slice(&b[..chunk.len()]);
+        }
+        let sum = self.sum(v, f);
+        v[12..16].copy_from_slice(&sum.to_le_bytes());
     }
-    let sum = sum(v, f);
-    v[12..16].copy_from_slice(&sum.to_le_bytes());
-}
 
-fn sum(v: &[u8], f: usize) -> u32 {
-    let mut h = crc32fast::Hasher::new();
-    h.update(&v[0..12]);
-    if f > 0 {
-        // (the first field's sum is the one a whole value had before fields)
-        h.update(&(f as u32).to_le_bytes());
+    /// Whether `v` is an intact field `f` of record `k`.
+    pub fn check_field(&self, v: &[u8], k: u64, f: usize) -> bool {
+        v.len() >= MIN_VALUE
+            && v[0..8] == k.to_le_bytes()
+            && LittleEndian::read_u32(&v[12..]) == self.sum(v, f)
     }
-    h.update(&v[16..]);
-    h.finalize()
-}
 
-/// Whether `v` is an intact field `f` of record `k`.
-pub fn check_field(v: &[u8], k: u64, f: usize) -> bool {
-    v.len() >= MIN_VALUE
-        && v[0..8] == k.to_le_bytes()
-        && LittleEndian::read_u32(&v[12..]) == sum(v, f)
+    fn sum(&self, v: &[u8], f: usize) -> u32 {
+        if self.fields() == 1 {
+            let mut h = crc32fast::Hasher::new();
+            h.update(&v[0..12]);
+            h.update(&v[16..]);
+            return h.finalize();
+        }
+        let mut h: u64 = 0x9E37_79B9_7F4A_7C15 ^ f as u64;
+        let mut mix = |w: u64| h = (h.rotate_left(23) ^ w).wrapping_mul(0x2127_599B_F432_5C37);
+        mix(LittleEndian::read_u64(&v[0..8]));
+        mix(LittleEndian::read_u32(&v[8..12]) as u64);
+        let (words, tail) = v[16..].as_chunks::<8>();
+        for w in words {
+            mix(u64::from_le_bytes(*w));
+        }
+        let mut last = [0u8; 8];
+        last[..tail.len()].copy_from_slice(tail);
+        mix(u64::from_le_bytes(last) ^ ((tail.len() as u64) << 56));
+        (h ^ (h >> 32)) as u32
+    }
 }
 
 /// The salt of an intact field.
@@ -122,11 +135,16 @@ mod tests {
         let mut v = vec![0u8; 1000];
         l.fill(&mut v, 9, 1);
         assert!(l.check(&v, 9));
-        fill_field(&mut v[l.range(3)], 9, 3, 77);
+        l.fill_field(&mut v[l.range(3)], 9, 3, 77);
         assert!(l.check(&v, 9), "one field rewritten alone");
         assert_eq!(salt(&v[l.range(3)]), 77);
-        assert!(check_field(&v[l.range(3)], 9, 3));
-        assert!(!check_field(&v[l.range(3)], 9, 4), "field 3 is not field 4");
+        assert!(l.check_field(&v[l.range(3)], 9, 3));
+        assert!(!l.check_field(&v[l.range(3)], 9, 4), "field 3 is not field 4");
+        for at in [0, 9, 13, 50, 99] {
+            let mut w = v.clone();
+            w[300 + at] ^= 4;
+            assert!(!l.check(&w, 9), "a bit flipped at byte {at} of field 3");
+        }
         let three = v[l.range(3)].to_vec();
         v[l.range(4)].copy_from_slice(&three);
         assert!(!l.check(&v, 9), "a field in another's place");

@@ -224,7 +224,7 @@ pub(super) fn worker_loop(
                     let f = rng.random_range(0..layout.fields());
                     let found =
                         tree.lookup_part(&w, names.key(k, &mut key), layout.range(f), &mut buf)?;
-                    if found && !(buf.len() == layout.field && value::check_field(&buf, k, f)) {
+                    if found && !(buf.len() == layout.field && layout.check_field(&buf, k, f)) {
                         note(
                             &mut res,
                             format!("read of field {f} of key {k}: a bad field"),
@@ -264,7 +264,7 @@ pub(super) fn worker_loop(
                         salt
                     };
                     match one {
-                        Some(f) if part.end <= v.len() => value::fill_field(&mut v[part], k, f, s),
+                        Some(f) if part.end <= v.len() => layout.fill_field(&mut v[part], k, f, s),
                         _ => layout.fill(v, k, s),
                     }
                 })?;
