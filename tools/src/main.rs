@@ -74,9 +74,10 @@ enum Cmd {
     /// Run one node of a multi-process cluster (from a TOML cluster file) and check that the
     /// cluster loses no update: counters on every node's pages, incremented from every node.
     Node(node::Args),
-    /// Load a TPC-C database and run the standard transaction mix; `--check` verifies the
-    /// consistency conditions afterwards.
-    Tpcc(tpcc::Args),
+    /// Load a TPC-C database and run the standard transaction mix (or only load, or only run
+    /// on a loaded database: `shoal tpcc load|run`); `--check` verifies the consistency
+    /// conditions afterwards.
+    Tpcc(Box<tpcc::Args>),
     /// Check a data directory without starting an engine: superblocks, every page's checksum,
     /// and the structure of every B-tree in the catalog. Writes nothing.
     Inspect(inspect::Args),
@@ -125,19 +126,15 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Ycsb(mut a) => {
             // which flags were given (workload properties do not override those)
-            if let Some(m) = matches.subcommand_matches("ycsb") {
-                a.explicit = m
-                    .ids()
-                    .filter(|id| {
-                        m.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine)
-                    })
-                    .map(|id| id.to_string())
-                    .collect();
-            }
+            a.explicit = given(&matches, "ycsb");
             ycsb::run(*a)
         }
         Cmd::Node(a) => node::run(a),
-        Cmd::Tpcc(a) => tpcc::run(a),
+        Cmd::Tpcc(mut a) => {
+            // (a run on a kept database takes its shape unless a flag says otherwise)
+            a.explicit = given(&matches, "tpcc");
+            tpcc::run(*a)
+        }
         Cmd::Inspect(a) => inspect::run(a),
         Cmd::Recover(a) => recover::run(a),
         Cmd::Secret(a) => secret::run(a),
@@ -196,4 +193,15 @@ fn man(command: Option<&str>, dir: Option<&std::path::Path>) -> anyhow::Result<E
         .render(&mut std::io::stdout())
         .map(|()| ExitCode::SUCCESS)
         .map_err(|e| anyhow::anyhow!("writing the manual page: {e}"))
+}
+
+/// The flags of subcommand `cmd` given on the command line (not defaults).
+fn given(matches: &clap::ArgMatches, cmd: &str) -> Vec<String> {
+    let Some(m) = matches.subcommand_matches(cmd) else {
+        return Vec::new();
+    };
+    m.ids()
+        .filter(|id| m.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine))
+        .map(|id| id.to_string())
+        .collect()
 }

@@ -50,8 +50,7 @@ impl Layout {
     /// Whether `v` is an intact value of record `k`: every field intact.
     pub fn check(&self, v: &[u8], k: u64) -> bool {
         v.len() == self.size
-            && v
-                .chunks(self.field)
+            && v.chunks(self.field)
                 .enumerate()
                 .all(|(f, field)| field.len() == self.field && self.check_field(field, k, f))
     }
@@ -139,7 +138,10 @@ mod tests {
         assert!(l.check(&v, 9), "one field rewritten alone");
         assert_eq!(salt(&v[l.range(3)]), 77);
         assert!(l.check_field(&v[l.range(3)], 9, 3));
-        assert!(!l.check_field(&v[l.range(3)], 9, 4), "field 3 is not field 4");
+        assert!(
+            !l.check_field(&v[l.range(3)], 9, 4),
+            "field 3 is not field 4"
+        );
         for at in [0, 9, 13, 50, 99] {
             let mut w = v.clone();
             w[300 + at] ^= 4;

@@ -507,3 +507,95 @@ fn terminals_wait_their_keying_and_think_times() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("five times"));
 }
+
+/// History rows of a database: entries of the `tpcc.history` trees, from `shoal inspect`.
+fn history_rows(data: &std::path::Path) -> u64 {
+    inspect(data)["catalog"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| {
+            t["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("tpcc.history"))
+        })
+        .map(|t| t["btree"]["entries"].as_u64().unwrap())
+        .sum()
+}
+
+/// Issue 47: `shoal tpcc load` then `run` several times on the kept database, as BenchBase's
+/// --load then --execute: each run keeps conditions 1-4 and adds history rows of its own
+/// (never over an earlier run's), a run that asks for another shape is refused, and a run
+/// without a database says to load one.
+#[test]
+fn load_once_then_run_many_times_on_the_kept_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("db");
+    let json = dir.path().join("run.json");
+    let tpcc = |args: &[&str]| {
+        let out = output_within(
+            {
+                let mut c = shoal();
+                c.arg("tpcc").args(args).arg("--data-dir").arg(&data);
+                c
+            },
+            HUNG,
+        );
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code(), text)
+    };
+    let (code, text) = tpcc(&["load", "--warehouses", "2"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("loaded 2 warehouses"), "{text}");
+    let mut rows = history_rows(&data);
+    for run in 1..=2 {
+        let (code, text) = tpcc(&[
+            "run",
+            "--duration",
+            "1",
+            "--warmup",
+            "0",
+            "--mode",
+            "uniform",
+            "--check",
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        assert_eq!(code, Some(0), "run {run}: {text}");
+        assert!(
+            text.contains(&format!("({} runs before this one)", run - 1)),
+            "{text}"
+        );
+        assert!(
+            text.contains("conditions 1-4 hold on all 2 warehouses"),
+            "{text}"
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let payments = v["types"]["payment"]["count"].as_u64().unwrap();
+        assert!(payments > 0, "{v}");
+        let now = history_rows(&data);
+        assert!(
+            now >= rows + payments,
+            "run {run}: {rows} rows before, {now} after {payments} payments"
+        );
+        rows = now;
+    }
+    let (code, text) = tpcc(&["run", "--warehouses", "3"]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("loaded with --warehouses 2"), "{text}");
+    let (code, text) = shoal()
+        .args(["tpcc", "run", "--data-dir"])
+        .arg(dir.path().join("none"))
+        .output()
+        .map(|o| {
+            (
+                o.status.code(),
+                String::from_utf8_lossy(&o.stderr).to_string(),
+            )
+        })
+        .unwrap();
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("load one first"), "{text}");
+}

@@ -7,6 +7,7 @@
 //! docs/tpcc.md.
 
 mod check;
+mod dataset;
 mod load;
 mod random;
 mod run;
@@ -28,6 +29,18 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// Which part of a TPC-C run to do.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Load the database into an empty --data-dir, close it, stop.
+    Load,
+    /// Run the mix on the database a `load` left in --data-dir (BenchBase's --execute).
+    Run,
+}
+
+/// Where `shoal tpcc load` / `run` keep the database without `--data-dir`.
+const DEFAULT_DATA_DIR: &str = "shoal-tpcc-data";
+
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     /// Each warehouse belongs to one worker of its node (workers = the node's warehouses at
@@ -41,6 +54,14 @@ pub enum Mode {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
+    /// `load`: load the database into an empty --data-dir and stop; `run`: run on the
+    /// database a load left there, as many times as wanted (BenchBase's --create/--load and
+    /// --execute). Without it: both, on a fresh directory.
+    #[arg(value_enum)]
+    pub phase: Option<Phase>,
+    /// Flags given on the command line (set by main).
+    #[arg(skip)]
+    pub explicit: Vec<String>,
     /// When changes become durable: none (only a clean end; a crash loses changes since),
     /// commit (each write/transaction waits for the log: group commit), or flush-every-ms=N
     /// (the log is flushed every N ms; a crash loses at most that). Single nodes only;
@@ -204,7 +225,47 @@ fn share(warehouses: u16, n: usize, nodes: usize) -> (u16, u16) {
 }
 
 /// Run `shoal tpcc`.
-pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
+    if a.phase.is_some() && a.data_dir.is_none() {
+        a.data_dir = Some(PathBuf::from(DEFAULT_DATA_DIR));
+    }
+    if a.phase.is_some() && (a.net.transport == Transport::Tcp || a.net.cluster.is_some()) {
+        return Err(anyhow::Error::new(crate::cli::Usage(
+            "shoal tpcc load/run: tcp clusters not yet (use --nodes N over mem, or the one-shot \
+             command)"
+                .into(),
+        )));
+    }
+    if a.phase.is_some() && a.check_existing {
+        return Err(anyhow::Error::new(crate::cli::Usage(
+            "--check-existing checks a database without load or run; `run --check` checks \
+             after a run"
+                .into(),
+        )));
+    }
+    if let (Some(Phase::Run), Some(d)) = (a.phase, a.data_dir.as_deref()) {
+        // the run takes the loaded shape; flags that disagree are an error
+        let set = dataset::TpccSet::read(d)?;
+        let given = |id: &str| a.explicit.iter().any(|e| e == id);
+        for (flag, theirs, mine, id) in [
+            (
+                "--warehouses",
+                set.warehouses as usize,
+                a.warehouses as usize,
+                "warehouses",
+            ),
+            ("--nodes", set.nodes, a.net.nodes, "nodes"),
+        ] {
+            if given(id) && theirs != mine {
+                return Err(anyhow::Error::new(crate::cli::Usage(format!(
+                    "the database was loaded with {flag} {theirs}, this run asks for {mine}: run \
+                     with the loaded shape (or load a new database)"
+                ))));
+            }
+        }
+        a.warehouses = set.warehouses;
+        a.net.nodes = set.nodes;
+    }
     let caches = validate(&a)?;
     STARTED.get_or_init(std::time::SystemTime::now);
     if let Some(p) = &a.json {
@@ -233,7 +294,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if a.net.transport == Transport::Tcp {
         return tcp::run_local(&a);
     }
-    let (dir, _tmp) = crate::cli::data_dir(a.data_dir.as_deref(), "tpcc")?;
+    let (dir, _tmp) = match (a.phase, a.data_dir.as_deref()) {
+        (Some(Phase::Run), Some(d)) => (d.to_path_buf(), None),
+        (_, d) => crate::cli::data_dir(d, "tpcc")?,
+    };
     let cfg = |i: u8| {
         let d = if a.net.nodes > 1 {
             dir.join(format!("node{i}"))
@@ -244,6 +308,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         c.one_pool = !a.net.no_one_pool;
         c.durability = a.durability;
         c.wal_bytes = a.wal_size;
+        if a.phase == Some(Phase::Run) {
+            c.mode = shoal_engine::OpenMode::Open;
+        }
         c
     };
     if a.net.nodes == 1 {
@@ -332,7 +399,8 @@ fn drive(nodes: &Nodes, a: &Args) -> anyhow::Result<ExitCode> {
                 .expect("every warehouse has a node") as u8
         })
         .collect();
-    let made = if nodes.leads() {
+    let run_only = a.phase == Some(Phase::Run);
+    let made = if nodes.leads() && !run_only {
         let exists = |e: shoal_btree::TreeError| match e {
             shoal_btree::TreeError::Exists(_) => anyhow::Error::new(crate::cli::Usage(format!(
                 "the data directory already holds a TPC-C database; use an empty --data-dir ({e})"
@@ -351,8 +419,21 @@ fn drive(nodes: &Nodes, a: &Args) -> anyhow::Result<ExitCode> {
             .map_err(|e| anyhow::anyhow!("opening the tables: {e}"))?,
     };
     let mut rng = SmallRng::seed_from_u64(a.seed);
-    let load_c = Constants::load(&mut rng);
+    let dir = a.data_dir.as_deref();
+    // a run on a kept database: the load's constants, and history keys of its own
+    let mut set = match (run_only, dir) {
+        (true, Some(d)) => Some(dataset::TpccSet::read(d)?),
+        _ => None,
+    };
+    let load_c = match &set {
+        Some(s) => s.load_constants(),
+        None => Constants::load(&mut rng),
+    };
     let run_c = Constants::run(&load_c, &mut rng);
+    let run_number = set.as_ref().map_or(0, |s| s.runs + 1);
+    if run_only {
+        return run_kept(nodes, &tables, a, &run_c, run_number, set.as_mut(), &w0);
+    }
 
     let load_s = populate(nodes, &tables, a, &load_c)?;
     if crate::stop::requested() {
@@ -378,13 +459,72 @@ fn drive(nodes: &Nodes, a: &Args) -> anyhow::Result<ExitCode> {
         format_bytes(pages * 4096 / mine as u64),
     );
     nodes.barrier("loaded")?;
+    if a.phase == Some(Phase::Load) {
+        let d = dir.expect("load has a data directory");
+        if nodes.leads() {
+            dataset::TpccSet::new(a.warehouses, nodes.cluster, &load_c).write(d)?;
+        }
+        say!(
+            "loaded {} into {} (next: shoal tpcc run --data-dir {} ...)",
+            count(a.warehouses as u64, "warehouse"),
+            d.display(),
+            d.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    finish_run(nodes, &tables, a, &run_c, 0, pages, load_s, &w0)
+}
 
-    let out = run_phase(nodes, &tables, a, &run_c, tables.node_of())?;
+/// `shoal tpcc run`: run on the kept database, report, and count the run in its description.
+fn run_kept(
+    nodes: &Nodes,
+    tables: &Tables,
+    a: &Args,
+    run_c: &Constants,
+    run_number: u64,
+    set: Option<&mut dataset::TpccSet>,
+    w0: &shoal_engine::Worker,
+) -> anyhow::Result<ExitCode> {
+    let set = set.expect("a run reads the description first");
+    if run_number > 255 {
+        // (a run's number is the top byte of its history rows' keys)
+        return Err(anyhow::Error::new(crate::cli::Usage(format!(
+            "the database has had {} runs, the most one takes: load a new one",
+            set.runs
+        ))));
+    }
+    let pages: u64 = nodes.engines.iter().map(|e| e.store().high_water()).sum();
+    say!(
+        "opened {} loaded {} ({} runs before this one)",
+        count(set.warehouses as u64, "warehouse"),
+        set.loaded_utc,
+        set.runs
+    );
+    let code = finish_run(nodes, tables, a, run_c, run_number, pages, 0.0, w0)?;
+    set.runs = run_number;
+    let d = a.data_dir.as_deref().expect("run has a data directory");
+    set.write(d)?;
+    Ok(code)
+}
+
+/// The measured run, the check and the report.
+#[allow(clippy::too_many_arguments)]
+fn finish_run(
+    nodes: &Nodes,
+    tables: &Tables,
+    a: &Args,
+    run_c: &Constants,
+    run_number: u64,
+    pages: u64,
+    load_s: f64,
+    w0: &shoal_engine::Worker,
+) -> anyhow::Result<ExitCode> {
+    let out = run_phase(nodes, tables, a, run_c, tables.node_of(), run_number)?;
     nodes.barrier("run over")?;
     let check = if a.check && nodes.leads() {
         let mut bad = Vec::new();
         for w in 1..=a.warehouses {
-            bad.extend(check::warehouse(&w0, &tables, w).map_err(anyhow::Error::from)?);
+            bad.extend(check::warehouse(w0, tables, w).map_err(anyhow::Error::from)?);
         }
         Some(bad)
     } else {
@@ -396,6 +536,8 @@ fn drive(nodes: &Nodes, a: &Args) -> anyhow::Result<ExitCode> {
     // (beside the report: one json! more would pass the macro's recursion limit)
     doc["keying_ms"] = json!(a.terminal_times().map(|t| t.0));
     doc["think_ms"] = json!(a.terminal_times().map(|t| t.1));
+    doc["phase"] = json!(if run_number > 0 { "run" } else { "load and run" });
+    doc["run_number"] = json!(run_number);
     write_json(a, &doc)?;
     Ok(exit_code(&doc))
 }

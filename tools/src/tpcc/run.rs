@@ -89,6 +89,8 @@ struct TpccRun<'a> {
     pace: Option<Duration>,
     /// TPC-C's terminal times: (keying, mean think) in ms per type.
     terminal: Option<([u32; 5], [u32; 5])>,
+    /// Which run on the database this is (0: its load's own run).
+    run_number: u64,
     /// Transactions and NewOrders done (warm-up included), for the per-second line.
     total: AtomicU64,
     new_orders: AtomicU64,
@@ -116,7 +118,11 @@ impl harness::Workload for TpccRun<'_> {
             node: e.node_id(),
             c: *self.c,
             rng: SmallRng::seed_from_u64(a.seed.wrapping_add(1 + id as u64 * 7919)),
-            history_seq: ((e.node_id() as u64) << 48) | ((id as u64 + 1) << 32),
+            // history keys: this run's, this node's, this stream's, then a count (a run on a
+            // kept database writes rows of its own, never over an earlier run's)
+            history_seq: (self.run_number << 56)
+                | ((e.node_id() as u64) << 48)
+                | ((id as u64 + 1) << 32),
         };
         let mut tally = Tally::new();
         // with durability "commit", a transaction counts once its log is durable
@@ -282,6 +288,7 @@ pub(super) fn run_phase(
     a: &Args,
     c: &Constants,
     node_of: &[u8],
+    run_number: u64,
 ) -> anyhow::Result<RunOut> {
     // (engine index, the warehouses the worker picks home warehouses from), per worker thread
     let mut plan: Vec<(usize, Vec<u16>)> = Vec::new();
@@ -344,6 +351,7 @@ pub(super) fn run_phase(
             .rate
             .map(|r| Duration::from_secs_f64((threads * a.tasks) as f64 / r)),
         terminal: a.terminal_times(),
+        run_number,
         total: AtomicU64::new(0),
         new_orders: AtomicU64::new(0),
         failed: AtomicBool::new(false),
