@@ -18,20 +18,68 @@ use byteorder::{ByteOrder, LittleEndian};
 pub const MIN_VALUE: usize = 16;
 
 /// A run's values: `size` bytes made of fields of `field` bytes (`field` divides `size`; one
-/// field is the whole value).
+/// field is the whole value), or with `lengths` other than constant, one field whose length
+/// each record draws (YCSB's fieldlengthdistribution).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     pub size: usize,
     pub field: usize,
+    pub lengths: Lengths,
+}
+
+/// How long a record's fields are (YCSB's fieldlengthdistribution and minfieldlength): each of
+/// `count` fields draws a length in `min..=max` bytes and the record is their sum (at least
+/// [`MIN_VALUE`]), drawn from the record's number so that every reader knows it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase", tag = "distribution")]
+pub enum Lengths {
+    /// (Also what a data set described without lengths has.)
+    #[default]
+    Constant,
+    Uniform {
+        count: u32,
+        min: u32,
+        max: u32,
+    },
+    Zipfian {
+        count: u32,
+        min: u32,
+        max: u32,
+    },
 }
 
 impl Layout {
     /// One field: the whole value.
     pub fn whole(size: usize) -> Layout {
-        Layout { size, field: size }
+        Layout {
+            size,
+            field: size,
+            lengths: Lengths::Constant,
+        }
+    }
+
+    /// Record `k`'s value size.
+    pub fn size_of(&self, k: u64) -> usize {
+        use rand::{Rng, SeedableRng};
+        let (count, min, max, zipf) = match self.lengths {
+            Lengths::Constant => return self.size,
+            Lengths::Uniform { count, min, max } => (count, min, max, false),
+            Lengths::Zipfian { count, min, max } => (count, min, max, true),
+        };
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(crate::workload::fnv64(k ^ 0x1e57));
+        let z = rand_distr::Zipf::new((max - min + 1) as f64, 0.99).ok();
+        let one = |rng: &mut rand::rngs::SmallRng| match (zipf, &z) {
+            (true, Some(z)) => min + (rand_distr::Distribution::sample(z, rng) as u32).max(1) - 1,
+            _ => rng.random_range(min..=max),
+        };
+        let sum: u64 = (0..count).map(|_| u64::from(one(&mut rng).min(max))).sum();
+        (sum as usize).max(MIN_VALUE)
     }
 
     pub fn fields(&self) -> usize {
+        if self.lengths != Lengths::Constant {
+            return 1;
+        }
         self.size / self.field
     }
 
@@ -49,6 +97,9 @@ impl Layout {
 
     /// Whether `v` is an intact value of record `k`: every field intact.
     pub fn check(&self, v: &[u8], k: u64) -> bool {
+        if self.lengths != Lengths::Constant {
+            return v.len() == self.size_of(k) && self.check_field(v, k, 0);
+        }
         v.len() == self.size
             && v.chunks(self.field)
                 .enumerate()
@@ -129,6 +180,7 @@ mod tests {
         let l = Layout {
             size: 1000,
             field: 100,
+            lengths: Lengths::Constant,
         };
         assert_eq!(l.fields(), 10);
         let mut v = vec![0u8; 1000];
@@ -150,5 +202,44 @@ mod tests {
         let three = v[l.range(3)].to_vec();
         v[l.range(4)].copy_from_slice(&three);
         assert!(!l.check(&v, 9), "a field in another's place");
+    }
+
+    /// Issue 47: YCSB's field length distributions: each record's length is the sum of its
+    /// fields' drawn lengths, the same for every reader, and checked.
+    #[test]
+    fn records_draw_their_lengths_and_are_checked_at_them() {
+        for lengths in [
+            Lengths::Uniform {
+                count: 10,
+                min: 1,
+                max: 100,
+            },
+            Lengths::Zipfian {
+                count: 10,
+                min: 1,
+                max: 100,
+            },
+        ] {
+            let l = Layout {
+                size: 1000,
+                field: 1000,
+                lengths,
+            };
+            let sizes: Vec<usize> = (0..2000).map(|k| l.size_of(k)).collect();
+            assert!(sizes.iter().all(|&n| (MIN_VALUE..=1000).contains(&n)));
+            assert_eq!(sizes[7], l.size_of(7), "the same for every reader");
+            let mean = sizes.iter().sum::<usize>() as f64 / sizes.len() as f64;
+            match lengths {
+                // ten fields of 50.5 bytes on average
+                Lengths::Uniform { .. } => assert!((480.0..530.0).contains(&mean), "{mean}"),
+                // zipfian favours the shortest lengths
+                _ => assert!(mean < 300.0, "{mean}"),
+            }
+            let mut v = vec![0u8; l.size_of(3)];
+            l.fill(&mut v, 3, 1);
+            assert!(l.check(&v, 3));
+            v.push(0);
+            assert!(!l.check(&v, 3), "a record of another length");
+        }
     }
 }

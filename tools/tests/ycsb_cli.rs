@@ -1310,3 +1310,82 @@ fn loads_of_separate_ranges_add_up_to_the_table() {
     );
     assert_eq!(r["value_errors"], 0, "{r}");
 }
+
+/// Issue 47: YCSB's field length distributions: with uniform or zipfian field lengths each
+/// record is as long as its drawn fields together (every read checks that length), the run
+/// says so, a kept data set keeps the distribution, and an unknown one is refused.
+#[test]
+fn field_length_distributions_give_records_of_their_drawn_lengths() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = format!("{}/../workloads/workloada", env!("CARGO_MANIFEST_DIR"));
+    let json = dir.path().join("l.json");
+    for d in ["uniform", "zipfian"] {
+        let out = ycsb_in(
+            dir.path(),
+            &[
+                "-P",
+                &file,
+                "-p",
+                "recordcount=3000",
+                "-p",
+                "operationcount=20000",
+                "-p",
+                &format!("fieldlengthdistribution={d}"),
+                "-p",
+                "minfieldlength=20",
+                "--quiet",
+                "--json",
+                json.to_str().unwrap(),
+            ],
+        );
+        let r = report(&json);
+        assert_eq!(r["fields"]["length_distribution"], d, "{out}");
+        assert_eq!(r["fields"]["min_length"], 20);
+        assert_eq!(r["value_errors"], 0, "{out}");
+    }
+    let data = dir.path().join("kept");
+    let data = data.to_str().unwrap();
+    ycsb_in(
+        dir.path(),
+        &[
+            "load",
+            "-P",
+            &file,
+            "-p",
+            "recordcount=2000",
+            "-p",
+            "fieldlengthdistribution=uniform",
+            "--data-dir",
+            data,
+        ],
+    );
+    let out = ycsb_in(
+        dir.path(),
+        &[
+            "run",
+            "--data-dir",
+            data,
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    let r = report(&json);
+    assert_eq!(r["fields"]["length_distribution"], "uniform", "{out}");
+    assert_eq!(r["value_errors"], 0, "{out}");
+    let out = shoal()
+        .args([
+            "ycsb",
+            "-P",
+            &file,
+            "-p",
+            "fieldlengthdistribution=histogram",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("fieldlengthdistribution=histogram"));
+}

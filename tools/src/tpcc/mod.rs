@@ -536,7 +536,11 @@ fn finish_run(
     // (beside the report: one json! more would pass the macro's recursion limit)
     doc["keying_ms"] = json!(a.terminal_times().map(|t| t.0));
     doc["think_ms"] = json!(a.terminal_times().map(|t| t.1));
-    doc["phase"] = json!(if run_number > 0 { "run" } else { "load and run" });
+    doc["phase"] = json!(if run_number > 0 {
+        "run"
+    } else {
+        "load and run"
+    });
     doc["run_number"] = json!(run_number);
     write_json(a, &doc)?;
     Ok(exit_code(&doc))

@@ -27,6 +27,14 @@ pub enum Phase {
     Run,
 }
 
+/// YCSB's fieldlengthdistribution.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FieldLengths {
+    Constant,
+    Uniform,
+    Zipfian,
+}
+
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
     Random,
@@ -81,6 +89,16 @@ pub struct Args {
     /// fieldlength; --value-size a multiple of it). YCSB's properties make 10 of 100 bytes.
     #[arg(long)]
     pub field_length: Option<usize>,
+    /// How long each field is (YCSB's fieldlengthdistribution): constant (--field-length or
+    /// fieldlength bytes each), or uniform or zipfian from --min-field-length to that: a record
+    /// is then one value as long as its fields together, drawn from its number, read and
+    /// written whole.
+    #[arg(long, value_enum, default_value = "constant")]
+    pub field_length_distribution: FieldLengths,
+    /// The shortest field under a uniform or zipfian --field-length-distribution (YCSB's
+    /// minfieldlength).
+    #[arg(long, default_value_t = 1)]
+    pub min_field_length: u32,
     /// With YCSB's fields (fieldcount x fieldlength): false reads one field, chosen at random
     /// (YCSB's readallfields; default true).
     #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
@@ -367,8 +385,9 @@ pub(super) fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<
         Some(l) => Some(((a.value_size / l) as u64, l as u64)),
         None => None,
     };
-    let layout = match from_flag.or(a.value_from_fields) {
-        Some((count, len))
+    let fields = from_flag.or(a.value_from_fields);
+    let layout = match (a.field_length_distribution, fields) {
+        (FieldLengths::Constant, Some((count, len)))
             if count > 1
                 && len as usize >= value::MIN_VALUE
                 && (count * len) as usize == a.value_size =>
@@ -376,9 +395,34 @@ pub(super) fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<
             value::Layout {
                 size: a.value_size,
                 field: len as usize,
+                lengths: value::Lengths::Constant,
             }
         }
-        _ => value::Layout::whole(a.value_size),
+        (FieldLengths::Constant, _) => value::Layout::whole(a.value_size),
+        (d, Some((count, len))) => {
+            let (min, max) = (a.min_field_length, len as u32);
+            if min == 0 || min > max {
+                return Err(anyhow::anyhow!(
+                    "--min-field-length {min}: use 1 to the field length ({max})"
+                ));
+            }
+            let count = count as u32;
+            value::Layout {
+                size: a.value_size,
+                field: a.value_size,
+                lengths: match d {
+                    FieldLengths::Uniform => value::Lengths::Uniform { count, min, max },
+                    _ => value::Lengths::Zipfian { count, min, max },
+                },
+            }
+        }
+        (_, None) => {
+            return Err(anyhow::anyhow!(
+                "--field-length-distribution {:?}: needs fields (YCSB's fieldcount and \
+                 fieldlength, or --field-length)",
+                a.field_length_distribution
+            ))
+        }
     };
     let fields = layout.fields() > 1;
     if !fields && (a.read_all_fields == Some(false) || a.write_all_fields == Some(false)) {

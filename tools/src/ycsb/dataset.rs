@@ -21,6 +21,9 @@ pub(super) struct DataSet {
     /// as every value of a description without it).
     #[serde(default)]
     pub(super) field_length: usize,
+    /// The fields' length distribution (constant in a description without it).
+    #[serde(default)]
+    pub(super) lengths: crate::value::Lengths,
     /// The records loaded, as `[start, end)` ranges in order (a description without them
     /// had all of `0..records`): loads of separate ranges (insertstart, insertcount) add up.
     #[serde(default)]

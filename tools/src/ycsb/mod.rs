@@ -80,6 +80,18 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
             let f = set.field_length as u64;
             (set.value_size as u64 / f, f)
         });
+        match set.lengths {
+            value::Lengths::Constant => {}
+            value::Lengths::Uniform { count, min, max }
+            | value::Lengths::Zipfian { count, min, max } => {
+                a.value_from_fields = Some((count.into(), max.into()));
+                a.min_field_length = min;
+                a.field_length_distribution = match set.lengths {
+                    value::Lengths::Uniform { .. } => FieldLengths::Uniform,
+                    _ => FieldLengths::Zipfian,
+                };
+            }
+        }
     }
     let mut plan = validate(&a, mix)?;
     if adding {
@@ -279,6 +291,7 @@ fn new_set(a: &Args, plan: &Plan, nodes: usize) -> DataSet {
         } else {
             0
         },
+        lengths: plan.layout.lengths,
         loaded: Some(Vec::new()),
         next_key: a.records,
         loaded_utc: String::new(),
@@ -355,6 +368,17 @@ fn drive_run_phase(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitC
 fn record_text(plan: &Plan) -> String {
     let l = plan.layout;
     let mut parts = Vec::new();
+    if let value::Lengths::Uniform { count, min, max }
+    | value::Lengths::Zipfian { count, min, max } = l.lengths
+    {
+        let d = match l.lengths {
+            value::Lengths::Uniform { .. } => "uniform",
+            _ => "zipfian",
+        };
+        parts.push(format!(
+            "{count} fields of {min} to {max} B ({d}), read and written whole"
+        ));
+    }
     if l.fields() > 1 {
         let which = |one: bool| if one { "one" } else { "all" };
         parts.push(format!(
@@ -441,6 +465,7 @@ fn load(nodes: &Nodes, tree: &BTree, a: &Args, plan: &Plan) -> anyhow::Result<f6
                         if crate::stop::requested() {
                             break;
                         }
+                        v.resize(layout.size_of(k), 0);
                         layout.fill(&mut v, k, 0);
                         if !tree.insert(&w, names.key(k, &mut key), &v)?.inserted() {
                             anyhow::bail!("loading record {k}: the key exists already");

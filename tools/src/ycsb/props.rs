@@ -35,6 +35,8 @@ const KNOWN: &[(&str, &str)] = &[
     ("zeropadding", "--zero-padding"),
     ("insertstart", "--insert-start"),
     ("insertcount", "--insert-count"),
+    ("fieldlengthdistribution", "--field-length-distribution"),
+    ("minfieldlength", "--min-field-length"),
     ("readallfields", "--read-all-fields"),
     ("writeallfields", "--write-all-fields"),
 ];
@@ -52,11 +54,6 @@ const IGNORED: &[(&str, &[&str], &str)] = &[
         "scanlengthdistribution",
         &["uniform"],
         "scan lengths are uniform in 1..=maxscanlength",
-    ),
-    (
-        "fieldlengthdistribution",
-        &["constant"],
-        "every record has fieldcount x fieldlength bytes",
     ),
     (
         "measurementtype",
@@ -190,6 +187,26 @@ pub fn apply(
             if !given(id) {
                 *field = Some(v);
             }
+        }
+    }
+    if let Some(d) = props.get("fieldlengthdistribution") {
+        if !given("field_length_distribution") {
+            a.field_length_distribution = match d.as_str() {
+                "constant" => super::FieldLengths::Constant,
+                "uniform" => super::FieldLengths::Uniform,
+                "zipfian" => super::FieldLengths::Zipfian,
+                other => {
+                    return Err(anyhow::anyhow!(
+                        "property fieldlengthdistribution={other}: shoal ycsb has constant, \
+                         uniform and zipfian (not YCSB's histogram files)"
+                    ))
+                }
+            };
+        }
+    }
+    if let Some(v) = int("minfieldlength")? {
+        if !given("min_field_length") {
+            a.min_field_length = u32::try_from(v).unwrap_or(u32::MAX);
         }
     }
     if let Some(v) = int("zeropadding")? {

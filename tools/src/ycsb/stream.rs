@@ -278,6 +278,7 @@ pub(super) fn worker_loop(
             Op::Insert => {
                 let n = mine.begin();
                 let k = keys.inserted(n);
+                val.resize(layout.size_of(k), 0);
                 layout.fill(&mut val, k, 0);
                 if !tree.insert(&w, names.key(k, &mut key), &val)?.inserted() {
                     note(&mut res, format!("insert of new key {k}: already present"));
