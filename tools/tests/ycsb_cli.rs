@@ -1389,3 +1389,55 @@ fn field_length_distributions_give_records_of_their_drawn_lengths() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("fieldlengthdistribution=histogram"));
 }
+
+/// Issue 47: YCSB's `table` names the tree (a kept data set remembers it) and
+/// `scanlengthdistribution=zipfian` draws scan lengths with the shortest the most likely.
+#[test]
+fn the_table_and_the_scan_length_distribution_are_ycsbs() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = format!("{}/../workloads/workloade", env!("CARGO_MANIFEST_DIR"));
+    let data = dir.path().join("kept");
+    let json = dir.path().join("e.json");
+    let (data, j) = (data.to_str().unwrap(), json.to_str().unwrap());
+    ycsb_in(
+        dir.path(),
+        &[
+            "load",
+            "-P",
+            &file,
+            "-p",
+            "recordcount=3000",
+            "-p",
+            "table=orders",
+            "--data-dir",
+            data,
+        ],
+    );
+    let out = shoal().args(["inspect", data]).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("orders "),
+        "{out:?}"
+    );
+    let out = ycsb_in(
+        dir.path(),
+        &[
+            "run",
+            "-P",
+            &file,
+            "-p",
+            "recordcount=3000",
+            "-p",
+            "operationcount=3000",
+            "-p",
+            "scanlengthdistribution=zipfian",
+            "--data-dir",
+            data,
+            "--json",
+            j,
+        ],
+    );
+    let r = report(&json);
+    assert_eq!(r["table"], "orders", "{out}");
+    assert_eq!(r["scan_lengths"], "zipfian", "{out}");
+    assert_eq!(r["value_errors"], 0, "{out}");
+}

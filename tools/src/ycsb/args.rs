@@ -27,6 +27,13 @@ pub enum Phase {
     Run,
 }
 
+/// YCSB's scanlengthdistribution.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScanLengths {
+    Uniform,
+    Zipfian,
+}
+
 /// YCSB's fieldlengthdistribution.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FieldLengths {
@@ -200,6 +207,13 @@ pub struct Args {
     /// Longest scan of workload e.
     #[arg(long, default_value_t = 100)]
     pub max_scan: usize,
+    /// How long scans are, from 1 to --max-scan (YCSB's scanlengthdistribution): uniform, or
+    /// zipfian (the shortest the most likely).
+    #[arg(long, value_enum, default_value = "uniform")]
+    pub scan_length_distribution: ScanLengths,
+    /// The table (YCSB's table: the tree's name in the catalog).
+    #[arg(long, default_value = "usertable")]
+    pub table: String,
     /// With --durability commit: writes a worker may have waiting for the log at once. Each
     /// is acknowledged (counted, its latency taken) only when durable; the worker goes on with
     /// its next operation meanwhile. 0: each write waits for its flush first.
@@ -295,6 +309,12 @@ pub(super) fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<
         ));
     }
     crate::cli::check_run_secs(a.duration, a.warmup)?;
+    if a.table.is_empty() || a.table.len() > 64 {
+        return Err(anyhow::anyhow!(
+            "--table {:?}: a name of 1 to 64 bytes",
+            a.table
+        ));
+    }
     if a.max_scan == 0 {
         return Err(anyhow::anyhow!("--max-scan must be at least 1"));
     }

@@ -21,6 +21,9 @@ pub(super) struct DataSet {
     /// as every value of a description without it).
     #[serde(default)]
     pub(super) field_length: usize,
+    /// The table's tree (usertable in a description without it).
+    #[serde(default = "usertable")]
+    pub(super) table: String,
     /// The fields' length distribution (constant in a description without it).
     #[serde(default)]
     pub(super) lengths: crate::value::Lengths,
@@ -36,6 +39,10 @@ pub(super) struct DataSet {
 
 fn one() -> usize {
     1
+}
+
+fn usertable() -> String {
+    "usertable".into()
 }
 
 impl DataSet {

@@ -40,7 +40,6 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-const TABLE: &str = "usertable";
 /// Where `shoal ycsb load` / `run` keep the data set without `--data-dir`.
 const DEFAULT_DATA_SET_DIR: &str = "shoal-ycsb-data";
 
@@ -76,6 +75,9 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
         a.value_size = set.value_size;
         a.keys = Some(set.keys);
         a.zero_padding = set.zero_padding;
+        if !a.explicit.iter().any(|e| e == "table") && !props.contains_key("table") {
+            a.table = set.table.clone();
+        }
         a.value_from_fields = (set.field_length > 0).then(|| {
             let f = set.field_length as u64;
             (set.value_size as u64 / f, f)
@@ -181,20 +183,20 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
     let first = nodes.engines[0];
     let w0 = first.worker();
     let tree = if first.node_id() == 0 {
-        let t = match BTree::open(&w0, TABLE) {
+        let t = match BTree::open(&w0, &a.table) {
             Ok(t) if plan.adding => t,
             Ok(_) => {
                 return Err(anyhow::Error::new(crate::cli::Usage(
                     "the data directory already holds a YCSB table; use an empty --data-dir".into(),
                 )))
             }
-            Err(_) => BTree::create(&w0, TABLE).map_err(anyhow::Error::from)?,
+            Err(_) => BTree::create(&w0, &a.table).map_err(anyhow::Error::from)?,
         };
         nodes.barrier("table created")?;
         t
     } else {
         nodes.barrier("table created")?;
-        BTree::open(&w0, TABLE).map_err(anyhow::Error::from)?
+        BTree::open(&w0, &a.table).map_err(anyhow::Error::from)?
     };
     drop(w0);
     say!(
@@ -292,6 +294,7 @@ fn new_set(a: &Args, plan: &Plan, nodes: usize) -> DataSet {
             0
         },
         lengths: plan.layout.lengths,
+        table: a.table.clone(),
         loaded: Some(Vec::new()),
         next_key: a.records,
         loaded_utc: String::new(),
@@ -318,7 +321,7 @@ fn drive_run_phase(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitC
         ))));
     }
     let w0 = nodes.engines[0].worker();
-    let tree = BTree::open(&w0, TABLE).map_err(|e| {
+    let tree = BTree::open(&w0, &a.table).map_err(|e| {
         anyhow::Error::new(crate::cli::Usage(format!(
             "--data-dir {}: no YCSB table ({e}); load one with shoal ycsb load",
             dir.display()

@@ -36,6 +36,8 @@ const KNOWN: &[(&str, &str)] = &[
     ("insertstart", "--insert-start"),
     ("insertcount", "--insert-count"),
     ("fieldlengthdistribution", "--field-length-distribution"),
+    ("scanlengthdistribution", "--scan-length-distribution"),
+    ("table", "--table"),
     ("minfieldlength", "--min-field-length"),
     ("readallfields", "--read-all-fields"),
     ("writeallfields", "--write-all-fields"),
@@ -48,12 +50,6 @@ const IGNORED: &[(&str, &[&str], &str)] = &[
         "workload",
         &[],
         "the CoreWorkload is what shoal ycsb runs (anything else is refused)",
-    ),
-    ("table", &["usertable"], "the table is the tree 'usertable'"),
-    (
-        "scanlengthdistribution",
-        &["uniform"],
-        "scan lengths are uniform in 1..=maxscanlength",
     ),
     (
         "measurementtype",
@@ -202,6 +198,25 @@ pub fn apply(
                     ))
                 }
             };
+        }
+    }
+    if let Some(d) = props.get("scanlengthdistribution") {
+        if !given("scan_length_distribution") {
+            a.scan_length_distribution = match d.as_str() {
+                "uniform" => super::ScanLengths::Uniform,
+                "zipfian" => super::ScanLengths::Zipfian,
+                other => {
+                    return Err(anyhow::anyhow!(
+                        "property scanlengthdistribution={other}: shoal ycsb has uniform and \
+                         zipfian"
+                    ))
+                }
+            };
+        }
+    }
+    if let Some(t) = props.get("table") {
+        if !given("table") {
+            a.table = t.clone();
         }
     }
     if let Some(v) = int("minfieldlength")? {

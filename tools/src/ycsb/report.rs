@@ -244,6 +244,10 @@ pub(super) fn report_run(
         // (beside the rest: the json! macro's recursion limit)
         doc["insert_start"] = plan.first.into();
         doc["insert_count"] = plan.count.into();
+        doc["table"] = a.table.clone().into();
+        doc["scan_lengths"] = format!("{:?}", a.scan_length_distribution)
+            .to_lowercase()
+            .into();
         crate::report::write_json(path, &doc)?;
     }
     let code = if errors > 0 {

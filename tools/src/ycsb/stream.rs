@@ -177,6 +177,10 @@ pub(super) fn worker_loop(
     let pipelined = a.durability == shoal_engine::Durability::Commit;
     let mut acks = crate::acks::Acks::new(a.pipeline);
     let layout = plan.layout;
+    // scanlengthdistribution=zipfian: lengths 1..=max_scan, the shortest the most likely
+    let scan_zipf = (a.scan_length_distribution == ScanLengths::Zipfian)
+        .then(|| rand_distr::Zipf::new(a.max_scan as f64, 0.99))
+        .and_then(Result::ok);
     let note = |res: &mut WorkerResult, msg: String| {
         res.errors += 1;
         if res.first_error.is_none() {
@@ -288,7 +292,11 @@ pub(super) fn worker_loop(
             }
             Op::Scan => {
                 let k = keys.live(&mut chooser, live, &mut rng);
-                let len = rng.random_range(1..=a.max_scan);
+                let len = match &scan_zipf {
+                    Some(z) => (rand_distr::Distribution::sample(z, &mut rng) as usize)
+                        .clamp(1, a.max_scan),
+                    None => rng.random_range(1..=a.max_scan),
+                };
                 let mut seen = 0;
                 let mut bad: Option<String> = None;
                 let from = names.key(k, &mut key);

@@ -85,6 +85,12 @@ fn node_args(a: &Args, plan: &Plan, file: &Path, id: usize, json: &Path) -> Vec<
     f("--warmup", a.warmup.to_string());
     f("--duration", a.duration.to_string());
     f("--max-scan", a.max_scan.to_string());
+    let scan = match a.scan_length_distribution {
+        super::ScanLengths::Uniform => "uniform",
+        super::ScanLengths::Zipfian => "zipfian",
+    };
+    f("--scan-length-distribution", scan.into());
+    f("--table", a.table.clone());
     f("--seed", plan.seed.to_string());
     f("--durability", a.durability.to_string());
     f("--wal-size", a.wal_size.to_string());
