@@ -644,6 +644,44 @@ pub fn parse_wal_size(s: &str) -> Result<u64, String> {
     Ok(b)
 }
 
+/// Read the description `file` a load left in `dir` (a kept data set: `what` names it in
+/// errors, which are usage errors: load one first).
+pub fn read_description<T: serde::de::DeserializeOwned>(
+    dir: &Path,
+    file: &str,
+    what: &str,
+) -> anyhow::Result<T> {
+    let p = dir.join(file);
+    let text = std::fs::read_to_string(&p).map_err(|e| {
+        Usage(format!(
+            "--data-dir {}: no {what} ({}: {e}); load one first",
+            dir.display(),
+            p.display()
+        ))
+    })?;
+    serde_json::from_str(&text).map_err(|e| {
+        Usage(format!(
+            "{}: not a description of a {what}: {e}",
+            p.display()
+        ))
+        .into()
+    })
+}
+
+/// Write a kept data set's description `file` beside its stores in `dir`, atomically and
+/// durably (a new file, synced, renamed over the old one, the directory synced): a crash
+/// leaves the old description or the new one.
+pub fn write_description<T: serde::Serialize>(
+    dir: &Path,
+    file: &str,
+    description: &T,
+) -> anyhow::Result<()> {
+    let p = dir.join(file);
+    let text = serde_json::to_string_pretty(description).expect("serialises") + "\n";
+    shoal_storage::write_atomic(&p, text.as_bytes())
+        .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
+}
+
 #[cfg(test)]
 mod tests {
     /// Issue 47: a progress line's rate is short ("1,232,196.9393/s" wrapped lines at 80

@@ -41,28 +41,10 @@ impl TpccSet {
     }
 
     pub(super) fn read(dir: &Path) -> anyhow::Result<TpccSet> {
-        let p = dir.join(DATA_SET_FILE);
-        let usage = |why: String| anyhow::Error::new(crate::cli::Usage(why));
-        let text = std::fs::read_to_string(&p).map_err(|e| {
-            usage(format!(
-                "--data-dir {}: no database of shoal tpcc load ({}: {e}); load one first",
-                dir.display(),
-                p.display()
-            ))
-        })?;
-        serde_json::from_str(&text).map_err(|e| {
-            usage(format!(
-                "{}: not a TPC-C database description: {e}",
-                p.display()
-            ))
-        })
+        crate::cli::read_description(dir, DATA_SET_FILE, "database of shoal tpcc load")
     }
 
-    /// Written beside the stores, atomically and durably (see the ycsb data set's `write`).
     pub(super) fn write(&self, dir: &Path) -> anyhow::Result<()> {
-        let p = dir.join(DATA_SET_FILE);
-        let text = serde_json::to_string_pretty(self).expect("serialises") + "\n";
-        shoal_storage::write_atomic(&p, text.as_bytes())
-            .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
+        crate::cli::write_description(dir, DATA_SET_FILE, self)
     }
 }

@@ -47,26 +47,11 @@ fn usertable() -> String {
 
 impl DataSet {
     pub(super) fn read(dir: &std::path::Path) -> anyhow::Result<DataSet> {
-        let p = dir.join(DATA_SET_FILE);
-        let usage = |why: String| anyhow::Error::new(crate::cli::Usage(why));
-        let text = std::fs::read_to_string(&p).map_err(|e| {
-            usage(format!(
-                "--data-dir {}: no data set of shoal ycsb load ({}: {e}); load one first",
-                dir.display(),
-                p.display()
-            ))
-        })?;
-        serde_json::from_str(&text)
-            .map_err(|e| usage(format!("{}: not a data set description: {e}", p.display())))
+        crate::cli::read_description(dir, DATA_SET_FILE, "data set of shoal ycsb load")
     }
 
-    /// Written beside the stores, atomically and durably (a new file, synced, renamed over
-    /// the old one, the directory synced): a crash leaves the old description or the new one.
     pub(super) fn write(&self, dir: &std::path::Path) -> anyhow::Result<()> {
-        let p = dir.join(DATA_SET_FILE);
-        let text = serde_json::to_string_pretty(self).expect("serialises") + "\n";
-        shoal_storage::write_atomic(&p, text.as_bytes())
-            .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
+        crate::cli::write_description(dir, DATA_SET_FILE, self)
     }
 
     /// The loaded ranges, `[start, end)`, in order and apart.
