@@ -1441,3 +1441,31 @@ fn the_table_and_the_scan_length_distribution_are_ycsbs() {
     assert_eq!(r["scan_lengths"], "zipfian", "{out}");
     assert_eq!(r["value_errors"], 0, "{out}");
 }
+
+/// Issue 47: YCSB's status.interval: a status line every N seconds, at the Nth, 2Nth, ...
+#[test]
+fn status_lines_come_every_status_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = ycsb_in(
+        dir.path(),
+        &[
+            "-p",
+            "recordcount=2000",
+            "-p",
+            "status.interval=2",
+            "--duration",
+            "4",
+            "--warmup",
+            "0",
+        ],
+    );
+    let ticks: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("[ ") && l.contains("s]"))
+        .collect();
+    assert_eq!(ticks.len(), 2, "{out}");
+    assert!(
+        ticks[0].starts_with("[   2s]") && ticks[1].starts_with("[   4s]"),
+        "{out}"
+    );
+}

@@ -228,6 +228,9 @@ pub struct Args {
     /// the summary then go to standard error).
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Seconds between status lines (YCSB's status.interval); each line's rates cover them.
+    #[arg(long, default_value_t = 1)]
+    pub status_interval: u64,
     /// No per-second lines and no progress bar.
     #[arg(long)]
     pub quiet: bool,
@@ -313,6 +316,11 @@ pub(super) fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<
         return Err(anyhow::anyhow!(
             "--table {:?}: a name of 1 to 64 bytes",
             a.table
+        ));
+    }
+    if a.status_interval == 0 {
+        return Err(anyhow::anyhow!(
+            "--status-interval must be at least 1 second"
         ));
     }
     if a.max_scan == 0 {

@@ -611,7 +611,8 @@ impl harness::Supervisor for YcsbWatch<'_> {
             let per_op = take_intervals(&self.run.intervals);
             series.second(self.start, &per_op, &snaps, warm)?;
         }
-        if !self.run.a.quiet && whole {
+        // a line every --status-interval seconds (YCSB's status.interval), over that interval
+        if !self.run.a.quiet && whole && tick % self.run.a.status_interval == 0 {
             let now = (Instant::now(), self.total_ops(), sum(&snaps));
             let last = &self.last;
             let dt = now.0.duration_since(last.0).as_secs_f64();

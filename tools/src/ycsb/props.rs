@@ -38,6 +38,7 @@ const KNOWN: &[(&str, &str)] = &[
     ("fieldlengthdistribution", "--field-length-distribution"),
     ("scanlengthdistribution", "--scan-length-distribution"),
     ("table", "--table"),
+    ("status.interval", "--status-interval"),
     ("minfieldlength", "--min-field-length"),
     ("readallfields", "--read-all-fields"),
     ("writeallfields", "--write-all-fields"),
@@ -61,7 +62,6 @@ const IGNORED: &[(&str, &[&str], &str)] = &[
         &[],
         "latencies go into HdrHistograms (no buckets)",
     ),
-    ("status.interval", &["1"], "status lines come every second"),
 ];
 
 /// Read the property files and `-p` pairs of `a`, in order.
@@ -212,6 +212,11 @@ pub fn apply(
                     ))
                 }
             };
+        }
+    }
+    if let Some(v) = int("status.interval")? {
+        if !given("status_interval") {
+            a.status_interval = v;
         }
     }
     if let Some(t) = props.get("table") {

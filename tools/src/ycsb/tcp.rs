@@ -91,6 +91,7 @@ fn node_args(a: &Args, plan: &Plan, file: &Path, id: usize, json: &Path) -> Vec<
     };
     f("--scan-length-distribution", scan.into());
     f("--table", a.table.clone());
+    f("--status-interval", a.status_interval.to_string());
     f("--seed", plan.seed.to_string());
     f("--durability", a.durability.to_string());
     f("--wal-size", a.wal_size.to_string());
