@@ -48,6 +48,33 @@ pub enum Lengths {
     },
 }
 
+/// Drawn field lengths: the distribution's name (YCSB's) and the fields' count, shortest and
+/// longest length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Drawn {
+    pub name: &'static str,
+    pub count: u32,
+    pub min: u32,
+    pub max: u32,
+}
+
+impl Lengths {
+    /// `None` for constant lengths.
+    pub fn drawn(&self) -> Option<Drawn> {
+        let (name, count, min, max) = match *self {
+            Lengths::Constant => return None,
+            Lengths::Uniform { count, min, max } => ("uniform", count, min, max),
+            Lengths::Zipfian { count, min, max } => ("zipfian", count, min, max),
+        };
+        Some(Drawn {
+            name,
+            count,
+            min,
+            max,
+        })
+    }
+}
+
 impl Layout {
     /// One field: the whole value.
     pub fn whole(size: usize) -> Layout {

@@ -64,10 +64,8 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
         && a.data_dir
             .as_deref()
             .is_some_and(|d| d.join(DATA_SET_FILE).exists());
-    if let (Some(Phase::Run), Some(d)) | (Some(Phase::Load), Some(d)) = (
-        a.phase.filter(|&p| p == Phase::Run || adding),
-        a.data_dir.as_deref(),
-    ) {
+    let kept = a.phase == Some(Phase::Run) || adding;
+    if let (true, Some(d)) = (kept, a.data_dir.as_deref()) {
         // the run (or the added load) uses the loaded shape; flags that disagree are an error
         let set = DataSet::read(d)?;
         set.matches(&a)?;
@@ -82,17 +80,12 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
             let f = set.field_length as u64;
             (set.value_size as u64 / f, f)
         });
-        match set.lengths {
-            value::Lengths::Constant => {}
-            value::Lengths::Uniform { count, min, max }
-            | value::Lengths::Zipfian { count, min, max } => {
-                a.value_from_fields = Some((count.into(), max.into()));
-                a.min_field_length = min;
-                a.field_length_distribution = match set.lengths {
-                    value::Lengths::Uniform { .. } => FieldLengths::Uniform,
-                    _ => FieldLengths::Zipfian,
-                };
-            }
+        if let Some(d) = set.lengths.drawn() {
+            a.value_from_fields = Some((d.count.into(), d.max.into()));
+            a.min_field_length = d.min;
+            a.field_length_distribution =
+                <FieldLengths as clap::ValueEnum>::from_str(d.name, false)
+                    .map_err(|e| anyhow::anyhow!("field lengths {}: {e}", d.name))?;
         }
     }
     let mut plan = validate(&a, mix)?;
@@ -371,15 +364,10 @@ fn drive_run_phase(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitC
 fn record_text(plan: &Plan) -> String {
     let l = plan.layout;
     let mut parts = Vec::new();
-    if let value::Lengths::Uniform { count, min, max }
-    | value::Lengths::Zipfian { count, min, max } = l.lengths
-    {
-        let d = match l.lengths {
-            value::Lengths::Uniform { .. } => "uniform",
-            _ => "zipfian",
-        };
+    if let Some(d) = l.lengths.drawn() {
         parts.push(format!(
-            "{count} fields of {min} to {max} B ({d}), read and written whole"
+            "{} fields of {} to {} B ({}), read and written whole",
+            d.count, d.min, d.max, d.name
         ));
     }
     if l.fields() > 1 {

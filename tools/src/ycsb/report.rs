@@ -359,17 +359,12 @@ pub(super) fn delta(a: &StatsSnapshot, b: &StatsSnapshot) -> StatsSnapshot {
 /// YCSB's fields of a run's records (`null` for values of one field).
 pub(super) fn fields_json(plan: &Plan) -> serde_json::Value {
     let l = plan.layout;
-    if let value::Lengths::Uniform { count, min, max }
-    | value::Lengths::Zipfian { count, min, max } = l.lengths
-    {
+    if let Some(d) = l.lengths.drawn() {
         return json!({
-            "count": count,
-            "length": max,
-            "min_length": min,
-            "length_distribution": match l.lengths {
-                value::Lengths::Uniform { .. } => "uniform",
-                _ => "zipfian",
-            },
+            "count": d.count,
+            "length": d.max,
+            "min_length": d.min,
+            "length_distribution": d.name,
             "read_all": true,
             "write_all": true,
         });

@@ -32,16 +32,10 @@ fn node_args(a: &Args, plan: &Plan, file: &Path, id: usize, json: &Path) -> Vec<
     if plan.layout.fields() > 1 {
         f("--field-length", plan.layout.field.to_string());
     }
-    if let crate::value::Lengths::Uniform { min, max, .. }
-    | crate::value::Lengths::Zipfian { min, max, .. } = plan.layout.lengths
-    {
-        let d = match plan.layout.lengths {
-            crate::value::Lengths::Uniform { .. } => "uniform",
-            _ => "zipfian",
-        };
-        f("--field-length", max.to_string());
-        f("--field-length-distribution", d.into());
-        f("--min-field-length", min.to_string());
+    if let Some(d) = plan.layout.lengths.drawn() {
+        f("--field-length", d.max.to_string());
+        f("--field-length-distribution", d.name.into());
+        f("--min-field-length", d.min.to_string());
     }
     let keys = match plan.names.names {
         KeyNames::Integer => "integer",
