@@ -2,7 +2,8 @@
 //! write, let go (see the module docs of `txn`).
 
 use super::read::{point_holds, range_holds, Held};
-use super::{Op, ReadAt, Transaction, TxError};
+use super::writes::Op;
+use super::{ReadAt, Transaction, TxError};
 use crate::node::{self, entry_space, NodeMut, FLAG_OVERFLOW, MAX_RECORD};
 use crate::overflow::{self, ValueRef};
 use crate::tree::BTree;
@@ -11,7 +12,6 @@ use shoal_engine::{
     PAGE_DATA_SIZE,
 };
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 
 /// Commit attempts (each latches, checks and validates again) before a commit that keeps
 /// meeting busy leaves or splitting gives up with [`TxError::Conflict`].
@@ -97,30 +97,25 @@ pub(super) fn commit(tx: &mut Transaction<'_>) -> Result<CommitPoint, TxError> {
     let mut chains: Vec<ValueRef> = Vec::new();
     let mut stored: Vec<Stored<'_>> = Vec::new();
     let mut prepare = || -> Result<(), TxError> {
-        for (root, ws) in &tx.writes {
-            let tree = BTree::at(Pid(*root));
-            for (key, wr) in ws {
-                let patch = match &wr.op {
-                    Op::Patch(ps) => Some(&ps[..]),
-                    _ => None,
-                };
-                let value = match &wr.op {
-                    Op::Remove | Op::Patch(_) => None,
-                    Op::Put(v) if key.len() + v.len() > MAX_RECORD => {
-                        let r = overflow::write(w, v)?;
-                        chains.push(r);
-                        Some((Cow::Owned(r.encode().to_vec()), FLAG_OVERFLOW))
-                    }
-                    Op::Put(v) => Some((Cow::Borrowed(&v[..]), 0)),
-                };
-                stored.push(Stored {
-                    tree,
-                    key,
-                    value,
-                    patch,
-                    read_at: wr.read_at,
-                });
-            }
+        for wr in tx.writes.iter() {
+            let key = tx.writes.key(wr);
+            let (value, patch) = match tx.writes.op(wr) {
+                Op::Remove => (None, None),
+                Op::Patch(ps) => (None, Some(ps)),
+                Op::Put(v) if key.len() + v.len() > MAX_RECORD => {
+                    let r = overflow::write(w, v)?;
+                    chains.push(r);
+                    (Some((Cow::Owned(r.encode().to_vec()), FLAG_OVERFLOW)), None)
+                }
+                Op::Put(v) => (Some((Cow::Borrowed(v), 0)), None),
+            };
+            stored.push(Stored {
+                tree: BTree::at(Pid(wr.root)),
+                key,
+                value,
+                patch,
+                read_at: wr.read_at,
+            });
         }
         Ok(())
     };
@@ -182,18 +177,22 @@ fn attempts(w: &Worker, tx: &Transaction<'_>, stored: &[Stored<'_>]) -> Result<L
 
 /// The leaf a descent found last, and the keys it holds (between its fences): the next write
 /// of the same tree goes there too if its key lies between them (writes come in key order).
+/// Its fence buffers are kept from one descent to the next.
+#[derive(Default)]
 struct LastLeaf {
-    root: Pid,
-    pid: Pid,
+    /// The tree and leaf (`None`: no descent yet).
+    at: Option<(Pid, Pid)>,
     lower: Option<Vec<u8>>,
     upper: Option<Vec<u8>>,
 }
 
 impl LastLeaf {
-    fn holds(&self, root: Pid, key: &[u8]) -> bool {
-        root == self.root
+    fn holds(&self, root: Pid, key: &[u8]) -> Option<Pid> {
+        let (r, pid) = self.at?;
+        (r == root
             && self.lower.as_deref().is_none_or(|l| key > l)
-            && self.upper.as_deref().is_none_or(|u| key <= u)
+            && self.upper.as_deref().is_none_or(|u| key <= u))
+        .then_some(pid)
     }
 }
 
@@ -205,71 +204,78 @@ fn attempt<'w>(
     stored: &[Stored<'_>],
     found: &mut Vec<Pid>,
 ) -> OpResult<Attempt> {
-    // 1. the leaf of every write, and which writes go to it (an optimistic guard per leaf,
-    //    validated when it is latched)
-    let mut leaves: BTreeMap<Pid, (OptimisticGuard<'w>, Vec<usize>)> = BTreeMap::new();
-    let mut last: Option<LastLeaf> = None;
+    // 1. the leaf of every write (an optimistic guard per leaf, in page order, validated when
+    //    it is latched), and which writes go to it: `goes` holds (leaf, write) pairs
+    let mut guards: Vec<OptimisticGuard<'w>> = Vec::new();
+    let mut goes: Vec<(Pid, usize)> = Vec::with_capacity(stored.len());
+    let mut last = LastLeaf::default();
+    let slot =
+        |guards: &[OptimisticGuard<'w>], pid: Pid| guards.binary_search_by_key(&pid, |g| g.pid());
     for (i, s) in stored.iter().enumerate() {
-        if let Some(l) = last.as_ref().filter(|l| l.holds(s.tree.root(), s.key)) {
-            if let Some((_, ws)) = leaves.get_mut(&l.pid) {
-                ws.push(i);
-                continue;
-            }
+        if let Some(pid) = last.holds(s.tree.root(), s.key) {
+            goes.push((pid, i));
+            continue;
         }
         // the leaf the key was read from, while it is unchanged since (it held the key then)
         if let Some(at) = s.read_at {
-            if let Some((g, ws)) = leaves.get_mut(&at.leaf) {
-                if g.stamp() == at.stamp {
-                    ws.push(i);
+            match slot(&guards, at.leaf) {
+                Ok(j) if guards[j].stamp() == at.stamp => {
+                    goes.push((at.leaf, i));
                     continue;
                 }
-            } else {
-                match w.optimistic(at.leaf) {
+                Ok(_) => {}
+                Err(j) => match w.optimistic(at.leaf) {
                     Ok(g) if g.stamp() == at.stamp => {
-                        leaves.insert(at.leaf, (g, vec![i]));
+                        guards.insert(j, g);
+                        goes.push((at.leaf, i));
                         continue;
                     }
                     // changed, or gone (a merge freed it): descend
                     Ok(_) | Err(Restart::Fail(_)) => {}
                     Err(r) => return Err(r),
-                }
+                },
             }
         }
         let g = s.tree.find_leaf(w, s.key)?;
         let p = g.page();
-        let (lower, upper) = (node::fence(p, false), node::fence(p, true));
+        last.lower = node::fence(p, false);
+        last.upper = node::fence(p, true);
         g.validate()?;
-        last = Some(LastLeaf {
-            root: s.tree.root(),
-            pid: g.pid(),
-            lower,
-            upper,
-        });
-        match leaves.get_mut(&g.pid()) {
-            Some((_, ws)) => ws.push(i),
-            None => {
-                leaves.insert(g.pid(), (g, vec![i]));
-            }
+        let pid = g.pid();
+        last.at = Some((s.tree.root(), pid));
+        if let Err(j) = slot(&guards, pid) {
+            guards.insert(j, g);
         }
+        goes.push((pid, i));
     }
-    found.extend(leaves.keys().copied());
+    // (each leaf's writes together, in key order)
+    goes.sort_unstable();
+    found.extend(guards.iter().map(|g| g.pid()));
     // 2. latch them in page order without waiting (a changed leaf: start over), and check
-    //    each has room for its writes on its page as it is
+    //    each has room for its writes on its page as it is; `groups[k]` are the writes
+    //    (`goes[groups[k]]`) into leaf `latched.guards[k]`
     let mut latched = Latched {
-        guards: Vec::with_capacity(leaves.len()),
+        guards: Vec::with_capacity(guards.len()),
     };
-    let mut groups: Vec<Vec<usize>> = Vec::with_capacity(leaves.len());
-    for (_, (g, ws)) in leaves {
+    let mut groups: Vec<std::ops::Range<usize>> = Vec::with_capacity(guards.len());
+    let mut next = 0;
+    for g in guards {
+        let first = next;
+        while next < goes.len() && goes[next].0 == g.pid() {
+            next += 1;
+        }
+        let ws = &goes[first..next];
+        debug_assert!(!ws.is_empty(), "every leaf found has a write");
         let Some(x) = g.try_exclusive()? else {
             return Ok(Attempt::Busy);
         };
         let free = node::free_space(x.page());
-        let mut need: usize = ws.iter().map(|&i| stored[i].need_at_most()).sum();
+        let mut need: usize = ws.iter().map(|&(_, i)| stored[i].need_at_most()).sum();
         if need > free {
-            need = leaf_need(&x, &ws, stored); // exactly, on the page
+            need = leaf_need(&x, ws, stored); // exactly, on the page
         }
         if need > free {
-            let s = &stored[ws[0]];
+            let s = &stored[ws[0].1];
             if need > MAX_GAP {
                 return Err(Restart::Fail(EngineError::Config(format!(
                     "a transaction writes {need} bytes into one gap of tree {}'s keys (at \
@@ -281,8 +287,9 @@ fn attempt<'w>(
             return Ok(Attempt::Split(s.tree, s.key.to_vec(), x.pid(), need));
         }
         latched.guards.push(x);
-        groups.push(ws);
+        groups.push(first..next);
     }
+    debug_assert_eq!(next, goes.len(), "every write goes to a leaf found");
     // 3. everything read still holds (through the guards held here for these leaves)
     debug_assert!(
         latched.guards.windows(2).all(|p| p[0].pid() < p[1].pid()),
@@ -294,7 +301,7 @@ fn attempt<'w>(
     // a patch goes over a value in its leaf that holds its bytes: so the validated read of
     // those bytes says (checked again here, where it is cheap, instead of trusted)
     for (x, ws) in latched.guards.iter().zip(&groups) {
-        for &i in ws {
+        for &(_, i) in &goes[ws.clone()] {
             if let Some(ps) = stored[i].patch {
                 if !patch_fits(x.page(), stored[i].key, ps) {
                     return Ok(Attempt::Conflict);
@@ -305,12 +312,14 @@ fn attempt<'w>(
     // 4. write: the guards are let go together, their changes logged as one chunk
     let mut replaced = Vec::new();
     let mut underfull = Vec::new();
+    let mut rest: Vec<usize> = Vec::new();
     for (mut x, ws) in latched.guards.drain(..).zip(groups) {
+        let ws = &goes[ws];
         let pid = x.pid();
         // same-sized values of the same flags go straight into their place (only their bytes
         // are stored and logged); the rest change the node's layout, in one edit of a copy
-        let mut rest: Vec<usize> = Vec::new();
-        for &i in &ws {
+        rest.clear();
+        for &(_, i) in ws {
             let s = &stored[i];
             let p = x.page();
             let (at, exact) = node::lower_bound(p, s.key);
@@ -385,7 +394,7 @@ fn attempt<'w>(
             ((), within)
         });
         if removed && node::is_underfull(x.page()) {
-            let s = &stored[ws[0]];
+            let s = &stored[ws[0].1];
             underfull.push((s.tree, s.key.to_vec(), pid));
         }
     }
@@ -406,10 +415,10 @@ fn patch_fits(p: shoal_engine::PageRef<'_>, key: &[u8], patches: &[(usize, Vec<u
 /// The room the writes `ws` into leaf `x` take on its page as it is: an insert its entry, a
 /// replace what its value grows by (removals are not counted: an upper bound, so writes whose
 /// need fits the leaf's free space all fit, in any order).
-fn leaf_need(x: &ExclusiveGuard<'_>, ws: &[usize], stored: &[Stored<'_>]) -> usize {
+fn leaf_need(x: &ExclusiveGuard<'_>, ws: &[(Pid, usize)], stored: &[Stored<'_>]) -> usize {
     let p = x.page();
     ws.iter()
-        .map(|&i| {
+        .map(|&(_, i)| {
             let s = &stored[i];
             let Some((v, _)) = &s.value else { return 0 };
             let (at, exact) = node::lower_bound(p, s.key);

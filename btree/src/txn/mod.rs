@@ -29,16 +29,17 @@
 
 mod commit;
 mod read;
+mod writes;
 
 use crate::error::TreeError;
 use crate::range::Entry;
 use crate::tree::{BTree, Batch, Direction, Insert};
 use read::{PointRead, RangeRead};
 use shoal_engine::{CommitPoint, Worker};
-use std::collections::BTreeMap;
 use std::ops::{Bound, Range, RangeBounds};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use writes::{NewOp, Op, Writes};
 
 /// Whether commits validate their reads (always, but for the checkers' own tests).
 static ISOLATION: AtomicBool = AtomicBool::new(true);
@@ -67,6 +68,10 @@ pub enum TxError {
     /// An error of the trees or the engine (a full device, a dead node, a key too large).
     #[error(transparent)]
     Tree(#[from] TreeError),
+    /// A write in a read-committed transaction ([`Transaction::read_committed`]), which only
+    /// reads: nothing was written.
+    #[error("a read-committed transaction only reads; begin a serializable one to write")]
+    WriteInReadCommitted,
 }
 
 impl From<shoal_engine::EngineError> for TxError {
@@ -82,48 +87,44 @@ impl TxError {
     }
 }
 
-/// A write the transaction keeps until it commits.
-#[derive(Debug, Clone)]
-pub(crate) struct Write {
-    pub op: Op,
-    /// Where the transaction read the key before writing it, if it did: the commit starts
-    /// from that leaf instead of descending, while its stamp is unchanged.
-    pub read_at: Option<ReadAt>,
-}
+/// Most bytes of read-set buffers a thread keeps for its next transaction (TPC-C's
+/// Stock-Level reads about 200 stock rows of 306 bytes: its arena must stay, or every one
+/// maps and faults in fresh pages).
+const SPARE_BYTES: usize = 1 << 20;
 
-#[derive(Debug, Clone)]
-pub(crate) enum Op {
-    Put(Vec<u8>),
-    Remove,
-    /// New bytes at offsets of the value, applied in order at the commit to the value the
-    /// leaf holds then (the rest of it may have changed meanwhile: only the parts read were
-    /// validated). Only for values kept in the leaf.
-    Patch(Vec<(usize, Vec<u8>)>),
+/// The buffers of a transaction, kept by its thread for the next one.
+#[derive(Default)]
+struct Buffers {
+    points: Vec<PointRead>,
+    arena: Vec<u8>,
+    writes: Writes,
+    scratch: Vec<u8>,
 }
-
-/// Most bytes of read-set buffers a thread keeps for its next transaction.
-const SPARE_BYTES: usize = 1 << 16;
 
 thread_local! {
-    /// The read-set buffers of this thread's last transaction, emptied, for its next one: a
-    /// transaction then allocates nothing for its point reads (malloc and free were about a
-    /// tenth of TPC-C's time).
-    static SPARE: std::cell::Cell<Option<(Vec<PointRead>, Vec<u8>)>> =
-        const { std::cell::Cell::new(None) };
+    /// The buffers of this thread's last transaction, emptied, for its next one: a
+    /// transaction then allocates nothing for its point reads and writes (malloc and free
+    /// were about a tenth of TPC-C's time).
+    static SPARE: std::cell::Cell<Option<Buffers>> = const { std::cell::Cell::new(None) };
 }
 
 impl Drop for Transaction<'_> {
     fn drop(&mut self) {
-        let (mut points, mut arena) = (
-            std::mem::take(&mut self.points),
-            std::mem::take(&mut self.arena),
-        );
-        if arena.capacity() <= SPARE_BYTES
-            && points.capacity() * std::mem::size_of::<PointRead>() <= SPARE_BYTES
+        let mut b = Buffers {
+            points: std::mem::take(&mut self.points),
+            arena: std::mem::take(&mut self.arena),
+            writes: std::mem::take(&mut self.writes),
+            scratch: std::mem::take(&mut self.scratch),
+        };
+        if b.arena.capacity() <= SPARE_BYTES
+            && b.points.capacity() * std::mem::size_of::<PointRead>() <= SPARE_BYTES
+            && b.writes.capacity_bytes() <= SPARE_BYTES
+            && b.scratch.capacity() <= SPARE_BYTES
         {
-            points.clear();
-            arena.clear();
-            SPARE.with(|s| s.set(Some((points, arena))));
+            b.points.clear();
+            b.arena.clear();
+            b.writes.clear();
+            SPARE.with(|s| s.set(Some(b)));
         }
     }
 }
@@ -173,21 +174,63 @@ pub struct Transaction<'w> {
     /// The keys and values the reads saw, one after the other (their spans are in `points`
     /// and `ranges`).
     arena: Vec<u8>,
-    /// Writes by tree root, then key (in key order within a tree).
-    writes: BTreeMap<u64, BTreeMap<Vec<u8>, Write>>,
+    /// Its writes, in (tree, key) order.
+    writes: Writes,
+    /// A value on its way from a read to a write ([`Transaction::update`]).
+    scratch: Vec<u8>,
+    /// Reads are not recorded nor validated, and writes are refused
+    /// ([`Transaction::read_committed`]).
+    read_committed: bool,
 }
 
 impl<'w> Transaction<'w> {
     /// Begin a transaction of worker `w`. Call with no guard held.
     pub fn begin(w: &'w Worker) -> Transaction<'w> {
-        let (points, arena) = SPARE.with(|s| s.take()).unwrap_or_default();
+        let b = SPARE.with(|s| s.take()).unwrap_or_default();
         Transaction {
             w,
-            points,
+            points: b.points,
             ranges: Vec::new(),
-            arena,
-            writes: BTreeMap::new(),
+            arena: b.arena,
+            writes: b.writes,
+            scratch: b.scratch,
+            read_committed: false,
         }
+    }
+
+    /// Begin a read-only transaction of worker `w` at isolation level *read committed*: every
+    /// read sees only committed data (a commit's writes reach the leaves all at its end, so
+    /// no read can see a change of a transaction that has not committed or that aborted), but
+    /// two reads may see different moments (another transaction may commit between them),
+    /// and nothing is validated, so it never conflicts. Its writes are refused
+    /// ([`TxError::WriteInReadCommitted`]). For reports that tolerate that, as TPC-C allows
+    /// its Stock-Level (level 1 isolation, clause 3.4.1): a long read under a stream of
+    /// writers then neither repeats nor slows them. Call with no guard held.
+    pub fn read_committed(w: &'w Worker) -> Transaction<'w> {
+        let mut tx = Self::begin(w);
+        tx.read_committed = true;
+        tx
+    }
+
+    /// Whether the transaction is read committed ([`Transaction::read_committed`]).
+    pub fn is_read_committed(&self) -> bool {
+        self.read_committed
+    }
+
+    /// A write may follow: else [`TxError::WriteInReadCommitted`].
+    fn writable(&self) -> Result<(), TxError> {
+        if self.read_committed {
+            return Err(TxError::WriteInReadCommitted);
+        }
+        Ok(())
+    }
+
+    /// Forget the reads recorded since `points`/`arena` had these lengths (a read-committed
+    /// transaction keeps none).
+    fn unrecord(&mut self, points: usize, arena: usize) {
+        debug_assert!(self.read_committed && self.ranges.is_empty());
+        self.points.truncate(points);
+        self.arena.truncate(arena);
     }
 
     /// The worker the transaction runs on.
@@ -200,44 +243,60 @@ impl<'w> Transaction<'w> {
         self.writes.is_empty()
     }
 
-    fn own_write(&self, tree: &BTree, key: &[u8]) -> Option<&Write> {
-        self.writes.get(&tree.root().raw())?.get(key)
+    fn own_write(&self, tree: &BTree, key: &[u8]) -> Option<Op<'_>> {
+        let w = self.writes.get(tree.root().raw(), key)?;
+        Some(self.writes.op(w))
+    }
+
+    /// Where this transaction read `key` of `tree` before writing it (`None`: not written,
+    /// or written without reading).
+    fn own_read_at(&self, tree: &BTree, key: &[u8]) -> Option<ReadAt> {
+        self.writes.get(tree.root().raw(), key)?.read_at
     }
 
     /// The value of `key` in `tree`, as this transaction sees it.
     pub fn get(&mut self, tree: &BTree, key: impl AsRef<[u8]>) -> Result<Option<Vec<u8>>, TxError> {
-        Ok(self.read(tree, key.as_ref())?.0)
+        let mut v = Vec::new();
+        let (found, _) = self.read_into(tree, key.as_ref(), &mut v)?;
+        Ok(found.then_some(v))
     }
 
-    /// [`Transaction::get`], with where the value came from (for a write that follows).
-    fn read(
+    /// [`Transaction::get`] into the end of `out` (whether found), with where the value came
+    /// from (for a write that follows).
+    fn read_into(
         &mut self,
         tree: &BTree,
         key: &[u8],
-    ) -> Result<(Option<Vec<u8>>, Option<ReadAt>), TxError> {
+        out: &mut Vec<u8>,
+    ) -> Result<(bool, Option<ReadAt>), TxError> {
         BTree::check_key(key)?;
-        if let Some(w) = self.own_write(tree, key) {
-            let v = match &w.op {
-                Op::Put(v) => Some(v.clone()),
-                Op::Remove => None,
-                Op::Patch(ps) => {
-                    // the whole value now (a read of it all), with this transaction's bytes
-                    let (ps, at) = (ps.clone(), w.read_at);
-                    let (v, _) = self.read_tree(tree, key)?;
-                    return Ok((v.map(|v| patched(v, &ps)), at));
-                }
-            };
-            return Ok((v, w.read_at));
+        let at = self.own_read_at(tree, key);
+        match self.own_write(tree, key) {
+            None => self.read_tree_into(tree, key, out),
+            Some(Op::Put(v)) => {
+                out.extend_from_slice(v);
+                Ok((true, at))
+            }
+            Some(Op::Remove) => Ok((false, at)),
+            Some(Op::Patch(ps)) => {
+                // the whole value now (a read of it all), with this transaction's bytes
+                let ps = ps.to_vec();
+                let from = out.len();
+                let (found, _) = self.read_tree_into(tree, key, out)?;
+                overlay(&mut out[from..], 0, &ps);
+                Ok((found, at))
+            }
         }
-        self.read_tree(tree, key)
     }
 
-    /// `key`'s value in the tree (not this transaction's writes), recorded in the read set.
-    fn read_tree(
+    /// `key`'s value in the tree (not this transaction's writes) into the end of `out`,
+    /// recorded in the read set.
+    fn read_tree_into(
         &mut self,
         tree: &BTree,
         key: &[u8],
-    ) -> Result<(Option<Vec<u8>>, Option<ReadAt>), TxError> {
+        out: &mut Vec<u8>,
+    ) -> Result<(bool, Option<ReadAt>), TxError> {
         let r = read::point(self.w, *tree, key, &mut self.arena)?;
         let at = ReadAt {
             leaf: r.leaf,
@@ -251,9 +310,19 @@ impl<'w> Transaction<'w> {
                 }
             }),
         };
-        let v = r.seen.clone().map(|v| self.arena[v].to_vec());
-        self.points.push(r);
-        Ok((v, Some(at)))
+        let found = match r.seen.clone() {
+            Some(v) => {
+                out.extend_from_slice(&self.arena[v]);
+                true
+            }
+            None => false,
+        };
+        if self.read_committed {
+            self.unrecord(self.points.len(), r.key.start);
+        } else {
+            self.points.push(r);
+        }
+        Ok((found, Some(at)))
     }
 
     /// The values of many keys of `tree` at once: `each(i, value)` for every `keys[i]`, in
@@ -274,6 +343,7 @@ impl<'w> Transaction<'w> {
         let mut got: Vec<Option<Option<read::Span>>> = vec![None; keys.len()];
         let batch: Vec<&[u8]> = theirs.iter().map(|&i| keys[i].as_ref()).collect();
         let mut alone = Vec::new();
+        let (points0, arena0) = (self.points.len(), self.arena.len());
         let (arena, points) = (&mut self.arena, &mut self.points);
         tree.lookup_many_stamped(self.w, &batch, |j, at| match at {
             Some((v, leaf, stamp)) => {
@@ -316,6 +386,9 @@ impl<'w> Transaction<'w> {
                 }
             }
         }
+        if self.read_committed {
+            self.unrecord(points0, arena0);
+        }
         Ok(())
     }
 
@@ -327,13 +400,14 @@ impl<'w> Transaction<'w> {
         key: impl AsRef<[u8]>,
         value: impl AsRef<[u8]>,
     ) -> Result<Insert, TxError> {
+        self.writable()?;
         let key = key.as_ref();
         BTree::check_sizes(key, value.as_ref().len())?;
-        let (now, at) = self.read(tree, key)?;
-        if now.is_some() {
+        let (now, at) = self.probe(tree, key)?;
+        if now {
             return Ok(Insert::Exists);
         }
-        self.put(tree, key, Op::Put(value.as_ref().to_vec()), at);
+        self.put(tree, key, NewOp::Put(value.as_ref()), at);
         Ok(Insert::Inserted)
     }
 
@@ -344,11 +418,12 @@ impl<'w> Transaction<'w> {
         key: impl AsRef<[u8]>,
         value: impl AsRef<[u8]>,
     ) -> Result<(), TxError> {
+        self.writable()?;
         let key = key.as_ref();
         BTree::check_sizes(key, value.as_ref().len())?;
         // (a key this transaction read keeps where it was read)
-        let at = self.own_write(tree, key).and_then(|w| w.read_at);
-        self.put(tree, key, Op::Put(value.as_ref().to_vec()), at);
+        let at = self.own_read_at(tree, key);
+        self.put(tree, key, NewOp::Put(value.as_ref()), at);
         Ok(())
     }
 
@@ -360,13 +435,22 @@ impl<'w> Transaction<'w> {
         key: impl AsRef<[u8]>,
         f: impl FnOnce(&mut [u8]),
     ) -> Result<bool, TxError> {
+        self.writable()?;
         let key = key.as_ref();
-        let (Some(mut v), at) = self.read(tree, key)? else {
-            return Ok(false);
+        let mut v = std::mem::take(&mut self.scratch);
+        v.clear();
+        let r = self.read_into(tree, key, &mut v);
+        let r = match r {
+            Ok((true, at)) => {
+                f(&mut v);
+                self.put(tree, key, NewOp::Put(&v), at);
+                Ok(true)
+            }
+            Ok((false, _)) => Ok(false),
+            Err(e) => Err(e),
         };
-        f(&mut v);
-        self.put(tree, key, Op::Put(v), at);
-        Ok(true)
+        self.scratch = v;
+        r
     }
 
     /// Bytes `part` of `key`'s value in `tree`, as this transaction sees it (`None`: the key
@@ -394,18 +478,17 @@ impl<'w> Transaction<'w> {
         BTree::check_key(key)?;
         let clip = |v: &[u8]| v[part.start.min(v.len())..part.end.min(v.len())].to_vec();
         let mut patches = Vec::new();
-        if let Some(w) = self.own_write(tree, key) {
-            match &w.op {
-                Op::Put(v) => {
-                    return Ok(Some(Part {
-                        bytes: clip(v),
-                        at: w.read_at,
-                        patchable: false,
-                    }))
-                }
-                Op::Remove => return Ok(None),
-                Op::Patch(ps) => patches = ps.clone(),
+        match self.own_write(tree, key) {
+            None => {}
+            Some(Op::Put(v)) => {
+                return Ok(Some(Part {
+                    bytes: clip(v),
+                    at: self.own_read_at(tree, key),
+                    patchable: false,
+                }))
             }
+            Some(Op::Remove) => return Ok(None),
+            Some(Op::Patch(ps)) => patches = ps.to_vec(),
         }
         let r = read::point_part(self.w, *tree, key, part.clone(), &mut self.arena)?;
         let at = ReadAt {
@@ -420,7 +503,11 @@ impl<'w> Transaction<'w> {
             overlay(&mut out, part.start, &patches);
             out
         });
-        self.points.push(r.read);
+        if self.read_committed {
+            self.unrecord(self.points.len(), r.read.key.start);
+        } else {
+            self.points.push(r.read);
+        }
         Ok(got.map(|bytes| Part {
             bytes,
             at: Some(at),
@@ -441,12 +528,9 @@ impl<'w> Transaction<'w> {
         part: Range<usize>,
         f: impl FnOnce(&mut [u8]),
     ) -> Result<bool, TxError> {
+        self.writable()?;
         let key = key.as_ref();
-        if let Some(Write { op: Op::Put(v), .. }) = self
-            .writes
-            .get_mut(&tree.root().raw())
-            .and_then(|ws| ws.get_mut(key))
-        {
+        if let Some(v) = self.writes.put_value_mut(tree.root().raw(), key) {
             let bytes = v.get_mut(part.clone()).ok_or(TreeError::PartOutside {
                 start: part.start,
                 end: part.end,
@@ -475,32 +559,38 @@ impl<'w> Transaction<'w> {
         }
         f(&mut bytes);
         let mut patches = match self.own_write(tree, key) {
-            Some(Write {
-                op: Op::Patch(ps), ..
-            }) => ps.clone(),
+            Some(Op::Patch(ps)) => ps.to_vec(),
             _ => Vec::new(),
         };
         patches.push((part.start, bytes));
-        self.put(tree, key, Op::Patch(patches), at);
+        self.put(tree, key, NewOp::Patch(patches), at);
         Ok(true)
     }
 
     /// Remove `key`. Returns whether it was there.
     pub fn remove(&mut self, tree: &BTree, key: impl AsRef<[u8]>) -> Result<bool, TxError> {
+        self.writable()?;
         let key = key.as_ref();
-        let (now, at) = self.read(tree, key)?;
-        if now.is_none() {
+        let (now, at) = self.probe(tree, key)?;
+        if !now {
             return Ok(false);
         }
-        self.put(tree, key, Op::Remove, at);
+        self.put(tree, key, NewOp::Remove, at);
         Ok(true)
     }
 
-    fn put(&mut self, tree: &BTree, key: &[u8], op: Op, read_at: Option<ReadAt>) {
-        self.writes
-            .entry(tree.root().raw())
-            .or_default()
-            .insert(key.to_vec(), Write { op, read_at });
+    /// Whether `key` of `tree` exists as this transaction sees it (a read of it), and where
+    /// it was read.
+    fn probe(&mut self, tree: &BTree, key: &[u8]) -> Result<(bool, Option<ReadAt>), TxError> {
+        let mut v = std::mem::take(&mut self.scratch);
+        v.clear();
+        let r = self.read_into(tree, key, &mut v);
+        self.scratch = v;
+        r
+    }
+
+    fn put(&mut self, tree: &BTree, key: &[u8], op: NewOp<'_>, read_at: Option<ReadAt>) {
+        self.writes.set(tree.root().raw(), key, op, read_at);
     }
 
     /// At most `limit` entries of `tree` whose keys lie in `range`, in `dir` order, as this
@@ -536,31 +626,25 @@ impl<'w> Transaction<'w> {
             return Ok(());
         }
         // this transaction's writes in the range, in `dir` order
-        // (an empty range: `BTreeMap::range` refuses those)
-        let empty = match (&lo, &hi) {
-            (Bound::Included(a), Bound::Included(b)) => a > b,
-            (Bound::Included(a) | Bound::Excluded(a), Bound::Included(b) | Bound::Excluded(b)) => {
-                a >= b
-            }
-            _ => false,
-        };
-        let mut mine: Vec<(&Vec<u8>, &Write)> = match self.writes.get(&tree.root().raw()) {
-            Some(ws) if !empty => ws
-                .range::<[u8], _>((
-                    lo.as_ref().map(|k| k.as_slice()),
-                    hi.as_ref().map(|k| k.as_slice()),
-                ))
-                .collect(),
-            _ => Vec::new(),
-        };
+        let ws = &self.writes;
+        let mut mine: Vec<(&[u8], Op<'_>)> = ws
+            .in_range(
+                tree.root().raw(),
+                lo.as_ref().map(|k| k.as_slice()),
+                hi.as_ref().map(|k| k.as_slice()),
+            )
+            .iter()
+            .map(|w| (ws.key(w), ws.op(w)))
+            .collect();
         if dir == Direction::Descending {
             mine.reverse();
         }
         // every removal of ours can hide one entry of the tree: read that many more
         let removes = mine
             .iter()
-            .filter(|(_, w)| matches!(w.op, Op::Remove))
+            .filter(|(_, op)| matches!(op, Op::Remove))
             .count();
+        let arena0 = self.arena.len();
         let r = read::range(self.w, *tree, lo, hi, dir, limit + removes, &mut self.arena)?;
         let arena = &self.arena;
         let seen = r
@@ -568,7 +652,11 @@ impl<'w> Transaction<'w> {
             .iter()
             .map(|(k, v)| (&arena[k.clone()], &arena[v.clone()]));
         merge(seen, &mine, dir, limit, &mut f);
-        self.ranges.push(r);
+        if self.read_committed {
+            self.arena.truncate(arena0);
+        } else {
+            self.ranges.push(r);
+        }
         Ok(())
     }
 
@@ -598,7 +686,7 @@ impl<'w> Transaction<'w> {
 /// the same range (in `dir` order): at most `limit` entries, handed to `f`.
 fn merge<'s>(
     seen: impl Iterator<Item = (&'s [u8], &'s [u8])>,
-    mine: &[(&Vec<u8>, &Write)],
+    mine: &[(&[u8], Op<'_>)],
     dir: Direction,
     limit: usize,
     f: &mut impl FnMut(&[u8], &[u8]),
@@ -617,15 +705,15 @@ fn merge<'s>(
             (_, None) => false,
         };
         if take_mine {
-            let (m, w) = mine[j];
+            let (m, op) = mine[j];
             let theirs = match next {
-                Some((k, v)) if k == m.as_slice() => {
+                Some((k, v)) if k == m => {
                     seen.next(); // ours replaces the tree's
                     Some(v)
                 }
                 _ => None,
             };
-            match (&w.op, theirs) {
+            match (op, theirs) {
                 (Op::Put(v), _) => {
                     f(m, v);
                     n += 1;

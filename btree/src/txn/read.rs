@@ -249,17 +249,20 @@ fn point_at<'a, 'w>(
     let p = leaf.page();
     let (i, found) = node::lower_bound(p, key);
     let mut big = false;
-    let mut v = Vec::new();
+    let from = out.len();
     if found {
-        node::value_into(p, i, &mut v);
+        node::value_append(p, i, out);
         big = node::val_flags(p, i) & FLAG_OVERFLOW != 0;
     }
     leaf.validate()?;
     if big {
-        let stored = std::mem::take(&mut v);
+        // (the reference, replaced by the value it points at)
+        // (overflow values are rare: their own buffer)
+        let stored = out.split_off(from);
+        let mut v = Vec::new();
         read_chain(w, &leaf, &stored, &mut v)?;
+        out.extend_from_slice(&v);
     }
-    out.extend_from_slice(&v);
     Ok(Ok((found, leaf.pid(), leaf.stamp(), big)))
 }
 

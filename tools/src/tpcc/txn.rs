@@ -27,6 +27,9 @@ pub const TYPES: [&str; 5] = [
     "stock_level",
 ];
 
+/// Stock-Level's index in [`TYPES`].
+const STOCK_LEVEL: usize = 4;
+
 /// Most lines of a NewOrder (clause 2.4.1.3: 5 to 15).
 const MAX_LINES: usize = 15;
 
@@ -302,7 +305,12 @@ impl Ctx<'_> {
     pub fn run_later(&mut self, ty: usize, home: u16) -> Result<(Done, CommitPoint), TxError> {
         let mut aborts = 0u32;
         loop {
-            let mut tx = Transaction::begin(self.w);
+            // Stock-Level needs only level 1 isolation (clause 3.4.1): read committed
+            let mut tx = if ty == STOCK_LEVEL {
+                Transaction::read_committed(self.w)
+            } else {
+                Transaction::begin(self.w)
+            };
             let r = match self.execute(&mut tx, ty, home) {
                 Ok(done) if done.rolled_back => {
                     // NewOrder's rollback (clause 2.4.2.3): nothing of it is written
@@ -741,28 +749,31 @@ impl Ctx<'_> {
             "district",
             district::NEXT_O_ID,
         )?);
-        let lines = tx.range(
+        let mut items = Vec::with_capacity(20 * MAX_LINES + 1);
+        let mut bad = None;
+        tx.scan(
             &set.order_line,
             (
-                Bound::Included(order_line_key(w, d, next.saturating_sub(20), 0).to_vec()),
-                Bound::Excluded(order_line_key(w, d, next, 0).to_vec()),
+                Bound::Included(order_line_key(w, d, next.saturating_sub(20), 0)),
+                Bound::Excluded(order_line_key(w, d, next, 0)),
             ),
             Direction::Ascending,
             20 * MAX_LINES + 1,
+            |k, v| match v.len() {
+                order_line::LEN => items.push(get_u32(v, order_line::I_ID)),
+                _ if bad.is_some() => {}
+                len => bad = Some(wrong_size("order line", k, len, order_line::LEN)),
+            },
         )?;
-        let mut items = Vec::with_capacity(lines.len());
-        for (k, v) in &lines {
-            if v.len() != order_line::LEN {
-                return Err(wrong_size("order line", k, v.len(), order_line::LEN).into());
-            }
-            items.push(get_u32(v, order_line::I_ID));
+        if let Some(e) = bad {
+            return Err(e.into());
         }
         // Up to 300 independent stock lookups: one multi-get, whose lookups overlap their
         // cache misses.
         items.sort_unstable();
         items.dedup();
         let keys: Vec<_> = items.into_iter().map(|i| stock_key(w, i)).collect();
-        let (mut low, mut bad) = (0, None);
+        let mut low = 0;
         tx.get_many(&set.stock, &keys, |j, row| match row {
             Some(s) if s.len() == stock::LEN => {
                 if get_u32(s, stock::QUANTITY) < threshold {
