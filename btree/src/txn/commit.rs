@@ -97,7 +97,7 @@ pub(super) fn commit(tx: &mut Transaction<'_>) -> Result<CommitPoint, TxError> {
     let mut chains: Vec<ValueRef> = Vec::new();
     let mut stored: Vec<Stored<'_>> = Vec::new();
     let mut prepare = || -> Result<(), TxError> {
-        for wr in tx.writes.iter() {
+        for wr in tx.writes.sorted() {
             let key = tx.writes.key(wr);
             let (value, patch) = match tx.writes.op(wr) {
                 Op::Remove => (None, None),

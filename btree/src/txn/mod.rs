@@ -270,15 +270,17 @@ impl<'w> Transaction<'w> {
         out: &mut Vec<u8>,
     ) -> Result<(bool, Option<ReadAt>), TxError> {
         BTree::check_key(key)?;
-        let at = self.own_read_at(tree, key);
-        match self.own_write(tree, key) {
-            None => self.read_tree_into(tree, key, out),
-            Some(Op::Put(v)) => {
+        let Some(w) = self.writes.get(tree.root().raw(), key) else {
+            return self.read_tree_into(tree, key, out);
+        };
+        let at = w.read_at;
+        match self.writes.op(w) {
+            Op::Put(v) => {
                 out.extend_from_slice(v);
                 Ok((true, at))
             }
-            Some(Op::Remove) => Ok((false, at)),
-            Some(Op::Patch(ps)) => {
+            Op::Remove => Ok((false, at)),
+            Op::Patch(ps) => {
                 // the whole value now (a read of it all), with this transaction's bytes
                 let ps = ps.to_vec();
                 let from = out.len();
@@ -633,7 +635,7 @@ impl<'w> Transaction<'w> {
                 lo.as_ref().map(|k| k.as_slice()),
                 hi.as_ref().map(|k| k.as_slice()),
             )
-            .iter()
+            .into_iter()
             .map(|w| (ws.key(w), ws.op(w)))
             .collect();
         if dir == Direction::Descending {
