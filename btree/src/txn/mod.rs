@@ -229,6 +229,7 @@ impl<'w> Transaction<'w> {
     /// transaction keeps none).
     fn unrecord(&mut self, points: usize, arena: usize) {
         debug_assert!(self.read_committed && self.ranges.is_empty());
+        debug_assert!(self.points.len() >= points && self.arena.len() >= arena);
         self.points.truncate(points);
         self.arena.truncate(arena);
     }
@@ -299,6 +300,24 @@ impl<'w> Transaction<'w> {
         key: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<(bool, Option<ReadAt>), TxError> {
+        let (points, arena) = (self.points.len(), self.arena.len());
+        let (seen, at) = self.read_tree(tree, key)?;
+        if let Some(v) = seen.clone() {
+            out.extend_from_slice(&self.arena[v]);
+        }
+        if self.read_committed {
+            self.unrecord(points, arena);
+        }
+        Ok((seen.is_some(), Some(at)))
+    }
+
+    /// `key`'s value in the tree (not this transaction's writes), recorded in the read set:
+    /// where the arena holds it (`None`: absent), and where it was read.
+    fn read_tree(
+        &mut self,
+        tree: &BTree,
+        key: &[u8],
+    ) -> Result<(Option<read::Span>, ReadAt), TxError> {
         let r = read::point(self.w, *tree, key, &mut self.arena)?;
         let at = ReadAt {
             leaf: r.leaf,
@@ -312,19 +331,9 @@ impl<'w> Transaction<'w> {
                 }
             }),
         };
-        let found = match r.seen.clone() {
-            Some(v) => {
-                out.extend_from_slice(&self.arena[v]);
-                true
-            }
-            None => false,
-        };
-        if self.read_committed {
-            self.unrecord(self.points.len(), r.key.start);
-        } else {
-            self.points.push(r);
-        }
-        Ok((found, Some(at)))
+        let seen = r.seen.clone();
+        self.points.push(r);
+        Ok((seen, at))
     }
 
     /// The values of many keys of `tree` at once: `each(i, value)` for every `keys[i]`, in
@@ -439,6 +448,20 @@ impl<'w> Transaction<'w> {
     ) -> Result<bool, TxError> {
         self.writable()?;
         let key = key.as_ref();
+        let root = tree.root().raw();
+        if self.writes.get(root, key).is_none() {
+            // the value read goes straight from the read set's copy to the write's
+            BTree::check_key(key)?;
+            let (seen, at) = self.read_tree(tree, key)?;
+            let Some(v) = seen else {
+                return Ok(false);
+            };
+            let i = self
+                .writes
+                .set(root, key, NewOp::Put(&self.arena[v]), Some(at));
+            f(self.writes.put_at_mut(i).expect("just put"));
+            return Ok(true);
+        }
         let mut v = std::mem::take(&mut self.scratch);
         v.clear();
         let r = self.read_into(tree, key, &mut v);

@@ -132,6 +132,12 @@ impl Writes {
     /// has no write or its write is not a put.
     pub fn put_value_mut(&mut self, root: u64, key: &[u8]) -> Option<&mut [u8]> {
         let i = self.find(root, key).ok()?;
+        self.put_at_mut(i)
+    }
+
+    /// The value of write `i` (as [`Writes::set`] returned it) to change in place, if it is a
+    /// put.
+    pub fn put_at_mut(&mut self, i: usize) -> Option<&mut [u8]> {
         match &self.list[i].change {
             Change::Put(v) => {
                 let v = v.clone();
@@ -141,8 +147,8 @@ impl Writes {
         }
     }
 
-    /// `key` of tree `root` gets `op` (replacing an earlier write of it).
-    pub fn set(&mut self, root: u64, key: &[u8], op: NewOp<'_>, read_at: Option<ReadAt>) {
+    /// `key` of tree `root` gets `op` (replacing an earlier write of it); the write's index.
+    pub fn set(&mut self, root: u64, key: &[u8], op: NewOp<'_>, read_at: Option<ReadAt>) -> usize {
         let change = match op {
             NewOp::Put(v) => {
                 let v0 = self.bytes.len();
@@ -157,7 +163,7 @@ impl Writes {
             let w = &mut self.list[i];
             w.change = change;
             w.read_at = read_at;
-            return;
+            return i;
         }
         let k0 = self.bytes.len();
         self.bytes.extend_from_slice(key);
@@ -179,6 +185,7 @@ impl Writes {
             };
             self.table[s] = self.list.len() as u32;
         }
+        self.list.len() - 1
     }
 
     /// Rebuild `table` with `slots` slots.
