@@ -208,6 +208,9 @@ fn attempt<'w>(
     //    it is latched), and which writes go to it: `goes` holds (leaf, write) pairs
     let mut guards: Vec<OptimisticGuard<'w>> = Vec::new();
     let mut goes: Vec<(Pid, usize)> = Vec::with_capacity(stored.len());
+    // the slot of write `i`'s key in its leaf, where its read found it in the same leaf at
+    // the same stamp (the leaf unchanged since: latching it below checks that it still is)
+    let mut slots: Vec<Option<usize>> = vec![None; stored.len()];
     let mut last = LastLeaf::default();
     let slot =
         |guards: &[OptimisticGuard<'w>], pid: Pid| guards.binary_search_by_key(&pid, |g| g.pid());
@@ -221,6 +224,7 @@ fn attempt<'w>(
             match slot(&guards, at.leaf) {
                 Ok(j) if guards[j].stamp() == at.stamp => {
                     goes.push((at.leaf, i));
+                    slots[i] = at.slot;
                     continue;
                 }
                 Ok(_) => {}
@@ -228,6 +232,7 @@ fn attempt<'w>(
                     Ok(g) if g.stamp() == at.stamp => {
                         guards.insert(j, g);
                         goes.push((at.leaf, i));
+                        slots[i] = at.slot;
                         continue;
                     }
                     // changed, or gone (a merge freed it): descend
@@ -303,7 +308,7 @@ fn attempt<'w>(
     for (x, ws) in latched.guards.iter().zip(&groups) {
         for &(_, i) in &goes[ws.clone()] {
             if let Some(ps) = stored[i].patch {
-                if !patch_fits(x.page(), stored[i].key, ps) {
+                if !patch_fits(x.page(), stored[i].key, slots[i], ps) {
                     return Ok(Attempt::Conflict);
                 }
             }
@@ -322,7 +327,7 @@ fn attempt<'w>(
         for &(_, i) in ws {
             let s = &stored[i];
             let p = x.page();
-            let (at, exact) = node::lower_bound(p, s.key);
+            let (at, exact) = find_slot(p, s.key, slots[i]);
             if let Some(ps) = s.patch {
                 // only the patched bytes are written (and logged)
                 let off = node::value_offset(p, at);
@@ -401,10 +406,31 @@ fn attempt<'w>(
     Ok(Attempt::Done((replaced, underfull)))
 }
 
-/// Whether `key`'s value in leaf page `p` is kept in the leaf and holds every byte `patches`
-/// writes.
-fn patch_fits(p: shoal_engine::PageRef<'_>, key: &[u8], patches: &[(usize, Vec<u8>)]) -> bool {
-    let (at, exact) = node::lower_bound(p, key);
+/// Where `key` is in leaf page `p` (as [`node::lower_bound`]): at `known` if the key's read
+/// found it there in the page as it still is.
+fn find_slot(p: shoal_engine::PageRef<'_>, key: &[u8], known: Option<usize>) -> (usize, bool) {
+    match known {
+        Some(i) => {
+            debug_assert_eq!(
+                node::lower_bound(p, key),
+                (i, true),
+                "a key read in an unchanged leaf is where the read found it"
+            );
+            (i, true)
+        }
+        None => node::lower_bound(p, key),
+    }
+}
+
+/// Whether `key`'s value in leaf page `p` (at slot `known`, if known) is kept in the leaf and
+/// holds every byte `patches` writes.
+fn patch_fits(
+    p: shoal_engine::PageRef<'_>,
+    key: &[u8],
+    known: Option<usize>,
+    patches: &[(usize, Vec<u8>)],
+) -> bool {
+    let (at, exact) = find_slot(p, key, known);
     exact
         && node::val_flags(p, at) & FLAG_OVERFLOW == 0
         && patches

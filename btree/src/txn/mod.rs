@@ -162,6 +162,8 @@ pub(crate) struct ReadAt {
     pub leaf: shoal_engine::Pid,
     pub stamp: shoal_engine::PageStamp,
     pub len: Option<usize>,
+    /// The key's slot in the leaf at `stamp`, if known ([`read::PointRead::slot`]).
+    pub slot: Option<usize>,
 }
 
 /// A transaction of one worker over any number of trees. Made by [`Transaction::begin`];
@@ -322,6 +324,7 @@ impl<'w> Transaction<'w> {
         let at = ReadAt {
             leaf: r.leaf,
             stamp: r.stamp,
+            slot: r.slot,
             // (what the leaf holds: the reference, for a value in overflow pages)
             len: r.seen.as_ref().map(|v| {
                 if r.overflow {
@@ -373,6 +376,7 @@ impl<'w> Transaction<'w> {
                     seen,
                     leaf,
                     stamp,
+                    slot: None,
                     overflow: false,
                     part: None,
                 });
@@ -520,6 +524,7 @@ impl<'w> Transaction<'w> {
             leaf: r.leaf,
             stamp: r.stamp,
             len: r.len,
+            slot: r.read.slot,
         };
         let whole = r.read.part.is_none();
         let got = r.read.seen.clone().map(|v| {

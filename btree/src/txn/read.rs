@@ -29,6 +29,9 @@ pub(crate) struct PointRead {
     pub seen: Option<Span>,
     pub leaf: Pid,
     pub stamp: PageStamp,
+    /// The key's slot in the leaf, if it was found (valid while the leaf's stamp is `stamp`;
+    /// `None` also where it was not noted).
+    pub slot: Option<usize>,
     /// The value was kept in overflow pages (the leaf holds a reference).
     pub overflow: bool,
     /// Only these bytes of the value were read (`seen` holds them): only they are validated.
@@ -233,15 +236,15 @@ fn read_chain(w: &Worker, leaf: &Leaf<'_, '_>, stored: &[u8], out: &mut Vec<u8>)
     read
 }
 
-/// `key`'s value in `tree` now, appended to `out` (whether found), with its leaf, the leaf's
-/// stamp and whether the value was in overflow pages.
+/// `key`'s value in `tree` now, appended to `out`, with its slot in its leaf (`None`: absent),
+/// the leaf, the leaf's stamp and whether the value was in overflow pages.
 fn point_at<'a, 'w>(
     w: &'w Worker,
     mode: Mode<'_, 'a, 'w>,
     tree: BTree,
     key: &[u8],
     out: &mut Vec<u8>,
-) -> Got<(bool, Pid, PageStamp, bool)> {
+) -> Got<(Option<usize>, Pid, PageStamp, bool)> {
     let leaf = match find_leaf(w, mode, tree, key)? {
         Ok(l) => l,
         Err(b) => return Ok(Err(b)),
@@ -263,7 +266,7 @@ fn point_at<'a, 'w>(
         read_chain(w, &leaf, &stored, &mut v)?;
         out.extend_from_slice(&v);
     }
-    Ok(Ok((found, leaf.pid(), leaf.stamp(), big)))
+    Ok(Ok((found.then_some(i), leaf.pid(), leaf.stamp(), big)))
 }
 
 /// Read `key` of `tree` for a transaction, keeping key and value in `arena`.
@@ -277,7 +280,7 @@ pub(crate) fn point(
     arena.extend_from_slice(key);
     let v0 = arena.len();
     let mut tries = 0;
-    let (found, leaf, stamp, overflow) = w.run(|w| {
+    let (slot, leaf, stamp, overflow) = w.run(|w| {
         arena.truncate(v0);
         tries += 1;
         point_at(w, Mode::plain_or_latched(tries), tree, key, arena).map(|r| match r {
@@ -288,9 +291,10 @@ pub(crate) fn point(
     Ok(PointRead {
         tree,
         key: k0..v0,
-        seen: found.then_some(v0..arena.len()),
+        seen: slot.map(|_| v0..arena.len()),
         leaf,
         stamp,
+        slot,
         overflow,
         part: None,
     })
@@ -584,14 +588,14 @@ pub(crate) fn point_holds(
             &arena[r.key.clone()],
             &mut now,
         )? {
-            Ok((found, _, _, big)) => match (&r.seen, &r.part) {
-                (Some(v), None) => found && now == arena[v.clone()],
+            Ok((slot, _, _, big)) => match (&r.seen, &r.part) {
+                (Some(v), None) => slot.is_some() && now == arena[v.clone()],
                 // (a value now in overflow pages: `now` is the value itself, but a patch of
                 // its bytes cannot go into its leaf)
                 (Some(v), Some(p)) => {
-                    found && !big && now.get(p.clone()) == Some(&arena[v.clone()])
+                    slot.is_some() && !big && now.get(p.clone()) == Some(&arena[v.clone()])
                 }
-                (None, _) => !found,
+                (None, _) => slot.is_none(),
             },
             Err(Busy) => false,
         },
