@@ -280,18 +280,26 @@ pub fn lower_bound(p: PageRef<'_>, key: &[u8]) -> (usize, bool) {
 
 /// The lower (`upper == false`) or upper fence key, if the node has one.
 pub fn fence(p: PageRef<'_>, upper: bool) -> Option<Vec<u8>> {
+    let mut v = Vec::new();
+    fence_into(p, upper, &mut v).then_some(v)
+}
+
+/// [`fence`] into `out` (its bytes replaced), without allocating once `out` has room:
+/// whether the node has that fence (`out` is left empty if not).
+pub fn fence_into(p: PageRef<'_>, upper: bool, out: &mut Vec<u8>) -> bool {
+    out.clear();
     let bit = if upper { 2 } else { 1 };
     if p.u8(FLAGS) & bit == 0 {
-        return None;
+        return false;
     }
     let (o, l) = if upper {
         (UP_OFF, UP_LEN)
     } else {
         (LOW_OFF, LOW_LEN)
     };
-    let mut v = vec![0u8; (p.u16(l) as usize).min(MAX_KEY)];
-    p.read(p.u16(o) as usize, &mut v);
-    Some(v)
+    out.resize((p.u16(l) as usize).min(MAX_KEY), 0);
+    p.read(p.u16(o) as usize, out);
+    true
 }
 
 /// Free bytes available for new slots and records (after compaction).

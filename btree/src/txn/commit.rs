@@ -182,17 +182,20 @@ fn attempts(w: &Worker, tx: &Transaction<'_>, stored: &[Stored<'_>]) -> Result<L
 struct LastLeaf {
     /// The tree and leaf (`None`: no descent yet).
     at: Option<(Pid, Pid)>,
-    lower: Option<Vec<u8>>,
-    upper: Option<Vec<u8>>,
+    /// The fences, where the leaf has them (`has_lower`, `has_upper`).
+    lower: Vec<u8>,
+    upper: Vec<u8>,
+    has_lower: bool,
+    has_upper: bool,
 }
 
 impl LastLeaf {
     fn holds(&self, root: Pid, key: &[u8]) -> Option<Pid> {
         let (r, pid) = self.at?;
         (r == root
-            && self.lower.as_deref().is_none_or(|l| key > l)
-            && self.upper.as_deref().is_none_or(|u| key <= u))
-        .then_some(pid)
+            && (!self.has_lower || key > &self.lower[..])
+            && (!self.has_upper || key <= &self.upper[..]))
+            .then_some(pid)
     }
 }
 
@@ -243,8 +246,8 @@ fn attempt<'w>(
         }
         let g = s.tree.find_leaf(w, s.key)?;
         let p = g.page();
-        last.lower = node::fence(p, false);
-        last.upper = node::fence(p, true);
+        last.has_lower = node::fence_into(p, false, &mut last.lower);
+        last.has_upper = node::fence_into(p, true, &mut last.upper);
         g.validate()?;
         let pid = g.pid();
         last.at = Some((s.tree.root(), pid));

@@ -158,13 +158,16 @@ impl Writes {
             NewOp::Remove => Change::Remove,
             NewOp::Patch(ps) => Change::Patch(ps),
         };
-        if let Ok(i) = self.find(root, key) {
-            // (a replaced put's bytes stay in the arena until the transaction ends)
-            let w = &mut self.list[i];
-            w.change = change;
-            w.read_at = read_at;
-            return i;
-        }
+        let free = match self.find(root, key) {
+            Ok(i) => {
+                // (a replaced put's bytes stay in the arena until the transaction ends)
+                let w = &mut self.list[i];
+                w.change = change;
+                w.read_at = read_at;
+                return i;
+            }
+            Err(free) => free,
+        };
         let k0 = self.bytes.len();
         self.bytes.extend_from_slice(key);
         self.list.push(Write {
@@ -180,10 +183,9 @@ impl Writes {
         if self.list.len() * 2 > self.table.len() {
             self.rehash((self.list.len() * 2).next_power_of_two().max(64));
         } else {
-            let Err(s) = self.find(root, key) else {
-                unreachable!("a new key has no write yet")
-            };
-            self.table[s] = self.list.len() as u32;
+            // (the table is as `find` saw it: `free` is still the key's free slot)
+            debug_assert_eq!(self.table[free], 0);
+            self.table[free] = self.list.len() as u32;
         }
         self.list.len() - 1
     }
