@@ -57,18 +57,23 @@ pub(crate) struct Writes {
     table: Vec<u32>,
 }
 
-/// A hash of a tree's root and a key (multiply-rotate over 8-byte words).
+/// A hash of a tree's root and a key: each 8-byte word of the key folded in through
+/// SplitMix64's finalizer, whose every output bit depends on every input bit (a plain
+/// multiply carries a key's last bytes only upwards, and keys that differ there, as an
+/// order's lines do, filled neighbouring slots: 4.8 probes a lookup instead of 1.5).
 fn hash(root: u64, key: &[u8]) -> u64 {
-    const K: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut h = root.wrapping_mul(K) ^ key.len() as u64;
+    fn mix(mut z: u64) -> u64 {
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    let mut h = mix(root ^ ((key.len() as u64) << 56));
     for c in key.chunks(8) {
         let mut word = [0u8; 8];
         word[..c.len()].copy_from_slice(c);
-        h = (h ^ u64::from_le_bytes(word))
-            .wrapping_mul(K)
-            .rotate_left(31);
+        h = mix(h ^ u64::from_le_bytes(word));
     }
-    h ^ (h >> 29)
+    h
 }
 
 impl Writes {
@@ -280,6 +285,38 @@ mod tests {
         assert!(ws.get(7, &key(1)).is_none());
         let sorted = ws.sorted();
         assert!(sorted.windows(2).all(|p| ws.cmp(p[0], p[1]).is_lt()));
+    }
+
+    #[test]
+    fn keys_that_differ_in_their_last_byte_spread_over_the_table() {
+        // an order's lines: the same 7-byte prefix, the line number last
+        let mut ws = Writes::default();
+        for o in 0..10u32 {
+            for n in 1..=10u8 {
+                let mut k = vec![0, 1, 3];
+                k.extend_from_slice(&(2100 + o).to_be_bytes());
+                k.push(n);
+                ws.set(7, &k, NewOp::Remove, None);
+            }
+        }
+        // probes a lookup takes, on average, at this load (100 keys in 256 slots)
+        let mask = ws.table.len() - 1;
+        let probes: usize = ws
+            .list
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let mut s = hash(w.root, ws.key(w)) as usize & mask;
+                let mut n = 1;
+                while ws.table[s] as usize != i + 1 {
+                    s = (s + 1) & mask;
+                    n += 1;
+                }
+                n
+            })
+            .sum();
+        let mean = probes as f64 / ws.list.len() as f64;
+        assert!(mean < 2.5, "{mean} probes a lookup");
     }
 
     #[test]
