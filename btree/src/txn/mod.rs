@@ -87,9 +87,9 @@ impl TxError {
     }
 }
 
-/// Most bytes of read-set buffers a thread keeps for its next transaction (TPC-C's
-/// Stock-Level reads about 200 stock rows of 306 bytes: its arena must stay, or every one
-/// maps and faults in fresh pages).
+/// Most bytes of each read-set and write-set buffer a thread keeps for its next transaction
+/// (TPC-C's Stock-Level reads about 200 stock rows of 306 bytes: its arena must stay, or
+/// every one maps and faults in fresh pages).
 const SPARE_BYTES: usize = 1 << 20;
 
 /// The buffers of a transaction, kept by its thread for the next one.
@@ -176,7 +176,7 @@ pub struct Transaction<'w> {
     /// The keys and values the reads saw, one after the other (their spans are in `points`
     /// and `ranges`).
     arena: Vec<u8>,
-    /// Its writes, in (tree, key) order.
+    /// Its writes, one per (tree, key).
     writes: Writes,
     /// A value on its way from a read to a write ([`Transaction::update`]).
     scratch: Vec<u8>,
