@@ -302,6 +302,28 @@ pub fn fence_into(p: PageRef<'_>, upper: bool, out: &mut Vec<u8>) -> bool {
     true
 }
 
+/// Whether `p` is a leaf whose key range holds `key`: above its lower fence and at most its
+/// upper one (a node without a fence is open on that side). Compared in place, without
+/// copying the fences out; total on garbage (a torn optimistic read gives a wrong answer that
+/// the caller's validation then rejects).
+pub fn covers(p: PageRef<'_>, key: &[u8]) -> bool {
+    use std::cmp::Ordering::Less;
+    if kind(p) != KIND_LEAF {
+        return false;
+    }
+    let flags = p.u8(FLAGS);
+    let fence = |o, l| (p.u16(o) as usize, (p.u16(l) as usize).min(MAX_KEY));
+    let above_lower = flags & 1 == 0 || {
+        let (o, l) = fence(LOW_OFF, LOW_LEN);
+        p.compare(o, l, key) == Less
+    };
+    above_lower
+        && (flags & 2 == 0 || {
+            let (o, l) = fence(UP_OFF, UP_LEN);
+            p.compare(o, l, key) != Less
+        })
+}
+
 /// Free bytes available for new slots and records (after compaction).
 pub fn free_space(p: PageRef<'_>) -> usize {
     let used_slots = HEADER + count(p) * SLOT;

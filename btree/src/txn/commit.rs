@@ -2,7 +2,7 @@
 //! write, let go (see the module docs of `txn`).
 
 use super::read::{point_holds, range_holds, Held};
-use super::writes::Op;
+use super::writes::{Op, Write};
 use super::{ReadAt, Transaction, TxError};
 use crate::node::{self, entry_space, NodeMut, FLAG_OVERFLOW, MAX_RECORD};
 use crate::overflow::{self, ValueRef};
@@ -65,11 +65,11 @@ enum Attempt {
 }
 
 /// The leaves an attempt holds, let go unchanged unless the attempt wrote them.
-struct Latched<'w> {
-    guards: Vec<ExclusiveGuard<'w>>,
+struct Latched<'a, 'w> {
+    guards: &'a mut Vec<ExclusiveGuard<'w>>,
 }
 
-impl Drop for Latched<'_> {
+impl Drop for Latched<'_, '_> {
     fn drop(&mut self) {
         for g in self.guards.drain(..) {
             g.release_unchanged();
@@ -77,27 +77,109 @@ impl Drop for Latched<'_> {
     }
 }
 
+/// The buffers of a commit, kept by its thread for the next one, as the transaction's own
+/// are: a commit then allocates nothing once they have grown. Empty between commits. Their
+/// elements borrow from one commit, so they are kept as `'static` and [`reuse`]d.
+#[derive(Default)]
+struct Kept {
+    order: Vec<&'static Write>,
+    stored: Vec<Stored<'static>>,
+    leaves: Vec<Pid>,
+    each: Each<'static>,
+}
+
+/// What one attempt fills and the next empties (see [`attempt`]).
+#[derive(Default)]
+struct Each<'w> {
+    guards: Vec<OptimisticGuard<'w>>,
+    latched: Vec<ExclusiveGuard<'w>>,
+    goes: Vec<(Pid, usize)>,
+    slots: Vec<Option<usize>>,
+    groups: Vec<std::ops::Range<usize>>,
+    rest: Vec<usize>,
+    last: LastLeaf,
+}
+
+impl<'w> Each<'w> {
+    fn reuse<'v>(self) -> Each<'v> {
+        Each {
+            guards: reuse(self.guards),
+            latched: reuse(self.latched),
+            goes: self.goes,
+            slots: self.slots,
+            groups: self.groups,
+            rest: self.rest,
+            last: self.last,
+        }
+    }
+}
+
+/// Most writes a commit's kept buffers are kept for (a larger commit's are freed).
+const KEPT_WRITES: usize = 4096;
+
+thread_local! {
+    static KEPT: std::cell::Cell<Option<Kept>> = const { std::cell::Cell::new(None) };
+}
+
+/// `v`, emptied, as a `Vec` of `U` (the same layout, as `T` and `U` that differ only in
+/// lifetimes): collecting in place keeps its allocation, so kept buffers whose elements
+/// borrow serve one commit after another.
+fn reuse<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter().map(|_| unreachable!("emptied")).collect()
+}
+
 pub(super) fn commit(tx: &mut Transaction<'_>) -> Result<CommitPoint, TxError> {
-    let w = tx.w;
     if tx.writes.is_empty() {
-        // read-only: valid if every read still holds now, or if every read came from one leaf
-        // at one stamp (each read copied what the leaf held at its stamp, so together they
-        // are the leaf as it was at that moment: a consistent state, whatever came after)
-        if one_leaf_one_stamp(tx) {
-            return Ok(w.commit_later()?);
-        }
-        let ok = w.run(|w| validate(w, tx, &Held::none()))?;
-        if !ok {
-            return Err(TxError::Conflict);
-        }
+        return commit_reads(tx);
+    }
+    let mut kept = KEPT.with(|k| k.take()).unwrap_or_default();
+    let mut order = reuse(std::mem::take(&mut kept.order));
+    let mut stored = reuse(std::mem::take(&mut kept.stored));
+    let mut each = std::mem::take(&mut kept.each).reuse();
+    let r = commit_writes(tx, &mut order, &mut stored, &mut kept.leaves, &mut each);
+    if stored.capacity() <= KEPT_WRITES {
+        kept.order = reuse(order);
+        kept.stored = reuse(stored);
+        kept.leaves.clear();
+        kept.each = each.reuse();
+        KEPT.with(|k| k.set(Some(kept)));
+    }
+    r
+}
+
+/// The commit of a transaction that wrote nothing: valid if every read still holds now, or
+/// if every read came from one leaf at one stamp (each read copied what the leaf held at its
+/// stamp, so together they are the leaf as it was at that moment: a consistent state,
+/// whatever came after).
+fn commit_reads(tx: &Transaction<'_>) -> Result<CommitPoint, TxError> {
+    let w = tx.w;
+    if one_leaf_one_stamp(tx) {
         return Ok(w.commit_later()?);
     }
+    let ok = w.run(|w| validate(w, tx, &Held::none()))?;
+    if !ok {
+        return Err(TxError::Conflict);
+    }
+    Ok(w.commit_later()?)
+}
+
+/// The commit of a transaction that wrote (`order`, `stored`, `leaves` and `each` are empty
+/// buffers to fill).
+fn commit_writes<'t, 'w>(
+    tx: &'t Transaction<'w>,
+    order: &mut Vec<&'t Write>,
+    stored: &mut Vec<Stored<'t>>,
+    leaves: &mut Vec<Pid>,
+    each: &mut Each<'w>,
+) -> Result<CommitPoint, TxError> {
+    let w = tx.w;
     // Values too large for a leaf go to overflow pages first (not referenced until the
     // leaves are written; freed again if the commit fails).
     let mut chains: Vec<ValueRef> = Vec::new();
-    let mut stored: Vec<Stored<'_>> = Vec::new();
+    tx.writes.sorted_into(order);
     let mut prepare = || -> Result<(), TxError> {
-        for wr in tx.writes.sorted() {
+        for &wr in order.iter() {
             let key = tx.writes.key(wr);
             let (value, patch) = match tx.writes.op(wr) {
                 Op::Remove => (None, None),
@@ -123,7 +205,7 @@ pub(super) fn commit(tx: &mut Transaction<'_>) -> Result<CommitPoint, TxError> {
         chains.iter().for_each(|&r| overflow::free(w, r));
         return Err(e);
     }
-    let (replaced, underfull) = match attempts(w, tx, &stored) {
+    let (replaced, underfull) = match attempts(w, tx, stored, leaves, each) {
         Ok(done) => done,
         Err(e) => {
             chains.iter().for_each(|&r| overflow::free(w, r));
@@ -152,15 +234,20 @@ pub(super) fn commit(tx: &mut Transaction<'_>) -> Result<CommitPoint, TxError> {
 /// finish. Retrying at once instead let two nodes committing to the same leaves take them from
 /// each other for ever, neither ever holding all of its own at once (`shoal tpcc --nodes 2
 /// --mode uniform` stopped at 0 transactions/s).
-fn attempts(w: &Worker, tx: &Transaction<'_>, stored: &[Stored<'_>]) -> Result<Leftovers, TxError> {
-    let mut leaves = Vec::new();
+fn attempts<'w>(
+    w: &'w Worker,
+    tx: &Transaction<'_>,
+    stored: &[Stored<'_>],
+    leaves: &mut Vec<Pid>,
+    each: &mut Each<'w>,
+) -> Result<Leftovers, TxError> {
     for tries in 0..ATTEMPTS {
         leaves.clear();
-        match attempt(w, tx, stored, &mut leaves) {
+        match attempt(w, tx, stored, leaves, each) {
             Ok(Attempt::Done(left)) => return Ok(left),
             Ok(Attempt::Conflict) => return Err(TxError::Conflict),
             Ok(Attempt::Busy) | Err(Restart::Retry) => {
-                for &pid in &leaves {
+                for &pid in leaves.iter() {
                     // (a leaf freed meanwhile fails here: the next attempt descends again)
                     let _ = w.gather_exclusive(pid);
                 }
@@ -200,21 +287,40 @@ impl LastLeaf {
 }
 
 /// One attempt (restarts, `Restart::Retry`, let every leaf go and run it again). `found`
-/// gets the leaves it will latch, in page order, once it has found them all.
+/// gets the leaves it will latch, in page order, once it has found them all; `each` holds
+/// its buffers (emptied here).
 fn attempt<'w>(
     w: &'w Worker,
     tx: &Transaction<'_>,
     stored: &[Stored<'_>],
     found: &mut Vec<Pid>,
+    each: &mut Each<'w>,
 ) -> OpResult<Attempt> {
+    let Each {
+        guards,
+        latched,
+        goes,
+        slots,
+        groups,
+        rest,
+        last,
+    } = each;
+    // (a restart may leave guards: optimistic ones are let go as they are; latched ones were
+    // let go unchanged by `Latched`)
+    guards.clear();
+    debug_assert!(
+        latched.is_empty(),
+        "an attempt's latches are let go at its end"
+    );
+    goes.clear();
+    groups.clear();
+    last.at = None;
     // 1. the leaf of every write (an optimistic guard per leaf, in page order, validated when
     //    it is latched), and which writes go to it: `goes` holds (leaf, write) pairs
-    let mut guards: Vec<OptimisticGuard<'w>> = Vec::new();
-    let mut goes: Vec<(Pid, usize)> = Vec::with_capacity(stored.len());
     // the slot of write `i`'s key in its leaf, where its read found it in the same leaf at
     // the same stamp (the leaf unchanged since: latching it below checks that it still is)
-    let mut slots: Vec<Option<usize>> = vec![None; stored.len()];
-    let mut last = LastLeaf::default();
+    slots.clear();
+    slots.resize(stored.len(), None);
     let slot =
         |guards: &[OptimisticGuard<'w>], pid: Pid| guards.binary_search_by_key(&pid, |g| g.pid());
     for (i, s) in stored.iter().enumerate() {
@@ -224,7 +330,7 @@ fn attempt<'w>(
         }
         // the leaf the key was read from, while it is unchanged since (it held the key then)
         if let Some(at) = s.read_at {
-            match slot(&guards, at.leaf) {
+            match slot(guards, at.leaf) {
                 Ok(j) if guards[j].stamp() == at.stamp => {
                     goes.push((at.leaf, i));
                     slots[i] = at.slot;
@@ -251,7 +357,7 @@ fn attempt<'w>(
         g.validate()?;
         let pid = g.pid();
         last.at = Some((s.tree.root(), pid));
-        if let Err(j) = slot(&guards, pid) {
+        if let Err(j) = slot(guards, pid) {
             guards.insert(j, g);
         }
         goes.push((pid, i));
@@ -262,12 +368,9 @@ fn attempt<'w>(
     // 2. latch them in page order without waiting (a changed leaf: start over), and check
     //    each has room for its writes on its page as it is; `groups[k]` are the writes
     //    (`goes[groups[k]]`) into leaf `latched.guards[k]`
-    let mut latched = Latched {
-        guards: Vec::with_capacity(guards.len()),
-    };
-    let mut groups: Vec<std::ops::Range<usize>> = Vec::with_capacity(guards.len());
+    let latched = Latched { guards: latched };
     let mut next = 0;
-    for g in guards {
+    for g in guards.drain(..) {
         let first = next;
         while next < goes.len() && goes[next].0 == g.pid() {
             next += 1;
@@ -303,12 +406,12 @@ fn attempt<'w>(
         latched.guards.windows(2).all(|p| p[0].pid() < p[1].pid()),
         "leaves are latched in page order"
     );
-    if !validate(w, tx, &Held(&latched.guards))? {
+    if !validate(w, tx, &Held(latched.guards))? {
         return Ok(Attempt::Conflict);
     }
     // a patch goes over a value in its leaf that holds its bytes: so the validated read of
     // those bytes says (checked again here, where it is cheap, instead of trusted)
-    for (x, ws) in latched.guards.iter().zip(&groups) {
+    for (x, ws) in latched.guards.iter().zip(groups.iter()) {
         for &(_, i) in &goes[ws.clone()] {
             if let Some(ps) = stored[i].patch {
                 if !patch_fits(x.page(), stored[i].key, slots[i], ps) {
@@ -320,9 +423,8 @@ fn attempt<'w>(
     // 4. write: the guards are let go together, their changes logged as one chunk
     let mut replaced = Vec::new();
     let mut underfull = Vec::new();
-    let mut rest: Vec<usize> = Vec::new();
-    for (mut x, ws) in latched.guards.drain(..).zip(groups) {
-        let ws = &goes[ws];
+    for (mut x, ws) in latched.guards.drain(..).zip(groups.iter()) {
+        let ws = &goes[ws.clone()];
         let pid = x.pid();
         // same-sized values of the same flags go straight into their place (only their bytes
         // are stored and logged); the rest change the node's layout, in one edit of a copy
@@ -365,7 +467,7 @@ fn attempt<'w>(
             // inserts alone name what they change (the header and slots, the heap's new
             // part): only that is compared and stored; anything else: the whole page
             let mut within: Option<[std::ops::Range<usize>; 2]> = Some([0..0, 0..0]);
-            for &i in &rest {
+            for &i in rest.iter() {
                 let s = &stored[i];
                 let (at, exact) = n.lower_bound(s.key);
                 if exact && n.flags(at) & FLAG_OVERFLOW != 0 {
@@ -479,8 +581,9 @@ fn validate(w: &Worker, tx: &Transaction<'_>, held: &Held<'_, '_>) -> OpResult<b
     if !super::isolated() {
         return Ok(true);
     }
+    let mut now = Vec::new(); // (allocated only if a read's leaf changed)
     for r in &tx.points {
-        if !point_holds(w, held, r, &tx.arena)? {
+        if !point_holds(w, held, r, &tx.arena, &mut now)? {
             return Ok(false);
         }
     }
@@ -490,4 +593,19 @@ fn validate(w: &Worker, tx: &Transaction<'_>, held: &Held<'_, '_>) -> OpResult<b
         }
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reused_buffer_keeps_its_room() {
+        let mut v: Vec<(&'static [u8], usize)> = Vec::with_capacity(100);
+        v.push((b"x", 1));
+        let ptr = v.as_ptr() as usize;
+        let u: Vec<(&[u8], usize)> = reuse(v);
+        assert!(u.is_empty() && u.capacity() >= 100);
+        assert_eq!(u.as_ptr() as usize, ptr, "the same allocation");
+    }
 }

@@ -166,6 +166,41 @@ pub(crate) struct ReadAt {
     pub slot: Option<usize>,
 }
 
+/// Where a transaction last read each of the last few trees it read ([`read::Hint`]): its
+/// next point read of such a tree starts from that leaf while it is unchanged and holds the
+/// key, instead of descending (TPC-C's Delivery reads an order's lines one after the other,
+/// all in one leaf).
+#[derive(Default)]
+struct Hints {
+    /// (tree root, hint), the oldest replaced first.
+    at: [Option<(u64, read::Hint)>; Hints::TREES],
+    next: usize,
+}
+
+impl Hints {
+    const TREES: usize = 4;
+
+    fn get(&self, tree: &BTree) -> Option<read::Hint> {
+        let root = tree.root().raw();
+        self.at
+            .iter()
+            .flatten()
+            .find(|(r, _)| *r == root)
+            .map(|(_, h)| *h)
+    }
+
+    fn note(&mut self, tree: &BTree, leaf: shoal_engine::Pid, stamp: shoal_engine::PageStamp) {
+        let root = tree.root().raw();
+        let h = read::Hint { leaf, stamp };
+        if let Some(e) = self.at.iter_mut().flatten().find(|(r, _)| *r == root) {
+            e.1 = h;
+            return;
+        }
+        self.at[self.next] = Some((root, h));
+        self.next = (self.next + 1) % Self::TREES;
+    }
+}
+
 /// A transaction of one worker over any number of trees. Made by [`Transaction::begin`];
 /// ends with [`Transaction::commit`] or [`Transaction::abort`] (dropping it aborts). Reads see
 /// the transaction's own writes.
@@ -180,6 +215,7 @@ pub struct Transaction<'w> {
     writes: Writes,
     /// A value on its way from a read to a write ([`Transaction::update`]).
     scratch: Vec<u8>,
+    hints: Hints,
     /// Reads are not recorded nor validated, and writes are refused
     /// ([`Transaction::read_committed`]).
     read_committed: bool,
@@ -196,6 +232,7 @@ impl<'w> Transaction<'w> {
             arena: b.arena,
             writes: b.writes,
             scratch: b.scratch,
+            hints: Hints::default(),
             read_committed: false,
         }
     }
@@ -320,7 +357,8 @@ impl<'w> Transaction<'w> {
         tree: &BTree,
         key: &[u8],
     ) -> Result<(Option<read::Span>, ReadAt), TxError> {
-        let r = read::point(self.w, *tree, key, &mut self.arena)?;
+        let r = read::point(self.w, *tree, key, &mut self.arena, self.hints.get(tree))?;
+        self.hints.note(tree, r.leaf, r.stamp);
         let at = ReadAt {
             leaf: r.leaf,
             stamp: r.stamp,
@@ -519,7 +557,9 @@ impl<'w> Transaction<'w> {
             Some(Op::Remove) => return Ok(None),
             Some(Op::Patch(ps)) => patches = ps.to_vec(),
         }
-        let r = read::point_part(self.w, *tree, key, part.clone(), &mut self.arena)?;
+        let hint = self.hints.get(tree);
+        let r = read::point_part(self.w, *tree, key, part.clone(), &mut self.arena, hint)?;
+        self.hints.note(tree, r.leaf, r.stamp);
         let at = ReadAt {
             leaf: r.leaf,
             stamp: r.stamp,
@@ -682,6 +722,9 @@ impl<'w> Transaction<'w> {
             .iter()
             .map(|(k, v)| (&arena[k.clone()], &arena[v.clone()]));
         merge(seen, &mine, dir, limit, &mut f);
+        if let Some(&(leaf, stamp)) = r.leaves.last() {
+            self.hints.note(tree, leaf, stamp);
+        }
         if self.read_committed {
             self.arena.truncate(arena0);
         } else {

@@ -244,10 +244,14 @@ fn point_at<'a, 'w>(
     tree: BTree,
     key: &[u8],
     out: &mut Vec<u8>,
+    hint: Option<Hint>,
 ) -> Got<(Option<usize>, Pid, PageStamp, bool)> {
-    let leaf = match find_leaf(w, mode, tree, key)? {
-        Ok(l) => l,
-        Err(b) => return Ok(Err(b)),
+    let leaf = match hinted(w, mode, tree, hint, key)? {
+        Some(l) => l,
+        None => match find_leaf(w, mode, tree, key)? {
+            Ok(l) => l,
+            Err(b) => return Ok(Err(b)),
+        },
     };
     let p = leaf.page();
     let (i, found) = node::lower_bound(p, key);
@@ -269,12 +273,60 @@ fn point_at<'a, 'w>(
     Ok(Ok((found.then_some(i), leaf.pid(), leaf.stamp(), big)))
 }
 
-/// Read `key` of `tree` for a transaction, keeping key and value in `arena`.
+/// A leaf a transaction read in a tree, at the stamp it had then ([`point`] starts there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Hint {
+    pub leaf: Pid,
+    pub stamp: PageStamp,
+}
+
+/// The leaf `hint` names, for a plain read of `key`: if it is unchanged since the hint's stamp
+/// (so it is still that leaf of `tree`: a split, merge or free changes the stamp) and its
+/// fences hold `key`, it is the leaf a descent would find, and the descent is skipped. `None`:
+/// descend (no hint, another mode, the leaf changed or is gone, or the key lies elsewhere).
+fn hinted<'a, 'w>(
+    w: &'w Worker,
+    mode: Mode<'_, 'a, 'w>,
+    tree: BTree,
+    hint: Option<Hint>,
+    key: &[u8],
+) -> OpResult<Option<Leaf<'a, 'w>>> {
+    let (Mode::Plain, Some(h)) = (mode, hint) else {
+        return Ok(None);
+    };
+    let g = match w.optimistic(h.leaf) {
+        Ok(g) => g,
+        // (freed meanwhile: its slot may hold anything; descend)
+        Err(Restart::Fail(_)) => return Ok(None),
+        Err(r) => return Err(r),
+    };
+    if g.stamp() != h.stamp || !node::covers(g.page(), key) {
+        return Ok(None);
+    }
+    if cfg!(debug_assertions) {
+        // the descent it saves ends here (while the leaf is still as it was)
+        let d = tree.find_leaf(w, key)?;
+        if d.pid() != g.pid() {
+            g.validate()?;
+            panic!(
+                "leaf {} holds key {key:?} of tree {} unchanged, but the descent ends at {}",
+                g.pid(),
+                tree.root(),
+                d.pid()
+            );
+        }
+    }
+    Ok(Some(Leaf::Free(g)))
+}
+
+/// Read `key` of `tree` for a transaction, keeping key and value in `arena`; from the leaf
+/// `hint` names if that leaf is unchanged and holds the key ([`hinted`]).
 pub(crate) fn point(
     w: &Worker,
     tree: BTree,
     key: &[u8],
     arena: &mut Vec<u8>,
+    hint: Option<Hint>,
 ) -> Result<PointRead, TreeError> {
     let k0 = arena.len();
     arena.extend_from_slice(key);
@@ -283,7 +335,7 @@ pub(crate) fn point(
     let (slot, leaf, stamp, overflow) = w.run(|w| {
         arena.truncate(v0);
         tries += 1;
-        point_at(w, Mode::plain_or_latched(tries), tree, key, arena).map(|r| match r {
+        point_at(w, Mode::plain_or_latched(tries), tree, key, arena, hint).map(|r| match r {
             Ok(x) => x,
             Err(Busy) => unreachable!("plain reads wait"),
         })
@@ -309,8 +361,9 @@ pub(crate) fn point_part(
     key: &[u8],
     part: std::ops::Range<usize>,
     arena: &mut Vec<u8>,
+    hint: Option<Hint>,
 ) -> Result<PartRead, TreeError> {
-    let mut r = point(w, tree, key, arena)?;
+    let mut r = point(w, tree, key, arena, hint)?;
     let len = r.seen.as_ref().map(|v| {
         if r.overflow {
             overflow::REF_LEN
@@ -569,27 +622,30 @@ fn unchanged(w: &Worker, held: &Held<'_, '_>, pid: Pid, stamp: PageStamp) -> Got
 }
 
 /// Whether `r` still holds (validation: `held` are the committer's leaves; `arena` the
-/// transaction's bytes). `Ok(false)`: a conflict (changed, or held by another committer).
+/// transaction's bytes; `now` a buffer for the value as it is now). `Ok(false)`: a conflict
+/// (changed, or held by another committer).
 pub(crate) fn point_holds(
     w: &Worker,
     held: &Held<'_, '_>,
     r: &PointRead,
     arena: &[u8],
+    now: &mut Vec<u8>,
 ) -> OpResult<bool> {
     if unchanged(w, held, r.leaf, r.stamp)?.unwrap_or(false) {
         return Ok(true);
     }
-    let mut now = Vec::new();
+    now.clear();
     Ok(
         match point_at(
             w,
             Mode::Validating(held),
             r.tree,
             &arena[r.key.clone()],
-            &mut now,
+            now,
+            None,
         )? {
             Ok((slot, _, _, big)) => match (&r.seen, &r.part) {
-                (Some(v), None) => slot.is_some() && now == arena[v.clone()],
+                (Some(v), None) => slot.is_some() && now[..] == arena[v.clone()],
                 // (a value now in overflow pages: `now` is the value itself, but a patch of
                 // its bytes cannot go into its leaf)
                 (Some(v), Some(p)) => {

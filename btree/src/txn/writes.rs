@@ -11,6 +11,9 @@ use std::ops::{Bound, Range, RangeBounds};
 pub(crate) struct Write {
     pub root: u64,
     key: Range<usize>,
+    /// The key's first 8 bytes, zero-padded, big-endian: orders most pairs of writes without
+    /// comparing their keys ([`prefix`]).
+    prefix: u64,
     change: Change,
     /// Where the transaction read the key before writing it, if it did: the commit starts
     /// from that leaf instead of descending, while its stamp is unchanged.
@@ -68,12 +71,29 @@ fn hash(root: u64, key: &[u8]) -> u64 {
         z ^ (z >> 31)
     }
     let mut h = mix(root ^ ((key.len() as u64) << 56));
-    for c in key.chunks(8) {
+    let words = key.chunks_exact(8);
+    let rest = words.remainder();
+    for c in words {
+        h = mix(h ^ u64::from_le_bytes(c.try_into().expect("8 bytes")));
+    }
+    if !rest.is_empty() {
+        // (the last bytes, zero-padded to a word)
         let mut word = [0u8; 8];
-        word[..c.len()].copy_from_slice(c);
+        word[..rest.len()].copy_from_slice(rest);
         h = mix(h ^ u64::from_le_bytes(word));
     }
     h
+}
+
+/// `key`'s first 8 bytes (zero-padded) as a big-endian word: where two keys' prefixes differ,
+/// they compare as the keys do (the first byte that differs is a real byte of both keys, or
+/// the end of the shorter, padded with a 0 below the other's byte); where they are equal, the
+/// keys must be compared.
+fn prefix(key: &[u8]) -> u64 {
+    let mut word = [0u8; 8];
+    let n = key.len().min(8);
+    word[..n].copy_from_slice(&key[..n]);
+    u64::from_be_bytes(word)
 }
 
 impl Writes {
@@ -178,6 +198,7 @@ impl Writes {
         self.list.push(Write {
             root,
             key: k0..self.bytes.len(),
+            prefix: prefix(key),
             change,
             read_at,
         });
@@ -211,14 +232,24 @@ impl Writes {
 
     /// Whether write `a` comes before write `b` in (tree, key) order.
     fn cmp(&self, a: &Write, b: &Write) -> std::cmp::Ordering {
-        (a.root, self.key(a)).cmp(&(b.root, self.key(b)))
+        (a.root, a.prefix)
+            .cmp(&(b.root, b.prefix))
+            .then_with(|| self.key(a).cmp(self.key(b)))
     }
 
     /// Every write, in (tree, key) order.
+    #[cfg(test)]
     pub fn sorted(&self) -> Vec<&Write> {
-        let mut all: Vec<&Write> = self.list.iter().collect();
-        all.sort_unstable_by(|a, b| self.cmp(a, b));
+        let mut all = Vec::new();
+        self.sorted_into(&mut all);
         all
+    }
+
+    /// Every write, in (tree, key) order, into `out` (emptied first).
+    pub fn sorted_into<'a>(&'a self, out: &mut Vec<&'a Write>) {
+        out.clear();
+        out.extend(self.list.iter());
+        out.sort_unstable_by(|a, b| self.cmp(a, b));
     }
 
     /// The writes of tree `root` whose keys lie between `lo` and `hi`, in key order.
@@ -261,6 +292,41 @@ mod tests {
         assert!(ws.put_value_mut(1, b"z").is_none());
         ws.clear();
         assert!(ws.is_empty() && ws.get(2, b"a").is_none());
+    }
+
+    #[test]
+    fn keys_sort_in_byte_order_whatever_their_lengths_and_zero_bytes() {
+        // short keys, keys that are zero-padded prefixes of others, equal first words
+        let mut all: Vec<Vec<u8>> = vec![
+            vec![],
+            vec![0],
+            vec![0, 0],
+            vec![0; 8],
+            vec![0; 9],
+            vec![0, 1],
+            b"ab".to_vec(),
+            b"ab\0".to_vec(),
+            b"ab\0\x01".to_vec(),
+            b"ab\x01".to_vec(),
+            b"abcdefgh".to_vec(),
+            b"abcdefgh\0".to_vec(),
+            b"abcdefgha".to_vec(),
+            b"abcdefgi".to_vec(),
+            vec![0xFF; 3],
+            vec![1, 0, 0, 0, 0, 0, 0, 0],
+            vec![0, 0, 0, 0, 0, 0, 0, 9],
+        ];
+        for i in 0..64u8 {
+            all.push(vec![b'k', 0, 0, 0, 0, 0, 0, i % 4, i]);
+        }
+        let mut ws = Writes::default();
+        for (n, k) in all.iter().rev().enumerate() {
+            ws.set(7, k, NewOp::Put(&[n as u8]), None);
+        }
+        all.sort();
+        all.dedup();
+        let got: Vec<Vec<u8>> = ws.sorted().iter().map(|w| ws.key(w).to_vec()).collect();
+        assert_eq!(got, all);
     }
 
     #[test]
