@@ -21,4 +21,13 @@ pub enum TreeError {
     WriteInScan,
     #[error("bytes {start}..{end} of a value were asked for, and the value ends before {end}")]
     PartOutside { start: usize, end: usize },
+    #[error(
+        "an add to bytes {start}..{end} of key {key:?}, which at the commit is absent, shorter, \
+         or kept in overflow pages (nothing was written)"
+    )]
+    AddOutside {
+        key: Vec<u8>,
+        start: usize,
+        end: usize,
+    },
 }

@@ -177,6 +177,14 @@ pub fn key_into(p: PageRef<'_>, i: usize, out: &mut Vec<u8>) {
     p.read(off, out);
 }
 
+/// Append key `i` to `out`.
+pub fn key_append(p: PageRef<'_>, i: usize, out: &mut Vec<u8>) {
+    let (off, klen, _) = info(p, i);
+    let at = out.len();
+    out.resize(at + klen.min(MAX_KEY), 0);
+    p.read(off, &mut out[at..]);
+}
+
 /// Copy value `i` into `out`.
 pub fn value_into(p: PageRef<'_>, i: usize, out: &mut Vec<u8>) {
     let (off, n) = value_at(p, i);

@@ -2,8 +2,9 @@
 //! write, let go (see the module docs of `txn`).
 
 use super::read::{point_holds, range_holds, Held};
-use super::writes::{Op, Write};
+use super::writes::{Addend, Op, Write};
 use super::{ReadAt, Transaction, TxError};
+use crate::error::TreeError;
 use crate::node::{self, entry_space, NodeMut, FLAG_OVERFLOW, MAX_RECORD};
 use crate::overflow::{self, ValueRef};
 use crate::tree::BTree;
@@ -29,6 +30,8 @@ struct Stored<'t> {
     value: Option<(Cow<'t, [u8]>, u16)>,
     /// Bytes to write over the value the leaf holds, at their offsets ([`Op::Patch`]).
     patch: Option<&'t [(usize, Vec<u8>)]>,
+    /// Adds to integers of the value the leaf holds ([`Op::Add`]).
+    adds: Option<&'t [Addend]>,
     /// Where the transaction read the key (see [`Write::read_at`]).
     read_at: Option<ReadAt>,
 }
@@ -62,6 +65,8 @@ enum Attempt {
     Split(BTree, Vec<u8>, Pid, usize),
     /// A read no longer holds.
     Conflict,
+    /// Write `i`'s adds do not fit the value its key has (or it has none).
+    AddOutside(usize),
 }
 
 /// The leaves an attempt holds, let go unchanged unless the attempt wrote them.
@@ -181,9 +186,14 @@ fn commit_writes<'t, 'w>(
     let mut prepare = || -> Result<(), TxError> {
         for &wr in order.iter() {
             let key = tx.writes.key(wr);
+            let mut adds = None;
             let (value, patch) = match tx.writes.op(wr) {
                 Op::Remove => (None, None),
                 Op::Patch(ps) => (None, Some(ps)),
+                Op::Add(a) => {
+                    adds = Some(a);
+                    (None, None)
+                }
                 Op::Put(v) if key.len() + v.len() > MAX_RECORD => {
                     let r = overflow::write(w, v)?;
                     chains.push(r);
@@ -196,6 +206,7 @@ fn commit_writes<'t, 'w>(
                 key,
                 value,
                 patch,
+                adds,
                 read_at: wr.read_at,
             });
         }
@@ -246,6 +257,16 @@ fn attempts<'w>(
         match attempt(w, tx, stored, leaves, each) {
             Ok(Attempt::Done(left)) => return Ok(left),
             Ok(Attempt::Conflict) => return Err(TxError::Conflict),
+            Ok(Attempt::AddOutside(i)) => {
+                let s = &stored[i];
+                let a = s.adds.and_then(|a| a.iter().max_by_key(|a| a.end()));
+                return Err(TreeError::AddOutside {
+                    key: s.key.to_vec(),
+                    start: a.map_or(0, |a| a.at),
+                    end: a.map_or(0, |a| a.end()),
+                }
+                .into());
+            }
             Ok(Attempt::Busy) | Err(Restart::Retry) => {
                 for &pid in leaves.iter() {
                     // (a leaf freed meanwhile fails here: the next attempt descends again)
@@ -418,6 +439,12 @@ fn attempt<'w>(
                     return Ok(Attempt::Conflict);
                 }
             }
+            // (an add read nothing: a key that is not there for it is the caller's error)
+            if let Some(adds) = stored[i].adds {
+                if !adds_fit(x.page(), stored[i].key, slots[i], adds) {
+                    return Ok(Attempt::AddOutside(i));
+                }
+            }
         }
     }
     // 4. write: the guards are let go together, their changes logged as one chunk
@@ -438,6 +465,18 @@ fn attempt<'w>(
                 let off = node::value_offset(p, at);
                 for (o, bytes) in ps {
                     x.page_mut().write(off + o, bytes);
+                }
+                continue;
+            }
+            if let Some(adds) = s.adds {
+                // each integer read from the latched leaf, added to, written back
+                let off = node::value_offset(p, at);
+                for a in adds {
+                    let mut n = [0u8; 8];
+                    let n = &mut n[..a.width];
+                    x.page().read(off + a.at, n);
+                    a.apply_to_part(n);
+                    x.page_mut().write(off + a.at, n);
                 }
                 continue;
             }
@@ -541,6 +580,20 @@ fn patch_fits(
         && patches
             .iter()
             .all(|(o, b)| o + b.len() <= node::slot_info(p, at).2)
+}
+
+/// Whether `key`'s value in leaf page `p` (at slot `known`, if known) is kept in the leaf and
+/// holds every integer `adds` adds to.
+fn adds_fit(
+    p: shoal_engine::PageRef<'_>,
+    key: &[u8],
+    known: Option<usize>,
+    adds: &[Addend],
+) -> bool {
+    let (at, exact) = find_slot(p, key, known);
+    exact
+        && node::val_flags(p, at) & FLAG_OVERFLOW == 0
+        && adds.iter().all(|a| a.end() <= node::slot_info(p, at).2)
 }
 
 /// The room the writes `ws` into leaf `x` take on its page as it is: an insert its entry, a

@@ -39,7 +39,7 @@ use shoal_engine::{CommitPoint, Worker};
 use std::ops::{Bound, Range, RangeBounds};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use writes::{NewOp, Op, Writes};
+use writes::{apply_adds, Addend, NewOp, Op, Writes};
 
 /// Whether commits validate their reads (always, but for the checkers' own tests).
 static ISOLATION: AtomicBool = AtomicBool::new(true);
@@ -328,6 +328,14 @@ impl<'w> Transaction<'w> {
                 overlay(&mut out[from..], 0, &ps);
                 Ok((found, at))
             }
+            Op::Add(adds) => {
+                // the whole value now (a read of it all), with this transaction's adds
+                let adds = adds.to_vec();
+                let from = out.len();
+                let (found, _) = self.read_tree_into(tree, key, out)?;
+                apply_adds(&mut out[from..], &adds);
+                Ok((found, at))
+            }
         }
     }
 
@@ -475,8 +483,8 @@ impl<'w> Transaction<'w> {
         let key = key.as_ref();
         BTree::check_sizes(key, value.as_ref().len())?;
         // (a key this transaction read keeps where it was read)
-        let at = self.own_read_at(tree, key);
-        self.put(tree, key, NewOp::Put(value.as_ref()), at);
+        self.writes
+            .set_keeping_read(tree.root().raw(), key, NewOp::Put(value.as_ref()));
         Ok(())
     }
 
@@ -491,7 +499,7 @@ impl<'w> Transaction<'w> {
         self.writable()?;
         let key = key.as_ref();
         let root = tree.root().raw();
-        if self.writes.get(root, key).is_none() {
+        if let Some(vacant) = self.writes.vacant(root, key) {
             // the value read goes straight from the read set's copy to the write's
             BTree::check_key(key)?;
             let (seen, at) = self.read_tree(tree, key)?;
@@ -500,7 +508,7 @@ impl<'w> Transaction<'w> {
             };
             let i = self
                 .writes
-                .set(root, key, NewOp::Put(&self.arena[v]), Some(at));
+                .put_vacant(vacant, root, key, NewOp::Put(&self.arena[v]), Some(at));
             f(self.writes.put_at_mut(i).expect("just put"));
             return Ok(true);
         }
@@ -556,6 +564,16 @@ impl<'w> Transaction<'w> {
             }
             Some(Op::Remove) => return Ok(None),
             Some(Op::Patch(ps)) => patches = ps.to_vec(),
+            Some(Op::Add(_)) => {
+                // read whole, with the adds (a write of it is then a put)
+                let mut v = Vec::new();
+                let (found, at) = self.read_into(tree, key, &mut v)?;
+                return Ok(found.then(|| Part {
+                    bytes: clip(&v),
+                    at,
+                    patchable: false,
+                }));
+            }
         }
         let hint = self.hints.get(tree);
         let r = read::point_part(self.w, *tree, key, part.clone(), &mut self.arena, hint)?;
@@ -635,6 +653,89 @@ impl<'w> Transaction<'w> {
         patches.push((part.start, bytes));
         self.put(tree, key, NewOp::Patch(patches), at);
         Ok(true)
+    }
+
+    /// Add `delta` to the little-endian `i64` at bytes `at..at + 8` of `key`'s value, at the
+    /// commit, without reading it: the transaction does not depend on the value, so
+    /// transactions adding to one counter at once do not conflict (a TPC-C Payment adding to
+    /// its warehouse's year-to-date total). A read of the value by this transaction sees the
+    /// add (and is a read like any other). The commit fails with
+    /// [`TreeError::AddOutside`] (writing nothing) if the key is absent then, its value
+    /// shorter than `at + 8`, or kept in overflow pages. Wraps around on overflow.
+    pub fn add_i64(
+        &mut self,
+        tree: &BTree,
+        key: impl AsRef<[u8]>,
+        at: usize,
+        delta: i64,
+    ) -> Result<(), TxError> {
+        self.add(
+            tree,
+            key.as_ref(),
+            Addend {
+                at,
+                width: 8,
+                delta,
+            },
+        )
+    }
+
+    /// [`Transaction::add_i64`] for a little-endian `u32` (wrapping around).
+    pub fn add_u32(
+        &mut self,
+        tree: &BTree,
+        key: impl AsRef<[u8]>,
+        at: usize,
+        delta: u32,
+    ) -> Result<(), TxError> {
+        self.add(
+            tree,
+            key.as_ref(),
+            Addend {
+                at,
+                width: 4,
+                delta: i64::from(delta),
+            },
+        )
+    }
+
+    fn add(&mut self, tree: &BTree, key: &[u8], a: Addend) -> Result<(), TxError> {
+        self.writable()?;
+        BTree::check_key(key)?;
+        let root = tree.root().raw();
+        let Some(vacant) = self.writes.vacant(root, key) else {
+            // written before: a put's bytes change now; adds gather; else read, add, write
+            if let Some(v) = self.writes.put_value_mut(root, key) {
+                let Some(bytes) = v.get_mut(a.at..a.end()) else {
+                    return Err(TreeError::PartOutside {
+                        start: a.at,
+                        end: a.end(),
+                    }
+                    .into());
+                };
+                a.apply_to_part(bytes);
+                return Ok(());
+            }
+            if let Some(adds) = self.writes.adds_mut(root, key) {
+                match adds.iter_mut().find(|b| b.at == a.at && b.width == a.width) {
+                    Some(b) => b.delta = b.delta.wrapping_add(a.delta),
+                    None => adds.push(a),
+                }
+                return Ok(());
+            }
+            return match self.update_part(tree, key, a.at..a.end(), |b| a.apply_to_part(b))? {
+                true => Ok(()),
+                false => Err(TreeError::AddOutside {
+                    key: key.to_vec(),
+                    start: a.at,
+                    end: a.end(),
+                }
+                .into()),
+            };
+        };
+        self.writes
+            .put_vacant(vacant, root, key, NewOp::Add(vec![a]), None);
+        Ok(())
     }
 
     /// Remove `key`. Returns whether it was there.
@@ -795,8 +896,15 @@ fn merge<'s>(
                     f(m, &patched(v.to_vec(), ps));
                     n += 1;
                 }
-                // (a patched key the range did not find: its commit fails validation)
-                (Op::Patch(_), None) | (Op::Remove, _) => {}
+                (Op::Add(adds), Some(v)) => {
+                    let mut v = v.to_vec();
+                    apply_adds(&mut v, adds);
+                    f(m, &v);
+                    n += 1;
+                }
+                // (a patched key the range did not find: its commit fails validation; an
+                // added-to one: its commit fails)
+                (Op::Patch(_) | Op::Add(_), None) | (Op::Remove, _) => {}
             }
             j += 1;
         } else {

@@ -246,15 +246,18 @@ fn point_at<'a, 'w>(
     out: &mut Vec<u8>,
     hint: Option<Hint>,
 ) -> Got<(Option<usize>, Pid, PageStamp, bool)> {
-    let leaf = match hinted(w, mode, tree, hint, key)? {
-        Some(l) => l,
-        None => match find_leaf(w, mode, tree, key)? {
-            Ok(l) => l,
-            Err(b) => return Ok(Err(b)),
-        },
+    let (leaf, (i, found)) = match hinted(w, mode, tree, hint, key)? {
+        Some(got) => got,
+        None => {
+            let leaf = match find_leaf(w, mode, tree, key)? {
+                Ok(l) => l,
+                Err(b) => return Ok(Err(b)),
+            };
+            let at = node::lower_bound(leaf.page(), key);
+            (leaf, at)
+        }
     };
     let p = leaf.page();
-    let (i, found) = node::lower_bound(p, key);
     let mut big = false;
     let from = out.len();
     if found {
@@ -280,17 +283,19 @@ pub(crate) struct Hint {
     pub stamp: PageStamp,
 }
 
-/// The leaf `hint` names, for a plain read of `key`: if it is unchanged since the hint's stamp
-/// (so it is still that leaf of `tree`: a split, merge or free changes the stamp) and its
-/// fences hold `key`, it is the leaf a descent would find, and the descent is skipped. `None`:
-/// descend (no hint, another mode, the leaf changed or is gone, or the key lies elsewhere).
+/// The leaf `hint` names, for a plain read of `key`, with `key`'s place in it (as
+/// [`node::lower_bound`]): if the leaf is unchanged since the hint's stamp (so it is still
+/// that leaf of `tree`: a split, merge or free changes the stamp) and holds `key` in its range,
+/// it is the leaf a descent would find, and the descent is skipped. `None`: descend (no hint,
+/// another mode, the leaf changed or is gone, or the key lies elsewhere).
+#[allow(clippy::type_complexity)]
 fn hinted<'a, 'w>(
     w: &'w Worker,
     mode: Mode<'_, 'a, 'w>,
     tree: BTree,
     hint: Option<Hint>,
     key: &[u8],
-) -> OpResult<Option<Leaf<'a, 'w>>> {
+) -> OpResult<Option<(Leaf<'a, 'w>, (usize, bool))>> {
     let (Mode::Plain, Some(h)) = (mode, hint) else {
         return Ok(None);
     };
@@ -300,7 +305,14 @@ fn hinted<'a, 'w>(
         Err(Restart::Fail(_)) => return Ok(None),
         Err(r) => return Err(r),
     };
-    if g.stamp() != h.stamp || !node::covers(g.page(), key) {
+    let p = g.page();
+    if g.stamp() != h.stamp || node::kind(p) != KIND_LEAF {
+        return Ok(None);
+    }
+    // in its range: the key is in it, or lies between two of its keys (both inside its
+    // fences), or else its fences say so (a torn read's answer fails the caller's validation)
+    let (i, found) = node::lower_bound(p, key);
+    if !(found || (i > 0 && i < node::count(p)) || node::covers(p, key)) {
         return Ok(None);
     }
     if cfg!(debug_assertions) {
@@ -316,7 +328,7 @@ fn hinted<'a, 'w>(
             );
         }
     }
-    Ok(Some(Leaf::Free(g)))
+    Ok(Some((Leaf::Free(g), (i, found))))
 }
 
 /// Read `key` of `tree` for a transaction, keeping key and value in `arena`; from the leaf
@@ -435,7 +447,6 @@ fn walk<'a, 'w>(
         Direction::Ascending => lo.clone(),
         Direction::Descending => hi.clone(),
     };
-    let mut stored = Vec::new();
     loop {
         // the key to descend to: for an ascending walk past `k`, the smallest key above it
         let key = match (&at, dir) {
@@ -461,12 +472,14 @@ fn walk<'a, 'w>(
             Direction::Ascending => {
                 let mut i = node::lower_bound(p, &key).0;
                 while i < n {
-                    node::key_into(p, i, &mut stored);
-                    if below(hi, &stored) {
+                    let k0 = out.len();
+                    node::key_append(p, i, out);
+                    if below(hi, &out[k0..]) {
+                        out.truncate(k0);
                         ended = true;
                         break;
                     }
-                    take_slot(p, i, &stored, out, entries, &mut big);
+                    take_slot(p, i, k0, out, entries, &mut big);
                     if entries.len() - first >= fetch {
                         ended = true;
                         break;
@@ -484,12 +497,14 @@ fn walk<'a, 'w>(
                 j = j.min(n);
                 while j > 0 {
                     j -= 1;
-                    node::key_into(p, j, &mut stored);
-                    if above(lo, &stored) {
+                    let k0 = out.len();
+                    node::key_append(p, j, out);
+                    if above(lo, &out[k0..]) {
+                        out.truncate(k0);
                         ended = true;
                         break;
                     }
-                    take_slot(p, j, &stored, out, entries, &mut big);
+                    take_slot(p, j, k0, out, entries, &mut big);
                     if entries.len() - first >= fetch {
                         ended = true;
                         break;
@@ -497,9 +512,11 @@ fn walk<'a, 'w>(
                 }
             }
         }
-        let next = match dir {
-            Direction::Ascending => node::fence(p, true),
-            Direction::Descending => node::fence(p, false),
+        // (where to go on: not needed when the walk ends in this leaf)
+        let next = match (ended, dir) {
+            (true, _) => None,
+            (false, Direction::Ascending) => node::fence(p, true),
+            (false, Direction::Descending) => node::fence(p, false),
         };
         leaf.validate()?;
         // values in overflow pages: read their chains now that the references are valid
@@ -537,18 +554,16 @@ fn walk<'a, 'w>(
     }
 }
 
-/// Copy slot `i` of leaf page `p` (its key already in `key`) to `out` and its spans to
-/// `entries`; note it in `big` if its value is in overflow pages.
+/// Copy the value of slot `i` of leaf page `p` to `out`, after its key (appended from `k0`
+/// on), and their spans to `entries`; note it in `big` if its value is in overflow pages.
 fn take_slot(
     p: PageRef<'_>,
     i: usize,
-    key: &[u8],
+    k0: usize,
     out: &mut Vec<u8>,
     entries: &mut Vec<(Span, Span)>,
     big: &mut Vec<usize>,
 ) {
-    let k0 = out.len();
-    out.extend_from_slice(key);
     let v0 = out.len();
     node::value_append(p, i, out);
     if node::val_flags(p, i) & FLAG_OVERFLOW != 0 {

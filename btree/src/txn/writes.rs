@@ -26,6 +26,54 @@ enum Change {
     Put(Range<usize>),
     Remove,
     Patch(Vec<(usize, Vec<u8>)>),
+    Add(Vec<Addend>),
+}
+
+/// An add to a little-endian integer inside a value ([`Op::Add`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Addend {
+    /// Where the integer starts in the value.
+    pub at: usize,
+    /// Its width in bytes: 4 or 8.
+    pub width: usize,
+    /// Added with wrap-around (a `u32`'s delta is taken modulo 2^32).
+    pub delta: i64,
+}
+
+impl Addend {
+    pub fn end(&self) -> usize {
+        self.at + self.width
+    }
+
+    /// Add to the integer in `value` (which holds its bytes).
+    pub fn apply(&self, value: &mut [u8]) {
+        self.apply_to_part(&mut value[self.at..self.end()]);
+    }
+
+    /// Add to the integer whose bytes `b` are.
+    pub fn apply_to_part(&self, b: &mut [u8]) {
+        debug_assert_eq!(b.len(), self.width);
+        match self.width {
+            4 => {
+                let v = u32::from_le_bytes(b.try_into().expect("4 bytes"));
+                b.copy_from_slice(&v.wrapping_add(self.delta as u32).to_le_bytes());
+            }
+            8 => {
+                let v = i64::from_le_bytes(b.try_into().expect("8 bytes"));
+                b.copy_from_slice(&v.wrapping_add(self.delta).to_le_bytes());
+            }
+            w => unreachable!("an integer of {w} bytes"),
+        }
+    }
+}
+
+/// Apply every add of `adds` that lies inside `value` (the others wait for the commit, which
+/// refuses them).
+pub(crate) fn apply_adds(value: &mut [u8], adds: &[Addend]) {
+    let len = value.len();
+    for a in adds.iter().filter(|a| a.end() <= len) {
+        a.apply(value);
+    }
 }
 
 /// A write's change, its bytes borrowed from the write set.
@@ -37,6 +85,10 @@ pub(crate) enum Op<'a> {
     /// leaf holds then (the rest of it may have changed meanwhile: only the parts read were
     /// validated). Only for values kept in the leaf.
     Patch(&'a [(usize, Vec<u8>)]),
+    /// Adds to integers in the value, applied at the commit to the value the leaf holds then,
+    /// without reading it first: adds to one counter commute, so two transactions adding to
+    /// it do not conflict. The key must exist then, with the integers inside its value.
+    Add(&'a [Addend]),
 }
 
 /// A change handed to [`Writes::set`] (a patch's list is taken over).
@@ -44,6 +96,7 @@ pub(crate) enum NewOp<'a> {
     Put(&'a [u8]),
     Remove,
     Patch(Vec<(usize, Vec<u8>)>),
+    Add(Vec<Addend>),
 }
 
 /// The writes of a transaction, at most one per (tree, key), found by a hash of their key:
@@ -58,6 +111,14 @@ pub(crate) struct Writes {
     /// Open addressing over `list`: index + 1, 0 for an empty slot; a power of two long, at
     /// least twice as long as `list`.
     table: Vec<u32>,
+}
+
+/// The free place of a key without a write, found by [`Writes::vacant`]: valid while no write
+/// is added.
+pub(crate) struct Vacant {
+    slot: usize,
+    /// How many writes there were when it was found.
+    writes: usize,
 }
 
 /// A hash of a tree's root and a key: each 8-byte word of the key folded in through
@@ -150,6 +211,7 @@ impl Writes {
             Change::Put(v) => Op::Put(&self.bytes[v.clone()]),
             Change::Remove => Op::Remove,
             Change::Patch(ps) => Op::Patch(ps),
+            Change::Add(adds) => Op::Add(adds),
         }
     }
 
@@ -158,6 +220,15 @@ impl Writes {
     pub fn put_value_mut(&mut self, root: u64, key: &[u8]) -> Option<&mut [u8]> {
         let i = self.find(root, key).ok()?;
         self.put_at_mut(i)
+    }
+
+    /// The adds of `key`'s write (tree `root`) to extend, if its write is an add.
+    pub fn adds_mut(&mut self, root: u64, key: &[u8]) -> Option<&mut Vec<Addend>> {
+        let i = self.find(root, key).ok()?;
+        match &mut self.list[i].change {
+            Change::Add(adds) => Some(adds),
+            _ => None,
+        }
     }
 
     /// The value of write `i` (as [`Writes::set`] returned it) to change in place, if it is a
@@ -174,7 +245,65 @@ impl Writes {
 
     /// `key` of tree `root` gets `op` (replacing an earlier write of it); the write's index.
     pub fn set(&mut self, root: u64, key: &[u8], op: NewOp<'_>, read_at: Option<ReadAt>) -> usize {
-        let change = match op {
+        let change = self.change(op);
+        match self.find(root, key) {
+            Ok(i) => {
+                // (a replaced put's bytes stay in the arena until the transaction ends)
+                let w = &mut self.list[i];
+                w.change = change;
+                w.read_at = read_at;
+                i
+            }
+            Err(free) => self.push(free, root, key, change, read_at),
+        }
+    }
+
+    /// [`Writes::set`], but a key written before keeps where it was read (and one not
+    /// written before was not read): for a write that does not read.
+    pub fn set_keeping_read(&mut self, root: u64, key: &[u8], op: NewOp<'_>) -> usize {
+        let change = self.change(op);
+        match self.find(root, key) {
+            Ok(i) => {
+                self.list[i].change = change;
+                i
+            }
+            Err(free) => self.push(free, root, key, change, None),
+        }
+    }
+
+    /// Where `key` of tree `root` would go if it has no write (`None`: it has one), for
+    /// [`Writes::put_vacant`] while no write is added meanwhile: one lookup instead of two.
+    pub fn vacant(&self, root: u64, key: &[u8]) -> Option<Vacant> {
+        let slot = self.find(root, key).err()?;
+        Some(Vacant {
+            slot,
+            writes: self.list.len(),
+        })
+    }
+
+    /// The first write of `key` (tree `root`), at the place `vacant` found for it; its
+    /// index.
+    pub fn put_vacant(
+        &mut self,
+        vacant: Vacant,
+        root: u64,
+        key: &[u8],
+        op: NewOp<'_>,
+        read_at: Option<ReadAt>,
+    ) -> usize {
+        assert_eq!(
+            vacant.writes,
+            self.list.len(),
+            "no write was added since the key's place was found"
+        );
+        debug_assert!(self.find(root, key).is_err(), "the key has no write");
+        let change = self.change(op);
+        self.push(vacant.slot, root, key, change, read_at)
+    }
+
+    /// `op` as kept (a put's bytes copied into the arena).
+    fn change(&mut self, op: NewOp<'_>) -> Change {
+        match op {
             NewOp::Put(v) => {
                 let v0 = self.bytes.len();
                 self.bytes.extend_from_slice(v);
@@ -182,17 +311,20 @@ impl Writes {
             }
             NewOp::Remove => Change::Remove,
             NewOp::Patch(ps) => Change::Patch(ps),
-        };
-        let free = match self.find(root, key) {
-            Ok(i) => {
-                // (a replaced put's bytes stay in the arena until the transaction ends)
-                let w = &mut self.list[i];
-                w.change = change;
-                w.read_at = read_at;
-                return i;
-            }
-            Err(free) => free,
-        };
+            NewOp::Add(adds) => Change::Add(adds),
+        }
+    }
+
+    /// Add the first write of `key`, whose free slot in `table` is `free` (as `find` gave
+    /// it, with the table unchanged since); its index.
+    fn push(
+        &mut self,
+        free: usize,
+        root: u64,
+        key: &[u8],
+        change: Change,
+        read_at: Option<ReadAt>,
+    ) -> usize {
         let k0 = self.bytes.len();
         self.bytes.extend_from_slice(key);
         self.list.push(Write {
@@ -209,7 +341,6 @@ impl Writes {
         if self.list.len() * 2 > self.table.len() {
             self.rehash((self.list.len() * 2).next_power_of_two().max(64));
         } else {
-            // (the table is as `find` saw it: `free` is still the key's free slot)
             debug_assert_eq!(self.table[free], 0);
             self.table[free] = self.list.len() as u32;
         }
@@ -292,6 +423,39 @@ mod tests {
         assert!(ws.put_value_mut(1, b"z").is_none());
         ws.clear();
         assert!(ws.is_empty() && ws.get(2, b"a").is_none());
+    }
+
+    #[test]
+    fn a_vacant_place_takes_the_first_write_of_its_key_through_table_growth() {
+        let mut ws = Writes::default();
+        for k in 0..500u32 {
+            let key = k.to_be_bytes();
+            let v = ws.vacant(2, &key).expect("not written yet");
+            let i = ws.put_vacant(v, 2, &key, NewOp::Put(&key), None);
+            assert_eq!(ws.key(&ws.list[i]), key);
+            assert!(ws.vacant(2, &key).is_none());
+        }
+        for k in 0..500u32 {
+            let key = k.to_be_bytes();
+            assert!(matches!(ws.op(ws.get(2, &key).unwrap()), Op::Put(v) if v == key));
+        }
+        // a write without a read replaces the change, in place
+        let i = ws.set_keeping_read(2, &7u32.to_be_bytes(), NewOp::Remove);
+        assert_eq!(
+            ws.set_keeping_read(2, &7u32.to_be_bytes(), NewOp::Remove),
+            i
+        );
+        assert!(matches!(ws.op(&ws.list[i]), Op::Remove));
+        assert_eq!(ws.list.len(), 500);
+    }
+
+    #[test]
+    #[should_panic(expected = "no write was added")]
+    fn a_vacant_place_is_refused_after_another_write() {
+        let mut ws = Writes::default();
+        let v = ws.vacant(1, b"a").unwrap();
+        ws.set(1, b"b", NewOp::Remove, None);
+        ws.put_vacant(v, 1, b"a", NewOp::Remove, None);
     }
 
     #[test]
