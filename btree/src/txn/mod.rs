@@ -138,10 +138,14 @@ struct Part {
     patchable: bool,
 }
 
-/// `value` with the bytes of `patches` written over it (those that fall inside it).
-fn patched(mut value: Vec<u8>, patches: &[(usize, Vec<u8>)]) -> Vec<u8> {
-    overlay(&mut value, 0, patches);
-    value
+/// A change kept as a patch or adds applied over `value`, the value as the tree holds it (a
+/// put or a removal replaces the value instead: nothing to apply).
+fn apply_over(op: Op<'_>, value: &mut [u8]) {
+    match op {
+        Op::Patch(ps) => overlay(value, 0, ps),
+        Op::Add(adds) => apply_adds(value, adds),
+        Op::Put(_) | Op::Remove => {}
+    }
 }
 
 /// Write the bytes of `patches` over `part`, the bytes of a value from offset `from`.
@@ -310,7 +314,8 @@ impl<'w> Transaction<'w> {
         out: &mut Vec<u8>,
     ) -> Result<(bool, Option<ReadAt>), TxError> {
         BTree::check_key(key)?;
-        let Some(w) = self.writes.get(tree.root().raw(), key) else {
+        let root = tree.root().raw();
+        let Some(w) = self.writes.get(root, key) else {
             return self.read_tree_into(tree, key, out);
         };
         let at = w.read_at;
@@ -320,20 +325,13 @@ impl<'w> Transaction<'w> {
                 Ok((true, at))
             }
             Op::Remove => Ok((false, at)),
-            Op::Patch(ps) => {
-                // the whole value now (a read of it all), with this transaction's bytes
-                let ps = ps.to_vec();
+            Op::Patch(_) | Op::Add(_) => {
+                // the whole value now (a read of it all), with this transaction's patch or adds
                 let from = out.len();
                 let (found, _) = self.read_tree_into(tree, key, out)?;
-                overlay(&mut out[from..], 0, &ps);
-                Ok((found, at))
-            }
-            Op::Add(adds) => {
-                // the whole value now (a read of it all), with this transaction's adds
-                let adds = adds.to_vec();
-                let from = out.len();
-                let (found, _) = self.read_tree_into(tree, key, out)?;
-                apply_adds(&mut out[from..], &adds);
+                if let Some(w) = self.writes.get(root, key) {
+                    apply_over(self.writes.op(w), &mut out[from..]);
+                }
                 Ok((found, at))
             }
         }
@@ -892,13 +890,9 @@ fn merge<'s>(
                     f(m, v);
                     n += 1;
                 }
-                (Op::Patch(ps), Some(v)) => {
-                    f(m, &patched(v.to_vec(), ps));
-                    n += 1;
-                }
-                (Op::Add(adds), Some(v)) => {
+                (op @ (Op::Patch(_) | Op::Add(_)), Some(v)) => {
                     let mut v = v.to_vec();
-                    apply_adds(&mut v, adds);
+                    apply_over(op, &mut v);
                     f(m, &v);
                     n += 1;
                 }
