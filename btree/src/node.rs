@@ -196,6 +196,17 @@ pub fn value_into(p: PageRef<'_>, i: usize, out: &mut Vec<u8>) {
     p.read(off, out);
 }
 
+/// Copy bytes `part` of value `i` (clipped to the value: a part past its end is shorter or
+/// empty) into `out`, replacing its contents.
+pub fn value_part_into(p: PageRef<'_>, i: usize, part: &std::ops::Range<usize>, out: &mut Vec<u8>) {
+    let (off, n) = value_at(p, i);
+    let n = n.min(PAGE_DATA_SIZE);
+    let from = part.start.min(n);
+    out.clear();
+    out.resize(part.end.clamp(from, n) - from, 0);
+    p.read(off + from, out);
+}
+
 /// Append value `i` to `out` (as [`value_into`], without replacing what `out` holds).
 pub fn value_append(p: PageRef<'_>, i: usize, out: &mut Vec<u8>) {
     let (off, n) = value_at(p, i);
@@ -224,6 +235,14 @@ pub fn prefetch_slots(p: PageRef<'_>) {
 pub fn prefetch_value(p: PageRef<'_>, i: usize) {
     let (off, n) = value_at(p, i);
     p.prefetch(off, n);
+}
+
+/// Hint: bytes `part` of value `i` will be copied soon ([`value_part_into`]).
+#[inline]
+pub fn prefetch_value_part(p: PageRef<'_>, i: usize, part: &std::ops::Range<usize>) {
+    let (off, n) = value_at(p, i);
+    let from = part.start.min(n);
+    p.prefetch(off + from, part.end.clamp(from, n) - from);
 }
 
 /// Child pid of inner slot `i`, or the upper child for `i == count`.

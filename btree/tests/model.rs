@@ -144,6 +144,21 @@ fn check_ops(ops: &[Op], cache: usize) -> Result<(), TestCaseError> {
                     .map(|(i, k)| (i, m.get(k).cloned()))
                     .collect();
                 prop_assert_eq!(got, want);
+                // bytes 3..40 of each value (clipped: shorter values give less or nothing)
+                let mut got = Vec::new();
+                t.lookup_many_part(&w, ks, 3..40, |i, v| got.push((i, v.map(<[u8]>::to_vec))))
+                    .unwrap();
+                let want: Vec<_> = ks
+                    .iter()
+                    .enumerate()
+                    .map(|(i, k)| {
+                        let v = m
+                            .get(k)
+                            .map(|v| v[3.min(v.len())..40.min(v.len())].to_vec());
+                        (i, v)
+                    })
+                    .collect();
+                prop_assert_eq!(got, want);
             }
             Op::Update(k, b) => {
                 let found = t

@@ -94,3 +94,38 @@ fn a_read_committed_transaction_refuses_every_write_and_writes_nothing() {
     drop(w);
     e.close().unwrap();
 }
+
+#[test]
+fn a_part_of_many_values_is_the_same_in_both_isolation_levels() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path());
+    let w = e.worker();
+    let t = BTree::create(&w, "rows").unwrap();
+    // values of 0, 3 and 9 bytes, one in overflow pages, and a key that is absent
+    t.upsert(&w, [1], []).unwrap();
+    t.upsert(&w, [2], [7, 8, 9]).unwrap();
+    t.upsert(&w, [3], [1, 2, 3, 4, 5, 6, 7, 8, 9]).unwrap();
+    let big: Vec<u8> = (0..20_000u32).map(|i| i as u8).collect();
+    t.upsert(&w, [4], &big).unwrap();
+    let keys = [[1u8], [2], [3], [4], [5]];
+    let want = vec![
+        Some(vec![]),
+        Some(vec![8, 9]),
+        Some(vec![2, 3, 4]),
+        Some(big[1..4].to_vec()),
+        None,
+    ];
+    let mut own = Transaction::begin(&w);
+    // a serializable transaction's own write is what it sees
+    own.upsert(&t, [2], [0, 1, 2, 3]).unwrap();
+    for mut tx in [Transaction::read_committed(&w), Transaction::begin(&w), own] {
+        let mut got = Vec::new();
+        tx.get_many_part(&t, &keys, 1..4, |i, v| got.push((i, v.map(<[u8]>::to_vec))))
+            .unwrap();
+        let mut want = want.clone();
+        if !tx.is_read_only() {
+            want[1] = Some(vec![1, 2, 3]);
+        }
+        assert_eq!(got, want.into_iter().enumerate().collect::<Vec<_>>());
+    }
+}

@@ -127,10 +127,7 @@ impl BTree {
                 } else {
                     // (a page changing underneath gives garbage, within the page, that the
                     // validation below discards)
-                    let len = node::slot_info(p, i).2.min(PAGE_DATA_SIZE);
-                    let from = part.start.min(len);
-                    out.resize(part.end.clamp(from, len) - from, 0);
-                    p.read(node::value_offset(p, i) + from, out);
+                    node::value_part_into(p, i, &part, out);
                 }
             }
             g.validate()?;
@@ -165,11 +162,33 @@ impl BTree {
         keys: &[K],
         mut each: impl FnMut(usize, Option<&[u8]>),
     ) -> Result<(), TreeError> {
-        self.walk_groups(w, keys, |first, group, lanes, bufs| {
+        self.walk_groups(w, keys, None, |first, group, lanes, bufs| {
             for (j, lane) in lanes.iter().enumerate() {
                 let found = match lane.node {
                     Some(_) => lane.slot.is_some(),
                     None => self.lookup(w, group[j].as_ref(), &mut bufs[j])?,
+                };
+                each(first + j, found.then_some(&bufs[j][..]));
+            }
+            Ok(())
+        })
+    }
+
+    /// [`BTree::lookup_many`] of bytes `part` of each value (clipped to the value, as in
+    /// [`BTree::lookup_part`]): only those bytes are copied, so a lookup of one column of
+    /// large rows loads one cache line of each row instead of all of it.
+    pub fn lookup_many_part<K: AsRef<[u8]>>(
+        &self,
+        w: &Worker,
+        keys: &[K],
+        part: std::ops::Range<usize>,
+        mut each: impl FnMut(usize, Option<&[u8]>),
+    ) -> Result<(), TreeError> {
+        self.walk_groups(w, keys, Some(&part), |first, group, lanes, bufs| {
+            for (j, lane) in lanes.iter().enumerate() {
+                let found = match lane.node {
+                    Some(_) => lane.slot.is_some(),
+                    None => self.lookup_part(w, group[j].as_ref(), part.clone(), &mut bufs[j])?,
                 };
                 each(first + j, found.then_some(&bufs[j][..]));
             }
@@ -187,7 +206,7 @@ impl BTree {
         keys: &[K],
         mut each: impl FnMut(usize, Option<(Option<&[u8]>, Pid, shoal_engine::PageStamp)>),
     ) -> Result<(), TreeError> {
-        self.walk_groups(w, keys, |first, _, lanes, bufs| {
+        self.walk_groups(w, keys, None, |first, _, lanes, bufs| {
             for (j, lane) in lanes.iter().enumerate() {
                 let at = lane.node.as_ref().map(|g| {
                     let v = lane.slot.map(|_| &bufs[j][..]);
@@ -200,11 +219,13 @@ impl BTree {
     }
 
     /// Walk `keys` down in groups of [`LOOKUP_GROUP`] (`walk_group`), handing each walked
-    /// group to `done` with the index of its first key, its keys, lanes and value buffers.
+    /// group to `done` with the index of its first key, its keys, lanes and value buffers
+    /// (bytes `part` of each value, if given).
     fn walk_groups<'w, K: AsRef<[u8]>>(
         &self,
         w: &'w Worker,
         keys: &[K],
+        part: Option<&std::ops::Range<usize>>,
         mut done: impl FnMut(usize, &[K], &[Lane<'w>], &mut [Vec<u8>]) -> Result<(), TreeError>,
     ) -> Result<(), TreeError> {
         for k in keys {
@@ -225,18 +246,19 @@ impl BTree {
                 child: Pid(NO_PAGE),
                 slot: None,
             }));
-            self.walk_group(w, group, &mut lanes, &mut bufs)?;
+            self.walk_group(w, group, part, &mut lanes, &mut bufs)?;
             done(g * LOOKUP_GROUP, group, &lanes, &mut bufs)?;
         }
         Ok(())
     }
 
-    /// Walk a group of keys down to their leaves and copy their values (see `lookup_many`).
-    /// Lanes whose walk fails validation end with `node == None`.
+    /// Walk a group of keys down to their leaves and copy their values, or bytes `part` of
+    /// them (see `lookup_many`). Lanes whose walk fails validation end with `node == None`.
     pub(super) fn walk_group<'w, K: AsRef<[u8]>>(
         &self,
         w: &'w Worker,
         keys: &[K],
+        part: Option<&std::ops::Range<usize>>,
         lanes: &mut [Lane<'w>],
         bufs: &mut [Vec<u8>],
     ) -> Result<(), TreeError> {
@@ -306,14 +328,20 @@ impl BTree {
                 let (i, found) = node::lower_bound(p, key.as_ref());
                 if found {
                     lane.slot = Some(i);
-                    node::prefetch_value(p, i);
+                    match part {
+                        None => node::prefetch_value(p, i),
+                        Some(part) => node::prefetch_value_part(p, i, part),
+                    }
                 }
             }
         }
         for (lane, buf) in lanes.iter_mut().zip(bufs) {
             if let Some(g) = &lane.node {
                 if let Some(i) = lane.slot {
-                    node::value_into(g.page(), i, buf);
+                    match part {
+                        None => node::value_into(g.page(), i, buf),
+                        Some(part) => node::value_part_into(g.page(), i, part, buf),
+                    }
                     if node::val_flags(g.page(), i) & FLAG_OVERFLOW != 0 {
                         lane.node = None; // an overflow value: a lookup of its own reads it
                         continue;

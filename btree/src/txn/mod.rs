@@ -393,6 +393,11 @@ impl<'w> Transaction<'w> {
         keys: &[K],
         mut each: impl FnMut(usize, Option<&[u8]>),
     ) -> Result<(), TxError> {
+        if self.read_committed {
+            // nothing to record nor to see of its own (it writes nothing): the committed
+            // values straight from the walk, copied once
+            return Ok(tree.lookup_many(self.w, keys, each)?);
+        }
         // keys this transaction wrote are its own; the rest are read from the tree together
         let theirs: Vec<usize> = (0..keys.len())
             .filter(|&i| self.own_write(tree, keys[i].as_ref()).is_none())
@@ -401,7 +406,6 @@ impl<'w> Transaction<'w> {
         let mut got: Vec<Option<Option<read::Span>>> = vec![None; keys.len()];
         let batch: Vec<&[u8]> = theirs.iter().map(|&i| keys[i].as_ref()).collect();
         let mut alone = Vec::new();
-        let (points0, arena0) = (self.points.len(), self.arena.len());
         let (arena, points) = (&mut self.arena, &mut self.points);
         tree.lookup_many_stamped(self.w, &batch, |j, at| match at {
             Some((v, leaf, stamp)) => {
@@ -445,10 +449,32 @@ impl<'w> Transaction<'w> {
                 }
             }
         }
-        if self.read_committed {
-            self.unrecord(points0, arena0);
-        }
         Ok(())
+    }
+
+    /// [`Transaction::get_many`] of bytes `part` of each value (clipped to the value, as in
+    /// [`Transaction::get_part`]). In a read-committed transaction only those bytes are
+    /// copied (a column of many large rows: one cache line of each); in a serializable one
+    /// each value is read (and validated) whole, then cut.
+    pub fn get_many_part<K: AsRef<[u8]>>(
+        &mut self,
+        tree: &BTree,
+        keys: &[K],
+        part: Range<usize>,
+        mut each: impl FnMut(usize, Option<&[u8]>),
+    ) -> Result<(), TxError> {
+        if self.read_committed {
+            return Ok(tree.lookup_many_part(self.w, keys, part, each)?);
+        }
+        self.get_many(tree, keys, |i, v| {
+            each(
+                i,
+                v.map(|v| {
+                    let from = part.start.min(v.len());
+                    &v[from..part.end.clamp(from, v.len())]
+                }),
+            )
+        })
     }
 
     /// Insert `key` -> `value` if `key` is absent; [`Insert::Exists`] (and nothing written) if
