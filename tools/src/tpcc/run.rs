@@ -85,6 +85,8 @@ struct TpccRun<'a> {
     node_of: &'a [u8],
     /// Per worker thread: the warehouses it picks home warehouses from.
     homes: Vec<Vec<u16>>,
+    /// Deliveries asked for while another worker delivers in the same warehouse.
+    deliveries: txn::DeliveryQueue,
     /// Pacing under --rate: one transaction per stream every this long.
     pace: Option<Duration>,
     /// TPC-C's terminal times: (keying, mean think) in ms per type.
@@ -123,6 +125,7 @@ impl harness::Workload for TpccRun<'_> {
             history_seq: (self.run_number << 56)
                 | ((e.node_id() as u64) << 48)
                 | ((id as u64 + 1) << 32),
+            deliveries: Some(&self.deliveries),
         };
         let mut tally = Tally::new();
         // with durability "commit", a transaction counts once its log is durable
@@ -346,6 +349,7 @@ pub(super) fn run_phase(
         c,
         node_of,
         homes: plan.into_iter().map(|(_, h)| h).collect(),
+        deliveries: txn::DeliveryQueue::new(a.warehouses),
         // each stream's share of --rate: one transaction every `pace`
         pace: a
             .rate
@@ -398,6 +402,13 @@ pub(super) fn run_phase(
                 all.first_error.get_or_insert(e);
             }
         }
+    }
+    if all.errors == 0 && !run.deliveries.is_empty() {
+        // (a worker runs the queue it takes empty before it stops; only an error ends one
+        // with Deliveries left)
+        all.errors += 1;
+        all.first_error
+            .get_or_insert_with(|| "delivery: queued Deliveries were never run".into());
     }
     Ok(RunOut {
         tally: all,
