@@ -963,7 +963,7 @@ mod tests {
         assert!(!q.is_empty());
         // it stopped without running it (it would have): the next Delivery runs both
         q.running[0].store(false, Ordering::SeqCst);
-        ctx.run_later(DELIVERY, 1).unwrap();
+        let (_, _point) = ctx.run_later(DELIVERY, 1).unwrap(); // (durability none)
         assert_eq!(undelivered(), n0 - 2 * DISTRICTS as u64);
         assert!(q.is_empty() && !q.running[0].load(Ordering::SeqCst));
         assert!(super::super::check::warehouse(&w, &t, 1)
