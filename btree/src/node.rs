@@ -196,15 +196,22 @@ pub fn value_into(p: PageRef<'_>, i: usize, out: &mut Vec<u8>) {
     p.read(off, out);
 }
 
+/// The bytes of `part` that a value of `len` bytes holds: `part` clipped to `0..len` (empty
+/// when it starts past the end, or ends before it starts).
+pub fn clip(part: &std::ops::Range<usize>, len: usize) -> std::ops::Range<usize> {
+    let from = part.start.min(len);
+    from..part.end.clamp(from, len)
+}
+
 /// Copy bytes `part` of value `i` (clipped to the value: a part past its end is shorter or
 /// empty) into `out`, replacing its contents.
 pub fn value_part_into(p: PageRef<'_>, i: usize, part: &std::ops::Range<usize>, out: &mut Vec<u8>) {
     let (off, n) = value_at(p, i);
     let n = n.min(PAGE_DATA_SIZE);
-    let from = part.start.min(n);
+    let r = clip(part, n);
     out.clear();
-    out.resize(part.end.clamp(from, n) - from, 0);
-    p.read(off + from, out);
+    out.resize(r.len(), 0);
+    p.read(off + r.start, out);
 }
 
 /// Append value `i` to `out` (as [`value_into`], without replacing what `out` holds).
@@ -241,8 +248,8 @@ pub fn prefetch_value(p: PageRef<'_>, i: usize) {
 #[inline]
 pub fn prefetch_value_part(p: PageRef<'_>, i: usize, part: &std::ops::Range<usize>) {
     let (off, n) = value_at(p, i);
-    let from = part.start.min(n);
-    p.prefetch(off + from, part.end.clamp(from, n) - from);
+    let r = clip(part, n);
+    p.prefetch(off + r.start, r.len());
 }
 
 /// Child pid of inner slot `i`, or the upper child for `i == count`.

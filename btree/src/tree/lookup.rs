@@ -136,9 +136,9 @@ impl BTree {
                 let read = overflow::read(w, r, out);
                 g.validate()?;
                 read?;
-                let (from, to) = (part.start.min(out.len()), part.end.min(out.len()));
-                out.truncate(to.max(from));
-                out.drain(..from);
+                let r = node::clip(&part, out.len());
+                out.truncate(r.end);
+                out.drain(..r.start);
             }
             Ok(found)
         })?)

@@ -32,6 +32,7 @@ mod read;
 mod writes;
 
 use crate::error::TreeError;
+use crate::node;
 use crate::range::Entry;
 use crate::tree::{BTree, Batch, Direction, Insert};
 use read::{PointRead, RangeRead};
@@ -467,13 +468,7 @@ impl<'w> Transaction<'w> {
             return Ok(tree.lookup_many_part(self.w, keys, part, each)?);
         }
         self.get_many(tree, keys, |i, v| {
-            each(
-                i,
-                v.map(|v| {
-                    let from = part.start.min(v.len());
-                    &v[from..part.end.clamp(from, v.len())]
-                }),
-            )
+            each(i, v.map(|v| &v[node::clip(&part, v.len())]))
         })
     }
 
@@ -575,7 +570,7 @@ impl<'w> Transaction<'w> {
         part: &Range<usize>,
     ) -> Result<Option<Part>, TxError> {
         BTree::check_key(key)?;
-        let clip = |v: &[u8]| v[part.start.min(v.len())..part.end.min(v.len())].to_vec();
+        let clip = |v: &[u8]| v[node::clip(part, v.len())].to_vec();
         let mut patches = Vec::new();
         match self.own_write(tree, key) {
             None => {}
