@@ -166,9 +166,51 @@ fn larger_than_cache_with_zipf_reads_from_nvme() {
     assert!(v["per_node"][0]["evictions"].as_u64().unwrap() > 0, "{v}");
 }
 
+/// `--workers 2,0`: node 1 runs no workers; node 0's reads of pages homed on node 1 are served
+/// by it, over mem and over tcp, and the report says how many workers each node ran.
+#[test]
+fn a_node_without_workers_only_serves_the_others() {
+    for transport in ["mem", "tcp"] {
+        let v = run_json(&[
+            "--nodes",
+            "2",
+            "--transport",
+            transport,
+            "--workers",
+            "2,0",
+            "--records",
+            "100000",
+            "--workload",
+            "c",
+            "--cache",
+            "4MiB",
+        ]);
+        check(&v);
+        assert_eq!(
+            v["workers_of_nodes"],
+            serde_json::json!([2, 0]),
+            "{transport}"
+        );
+        let nodes = v["per_node"].as_array().unwrap();
+        let per_node = &v["per_node"];
+        assert_eq!(nodes.len(), 2, "{transport}: {per_node}");
+        assert!(
+            nodes[0]["ops"].as_u64().unwrap() > 0,
+            "{transport}: {per_node}"
+        );
+        assert_eq!(nodes[1]["ops"], 0, "{transport}: {per_node}");
+        assert_eq!(v["ops"], nodes[0]["ops"], "{transport}: {per_node}");
+        // the records do not fit node 0's cache: it reads pages homed on node 1
+        assert!(
+            nodes[0]["remote_fetches"].as_u64().unwrap() > 0,
+            "{transport}: node 0 fetched nothing from node 1: {per_node}"
+        );
+    }
+}
+
 #[test]
 fn bad_flags_are_clear_errors() {
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 11] = [
         (&["--records", "0"], "--records must be at least 1"),
         (&["--cache", "16KiB"], "smaller than the minimum"),
         (&["--zipf-theta", "7"], "--zipf-theta 7"),
@@ -177,6 +219,12 @@ fn bad_flags_are_clear_errors() {
         (&["--workload", "z"], "use one of a, b, c, d, e, f"),
         (&["--value-size", "4"], "--value-size 4"),
         (&["--encrypt"], "--encrypt goes with --transport tcp"),
+        (&["--workers", "0"], "some node must run workers"),
+        (
+            &["--nodes", "2", "--workers", "1,2,3"],
+            "3 counts for 2 nodes",
+        ),
+        (&["--workers", "two"], "--workers two"),
     ];
     for (args, msg) in cases {
         let out = shoal().arg("ycsb").args(args).output().unwrap();

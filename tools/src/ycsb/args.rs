@@ -132,9 +132,10 @@ pub struct Args {
     pub wal_size: u64,
     #[command(flatten)]
     pub net: ClusterArgs,
-    /// Worker threads per node.
-    #[arg(long, default_value_t = 2)]
-    pub workers: usize,
+    /// Worker threads per node: one count for every node, or one per node separated by
+    /// commas (`4,0`: node 1 runs no workers and only serves node 0's misses).
+    #[arg(long, default_value = "2")]
+    pub workers: String,
     /// Tasks per worker thread (1: no tasks). Each task runs its own stream of operations; a
     /// task that misses (NVMe read, remote fetch) pauses and the thread runs another, so one
     /// thread keeps many reads in flight (docs/ycsb.md, "Tasks").
@@ -236,6 +237,42 @@ pub struct Args {
     pub quiet: bool,
 }
 
+/// The most worker threads one node runs.
+const MAX_WORKERS: usize = 1024;
+
+/// `--workers`: one count for every node, or one per node separated by commas (checked against
+/// `nodes` when the cluster's size is known here; a member of a cluster file checks it once it
+/// knows the file's). A node may run no workers, but some node must (a member given one count
+/// may run none: the other members' flags are not known here).
+pub(super) fn parse_workers(s: &str, nodes: Option<usize>) -> anyhow::Result<Vec<usize>> {
+    let counts = s
+        .split(',')
+        .map(|p| p.trim().parse::<usize>())
+        .collect::<Result<Vec<usize>, _>>()
+        .map_err(|e| anyhow::anyhow!("--workers {s}: {e} (a count, or one per node: 4,0)"))?;
+    if let Some(&n) = counts.iter().find(|&&n| n > MAX_WORKERS) {
+        return Err(anyhow::anyhow!(
+            "--workers {s}: {n} workers on one node; use at most {MAX_WORKERS}"
+        ));
+    }
+    // one count for a member of a cluster file is its own: a member may only serve
+    let member_alone = nodes.is_none() && counts.len() == 1;
+    if counts.iter().all(|&n| n == 0) && !member_alone {
+        return Err(anyhow::anyhow!(
+            "--workers {s}: some node must run workers (1 to {MAX_WORKERS})"
+        ));
+    }
+    if let Some(nodes) = nodes {
+        if counts.len() != 1 && counts.len() != nodes {
+            return Err(anyhow::anyhow!(
+                "--workers {s}: {} counts for {nodes} nodes (give one for all, or one per node)",
+                counts.len()
+            ));
+        }
+    }
+    Ok(counts)
+}
+
 pub(super) struct Plan {
     pub(super) phase: Option<Phase>,
     pub(super) mix: Mix,
@@ -255,9 +292,21 @@ pub(super) struct Plan {
     pub(super) write_one: bool,
     /// Cache of each node (`--cache`, one entry per node).
     pub(super) caches: Vec<usize>,
+    /// Worker threads of each node (`--workers`): one entry for every node, or one per node.
+    pub(super) workers: Vec<usize>,
     pub(super) label: String,
     pub(super) seed: u64,
     pub(super) started: std::time::SystemTime,
+}
+
+impl Plan {
+    /// Worker threads on node `node`.
+    pub(super) fn workers_on(&self, node: usize) -> usize {
+        match self.workers.as_slice() {
+            [n] => *n,
+            per_node => per_node[node],
+        }
+    }
 }
 
 pub(super) fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<Plan> {
@@ -286,9 +335,7 @@ pub(super) fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<
             a.net.nodes
         ));
     }
-    if a.workers == 0 || a.workers > 1024 {
-        return Err(anyhow::anyhow!("--workers {}: use 1 to 1024", a.workers));
-    }
+    let workers = parse_workers(&a.workers, a.net.cluster.is_none().then_some(a.net.nodes))?;
     if a.tasks == 0 || a.tasks > shoal_engine::tasks::MAX_TASKS {
         return Err(anyhow::anyhow!(
             "--tasks {}: use 1 to {}",
@@ -473,6 +520,7 @@ pub(super) fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<
         read_one: fields && a.read_all_fields == Some(false),
         write_one: fields && a.write_all_fields != Some(true),
         caches,
+        workers,
         label,
         seed: a.seed.unwrap_or_else(crate::report::fresh_seed),
         started: std::time::SystemTime::now(),

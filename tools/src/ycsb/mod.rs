@@ -170,6 +170,15 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
 /// Create or open the table, load this process's share, run, report (or only load, or only
 /// run on a loaded table: `plan.phase`).
 fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
+    // a member of a cluster file learns the cluster's size only now
+    if plan.workers.len() != 1 && plan.workers.len() != nodes.cluster {
+        return Err(anyhow::Error::new(crate::cli::Usage(format!(
+            "--workers {}: {} counts for {} nodes (give one for all, or one per node)",
+            a.workers,
+            plan.workers.len(),
+            nodes.cluster
+        ))));
+    }
     if plan.phase == Some(Phase::Run) {
         return drive_run_phase(nodes, a, plan);
     }
@@ -203,7 +212,18 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
         nodes.cluster,
         if nodes.cluster > 1 { "s" } else { "" },
         if nodes.member { "tcp member" } else if nodes.cluster > 1 { "mem" } else { "embedded" },
-        a.workers,
+        {
+            let workers: Vec<String> = nodes
+                .engines
+                .iter()
+                .map(|e| plan.workers_on(e.node_id() as usize).to_string())
+                .collect();
+            if workers.iter().all(|w| *w == workers[0]) {
+                workers[0].clone()
+            } else {
+                workers.join(",")
+            }
+        },
         if a.tasks > 1 { format!(" x {} tasks", a.tasks) } else { String::new() },
         {
             let caches: Vec<u64> = nodes.engines.iter().map(|e| cache_bytes(e)).collect();
@@ -440,7 +460,10 @@ fn load(nodes: &Nodes, tree: &BTree, a: &Args, plan: &Plan) -> anyhow::Result<f6
         let mut hs = Vec::new();
         for &e in &nodes.engines {
             let (lo, hi) = keys(e).share();
-            let workers = (a.workers as u64).min(hi - lo).max(1);
+            // a node that runs no workers still loads its share
+            let workers = (plan.workers_on(e.node_id() as usize) as u64)
+                .min(hi - lo)
+                .max(1);
             for t in 0..workers {
                 let done = &done;
                 let (from, to) = (
@@ -505,6 +528,9 @@ struct YcsbRun<'a> {
     a: &'a Args,
     plan: &'a Plan,
     set: &'a DataSet,
+    /// The number of each engine's first worker thread (threads are numbered over every
+    /// node, engine by engine).
+    first_thread: Vec<usize>,
     counters: Vec<Counter>,
     inserts: Vec<Inserts>,
     /// Each second's latencies per stream and operation type (only for --csv / --hdr).
@@ -535,7 +561,7 @@ impl harness::Workload for YcsbRun<'_> {
         };
         // the seed's stream number is the stream's number on its node (with one task, the
         // worker thread's number there)
-        let on_node = (s.thread % a.workers) * a.tasks + s.task;
+        let on_node = (s.thread - self.first_thread[s.engine]) * a.tasks + s.task;
         worker_loop(
             e,
             self.tree,
@@ -634,9 +660,24 @@ fn run_phase(
     plan: &Plan,
     set: &DataSet,
 ) -> anyhow::Result<RunOutput> {
-    // one worker thread per node and --workers (the index of its engine in `nodes.engines`)
-    let threads: Vec<usize> = (0..nodes.engines.len())
-        .flat_map(|n| std::iter::repeat_n(n, a.workers))
+    // each node's --workers threads (a thread is the index of its engine in `nodes.engines`)
+    let per_engine: Vec<usize> = nodes
+        .engines
+        .iter()
+        .map(|e| plan.workers_on(e.node_id() as usize))
+        .collect();
+    let threads: Vec<usize> = per_engine
+        .iter()
+        .enumerate()
+        .flat_map(|(n, &w)| std::iter::repeat_n(n, w))
+        .collect();
+    let first_thread = per_engine
+        .iter()
+        .scan(0, |next, &w| {
+            let first = *next;
+            *next += w;
+            Some(first)
+        })
         .collect();
     // a stream of operations: one per worker thread, or per task with --tasks
     let n_units = threads.len() * a.tasks;
@@ -646,6 +687,7 @@ fn run_phase(
         a,
         plan,
         set,
+        first_thread,
         counters: (0..n_units).map(|_| Counter::default()).collect(),
         inserts: nodes.engines.iter().map(|_| Inserts::default()).collect(),
         intervals: if a.csv.is_some() || a.hdr.is_some() {

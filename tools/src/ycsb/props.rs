@@ -251,7 +251,7 @@ pub fn apply(
     }
     if let Some(v) = int("threadcount")? {
         if !given("workers") {
-            a.workers = v as usize;
+            a.workers = v.to_string();
         }
     }
     if let Some(v) = num("target")? {

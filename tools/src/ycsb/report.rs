@@ -98,19 +98,17 @@ pub(super) fn report_run(
             first_error = r.first_error.clone();
         }
     }
-    // results come in thread order, `workers * tasks` per node
-    let per_node = (a.workers * a.tasks).max(1);
+    // results come in thread order, each node's workers x tasks
+    let mut rest = results.iter();
     let reports: Vec<NodeReport> = nodes
         .engines
         .iter()
         .zip(before.iter().zip(&after))
-        .enumerate()
-        .map(|(i, (e, (b, f)))| NodeReport {
+        .map(|(e, (b, f))| NodeReport {
             node: e.node_id(),
-            ops: results
-                .iter()
-                .skip(i * per_node)
-                .take(per_node)
+            ops: rest
+                .by_ref()
+                .take(plan.workers_on(e.node_id() as usize) * a.tasks)
                 .map(|r| r.ops.iter().sum::<u64>())
                 .sum(),
             d: delta(&b.0, &f.0),
@@ -206,7 +204,9 @@ pub(super) fn report_run(
             "fields": fields_json(plan),
             "nodes": nodes.cluster,
             "transport": if nodes.member { "tcp" } else { "mem" },
-            "workers_per_node": a.workers,
+            // node 0's, as cache_bytes_per_node
+            "workers_per_node": plan.workers_on(first.node_id() as usize),
+            "workers_of_nodes": nodes.engines.iter().map(|e| plan.workers_on(e.node_id() as usize)).collect::<Vec<_>>(),
             "tasks_per_worker": a.tasks,
             // what the engine runs with (a tcp member's cache comes from the cluster file)
             "cache_bytes_per_node": cache_bytes(first),

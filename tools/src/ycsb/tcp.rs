@@ -24,7 +24,7 @@ fn node_args(a: &Args, plan: &Plan, file: &Path, id: usize, json: &Path) -> Vec<
         v.push(k.into());
         v.push(val);
     };
-    f("--workers", a.workers.to_string());
+    f("--workers", a.workers.clone());
     f("--records", a.records.to_string());
     f("--value-size", a.value_size.to_string());
     f("--insert-start", plan.first.to_string());
@@ -151,6 +151,8 @@ fn merge(docs: &[Value]) -> anyhow::Result<Value> {
     let (mut ops, mut tput, mut errors, mut misses, mut dur) = (0u64, 0f64, 0u64, 0u64, 0f64);
     let mut by_type = serde_json::Map::new();
     let mut per_node = Vec::new();
+    // each node's configuration, from its own report
+    let (mut caches, mut workers) = (Vec::new(), Vec::new());
     let mut first_error = Value::Null;
     for d in docs {
         let bad = || anyhow::anyhow!("a node wrote an unreadable report: {d}");
@@ -167,6 +169,8 @@ fn merge(docs: &[Value]) -> anyhow::Result<Value> {
             by_type.insert(k.clone(), json!(n));
         }
         per_node.extend(d["per_node"].as_array().ok_or_else(bad)?.iter().cloned());
+        caches.push(d["cache_bytes_per_node"].clone());
+        workers.push(d["workers_per_node"].clone());
         crate::report::add_hist_json(&mut hist, &d["histogram_ns"])?;
         for (op, v) in d["per_op"].as_object().ok_or_else(bad)? {
             let h = per_op.entry(op.clone()).or_insert_with(crate::report::hist);
@@ -205,6 +209,8 @@ fn merge(docs: &[Value]) -> anyhow::Result<Value> {
         ("first_error", first_error),
         ("read_misses_of_new_keys", json!(misses)),
         ("per_node", Value::Array(per_node)),
+        ("cache_bytes_of_nodes", Value::Array(caches)),
+        ("workers_of_nodes", Value::Array(workers)),
     ] {
         o.insert(k.into(), v);
     }
