@@ -39,7 +39,7 @@ use crate::transport::Transport;
 use crate::wait::WaitMode;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -141,7 +141,13 @@ pub struct Channels {
     sent: Box<[Mutex<Sent>]>,
     /// Per source: what we consumed of its stream (`msgs`, `pages`).
     received: Mutex<Box<[Sent]>>,
+    /// Per source: `received[s].msgs` for readers that take no lock ([`Channels::pending`]).
+    /// Stored (Release) after the message's slot was read and freed.
+    next: Box<[AtomicU64]>,
     inbox: Mutex<VecDeque<Incoming>>,
+    /// Messages in `inbox`, for readers that take no lock. Changed under the inbox's lock,
+    /// after the push and after the pop.
+    queued: AtomicUsize,
     /// How long a sender waits for credit before giving up.
     pub credit_timeout: Duration,
 }
@@ -165,7 +171,9 @@ impl Channels {
             mode,
             sent: (0..n).map(|_| Mutex::new(Sent::default())).collect(),
             received: Mutex::new((0..n).map(|_| Sent::default()).collect()),
+            next: (0..n).map(|_| AtomicU64::new(0)).collect(),
             inbox: Mutex::new(VecDeque::new()),
+            queued: AtomicUsize::new(0),
             credit_timeout: Duration::from_secs(10),
         })
     }
@@ -207,7 +215,7 @@ impl Channels {
         env.from_worker = if page.is_some() { HAS_PAGE } else { 0 };
         if peer == me {
             env.seq = 0;
-            self.inbox.lock().push_back(Incoming {
+            self.queue(Incoming {
                 env,
                 page: page.map(|p| Box::new(*p)),
             });
@@ -315,6 +323,9 @@ impl Channels {
                 r.store(off + 56, 0); // free the slot (the sender will not reuse it before credit)
                 let seq = got.msgs;
                 got.msgs += 1;
+                // Release: a reader of `next` that then loads the new slot's flag (Acquire)
+                // looks past a freed slot, never at it
+                self.next[src as usize].store(got.msgs, Ordering::Release);
                 match Envelope::from_bytes(&b, self.layout.nodes) {
                     Ok(env) => {
                         let page = if env.from_worker & HAS_PAGE != 0 {
@@ -333,7 +344,7 @@ impl Channels {
                             );
                             continue;
                         }
-                        self.inbox.lock().push_back(Incoming { env, page });
+                        self.queue(Incoming { env, page });
                         moved += 1;
                     }
                     Err(e) => log::error!("channel from node {src}: malformed message: {e}"),
@@ -355,29 +366,47 @@ impl Channels {
         moved
     }
 
+    /// Put `m` at the end of the inbox.
+    fn queue(&self, m: Incoming) {
+        let mut inbox = self.inbox.lock();
+        inbox.push_back(m);
+        // Release: after the push, under the lock (a reader that sees the count and then takes
+        // the lock finds the message)
+        self.queued.store(inbox.len(), Ordering::Release);
+    }
+
+    /// The first message of the inbox, if any.
+    fn unqueue(&self) -> Option<Incoming> {
+        let mut inbox = self.inbox.lock();
+        let m = inbox.pop_front();
+        self.queued.store(inbox.len(), Ordering::Release);
+        m
+    }
+
     /// The next received message, if any (drains the rings first when the inbox is empty).
     pub fn try_recv(&self) -> Option<Incoming> {
-        if let Some(m) = self.inbox.lock().pop_front() {
+        if let Some(m) = self.unqueue() {
             return Some(m);
         }
         self.drain();
-        self.inbox.lock().pop_front()
+        self.unqueue()
     }
 
     /// Whether a message may be ready: the inbox is not empty, or a ring has a complete
-    /// message (a racy snapshot; cheap: one load per source).
+    /// message at the position it is consumed from. A racy snapshot, without a lock: one
+    /// load for the inbox and two per source. It may miss a message that a drain running on
+    /// another thread is moving into the inbox right now; that drain then wakes the handler
+    /// (or the helpers polling see the message in the inbox on their next look), as after
+    /// any drain that moved something.
     pub fn pending(&self) -> bool {
         let r = self.t.region();
         let l = &self.layout;
         let me = self.t.node();
-        !self.inbox.lock().is_empty()
+        self.queued.load(Ordering::Acquire) > 0
             || (0..l.nodes).any(|s| {
                 s != me && {
-                    let rx = self.received.try_lock();
-                    // a drain in progress: treat as pending (its caller applies what it moves)
-                    rx.is_none_or(|rx| {
-                        (r.load(l.ring_off(s, rx[s as usize].msgs) + 56) >> 56) as u8 == FULL
-                    })
+                    let next = self.next[s as usize].load(Ordering::Acquire);
+                    (r.load(l.ring_off(s, next) + 56) >> 56) as u8 == FULL
                 }
             })
     }
@@ -387,8 +416,6 @@ impl Channels {
     pub fn wait(&self, timeout: Duration, stop: &AtomicBool) {
         let deadline = Instant::now() + timeout;
         let r = self.t.region();
-        let l = &self.layout;
-        let me = self.t.node();
         // while threads waiting for answers poll the rings themselves, spinning here only
         // takes the core from them: park at once (writers do not wake us meanwhile; the last
         // helper looks once more when it leaves, see `Region::stop_helping`)
@@ -397,22 +424,11 @@ impl Channels {
         } else {
             crate::wait::SPINS
         };
-        self.t.region().queue(0).wait_spinning(
+        r.queue(0).wait_spinning(
             spins,
             self.mode,
             Some(deadline),
-            || {
-                !self.inbox.lock().is_empty()
-                    || (0..l.nodes).any(|s| {
-                        s != me && {
-                            let rx = self.received.try_lock();
-                            rx.is_some_and(|rx| {
-                                (r.load(l.ring_off(s, rx[s as usize].msgs) + 56) >> 56) as u8
-                                    == FULL
-                            })
-                        }
-                    })
-            },
+            || self.pending(),
             || stop.load(Ordering::Acquire),
         );
     }
@@ -507,6 +523,32 @@ mod tests {
                 "page of message {i}"
             );
         }
+    }
+
+    #[test]
+    fn pending_sees_each_message_in_the_ring_and_the_inbox_until_it_is_taken() {
+        let l = ChannelLayout {
+            nodes: 2,
+            ring: 3,
+            pages: 1,
+        };
+        let (a, b) = pair(l);
+        assert!(!b.pending(), "nothing sent yet");
+        // across two ring wraps: each message is pending in the ring, then in the inbox (after
+        // a drain), and nothing is once it was taken
+        for i in 0..7u8 {
+            a.send(1, env(i), None).unwrap();
+            assert!(b.pending(), "message {i} in the ring");
+            assert_eq!(b.drain(), 1);
+            assert!(b.pending(), "message {i} in the inbox");
+            assert_eq!(b.try_recv().map(|m| m.env.body[0]), Some(i));
+            assert!(!b.pending(), "message {i} taken");
+        }
+        // a message to oneself goes straight to the inbox
+        b.send(1, env(9), None).unwrap();
+        assert!(b.pending());
+        assert_eq!(b.try_recv().map(|m| m.env.body[0]), Some(9));
+        assert!(!b.pending() && !a.pending());
     }
 
     #[test]
