@@ -19,15 +19,17 @@
 //! **Sending** (node `s` to `d`, under `s`'s lock for `d`): wait for credit, write the page (if
 //! any) into the next slot of `d`'s page ring for `s`, then the message into the next slot of
 //! `d`'s message ring for `s`. Writes to one peer are applied in order, so the page is complete
-//! when the message's flag (its last byte, written last) is seen. A message's `from_worker`
+//! when the message's flag (its last byte, written last) is seen; both go in one
+//! [`Transport::write_two`] (over tcp, one system call). A message's `from_worker`
 //! field carries the channel's flags (bit 0: a page is attached), its `seq` the message's
 //! position in the stream, which the receiver checks.
 //!
 //! **Receiving** ([`Channels::drain`]): for each source, read the messages whose flag is set,
 //! in ring order, copy attached pages out (pages are consumed in the order they were sent),
-//! clear the slots, queue the messages in a local inbox, and write the consumed counts into
-//! the sender's credit slot. Any thread may drain; a sender short of credit drains while it
-//! waits, so two nodes whose rings are full cannot wait for each other forever.
+//! clear the slots, queue the messages in a local inbox, and, once half a ring of messages or
+//! of pages was consumed since the last time, write the consumed counts into the sender's
+//! credit slot. Any thread may drain; a sender short of credit drains while it waits, so two
+//! nodes whose rings are full cannot wait for each other forever.
 //!
 //! It knows nothing about what the messages mean.
 
@@ -125,10 +127,18 @@ pub struct Incoming {
     pub page: Option<Box<[u8; PAGE_BYTES]>>,
 }
 
-#[derive(Default)]
+/// Messages and pages of one stream, sent or consumed so far.
+#[derive(Default, Clone, Copy, PartialEq, Eq)]
 struct Sent {
     msgs: u64,
     pages: u64,
+}
+
+/// What we consumed of one source's stream, and how much of that we told the source.
+#[derive(Default)]
+struct Received {
+    consumed: Sent,
+    credited: Sent,
 }
 
 /// One node's channels to every node (itself included: a message to oneself goes straight to
@@ -140,7 +150,7 @@ pub struct Channels {
     /// Per peer: what we sent it.
     sent: Box<[Mutex<Sent>]>,
     /// Per source: what we consumed of its stream (`msgs`, `pages`).
-    received: Mutex<Box<[Sent]>>,
+    received: Mutex<Box<[Received]>>,
     /// Per source: `received[s].msgs` for readers that take no lock ([`Channels::pending`]).
     /// Stored (Release) after the message's slot was read and freed.
     next: Box<[AtomicU64]>,
@@ -170,7 +180,7 @@ impl Channels {
             layout,
             mode,
             sent: (0..n).map(|_| Mutex::new(Sent::default())).collect(),
-            received: Mutex::new((0..n).map(|_| Sent::default()).collect()),
+            received: Mutex::new((0..n).map(|_| Received::default()).collect()),
             next: (0..n).map(|_| AtomicU64::new(0)).collect(),
             inbox: Mutex::new(VecDeque::new()),
             queued: AtomicUsize::new(0),
@@ -266,14 +276,17 @@ impl Channels {
             self.drain();
             std::thread::yield_now();
         }
-        if let Some(p) = page {
-            self.t
-                .write(peer, self.layout.page_off(me, s.pages), &p[..])?;
-            s.pages += 1;
-        }
         env.seq = s.msgs as u32;
-        self.t
-            .write(peer, self.layout.ring_off(me, s.msgs), &env.to_bytes())?;
+        let msg = (self.layout.ring_off(me, s.msgs), &env.to_bytes()[..]);
+        match page {
+            // the page first: the message's flag, written last, says both arrived
+            Some(p) => {
+                let at = self.layout.page_off(me, s.pages);
+                self.t.write_two(peer, (at, &p[..]), msg)?;
+                s.pages += 1;
+            }
+            None => self.t.write(peer, msg.0, msg.1)?,
+        }
         s.msgs += 1;
         debug_assert!(
             s.msgs.saturating_sub(self.credit(peer).0) <= self.layout.ring as u64,
@@ -306,8 +319,10 @@ impl Channels {
             if src == me {
                 continue;
             }
-            let got = &mut rx[src as usize];
-            let before = got.msgs;
+            let Received {
+                consumed: got,
+                credited,
+            } = &mut rx[src as usize];
             loop {
                 let off = self.layout.ring_off(src, got.msgs);
                 // Acquire (Region::load) on the word holding the flag: pairs with the Release
@@ -350,14 +365,27 @@ impl Channels {
                     Err(e) => log::error!("channel from node {src}: malformed message: {e}"),
                 }
             }
-            if got.msgs != before {
+            // Credit goes back once half a ring (of messages or of pages) was consumed since
+            // the last time, not after every drain: over tcp each return is a system call and
+            // a packet. A sender that waits for credit has a full ring (or page ring) in
+            // flight, so the drain that consumes it returns credit.
+            let (ring, pages) = (self.layout.ring as u64, self.layout.pages as u64);
+            if got.msgs - credited.msgs >= ring.div_ceil(2)
+                || got.pages - credited.pages >= pages.div_ceil(2)
+            {
                 let mut credit = [0u8; 16];
                 credit[..8].copy_from_slice(&got.msgs.to_le_bytes());
                 credit[8..].copy_from_slice(&got.pages.to_le_bytes());
                 if let Err(e) = self.t.write(src, self.layout.credit_off(me), &credit) {
                     log::debug!("returning credit to node {src}: {e}");
                 }
+                *credited = *got;
             }
+            debug_assert!(
+                got.msgs - credited.msgs < ring.div_ceil(2)
+                    && got.pages - credited.pages < pages.div_ceil(2),
+                "less than half a ring consumed and not yet credited"
+            );
         }
         drop(rx);
         if moved > 0 {
@@ -549,6 +577,50 @@ mod tests {
         assert!(b.pending());
         assert_eq!(b.try_recv().map(|m| m.env.body[0]), Some(9));
         assert!(!b.pending() && !a.pending());
+    }
+
+    #[test]
+    fn credit_goes_back_once_half_a_ring_was_consumed() {
+        let l = ChannelLayout {
+            nodes: 2,
+            ring: 8,
+            pages: 4,
+        };
+        let (a, b) = pair(l);
+        let page = [7u8; PAGE_BYTES];
+        for i in 0..3u8 {
+            a.send(1, env(i), None).unwrap();
+        }
+        assert_eq!(b.drain(), 3);
+        assert_eq!(a.credit(1), (0, 0), "3 of 8 messages: no credit yet");
+        a.send(1, env(3), None).unwrap();
+        assert_eq!(b.drain(), 1);
+        assert_eq!(a.credit(1), (4, 0), "half the ring");
+        // two pages are half the page ring
+        a.send(1, env(4), Some(&page)).unwrap();
+        assert_eq!(b.drain(), 1);
+        assert_eq!(a.credit(1), (4, 0));
+        a.send(1, env(5), Some(&page)).unwrap();
+        assert_eq!(b.drain(), 1);
+        assert_eq!(a.credit(1), (6, 2), "half the page ring");
+        // a sender never waits for good: with the ring full it gets credit from the drain
+        // that empties it
+        let (a, b) = (Arc::new(a), Arc::new(b));
+        let rx = Arc::clone(&b);
+        let reader = std::thread::spawn(move || {
+            let stop = AtomicBool::new(false);
+            let mut n = 0;
+            while n < 100 {
+                match rx.try_recv() {
+                    Some(_) => n += 1,
+                    None => rx.wait(Duration::from_millis(5), &stop),
+                }
+            }
+        });
+        for i in 0..94u8 {
+            a.send(1, env(i), (i % 5 == 0).then_some(&page)).unwrap();
+        }
+        reader.join().unwrap();
     }
 
     #[test]

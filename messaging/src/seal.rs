@@ -86,19 +86,26 @@ pub(crate) struct Sealer {
 impl Sealer {
     /// Seal `frame` in place: `frame[..LEN]` is a placeholder for the sealed length, the rest
     /// the plain frame. Afterwards `frame` is the sealed frame, ready to send.
+    #[cfg(test)]
     pub(crate) fn seal(&mut self, frame: &mut Vec<u8>) {
-        assert!(frame.len() > LEN, "a frame has a header");
-        let sealed_len = u32::try_from(frame.len() - LEN + TAG).expect("frames are small");
+        self.seal_at(frame, 0);
+    }
+
+    /// Seal the frame that begins at `start` of `buf` and runs to its end, in place (as
+    /// [`Sealer::seal`]); the bytes before `start` (frames sealed before) are left alone.
+    pub(crate) fn seal_at(&mut self, buf: &mut Vec<u8>, start: usize) {
+        assert!(buf.len() > start + LEN, "a frame has a header");
+        let sealed_len = u32::try_from(buf.len() - start - LEN + TAG).expect("frames are small");
         let len = sealed_len.to_le_bytes();
-        frame[..LEN].copy_from_slice(&len);
+        buf[start..start + LEN].copy_from_slice(&len);
         let counter = self.next;
         // A counter is never reused with a key: at 10^9 frames per second it lasts 584 years.
         self.next = counter.checked_add(1).expect("frame counter exhausted");
         let tag = self
             .aead
-            .encrypt_in_place_detached(&nonce(counter), &len, &mut frame[LEN..])
+            .encrypt_in_place_detached(&nonce(counter), &len, &mut buf[start + LEN..])
             .expect("AES-GCM seals any frame below 64 GiB");
-        frame.extend_from_slice(&tag);
+        buf.extend_from_slice(&tag);
     }
 }
 

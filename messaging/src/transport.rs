@@ -19,6 +19,19 @@ pub trait Transport: Send + Sync + 'static {
     fn region(&self) -> &Region;
     /// Write `data` into `peer`'s region at `offset` (one-sided; ordered per peer).
     fn write(&self, peer: u8, offset: usize, data: &[u8]) -> Result<(), MsgError>;
+    /// Two writes to `peer`, in this order (a page, then the message that announces it). A
+    /// transport with a per-write cost (a system call, a network packet) sends both at once;
+    /// the others write one after the other. If it fails, neither or only the first may have
+    /// landed, as with two calls of [`Transport::write`].
+    fn write_two(
+        &self,
+        peer: u8,
+        first: (usize, &[u8]),
+        then: (usize, &[u8]),
+    ) -> Result<(), MsgError> {
+        self.write(peer, first.0, first.1)?;
+        self.write(peer, then.0, then.1)
+    }
     /// Whether `peer` is reachable (false once its connection closed or it died).
     fn peer_alive(&self, peer: u8) -> bool;
     /// Give up on `peer` for good: a message to it could not be delivered although it looked

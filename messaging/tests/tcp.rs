@@ -414,6 +414,15 @@ fn relay(to: SocketAddr, flip_after: Option<usize>) -> (SocketAddr, Arc<Mutex<Ve
 fn sealed_pair(
     flip_after: Option<usize>,
 ) -> (Arc<TcpTransport>, Arc<TcpTransport>, Arc<Mutex<Vec<u8>>>) {
+    pair_through_relay(flip_after, true)
+}
+
+/// Start a 2-node cluster (frames sealed or not) whose node 0 reaches node 1 through
+/// [`relay`].
+fn pair_through_relay(
+    flip_after: Option<usize>,
+    encrypt: bool,
+) -> (Arc<TcpTransport>, Arc<TcpTransport>, Arc<Mutex<Vec<u8>>>) {
     let layout = Layout { nodes: 2, ..LAYOUT };
     let (ls, addrs) = listeners(2);
     let mut ls = ls.into_iter();
@@ -422,7 +431,7 @@ fn sealed_pair(
     let sealed = |node: u8, addrs: &[SocketAddr]| {
         let mut c = cfg(node, addrs);
         c.secret = b"a secret for sealed frames......".to_vec();
-        c.encrypt = true;
+        c.encrypt = encrypt;
         c
     };
     let c1 = sealed(1, &addrs);
@@ -495,6 +504,51 @@ fn sealed_frames_arrive_intact_hide_their_bytes_and_fail_when_altered() {
         std::thread::sleep(Duration::from_millis(5));
     }
     drop((t0, t1));
+}
+
+/// Issue 46: `write_two` (a page and the message that announces it) lands both writes, in
+/// order, plain and sealed; each is its own frame on the wire.
+#[test]
+fn two_writes_sent_at_once_land_in_order_plain_and_sealed() {
+    for encrypt in [false, true] {
+        let (t0, t1, _seen) = pair_through_relay(None, encrypt);
+        let mut got = vec![0u8; 4096];
+        for round in 1..=20u64 {
+            let page = vec![round as u8; 4096];
+            t0.write_two(1, (4096, &page), (8192, &round.to_le_bytes()))
+                .unwrap();
+            let t = Instant::now();
+            // the second write seen means the first one landed before it
+            while t1.region().load(8192) != round {
+                assert!(
+                    t.elapsed() < Duration::from_secs(5),
+                    "encrypt {encrypt}, round {round}: not delivered"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            t1.region().read(4096, &mut got).unwrap();
+            assert_eq!(got, page, "encrypt {encrypt}, round {round}");
+        }
+        // a misaligned second write fails before anything is sent: a write after it lands,
+        // the first write of the pair never does, and the peer stays
+        assert!(t0
+            .write_two(1, (4096, &[0xEE; 4096]), (8193, &[0u8; 8]))
+            .is_err());
+        t0.write(1, 8192, &21u64.to_le_bytes()).unwrap();
+        let t = Instant::now();
+        while t1.region().load(8192) != 21 {
+            assert!(t.elapsed() < Duration::from_secs(5), "encrypt {encrypt}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        t1.region().read(4096, &mut got).unwrap();
+        assert_eq!(
+            got,
+            vec![20u8; 4096],
+            "encrypt {encrypt}: half a pair landed"
+        );
+        assert!(t1.peer_alive(0));
+        drop((t0, t1));
+    }
 }
 
 /// Issue 29: a node that encrypts and one that does not refuse each other, and the dialer's

@@ -33,7 +33,7 @@ use crate::seal::{self, Opener, Sealer, Transcript};
 use crate::transport::Transport;
 use byteorder::{ByteOrder, LittleEndian};
 use parking_lot::Mutex;
-use std::io::{Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -54,6 +54,8 @@ const NONCE: usize = 16;
 /// HMAC-SHA256 proof bytes.
 const PROOF: usize = 32;
 const HEADER: usize = 16;
+/// Bytes a receiver thread reads from its connection at most per system call.
+const READ_BUFFER: usize = 64 << 10;
 
 /// Cluster membership and timing of a TCP node.
 #[derive(Debug, Clone)]
@@ -207,8 +209,12 @@ impl TcpTransport {
         Ok((offset, len))
     }
 
-    /// Apply `peer`'s frames in order until the connection closes or a frame is bad.
-    fn receive(&self, peer: u8, mut s: TcpStream, opener: Option<Opener>) {
+    /// Apply `peer`'s frames in order until the connection closes or a frame is bad. Reads go
+    /// through a buffer of [`READ_BUFFER`] bytes: one system call takes in every frame that has
+    /// arrived (a page's frame and its message's, a burst of messages) instead of two per
+    /// frame.
+    fn receive(&self, peer: u8, s: TcpStream, opener: Option<Opener>) {
+        let mut s = BufReader::with_capacity(READ_BUFFER, s);
         let why = match opener {
             None => self.receive_plain(&mut s),
             Some(o) => self.receive_sealed(peer, &mut s, o),
@@ -220,7 +226,7 @@ impl TcpTransport {
     }
 
     /// Plain frames; returns why the connection ended.
-    fn receive_plain(&self, s: &mut TcpStream) -> String {
+    fn receive_plain(&self, s: &mut impl Read) -> String {
         let mut head = [0u8; HEADER];
         let mut buf = Vec::new();
         loop {
@@ -243,7 +249,7 @@ impl TcpTransport {
 
     /// Sealed frames: each is authenticated (and decrypted) whole before its header is even
     /// looked at; returns why the connection ended.
-    fn receive_sealed(&self, peer: u8, s: &mut TcpStream, mut opener: Opener) -> String {
+    fn receive_sealed(&self, peer: u8, s: &mut impl Read, mut opener: Opener) -> String {
         let mut len = [0u8; seal::LEN];
         let mut buf = Vec::new();
         loop {
@@ -280,6 +286,69 @@ impl TcpTransport {
             }
         }
     }
+    /// Send `writes` to `peer` as frames in one system call (each frame sealed on its own
+    /// with `encrypt`). A write that is empty, misaligned or larger than [`MAX_FRAME`] fails
+    /// before anything is sent; a failed send marks the peer dead.
+    fn send_frames(&self, peer: u8, writes: &[(usize, &[u8])]) -> Result<(), MsgError> {
+        let p = match self.peers.get(peer as usize) {
+            Some(Some(p)) => p,
+            _ => return Err(MsgError::NoSuchPeer(peer, self.nodes)),
+        };
+        if !p.alive.load(Ordering::Acquire) {
+            return Err(MsgError::PeerDead(peer));
+        }
+        if let Some(&(offset, data)) = writes.iter().find(|(offset, data)| {
+            data.len() > MAX_FRAME
+                || data.is_empty()
+                || !data.len().is_multiple_of(8)
+                || !offset.is_multiple_of(8)
+        }) {
+            return Err(MsgError::OutOfBounds {
+                offset,
+                len: data.len(),
+                region: MAX_FRAME,
+            });
+        }
+        let r = {
+            let mut w = p.writer.lock();
+            let Writer {
+                stream,
+                sealer,
+                frame,
+            } = &mut *w;
+            frame.clear();
+            for &(offset, data) in writes {
+                let start = frame.len();
+                if sealer.is_some() {
+                    frame.extend_from_slice(&[0u8; seal::LEN]);
+                }
+                frame.extend_from_slice(&(offset as u64).to_le_bytes());
+                frame.extend_from_slice(&(data.len() as u32).to_le_bytes());
+                frame.extend_from_slice(&[0u8; 4]);
+                frame.extend_from_slice(data);
+                if let Some(sealer) = sealer {
+                    sealer.seal_at(frame, start);
+                }
+            }
+            let r = stream.write_all(frame);
+            if frame.capacity()
+                > 2 * (2 * HEADER + crate::mailbox::PAGE_BYTES + 2 * (seal::LEN + seal::TAG) + 64)
+            {
+                *frame = Vec::new(); // do not keep a large frame's buffer
+            }
+            r
+        };
+        r.map_err(|e| {
+            log::error!(
+                "node {}: writing to node {peer} at {}: {e}",
+                self.node,
+                p.addr
+            );
+            self.mark_dead(peer);
+            MsgError::PeerDead(peer)
+        })
+    }
+
     fn mark_dead(&self, peer: u8) {
         if let Some(Some(p)) = self.peers.get(peer as usize) {
             p.alive.store(false, Ordering::Release);
@@ -342,58 +411,19 @@ impl Transport for TcpTransport {
         if peer == self.node {
             return self.region.apply(offset, data);
         }
-        let p = match self.peers.get(peer as usize) {
-            Some(Some(p)) => p,
-            _ => return Err(MsgError::NoSuchPeer(peer, self.nodes)),
-        };
-        if !p.alive.load(Ordering::Acquire) {
-            return Err(MsgError::PeerDead(peer));
+        self.send_frames(peer, &[(offset, data)])
+    }
+    fn write_two(
+        &self,
+        peer: u8,
+        first: (usize, &[u8]),
+        then: (usize, &[u8]),
+    ) -> Result<(), MsgError> {
+        if peer == self.node {
+            self.region.apply(first.0, first.1)?;
+            return self.region.apply(then.0, then.1);
         }
-        if data.len() > MAX_FRAME
-            || data.is_empty()
-            || !data.len().is_multiple_of(8)
-            || !offset.is_multiple_of(8)
-        {
-            return Err(MsgError::OutOfBounds {
-                offset,
-                len: data.len(),
-                region: MAX_FRAME,
-            });
-        }
-        let r = {
-            let mut w = p.writer.lock();
-            let Writer {
-                stream,
-                sealer,
-                frame,
-            } = &mut *w;
-            frame.clear();
-            if sealer.is_some() {
-                frame.extend_from_slice(&[0u8; seal::LEN]);
-            }
-            frame.extend_from_slice(&(offset as u64).to_le_bytes());
-            frame.extend_from_slice(&(data.len() as u32).to_le_bytes());
-            frame.extend_from_slice(&[0u8; 4]);
-            frame.extend_from_slice(data);
-            if let Some(sealer) = sealer {
-                sealer.seal(frame);
-            }
-            let r = stream.write_all(frame);
-            if frame.capacity() > 2 * (HEADER + crate::mailbox::PAGE_BYTES + seal::LEN + seal::TAG)
-            {
-                *frame = Vec::new(); // do not keep a large frame's buffer
-            }
-            r
-        };
-        r.map_err(|e| {
-            log::error!(
-                "node {}: writing to node {peer} at {}: {e}",
-                self.node,
-                p.addr
-            );
-            self.mark_dead(peer);
-            MsgError::PeerDead(peer)
-        })
+        self.send_frames(peer, &[first, then])
     }
     fn peer_alive(&self, peer: u8) -> bool {
         peer == self.node
