@@ -10,13 +10,17 @@ use crate::pid::Pid;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-/// How long a waiting worker that finds nothing to do spins before it yields between looks.
-/// Yielding at once was measured worse on `mem` (a yield on a busy 2-core machine can cost a
-/// time slice); parking at once costs a wake-up when a round held by another thread ends. How
-/// long it looks in all before it parks is the transport's [`Transport::answer_poll`].
+/// How long a waiting worker that finds nothing to do spins before it yields between looks:
+/// long enough for a round that another thread is running to end, short enough to leave the
+/// core to the threads that produce the answer (a reader thread, a handler, the worker whose
+/// round it is). With 20 us, `shoal ycsb --workload c --nodes 2` (4 workers a node on 2
+/// cores) ran 0.87-0.90x as fast as with 2 us, and 0.80x over tcp (docs/BENCHMARKS.md,
+/// "Remote-miss CPU"); parking at once costs a wake-up when a round held by another thread
+/// ends. How long it looks in all before it parks is the transport's
+/// [`Transport::answer_poll`].
 ///
 /// [`Transport::answer_poll`]: shoal_messaging::Transport::answer_poll
-const SPIN_FOR: Duration = Duration::from_micros(20);
+const SPIN_FOR: Duration = Duration::from_micros(2);
 
 impl Coherence {
     /// Obtain `want` possession of `pid` for a worker of this node. With `wait`, returns once
