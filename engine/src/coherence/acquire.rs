@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 /// long enough for a round that another thread is running to end, short enough to leave the
 /// core to the threads that produce the answer (a reader thread, a handler, the worker whose
 /// round it is). With 20 us, `shoal ycsb --workload c --nodes 2` (4 workers a node on 2
-/// cores) ran 0.87-0.90x as fast as with 2 us, and 0.80x over tcp (docs/BENCHMARKS.md,
+/// cores) ran 0.89-0.90x as fast as with 2 us, and 0.81-0.82x over tcp (docs/BENCHMARKS.md,
 /// "Remote-miss CPU"); parking at once costs a wake-up when a round held by another thread
 /// ends. How long it looks in all before it parks is the transport's
 /// [`Transport::answer_poll`].
