@@ -125,6 +125,15 @@ impl Log {
     }
 }
 
+/// Whether a flush whose stream ends at `end` (before its last block's padding) leaves the
+/// bytes from the keep point `keep` on alone in a data area of `cap` stream bytes (a multiple
+/// of the block). A flush writes whole blocks: the block holding the keep point also holds the
+/// first bytes that must stay readable, so the flush must end before that block's next lap.
+fn stays_behind_keep(end: u64, keep: u64, cap: u64) -> bool {
+    debug_assert!(cap.is_multiple_of(SBLOCK));
+    end.next_multiple_of(SBLOCK) <= keep / SBLOCK * SBLOCK + cap
+}
+
 fn join(epoch: u64, lsn: u64) -> u64 {
     debug_assert!(lsn <= LSN_MASK);
     (epoch << LSN_BITS) | lsn
@@ -565,7 +574,7 @@ impl Log {
             if wrap + size + SBLOCK > f.out.room() {
                 break; // the rest in the next flush (the last block's padding fits)
             }
-            if pos + wrap + size > f.keep.fpos + cap {
+            if !stays_behind_keep(pos + wrap + size, f.keep.fpos, cap) {
                 full = true; // the log is full up to the keep point
                 break;
             }

@@ -2,8 +2,9 @@
 //! torn last flush is its end, a log of another store or a missing log is named, a data file
 //! cut short is refused, an interrupted creation leaves no store or a whole one, a page
 //! whose write-back was torn by a crash is repaired from the log at open, a flush that stops
-//! at a chunk being finished is not taken for a full log, and a log with an older build's
-//! cut-off transaction is refused with nothing written.
+//! at a chunk being finished is not taken for a full log, a log with an older build's
+//! cut-off transaction is refused with nothing written, and a full log waits before the block
+//! that holds its keep point.
 //!
 //! Each test writes page images through the log (one flush per page, so the log holds many
 //! flushes), "crashes" by dropping the store without closing it, changes the files as the
@@ -565,4 +566,83 @@ fn a_log_holding_an_older_builds_unfinished_transaction_is_refused_and_left_as_i
             "the refused open changed the files"
         );
     }
+}
+
+#[test]
+fn a_full_log_waits_before_the_block_of_an_unaligned_keep_point_and_keeps_it_readable() {
+    // A flush writes whole blocks. When the keep point (a checkpoint's record) lies inside a
+    // block, the block's other bytes are free to overwrite, but the flush that reaches that
+    // block on the next lap must wait: writing it would overwrite the checkpoint's record.
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    c.wal.as_mut().unwrap().file_bytes = 1 << 20;
+    let (store, log) = logged(&c);
+    let w = log.log();
+    let slot = store.allocate().unwrap();
+    let mut page = page_of(1);
+    let mut version: u64 = 1;
+    // the next version of the page, changed in its first 8 bytes, logged as a small chunk
+    let mut change = |page: &mut Vec<u8>| {
+        version += 1;
+        page[..8].copy_from_slice(&version.to_le_bytes());
+        let mut buf = Vec::new();
+        let ranges = [(0u16, 8u16)].into_iter();
+        let at = w.append(&mut buf, |_, b| {
+            put_diff(b, slot, 1000 + slot, version, ranges.clone(), page)
+        });
+        (version, at.unwrap().1)
+    };
+    let mut buf = Vec::new();
+    w.append(&mut buf, |_, b| put_image(b, slot, 1000 + slot, 1, &page))
+        .unwrap();
+    // small chunks before the checkpoint, in its flush: its record starts inside a block
+    for _ in 0..10 {
+        change(&mut page);
+    }
+    let first = log.begin_checkpoint().unwrap();
+    log.finish_checkpoint(&store, first).unwrap();
+    // fifty blocks on, a second checkpoint, written and not yet finished: the keep point
+    // stays at the first
+    let mut v = 0;
+    for _ in 0..50 {
+        let (at, end) = change(&mut page);
+        w.flush_to(end).unwrap();
+        v = at;
+    }
+    let second = log.begin_checkpoint().unwrap();
+    let (_, end) = w
+        .append(&mut buf, |_, b| put_image(b, slot, 1000 + slot, v, &page))
+        .unwrap();
+    w.flush_to(end).unwrap();
+    // one small chunk per flush, one block each: nearly a lap of the log, which passes the
+    // first keep point's block and not the second's (fifty blocks on)
+    let lap = w.capacity_bytes() / shoal_storage::wal::SBLOCK - 10;
+    let page = std::thread::scope(|s| {
+        let filler = s.spawn(|| {
+            for _ in 0..lap {
+                let (_, end) = change(&mut page);
+                w.flush_to(end).unwrap();
+            }
+            page
+        });
+        let t0 = Instant::now();
+        while w.stats.full_waits.load(Ordering::Relaxed) == 0 {
+            assert!(!filler.is_finished(), "the filler ended without waiting");
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "hang: the log never filled"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(w.used_bytes() <= w.capacity_bytes());
+        // (the log's own finish: the node's would first flush the tail, which waits too)
+        let (alloc, _) = store.allocator_snapshot(|| w.tail());
+        w.finish_checkpoint(second, &alloc).unwrap();
+        filler.join().unwrap()
+    });
+    drop(log);
+    drop(store); // crash: the open replays from the second checkpoint's record
+    let (store, _log) = logged(&c);
+    assert_eq!(read(&store, slot).unwrap(), page);
 }
