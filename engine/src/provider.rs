@@ -141,6 +141,9 @@ pub(crate) fn run(node: Arc<Node>) {
         if node.log().is_some_and(|l| l.wants_checkpoint()) && Instant::now() >= checkpoint_retry {
             if let Err(e) = p.checkpoint(&node) {
                 p.checkpoint_errors.error(&e);
+                if let Some(log) = node.log() {
+                    log.log().checkpoint_failed(e.to_string());
+                }
                 // (a cluster node's checkpoint waits for its peers: one that failed, for a
                 // peer that died or did not answer, is tried again a little later)
                 checkpoint_retry = Instant::now() + CHECKPOINT_RETRY;
@@ -188,7 +191,7 @@ impl CheckpointErrors {
         {
             log::error!(
                 "a checkpoint failed ({} since the last report): {e}; the log keeps everything \
-                 since the last checkpoint, and commits fail with LogFull once it is full",
+                 since the last checkpoint; once it is nearly full, changes fail with this error",
                 self.since
             );
             self.last = Some(Instant::now());

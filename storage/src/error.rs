@@ -83,6 +83,10 @@ pub enum StoreError {
     )]
     LogFull { path: PathBuf, bytes: u64 },
     #[error(
+        "write-ahead log {path} is nearly full and its checkpoint failed: {why}; nothing acknowledged is lost, new changes are refused until a checkpoint finishes (the page provider tries again every second)"
+    )]
+    CheckpointFailed { path: PathBuf, why: String },
+    #[error(
         "no room for the write-ahead log {path} ({} MiB): {source}; free space on its device or choose a smaller log (`EngineConfig::wal_bytes`, `--wal-size`)", bytes >> 20
     )]
     NoRoomForLog {

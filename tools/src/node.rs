@@ -21,6 +21,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 use shoal_engine::{join, ClusterFile, Engine, EngineError, OpResult, Pid, Worker};
+use shoal_storage::StoreError;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -163,6 +164,10 @@ fn error_kind(e: &EngineError) -> &'static str {
         EngineError::PeerDead { .. } => "home_unreachable",
         EngineError::HolderDead { .. } => "holder_unreachable",
         EngineError::RemoteTimeout { .. } => "timeout",
+        EngineError::Store(s) => match **s {
+            StoreError::LogFull { .. } | StoreError::CheckpointFailed { .. } => "log_full",
+            _ => "other",
+        },
         _ => "other",
     }
 }

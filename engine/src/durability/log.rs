@@ -60,6 +60,8 @@ struct Flusher {
     flush: u64,
     /// The flush being gathered: its stream (chunks and padding).
     out: SectorBuf,
+    /// Checkpoints that failed so far, and why the last one did (`Log::wait_for_room`).
+    checkpoint_failures: (u64, String),
 }
 
 /// One node's write-ahead log.
@@ -168,6 +170,7 @@ impl Log {
                 last_checkpoint: None,
                 flush: start.flush + 1,
                 out: file.flush_buffer(),
+                checkpoint_failures: (0, String::new()),
             }),
             file,
             space: Condvar::new(),
@@ -213,14 +216,24 @@ impl Log {
         self.tight.load(Ordering::Acquire)
     }
 
-    /// Wait until a checkpoint made room (at most 30 s, then [`StoreError::LogFull`]).
+    /// Wait until a checkpoint made room (at most 30 s, then [`StoreError::LogFull`]). A
+    /// checkpoint that fails meanwhile ends the wait with [`StoreError::CheckpointFailed`] and
+    /// its cause (a cluster's dead peer fails every one: no use waiting 30 s for each change).
     pub fn wait_for_room(&self) -> StoreResult<()> {
         let deadline = Instant::now() + FULL_WAIT;
         let mut f = self.flusher.lock();
+        let failures = f.checkpoint_failures.0;
         self.stats.full_waits.fetch_add(1, Ordering::Relaxed);
         while self.tight() {
             if self.failed.load(Ordering::Acquire) {
                 return Err(self.failure());
+            }
+            let (count, why) = &f.checkpoint_failures;
+            if *count > failures {
+                return Err(StoreError::CheckpointFailed {
+                    path: self.path().to_path_buf(),
+                    why: why.clone(),
+                });
             }
             if self.space.wait_until(&mut f, deadline).timed_out() && self.tight() {
                 return Err(StoreError::LogFull {
@@ -247,6 +260,19 @@ impl Log {
         self.used.store(used, Ordering::Relaxed);
         self.tight
             .store(used > self.admit_limit(), Ordering::Release);
+    }
+
+    /// A checkpoint failed with `why`: whoever waits for room (and would wait for it in vain
+    /// until a retry succeeds) is told at once.
+    pub fn checkpoint_failed(&self, why: String) {
+        {
+            // under the flusher lock: a waiter checks the count and sleeps under it, so it
+            // either sees the new count or is asleep when the notification comes
+            let mut f = self.flusher.lock();
+            f.checkpoint_failures.0 += 1;
+            f.checkpoint_failures.1 = why;
+        }
+        self.space.notify_all();
     }
 
     /// Bytes of the data area.
