@@ -128,7 +128,7 @@ pub struct Incoming {
 }
 
 /// Messages and pages of one stream, sent or consumed so far.
-#[derive(Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Default, Clone, Copy)]
 struct Sent {
     msgs: u64,
     pages: u64,

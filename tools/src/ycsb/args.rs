@@ -307,6 +307,11 @@ impl Plan {
             per_node => per_node[node],
         }
     }
+
+    /// Worker threads on the node that engine `e` runs.
+    pub(super) fn workers_of(&self, e: &shoal_engine::Engine) -> usize {
+        self.workers_on(e.node_id() as usize)
+    }
 }
 
 pub(super) fn validate(a: &Args, mix_from_props: Option<Mix>) -> anyhow::Result<Plan> {

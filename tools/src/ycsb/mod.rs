@@ -216,7 +216,7 @@ fn drive(nodes: &Nodes, a: &Args, plan: &Plan) -> anyhow::Result<ExitCode> {
             let workers: Vec<String> = nodes
                 .engines
                 .iter()
-                .map(|e| plan.workers_on(e.node_id() as usize).to_string())
+                .map(|e| plan.workers_of(e).to_string())
                 .collect();
             if workers.iter().all(|w| *w == workers[0]) {
                 workers[0].clone()
@@ -461,9 +461,7 @@ fn load(nodes: &Nodes, tree: &BTree, a: &Args, plan: &Plan) -> anyhow::Result<f6
         for &e in &nodes.engines {
             let (lo, hi) = keys(e).share();
             // a node that runs no workers still loads its share
-            let workers = (plan.workers_on(e.node_id() as usize) as u64)
-                .min(hi - lo)
-                .max(1);
+            let workers = (plan.workers_of(e) as u64).min(hi - lo).max(1);
             for t in 0..workers {
                 let done = &done;
                 let (from, to) = (
@@ -661,11 +659,7 @@ fn run_phase(
     set: &DataSet,
 ) -> anyhow::Result<RunOutput> {
     // each node's --workers threads (a thread is the index of its engine in `nodes.engines`)
-    let per_engine: Vec<usize> = nodes
-        .engines
-        .iter()
-        .map(|e| plan.workers_on(e.node_id() as usize))
-        .collect();
+    let per_engine: Vec<usize> = nodes.engines.iter().map(|e| plan.workers_of(e)).collect();
     let threads: Vec<usize> = per_engine
         .iter()
         .enumerate()

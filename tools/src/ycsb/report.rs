@@ -108,7 +108,7 @@ pub(super) fn report_run(
             node: e.node_id(),
             ops: rest
                 .by_ref()
-                .take(plan.workers_on(e.node_id() as usize) * a.tasks)
+                .take(plan.workers_of(e) * a.tasks)
                 .map(|r| r.ops.iter().sum::<u64>())
                 .sum(),
             d: delta(&b.0, &f.0),
@@ -205,8 +205,8 @@ pub(super) fn report_run(
             "nodes": nodes.cluster,
             "transport": if nodes.member { "tcp" } else { "mem" },
             // node 0's, as cache_bytes_per_node
-            "workers_per_node": plan.workers_on(first.node_id() as usize),
-            "workers_of_nodes": nodes.engines.iter().map(|e| plan.workers_on(e.node_id() as usize)).collect::<Vec<_>>(),
+            "workers_per_node": plan.workers_of(first),
+            "workers_of_nodes": nodes.engines.iter().map(|e| plan.workers_of(e)).collect::<Vec<_>>(),
             "tasks_per_worker": a.tasks,
             // what the engine runs with (a tcp member's cache comes from the cluster file)
             "cache_bytes_per_node": cache_bytes(first),
