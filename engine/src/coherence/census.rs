@@ -85,7 +85,7 @@ impl Coherence {
         // pages that wait for something (at most 12): where a stall across nodes shows
         let mut waiting = Vec::new();
         let mut count = 0;
-        let retry: HashSet<Pid> = self.pages.retry.lock().clone();
+        let retry: HashSet<Pid> = self.pages.retry.pages();
         for shard in self.pages.shards.iter() {
             for (pid, s) in shard.lock().iter() {
                 if !s.busy() {

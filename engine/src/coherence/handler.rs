@@ -205,7 +205,7 @@ impl Coherence {
             role.dead_seen |= dead;
             self.sweep_dead(buf);
         }
-        let retry: Vec<Pid> = self.pages.retry.lock().drain().collect();
+        let retry: Vec<Pid> = self.pages.retry.take();
         let retried = !retry.is_empty() | self.serve_allocs(buf);
         for pid in retry {
             self.kick(buf, pid);
@@ -239,7 +239,7 @@ impl Coherence {
     pub fn help(&self, buf: &Buffer) -> bool {
         // home copies to read come first, outside the role (several helpers read in parallel)
         let read = !self.driver.stop.load(Ordering::Acquire) && self.do_store_reads(buf);
-        if !read && !self.driver.ch.pending() && self.pages.retry.lock().is_empty() {
+        if !read && !self.driver.ch.pending() && self.pages.retry.is_empty() {
             return false;
         }
         let Some(mut role) = self.driver.role.try_lock() else {
@@ -276,7 +276,7 @@ impl Coherence {
             // the round's store reads, outside the role (helpers may take some of them)
             let read = self.do_store_reads(buf);
             if r.applied == 0 && !read {
-                let t = if r.retried || !self.pages.retry.lock().is_empty() {
+                let t = if r.retried || !self.pages.retry.is_empty() {
                     Duration::from_micros(50)
                 } else {
                     Duration::from_millis(10)

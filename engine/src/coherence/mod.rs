@@ -73,7 +73,7 @@ use possession::PageCopy;
 use protocol::{Mode, Msg, Node};
 use shoal_messaging::{Channels, PAGE_BYTES};
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Shards of the page-state map.
@@ -303,14 +303,60 @@ pub(crate) struct Coherence {
 struct Pages {
     shards: Box<[Mutex<HashMap<Pid, PageState>>]>,
     /// Pages whose held messages or due serve the handler must retry.
-    retry: Mutex<HashSet<Pid>>,
+    retry: Retry,
+}
+
+/// The pages a handler round must retry, with their number for pollers that take no lock
+/// (every helper and the handler thread ask "anything to retry?" on each poll).
+struct Retry {
+    set: Mutex<HashSet<Pid>>,
+    /// `set.len()`, stored under the lock after each change. Release pairs with the Acquire
+    /// of `is_empty`: a poller that sees a count and then takes the lock finds the pages. A
+    /// poller that reads 0 while a page is being added saw the set as it was just before
+    /// that insert, as a check under the lock at that moment would have.
+    len: AtomicUsize,
+}
+
+impl Retry {
+    fn new() -> Retry {
+        Retry {
+            set: Mutex::new(HashSet::new()),
+            len: AtomicUsize::new(0),
+        }
+    }
+
+    fn add(&self, pid: Pid) {
+        let mut set = self.set.lock();
+        set.insert(pid);
+        self.len.store(set.len(), Ordering::Release);
+    }
+
+    /// Every page to retry (the set is left empty).
+    fn take(&self) -> Vec<Pid> {
+        if self.is_empty() {
+            return Vec::new();
+        }
+        let mut set = self.set.lock();
+        let pages = set.drain().collect();
+        self.len.store(0, Ordering::Release);
+        pages
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Acquire) == 0
+    }
+
+    /// A copy of the set (for diagnostics).
+    fn pages(&self) -> HashSet<Pid> {
+        self.set.lock().clone()
+    }
 }
 
 impl Pages {
     fn new() -> Pages {
         Pages {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            retry: Mutex::new(HashSet::new()),
+            retry: Retry::new(),
         }
     }
 
@@ -321,7 +367,7 @@ impl Pages {
 
     /// Schedule `pid`'s held messages (or due serve) for the handler's next round.
     fn retry_later(&self, pid: Pid) {
-        self.retry.lock().insert(pid);
+        self.retry.add(pid);
     }
 }
 

@@ -406,3 +406,34 @@ fn an_upgrade_waiting_for_a_dead_sharer_loses_the_page_cleanly() {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+#[test]
+fn the_retry_set_hands_out_every_page_added_while_others_take_and_poll() {
+    use super::Retry;
+    let r = Retry::new();
+    assert!(r.is_empty() && r.take().is_empty());
+    r.add(Pid(7));
+    r.add(Pid(7));
+    assert!(!r.is_empty());
+    assert_eq!(r.take(), vec![Pid(7)], "a page added twice is retried once");
+    assert!(r.is_empty());
+    // adders on two threads, a taker on a third: every page comes out exactly once
+    let mut taken = Vec::new();
+    std::thread::scope(|s| {
+        for t in 0..2u64 {
+            let r = &r;
+            s.spawn(move || (0..10_000).for_each(|i| r.add(Pid(t << 32 | i))));
+        }
+        let t0 = Instant::now();
+        while taken.len() < 20_000 {
+            assert!(t0.elapsed() < Duration::from_secs(60), "hang");
+            if !r.is_empty() {
+                taken.extend(r.take());
+            }
+        }
+    });
+    taken.sort();
+    taken.dedup();
+    assert_eq!(taken.len(), 20_000);
+    assert!(r.is_empty());
+}
