@@ -6,6 +6,11 @@ use crate::{Cluster, EngineConfig, Pid};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+/// How long a test waits for what must happen before it calls it a hang: a hang guard, not a
+/// speed check (10 s was once too short for a dirty eviction beside 3 busy loops and the
+/// other tests).
+const HANG_GUARD: Duration = Duration::from_secs(60);
+
 /// `n` nodes over mem with 256-frame caches, their stores under `dir`.
 fn cluster(dir: &std::path::Path, n: usize) -> Cluster {
     cluster_with(dir, n, true)
@@ -178,9 +183,6 @@ fn a_home_frame_granted_to_its_own_worker_is_not_dropped() {
 /// back: the 3-process `shoal node` stall); with a dirty notice waiting for a frame again
 /// instead of going to the store, the dirty case fails there too.
 fn eviction_needs_no_free_frame_at_the_home(dirty: bool) {
-    // a hang guard, not a speed check: the broken behaviour never answers (10 s was once
-    // too short for the dirty case beside 3 busy loops and the other tests)
-    const HANG_GUARD: Duration = Duration::from_secs(60);
     let dir = tempfile::tempdir().unwrap();
     // without one pool: node 0's request must go to its store (with it, node 1 would serve
     // the read and decline its own notice until it has)
@@ -426,7 +428,7 @@ fn the_retry_set_hands_out_every_page_added_while_others_take_and_poll() {
         }
         let t0 = Instant::now();
         while taken.len() < 20_000 {
-            assert!(t0.elapsed() < Duration::from_secs(60), "hang");
+            assert!(t0.elapsed() < HANG_GUARD, "hang guard: pages never taken");
             if !r.is_empty() {
                 taken.extend(r.take());
             }
