@@ -765,6 +765,86 @@ fn a_dead_node_gives_errors_not_hangs() {
     // no clean shutdown is possible with a dead member; the engines are dropped
 }
 
+/// A node dies holding shared copies: once its lease has run out, the homes forget it as a
+/// sharer and the pages are written again, by every live node; the dead node, which in one
+/// process goes on running cut off from the others (as a stopped or partitioned process
+/// would), never reads a stale copy: its reads fail once its lease has run out. Pages it held
+/// exclusively stay refused (their last version may exist only there).
+#[test]
+fn pages_a_dead_node_held_shared_are_written_again_once_its_lease_ran_out() {
+    const HANG: Duration = Duration::from_secs(60);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_path_buf();
+    let c = Cluster::mem(3, Duration::from_secs(5), move |i| {
+        EngineConfig::for_cluster_node(d.join(format!("n{i}")), 512 * 4096)
+    })
+    .unwrap();
+    let (w0, w1, w2) = (c.node(0).worker(), c.node(1).worker(), c.node(2).worker());
+    let shared = allocate(&w0, 8);
+    let owned = allocate(&w0, 1)[0];
+    for (k, &p) in shared.iter().enumerate() {
+        w0.exclusive(p).unwrap().page_mut().set_u64(0, k as u64 + 1);
+    }
+    // nodes 1 and 2 read every page (shared copies), node 2 takes one page exclusively
+    for &p in &shared {
+        for w in [&w1, &w2] {
+            w.run(|w| w.shared(p).map(|_| ())).unwrap();
+        }
+    }
+    w2.run(|w| w.exclusive(owned).map(|mut g| g.page_mut().set_u64(0, 99)))
+        .unwrap();
+    c.kill(2);
+    let t0 = std::time::Instant::now();
+    // node 1 writes every page; refusals naming node 2 come until its lease has run out
+    let mut refused = 0;
+    for (k, &p) in shared.iter().enumerate() {
+        loop {
+            match w1.run(|w| {
+                w.exclusive(p)
+                    .map(|mut g| g.page_mut().set_u64(0, 100 + k as u64))
+            }) {
+                Ok(()) => break,
+                Err(EngineError::HolderDead { holder: 2, .. }) => refused += 1,
+                Err(e) => panic!("writing {p} on node 1: {e}"),
+            }
+            assert!(t0.elapsed() < HANG, "hang: {p} never became writable again");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let took = t0.elapsed();
+    eprintln!("every page written again {took:?} after the death ({refused} refusals meanwhile)");
+    for (k, &p) in shared.iter().enumerate() {
+        assert_eq!(w0.shared(p).unwrap().page().u64(0), 100 + k as u64);
+        assert_eq!(w1.shared(p).unwrap().page().u64(0), 100 + k as u64);
+    }
+    let stats = c.node(0).protocol_stats();
+    assert!(
+        stats.dead_sharers_forgotten >= 1,
+        "the home forgot the dead sharer: {stats:?}"
+    );
+    // the dead node's copies: never the old value
+    for &p in &shared {
+        match w2.run(|w| w.shared(p).map(|g| g.page().u64(0))) {
+            Ok(v) => panic!("the cut-off node read {p} = {v}, a value overwritten since"),
+            Err(EngineError::LeaseLapsed { home: 0, .. } | EngineError::PeerDead { node: 0 }) => {}
+            Err(e) => panic!("the cut-off node reading {p}: {e}"),
+        }
+    }
+    // the page it held exclusively: refused, on every live node
+    for w in [&w0, &w1] {
+        let e = w.run(|w| w.shared(owned).map(|_| ())).unwrap_err();
+        assert!(
+            matches!(e, EngineError::HolderDead { holder: 2, .. }),
+            "{e}"
+        );
+    }
+    assert!(
+        c.node(2).protocol_stats().lease_waits >= 1,
+        "the cut-off node waited for its lease"
+    );
+    drop((w0, w1, w2));
+}
+
 /// The catalog page lives on node 0; every node registers and finds names through it.
 #[test]
 fn the_catalog_is_shared_by_every_node() {

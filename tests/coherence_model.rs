@@ -120,6 +120,10 @@ struct Sim {
     deaths: u64,
     /// Pages left unavailable after a death (refused from then on), counted at the drain.
     unavailable: u64,
+    /// Dead sharers a home forgot (as clean evictions) before deciding a request.
+    forgotten: u64,
+    /// Requests from nodes their home knew dead, dropped.
+    dropped: u64,
     /// Operations that ended by a timeout (see `time_out_stalled`).
     timeouts: u64,
     reads: u64,
@@ -223,6 +227,8 @@ impl Sim {
             ctl: Vec::new(),
             failed: 0,
             deaths: 0,
+            forgotten: 0,
+            dropped: 0,
             unavailable: 0,
             timeouts: 0,
             reads: 0,
@@ -407,10 +413,22 @@ impl Sim {
         let reply = |msg| (e.from, msg);
         match &e.msg {
             Msg::Request { want, have } => {
-                // the engine's `home_request`: decide on a copy of the entry, refuse (leaving
-                // the entry as it was) if the grant needs a node this home knows is dead
-                let mut d = self.dirs[p];
+                // the engine's `home_request`: forget the dead sharers this home has noticed
+                // (deaths are fail-stop here: a dead node's fence holds at once), decide on
+                // a copy of the entry, refuse (leaving the entry as it was) if the grant needs
+                // a node this home knows is dead
                 let me = e.to;
+                if e.from != me && self.knows(me as usize, e.from) {
+                    // a request from a node known dead is dropped: a grant to it would make
+                    // the entry name it
+                    self.note(|| format!("home {me} drops a request from dead node {}", e.from));
+                    self.dropped += 1;
+                    return Ok(true);
+                }
+                if self.dirs[p].forget_sharers(self.knows_dead[me as usize]) {
+                    self.forgotten += 1;
+                }
+                let mut d = self.dirs[p];
                 // one pool: with no frame of the page at the home, a live sharer serves
                 let may_serve = if self.forward_reads && self.home_frame[p].is_none() {
                     (0..self.nodes as Node)
@@ -1405,7 +1423,7 @@ impl Sim {
 
     fn trace_tail(&self) -> String {
         let n = self.trace.len();
-        self.trace[n.saturating_sub(40)..].join("\n")
+        self.trace[n.saturating_sub(400)..].join("\n")
     }
 
     /// Run, and on failure report `what` with the trace tail.
@@ -1443,6 +1461,8 @@ struct Tally {
     forwarded: u64,
     taken_in: u64,
     recoveries: u64,
+    forgotten: u64,
+    dropped: u64,
 }
 
 fn run_seed(seed: u64) -> Result<Tally, String> {
@@ -1477,6 +1497,8 @@ fn run_seed(seed: u64) -> Result<Tally, String> {
             forwarded: sim.forwarded,
             taken_in: sim.taken_in,
             recoveries: sim.recoveries,
+            forgotten: sim.forgotten,
+            dropped: sim.dropped,
         }),
         Err(e) => Err(format!(
             "seed {seed} ({nodes} nodes x {workers} workers, {pages} pages, {ops} ops/worker, evict {evict}, faults {faults}, deaths {}): {e}\ntrace tail:\n{}",
@@ -1507,13 +1529,15 @@ fn random_schedules_keep_every_invariant() {
                 t.forwarded += r.forwarded;
                 t.taken_in += r.taken_in;
                 t.recoveries += r.recoveries;
+                t.forgotten += r.forgotten;
+                t.dropped += r.dropped;
             }
             Err(e) => panic!("{e}"),
         }
     }
     eprintln!(
-        "{seeds} schedules: {} reads and {} writes checked, {} remote requests ({} shared reads forwarded to a sharer, {} offered pages taken in), {} give-ups and unsent messages, {} node deaths, {} operations ended by an error, {} pages left unavailable, {} operations timed out behind a dead grantee, {} crash recoveries of every log checked",
-        t.reads, t.writes, t.remote, t.forwarded, t.taken_in, t.faults, t.deaths, t.failed, t.unavailable, t.timeouts, t.recoveries
+        "{seeds} schedules: {} reads and {} writes checked, {} remote requests ({} shared reads forwarded to a sharer, {} offered pages taken in), {} give-ups and unsent messages, {} node deaths, {} operations ended by an error, {} dead sharers forgotten, {} requests from dead nodes dropped, {} pages left unavailable, {} operations timed out behind a dead grantee, {} crash recoveries of every log checked",
+        t.reads, t.writes, t.remote, t.forwarded, t.taken_in, t.faults, t.deaths, t.failed, t.forgotten, t.dropped, t.unavailable, t.timeouts, t.recoveries
     );
     assert!(
         t.recoveries > seeds,
@@ -1526,6 +1550,7 @@ fn random_schedules_keep_every_invariant() {
         t.deaths > 0 && t.failed > 0,
         "deaths were drawn and ended operations"
     );
+    assert!(t.forgotten > 0, "homes forgot dead sharers");
 }
 
 /// All nodes hammering one page exclusively: every node finishes, in any message order.

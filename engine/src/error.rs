@@ -41,6 +41,8 @@ pub enum EngineError {
     HolderDead { pid: Pid, holder: u8 },
     #[error("page {pid}: no answer from the cluster within {ms} ms")]
     RemoteTimeout { pid: Pid, ms: u64 },
+    #[error("page {pid}: this node's lease from its home, node {home}, ran out and node {home} has not renewed it within {ms} ms (this node may be cut off: its copies of node {home}'s pages are not used)")]
+    LeaseLapsed { pid: Pid, home: u8, ms: u64 },
     #[error("node {node}: joining the cluster: {why}")]
     Join { node: u8, why: String },
     #[error("node {home} could not read page {pid} from its store (see its log)")]

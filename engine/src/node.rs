@@ -278,6 +278,24 @@ impl Node {
         }
     }
 
+    /// Whether this node must not latch its copy of `pid` now: a page homed elsewhere while
+    /// this node's lease from its home has run out (docs/protocol.md, "Fencing"). Never on a
+    /// single node or for this node's own pages.
+    #[inline]
+    pub fn lease_lapsed(&self, pid: Pid) -> bool {
+        pid.node() != self.buf.node && self.coh.as_ref().is_some_and(|c| !c.lease_valid(pid))
+    }
+
+    /// Wait until [`lease_lapsed`](Self::lease_lapsed) is over, or fail (the home is dead, or
+    /// renewed nothing within the remote timeout).
+    #[cold]
+    pub fn wait_lease(&self, pid: Pid) -> Result<(), EngineError> {
+        match &self.coh {
+            Some(c) => c.wait_lease(&self.buf, pid),
+            None => Ok(()),
+        }
+    }
+
     /// Run a round of this node's message handler if nobody is running one and messages
     /// wait (for threads waiting for this node's answer; see `Coherence::help`).
     pub fn help(&self) -> bool {

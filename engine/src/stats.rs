@@ -103,6 +103,12 @@ pub struct ProtocolStats {
     /// With a log: of those, pages logged whole again when applied, because a checkpoint
     /// began between their arrival and their application.
     pub relogged_after_checkpoint: u64,
+    /// Times a worker found this node's lease from a page's home run out and waited for a
+    /// new one (docs/protocol.md, "Fencing": the home did not answer a ping for a while).
+    pub lease_waits: u64,
+    /// At this home: sharers forgotten because they died and their lease ran out (each as a
+    /// clean eviction; the page is served again without them).
+    pub dead_sharers_forgotten: u64,
 }
 
 /// Counters of one log (all since open).

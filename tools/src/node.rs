@@ -163,7 +163,7 @@ fn error_kind(e: &EngineError) -> &'static str {
     match e {
         EngineError::PeerDead { .. } => "home_unreachable",
         EngineError::HolderDead { .. } => "holder_unreachable",
-        EngineError::RemoteTimeout { .. } => "timeout",
+        EngineError::RemoteTimeout { .. } | EngineError::LeaseLapsed { .. } => "timeout",
         EngineError::Store(s) => match **s {
             StoreError::LogFull { .. } | StoreError::CheckpointFailed { .. } => "log_full",
             _ => "other",
@@ -483,6 +483,8 @@ fn check(
         "pages_sent": p.pages,
         "eviction_notices": p.evict_notices,
         "batches": p.batches,
+        "lease_waits": p.lease_waits,
+        "dead_sharers_forgotten": p.dead_sharers_forgotten,
         "evictions": st.evictions,
         "nvme_reads": st.store_reads,
         "nvme_writes": st.store_writes,

@@ -335,6 +335,33 @@ impl DirEntry {
         Ok(())
     }
 
+    /// Nodes in `gone` can no longer use their copies (dead, and fenced: see
+    /// docs/protocol.md, "Fencing"): each that is a sharer leaves the shared holder set as by
+    /// a clean eviction (a shared copy is never newer than the home's). Never an exclusive
+    /// holder (its copy may be newer than any other), and nobody while a copy-back is due:
+    /// the grant that made it due may have gone to a node in `gone`, whose source then waits
+    /// for a hand-over request that never comes (docs/protocol.md, "What deaths still
+    /// cost"); the entry keeps naming the dead node, so requests fail instead of waiting
+    /// behind that copy-back for ever. Returns whether anyone left.
+    pub fn forget_sharers(&mut self, gone: NodeSet) -> bool {
+        let Holders::Shared(s) = self.holders else {
+            return false;
+        };
+        if self.awaiting_copy_back.is_some() {
+            return false;
+        }
+        let rest = s & !gone;
+        if rest == s {
+            return false;
+        }
+        self.holders = if rest == 0 {
+            Holders::None
+        } else {
+            Holders::Shared(rest)
+        };
+        true
+    }
+
     /// The copy-back from `from` arrived (the caller stores its data, if any, as the home's copy).
     pub fn copy_back(&mut self, from: Node) -> Result<(), ProtocolError> {
         if self.awaiting_copy_back != Some(from) {
@@ -531,6 +558,40 @@ mod tests {
             g(d.request(1, Mode::Shared, false).unwrap()),
             (Mode::Shared, 1, true, None, 0)
         );
+    }
+
+    #[test]
+    fn a_fenced_dead_sharer_leaves_as_by_a_clean_eviction_but_an_owner_stays() {
+        let mut d = DirEntry::new();
+        d.request(1, Mode::Shared, false).unwrap();
+        d.request(2, Mode::Shared, false).unwrap();
+        assert!(!d.forget_sharers(0b1000), "3 holds nothing");
+        assert!(d.forget_sharers(0b100));
+        assert_eq!(d.holders, Holders::Shared(0b10));
+        // the next exclusive request invalidates only the live sharer
+        assert_eq!(
+            g(d.request(3, Mode::Exclusive, false).unwrap()),
+            (Mode::Exclusive, 1, true, None, 0b10)
+        );
+        // an exclusive holder is never forgotten: its copy may be the only current one
+        assert!(!d.forget_sharers(0b1000));
+        assert_eq!(d.holders, Holders::Exclusive(3));
+        // the last sharer leaving leaves nobody: the home's copy is current
+        let mut d = DirEntry::new();
+        d.request(1, Mode::Shared, false).unwrap();
+        assert!(d.forget_sharers(0b10));
+        assert_eq!(d.holders, Holders::None);
+        d.check().unwrap();
+        // while a forwarded read is served nobody is forgotten (its requester may be the
+        // dead one: the entry must go on naming it)
+        let mut d = DirEntry::new();
+        d.request(2, Mode::Shared, false).unwrap();
+        d.request_forwarding(1, Mode::Shared, false, 0b100).unwrap();
+        assert!(!d.forget_sharers(0b110));
+        d.copy_back(2).unwrap();
+        assert!(d.forget_sharers(0b10));
+        assert_eq!(d.holders, Holders::Shared(0b100));
+        d.check().unwrap();
     }
 
     #[test]

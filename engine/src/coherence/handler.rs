@@ -138,6 +138,8 @@ impl Coherence {
             Control::Room { frames } => self.room_of(from, frames),
             Control::LogFence { seq } => self.on_log_fence(from, seq),
             Control::LogFenced { seq } => self.on_log_fenced(from, seq),
+            Control::Ping { at } => self.on_ping(from, at),
+            Control::Pong { at } => self.on_pong(from, at),
             Control::Lost { pid, node } => {
                 let pid = Pid(pid);
                 if pid.node() == self.me {
@@ -275,6 +277,8 @@ impl Coherence {
             };
             // the round's store reads, outside the role (helpers may take some of them)
             let read = self.do_store_reads(buf);
+            // leases: the handler thread runs even when no worker of this node does
+            self.ping_peers();
             if r.applied == 0 && !read {
                 let t = if r.retried || !self.pages.retry.is_empty() {
                     Duration::from_micros(50)

@@ -50,9 +50,21 @@ impl Coherence {
             }
             Ok(Outcome::Done)
         };
+        if from != self.me && !self.driver.ch.peer_alive(from) {
+            // the requester is dead: a grant to it would make the entry name a dead node
+            // (the model's rule too; a requester cut off but running ends its request when it
+            // notices this home dead)
+            log::debug!(
+                "node {}: {pid}: request from dead node {from} dropped",
+                self.me
+            );
+            return Ok(Outcome::Done);
+        }
         if pid.slot() >= buf.store().high_water() {
             return refuse(ps, REFUSE_NO_PAGE, 0);
         }
+        // dead sharers that can no longer read their copies leave the entry (lease.rs)
+        self.forget_fenced_sharers(pid, ps);
         let mut d = ps.dir;
         // One pool: when the grant would read the home's copy from the store, a live sharer
         // sends its copy instead (it keeps its own; docs/protocol.md "Forwarded reads").

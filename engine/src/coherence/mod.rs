@@ -19,6 +19,7 @@
 //! | `apply.rs` | the handler | one message under the page's frame latches: home requests, grants, pages, notices |
 //! | `send.rs` | everyone | sending, batches of small messages per destination ([`outbox`]) |
 //! | `failure.rs` | everyone | dead nodes: lost pages, refusals |
+//! | `lease.rs` | workers, the handler | leases on other homes' pages (pings and their answers), the fence on a dead node, its shared copies forgotten at the home |
 //! | `barrier.rs`, `alloc.rs` | workers, the handler | the cluster barrier; pages allocated on another node |
 //! | `logged.rs` | everyone | with a write-ahead log: a page leaves only once durable, a page received dirty is logged whole, log fences for checkpoints |
 //! | `census.rs` | a timed-out worker | what this node's frames and pages wait for, for the log |
@@ -55,6 +56,7 @@ mod evict;
 mod failure;
 mod handler;
 mod home;
+mod lease;
 mod logged;
 mod pool;
 mod send;
@@ -253,6 +255,10 @@ pub struct CoherenceCounters {
     pub held_for_log: AtomicU64,
     pub logged_on_arrival: AtomicU64,
     pub relogged_after_checkpoint: AtomicU64,
+    /// See [`crate::stats::ProtocolStats::lease_waits`].
+    pub lease_waits: AtomicU64,
+    /// See [`crate::stats::ProtocolStats::dead_sharers_forgotten`].
+    pub dead_sharers_forgotten: AtomicU64,
 }
 
 impl CoherenceCounters {
@@ -277,6 +283,8 @@ impl CoherenceCounters {
             held_for_log: l(&self.held_for_log),
             logged_on_arrival: l(&self.logged_on_arrival),
             relogged_after_checkpoint: l(&self.relogged_after_checkpoint),
+            lease_waits: l(&self.lease_waits),
+            dead_sharers_forgotten: l(&self.dead_sharers_forgotten),
         }
     }
 }
@@ -297,6 +305,8 @@ pub(crate) struct Coherence {
     alloc: RemoteAlloc,
     /// Durability: the log, log fences (`logged.rs`).
     logged: logged::Logged,
+    /// Leases on other homes' pages, pings heard (`lease.rs`).
+    leases: lease::Leases,
 }
 
 /// What this node knows of every page it touched through the protocol.
@@ -413,8 +423,9 @@ impl Coherence {
     pub fn new(ch: Channels, timeout: Duration, one_pool: bool) -> Coherence {
         let nodes = ch.nodes();
         let answer_poll = ch.transport().answer_poll();
+        let ch_me = ch.node();
         Coherence {
-            me: ch.node(),
+            me: ch_me,
             nodes,
             pages: Pages::new(),
             waiting: Waiting {
@@ -437,6 +448,7 @@ impl Coherence {
             barrier: Barrier::default(),
             alloc: RemoteAlloc::default(),
             logged: logged::Logged::new(nodes),
+            leases: lease::Leases::new(ch_me, nodes),
         }
     }
 

@@ -335,6 +335,12 @@ pub enum Control {
     LogFence { seq: u64 },
     /// Answer to [`Control::LogFence`].
     LogFenced { seq: u64 },
+    /// Every node to each live peer, periodically: `at` is when it left, on the sender's
+    /// clock; answered with [`Control::Pong`] carrying the same `at` (the sender's lease,
+    /// `lease.rs`).
+    Ping { at: u64 },
+    /// Answer to [`Control::Ping`].
+    Pong { at: u64 },
 }
 
 impl Message for Control {
@@ -350,6 +356,8 @@ impl Message for Control {
             Control::Room { .. } => CONTROL_BASE + 7,
             Control::LogFence { .. } => CONTROL_BASE + 8,
             Control::LogFenced { .. } => CONTROL_BASE + 9,
+            Control::Ping { .. } => CONTROL_BASE + 10,
+            Control::Pong { .. } => CONTROL_BASE + 11,
         }
     }
 
@@ -383,6 +391,9 @@ impl Message for Control {
             }
             Control::LogFence { seq } | Control::LogFenced { seq } => {
                 w.u64(*seq);
+            }
+            Control::Ping { at } | Control::Pong { at } => {
+                w.u64(*at);
             }
         }
     }
@@ -433,6 +444,8 @@ impl Message for Control {
             k if k == CONTROL_BASE + 7 => Control::Room { frames: r.u64() },
             k if k == CONTROL_BASE + 8 => Control::LogFence { seq: r.u64() },
             k if k == CONTROL_BASE + 9 => Control::LogFenced { seq: r.u64() },
+            k if k == CONTROL_BASE + 10 => Control::Ping { at: r.u64() },
+            k if k == CONTROL_BASE + 11 => Control::Pong { at: r.u64() },
             k => return Err(bad(format!("message kind {k} is not a control message"))),
         };
         r.end()?;

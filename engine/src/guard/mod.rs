@@ -321,6 +321,10 @@ impl Worker {
                         self.miss(pid, Mode::Shared)?;
                         continue;
                     }
+                    if self.node.lease_lapsed(pid) {
+                        self.node.wait_lease(pid)?;
+                        continue;
+                    }
                     f.touch(self.node.buffer().clock());
                     bump(&self.stats.hits);
                     self.settle(pid);
@@ -358,6 +362,11 @@ impl Worker {
                         self.miss(pid, Mode::Shared)?;
                         continue;
                     }
+                    if self.node.lease_lapsed(pid) {
+                        f.latch.unlock_shared();
+                        self.node.wait_lease(pid)?;
+                        continue;
+                    }
                     f.touch(self.node.buffer().clock());
                     bump(&self.stats.hits);
                     self.settle(pid);
@@ -384,6 +393,11 @@ impl Worker {
                     if f.possession() != Possession::Exclusive {
                         f.latch.unlock_exclusive_unchanged();
                         self.miss(pid, Mode::Exclusive)?;
+                        continue;
+                    }
+                    if self.node.lease_lapsed(pid) {
+                        f.latch.unlock_exclusive_unchanged();
+                        self.node.wait_lease(pid)?;
                         continue;
                     }
                     bump(&self.stats.hits);
