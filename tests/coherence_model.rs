@@ -1423,7 +1423,7 @@ impl Sim {
 
     fn trace_tail(&self) -> String {
         let n = self.trace.len();
-        self.trace[n.saturating_sub(400)..].join("\n")
+        self.trace[n.saturating_sub(40)..].join("\n")
     }
 
     /// Run, and on failure report `what` with the trace tail.
