@@ -124,6 +124,20 @@ struct Sim {
     forgotten: u64,
     /// Requests from nodes their home knew dead, dropped.
     dropped: u64,
+    /// A node cut off but running (issue 45): to the others it is dead (messages to and from
+    /// it are gone, they notice its death) and it sees them dead, but its workers go on. Its
+    /// leases and theirs across the cut run out at one moment (`fenced`, an event); from then
+    /// on no node uses a copy of a page homed across the cut (the engine's lease check), and
+    /// only then may a home forget a sharer across the cut (the engine's `fence_holds`).
+    cut_node: Option<usize>,
+    fenced: bool,
+    /// The fence rule; off only for the model's own test of it (homes then forget a node
+    /// across the cut as soon as they notice it, and copies across the cut stay usable).
+    fence: bool,
+    /// Random runs: the chance per step that a node is cut off (at most one per run).
+    cut_chance: f64,
+    /// Operations that failed because their node's lease on the page's home ran out.
+    fenced_ops: u64,
     /// Operations that ended by a timeout (see `time_out_stalled`).
     timeouts: u64,
     reads: u64,
@@ -229,6 +243,11 @@ impl Sim {
             deaths: 0,
             forgotten: 0,
             dropped: 0,
+            cut_node: None,
+            fenced: false,
+            fence: true,
+            cut_chance: 0.0,
+            fenced_ops: 0,
             unavailable: 0,
             timeouts: 0,
             reads: 0,
@@ -253,9 +272,9 @@ impl Sim {
                 self.flush(from as usize);
             }
             wire_round_trip(page, &msg);
-            if !self.alive[to as usize] {
-                // a send to a dead node fails; what its sender does about it happens when the
-                // sender notices the death (`notice`)
+            if !self.reachable(from as usize, to as usize) {
+                // a send to a dead node (or across the cut) fails; what its sender does about
+                // it happens when the sender notices the death (`notice`)
                 continue;
             }
             self.net.push(Envelope {
@@ -321,8 +340,19 @@ impl Sim {
                 let op = self.waiting[a].expect("waiter");
                 if !op.write || mode == Mode::Exclusive {
                     self.waiting[a] = None;
-                    self.perform(node, op)?;
                     served_any = true;
+                    if self.lease_out(node, page) {
+                        // the engine: the worker latches the page after the answer, and the
+                        // lease check fails it (found by this model: a grant sent before the
+                        // cut and delivered after the leases ran out)
+                        self.failed += 1;
+                        self.fenced_ops += 1;
+                        self.note(|| {
+                            format!("worker {a} (node {node}): {op:?} fails, lease ran out")
+                        });
+                        continue;
+                    }
+                    self.perform(node, op)?;
                 }
             }
             if !served_any {
@@ -359,6 +389,13 @@ impl Sim {
             // the engine: `ps.lost` -> HolderDead (a lost copy's frame has no possession)
             self.failed += 1;
             self.note(|| format!("worker {actor} (node {node}): {op:?} fails, page lost"));
+            return Ok(());
+        }
+        if self.lease_out(node, op.page) {
+            // the engine: the lease check fails the operation (`PeerDead`, `LeaseLapsed`)
+            self.failed += 1;
+            self.fenced_ops += 1;
+            self.note(|| format!("worker {actor} (node {node}): {op:?} fails, lease ran out"));
             return Ok(());
         }
         let home_dead = self.knows(node, home(op.page, self.nodes));
@@ -425,7 +462,8 @@ impl Sim {
                     self.dropped += 1;
                     return Ok(true);
                 }
-                if self.dirs[p].forget_sharers(self.knows_dead[me as usize]) {
+                let gone = self.knows_dead[me as usize] & self.may_forget(me as usize);
+                if self.dirs[p].forget_sharers(gone) {
                     self.forgotten += 1;
                 }
                 let mut d = self.dirs[p];
@@ -666,7 +704,8 @@ impl Sim {
     /// Whether the directory of page `p` still names a dead node (a holder, or the node a
     /// copy-back is due from).
     fn names_dead(&self, p: usize) -> bool {
-        let dead = |x: Node| !self.alive[x as usize];
+        let h = home(p, self.nodes) as usize;
+        let dead = |x: Node| self.dead_to(h, x as usize);
         (match self.dirs[p].holders {
             Holders::Exclusive(x) => dead(x),
             Holders::Shared(set) => members(set).any(dead),
@@ -786,12 +825,70 @@ impl Sim {
     }
 
     /// Whether `node` has noticed that `n` died.
+    /// Nodes `a` and `b` are on opposite sides of the cut.
+    fn across(&self, a: usize, b: usize) -> bool {
+        a != b && self.cut_node.is_some_and(|k| k == a || k == b)
+    }
+
+    /// Whether a message from `a` reaches `b`.
+    fn reachable(&self, a: usize, b: usize) -> bool {
+        self.alive[a] && self.alive[b] && !self.across(a, b)
+    }
+
+    /// Whether `n` sees `x` dead (it died, or the cut separates them).
+    fn dead_to(&self, n: usize, x: usize) -> bool {
+        !self.alive[x] || self.across(n, x)
+    }
+
+    /// `n` may not use its copy of page `p`: its lease from the page's home ran out (the
+    /// engine's `Node::lease_lapsed`).
+    fn lease_out(&self, n: usize, p: usize) -> bool {
+        self.fence && self.fenced && self.across(n, home(p, self.nodes) as usize)
+    }
+
+    /// The nodes home `h` may forget as sharers once it knows them dead: all of them, except
+    /// those across the cut before the fence holds (the engine's `fence_holds`).
+    fn may_forget(&self, h: usize) -> u64 {
+        (0..self.nodes)
+            .filter(|&x| !self.across(h, x) || self.fenced || !self.fence)
+            .fold(0, |m, x| m | (1u64 << x))
+    }
+
+    /// The leases across the cut run out (time passes). The homes end their offers to nodes
+    /// across the cut that they know dead (the engine's handler, once `fence_holds`).
+    fn fence_now(&mut self) -> Result<(), String> {
+        self.fenced = true;
+        self.note(|| "the leases across the cut run out".to_string());
+        for p in 0..self.latest.len() {
+            let h = home(p, self.nodes) as usize;
+            if let Some(x) = self.dirs[p].offered {
+                if self.alive[h] && self.knows(h, x) {
+                    self.dirs[p]
+                        .offer_reply(x, false)
+                        .map_err(|e| e.to_string())?;
+                    self.retry_deferred(p)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Node `k` is cut off from the others, but runs on: messages in flight to it are gone
+    /// (what it sent is still delivered, as after a death).
+    fn cut(&mut self, k: usize) {
+        self.cut_node = Some(k);
+        self.net
+            .retain(|e| e.to as usize != k || e.from as usize == k);
+        self.ctl.retain(|c| c.to as usize != k);
+        self.note(|| format!("node {k} is cut off"));
+    }
+
     fn knows(&self, node: usize, n: Node) -> bool {
         self.knows_dead[node] & (1 << n) != 0
     }
 
     fn send_ctl(&mut self, from: Node, to: Node, page: usize, kind: CtlKind) {
-        if self.alive[to as usize] {
+        if self.reachable(from as usize, to as usize) {
             self.ctl.push(Ctl {
                 from,
                 to,
@@ -843,7 +940,7 @@ impl Sim {
     /// A dead node `node` has not noticed yet.
     fn unnoticed(&self, node: usize) -> Option<Node> {
         (0..self.nodes)
-            .find(|&k| !self.alive[k] && !self.knows(node, k as Node))
+            .find(|&k| self.dead_to(node, k) && !self.knows(node, k as Node))
             .map(|k| k as Node)
     }
 
@@ -861,7 +958,9 @@ impl Sim {
             }
             if home(p, self.nodes) as usize == node {
                 if let Some(x) = self.dirs[p].offered {
-                    if self.knows(node, x) {
+                    // across the cut, only once the fence holds (`fence_now`): the node may
+                    // have taken the page in and be reading it
+                    if self.knows(node, x) && self.may_forget(node) & (1 << x) != 0 {
                         // the engine's sweep: the answer never comes, as declined
                         self.dirs[p]
                             .offer_reply(x, false)
@@ -1065,6 +1164,8 @@ impl Sim {
         let e = &self.net[i];
         self.alive[e.from as usize]
             && e.from != e.to
+            // sent before the cut: it left (its sender may have moved on since)
+            && !self.across(e.from as usize, e.to as usize)
             && matches!(e.msg, Msg::Request { .. } | Msg::Evict { data: None, .. })
     }
 
@@ -1145,8 +1246,10 @@ impl Sim {
                     ));
                 }
             }
-            // a dead node uses nothing; a lost copy is never used (the engine: `ps.lost`)
-            let live = |n: &usize| self.alive[*n] && self.lost[*n][p].is_none();
+            // a dead node uses nothing; a lost copy is never used (the engine: `ps.lost`); nor
+            // a copy whose lease ran out
+            let live =
+                |n: &usize| self.alive[*n] && self.lost[*n][p].is_none() && !self.lease_out(*n, p);
             let writers: Vec<usize> = (0..self.nodes)
                 .filter(live)
                 .filter(|&n| self.copies[n][p].usable(Mode::Exclusive))
@@ -1252,6 +1355,15 @@ impl Sim {
                     continue;
                 }
             }
+            if self.cut_node.is_none() && self.deaths == 0 && rng.random_bool(self.cut_chance) {
+                let k = rng.random_range(0..self.nodes);
+                self.cut(k);
+                continue;
+            }
+            if self.cut_node.is_some() && !self.fenced && rng.random_bool(0.02) {
+                self.fence_now()?;
+                continue;
+            }
             let starters: Vec<usize> = (0..self.scripts.len())
                 .filter(|&a| self.can_start(a))
                 .collect();
@@ -1260,6 +1372,11 @@ impl Sim {
                 .collect();
             let (nets, ctls) = (self.net.len(), self.ctl.len());
             let choices = nets + ctls + starters.len() + noticers.len();
+            if choices == 0 && self.cut_node.is_some() && !self.fenced {
+                // time passes: the leases across the cut run out
+                self.fence_now()?;
+                continue;
+            }
             if choices == 0 && self.time_out_stalled() {
                 continue;
             }
@@ -1281,6 +1398,15 @@ impl Sim {
                 let dead = self.unnoticed(n).expect("a death to notice");
                 self.notice(n, dead)?;
             }
+        }
+        if let Some(k) = self.cut_node {
+            // the cut-off node is stopped in the end (its operator kills it): the drain is
+            // then the one after a death
+            if !self.fenced {
+                self.fence_now()?;
+            }
+            self.kill(k);
+            self.deaths -= 1;
         }
         self.recover_check()?;
         self.drain(rng)
@@ -1463,6 +1589,8 @@ struct Tally {
     recoveries: u64,
     forgotten: u64,
     dropped: u64,
+    cuts: u64,
+    fenced_ops: u64,
 }
 
 fn run_seed(seed: u64) -> Result<Tally, String> {
@@ -1479,6 +1607,9 @@ fn run_seed(seed: u64) -> Result<Tally, String> {
     if rng.random_bool(0.25) {
         sim.max_deaths = 1;
         sim.death_chance = [0.005, 0.02, 0.1][rng.random_range(0..3)];
+    } else if rng.random_bool(0.25) {
+        // issue 45: a node cut off but running
+        sim.cut_chance = [0.005, 0.02, 0.1][rng.random_range(0..3)];
     }
     // a quarter of the runs without one pool: every shared read comes from the home's copy
     sim.forward_reads = rng.random_bool(0.75);
@@ -1499,6 +1630,8 @@ fn run_seed(seed: u64) -> Result<Tally, String> {
             recoveries: sim.recoveries,
             forgotten: sim.forgotten,
             dropped: sim.dropped,
+            cuts: sim.cut_node.is_some() as u64,
+            fenced_ops: sim.fenced_ops,
         }),
         Err(e) => Err(format!(
             "seed {seed} ({nodes} nodes x {workers} workers, {pages} pages, {ops} ops/worker, evict {evict}, faults {faults}, deaths {}): {e}\ntrace tail:\n{}",
@@ -1531,13 +1664,15 @@ fn random_schedules_keep_every_invariant() {
                 t.recoveries += r.recoveries;
                 t.forgotten += r.forgotten;
                 t.dropped += r.dropped;
+                t.cuts += r.cuts;
+                t.fenced_ops += r.fenced_ops;
             }
             Err(e) => panic!("{e}"),
         }
     }
     eprintln!(
-        "{seeds} schedules: {} reads and {} writes checked, {} remote requests ({} shared reads forwarded to a sharer, {} offered pages taken in), {} give-ups and unsent messages, {} node deaths, {} operations ended by an error, {} dead sharers forgotten, {} requests from dead nodes dropped, {} pages left unavailable, {} operations timed out behind a dead grantee, {} crash recoveries of every log checked",
-        t.reads, t.writes, t.remote, t.forwarded, t.taken_in, t.faults, t.deaths, t.failed, t.forgotten, t.dropped, t.unavailable, t.timeouts, t.recoveries
+        "{seeds} schedules: {} reads and {} writes checked, {} remote requests ({} shared reads forwarded to a sharer, {} offered pages taken in), {} give-ups and unsent messages, {} node deaths, {} nodes cut off but running ({} operations failed by a run-out lease), {} operations ended by an error, {} dead sharers forgotten, {} requests from dead nodes dropped, {} pages left unavailable, {} operations timed out behind a dead grantee, {} crash recoveries of every log checked",
+        t.reads, t.writes, t.remote, t.forwarded, t.taken_in, t.faults, t.deaths, t.cuts, t.fenced_ops, t.failed, t.forgotten, t.dropped, t.unavailable, t.timeouts, t.recoveries
     );
     assert!(
         t.recoveries > seeds,
@@ -1551,6 +1686,10 @@ fn random_schedules_keep_every_invariant() {
         "deaths were drawn and ended operations"
     );
     assert!(t.forgotten > 0, "homes forgot dead sharers");
+    assert!(
+        t.cuts > 0 && t.fenced_ops > 0,
+        "nodes were cut off and their leases ran out"
+    );
 }
 
 /// All nodes hammering one page exclusively: every node finishes, in any message order.
@@ -1703,6 +1842,10 @@ enum Event {
     Unsend(usize),
     /// Node `k` dies (one death of the budget).
     Kill(usize),
+    /// Node `k` is cut off but runs on (one cut of the budget).
+    Cut(usize),
+    /// The leases across the cut run out.
+    Fence,
     /// The home's provider offers page `p` to node `to` (one pool) and drops its frame.
     Offer(usize, usize),
     /// A live node notices a death (its handler's sweep).
@@ -1723,6 +1866,7 @@ struct Budget {
     evictions: u32,
     faults: u32,
     deaths: u32,
+    cuts: u32,
 }
 
 impl Sim {
@@ -1749,6 +1893,8 @@ impl Sim {
         self.knows_dead.hash(&mut h);
         self.lost.hash(&mut h);
         self.page_from.hash(&mut h);
+        self.cut_node.hash(&mut h);
+        self.fenced.hash(&mut h);
         let mut ctl = self.ctl.clone();
         ctl.sort();
         ctl.hash(&mut h);
@@ -1829,6 +1975,16 @@ impl Sim {
                 }
             }
         }
+        if left.cuts > 0 && self.cut_node.is_none() && alive > 1 && !self.done() {
+            for k in 0..self.nodes {
+                if self.alive[k] {
+                    ev.push(Event::Cut(k));
+                }
+            }
+        }
+        if self.cut_node.is_some() && !self.fenced {
+            ev.push(Event::Fence);
+        }
         if ev.is_empty()
             && (0..self.waiting.len())
                 .any(|a| self.waiting[a].is_some_and(|op| self.names_dead(op.page)))
@@ -1858,6 +2014,11 @@ impl Sim {
                 self.kill(k);
                 Ok(())
             }
+            Event::Cut(k) => {
+                self.cut(k);
+                Ok(())
+            }
+            Event::Fence => self.fence_now(),
             Event::Notice(n) => {
                 let k = self.unnoticed(n).expect("enabled");
                 self.notice(n, k)
@@ -1957,10 +2118,12 @@ fn explore(start: Sim, budget: Budget) -> Result<Explored, String> {
             }
             Event::GiveUp(_) | Event::Unsend(_) => left.faults -= 1,
             Event::Kill(_) => left.deaths -= 1,
+            Event::Cut(_) => left.cuts -= 1,
             Event::Deliver(_)
             | Event::Start(_)
             | Event::Notice(_)
             | Event::DeliverCtl(_)
+            | Event::Fence
             | Event::TimeOut => {}
         }
         sim.fire(e)?;
@@ -2068,6 +2231,7 @@ fn exhaustive_sim(
             evictions,
             faults,
             deaths,
+            cuts: 0,
         },
     )
     .unwrap_or_else(|e| {
@@ -2276,6 +2440,67 @@ fn exhaustive_with_a_node_death() {
     );
 }
 
+/// Every interleaving of a node cut off but running (its leases and the others' across the
+/// cut run out at any later point) with `scripts`; `fence`: the rule on (off for the check
+/// of the check).
+fn exhaustive_with_a_cut(
+    nodes: usize,
+    scripts: Vec<Vec<Op>>,
+    evictions: u32,
+    offers: bool,
+    fence: bool,
+) -> Result<Explored, String> {
+    let mut sim = Sim::new(nodes, 1, scripts.into_iter().map(VecDeque::from).collect());
+    sim.tracing = false;
+    sim.offers = offers;
+    sim.fence = fence;
+    let budget = Budget {
+        evictions,
+        faults: 0,
+        deaths: 0,
+        cuts: 1,
+    };
+    let r = explore(sim, budget)?;
+    eprintln!(
+        "exhaustive: {nodes} nodes, 1 page, {evictions} evictions, 1 node cut off{}{}: {} states, {} terminal, depth {}",
+        if offers { ", offers" } else { "" },
+        if fence { "" } else { ", no fence" },
+        r.states, r.terminal, r.max_depth
+    );
+    Ok(r)
+}
+
+/// A node cut off at any point, its leases running out at any later point: no read returns a
+/// version older than the last write, no writer is beside a reader; without the fence some
+/// interleaving reads a stale copy.
+#[test]
+fn exhaustive_with_a_node_cut_off() {
+    let run = |nodes, scripts: Vec<Vec<Op>>, evictions, offers| {
+        exhaustive_with_a_cut(nodes, scripts, evictions, offers, true)
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    assert!(run(2, vec![vec![R0, R0], vec![W0, R0]], 1, false).states > 0);
+    // an offered page taken in by the node that is then cut off (found by the random runs:
+    // the home ended the offer as declined at once and wrote the page while the cut-off node
+    // still read it; now the offer waits for the fence)
+    assert!(run(2, vec![vec![R0, W0], vec![W0, R0]], 2, true).states > 0);
+    assert!(run(3, vec![vec![R0, W0], vec![R0], vec![W0, R0]], 0, false).states > 0);
+    let e = exhaustive_with_a_cut(
+        3,
+        vec![vec![R0, W0], vec![R0], vec![W0, R0]],
+        0,
+        false,
+        false,
+    )
+    .err()
+    .expect("without the fence a stale copy is used");
+    eprintln!("no fence: {}", e.lines().next().unwrap_or(""));
+    assert!(
+        e.contains("read version") || e.contains("usable copy") || e.contains("and readers"),
+        "{e}"
+    );
+}
+
 /// The death checks are not vacuous: nodes that notice a death but do nothing about it (no
 /// sweep, no loss of pages that wait for the dead node) must be caught in some schedule, as a
 /// worker waiting for ever.
@@ -2293,6 +2518,38 @@ fn the_model_catches_a_death_nobody_handles() {
     let e = caught.expect("an unhandled death went unnoticed in 3000 schedules");
     eprintln!("caught: {}", e.lines().next().unwrap_or(""));
     assert!(e.contains("deadlock") || e.contains("deferred"), "{e}");
+}
+
+/// The fence is checked, not assumed: with homes that forget a sharer across the cut as soon
+/// as they notice it (before its lease has run out), and copies used regardless of leases,
+/// the node cut off but running keeps reading a copy that the others then overwrite, and
+/// some schedule must catch it (a writer beside a reader, a stale copy or read); the same
+/// schedules with the fence pass.
+#[test]
+fn the_model_catches_a_cut_off_node_taken_over_without_a_fence() {
+    let failures = broken_runs(7_000_000, 10, 0.1, |sim| {
+        sim.fence = false;
+        sim.cut_chance = 0.05;
+    });
+    // a stale read, a usable stale copy, or a writer beside a reader across the cut
+    let stale = |e: &&String| {
+        e.contains("read version")
+            || e.contains("usable copy of version")
+            || e.contains("and readers")
+    };
+    eprintln!(
+        "no fence: {} of 3000 schedules failed, all at a stale read or copy or a writer beside a reader",
+        failures.len()
+    );
+    assert!(!failures.is_empty(), "a missing fence went unnoticed");
+    assert!(
+        failures.iter().all(|e| stale(&e)),
+        "{:?}",
+        failures.iter().find(|e| !stale(e))
+    );
+    // the same schedules with the fence pass
+    let with_fence = broken_runs(7_000_000, 10, 0.1, |sim| sim.cut_chance = 0.05);
+    assert!(with_fence.is_empty(), "{:?}", with_fence.first());
 }
 
 /// The home frame's double role is checked, not assumed: with pages installed at the home

@@ -3,7 +3,7 @@
 //! waits on a dead node end.
 
 use super::possession::{Deferred, Pending};
-use super::protocol::{members, Msg, Node};
+use super::protocol::{bit, members, Msg, Node, NodeSet};
 use super::wire::{Control, REFUSE_HOLDER_DEAD, REFUSE_NO_PAGE};
 use super::{Coherence, PageState};
 use crate::buffer::Buffer;
@@ -141,7 +141,12 @@ impl Coherence {
                 }
                 Self::wake(ps);
                 if let Some(n) = ps.dir.offered {
-                    if pid.node() == self.me && !self.driver.ch.peer_alive(n) {
+                    // a node cut off but running may have taken the page in and be reading
+                    // it: only once its lease has run out (else `end_offers_to_fenced`)
+                    if pid.node() == self.me
+                        && !self.driver.ch.peer_alive(n)
+                        && self.leases.fence_holds(n)
+                    {
                         self.offer_unanswered(pid, ps, n);
                     }
                 }
@@ -149,6 +154,24 @@ impl Coherence {
                     if pid.node() == self.me && ps.lost.is_none() && !self.driver.ch.peer_alive(n) {
                         log::error!("node {}: page {pid} is lost: its copy-back was due from node {n}, which died", self.me);
                         self.mark_lost_home(pid, ps, n);
+                    }
+                }
+            }
+        }
+        self.waiting.notify();
+    }
+
+    /// The fence now holds for the dead nodes in `nodes`: the offers to them that were left
+    /// waiting at their death (`sweep_dead`) end as declined, and what waited for them is
+    /// retried.
+    pub(super) fn end_offers_to_fenced(&self, nodes: NodeSet) {
+        for shard in self.pages.shards.iter() {
+            let mut shard = shard.lock();
+            for (&pid, ps) in shard.iter_mut() {
+                if let Some(n) = ps.dir.offered {
+                    if pid.node() == self.me && nodes & bit(n) != 0 {
+                        self.offer_unanswered(pid, ps, n);
+                        Self::wake(ps);
                     }
                 }
             }

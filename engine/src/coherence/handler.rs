@@ -8,7 +8,7 @@
 //! produce. The handler thread is the fallback that guarantees progress when nobody waits.
 
 use super::possession::Pending;
-use super::protocol::{Msg, Node};
+use super::protocol::{bit, members, Msg, Node};
 use super::wire::{decode_batch, Attached, Control, Wire, CONTROL_BASE, REFUSE_HOLDER_DEAD};
 use super::{failure::refusal, msg_has_page, Coherence, Data, Note, PageState};
 use crate::buffer::Buffer;
@@ -25,6 +25,8 @@ const ROUND: usize = 64;
 pub(super) struct Role {
     /// Nodes seen dead (their pages were swept once).
     dead_seen: u64,
+    /// Nodes seen dead whose fence did not hold yet (`lease.rs`): offers to them still wait.
+    fence_due: u64,
 }
 
 /// What a round did.
@@ -204,8 +206,18 @@ impl Coherence {
             .filter(|&n| n != self.me && !self.driver.ch.peer_alive(n))
             .fold(0u64, |m, n| m | (1 << n));
         if dead & !role.dead_seen != 0 {
+            role.fence_due |= dead & !role.dead_seen;
             role.dead_seen |= dead;
             self.sweep_dead(buf);
+        }
+        if role.fence_due != 0 {
+            let fenced = members(role.fence_due)
+                .filter(|&n| self.leases.fence_holds(n))
+                .fold(0, |set, n| set | bit(n));
+            if fenced != 0 {
+                role.fence_due &= !fenced;
+                self.end_offers_to_fenced(fenced);
+            }
         }
         let retry: Vec<Pid> = self.pages.retry.take();
         let retried = !retry.is_empty() | self.serve_allocs(buf);
