@@ -109,6 +109,9 @@ pub struct ProtocolStats {
     /// At this home: sharers forgotten because they died and their lease ran out (each as a
     /// clean eviction; the page is served again without them).
     pub dead_sharers_forgotten: u64,
+    /// Peers this node severed because they answered no ping for the remote timeout
+    /// (stopped, cut off or hung; never on `mem`).
+    pub peers_severed_silent: u64,
 }
 
 /// Counters of one log (all since open).

@@ -40,6 +40,12 @@ pub trait Transport: Send + Sync + 'static {
     /// the peer finds out too (tcp and rdma close the connection; `mem` marks it dead), and
     /// both go on as after any node's death.
     fn sever(&self, peer: u8);
+    /// Whether [`sever`](Self::sever) ends only this node's link to the peer, so that a node
+    /// may sever a peer that stopped answering (a stopped or cut-off process). `mem` severs a
+    /// node for the whole process (there is no link to close), so its nodes never do.
+    fn severs_one_link(&self) -> bool {
+        true
+    }
     /// This node leaves: stop sending, wait up to `linger` for every peer to leave too (so
     /// what this node sent last is read before its connections close), then close them. The
     /// in-process `mem` transport does nothing (its nodes share one fate).
@@ -144,6 +150,9 @@ impl Transport for MemTransport {
     fn sever(&self, peer: u8) {
         // In one process there is no connection to close: the peer is dead for every node.
         self.kill(peer);
+    }
+    fn severs_one_link(&self) -> bool {
+        false
     }
     fn assist(&self, peer: u8) -> bool {
         peer != self.node

@@ -485,6 +485,7 @@ fn check(
         "batches": p.batches,
         "lease_waits": p.lease_waits,
         "dead_sharers_forgotten": p.dead_sharers_forgotten,
+        "peers_severed_silent": p.peers_severed_silent,
         "evictions": st.evictions,
         "nvme_reads": st.store_reads,
         "nvme_writes": st.store_writes,

@@ -68,16 +68,20 @@ pub(super) struct Leases {
     heard: Box<[AtomicU64]>,
     /// When this node last pinged its peers.
     pinged: AtomicU64,
+    /// Per peer: when (our clock) its last answer arrived; at first, when this node started.
+    answered: Box<[AtomicU64]>,
 }
 
 impl Leases {
     pub fn new(me: Node, nodes: u8) -> Leases {
         let zeros = || (0..nodes).map(|_| AtomicU64::new(0)).collect();
+        let now = coarse_now();
         Leases {
             me,
             until: zeros(),
             heard: zeros(),
             pinged: AtomicU64::new(0),
+            answered: (0..nodes).map(|_| AtomicU64::new(now)).collect(),
         }
     }
 
@@ -91,6 +95,13 @@ impl Leases {
     pub fn renew(&self, home: Node, at: u64) {
         let until = at.saturating_add(nanos(LEASE));
         self.until[home as usize].fetch_max(until, Ordering::Release);
+        self.answered[home as usize].fetch_max(coarse_now(), Ordering::Relaxed);
+    }
+
+    /// Whether `peer` has answered no ping for longer than `limit`.
+    pub fn silent_for(&self, peer: Node, limit: Duration) -> bool {
+        let last = self.answered[peer as usize].load(Ordering::Relaxed);
+        coarse_now() > last.saturating_add(nanos(limit))
     }
 
     /// A ping from `from` arrived now.
@@ -134,12 +145,32 @@ impl Coherence {
         self.leases.valid(pid.node())
     }
 
-    /// Ping every live peer if a ping is due (the handler thread calls it after each round).
+    /// Ping every live peer if a ping is due (the handler thread calls it after each round),
+    /// and sever a peer that answered none for the remote timeout: it is stopped, cut off or
+    /// hung, every request that needs it would time out, and once severed the others go on
+    /// without it as after its death (its shared copies are forgotten once fenced). Not on
+    /// `mem`, where severing kills the node for the whole process.
     pub fn ping_peers(&self) {
         let Some(at) = self.leases.ping_due(false) else {
             return;
         };
+        let limit = self.waiting.timeout;
+        let transport = self.driver.ch.transport();
         for n in self.live_peers() {
+            if transport.severs_one_link() && self.leases.silent_for(n, limit) {
+                log::error!(
+                    "node {}: node {n} answered no ping for {} ms (stopped, cut off or hung): \
+                     its link is severed, and the cluster goes on as after its death",
+                    self.me,
+                    limit.as_millis()
+                );
+                self.driver
+                    .counters
+                    .peers_severed_silent
+                    .fetch_add(1, Ordering::Relaxed);
+                transport.sever(n);
+                continue;
+            }
             if let Err(e) = self.try_send_control(n, &Control::Ping { at }) {
                 log::debug!("node {}: ping to node {n}: {e}", self.me);
             }
@@ -266,6 +297,25 @@ mod tests {
         assert!(!l.fence_holds(1));
         l.heard[1].store(at - nanos(MARGIN) - 1, Ordering::Relaxed);
         assert!(l.fence_holds(1));
+    }
+
+    #[test]
+    fn a_peer_is_silent_once_no_answer_came_for_the_limit() {
+        let l = Leases::new(0, 2);
+        assert!(
+            !l.silent_for(1, Duration::from_secs(1)),
+            "counted from the start"
+        );
+        l.answered[1].store(
+            coarse_now() - nanos(Duration::from_secs(2)),
+            Ordering::Relaxed,
+        );
+        assert!(l.silent_for(1, Duration::from_secs(1)));
+        l.renew(1, coarse_now());
+        assert!(
+            !l.silent_for(1, Duration::from_secs(1)),
+            "an answer ends the silence"
+        );
     }
 
     #[test]

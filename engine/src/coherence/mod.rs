@@ -259,6 +259,8 @@ pub struct CoherenceCounters {
     pub lease_waits: AtomicU64,
     /// See [`crate::stats::ProtocolStats::dead_sharers_forgotten`].
     pub dead_sharers_forgotten: AtomicU64,
+    /// See [`crate::stats::ProtocolStats::peers_severed_silent`].
+    pub peers_severed_silent: AtomicU64,
 }
 
 impl CoherenceCounters {
@@ -285,6 +287,7 @@ impl CoherenceCounters {
             relogged_after_checkpoint: l(&self.relogged_after_checkpoint),
             lease_waits: l(&self.lease_waits),
             dead_sharers_forgotten: l(&self.dead_sharers_forgotten),
+            peers_severed_silent: l(&self.peers_severed_silent),
         }
     }
 }
