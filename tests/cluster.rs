@@ -27,6 +27,15 @@ fn cluster(dir: &std::path::Path, n: usize, frames: usize) -> Cluster {
     .expect("cluster opens")
 }
 
+/// `n` nodes of 512 frames with the default free target, waiting `timeout` for remote pages.
+fn cluster_of_512_frames(dir: &std::path::Path, n: usize, timeout: Duration) -> Cluster {
+    let d = dir.to_path_buf();
+    Cluster::mem(n, timeout, move |i| {
+        EngineConfig::for_cluster_node(d.join(format!("n{i}")), 512 * 4096)
+    })
+    .expect("cluster opens")
+}
+
 /// Allocate `count` pages on node `home` of the cluster (zeroed).
 fn allocate(w: &Worker, count: usize) -> Vec<Pid> {
     (0..count)
@@ -711,11 +720,7 @@ fn no_torn_or_stale_reads() {
 #[test]
 fn a_dead_node_gives_errors_not_hangs() {
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().to_path_buf();
-    let c = Cluster::mem(3, Duration::from_secs(2), move |i| {
-        EngineConfig::for_cluster_node(d.join(format!("n{i}")), 512 * 4096)
-    })
-    .unwrap();
+    let c = cluster_of_512_frames(dir.path(), 3, Duration::from_secs(2));
     let (w0, w1, w2) = (c.node(0).worker(), c.node(1).worker(), c.node(2).worker());
     let on0 = allocate(&w0, 4);
     let on1 = allocate(&w1, 4);
@@ -774,11 +779,7 @@ fn a_dead_node_gives_errors_not_hangs() {
 fn pages_a_dead_node_held_shared_are_written_again_once_its_lease_ran_out() {
     const HANG: Duration = Duration::from_secs(60);
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().to_path_buf();
-    let c = Cluster::mem(3, Duration::from_secs(5), move |i| {
-        EngineConfig::for_cluster_node(d.join(format!("n{i}")), 512 * 4096)
-    })
-    .unwrap();
+    let c = cluster_of_512_frames(dir.path(), 3, Duration::from_secs(5));
     let (w0, w1, w2) = (c.node(0).worker(), c.node(1).worker(), c.node(2).worker());
     let shared = allocate(&w0, 8);
     let owned = allocate(&w0, 1)[0];

@@ -121,6 +121,46 @@ fn finish(c: &mut Child, id: usize, jsons: &[PathBuf], t0: Instant) -> (i32, Str
     }
 }
 
+/// Wait, while node `id` runs, until `done` (hang guard: `not_hung`).
+fn wait_while_running(
+    c: &mut Child,
+    id: usize,
+    jsons: &[PathBuf],
+    t0: Instant,
+    what: &str,
+    done: impl Fn() -> bool,
+) {
+    while !done() {
+        assert!(
+            c.try_wait().unwrap().is_none(),
+            "node {id} ended before {what}; every node's output:\n{}",
+            outputs(jsons)
+        );
+        not_hung(t0, what, jsons);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Wait for node `id`, which must fail (`why`: status 1) after reporting errors; its report.
+fn failed_with_errors(
+    c: &mut Child,
+    id: usize,
+    jsons: &[PathBuf],
+    t0: Instant,
+    why: &str,
+) -> serde_json::Value {
+    let (code, _) = finish(c, id, jsons, t0);
+    assert_eq!(
+        code,
+        1,
+        "node {id} must fail ({why}); every node's output:\n{}",
+        outputs(jsons)
+    );
+    let r = json(&jsons[id]);
+    assert!(r["errors"].as_u64().unwrap() > 0, "node {id}: {r}");
+    r
+}
+
 fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
@@ -203,31 +243,16 @@ fn a_killed_process_makes_the_others_report_errors_not_hang() {
     // enough work that nodes 0 and 1 are still running long after node 2 is killed
     let mut kids = Kids((0..3).map(|i| start(&file, i, 30_000, &paths[i])).collect());
     // wait until node 2 is busy incrementing, then kill it (SIGKILL: no goodbye)
-    while !std::fs::read_to_string(paths[2].with_extension("out"))
-        .unwrap()
-        .contains("increments/s")
-    {
-        assert!(
-            kids.0[2].try_wait().unwrap().is_none(),
-            "node 2 ended before its run; every node's output:\n{}",
-            outputs(&paths)
-        );
-        not_hung(t0, "node 2 to start its run", &paths);
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_while_running(&mut kids.0[2], 2, &paths, t0, "its run", || {
+        std::fs::read_to_string(paths[2].with_extension("out"))
+            .unwrap()
+            .contains("increments/s")
+    });
     kids.0[2].kill().unwrap();
     let _ = kids.0[2].wait();
     let killed_at = t0.elapsed();
     for (i, k) in kids.0[..2].iter_mut().enumerate() {
-        let (code, _) = finish(k, i, &paths, t0);
-        assert_eq!(
-            code,
-            1,
-            "node {i} must fail (a node died); every node's output:\n{}",
-            outputs(&paths)
-        );
-        let r = json(&paths[i]);
-        assert!(r["errors"].as_u64().unwrap() > 0, "node {i}: {r}");
+        let r = failed_with_errors(k, i, &paths, t0, "a node died");
         assert!(
             r["errors_by_home"]["2"].as_u64().unwrap() > 0,
             "node {i}: {r}"
@@ -341,6 +366,24 @@ fn start_logged(file: &Path, id: usize, increments: u64, json: &Path) -> Child {
         .unwrap()
 }
 
+/// Start 3 logged nodes making `increments` each, reporting to `<prefix><id>.json`.
+fn start_logged_three(
+    file: &Path,
+    dir: &Path,
+    prefix: &str,
+    increments: u64,
+) -> (Vec<PathBuf>, Kids) {
+    let paths: Vec<PathBuf> = (0..3)
+        .map(|i| dir.join(format!("{prefix}{i}.json")))
+        .collect();
+    let kids = Kids(
+        (0..3)
+            .map(|i| start_logged(file, i, increments, &paths[i]))
+            .collect(),
+    );
+    (paths, kids)
+}
+
 /// The last `node N: committed C` line node `id` printed (0 if none yet).
 fn committed(json: &Path) -> u64 {
     std::fs::read_to_string(json.with_extension("out"))
@@ -366,6 +409,18 @@ fn restart_and_tallies(file: &Path, dir: &Path, round: &str) -> Vec<u64> {
         .iter()
         .map(|t| t.as_u64().unwrap())
         .collect()
+}
+
+/// Each node's tally after a restart holds every increment it committed.
+fn each_tally_holds_its_commits(tallies: &[u64], acked: &[u64; 3]) {
+    for i in 0..3 {
+        assert!(
+            tallies[i] >= acked[i],
+            "node {i}: tally {} after the restart, {} committed (tallies {tallies:?}, committed {acked:?})",
+            tallies[i],
+            acked[i]
+        );
+    }
 }
 
 fn run_cluster_with(
@@ -408,26 +463,13 @@ fn a_cluster_with_a_log_keeps_every_committed_increment_through_kill_9() {
     let t0 = Instant::now();
 
     // 1. node 2 killed mid-run
-    let paths: Vec<PathBuf> = (0..3)
-        .map(|i| dir.path().join(format!("a{i}.json")))
-        .collect();
-    let mut kids = Kids(
-        (0..3)
-            .map(|i| start_logged(&file, i, 2500, &paths[i]))
-            .collect(),
-    );
+    let (paths, mut kids) = start_logged_three(&file, dir.path(), "a", 2500);
     // a random moment inside the run, counted in node 2's commits (a random time could come
     // after a fast run's end, and then no node dies mid-run)
     let kill_after = rng.random_range(1..2000);
-    while committed(&paths[2]) < kill_after {
-        assert!(
-            kids.0[2].try_wait().unwrap().is_none(),
-            "{}",
-            outputs(&paths)
-        );
-        not_hung(t0, "node 2 to commit", &paths);
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait_while_running(&mut kids.0[2], 2, &paths, t0, "its commits", || {
+        committed(&paths[2]) >= kill_after
+    });
     kids.0[2].kill().unwrap();
     let _ = kids.0[2].wait();
     let mut acked = [0u64; 3];
@@ -444,14 +486,7 @@ fn a_cluster_with_a_log_keeps_every_committed_increment_through_kill_9() {
     }
     drop(kids);
     let tallies = restart_and_tallies(&file, dir.path(), "b");
-    for i in 0..3 {
-        assert!(
-            tallies[i] >= acked[i],
-            "node {i}: tally {} after the restart, {} committed (tallies {tallies:?}, committed {acked:?})",
-            tallies[i],
-            acked[i]
-        );
-    }
+    each_tally_holds_its_commits(&tallies, &acked);
     // the survivors' every increment was committed and nothing else counted
     assert_eq!(
         tallies[..2],
@@ -583,23 +618,10 @@ fn a_stopped_process_is_cut_off_and_resumed_it_fails_clearly_and_loses_nothing()
     )
     .unwrap();
     let t0 = Instant::now();
-    let paths: Vec<PathBuf> = (0..3)
-        .map(|i| dir.path().join(format!("s{i}.json")))
-        .collect();
-    let mut kids = Kids(
-        (0..3)
-            .map(|i| start_logged(&file, i, 4000, &paths[i]))
-            .collect(),
-    );
-    while committed(&paths[2]) < 200 {
-        assert!(
-            kids.0[2].try_wait().unwrap().is_none(),
-            "{}",
-            outputs(&paths)
-        );
-        not_hung(t0, "node 2 to commit", &paths);
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let (paths, mut kids) = start_logged_three(&file, dir.path(), "s", 4000);
+    wait_while_running(&mut kids.0[2], 2, &paths, t0, "its commits", || {
+        committed(&paths[2]) >= 200
+    });
     let pid = kids.0[2].id() as libc::pid_t;
     // SAFETY: kill(2) with a child's pid and a signal number has no memory effects.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
@@ -619,15 +641,7 @@ fn a_stopped_process_is_cut_off_and_resumed_it_fails_clearly_and_loses_nothing()
     assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
     let mut acked = [0u64; 3];
     for (i, k) in kids.0.iter_mut().enumerate() {
-        let (code, _) = finish(k, i, &paths, t0);
-        assert_eq!(
-            code,
-            1,
-            "node {i} must fail (the cluster split); every node's output:\n{}",
-            outputs(&paths)
-        );
-        let r = json(&paths[i]);
-        assert!(r["errors"].as_u64().unwrap() > 0, "node {i}: {r}");
+        let r = failed_with_errors(k, i, &paths, t0, "the cluster split");
         acked[i] = r["increments"].as_u64().unwrap();
         if i < 2 {
             assert!(
@@ -662,12 +676,5 @@ fn a_stopped_process_is_cut_off_and_resumed_it_fails_clearly_and_loses_nothing()
         severed_after.as_secs_f64()
     );
     let tallies = restart_and_tallies(&file, dir.path(), "t");
-    for i in 0..3 {
-        assert!(
-            tallies[i] >= acked[i],
-            "node {i}: tally {} after the restart, {} committed (tallies {tallies:?}, committed {acked:?})",
-            tallies[i],
-            acked[i]
-        );
-    }
+    each_tally_holds_its_commits(&tallies, &acked);
 }
