@@ -68,20 +68,19 @@ pub(super) struct Leases {
     heard: Box<[AtomicU64]>,
     /// When this node last pinged its peers.
     pinged: AtomicU64,
-    /// Per peer: when (our clock) its last answer arrived; at first, when this node started.
+    /// Per peer: when (our clock) its last answer arrived; 0 before the first.
     answered: Box<[AtomicU64]>,
 }
 
 impl Leases {
     pub fn new(me: Node, nodes: u8) -> Leases {
         let zeros = || (0..nodes).map(|_| AtomicU64::new(0)).collect();
-        let now = coarse_now();
         Leases {
             me,
             until: zeros(),
             heard: zeros(),
             pinged: AtomicU64::new(0),
-            answered: (0..nodes).map(|_| AtomicU64::new(now)).collect(),
+            answered: zeros(),
         }
     }
 
@@ -98,10 +97,12 @@ impl Leases {
         self.answered[home as usize].fetch_max(coarse_now(), Ordering::Relaxed);
     }
 
-    /// Whether `peer` has answered no ping for longer than `limit`.
+    /// Whether `peer`, which answered a ping before, has answered none for longer than
+    /// `limit`. A peer that never answered is still starting (a node recovering its store
+    /// before its handler runs can take longer than any timeout): never silent.
     pub fn silent_for(&self, peer: Node, limit: Duration) -> bool {
         let last = self.answered[peer as usize].load(Ordering::Relaxed);
-        coarse_now() > last.saturating_add(nanos(limit))
+        last != 0 && coarse_now() > last.saturating_add(nanos(limit))
     }
 
     /// A ping from `from` arrived now.
@@ -300,11 +301,11 @@ mod tests {
     }
 
     #[test]
-    fn a_peer_is_silent_once_no_answer_came_for_the_limit() {
+    fn a_peer_that_answered_once_is_silent_once_no_answer_came_for_the_limit() {
         let l = Leases::new(0, 2);
         assert!(
-            !l.silent_for(1, Duration::from_secs(1)),
-            "counted from the start"
+            !l.silent_for(1, Duration::ZERO),
+            "a peer that never answered is starting, not silent"
         );
         l.answered[1].store(
             coarse_now() - nanos(Duration::from_secs(2)),
