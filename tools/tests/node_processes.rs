@@ -654,11 +654,15 @@ fn a_stopped_process_is_cut_off_and_resumed_it_fails_clearly_and_loses_nothing()
                 "node {i}: {r}"
             );
         } else {
-            // the resumed node names the nodes it lost, and never waited out a timeout for
-            // a copy it may not use
+            // the resumed node fails its operations on the others' pages, naming them (a
+            // request it had out when it was stopped may end first, by its timeout)
+            assert!(
+                r["errors_by_kind"]["home_unreachable"].as_u64().unwrap() > 0,
+                "node 2: {r}"
+            );
             let first = r["first_error"].as_str().unwrap();
             assert!(
-                first.contains("node 0") || first.contains("node 1"),
+                first.contains("node 0") || first.contains("node 1") || first.contains("no answer"),
                 "node 2: {r}"
             );
         }
