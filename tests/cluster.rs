@@ -770,8 +770,8 @@ fn a_dead_node_gives_errors_not_hangs() {
     // no clean shutdown is possible with a dead member; the engines are dropped
 }
 
-/// A node dies holding shared copies: once its lease has run out, the homes forget it as a
-/// sharer and the pages are written again, by every live node; the dead node, which in one
+/// A node dies holding shared copies: a write that needs it waits at the home until its lease
+/// has run out, then the home forgets it as a sharer and the write goes on (no error); the dead node, which in one
 /// process goes on running cut off from the others (as a stopped or partitioned process
 /// would), never reads a stale copy: its reads fail once its lease has run out. Pages it held
 /// exclusively stay refused (their last version may exist only there).
@@ -796,7 +796,7 @@ fn pages_a_dead_node_held_shared_are_written_again_once_its_lease_ran_out() {
         .unwrap();
     c.kill(2);
     let t0 = std::time::Instant::now();
-    // node 1 writes every page; refusals naming node 2 come until its lease has run out
+    // node 1 writes every page; a refusal naming node 2 would be an error the fence spares
     let mut refused = 0;
     for (k, &p) in shared.iter().enumerate() {
         loop {
@@ -814,6 +814,10 @@ fn pages_a_dead_node_held_shared_are_written_again_once_its_lease_ran_out() {
     }
     let took = t0.elapsed();
     eprintln!("every page written again {took:?} after the death ({refused} refusals meanwhile)");
+    assert_eq!(
+        refused, 0,
+        "the writes waited for the fence instead of failing"
+    );
     for (k, &p) in shared.iter().enumerate() {
         assert_eq!(w0.shared(p).unwrap().page().u64(0), 100 + k as u64);
         assert_eq!(w1.shared(p).unwrap().page().u64(0), 100 + k as u64);

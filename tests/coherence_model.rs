@@ -488,6 +488,14 @@ impl Sim {
                     .needs()
                     .find(|&n| n != me && self.knows(me as usize, n))
                 {
+                    if self.forgettable_later(me as usize, p, dead) {
+                        // a sharer across the cut, not fenced yet: the request waits for the
+                        // fence (the engine's `home_request`, then `after_fence`)
+                        self.note(|| {
+                            format!("home {me} defers a request until node {dead} is fenced")
+                        });
+                        return Ok(false);
+                    }
                     self.refuse(me, e.from, p, dead);
                     return Ok(true);
                 }
@@ -854,21 +862,36 @@ impl Sim {
             .fold(0, |m, x| m | (1u64 << x))
     }
 
-    /// The leases across the cut run out (time passes). The homes end their offers to nodes
-    /// across the cut that they know dead (the engine's handler, once `fence_holds`).
+    /// Whether home `h` will forget `dead` as a sharer of page `p` once the fence holds
+    /// (it is a sharer across the cut, no copy-back is due, and the fence does not hold yet).
+    fn forgettable_later(&self, h: usize, p: usize, dead: Node) -> bool {
+        self.may_forget(h) & (1 << dead) == 0
+            && self.dirs[p].awaiting_copy_back.is_none()
+            && matches!(self.dirs[p].holders, Holders::Shared(s) if s & (1 << dead) != 0)
+    }
+
+    /// The leases across the cut run out (time passes). The homes end their offers to the
+    /// nodes across the cut that they know dead, forget them as sharers, and retry the
+    /// requests that waited for that (the engine's `after_fence`, once `fence_holds`).
     fn fence_now(&mut self) -> Result<(), String> {
         self.fenced = true;
         self.note(|| "the leases across the cut run out".to_string());
         for p in 0..self.latest.len() {
             let h = home(p, self.nodes) as usize;
+            if !self.alive[h] {
+                continue;
+            }
             if let Some(x) = self.dirs[p].offered {
-                if self.alive[h] && self.knows(h, x) {
+                if self.knows(h, x) {
                     self.dirs[p]
                         .offer_reply(x, false)
                         .map_err(|e| e.to_string())?;
-                    self.retry_deferred(p)?;
                 }
             }
+            if self.dirs[p].forget_sharers(self.knows_dead[h]) {
+                self.forgotten += 1;
+            }
+            self.retry_deferred(p)?;
         }
         Ok(())
     }

@@ -9,6 +9,7 @@ use super::{Coherence, PageState};
 use crate::buffer::Buffer;
 use crate::error::EngineError;
 use crate::pid::Pid;
+use std::sync::atomic::Ordering;
 
 impl Coherence {
     /// The first of `nodes` (other than this one) that is dead.
@@ -142,7 +143,7 @@ impl Coherence {
                 Self::wake(ps);
                 if let Some(n) = ps.dir.offered {
                     // a node cut off but running may have taken the page in and be reading
-                    // it: only once its lease has run out (else `end_offers_to_fenced`)
+                    // it: only once its lease has run out (else `after_fence`)
                     if pid.node() == self.me
                         && !self.driver.ch.peer_alive(n)
                         && self.leases.fence_holds(n)
@@ -161,19 +162,32 @@ impl Coherence {
         self.waiting.notify();
     }
 
-    /// The fence now holds for the dead nodes in `nodes`: the offers to them that were left
-    /// waiting at their death (`sweep_dead`) end as declined, and what waited for them is
-    /// retried.
-    pub(super) fn end_offers_to_fenced(&self, nodes: NodeSet) {
+    /// The fence now holds for the dead nodes in `nodes` (`lease.rs`): at this home, the
+    /// offers to them that were left waiting at their death (`sweep_dead`) end as declined,
+    /// they are forgotten as sharers, and the requests that waited for that are retried.
+    pub(super) fn after_fence(&self, nodes: NodeSet) {
         for shard in self.pages.shards.iter() {
             let mut shard = shard.lock();
             for (&pid, ps) in shard.iter_mut() {
+                if pid.node() != self.me {
+                    continue;
+                }
                 if let Some(n) = ps.dir.offered {
-                    if pid.node() == self.me && nodes & bit(n) != 0 {
+                    if nodes & bit(n) != 0 {
                         self.offer_unanswered(pid, ps, n);
-                        Self::wake(ps);
                     }
                 }
+                if ps.dir.forget_sharers(nodes) {
+                    self.driver
+                        .counters
+                        .dead_sharers_forgotten
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.requeue_deferred(ps);
+                }
+                if !ps.held.is_empty() {
+                    self.pages.retry_later(pid);
+                }
+                Self::wake(ps);
             }
         }
         self.waiting.notify();

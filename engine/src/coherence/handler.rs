@@ -25,7 +25,8 @@ const ROUND: usize = 64;
 pub(super) struct Role {
     /// Nodes seen dead (their pages were swept once).
     dead_seen: u64,
-    /// Nodes seen dead whose fence did not hold yet (`lease.rs`): offers to them still wait.
+    /// Nodes seen dead whose fence did not hold yet (`lease.rs`): offers to them, and requests
+    /// that would need them as sharers, still wait.
     fence_due: u64,
 }
 
@@ -211,12 +212,14 @@ impl Coherence {
             self.sweep_dead(buf);
         }
         if role.fence_due != 0 {
-            let fenced = members(role.fence_due)
+            // fenced, and everything it sent handled (its last notices count)
+            let drained = self.driver.dead_drained.load(Ordering::Acquire);
+            let fenced = members(role.fence_due & drained)
                 .filter(|&n| self.leases.fence_holds(n))
                 .fold(0, |set, n| set | bit(n));
             if fenced != 0 {
                 role.fence_due &= !fenced;
-                self.end_offers_to_fenced(fenced);
+                self.after_fence(fenced);
             }
         }
         let retry: Vec<Pid> = self.pages.retry.take();

@@ -1,7 +1,7 @@
 //! A page's home answers requests: the directory decides, and the grant goes out.
 
 use super::apply::{Latched, Outcome};
-use super::directory::DirDecision;
+use super::directory::{DirDecision, Holders};
 use super::protocol::{bit, Grant, Mode, Msg, Node, ProtocolError};
 use super::wire::{REFUSE_HOLDER_DEAD, REFUSE_NO_PAGE, REFUSE_READ};
 use super::{failure::refusal, Coherence, Note, PageState, StoreCopy};
@@ -79,6 +79,14 @@ impl Coherence {
         // A node that must hand the page over or drop its copy is gone: the request would wait
         // forever. Refuse it (the directory is left as it was: `d` is not stored).
         if let Some(dead) = self.first_dead(decision.needs()) {
+            if ps.dir.awaiting_copy_back.is_none()
+                && matches!(ps.dir.holders, Holders::Shared(s) if s & bit(dead) != 0)
+            {
+                // a dead sharer whose fence does not hold yet (else it was forgotten above):
+                // the request waits for it (`after_fence`) instead of failing
+                ps.dir_deferred.push_back(note);
+                return Ok(Outcome::Done);
+            }
             return refuse(ps, REFUSE_HOLDER_DEAD, dead);
         }
         let (mode, epoch, from_home, source, invalidate, source_keeps) = match decision {
