@@ -66,8 +66,10 @@ pub(super) struct Leases {
     /// role only; read by it too (Relaxed suffices: one thread at a time, under the role's
     /// mutex).
     heard: Box<[AtomicU64]>,
-    /// When this node last pinged its peers.
+    /// When this node last pinged its peers, and when a waiting worker last pinged a home
+    /// (apart: a worker's pings must not put off the periodic ones to the other peers).
     pinged: AtomicU64,
+    pinged_soon: AtomicU64,
     /// Per peer: when (our clock) its last answer arrived; 0 before the first.
     answered: Box<[AtomicU64]>,
 }
@@ -80,6 +82,7 @@ impl Leases {
             until: zeros(),
             heard: zeros(),
             pinged: AtomicU64::new(0),
+            pinged_soon: AtomicU64::new(0),
             answered: zeros(),
         }
     }
@@ -114,8 +117,13 @@ impl Leases {
     /// last lease from us has run out, by our clock, with the margin. A node we never heard a
     /// ping from never had a lease.
     pub fn fence_holds(&self, n: Node) -> bool {
+        self.fence_holds_at(n, coarse_now())
+    }
+
+    /// [`fence_holds`](Self::fence_holds) at time `now`.
+    fn fence_holds_at(&self, n: Node, now: u64) -> bool {
         let heard = self.heard[n as usize].load(Ordering::Relaxed);
-        heard == 0 || coarse_now() >= heard.saturating_add(nanos(LEASE + MARGIN))
+        heard == 0 || now >= heard.saturating_add(nanos(LEASE + MARGIN))
     }
 
     /// The time for a ping, if one is due (at most one caller gets it per [`PING_EVERY`]),
@@ -123,16 +131,16 @@ impl Leases {
     /// pings the home itself).
     pub fn ping_due(&self, soon: bool) -> Option<u64> {
         let now = coarse_now();
-        let last = self.pinged.load(Ordering::Relaxed);
-        let every = if soon {
-            Duration::from_millis(1)
+        let (pinged, every) = if soon {
+            (&self.pinged_soon, Duration::from_millis(1))
         } else {
-            PING_EVERY
+            (&self.pinged, PING_EVERY)
         };
+        let last = pinged.load(Ordering::Relaxed);
         if now < last.saturating_add(nanos(every)) {
             return None;
         }
-        self.pinged
+        pinged
             .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
             .ok()
             .map(|_| now)
@@ -292,12 +300,11 @@ mod tests {
         assert!(l.fence_holds(1), "never pinged us: never had a lease");
         l.heard(1);
         assert!(!l.fence_holds(1));
-        // as if the ping was heard a lease ago: the margin still holds it back
-        let at = coarse_now() - nanos(LEASE);
-        l.heard[1].store(at, Ordering::Relaxed);
-        assert!(!l.fence_holds(1));
-        l.heard[1].store(at - nanos(MARGIN) - 1, Ordering::Relaxed);
-        assert!(l.fence_holds(1));
+        // a lease after the ping was heard the margin still holds it back; after both, not
+        let heard = l.heard[1].load(Ordering::Relaxed);
+        assert!(!l.fence_holds_at(1, heard + nanos(LEASE)));
+        assert!(!l.fence_holds_at(1, heard + nanos(LEASE + MARGIN) - 1));
+        assert!(l.fence_holds_at(1, heard + nanos(LEASE + MARGIN)));
     }
 
     #[test]
@@ -323,13 +330,22 @@ mod tests {
     fn one_ping_is_due_per_period_and_a_waiting_worker_gets_one_sooner() {
         let l = Leases::new(0, 2);
         assert!(l.ping_due(false).is_some(), "the first is due at once");
-        assert!(l.ping_due(false).is_none());
-        // a millisecond later (the coarse clock ticks every few), a waiting worker may ping
-        let t = coarse_now();
-        while coarse_now() < t + nanos(Duration::from_millis(10)) {
-            std::thread::yield_now();
-        }
+        let ago = |d: Duration| coarse_now() - nanos(d);
+        let later = coarse_now() + nanos(Duration::from_secs(60));
+        // (times set by hand, so that no tick of the coarse clock decides the outcome)
+        l.pinged.store(later, Ordering::Relaxed);
+        assert!(l.ping_due(false).is_none(), "a period has not passed");
+        l.pinged.store(ago(PING_EVERY * 2), Ordering::Relaxed);
+        assert!(l.ping_due(false).is_some(), "a period has passed");
+        // a waiting worker may ping every millisecond, whatever the periodic pings did
+        l.pinged.store(later, Ordering::Relaxed);
+        l.pinged_soon
+            .store(ago(Duration::from_millis(5)), Ordering::Relaxed);
         assert!(l.ping_due(true).is_some());
-        assert!(l.ping_due(true).is_none(), "not twice in one millisecond");
+        l.pinged_soon.store(later, Ordering::Relaxed);
+        assert!(l.ping_due(true).is_none());
+        // and its pings do not put off the periodic ones
+        l.pinged.store(ago(PING_EVERY * 2), Ordering::Relaxed);
+        assert!(l.ping_due(false).is_some());
     }
 }
