@@ -224,16 +224,23 @@ impl Provider {
         let t0 = Instant::now();
         let written = self.write_back_dirty(node)?;
         let mut logged = 0;
+        let mut all_fenced = true;
         if let Some(coh) = node.coherence() {
             // A cluster node's log also holds changes to pages homed elsewhere, and images of
             // pages that arrived dirty. Before the log before `c` goes: the pages of other
             // homes this node holds dirty are logged whole after `c` (they cannot be written
             // to this store), so are those waiting for a frame, and every peer's log is made
-            // durable up to the pages this node handed it (docs/durability.md, "Clusters").
+            // durable up to the pages this node handed it; for a dead peer, which cannot
+            // answer, this node's records of those pages are carried over (docs/durability.md,
+            // "Clusters").
             logged = self.log_foreign_dirty(node)? + coh.log_held_pages()?;
-            coh.fence_logs(node.buffer(), coh.fence_limit())?;
+            let dead = coh.fence_logs(node.buffer(), coh.fence_limit())?;
+            if !dead.is_empty() {
+                coh.carry_for_dead(&dead, c)?;
+                all_fenced = false;
+            }
         }
-        log.finish_checkpoint(node.buffer().store(), c)?;
+        log.finish_checkpoint(node.buffer().store(), c, all_fenced)?;
         log::debug!(
             "node {}: checkpoint at LSN {c}: {written} pages written, {logged} pages of other homes logged whole, in {:.2} s",
             node.id(),

@@ -112,6 +112,12 @@ pub struct ProtocolStats {
     /// Peers this node severed because they answered no ping for the remote timeout
     /// (stopped, cut off or hung; never on `mem`).
     pub peers_severed_silent: u64,
+    /// With a log: checkpoints finished although a dead peer could not answer their log
+    /// fence; this node's records of the pages it had handed that peer were carried over
+    /// instead (docs/durability.md, "Clusters").
+    pub checkpoints_past_dead: u64,
+    /// With a log: records those checkpoints carried over (into the log's carried file).
+    pub records_carried: u64,
 }
 
 /// Counters of one log (all since open).

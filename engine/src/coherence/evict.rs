@@ -57,7 +57,12 @@ impl Coherence {
             ps.copy.mark_dirty();
         }
         if !home && !self.driver.ch.peer_alive(pid.node()) {
-            // the home died: the page can never go home, nor be asked for again
+            // the home died: the page can never go home, nor be asked for again. A dirty
+            // copy's newest state is then only in this node's log: its records are carried
+            // over at checkpoints, as for a page handed to a dead peer (`carry_for_dead`)
+            if ps.copy.dirty {
+                self.note_kept_for(pid.node(), pid);
+            }
             ps.lost = Some(pid.node());
             if let Err(e) = ps.copy.drop_for_dead_home() {
                 log::error!("node {}: {pid}: {e}", self.me); // checked idle above

@@ -16,6 +16,12 @@
 //!   (`Control::LogFence`, answered by `Control::LogFenced` once durable). Messages from one
 //!   node arrive in the order sent, so the receipt images of every page handed over before
 //!   the fence are covered.
+//! - **Checkpoints past a dead peer** ([`Coherence::carry_for_dead`]): a dead peer answers no
+//!   fence, and its log may lack the receipt images of pages this node handed it. Every page
+//!   handed over dirty is noted per peer until that peer answers a fence sent after it; a
+//!   checkpoint that a dead peer could not fence copies this node's records of the pages noted
+//!   for it into the log's carried file (read by every node's recovery) before the redo point
+//!   moves past them.
 //!
 //! It must not know about checkpoints' other steps or the B-tree: it is given frames, page
 //! bytes and the log.
@@ -31,6 +37,7 @@ use crate::pid::Pid;
 use shoal_messaging::PAGE_BYTES;
 use shoal_storage::wal::put_image;
 use shoal_storage::PAGE_DATA_SIZE;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -99,13 +106,8 @@ impl Coherence {
     /// page whole at the version it carries. Returns the LSN of the image's chunk (0: none
     /// logged), for [`Coherence::relog_received`].
     pub(super) fn log_received<D>(&self, pid: Pid, msg: &Msg<D>, page: &[u8; PAGE_BYTES]) -> u64 {
-        let responsible = match msg {
-            Msg::Page { dirty, .. } => *dirty,
-            Msg::CopyBack { data } | Msg::Evict { data, .. } => data.is_some(),
-            _ => false,
-        };
         let Some(log) = self.log() else { return 0 };
-        if !responsible {
+        if !carries_newest(msg) {
             return 0;
         }
         match self.log_image(log, pid, page) {
@@ -183,36 +185,121 @@ impl Coherence {
         self.send_control(from, &Control::LogFenced { seq });
     }
 
-    /// A peer answered our fence `seq`.
+    /// A message just sent to `to` (or tried) made `to` responsible for `pid`'s newest state:
+    /// noted until `to` answers a log fence sent after it (see [`Coherence::carry_for_dead`]).
+    pub(super) fn note_handed<D>(&self, to: Node, pid: Pid, msg: &Msg<D>) {
+        if to == self.me || self.log().is_none() || !carries_newest(msg) {
+            return;
+        }
+        // SeqCst, with the `fetch_add` in `fence_logs`: the message left before this load. If
+        // the load sees fence `s - 1`, fence `s` was numbered after it, and its `LogFence`
+        // left after the page (one connection keeps its order): an answer to `s` covers
+        // the page. A load that sees `s` needs an answer to `s + 1` (later, never wrong).
+        let mark = self.logged.fence_seq.load(Ordering::SeqCst);
+        self.logged.handed[to as usize].lock().insert(pid, mark);
+    }
+
+    /// `pid`'s newest state stays in this node's log for `dead` (a dirty copy of a page homed
+    /// on `dead`, dropped because it can never go home): carried over at every checkpoint
+    /// (a dead node answers no fence that would drop the note).
+    pub(super) fn note_kept_for(&self, dead: Node, pid: Pid) {
+        if self.log().is_some() {
+            self.logged.handed[dead as usize]
+                .lock()
+                .insert(pid, u64::MAX);
+        }
+    }
+
+    /// A peer answered our fence `seq`: the pages handed it before that fence are logged
+    /// there, durably.
     pub(super) fn on_log_fenced(&self, from: Node, seq: u64) {
         self.logged.fenced[from as usize].fetch_max(seq, Ordering::AcqRel);
+        self.logged.handed[from as usize]
+            .lock()
+            .retain(|_, mark| *mark >= seq);
         self.waiting.notify();
     }
 
     /// Every live peer's log is durable up to every page this node handed it before the
-    /// call (see the module's doc). Fails if a peer dies or does not answer within `limit`.
-    pub fn fence_logs(&self, buf: &Buffer, limit: Duration) -> Result<(), EngineError> {
-        let seq = self.logged.fence_seq.fetch_add(1, Ordering::AcqRel) + 1;
-        let peers: Vec<Node> = (0..self.nodes).filter(|&n| n != self.me).collect();
-        for &n in &peers {
-            self.try_send_control(n, &Control::LogFence { seq })?;
+    /// call (see the module's doc). Returns the peers that are dead and did not answer (the
+    /// caller carries its records for them: [`Coherence::carry_for_dead`]). Fails if a live
+    /// peer does not answer within `limit`.
+    pub fn fence_logs(&self, buf: &Buffer, limit: Duration) -> Result<Vec<Node>, EngineError> {
+        let seq = self.logged.fence_seq.fetch_add(1, Ordering::SeqCst) + 1;
+        let alive = |n: Node| self.driver.ch.peer_alive(n);
+        let mut peers = Vec::new();
+        for n in (0..self.nodes).filter(|&n| n != self.me && alive(n)) {
+            match self.try_send_control(n, &Control::LogFence { seq }) {
+                Ok(()) => peers.push(n),
+                Err(EngineError::PeerDead { .. }) => {} // found dead below
+                Err(e) => return Err(e),
+            }
         }
         let answered = |n: Node| self.logged.fenced[n as usize].load(Ordering::Acquire) >= seq;
         let r = self.wait_until(
             buf,
             limit,
-            || peers.iter().all(|&n| answered(n)).then_some(()),
             || {
                 peers
                     .iter()
-                    .copied()
-                    .find(|&n| !answered(n) && !self.driver.ch.peer_alive(n))
+                    .all(|&n| answered(n) || !alive(n))
+                    .then_some(())
             },
+            || None,
         )?;
-        r.ok_or_else(|| EngineError::FenceTimeout {
-            late: peers.iter().copied().filter(|&n| !answered(n)).collect(),
-            ms: limit.as_millis() as u64,
-        })
+        if r.is_none() {
+            return Err(EngineError::FenceTimeout {
+                late: peers.iter().copied().filter(|&n| !answered(n)).collect(),
+                ms: limit.as_millis() as u64,
+            });
+        }
+        Ok((0..self.nodes)
+            .filter(|&n| n != self.me && !answered(n) && !alive(n))
+            .collect())
+    }
+
+    /// A checkpoint that began at LSN `c` and whose log fence the `dead` peers could not
+    /// answer: their logs may lack the receipt images of pages this node handed them, so this
+    /// node's records of those pages before `c` are its only durable copy, and the redo point
+    /// is about to move past them. They are added to the log's carried file (synced), which
+    /// every node's recovery reads after the log (`shoal_storage::wal::carried`). Returns how
+    /// many records were carried. The log must be durable past `c`.
+    pub fn carry_for_dead(&self, dead: &[Node], c: u64) -> Result<u64, EngineError> {
+        let Some(log) = self.log() else {
+            return Ok(0);
+        };
+        let mut pages: HashSet<u64> = HashSet::new();
+        for &n in dead {
+            pages.extend(
+                self.logged.handed[n as usize]
+                    .lock()
+                    .keys()
+                    .map(|p| p.raw()),
+            );
+        }
+        let records = if pages.is_empty() {
+            Vec::new()
+        } else {
+            shoal_storage::wal::carried::page_records_before(log.path(), c, |pid| {
+                pages.contains(&pid)
+            })?
+        };
+        let n = records.len() as u64;
+        if n > 0 {
+            shoal_storage::wal::carried::append_carried(log.path(), records)?;
+        }
+        let counters = &self.driver.counters;
+        counters
+            .checkpoints_past_dead
+            .fetch_add(1, Ordering::Relaxed);
+        counters.records_carried.fetch_add(n, Ordering::Relaxed);
+        log::info!(
+            "node {}: checkpoint at LSN {c} past dead node(s) {dead:?}: {n} records of the {} \
+             pages handed them carried over",
+            self.me,
+            pages.len()
+        );
+        Ok(n)
     }
 
     /// A checkpoint's part for pages that arrived dirty and wait, held, for a frame: each is
@@ -266,6 +353,9 @@ pub(super) struct Logged {
     fence_seq: std::sync::atomic::AtomicU64,
     /// Per peer: the highest fence of ours it answered.
     fenced: Vec<std::sync::atomic::AtomicU64>,
+    /// Per peer: the pages it was made responsible for (handed dirty) and our last fence's
+    /// number when each left; dropped once the peer answers a later fence.
+    handed: Vec<parking_lot::Mutex<HashMap<Pid, u64>>>,
     /// The log writer flushes continuously (durability `commit`).
     continuous: std::sync::atomic::AtomicBool,
 }
@@ -276,7 +366,18 @@ impl Logged {
             log: std::sync::OnceLock::new(),
             fence_seq: Default::default(),
             fenced: (0..nodes).map(|_| Default::default()).collect(),
+            handed: (0..nodes).map(|_| Default::default()).collect(),
             continuous: Default::default(),
         }
+    }
+}
+
+/// `msg` makes its receiver responsible for the newest state of its page (a page handed over
+/// dirty, copied back or evicted home with its bytes): the receiver logs it whole.
+fn carries_newest<D>(msg: &Msg<D>) -> bool {
+    match msg {
+        Msg::Page { dirty, .. } => *dirty,
+        Msg::CopyBack { data } | Msg::Evict { data, .. } => data.is_some(),
+        _ => false,
     }
 }

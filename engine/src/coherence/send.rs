@@ -47,10 +47,10 @@ impl Coherence {
                 self.driver.counters.pages.fetch_add(1, Ordering::Relaxed);
             }
         }
-        self.driver
-            .ch
-            .send_msg(to, &w, page)
-            .map_err(|e| send_error(to, msg.name(), e))
+        let r = self.driver.ch.send_msg(to, &w, page);
+        // noted even if the send failed: the page may have left (harmless if not)
+        self.note_handed(to, pid, msg);
+        r.map_err(|e| send_error(to, msg.name(), e))
     }
 
     /// Send `to`'s queued batch, if any (before anything else goes to `to`).

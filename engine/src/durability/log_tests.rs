@@ -328,7 +328,7 @@ fn a_data_file_cut_short_is_refused() {
         .collect();
     assert!(store.write_batch(&mut reqs).iter().all(|r| r.is_ok()));
     let cp = log.begin_checkpoint().unwrap();
-    log.finish_checkpoint(&store, cp).unwrap();
+    log.finish_checkpoint(&store, cp, true).unwrap();
     drop(reqs);
     drop(store); // crash
     let need = (2 + PAGES) * PAGE_SIZE as u64;
@@ -601,7 +601,7 @@ fn a_full_log_waits_before_the_block_of_an_unaligned_keep_point_and_keeps_it_rea
         change(&mut page);
     }
     let first = log.begin_checkpoint().unwrap();
-    log.finish_checkpoint(&store, first).unwrap();
+    log.finish_checkpoint(&store, first, true).unwrap();
     // fifty blocks on, a second checkpoint, written and not yet finished: the keep point
     // stays at the first
     let mut v = 0;
@@ -645,4 +645,103 @@ fn a_full_log_waits_before_the_block_of_an_unaligned_keep_point_and_keeps_it_rea
     drop(store); // crash: the open replays from the second checkpoint's record
     let (store, _log) = logged(&c);
     assert_eq!(read(&store, slot).unwrap(), page);
+}
+
+/// What [`shoal_storage::wal::carried::page_records_before`] read: (pid, version, image).
+fn described(recs: &[(u8, Vec<u8>)]) -> Vec<(u64, u64, bool)> {
+    recs.iter()
+        .map(|(kind, body)| {
+            let r = shoal_storage::wal::record::page_record(*kind, body).expect("a page record");
+            let image = matches!(r.change, shoal_storage::wal::record::Change::Image(_));
+            (r.pid, r.version, image)
+        })
+        .collect()
+}
+
+/// A checkpoint past a dead peer (engine/src/coherence/logged.rs, `carry_for_dead`) carries
+/// the records of the pages it was handed, read back from the running log: exactly those
+/// between the redo point and the checkpoint, and the carried file keeps a page's records
+/// from its newest image on.
+#[test]
+fn the_records_carried_past_a_dead_peer_are_the_asked_pages_between_redo_point_and_checkpoint() {
+    use shoal_storage::wal::carried::{append_carried, page_records_before, read_carried};
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path());
+    let (store, log) = logged(&c);
+    let w = log.log();
+    let path = log_path(&c);
+    let (a, b, cc) = (
+        store.allocate().unwrap(),
+        store.allocate().unwrap(),
+        store.allocate().unwrap(),
+    );
+    let mut buf = Vec::new();
+    let mut put = |slot: u64, version: u64, image: bool| {
+        let page = page_of(version);
+        let (_, end) = w
+            .append(&mut buf, |_, out| {
+                if image {
+                    put_image(out, slot, 1000 + slot, version, &page)
+                } else {
+                    put_diff(
+                        out,
+                        slot,
+                        1000 + slot,
+                        version,
+                        [(8u16, 16u16)].into_iter(),
+                        &page,
+                    )
+                }
+            })
+            .unwrap();
+        w.flush_to(end).unwrap();
+    };
+    // before the first checkpoint: behind the redo point once it finishes
+    put(a, 1, true);
+    put(a, 2, false);
+    put(b, 1, true);
+    let first = log.begin_checkpoint().unwrap();
+    log.finish_checkpoint(&store, first, true).unwrap();
+    put(a, 3, false);
+    put(b, 2, false);
+    put(cc, 1, true);
+    put(a, 4, false);
+    let second = log.begin_checkpoint().unwrap();
+    put(a, 5, false); // after the checkpoint: stays in the log
+    let asked = |pid: u64| pid == 1000 + a || pid == 1000 + cc;
+    let recs = page_records_before(&path, second, asked).unwrap();
+    assert_eq!(
+        described(&recs),
+        vec![
+            (1000 + a, 3, false),
+            (1000 + cc, 1, true),
+            (1000 + a, 4, false)
+        ]
+    );
+    assert_eq!(append_carried(&path, recs).unwrap(), 3);
+    // a later checkpoint carries a newer image of `a`: its older records go
+    let mut img = Vec::new();
+    put_image(&mut img, a, 1000 + a, 6, &page_of(6));
+    let mut diff = Vec::new();
+    put_diff(
+        &mut diff,
+        a,
+        1000 + a,
+        7,
+        [(0u16, 8u16)].into_iter(),
+        &page_of(7),
+    );
+    let later = vec![(img[0], img[1..].to_vec()), (diff[0], diff[1..].to_vec())];
+    assert_eq!(append_carried(&path, later).unwrap(), 3);
+    assert_eq!(
+        described(&read_carried(&path).unwrap()),
+        vec![
+            (1000 + cc, 1, true),
+            (1000 + a, 6, true),
+            (1000 + a, 7, false)
+        ]
+    );
+    // asked for more than the log holds: an error, never fewer records
+    let e = page_records_before(&path, second + (1 << 20), asked).unwrap_err();
+    assert!(e.to_string().contains("before LSN"), "{e}");
 }

@@ -93,17 +93,27 @@ impl NodeLog {
 
     /// Finish the checkpoint begun at `c`: the caller has written back every page dirty at
     /// `c`. Syncs the devices, then records the allocator (after the log holding every
-    /// allocation it reflects is durable) and the new redo point.
-    pub fn finish_checkpoint(&self, store: &PageStore, c: u64) -> Result<(), EngineError> {
+    /// allocation it reflects is durable) and the new redo point. `all_fenced`: every peer of
+    /// a cluster answered this checkpoint's log fence (always, on a single node).
+    pub fn finish_checkpoint(
+        &self,
+        store: &PageStore,
+        c: u64,
+        all_fenced: bool,
+    ) -> Result<(), EngineError> {
         store.sync()?;
         // every allocation and free reflected in the copy was logged under the allocator's
         // lock, before the tail read there
         let (alloc, upto) = store.allocator_snapshot(|| self.log.tail());
         self.log.flush_to(upto)?;
         self.log.finish_checkpoint(c, &alloc)?;
+        if !all_fenced {
+            // a dead peer's recovery is still to come: it reads what was carried for it
+            return Ok(());
+        }
         // A cluster node's checkpoint fenced every peer first: all of them run, so all have
-        // recovered and read what the last recovery carried over for them
-        // (shoal_storage::wal::carried). A single node has no such file.
+        // recovered and read what the last recovery (or a checkpoint past a dead peer)
+        // carried over for them (shoal_storage::wal::carried). A single node has no such file.
         Ok(shoal_storage::wal::carried::remove_carried(
             self.log.path(),
         )?)
@@ -113,7 +123,7 @@ impl NodeLog {
     /// the next open finds the log's end at once.
     pub fn close(&self, store: &PageStore) -> Result<(), EngineError> {
         let c = self.log.begin_checkpoint()?;
-        self.finish_checkpoint(store, c)
+        self.finish_checkpoint(store, c, true)
     }
 
     /// Start the log writer thread for `durability` (commit: flush as soon as anything is

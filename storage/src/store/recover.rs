@@ -356,9 +356,16 @@ impl PageStore {
             for peer in &c.peers {
                 m.scan_peer(peer, c, home)?;
             }
-            // this log's records of other homes' pages (and those an earlier recovery carried)
-            // stay readable for their homes' recovery once the log is resumed below
-            let mut carry = wal::carried::read_carried(&wc.path)?;
+            // this log's records of other homes' pages (and those an earlier recovery or a
+            // checkpoint past a dead peer carried) stay readable for their homes' recovery
+            // once the log is resumed below; those of this store's pages are replayed here
+            let mut carry = Vec::new();
+            for (kind, body) in wal::carried::read_carried(&wc.path)? {
+                match page_record(kind, &body) {
+                    Some(r) if home(r.pid) == c.node => m.add(&r),
+                    _ => carry.push((kind, body)),
+                }
+            }
             carry.append(&mut m.carry);
             images = m.finish(self)?;
             wal::carried::write_carried(&wc.path, &carry)?;

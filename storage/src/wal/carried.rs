@@ -97,6 +97,72 @@ pub fn read_carried(log: &Path) -> StoreResult<Vec<(u8, Vec<u8>)>> {
     Ok(out)
 }
 
+/// Add `records` to the carried file of `log` (after those it holds; written as
+/// [`write_carried`] does). A page's records older than its newest whole image are dropped
+/// (recovery starts a page's chain again at an image: `merge::plan`), so the file holds at most
+/// one image per page and the changes after it. Returns how many records the file holds now.
+pub fn append_carried(log: &Path, records: Vec<(u8, Vec<u8>)>) -> StoreResult<usize> {
+    let mut all = read_carried(log)?;
+    all.extend(records);
+    let mut newest_image: std::collections::HashMap<u64, u64> = Default::default();
+    for (kind, body) in &all {
+        if let Some(r) = super::record::page_record(*kind, body) {
+            if matches!(r.change, super::record::Change::Image(_)) {
+                let v = newest_image.entry(r.pid).or_default();
+                *v = (*v).max(r.version);
+            }
+        }
+    }
+    all.retain(|(kind, body)| {
+        super::record::page_record(*kind, body)
+            .is_none_or(|r| newest_image.get(&r.pid).is_none_or(|&v| r.version >= v))
+    });
+    write_carried(log, &all)?;
+    Ok(all.len())
+}
+
+/// The page records of the log at `log` from its redo point up to (not including) LSN
+/// `upto` whose page id `want` accepts, as (kind, body), in log order: what a cluster node's
+/// checkpoint carries over when a peer cannot answer its log fence (docs/durability.md,
+/// "Clusters"). The log must be durable up to `upto`; it may be written after `upto`
+/// meanwhile (the log of a running node). Reads the file and writes nothing; damage before
+/// `upto` is an error.
+pub fn page_records_before(
+    log: &Path,
+    upto: u64,
+    want: impl Fn(u64) -> bool,
+) -> StoreResult<Vec<(u8, Vec<u8>)>> {
+    let (found, file) = super::read_existing(log, false)?;
+    let redo = found.redo_lsn();
+    let mut out = Vec::new();
+    let scanned = super::scan_upto(
+        log,
+        &file,
+        &found,
+        super::ScanMode::End,
+        upto,
+        |lsn, kind, body| {
+            let wanted = super::record::page_record(kind, body).is_some_and(|r| want(r.pid));
+            if lsn >= redo && wanted {
+                out.push((kind, body.to_vec()));
+            }
+            Ok(())
+        },
+    )?;
+    if scanned.end.lsn < upto {
+        // a chunk the caller made durable is not there: never carry fewer records silently
+        return Err(StoreError::BadLog {
+            path: log.to_path_buf(),
+            why: format!(
+                "the log ends at LSN {} on the device, before LSN {upto}, up to which it was \
+                 made durable",
+                scanned.end.lsn
+            ),
+        });
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -46,7 +46,7 @@ pub use scan::{LogEnd, Replay};
 use crate::error::{StoreError, StoreResult};
 use scan::io_err;
 pub use scan::ScanMode;
-pub(crate) use scan::{read_alloc, read_existing, scan};
+pub(crate) use scan::{read_alloc, read_existing, scan, scan_upto};
 use std::path::{Path, PathBuf};
 
 /// Configuration of a node's log.

@@ -357,6 +357,20 @@ pub(crate) fn scan(
     file: &File,
     found: &Found,
     mode: ScanMode,
+    apply: impl FnMut(u64, u8, &[u8]) -> StoreResult<()>,
+) -> StoreResult<Scanned> {
+    scan_upto(path, file, found, mode, u64::MAX, apply)
+}
+
+/// As [`scan`], but stops at the first chunk at or after LSN `upto` (the log of a running
+/// node, durable up to `upto`, whose tail is being written meanwhile; the caller ignores the
+/// end returned).
+pub(crate) fn scan_upto(
+    path: &Path,
+    file: &File,
+    found: &Found,
+    mode: ScanMode,
+    upto: u64,
     mut apply: impl FnMut(u64, u8, &[u8]) -> StoreResult<()>,
 ) -> StoreResult<Scanned> {
     let t0 = Instant::now();
@@ -379,6 +393,12 @@ pub(crate) fn scan(
     let mut payload = Vec::new();
     let mut records = Vec::new();
     let verdict = loop {
+        if at.lsn >= upto {
+            break Verdict::End {
+                how: LogEnd::Clean,
+                next_flush: at.flush + 1,
+            };
+        }
         if at.fpos + CHUNK_HEADER > limit {
             break Verdict::End {
                 how: LogEnd::Full,
