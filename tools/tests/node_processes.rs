@@ -626,11 +626,11 @@ fn a_stopped_process_is_cut_off_and_resumed_it_fails_clearly_and_loses_nothing()
     // SAFETY: kill(2) with a child's pid and a signal number has no memory effects.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
     let stopped_at = t0.elapsed();
-    // until both others have severed it (each logs it)
+    // until both others have severed it (each logs it): for its silence, or (a handler
+    // waiting in a send to it meanwhile) for taking no message for 10 s
     let severed = |i: usize| {
-        std::fs::read_to_string(paths[i].with_extension("out"))
-            .unwrap_or_default()
-            .contains("node 2 answered no ping")
+        let out = std::fs::read_to_string(paths[i].with_extension("out")).unwrap_or_default();
+        out.contains("node 2 answered no ping") || out.contains("node 2 took no message")
     };
     while !(severed(0) && severed(1)) {
         not_hung(t0, "nodes 0 and 1 to sever the stopped node 2", &paths);
@@ -641,17 +641,13 @@ fn a_stopped_process_is_cut_off_and_resumed_it_fails_clearly_and_loses_nothing()
     assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
     let mut acked = [0u64; 3];
     let mut carried = [0u64; 2];
+    let mut silent = 0;
     for (i, k) in kids.0.iter_mut().enumerate() {
         let r = failed_with_errors(k, i, &paths, t0, "the cluster split");
         acked[i] = r["increments"].as_u64().unwrap();
         if i < 2 {
             carried[i] = r["records_carried"].as_u64().unwrap();
-        }
-        if i < 2 {
-            assert!(
-                r["peers_severed_silent"].as_u64().unwrap() >= 1,
-                "node {i}: {r}"
-            );
+            silent += r["peers_severed_silent"].as_u64().unwrap();
             // pages that do not need node 2 kept being served, and checkpoints went past
             // it (carrying this node's records of the pages handed to it) instead of
             // failing until the log was full
@@ -682,9 +678,11 @@ fn a_stopped_process_is_cut_off_and_resumed_it_fails_clearly_and_loses_nothing()
         }
     }
     drop(kids);
+    // at least one survivor noticed the silence (the other may have been waiting in a send)
+    assert!(silent >= 1, "no survivor severed node 2 for its silence");
     eprintln!(
-        "node 2 stopped at {:.1} s, severed by both others {:.1} s later; increments {acked:?}; \
-         records carried past it {carried:?}",
+        "node 2 stopped at {:.1} s, severed by both others {:.1} s later ({silent} for its \
+         silence); increments {acked:?}; records carried past it {carried:?}",
         stopped_at.as_secs_f64(),
         severed_after.as_secs_f64()
     );

@@ -68,8 +68,11 @@ impl Coherence {
         let (deferred, frame) = ps.copy.lose();
         if let Some(f) = frame {
             // No guard may use the frame again; the provider frees it (`prepare_evict`: a
-            // lost page's frame that its copy no longer names).
+            // lost page's frame that its copy no longer names). If a worker changed it (now,
+            // or before), this node's log holds the only durable record of those changes:
+            // checkpoints carry them over (`carry_for_dead`).
             buf.frame(f).revoke_possession();
+            self.note_kept_for(dead, pid);
         }
         ps.waiter = false;
         ps.reserved = None;

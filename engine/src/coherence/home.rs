@@ -63,8 +63,6 @@ impl Coherence {
         if pid.slot() >= buf.store().high_water() {
             return refuse(ps, REFUSE_NO_PAGE, 0);
         }
-        // dead sharers that can no longer read their copies leave the entry (lease.rs)
-        self.forget_fenced_sharers(pid, ps);
         let mut d = ps.dir;
         // One pool: when the grant would read the home's copy from the store, a live sharer
         // sends its copy instead (it keeps its own; docs/protocol.md "Forwarded reads").
@@ -82,8 +80,8 @@ impl Coherence {
             if ps.dir.awaiting_copy_back.is_none()
                 && matches!(ps.dir.holders, Holders::Shared(s) if s & bit(dead) != 0)
             {
-                // a dead sharer whose fence does not hold yet (else it was forgotten above):
-                // the request waits for it (`after_fence`) instead of failing
+                // a dead sharer whose fence does not hold yet (`after_fence` forgets it, in
+                // every entry, once it does): the request waits for that instead of failing
                 ps.dir_deferred.push_back(note);
                 return Ok(Outcome::Done);
             }

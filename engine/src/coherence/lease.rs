@@ -16,10 +16,9 @@
 //! the kernel's coarse monotonic clock, which keeps running while the process is stopped (a
 //! counter kept by one of our threads would not), and costs a few nanoseconds to read.
 
-use super::directory::Holders;
-use super::protocol::{bit, members, Node};
+use super::protocol::Node;
 use super::wire::Control;
-use super::{Coherence, PageState};
+use super::Coherence;
 use crate::buffer::Buffer;
 use crate::error::EngineError;
 use crate::pid::Pid;
@@ -242,33 +241,6 @@ impl Coherence {
             if !self.help(buf) {
                 std::thread::sleep(Duration::from_micros(100));
             }
-        }
-    }
-
-    /// At the home, before a request is decided: sharers of `pid` that died (everything they
-    /// sent is handled) and whose lease ran out are forgotten as clean evictions, so the page
-    /// is served again without them (docs/protocol.md, "Fencing").
-    pub(super) fn forget_fenced_sharers(&self, pid: Pid, ps: &mut PageState) {
-        let dead = self.driver.dead_drained.load(Ordering::Acquire);
-        if dead == 0 {
-            return;
-        }
-        let Holders::Shared(s) = ps.dir.holders else {
-            return;
-        };
-        let gone = members(s & dead)
-            .filter(|&n| self.leases.fence_holds(n))
-            .fold(0, |set, n| set | bit(n));
-        if gone != 0 && ps.dir.forget_sharers(gone) {
-            self.driver
-                .counters
-                .dead_sharers_forgotten
-                .fetch_add(1, Ordering::Relaxed);
-            log::info!(
-                "node {}: {pid}: dead sharers {:?} forgotten (fenced)",
-                self.me,
-                members(gone).collect::<Vec<_>>()
-            );
         }
     }
 }

@@ -227,11 +227,15 @@ impl Coherence {
     pub fn fence_logs(&self, buf: &Buffer, limit: Duration) -> Result<Vec<Node>, EngineError> {
         let seq = self.logged.fence_seq.fetch_add(1, Ordering::SeqCst) + 1;
         let alive = |n: Node| self.driver.ch.peer_alive(n);
-        let mut peers = Vec::new();
-        for n in (0..self.nodes).filter(|&n| n != self.me && alive(n)) {
+        let (mut peers, mut dead) = (Vec::new(), Vec::new());
+        for n in (0..self.nodes).filter(|&n| n != self.me) {
+            if !alive(n) {
+                dead.push(n);
+                continue;
+            }
             match self.try_send_control(n, &Control::LogFence { seq }) {
                 Ok(()) => peers.push(n),
-                Err(EngineError::PeerDead { .. }) => {} // found dead below
+                Err(EngineError::PeerDead { .. }) => dead.push(n),
                 Err(e) => return Err(e),
             }
         }
@@ -253,9 +257,8 @@ impl Coherence {
                 ms: limit.as_millis() as u64,
             });
         }
-        Ok((0..self.nodes)
-            .filter(|&n| n != self.me && !answered(n) && !alive(n))
-            .collect())
+        dead.extend(peers.into_iter().filter(|&n| !answered(n)));
+        Ok(dead)
     }
 
     /// A checkpoint that began at LSN `c` and whose log fence the `dead` peers could not

@@ -7,8 +7,12 @@
 //! (the nodes of a cluster of processes recover each at its own start). So before the move,
 //! recovery writes them into a file beside the log, `<log>.carried`, whole and synced (written
 //! under a temporary name and renamed), and every node's recovery reads a peer's carried file
-//! after its log. The file goes at the node's next finished checkpoint: that one waited for
-//! every peer to answer a log fence, so every peer is running, and recovered before it joined.
+//! after its log. The file goes at the node's next checkpoint that every peer answered a log
+//! fence for: every peer is running, and recovered before it joined.
+//!
+//! A checkpoint that a dead peer could not fence adds to the file instead: this node's records
+//! of the pages it handed that peer ([`page_records_before`], [`append_carried`]). Recovery
+//! reads a node's own file too, for its own pages.
 //!
 //! Format: magic u64, count u64, then per record kind u8, length u32 and the body; a CRC-32
 //! of everything before it closes the file. A file that fails its check is an error, never
