@@ -196,7 +196,10 @@ impl Coherence {
         // left after the page (one connection keeps its order): an answer to `s` covers
         // the page. A load that sees `s` needs an answer to `s + 1` (later, never wrong).
         let mark = self.logged.fence_seq.load(Ordering::SeqCst);
-        self.logged.handed[to as usize].lock().insert(pid, mark);
+        // (a note kept for good, `note_kept_for`, stays so)
+        let mut handed = self.logged.handed[to as usize].lock();
+        let m = handed.entry(pid).or_insert(mark);
+        *m = (*m).max(mark);
     }
 
     /// `pid`'s newest state stays in this node's log for `dead` (a dirty copy of a page homed
