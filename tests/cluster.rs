@@ -827,6 +827,11 @@ fn pages_a_dead_node_held_shared_are_written_again_once_its_lease_ran_out() {
         stats.dead_sharers_forgotten >= 1,
         "the home forgot the dead sharer: {stats:?}"
     );
+    assert_eq!(
+        (stats.deaths_noticed, stats.fences_held),
+        (1, 1),
+        "one death noticed, one fence: {stats:?}"
+    );
     // the dead node's copies: never the old value
     for &p in &shared {
         match w2.run(|w| w.shared(p).map(|g| g.page().u64(0))) {

@@ -112,6 +112,11 @@ pub struct ProtocolStats {
     /// Peers this node severed because they answered no ping for the remote timeout
     /// (stopped, cut off or hung; never on `mem`).
     pub peers_severed_silent: u64,
+    /// Peers this node found dead (killed, severed, their connection closed).
+    pub deaths_noticed: u64,
+    /// Of those, peers whose fence came to hold here: their leases on this node's pages ran
+    /// out, and this home took over from them (docs/protocol.md, "Fencing").
+    pub fences_held: u64,
     /// With a log: checkpoints finished although a dead peer could not answer their log
     /// fence; this node's records of the pages it had handed that peer were carried over
     /// instead (docs/durability.md, "Clusters").

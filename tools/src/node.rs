@@ -486,6 +486,8 @@ fn check(
         "lease_waits": p.lease_waits,
         "dead_sharers_forgotten": p.dead_sharers_forgotten,
         "peers_severed_silent": p.peers_severed_silent,
+        "deaths_noticed": p.deaths_noticed,
+        "fences_held": p.fences_held,
         "checkpoints_past_dead": p.checkpoints_past_dead,
         "records_carried": p.records_carried,
         "evictions": st.evictions,

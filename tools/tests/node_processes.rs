@@ -660,6 +660,11 @@ fn a_stopped_process_is_cut_off_and_resumed_it_fails_clearly_and_loses_nothing()
                 "node {i}: {r}"
             );
             assert!(
+                r["deaths_noticed"].as_u64().unwrap() >= 1
+                    && r["fences_held"].as_u64().unwrap() >= 1,
+                "node {i}: {r}"
+            );
+            assert!(
                 r["errors_by_kind"].get("log_full").is_none(),
                 "node {i}: {r}"
             );

@@ -169,6 +169,7 @@ impl Coherence {
     /// offers to them that were left waiting at their death (`sweep_dead`) end as declined,
     /// they are forgotten as sharers, and the requests that waited for that are retried.
     pub(super) fn after_fence(&self, nodes: NodeSet) {
+        let (mut forgotten, mut offers) = (0u64, 0u64);
         for shard in self.pages.shards.iter() {
             let mut shard = shard.lock();
             for (&pid, ps) in shard.iter_mut() {
@@ -178,13 +179,11 @@ impl Coherence {
                 if let Some(n) = ps.dir.offered {
                     if nodes & bit(n) != 0 {
                         self.offer_unanswered(pid, ps, n);
+                        offers += 1;
                     }
                 }
                 if ps.dir.forget_sharers(nodes) {
-                    self.driver
-                        .counters
-                        .dead_sharers_forgotten
-                        .fetch_add(1, Ordering::Relaxed);
+                    forgotten += 1;
                     self.requeue_deferred(ps);
                 }
                 if !ps.held.is_empty() {
@@ -193,6 +192,19 @@ impl Coherence {
                 Self::wake(ps);
             }
         }
+        let counters = &self.driver.counters;
+        counters
+            .dead_sharers_forgotten
+            .fetch_add(forgotten, Ordering::Relaxed);
+        counters
+            .fences_held
+            .fetch_add(u64::from(nodes.count_ones()), Ordering::Relaxed);
+        log::warn!(
+            "node {}: dead node(s) {:?} fenced (their leases on this node's pages ran out): \
+             {forgotten} pages taken over from them as sharers, {offers} offers to them ended",
+            self.me,
+            members(nodes).collect::<Vec<_>>()
+        );
         self.waiting.notify();
     }
 

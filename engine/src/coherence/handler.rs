@@ -207,7 +207,12 @@ impl Coherence {
             .filter(|&n| n != self.me && !self.driver.ch.peer_alive(n))
             .fold(0u64, |m, n| m | (1 << n));
         if dead & !role.dead_seen != 0 {
-            role.fence_due |= dead & !role.dead_seen;
+            let new = dead & !role.dead_seen;
+            self.driver
+                .counters
+                .deaths_noticed
+                .fetch_add(u64::from(new.count_ones()), Ordering::Relaxed);
+            role.fence_due |= new;
             role.dead_seen |= dead;
             self.sweep_dead(buf);
         }

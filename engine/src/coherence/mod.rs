@@ -261,6 +261,10 @@ pub struct CoherenceCounters {
     pub dead_sharers_forgotten: AtomicU64,
     /// See [`crate::stats::ProtocolStats::peers_severed_silent`].
     pub peers_severed_silent: AtomicU64,
+    /// See [`crate::stats::ProtocolStats::deaths_noticed`].
+    pub deaths_noticed: AtomicU64,
+    /// See [`crate::stats::ProtocolStats::fences_held`].
+    pub fences_held: AtomicU64,
     /// See [`crate::stats::ProtocolStats::checkpoints_past_dead`].
     pub checkpoints_past_dead: AtomicU64,
     /// See [`crate::stats::ProtocolStats::records_carried`].
@@ -292,6 +296,8 @@ impl CoherenceCounters {
             lease_waits: l(&self.lease_waits),
             dead_sharers_forgotten: l(&self.dead_sharers_forgotten),
             peers_severed_silent: l(&self.peers_severed_silent),
+            deaths_noticed: l(&self.deaths_noticed),
+            fences_held: l(&self.fences_held),
             checkpoints_past_dead: l(&self.checkpoints_past_dead),
             records_carried: l(&self.records_carried),
         }
