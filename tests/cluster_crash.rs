@@ -353,6 +353,23 @@ fn a_crashed_cluster_nodes_store_is_not_recovered_alone() {
     c.close().unwrap();
 }
 
+/// Node 0 adds 1 to word 0 of each of `pids` and commits; every page goes home (each home
+/// logs it on arrival); then node 2 dies.
+fn change_send_home_and_kill_node_2(c: &Cluster, pids: &[Pid]) {
+    let w = c.node(0).worker();
+    for &p in pids {
+        let mut x = w.run(|w| w.exclusive(p)).unwrap();
+        let v = x.page().u64(0);
+        x.page_mut().set_u64(0, v + 1);
+    }
+    w.commit().unwrap();
+    drop(w);
+    c.node(0)
+        .send_pages_home(Duration::from_secs(20))
+        .expect("pages go home");
+    c.kill(2);
+}
+
 /// A node's last checkpoint drops its log's records of pages it handed to peers, so it may
 /// only close cleanly once every peer made its receipt of them durable (an orderly leave). A
 /// node closed after a peer died must not claim a clean store: the dead peer may have lost
@@ -362,20 +379,8 @@ fn a_node_closed_after_a_peer_died_stays_unclean_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let c = open(dir.path());
     let pids = pages(&c, dir.path());
-    let w = c.node(0).worker();
     let others: Vec<Pid> = pids.iter().copied().filter(|p| p.node() != 0).collect();
-    for &p in others.iter().take(60) {
-        let mut x = w.run(|w| w.exclusive(p)).unwrap();
-        let v = x.page().u64(0);
-        x.page_mut().set_u64(0, v + 1);
-    }
-    w.commit().unwrap();
-    drop(w);
-    // every page goes home (each home logs it on arrival); then node 2 dies
-    c.node(0)
-        .send_pages_home(Duration::from_secs(20))
-        .expect("pages go home");
-    c.kill(2);
+    change_send_home_and_kill_node_2(&c, &others[..60]);
     let err = c
         .node(0)
         .close()
@@ -420,19 +425,7 @@ fn a_node_whose_peer_died_checkpoints_past_it_carrying_its_records_of_the_pages_
         .filter(|p| p.node() == 2)
         .take(60)
         .collect();
-    let w = c.node(0).worker();
-    for &p in &theirs {
-        let mut x = w.run(|w| w.exclusive(p)).unwrap();
-        let v = x.page().u64(0);
-        x.page_mut().set_u64(0, v + 1);
-    }
-    w.commit().unwrap();
-    drop(w);
-    // the changed pages go home to node 2 (which logs them on arrival), then node 2 dies
-    c.node(0)
-        .send_pages_home(Duration::from_secs(20))
-        .expect("pages go home");
-    c.kill(2);
+    change_send_home_and_kill_node_2(&c, &theirs);
     let w = c.node(0).worker();
     let fill = [0xa5u8; 2048];
     // about 6 MiB of log, three times its size: checkpoints must finish without node 2
