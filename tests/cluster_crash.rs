@@ -16,8 +16,9 @@
 //! Rounds: `SHOAL_CLUSTER_CRASH_ROUNDS` (default 6; docs/BENCHMARKS.md reports longer runs).
 //!
 //! Beside it: a crashed node's store is not recovered alone, a node closed after a peer died
-//! stays unclean, and a node whose peer died checkpoints past it, carrying its records of the
-//! pages it had handed it.
+//! stays unclean, a node whose peer died fails its changes with the checkpoint's cause once
+//! its log is nearly full, and (asked to) checkpoints past it instead, carrying its records of
+//! the pages it had handed it.
 
 use rand::{Rng, SeedableRng};
 use shoal_engine::{Cluster, Durability, Pid, Worker};
@@ -40,13 +41,19 @@ fn env_num<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 fn open(dir: &Path) -> Cluster {
+    open_with(dir, false)
+}
+
+/// As [`open`]; `past_dead`: `EngineConfig::checkpoint_past_dead_peers`.
+fn open_with(dir: &Path, past_dead: bool) -> Cluster {
     Cluster::builder(NODES, dir)
         .cache_bytes(1 << 20) // 256 frames a node: evictions all the time
         .remote_timeout(Duration::from_secs(20))
-        .configure(|_, c| {
+        .configure(move |_, c| {
             c.durability = Durability::Commit;
             c.wal_bytes = 2 << 20; // a checkpoint every MiB of log
             c.free_target_percent = 10;
+            c.checkpoint_past_dead_peers = past_dead;
         })
         .mem()
         .expect("the cluster opens (recovering)")
@@ -409,14 +416,62 @@ fn carried_file(dir: &Path, n: usize) -> Option<PathBuf> {
         .find(|p| p.to_string_lossy().ends_with(".wal.carried"))
 }
 
-/// A dead peer answers no log fence. Its survivors' checkpoints go on past it instead of
-/// filling the log: each carries its own records of the pages it had handed the dead node into
-/// its log's carried file, and the next open recovers every change from the logs and those
-/// files.
+#[test]
+fn a_node_whose_peer_died_fails_changes_with_the_checkpoints_cause_once_its_log_is_nearly_full() {
+    // While a peer is dead no checkpoint can finish (its log fence goes unanswered), so the
+    // log fills. A change that must wait for room then fails at once with why the checkpoint
+    // failed, naming the node, instead of waiting 30 s for each change and then blaming the
+    // log's size.
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path());
+    let pids = pages(&c, dir.path());
+    let mine: Vec<Pid> = pids.iter().copied().filter(|p| p.node() == 0).collect();
+    c.kill(2);
+    let w = c.node(0).worker();
+    let t0 = Instant::now();
+    let fill = [0xa5u8; 2048];
+    let mut commits = 0u64;
+    let err = loop {
+        assert!(
+            t0.elapsed() < Duration::from_secs(240),
+            "hang: {commits} commits and no error"
+        );
+        let p = mine[commits as usize % mine.len()];
+        let r = w
+            .run(|w| {
+                let mut g = w.exclusive(p)?;
+                g.page_mut().write(64 + (commits as usize % 8) * 8, &fill);
+                Ok(())
+            })
+            .and_then(|()| w.commit());
+        match r {
+            Ok(()) => commits += 1,
+            Err(e) => break e,
+        }
+    };
+    let text = err.to_string();
+    assert!(
+        text.contains("checkpoint failed") && text.contains("node 2"),
+        "after {commits} commits: {text}"
+    );
+    // changes went on while the log had room
+    assert!(commits > 10, "failed after only {commits} commits: {text}");
+    // and the next change fails the same way (the cause stands while the node is dead)
+    let again = w
+        .run(|w| w.exclusive(mine[0]).map(drop))
+        .expect_err("the log is still nearly full");
+    assert!(again.to_string().contains("node 2"), "{again}");
+    drop(w);
+}
+
+/// A dead peer answers no log fence. With `checkpoint_past_dead_peers`, its survivors'
+/// checkpoints go on past it instead of filling the log: each carries its own records of the
+/// pages it had handed the dead node into its log's carried file, and the next open recovers
+/// every change from the logs and those files.
 #[test]
 fn a_node_whose_peer_died_checkpoints_past_it_carrying_its_records_of_the_pages_it_handed_it() {
     let dir = tempfile::tempdir().unwrap();
-    let c = open(dir.path());
+    let c = open_with(dir.path(), true);
     let pids = pages(&c, dir.path());
     let mine: Vec<Pid> = pids.iter().copied().filter(|p| p.node() == 0).collect();
     let theirs: Vec<Pid> = pids
@@ -456,7 +511,7 @@ fn a_node_whose_peer_died_checkpoints_past_it_carrying_its_records_of_the_pages_
         assert!(carried.contains(&p.raw()), "{p} not carried");
     }
     drop(c); // a crash: the next open recovers from the logs and the carried files
-    let c = open(dir.path());
+    let c = open_with(dir.path(), true);
     let w = c.node(1).worker();
     for p in &theirs {
         assert_eq!(w.run(|w| w.shared(*p)).unwrap().page().u64(0), 1, "{p}");

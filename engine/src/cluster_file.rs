@@ -18,6 +18,8 @@
 //!                             # "Clusters"); with a log, every node's recovery reads every
 //!                             # node's log, so every data_dir must be reachable from every host
 //! wal_size = "64MiB"          # optional: the size of each node's log (with a log)
+//! checkpoint_past_dead_peers = true  # optional (default false, experimental):
+//!                             # EngineConfig::checkpoint_past_dead_peers
 //!
 //! [[node]]
 //! id = 0
@@ -67,6 +69,8 @@ struct RawFile {
     durability: Option<String>,
     wal_size: Option<String>,
     #[serde(default)]
+    checkpoint_past_dead_peers: bool,
+    #[serde(default)]
     node: Vec<RawNode>,
 }
 
@@ -114,6 +118,8 @@ pub struct ClusterFile {
     pub encrypt: bool,
     /// `EngineConfig::one_pool` of every node.
     pub one_pool: bool,
+    /// `EngineConfig::checkpoint_past_dead_peers` of every node.
+    pub checkpoint_past_dead_peers: bool,
     /// `EngineConfig::durability` of every node (`None`: the file names none, and a node gets
     /// durability none unless its command line says otherwise).
     pub durability: Option<crate::Durability>,
@@ -295,6 +301,7 @@ impl ClusterFile {
             secret: Secret(secret),
             encrypt: raw.encrypt,
             one_pool: raw.one_pool,
+            checkpoint_past_dead_peers: raw.checkpoint_past_dead_peers,
         })
     }
 
@@ -344,6 +351,7 @@ impl ClusterFile {
         cfg.one_pool = self.one_pool;
         cfg.durability = self.durability.unwrap_or(crate::Durability::None);
         cfg.wal_bytes = self.wal_bytes;
+        cfg.checkpoint_past_dead_peers = self.checkpoint_past_dead_peers;
         // every node's recovery reads the others' logs (docs/durability.md, "Clusters")
         cfg.peer_logs = self
             .nodes

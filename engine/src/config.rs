@@ -56,6 +56,14 @@ pub struct EngineConfig {
     /// 64 MiB, written once when the log is created). A checkpoint begins when half of it is
     /// in use: a larger log checkpoints less often under heavy writing.
     pub wal_bytes: u64,
+    /// A cluster node with a log: let checkpoints finish while a peer is dead, carrying this
+    /// node's records of the pages it had handed that peer into a file beside the log
+    /// (docs/durability.md, "A checkpoint past a dead peer"). Default off: a dead peer fails
+    /// every checkpoint, and once the log is nearly full changes fail with
+    /// `CheckpointFailed` naming it. Experimental: in about 1 in 25 runs of a test that
+    /// stops a node under load, one committed change was missing after the restart (a hole
+    /// not found yet).
+    pub checkpoint_past_dead_peers: bool,
 }
 
 impl Default for EngineConfig {
@@ -78,6 +86,7 @@ impl Default for EngineConfig {
             durability: Durability::Commit,
             peer_logs: Vec::new(),
             wal_bytes: 64 << 20,
+            checkpoint_past_dead_peers: false,
         }
     }
 }

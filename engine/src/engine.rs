@@ -67,6 +67,7 @@ impl Engine {
             free_target_percent: cfg.free_target_percent,
             free_frame_timeout: cfg.free_frame_timeout,
             durability: cfg.durability,
+            checkpoint_past_dead_peers: cfg.checkpoint_past_dead_peers,
             one_pool: cfg.one_pool,
         };
         let node = Node::open(spec, member, lock)?;

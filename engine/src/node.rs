@@ -58,6 +58,8 @@ pub(crate) struct NodeSpec {
     pub free_target_percent: u32,
     pub free_frame_timeout: Duration,
     pub durability: Durability,
+    /// `EngineConfig::checkpoint_past_dead_peers`.
+    pub checkpoint_past_dead_peers: bool,
     pub one_pool: bool,
 }
 
@@ -153,6 +155,7 @@ impl Node {
             c.attach_log(
                 l.log().clone(),
                 spec.durability == crate::durability::Durability::Commit,
+                spec.checkpoint_past_dead_peers,
             );
         }
         let node = Arc::new(Node::new(buf, coh, spec.durability, log, lock));

@@ -45,12 +45,15 @@ use std::time::Duration;
 impl Coherence {
     /// This node logs its changes in `log` (durability other than none); `continuous`: its
     /// log writer flushes as soon as anything is complete (durability `commit`), so a page
-    /// waiting for its changes to be durable can wait for the writer instead of flushing.
-    pub fn attach_log(&self, log: Arc<Log>, continuous: bool) {
+    /// waiting for its changes to be durable can wait for the writer instead of flushing;
+    /// `past_dead`: checkpoints may finish while a peer is dead
+    /// (`EngineConfig::checkpoint_past_dead_peers`, [`Coherence::carry_for_dead`]).
+    pub fn attach_log(&self, log: Arc<Log>, continuous: bool, past_dead: bool) {
         let _ = self.logged.log.set(log);
         self.logged
             .continuous
             .store(continuous, std::sync::atomic::Ordering::Relaxed);
+        self.logged.past_dead.store(past_dead, Ordering::Relaxed);
     }
 
     /// Whether `f`'s page may leave now without a flush of its own: no log, its changes are
@@ -270,10 +273,17 @@ impl Coherence {
     /// is about to move past them. They are added to the log's carried file (synced), which
     /// every node's recovery reads after the log (`shoal_storage::wal::carried`). Returns how
     /// many records were carried. The log must be durable past `c`.
+    /// Without `EngineConfig::checkpoint_past_dead_peers`, fails (`PeerDead`, naming the
+    /// first): the checkpoint keeps the log.
     pub fn carry_for_dead(&self, dead: &[Node], c: u64) -> Result<u64, EngineError> {
         let Some(log) = self.log() else {
             return Ok(0);
         };
+        if !self.logged.past_dead.load(Ordering::Relaxed) {
+            if let Some(&node) = dead.first() {
+                return Err(EngineError::PeerDead { node });
+            }
+        }
         let mut pages: HashSet<u64> = HashSet::new();
         for &n in dead {
             pages.extend(
@@ -364,6 +374,8 @@ pub(super) struct Logged {
     handed: Vec<parking_lot::Mutex<HashMap<Pid, u64>>>,
     /// The log writer flushes continuously (durability `commit`).
     continuous: std::sync::atomic::AtomicBool,
+    /// Checkpoints may finish while a peer is dead (`carry_for_dead`).
+    past_dead: std::sync::atomic::AtomicBool,
 }
 
 impl Logged {
@@ -374,6 +386,7 @@ impl Logged {
             fenced: (0..nodes).map(|_| Default::default()).collect(),
             handed: (0..nodes).map(|_| Default::default()).collect(),
             continuous: Default::default(),
+            past_dead: Default::default(),
         }
     }
 }
