@@ -60,7 +60,7 @@ pub struct EngineConfig {
     /// node's records of the pages it had handed that peer into a file beside the log
     /// (docs/durability.md, "A checkpoint past a dead peer"). Default off: a dead peer fails
     /// every checkpoint, and once the log is nearly full changes fail with
-    /// `CheckpointFailed` naming it. Experimental: in about 1 in 25 runs of a test that
+    /// `CheckpointFailed` naming it. Experimental: in 2 of about 115 runs of a test that
     /// stops a node under load, one committed change was missing after the restart (a hole
     /// not found yet).
     pub checkpoint_past_dead_peers: bool,
