@@ -40,8 +40,9 @@ fn env_num<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
+/// The test cluster, with checkpoints past a dead peer (the default).
 fn open(dir: &Path) -> Cluster {
-    open_with(dir, false)
+    open_with(dir, true)
 }
 
 /// As [`open`]; `past_dead`: `EngineConfig::checkpoint_past_dead_peers`.
@@ -418,12 +419,13 @@ fn carried_file(dir: &Path, n: usize) -> Option<PathBuf> {
 
 #[test]
 fn a_node_whose_peer_died_fails_changes_with_the_checkpoints_cause_once_its_log_is_nearly_full() {
-    // While a peer is dead no checkpoint can finish (its log fence goes unanswered), so the
-    // log fills. A change that must wait for room then fails at once with why the checkpoint
+    // Without checkpoints past a dead peer (`checkpoint_past_dead_peers = false`), no
+    // checkpoint can finish while a peer is dead (its log fence goes unanswered), so the log
+    // fills. A change that must wait for room then fails at once with why the checkpoint
     // failed, naming the node, instead of waiting 30 s for each change and then blaming the
     // log's size.
     let dir = tempfile::tempdir().unwrap();
-    let c = open(dir.path());
+    let c = open_with(dir.path(), false);
     let pids = pages(&c, dir.path());
     let mine: Vec<Pid> = pids.iter().copied().filter(|p| p.node() == 0).collect();
     c.kill(2);
@@ -464,14 +466,14 @@ fn a_node_whose_peer_died_fails_changes_with_the_checkpoints_cause_once_its_log_
     drop(w);
 }
 
-/// A dead peer answers no log fence. With `checkpoint_past_dead_peers`, its survivors'
-/// checkpoints go on past it instead of filling the log: each carries its own records of the
+/// A dead peer answers no log fence. With `checkpoint_past_dead_peers` (the default), its
+/// survivors' checkpoints go on past it instead of filling the log: each carries its own records of the
 /// pages it had handed the dead node into its log's carried file, and the next open recovers
 /// every change from the logs and those files.
 #[test]
 fn a_node_whose_peer_died_checkpoints_past_it_carrying_its_records_of_the_pages_it_handed_it() {
     let dir = tempfile::tempdir().unwrap();
-    let c = open_with(dir.path(), true);
+    let c = open(dir.path());
     let pids = pages(&c, dir.path());
     let mine: Vec<Pid> = pids.iter().copied().filter(|p| p.node() == 0).collect();
     let theirs: Vec<Pid> = pids
@@ -511,7 +513,7 @@ fn a_node_whose_peer_died_checkpoints_past_it_carrying_its_records_of_the_pages_
         assert!(carried.contains(&p.raw()), "{p} not carried");
     }
     drop(c); // a crash: the next open recovers from the logs and the carried files
-    let c = open_with(dir.path(), true);
+    let c = open(dir.path());
     let w = c.node(1).worker();
     for p in &theirs {
         assert_eq!(w.run(|w| w.shared(*p)).unwrap().page().u64(0), 1, "{p}");

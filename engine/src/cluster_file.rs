@@ -18,7 +18,7 @@
 //!                             # "Clusters"); with a log, every node's recovery reads every
 //!                             # node's log, so every data_dir must be reachable from every host
 //! wal_size = "64MiB"          # optional: the size of each node's log (with a log)
-//! checkpoint_past_dead_peers = true  # optional (default false, experimental):
+//! checkpoint_past_dead_peers = false # optional (default true):
 //!                             # EngineConfig::checkpoint_past_dead_peers
 //!
 //! [[node]]
@@ -68,7 +68,7 @@ struct RawFile {
     one_pool: bool,
     durability: Option<String>,
     wal_size: Option<String>,
-    #[serde(default)]
+    #[serde(default = "default_checkpoint_past_dead_peers")]
     checkpoint_past_dead_peers: bool,
     #[serde(default)]
     node: Vec<RawNode>,
@@ -90,6 +90,10 @@ fn default_cluster_id() -> u64 {
 
 fn default_one_pool() -> bool {
     true
+}
+
+fn default_checkpoint_past_dead_peers() -> bool {
+    EngineConfig::default().checkpoint_past_dead_peers
 }
 
 /// Default cache per node when the file names none.
@@ -460,7 +464,14 @@ data_dir = "/abs/n0"
         assert_eq!(f.remote_timeout, Duration::from_secs(10));
         let c = f.engine_config(1).unwrap();
         assert_eq!((c.node_id, c.cluster_id, c.devices), (1, 9, 2));
+        assert!(
+            c.checkpoint_past_dead_peers,
+            "on unless the file says otherwise"
+        );
         assert!(f.engine_config(2).unwrap_err().to_string().contains("0..1"));
+        let off = format!("checkpoint_past_dead_peers = false\n{GOOD}");
+        let f = ClusterFile::parse(&off, Path::new("/etc/shoal")).unwrap();
+        assert!(!f.engine_config(0).unwrap().checkpoint_past_dead_peers);
     }
 
     #[test]

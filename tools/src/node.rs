@@ -74,6 +74,11 @@ pub struct Args {
     /// crash tests (with a log: every increment is committed before the next).
     #[arg(long)]
     pub commit_lines: bool,
+    /// Report every counter page's sum at the start (`start.page_sums`) and this node's
+    /// committed increments of each page (`increments_by_page`) in the JSON, keyed by the
+    /// page's number: a lost or doubled update then names its page.
+    #[arg(long)]
+    pub per_page: bool,
 }
 
 /// One node's counter pages and tally page.
@@ -132,18 +137,31 @@ fn load_owned(w: &Worker, node: u8, tally: Pid) -> anyhow::Result<Owned> {
     Ok(Owned { tally, pages })
 }
 
+/// Sum of the counters of every counter page in the cluster, by page number.
+fn page_sums(w: &Worker, all: &[Owned]) -> Result<BTreeMap<u64, u64>, EngineError> {
+    let mut sums = BTreeMap::new();
+    for &p in all.iter().flat_map(|o| o.pages.iter()) {
+        sums.insert(p.0, page_sum(w, p)?);
+    }
+    Ok(sums)
+}
+
+fn page_sum(w: &Worker, p: Pid) -> Result<u64, EngineError> {
+    w.run(|w| -> OpResult<u64> {
+        let g = w.optimistic(p)?;
+        let s = (0..COUNTERS).map(|k| g.page().u64(64 + 8 * k)).sum();
+        g.validate()?;
+        Ok(s)
+    })
+}
+
 /// Sum of every counter and of every tally in the cluster.
 fn sums(w: &Worker, all: &[Owned]) -> Result<(u64, u64), EngineError> {
     let (mut counters, mut tallies) = (0u64, 0u64);
     for o in all {
         tallies += read_u64(w, o.tally, 16)?;
         for &p in &o.pages {
-            counters += w.run(|w| -> OpResult<u64> {
-                let g = w.optimistic(p)?;
-                let s = (0..COUNTERS).map(|k| g.page().u64(64 + 8 * k)).sum();
-                g.validate()?;
-                Ok(s)
-            })?;
+            counters += page_sum(w, p)?;
         }
     }
     Ok((counters, tallies))
@@ -297,13 +315,19 @@ fn check(
             _ => "",
         }
     );
+    // read before the start barrier: once past it the others change them
+    let page_sums0 = if a.per_page {
+        Some(page_sums(&w, &all).map_err(|e| anyhow::anyhow!("reading the counters: {e}"))?)
+    } else {
+        None
+    };
     barrier("start")?;
 
     let errors = Mutex::new(Errors::default());
     let done = AtomicU64::new(0);
     let pages: Vec<Pid> = all.iter().flat_map(|o| o.pages.iter().copied()).collect();
     let started = Instant::now();
-    std::thread::scope(|s| {
+    let by_page = std::thread::scope(|s| {
         let hs: Vec<_> = (0..a.workers)
             .map(|t| {
                 let (errors, done, pages, tally) = (&errors, &done, &pages, mine.tally);
@@ -313,6 +337,7 @@ fn check(
                     let w = engine.worker();
                     let mut rng = SmallRng::seed_from_u64(((me as u64) << 32) | t as u64);
                     let mut made = 0;
+                    let mut by_page = BTreeMap::<u64, u64>::new();
                     while made < quota && !crate::stop::requested() {
                         let p = pages[rng.random_range(0..pages.len())];
                         let at = 64 + 8 * rng.random_range(0..COUNTERS);
@@ -339,6 +364,7 @@ fn check(
                         match r {
                             Ok(()) => {
                                 made += 1;
+                                *by_page.entry(p.0).or_insert(0) += 1;
                                 done.fetch_add(1, Ordering::Relaxed);
                                 let mut e = errors.lock().expect("errors");
                                 if e.first.is_some() {
@@ -366,6 +392,7 @@ fn check(
                             }
                         }
                     }
+                    by_page
                 })
             })
             .collect();
@@ -391,6 +418,14 @@ fn check(
                 last = (Instant::now(), d);
             }
         }
+        let mut by_page = BTreeMap::<u64, u64>::new();
+        for h in hs {
+            // a worker that panicked has already printed why; its pages count as unknown
+            for (p, k) in h.join().unwrap_or_default() {
+                *by_page.entry(p).or_insert(0) += k;
+            }
+        }
+        by_page
     });
     let secs = started.elapsed().as_secs_f64();
     let made = done.load(Ordering::Relaxed);
@@ -461,7 +496,7 @@ fn check(
     if let Err(e) = &finished {
         say!("node {me}: {e}");
     }
-    let report = json!({
+    let mut report = json!({
         "command": "node",
         "node": me,
         "nodes": n,
@@ -494,6 +529,16 @@ fn check(
         "nvme_reads": st.store_reads,
         "nvme_writes": st.store_writes,
     });
+    if let Some(sums0) = page_sums0 {
+        let keyed = |m: &BTreeMap<u64, u64>| {
+            m.iter()
+                .filter(|(_, &v)| v > 0)
+                .map(|(p, v)| (p.to_string(), json!(v)))
+                .collect::<serde_json::Map<_, _>>()
+        };
+        report["start"]["page_sums"] = json!(keyed(&sums0));
+        report["increments_by_page"] = json!(keyed(&by_page));
+    }
     // a start mismatch (a crash lost updates) is accepted only when asked to open after one
     let ok = (c0 == t0 || a.allow_unclean) && exact && errors.count == 0 && finished.is_ok();
     Ok((report, ok))

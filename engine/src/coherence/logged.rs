@@ -356,6 +356,12 @@ impl Coherence {
         Ok(n)
     }
 
+    /// Whether `pid` is noted as handed to `to` (tests).
+    #[cfg(test)]
+    pub(super) fn noted_for(&self, to: Node, pid: Pid) -> bool {
+        self.logged.handed[to as usize].lock().contains_key(&pid)
+    }
+
     /// The wait a log fence gets (the remote timeout).
     pub fn fence_limit(&self) -> Duration {
         self.waiting.timeout

@@ -37,20 +37,26 @@ impl Coherence {
                 .push(to, w.pid, w.msg, |to, m| self.send_batch(to, m));
             return r.map_err(|u| self.unsent(u));
         }
-        self.flush_to(to)?;
-        if to != self.me {
-            self.driver
-                .counters
-                .messages
-                .fetch_add(1, Ordering::Relaxed);
-            if page.is_some() {
-                self.driver.counters.pages.fetch_add(1, Ordering::Relaxed);
+        let r = self.flush_to(to).and_then(|()| {
+            if to != self.me {
+                self.driver
+                    .counters
+                    .messages
+                    .fetch_add(1, Ordering::Relaxed);
+                if page.is_some() {
+                    self.driver.counters.pages.fetch_add(1, Ordering::Relaxed);
+                }
             }
-        }
-        let r = self.driver.ch.send_msg(to, &w, page);
-        // noted even if the send failed: the page may have left (harmless if not)
+            self.driver
+                .ch
+                .send_msg(to, &w, page)
+                .map_err(|e| send_error(to, msg.name(), e))
+        });
+        // Noted whatever happened, a failure to send `to`'s queued batch first included: the
+        // caller has given up its copy either way, and if `to` is dead, this node's records
+        // are the page's only durable state (the page may also have left: harmless).
         self.note_handed(to, pid, msg);
-        r.map_err(|e| send_error(to, msg.name(), e))
+        r
     }
 
     /// Send `to`'s queued batch, if any (before anything else goes to `to`).

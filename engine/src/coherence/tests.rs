@@ -439,3 +439,54 @@ fn the_retry_set_hands_out_every_page_added_while_others_take_and_poll() {
     assert_eq!(taken.len(), 20_000);
     assert!(r.is_empty());
 }
+
+/// A page handed to a peer that died is noted for that peer's checkpoints (its records carried
+/// past it) even when the send fails before the page's own message: on the batch of small
+/// messages queued for the peer, which must leave first. Found by the stopped-process test
+/// with checkpoints past a dead peer: a forwarded hand-over of a dirty copy to a severed home
+/// failed on such a batch, the copy was dropped unnoted, and the next checkpoint dropped the
+/// only records of a committed change.
+#[test]
+fn a_page_handed_to_a_dead_peer_is_noted_even_when_its_queued_batch_fails_first() {
+    use crate::coherence::protocol::Msg;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_path_buf();
+    let c = Cluster::mem(3, Duration::from_secs(20), move |i| {
+        let mut cfg = EngineConfig::for_cluster_node(d.join(format!("n{i}")), 256 * 4096);
+        cfg.durability = crate::Durability::Commit;
+        cfg.checkpoint_past_dead_peers = true;
+        cfg
+    })
+    .unwrap();
+    let coh = c.node(0).node().coherence().unwrap();
+    c.kill(2);
+    let (queued, handed) = (Pid(0x0200_0000_0000_0011), Pid(0x0100_0000_0000_0022));
+    // an eviction notice without data waits in node 2's outbox (one message never fills a
+    // batch, so it does not leave yet)
+    coh.driver
+        .outbox
+        .push(
+            2,
+            queued.raw(),
+            Msg::Evict {
+                epoch: 1,
+                data: None,
+            },
+            |_, _| unreachable!("one message does not fill a batch"),
+        )
+        .unwrap_or_else(|_| unreachable!("nothing was sent"));
+    let page = [7u8; shoal_messaging::PAGE_BYTES];
+    let msg = Msg::Page {
+        data: (),
+        dirty: true,
+    };
+    let e = coh.send(2, handed, &msg, Some(&page)).unwrap_err();
+    assert!(
+        matches!(e, crate::EngineError::PeerDead { node: 2 }),
+        "the queued batch cannot leave: {e}"
+    );
+    assert!(
+        coh.noted_for(2, handed),
+        "the page given up is noted for node 2"
+    );
+}

@@ -270,6 +270,7 @@ impl PageStore {
         let mut alloc = wal::read_alloc(&wc.path, &found, self.sb.get_mut().capacity)?;
         self.check_lengths(alloc.next_slot())?;
         let mut images: HashMap<u64, (u64, AlignedPage)> = HashMap::new();
+        let mut carried: Option<Vec<(u8, Vec<u8>)>> = None;
         // transactions seen (first LSN -> undo records), in order of their first record
         let mut txns: std::collections::BTreeMap<u64, Vec<Vec<u8>>> = Default::default();
         let redo_lsn = found.redo_lsn();
@@ -368,7 +369,7 @@ impl PageStore {
             }
             carry.append(&mut m.carry);
             images = m.finish(self)?;
-            wal::carried::write_carried(&wc.path, &carry)?;
+            carried = Some(carry);
         }
         let end = scanned.end;
         let mut replay = scanned.replay;
@@ -406,6 +407,12 @@ impl PageStore {
             }
         }
         self.sync()?;
+        if let Some(carry) = carried {
+            // only now that the pages replayed from it are durable in the store: the file
+            // held this store's own pages' records too (a crash before this point finds it
+            // as it was), and it must be written before the log is resumed past its records
+            wal::carried::write_carried(&wc.path, &carry)?;
+        }
         *self.alloc.get_mut() = alloc.clone();
         self.log = Some(LogFile::resume(wc, file, &found, end, &alloc)?);
         log::warn!(
