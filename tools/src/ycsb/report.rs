@@ -18,6 +18,11 @@ pub(super) struct NodeReport {
     pub(super) given: u64,
     /// One pool: pages of other homes this node took in when they were evicted there.
     pub(super) taken: u64,
+    /// With a log: times a page's hand-over was held for the log writer (its changes were not
+    /// durable yet; one hand-over may be held several times), and pages that left only after
+    /// a flush of their own.
+    pub(super) held_for_log: u64,
+    pub(super) flushed_to_leave: u64,
     pub(super) secs: f64,
     pub(super) logged: bool,
 }
@@ -53,6 +58,8 @@ impl NodeReport {
             "evictions": self.d.evictions,
             "restarts": self.d.restarts,
             "log": crate::cli::log_json(&self.d.log, self.secs, self.logged),
+            "pages_held_for_log": self.held_for_log,
+            "flushes_before_send": self.flushed_to_leave,
         })
     }
 }
@@ -117,6 +124,8 @@ pub(super) fn report_run(
             served: f.2.served_for_others - b.2.served_for_others,
             given: f.2.given_away - b.2.given_away,
             taken: f.2.taken_in - b.2.taken_in,
+            held_for_log: f.2.held_for_log - b.2.held_for_log,
+            flushed_to_leave: f.2.flushes_before_send - b.2.flushes_before_send,
             secs,
             logged: a.durability.logged(),
         })
@@ -173,7 +182,13 @@ pub(super) fn report_run(
     }
     if a.durability.logged() {
         for r in &reports {
-            say!("  log node {:<4} {}", r.node, r.d.log.summary(secs));
+            say!(
+                "  log node {:<4} {}, hand-overs held for the log {:.0}/s, flushed to leave {:.0}/s",
+                r.node,
+                r.d.log.summary(secs),
+                r.held_for_log as f64 / secs,
+                r.flushed_to_leave as f64 / secs
+            );
         }
     }
     say!("  value errors  {errors}  (reads of keys inserted during the run and not yet visible: {misses})");
