@@ -400,13 +400,8 @@ fn committed(json: &Path) -> u64 {
 /// Start every node with `--increments 0` (recovering), expect a clean exit, and return each
 /// node's tally as the cluster found it at the start (the same at every node).
 fn restart_and_tallies(file: &Path, dir: &Path, round: &str) -> Vec<u64> {
-    let rs = restart(file, dir, round);
+    let rs = run_cluster_with(file, dir, round, |f, i, j| start_logged(f, i, 0, j));
     tallies_of(&rs)
-}
-
-/// Restart the logged cluster (no increments), each node's report.
-fn restart(file: &Path, dir: &Path, round: &str) -> Vec<serde_json::Value> {
-    run_cluster_with(file, dir, round, |f, i, j| start_logged(f, i, 0, j))
 }
 
 /// The tallies after a consistent, exact restart.
@@ -634,13 +629,13 @@ fn a_cluster_with_a_log_keeps_every_committed_increment_through_kill_9() {
 /// lost or doubled by the split.
 #[test]
 fn a_stopped_process_is_cut_off_and_resumed_it_fails_clearly_and_loses_nothing() {
-    stop_a_node_and_restart("wal_size = \"16MiB\"", 8000);
+    stop_a_node_and_restart();
 }
 
-/// Start 3 logged nodes (`wal`: the cluster file's log lines) making `increments` each, stop
-/// node 2 until both others severed it, resume it, and restart the whole cluster from its
-/// logs (see the test above).
-fn stop_a_node_and_restart(wal: &str, increments: u64) {
+/// Start 3 logged nodes (16 MiB logs) making 8,000 increments each, stop node 2 until both
+/// others severed it, resume it, and restart the whole cluster from its logs (see the test
+/// above).
+fn stop_a_node_and_restart() {
     let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let file = logged_cluster_file(dir.path(), 3);
@@ -650,12 +645,11 @@ fn stop_a_node_and_restart(wal: &str, increments: u64) {
     std::fs::write(
         &file,
         text.replace("remote_timeout_ms = 30000", "remote_timeout_ms = 6000")
-            .replace("wal_size = \"32MiB\"", wal),
+            .replace("wal_size = \"32MiB\"", "wal_size = \"16MiB\""),
     )
     .unwrap();
-    let past_dead = !wal.contains("checkpoint_past_dead_peers = false");
     let t0 = Instant::now();
-    let (paths, mut kids) = start_logged_three(&file, dir.path(), "s", increments);
+    let (paths, mut kids) = start_logged_three(&file, dir.path(), "s", 8000);
     wait_while_running(&mut kids.0[2], 2, &paths, t0, "its commits", || {
         committed(&paths[2]) >= 200
     });
@@ -693,17 +687,15 @@ fn stop_a_node_and_restart(wal: &str, increments: u64) {
                     && r["fences_held"].as_u64().unwrap() >= 1,
                 "node {i}: {r}"
             );
-            if past_dead {
-                // checkpoints went past node 2 instead of failing until the log was full
-                assert!(
-                    r["checkpoints_past_dead"].as_u64().unwrap() >= 1,
-                    "node {i}: {r}"
-                );
-                assert!(
-                    r["errors_by_kind"].get("log_full").is_none(),
-                    "node {i}: {r}"
-                );
-            }
+            // checkpoints went past node 2 instead of failing until the log was full
+            assert!(
+                r["checkpoints_past_dead"].as_u64().unwrap() >= 1,
+                "node {i}: {r}"
+            );
+            assert!(
+                r["errors_by_kind"].get("log_full").is_none(),
+                "node {i}: {r}"
+            );
         } else {
             // the resumed node fails its operations on the others' pages, naming them (a
             // request it had out when it was stopped may end first, by its timeout)
