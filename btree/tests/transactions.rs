@@ -7,6 +7,8 @@
 
 mod bank;
 
+use bank::Load;
+
 use shoal_btree::BTree;
 use shoal_engine::{Cluster, Engine, EngineConfig};
 use std::time::Duration;
@@ -44,10 +46,58 @@ fn transfers_keep_the_total_and_audits_see_it_on_one_node() {
     let tree = BTree::create(&w, "bank").unwrap();
     bank::open_accounts(&w, &tree);
     let movers = (0..4).map(|_| e.worker()).collect();
-    let seen = bank::run(movers, vec![e.worker()], tree, secs(), false);
+    let seen = bank::run(movers, vec![e.worker()], tree, Load::for_secs(secs()));
     let total = bank::total_now(&w, &tree);
     eprintln!("one node: {seen:?}, total after {total}");
     isolated(&seen, total);
+    drop(w);
+    e.close().unwrap();
+}
+
+#[test]
+fn transfers_that_pause_inside_keep_the_total_and_audits_see_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(EngineConfig::new(dir.path(), 64 << 20)).unwrap();
+    let w = e.worker();
+    let tree = BTree::create(&w, "bank").unwrap();
+    bank::open_accounts(&w, &tree);
+    let movers = (0..4).map(|_| e.worker()).collect();
+    let load = Load {
+        pause_inside: Some(Duration::from_micros(50)),
+        ..Load::for_secs(secs())
+    };
+    let seen = bank::run(movers, vec![e.worker()], tree, load);
+    let total = bank::total_now(&w, &tree);
+    eprintln!("one node, pausing inside transfers: {seen:?}, total after {total}");
+    isolated(&seen, total);
+    drop(w);
+    e.close().unwrap();
+}
+
+#[test]
+fn a_transfer_that_another_commits_inside_of_runs_again_and_keeps_the_total() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(EngineConfig::new(dir.path(), 64 << 20)).unwrap();
+    let w = e.worker();
+    let tree = BTree::create(&w, "bank").unwrap();
+    bank::open_accounts(&w, &tree);
+    let runs = bank::transfer_around_another(&w, &e.worker(), &tree);
+    assert_eq!(runs, 2, "the outer transfer conflicted once and ran again");
+    assert_eq!(
+        bank::total_now(&w, &tree),
+        bank::TOTAL,
+        "money was made or lost"
+    );
+    let balance = |a| {
+        let mut v = Vec::new();
+        assert!(tree.lookup(&w, shoal_btree::u64_key(a), &mut v).unwrap());
+        i64::from_le_bytes(v[..8].try_into().unwrap())
+    };
+    let start = bank::START;
+    assert_eq!(
+        (balance(0), balance(1), balance(2)),
+        (start - 110, start + 100, start + 10)
+    );
     drop(w);
     e.close().unwrap();
 }
@@ -61,7 +111,12 @@ fn transfers_keep_the_total_and_audits_see_it_on_three_nodes() {
     bank::open_accounts(&w, &tree);
     // movers on every node; the auditor on the node that does not home the accounts
     let movers = (0..4).map(|i| c.node(i % 3).worker()).collect();
-    let seen = bank::run(movers, vec![c.node(2).worker()], tree, secs(), false);
+    let seen = bank::run(
+        movers,
+        vec![c.node(2).worker()],
+        tree,
+        Load::for_secs(secs()),
+    );
     let total = bank::total_now(&c.node(1).worker(), &tree);
     eprintln!("three nodes: {seen:?}, total after {total}");
     isolated(&seen, total);
@@ -81,7 +136,11 @@ fn transfers_between_leaves_that_both_nodes_write_still_commit() {
     // two movers on each node, each transfer four moves that write the same few leaves every
     // time, which the other node keeps taking
     let movers = (0..4).map(|i| c.node(i % 2).worker()).collect();
-    let seen = bank::run_legs(movers, vec![c.node(1).worker()], tree, secs(), false, 4);
+    let load = Load {
+        legs: 4,
+        ..Load::for_secs(secs())
+    };
+    let seen = bank::run(movers, vec![c.node(1).worker()], tree, load);
     let total = bank::total_now(&c.node(1).worker(), &tree);
     eprintln!("two nodes, {leaves} leaves: {seen:?}, total after {total}");
     isolated(&seen, total);

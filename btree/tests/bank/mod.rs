@@ -48,12 +48,25 @@ pub fn transfer(w: &Worker, tree: &BTree, from: u64, to: u64, amt: i64) -> Resul
 
 /// Make every move `(from, to, amt)` of `legs`, all in one transaction.
 pub fn transfer_legs(w: &Worker, tree: &BTree, legs: &[(u64, u64, i64)]) -> Result<(), TxError> {
+    transfer_paused(w, tree, legs, None)
+}
+
+/// [`transfer_legs`], sleeping for `pause` (if any) right after the first account was read.
+fn transfer_paused(
+    w: &Worker,
+    tree: &BTree,
+    legs: &[(u64, u64, i64)],
+    pause: Option<Duration>,
+) -> Result<(), TxError> {
     transact(w, |tx| {
-        for &(from, to, amt) in legs {
+        for (i, &(from, to, amt)) in legs.iter().enumerate() {
             tx.update(tree, u64_key(from), |v| {
                 let now = amount(v);
                 v[..8].copy_from_slice(&(now - amt).to_le_bytes())
             })?;
+            if let (0, Some(p)) = (i, pause) {
+                std::thread::sleep(p);
+            }
             tx.update(tree, u64_key(to), |v| {
                 let now = amount(v);
                 v[..8].copy_from_slice(&(now + amt).to_le_bytes())
@@ -61,6 +74,32 @@ pub fn transfer_legs(w: &Worker, tree: &BTree, legs: &[(u64, u64, i64)]) -> Resu
         }
         Ok(())
     })
+}
+
+/// Two transfers interleaved by hand, on one thread: an outer one moves 10 from account 0 to
+/// account 2; after it has read account 0, and only on its first try, an inner one (on
+/// `inner`) moves 100 from account 0 to account 1 and commits. Returns how many times the
+/// outer transaction ran. Isolated, the outer one conflicts and runs again, and the total
+/// stays; without isolation, its write of account 0 undoes the inner transfer's debit:
+/// 100 made.
+pub fn transfer_around_another(outer: &Worker, inner: &Worker, tree: &BTree) -> u32 {
+    let mut runs = 0;
+    transact(outer, |tx| {
+        runs += 1;
+        tx.update(tree, u64_key(0), |v| {
+            let now = amount(v);
+            v[..8].copy_from_slice(&(now - 10).to_le_bytes())
+        })?;
+        if runs == 1 {
+            transfer(inner, tree, 0, 1, 100).expect("the inner transfer committed");
+        }
+        tx.update(tree, u64_key(2), |v| {
+            let now = amount(v);
+            v[..8].copy_from_slice(&(now + 10).to_le_bytes())
+        })
+    })
+    .expect("the outer transfer committed");
+    runs
 }
 
 /// The sum of every account, read in one read-only transaction (a range over all of them).
@@ -94,30 +133,46 @@ pub struct Seen {
     pub total_after: i64,
 }
 
-/// Run `movers.len()` threads moving money and `auditors.len()` threads summing, for `secs`
-/// (or, with `until_wrong`, until a wrong total is seen, at most `secs`). If nothing commits
-/// for `STALL` the process exits with an error: transactions that stopped making progress
-/// (a livelock) would otherwise hang the test for ever.
-pub fn run(
-    movers: Vec<Worker>,
-    auditors: Vec<Worker>,
-    tree: BTree,
-    secs: f64,
-    until_wrong: bool,
-) -> Seen {
-    run_legs(movers, auditors, tree, secs, until_wrong, 1)
+/// How a bank run loads the accounts.
+#[derive(Clone, Copy, Debug)]
+pub struct Load {
+    /// How long it runs, in seconds.
+    pub secs: f64,
+    /// Stop at the first audit that sees a wrong total (at most `secs`).
+    pub until_wrong: bool,
+    /// Moves per transfer. With more than one, move `i` moves money within part `i` of the
+    /// accounts, so that every transfer writes the same few leaves.
+    pub legs: usize,
+    /// A sleep inside every transfer, after it read its first account and before it reads
+    /// the others: the other movers commit meanwhile, so the interleavings isolation has to
+    /// handle come every few transfers instead of only when the scheduler happens to preempt
+    /// a mover in the middle of one.
+    pub pause_inside: Option<Duration>,
 }
 
-/// [`run`] with transfers of `legs` moves each; with more than one, leg `i` moves money
-/// within part `i` of the accounts, so that every transfer writes the same few leaves.
-pub fn run_legs(
-    movers: Vec<Worker>,
-    auditors: Vec<Worker>,
-    tree: BTree,
-    secs: f64,
-    until_wrong: bool,
-    legs: usize,
-) -> Seen {
+impl Load {
+    /// Transfers of one move each, for `secs`, without pauses.
+    pub fn for_secs(secs: f64) -> Load {
+        Load {
+            secs,
+            until_wrong: false,
+            legs: 1,
+            pause_inside: None,
+        }
+    }
+}
+
+/// Run `movers.len()` threads moving money and `auditors.len()` threads summing, as `load`
+/// says. If nothing commits for `STALL` the process exits with an error: transactions that
+/// stopped making progress (a livelock) would otherwise hang the test for ever.
+pub fn run(movers: Vec<Worker>, auditors: Vec<Worker>, tree: BTree, load: Load) -> Seen {
+    let Load {
+        secs,
+        until_wrong,
+        legs,
+        pause_inside,
+    } = load;
+    assert!(legs >= 1, "a transfer makes at least one move");
     let stop = AtomicBool::new(false);
     let transfers = AtomicU64::new(0);
     let audits = AtomicU64::new(0);
@@ -154,7 +209,7 @@ pub fn run_legs(
                         };
                         moves.push((a, b, (next() % 100) as i64 + 1));
                     }
-                    transfer_legs(&w, tree, &moves).expect("a transfer failed");
+                    transfer_paused(&w, tree, &moves, pause_inside).expect("a transfer failed");
                     transfers.fetch_add(1, Ordering::Relaxed);
                 }
             });
