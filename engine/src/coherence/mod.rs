@@ -122,6 +122,9 @@ struct PageState {
     /// A Transfer or Invalidate waits for local guards to leave the page: new local guards
     /// stay away (they wait), so a busy local worker cannot starve the other nodes.
     revoking: bool,
+    /// When a Transfer of this copy was first held for the log writer (None: none is held);
+    /// see `apply::LOG_HOLD_MAX`.
+    log_hold_since: Option<Instant>,
     /// The node the last grant said the page comes from (to notice when it died).
     page_from: Option<Node>,
     /// The page's only current copy died with this node: every access fails.
@@ -166,6 +169,7 @@ impl PageState {
             serve_due: false,
             error: None,
             revoking: false,
+            log_hold_since: None,
             page_from: None,
             lost: None,
             parked: Vec::new(),
