@@ -124,6 +124,10 @@ struct Sim {
     forgotten: u64,
     /// Requests from nodes their home knew dead, dropped.
     dropped: u64,
+    /// Forwarded reads asked for again because their serving sharer died first, and the
+    /// homes' waits for such a sharer's copy-back ended (the engine's `after_fence`).
+    asked_again: u64,
+    servers_forgotten: u64,
     /// A node cut off but running (issue 45): to the others it is dead (messages to and from
     /// it are gone, they notice its death) and it sees them dead, but its workers go on. Its
     /// leases and theirs across the cut run out at one moment (`fenced`, an event); from then
@@ -243,6 +247,8 @@ impl Sim {
             deaths: 0,
             forgotten: 0,
             dropped: 0,
+            asked_again: 0,
+            servers_forgotten: 0,
             cut_node: None,
             fenced: false,
             fence: true,
@@ -374,6 +380,32 @@ impl Sim {
                     .map_err(|e| e.to_string())?;
                 self.remote += 1;
                 self.send(node as Node, page, vec![(to, msg)]);
+            }
+        } else {
+            let c = &self.copies[node][page];
+            let waiters = self.waiters(node, page);
+            if c.pending == Pending::Idle && c.data.is_none() && !waiters.is_empty() {
+                // the request ended without the page (a grant invalidated before it arrived,
+                // `PageCopy::ask_again`): the waiting workers ask again (the engine's
+                // `acquire` loop)
+                let want = if waiters
+                    .iter()
+                    .any(|&a| self.waiting[a].is_some_and(|op| op.write))
+                {
+                    Mode::Exclusive
+                } else {
+                    Mode::Shared
+                };
+                if self.knows(node, home(page, self.nodes)) {
+                    self.fail_waiters(node, page, "home dead");
+                } else {
+                    let (to, msg) = self.copies[node][page]
+                        .request(want)
+                        .map_err(|e| e.to_string())?;
+                    self.remote += 1;
+                    self.note(|| format!("node {node} asks for page {page} again: its grant was invalidated before it arrived"));
+                    self.send(node as Node, page, vec![(to, msg)]);
+                }
             }
         }
         Ok(())
@@ -705,7 +737,7 @@ impl Sim {
         }
         match self.dead_source(node, p) {
             Some(dead) => self.lose(node, p, dead),
-            None => Ok(()),
+            None => self.settle_forwarded(node, p),
         }
     }
 
@@ -892,6 +924,62 @@ impl Sim {
                 self.forgotten += 1;
             }
             self.retry_deferred(p)?;
+            for n in 0..self.nodes {
+                if self.alive[n] {
+                    self.settle_forwarded(n, p)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The engine's `after_fence` for forwarded reads whose serving sharer died: once `node`
+    /// may forget that sharer (its fence holds) and nothing it sent to `node` about page `p`
+    /// is still in flight (the engine: its rings are drained), a reader still waiting for
+    /// the sharer's page asks the home again (`PageCopy::ask_again`; a read forwarded on to
+    /// it meanwhile makes it lose the page instead), and the home stops waiting for the
+    /// sharer's copy-back (`DirEntry::forget_serving_sharer`).
+    fn settle_forwarded(&mut self, node: usize, p: usize) -> Result<(), String> {
+        if self.no_sweep || !self.alive[node] || self.lost[node][p].is_some() {
+            return Ok(());
+        }
+        let settled = |sim: &Sim, x: Node| {
+            sim.knows(node, x)
+                && sim.may_forget(node) & (1 << x) != 0
+                && !sim
+                    .net
+                    .iter()
+                    .any(|e| e.from == x && e.to as usize == node && e.page == p)
+        };
+        if let Some(src) = self.page_from[node][p] {
+            if self.copies[node][p].awaits_forwarded_page() && settled(self, src) {
+                match self.copies[node][p].ask_again() {
+                    Some(out) => {
+                        if home(p, self.nodes) as usize == node {
+                            self.dirs[p].own_read_lost(node as Node);
+                        }
+                        self.asked_again += 1;
+                        self.page_from[node][p] = None;
+                        self.note(|| format!("node {node} asks again for page {p}: node {src} died before serving it"));
+                        self.send(node as Node, p, out);
+                    }
+                    None => self.lose(node, p, src)?,
+                }
+            }
+        }
+        if home(p, self.nodes) as usize == node {
+            if let Some(x) = self.dirs[p].awaiting_copy_back {
+                if self.dirs[p].awaits_serving_sharer(x) && settled(self, x) {
+                    self.dirs[p].forget_serving_sharer(1 << x);
+                    self.servers_forgotten += 1;
+                    self.note(|| {
+                        format!(
+                            "home {node} stops waiting for dead node {x}'s copy-back of page {p}"
+                        )
+                    });
+                    self.retry_deferred(p)?;
+                }
+            }
         }
         Ok(())
     }
@@ -994,11 +1082,14 @@ impl Sim {
             }
             if home(p, self.nodes) as usize == node && self.lost[node][p].is_none() {
                 if let Some(x) = self.dirs[p].awaiting_copy_back {
-                    if self.knows(node, x) {
+                    // a sharer serving a forwarded read owes no data: its fence is waited
+                    // for instead (`settle_forwarded`)
+                    if self.knows(node, x) && !self.dirs[p].awaits_serving_sharer(x) {
                         self.mark_lost_home(p, x)?;
                     }
                 }
             }
+            self.settle_forwarded(node, p)?;
             let h = home(p, self.nodes);
             if self.knows(node, h) {
                 self.fail_waiters(node, p, "home dead");
@@ -1012,17 +1103,19 @@ impl Sim {
         Ok(())
     }
 
-    /// A completing copy waits for a node known dead (the page's sender or an ack).
+    /// A completing copy waits for a node known dead (the page's sender or an ack). Not the
+    /// sharer a forwarded read was pointed at: the read is asked for again (`settle_forwarded`).
     fn dead_source(&self, node: usize, p: usize) -> Option<Node> {
         let Pending::Completing {
             awaiting_page,
             acks,
+            forwarded,
             ..
         } = self.copies[node][p].pending
         else {
             return None;
         };
-        let from = self.page_from[node][p].filter(|_| awaiting_page);
+        let from = self.page_from[node][p].filter(|_| awaiting_page && !forwarded);
         from.into_iter()
             .chain(members(acks))
             .find(|&n| n as usize != node && self.knows(node, n))
@@ -1570,9 +1663,14 @@ impl Sim {
         }
     }
 
+    /// The last steps of the run (`SHOAL_MODEL_TRACE=n`: the last n, default 40).
     fn trace_tail(&self) -> String {
+        let lines = std::env::var("SHOAL_MODEL_TRACE")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(40);
         let n = self.trace.len();
-        self.trace[n.saturating_sub(40)..].join("\n")
+        self.trace[n.saturating_sub(lines)..].join("\n")
     }
 
     /// Run, and on failure report `what` with the trace tail.
@@ -1612,6 +1710,8 @@ struct Tally {
     recoveries: u64,
     forgotten: u64,
     dropped: u64,
+    asked_again: u64,
+    servers_forgotten: u64,
     cuts: u64,
     fenced_ops: u64,
 }
@@ -1653,6 +1753,8 @@ fn run_seed(seed: u64) -> Result<Tally, String> {
             recoveries: sim.recoveries,
             forgotten: sim.forgotten,
             dropped: sim.dropped,
+            asked_again: sim.asked_again,
+            servers_forgotten: sim.servers_forgotten,
             cuts: sim.cut_node.is_some() as u64,
             fenced_ops: sim.fenced_ops,
         }),
@@ -1687,6 +1789,8 @@ fn random_schedules_keep_every_invariant() {
                 t.recoveries += r.recoveries;
                 t.forgotten += r.forgotten;
                 t.dropped += r.dropped;
+                t.asked_again += r.asked_again;
+                t.servers_forgotten += r.servers_forgotten;
                 t.cuts += r.cuts;
                 t.fenced_ops += r.fenced_ops;
             }
@@ -1694,8 +1798,8 @@ fn random_schedules_keep_every_invariant() {
         }
     }
     eprintln!(
-        "{seeds} schedules: {} reads and {} writes checked, {} remote requests ({} shared reads forwarded to a sharer, {} offered pages taken in), {} give-ups and unsent messages, {} node deaths, {} nodes cut off but running ({} operations failed by a run-out lease), {} operations ended by an error, {} dead sharers forgotten, {} requests from dead nodes dropped, {} pages left unavailable, {} operations timed out behind a dead grantee, {} crash recoveries of every log checked",
-        t.reads, t.writes, t.remote, t.forwarded, t.taken_in, t.faults, t.deaths, t.cuts, t.fenced_ops, t.failed, t.forgotten, t.dropped, t.unavailable, t.timeouts, t.recoveries
+        "{seeds} schedules: {} reads and {} writes checked, {} remote requests ({} shared reads forwarded to a sharer, {} offered pages taken in), {} give-ups and unsent messages, {} node deaths, {} nodes cut off but running ({} operations failed by a run-out lease), {} operations ended by an error, {} dead sharers forgotten, {} requests from dead nodes dropped, {} forwarded reads asked again and {} homes' waits for a dead serving sharer ended, {} pages left unavailable, {} operations timed out behind a dead grantee, {} crash recoveries of every log checked",
+        t.reads, t.writes, t.remote, t.forwarded, t.taken_in, t.faults, t.deaths, t.cuts, t.fenced_ops, t.failed, t.forgotten, t.dropped, t.asked_again, t.servers_forgotten, t.unavailable, t.timeouts, t.recoveries
     );
     assert!(
         t.recoveries > seeds,
@@ -1709,6 +1813,10 @@ fn random_schedules_keep_every_invariant() {
         "deaths were drawn and ended operations"
     );
     assert!(t.forgotten > 0, "homes forgot dead sharers");
+    assert!(
+        t.asked_again > 0 && t.servers_forgotten > 0,
+        "forwarded reads whose serving sharer died were asked again"
+    );
     assert!(
         t.cuts > 0 && t.fenced_ops > 0,
         "nodes were cut off and their leases ran out"

@@ -520,6 +520,8 @@ fn check(
         "batches": p.batches,
         "lease_waits": p.lease_waits,
         "dead_sharers_forgotten": p.dead_sharers_forgotten,
+        "reads_asked_again": p.reads_asked_again,
+        "dead_servers_forgotten": p.dead_servers_forgotten,
         "peers_severed_silent": p.peers_severed_silent,
         "deaths_noticed": p.deaths_noticed,
         "fences_held": p.fences_held,

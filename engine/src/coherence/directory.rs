@@ -68,6 +68,12 @@ pub struct DirEntry {
     /// One pool: the node the home offered the page to (it evicted the page and nobody held
     /// it); requests wait for that node's answer.
     pub offered: Option<Node>,
+    /// The reader of the forwarded read whose serving sharer's copy-back is due.
+    pub forwarded_to: Option<Node>,
+    /// Sharers that may hold no copy: readers whose serving sharer died before its copy-back
+    /// came ([`forget_serving_sharer`](Self::forget_serving_sharer)). Never chosen to serve a
+    /// forwarded read; one may ask for the page again without a copy.
+    pub unsure: NodeSet,
 }
 
 /// What the home does with a possession request.
@@ -138,8 +144,26 @@ impl DirEntry {
                     self.offered, self.holders, self.awaiting_copy_back
                 ))
             }
+            _ if self.forwarded_to.is_some() != self.awaits_serving() => violation(format!(
+                "forwarded to {:?} while a copy-back is due from {:?} ({:?})",
+                self.forwarded_to, self.awaiting_copy_back, self.holders
+            )),
+            (Holders::Shared(s), _) if self.unsure & !s != 0 => violation(format!(
+                "unsure sharers {:b} are not all sharers {s:b}",
+                self.unsure
+            )),
+            (Holders::None | Holders::Exclusive(_), _) if self.unsure != 0 => violation(format!(
+                "unsure sharers {:b} while {:?}",
+                self.unsure, self.holders
+            )),
             _ => Ok(()),
         }
+    }
+
+    /// Whether the copy-back due is from a sharer serving a forwarded read.
+    fn awaits_serving(&self) -> bool {
+        self.awaiting_copy_back
+            .is_some_and(|n| self.awaits_serving_sharer(n))
     }
 
     /// A page nobody caches (just allocated or only on the home's store).
@@ -149,6 +173,8 @@ impl DirEntry {
             epoch: 0,
             awaiting_copy_back: None,
             offered: None,
+            forwarded_to: None,
+            unsure: 0,
         }
     }
 
@@ -195,17 +221,24 @@ impl DirEntry {
             }
             (Holders::Shared(s), Mode::Shared) => {
                 if s & bit(from) != 0 {
-                    return violation(format!(
-                        "node {from} asks for shared possession it already holds"
-                    ));
+                    if have || self.unsure & bit(from) == 0 {
+                        return violation(format!(
+                            "node {from} asks for shared possession it already holds"
+                        ));
+                    }
+                    // the sharer its forwarded read was pointed at died before serving it
+                    // (`PageCopy::ask_again`): served as any new reader
+                    self.unsure &= !bit(from);
                 }
-                let eligible = s & may_serve & !bit(from);
+                let s = s & !bit(from);
+                let eligible = s & may_serve & !self.unsure;
                 if let Some(src) = members(eligible).next() {
                     // forwarded to a sharer: it names another node, so the epoch moves; the
                     // sharer owes a copy-back (its notice that it served) before anything else
                     self.epoch = next_epoch(self.epoch);
                     self.holders = Holders::Shared(s | bit(from));
                     self.awaiting_copy_back = Some(src);
+                    self.forwarded_to = Some(from);
                     return Ok(DirDecision::Grant {
                         mode: Mode::Shared,
                         epoch: self.epoch,
@@ -219,7 +252,9 @@ impl DirEntry {
                 Ok(grant(Mode::Shared, self.epoch, true, None, 0))
             }
             (Holders::Shared(s), Mode::Exclusive) => {
-                let member = s & bit(from) != 0;
+                // a sharer that may hold nothing (see `unsure`) and says so asks as a
+                // non-sharer
+                let member = s & bit(from) != 0 && (have || self.unsure & bit(from) == 0);
                 if member && !have {
                     return violation(format!("node {from} is a sharer but says it holds no copy"));
                 }
@@ -228,6 +263,7 @@ impl DirEntry {
                     self.epoch = next_epoch(self.epoch);
                 }
                 self.holders = Holders::Exclusive(from);
+                self.unsure = 0;
                 Ok(grant(Mode::Exclusive, self.epoch, !member, None, others))
             }
             (Holders::Exclusive(o), _) if o == from => {
@@ -282,6 +318,7 @@ impl DirEntry {
                         "node {from} holds a shared copy that it says is dirty"
                     ));
                 }
+                self.unsure &= !bit(from);
                 let rest = s & !bit(from);
                 self.holders = if rest == 0 {
                     Holders::None
@@ -354,12 +391,48 @@ impl DirEntry {
         if rest == s {
             return false;
         }
+        self.unsure &= rest;
         self.holders = if rest == 0 {
             Holders::None
         } else {
             Holders::Shared(rest)
         };
         true
+    }
+
+    /// The sharer a forwarded read was pointed at is in `gone` (dead, fenced, and every
+    /// message it sent handled) and its copy-back never came: its copy-back carried no data
+    /// (a sharer's copy equals the home's), so the home stops waiting for it and forgets it
+    /// as a sharer. The reader it was to serve stays a sharer and asks again
+    /// (`PageCopy::ask_again`) unless its page arrived. Returns whether anything changed.
+    pub fn forget_serving_sharer(&mut self, gone: NodeSet) -> bool {
+        match (self.awaiting_copy_back, self.holders) {
+            (Some(x), Holders::Shared(s)) if gone & bit(x) != 0 && s & bit(x) != 0 => {
+                self.awaiting_copy_back = None;
+                // the reader stays a sharer (the page may have reached it before its server
+                // died), but one that may hold nothing
+                self.unsure |= self.forwarded_to.take().map_or(0, bit);
+                self.forget_sharers(gone);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// At the home, about its own copy: its forwarded read will never be served (the page was
+    /// lost in flight to it, or its serving sharer died), though the entry may list it as a
+    /// sharer: it may hold nothing, and asks again (`PageCopy::ask_again`).
+    pub fn own_read_lost(&mut self, me: Node) {
+        if matches!(self.holders, Holders::Shared(s) if s & bit(me) != 0) {
+            self.unsure |= bit(me);
+        }
+    }
+
+    /// Whether the copy-back awaited is from `n` serving a forwarded read (it is on the list
+    /// of sharers: an exclusive holder that hands a shared reader the page is not).
+    pub fn awaits_serving_sharer(&self, n: Node) -> bool {
+        self.awaiting_copy_back == Some(n)
+            && matches!(self.holders, Holders::Shared(s) if s & bit(n) != 0)
     }
 
     /// The copy-back from `from` arrived (the caller stores its data, if any, as the home's copy).
@@ -371,6 +444,7 @@ impl DirEntry {
             ));
         }
         self.awaiting_copy_back = None;
+        self.forwarded_to = None;
         Ok(())
     }
 }
@@ -406,6 +480,44 @@ mod tests {
         let handover = d.request(0, Mode::Exclusive, false).unwrap();
         assert_eq!(handover.needs().collect::<Vec<_>>(), vec![3]);
         assert_eq!(DirDecision::Defer.needs().count(), 0);
+    }
+
+    #[test]
+    fn a_dead_serving_sharer_is_forgotten_and_its_reader_may_ask_again_but_never_serves() {
+        let mut d = DirEntry::new();
+        d.request(2, Mode::Shared, false).unwrap();
+        let fwd = d
+            .request_forwarding(1, Mode::Shared, false, 0b1110)
+            .unwrap();
+        assert_eq!(g(fwd).3, Some(2), "forwarded to sharer 2");
+        assert_eq!((d.awaiting_copy_back, d.forwarded_to), (Some(2), Some(1)));
+        assert!(d.awaits_serving_sharer(2));
+        assert!(!d.forget_serving_sharer(0b1000), "node 3 serves nothing");
+        assert!(d.forget_serving_sharer(0b100));
+        assert_eq!(
+            (d.holders, d.awaiting_copy_back, d.forwarded_to, d.unsure),
+            (Holders::Shared(0b10), None, None, 0b10)
+        );
+        d.check().unwrap();
+        // node 1 may hold nothing: a read is not forwarded to it
+        let r3 = d
+            .request_forwarding(3, Mode::Shared, false, 0b1110)
+            .unwrap();
+        assert!(g(r3).2, "from the home's copy");
+        // node 1 asks again without a copy; node 3, a sharer sure of its copy, may not
+        assert!(d.request(1, Mode::Shared, false).is_ok());
+        assert_eq!(d.unsure, 0);
+        assert!(d.request(3, Mode::Shared, false).is_err());
+        // an unsure sharer that asks to write without a copy is served as a non-sharer
+        let mut d = DirEntry::new();
+        d.request(2, Mode::Shared, false).unwrap();
+        d.request_forwarding(1, Mode::Shared, false, 0b110).unwrap();
+        d.forget_serving_sharer(0b100);
+        assert_eq!(
+            g(d.request(1, Mode::Exclusive, false).unwrap()),
+            (Mode::Exclusive, 1, true, None, 0)
+        );
+        assert_eq!((d.holders, d.unsure), (Holders::Exclusive(1), 0));
     }
 
     #[test]

@@ -20,18 +20,53 @@ impl Coherence {
     }
 
     /// A granted request waits for a node that died (the page's sender, or a sharer that must
-    /// acknowledge an invalidation).
+    /// acknowledge an invalidation). Not the sharer a forwarded read was pointed at: the read
+    /// is asked for again once that sharer's fence holds (`after_fence`).
     pub(super) fn dead_source(&self, ps: &PageState) -> Option<Node> {
         let Pending::Completing {
             awaiting_page,
             acks,
+            forwarded,
             ..
         } = ps.copy.pending
         else {
             return None;
         };
-        let from = ps.page_from.filter(|_| awaiting_page);
+        let from = ps.page_from.filter(|_| awaiting_page && !forwarded);
         self.first_dead(from.into_iter().chain(members(acks)))
+    }
+
+    /// The sharer that `pid`'s forwarded read was pointed at is fenced with every message it
+    /// sent handled, and its page never came: ask the home again, or (something was forwarded
+    /// on to us meanwhile) lose the page as for any dead source.
+    fn ask_again(&self, buf: &Buffer, pid: Pid, ps: &mut PageState, dead: Node) {
+        let Some(out) = ps.copy.ask_again() else {
+            self.lose(buf, pid, ps, dead);
+            return;
+        };
+        if pid.node() == self.me {
+            ps.dir.own_read_lost(self.me);
+        }
+        log::warn!(
+            "node {}: {pid}: node {dead} died before serving our forwarded read; asking again",
+            self.me
+        );
+        ps.page_from = None;
+        self.driver
+            .counters
+            .reads_asked_again
+            .fetch_add(1, Ordering::Relaxed);
+        for (to, msg) in out {
+            let request = matches!(msg, Msg::Request { .. });
+            if let Err(e) = self.send(to, pid, &msg, None) {
+                log::warn!("node {}: {pid}: {e}", self.me);
+                if request {
+                    // the request never left: the waiting worker gets the error
+                    self.request_over(pid, ps);
+                    ps.error = Some(e);
+                }
+            }
+        }
     }
 
     /// This node's request for `pid` never reached the home, or the home refused it: the copy
@@ -155,7 +190,13 @@ impl Coherence {
                     }
                 }
                 if let Some(n) = ps.dir.awaiting_copy_back {
-                    if pid.node() == self.me && ps.lost.is_none() && !self.driver.ch.peer_alive(n) {
+                    // a sharer serving a forwarded read owes no data: the home waits for its
+                    // fence instead (`after_fence`)
+                    if pid.node() == self.me
+                        && ps.lost.is_none()
+                        && !self.driver.ch.peer_alive(n)
+                        && !ps.dir.awaits_serving_sharer(n)
+                    {
                         log::error!("node {}: page {pid} is lost: its copy-back was due from node {n}, which died", self.me);
                         self.mark_lost_home(pid, ps, n);
                     }
@@ -168,13 +209,23 @@ impl Coherence {
     /// The fence now holds for the dead nodes in `nodes` (`lease.rs`): at this home, the
     /// offers to them that were left waiting at their death (`sweep_dead`) end as declined,
     /// they are forgotten as sharers, and the requests that waited for that are retried.
-    pub(super) fn after_fence(&self, nodes: NodeSet) {
-        let (mut forgotten, mut offers) = (0u64, 0u64);
+    pub(super) fn after_fence(&self, buf: &Buffer, nodes: NodeSet) {
+        let (mut forgotten, mut offers, mut served) = (0u64, 0u64, 0u64);
         for shard in self.pages.shards.iter() {
             let mut shard = shard.lock();
             for (&pid, ps) in shard.iter_mut() {
+                if let Some(n) = ps.page_from {
+                    if nodes & bit(n) != 0 && ps.copy.awaits_forwarded_page() {
+                        self.ask_again(buf, pid, ps, n);
+                        Self::wake(ps);
+                    }
+                }
                 if pid.node() != self.me {
                     continue;
+                }
+                if ps.dir.forget_serving_sharer(nodes) {
+                    served += 1;
+                    self.requeue_deferred(ps);
                 }
                 if let Some(n) = ps.dir.offered {
                     if nodes & bit(n) != 0 {
@@ -197,11 +248,15 @@ impl Coherence {
             .dead_sharers_forgotten
             .fetch_add(forgotten, Ordering::Relaxed);
         counters
+            .dead_servers_forgotten
+            .fetch_add(served, Ordering::Relaxed);
+        counters
             .fences_held
             .fetch_add(u64::from(nodes.count_ones()), Ordering::Relaxed);
         log::warn!(
             "node {}: dead node(s) {:?} fenced (their leases on this node's pages ran out): \
-             {forgotten} pages taken over from them as sharers, {offers} offers to them ended",
+             {forgotten} pages taken over from them as sharers, {served} forwarded reads they \
+             were to serve ended, {offers} offers to them ended",
             self.me,
             members(nodes).collect::<Vec<_>>()
         );

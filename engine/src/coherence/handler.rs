@@ -224,7 +224,7 @@ impl Coherence {
                 .fold(0, |set, n| set | bit(n));
             if fenced != 0 {
                 role.fence_due &= !fenced;
-                self.after_fence(fenced);
+                self.after_fence(buf, fenced);
             }
         }
         let retry: Vec<Pid> = self.pages.retry.take();

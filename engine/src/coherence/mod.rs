@@ -263,6 +263,10 @@ pub struct CoherenceCounters {
     pub lease_waits: AtomicU64,
     /// See [`crate::stats::ProtocolStats::dead_sharers_forgotten`].
     pub dead_sharers_forgotten: AtomicU64,
+    /// See [`crate::stats::ProtocolStats::reads_asked_again`].
+    pub reads_asked_again: AtomicU64,
+    /// See [`crate::stats::ProtocolStats::dead_servers_forgotten`].
+    pub dead_servers_forgotten: AtomicU64,
     /// See [`crate::stats::ProtocolStats::peers_severed_silent`].
     pub peers_severed_silent: AtomicU64,
     /// See [`crate::stats::ProtocolStats::deaths_noticed`].
@@ -299,6 +303,8 @@ impl CoherenceCounters {
             relogged_after_checkpoint: l(&self.relogged_after_checkpoint),
             lease_waits: l(&self.lease_waits),
             dead_sharers_forgotten: l(&self.dead_sharers_forgotten),
+            reads_asked_again: l(&self.reads_asked_again),
+            dead_servers_forgotten: l(&self.dead_servers_forgotten),
             peers_severed_silent: l(&self.peers_severed_silent),
             deaths_noticed: l(&self.deaths_noticed),
             fences_held: l(&self.fences_held),

@@ -47,6 +47,10 @@ pub enum Pending {
         want: Mode,
         awaiting_page: bool,
         acks: NodeSet,
+        /// A shared read the home forwarded to a sharer, which keeps its copy (the home's
+        /// copy is current): if that sharer dies before its page arrives, the read can be
+        /// asked for again ([`PageCopy::ask_again`]) instead of losing the page.
+        forwarded: bool,
     },
     /// Eviction notice sent, reply not yet received.
     Evicting,
@@ -102,6 +106,13 @@ pub struct PageCopy<D> {
     pub epoch: Epoch,
     pub pending: Pending,
     pub deferred: Vec<Deferred>,
+    /// The request out is a forwarded read asked for again ([`ask_again`](Self::ask_again)):
+    /// the home may still list us as a sharer, so invalidations reach us that are about a
+    /// copy we never got.
+    pub asking_again: bool,
+    /// The newest epoch of an invalidation acknowledged at once while asking again (0: none).
+    /// A grant older than it was invalidated before it arrived: its page is dropped at once.
+    pub acked_asking: Epoch,
 }
 
 impl<D: Clone> PageCopy<D> {
@@ -115,6 +126,8 @@ impl<D: Clone> PageCopy<D> {
             epoch: 0,
             pending: Pending::Idle,
             deferred: Vec::new(),
+            asking_again: false,
+            acked_asking: 0,
         }
     }
 
@@ -220,6 +233,7 @@ impl<D: Clone> PageCopy<D> {
             want,
             awaiting_page: g.source.is_some(),
             acks: g.invalidate,
+            forwarded: g.source_keeps,
         };
         self.finish(&mut step)?;
         Ok(step)
@@ -392,6 +406,7 @@ impl<D: Clone> PageCopy<D> {
                 self.me, self.pending
             ));
         }
+        // `asking_again` stays: the home may still list us as a sharer without a copy
         self.pending = Pending::Idle;
         Ok(())
     }
@@ -440,9 +455,69 @@ impl<D: Clone> PageCopy<D> {
     /// dropped page, if any, for the caller to free with its frame.
     pub fn lose(&mut self) -> (Vec<Deferred>, Option<D>) {
         self.pending = Pending::Idle;
+        self.asking_again = false;
+        self.acked_asking = 0;
         let page = self.data.take();
         self.drop_copy();
         (std::mem::take(&mut self.deferred), page)
+    }
+
+    /// The sharer a forwarded read was pointed at died, and nothing it sent can still arrive
+    /// (its fence holds and its messages are all handled), before its page reached us: ask
+    /// the home again. The request says we hold no copy; the home, which kept us on its list
+    /// of sharers, serves it as any new read (its own copy is current for a forwarded read).
+    /// Invalidations that waited for the page are acknowledged first (we hold nothing).
+    /// Returns the messages to send, or `None` when a read was forwarded on to us meanwhile
+    /// (its reader waits for our page while the home waits for our copy-back, so asking
+    /// again would wait for ever) or this is not a forwarded read waiting for its page: the
+    /// caller then loses the page as for any dead source.
+    pub fn ask_again(&mut self) -> Option<Vec<(Node, Msg<D>)>> {
+        let Pending::Completing {
+            want: Mode::Shared,
+            awaiting_page: true,
+            acks: 0,
+            forwarded: true,
+        } = self.pending
+        else {
+            return None;
+        };
+        let forwarded_on = self
+            .deferred
+            .iter()
+            .any(|d| matches!(d, Deferred::Transfer { .. }));
+        if forwarded_on || self.data.is_some() {
+            return None;
+        }
+        self.pending = Pending::Requested { want: Mode::Shared };
+        self.asking_again = true;
+        let mut step = Step::default();
+        // invalidations that waited for the page: answered now (see `serve_deferred`)
+        let served = self.serve_deferred(&mut step);
+        assert!(
+            served.is_ok() && self.deferred.is_empty(),
+            "only invalidations were deferred, and asking again answers them all: {served:?}"
+        );
+        let mut out = step.out;
+        out.push((
+            self.home,
+            Msg::Request {
+                want: Mode::Shared,
+                have: false,
+            },
+        ));
+        Some(out)
+    }
+
+    /// Whether the copy waits for the page of a forwarded read (see [`ask_again`](Self::ask_again)).
+    pub fn awaits_forwarded_page(&self) -> bool {
+        matches!(
+            self.pending,
+            Pending::Completing {
+                awaiting_page: true,
+                forwarded: true,
+                ..
+            }
+        )
     }
 
     /// The home died: the copy can never go home, nor be asked for again. Dropped without a
@@ -470,9 +545,21 @@ impl<D: Clone> PageCopy<D> {
             want,
             awaiting_page: false,
             acks: 0,
+            ..
         } = self.pending
         {
             self.pending = Pending::Idle;
+            if std::mem::take(&mut self.asking_again)
+                && std::mem::take(&mut self.acked_asking) > self.epoch
+            {
+                // asked again, and an invalidation newer than this grant was acknowledged
+                // before it arrived: the copy is no longer ours (the writer holds the page);
+                // the worker asks again
+                self.drop_copy();
+                self.serve_deferred(step)?;
+                return Ok(());
+            }
+            self.acked_asking = 0;
             self.mode = Some(want);
             // The worker that asked uses the page first: deferred messages wait for `served`.
             step.completed = Some(want);
@@ -500,6 +587,23 @@ impl<D: Clone> PageCopy<D> {
                 Deferred::Invalidate { from, epoch } if epoch < self.epoch => {
                     // about a copy we already dropped (we hold a newer grant)
                     self.deferred.remove(i);
+                    step.out.push((from, Msg::InvalidateAck));
+                }
+                Deferred::Invalidate { from, epoch }
+                    if self.asking_again
+                        && self.data.is_none()
+                        && matches!(self.pending, Pending::Idle | Pending::Requested { .. }) =>
+                {
+                    // asking again (or about to, after a request that did not reach the
+                    // home), we hold nothing, and no grant of ours is here yet: answered at
+                    // once. Waiting for that grant, as a reader that was no sharer does, could
+                    // wait for ever: the home may still have listed us as a sharer when this
+                    // writer came, and may defer our request behind the writer's own
+                    // hand-over, which waits for this answer (found by the model). If the
+                    // invalidation is about the grant still on its way (newer than it),
+                    // `finish` drops that grant's page.
+                    self.deferred.remove(i);
+                    self.acked_asking = self.acked_asking.max(epoch);
                     step.out.push((from, Msg::InvalidateAck));
                 }
                 Deferred::Invalidate { from, .. } => match self.pending {

@@ -525,3 +525,94 @@ fn a_forwarded_grant_sends_a_transfer_that_keeps_the_source_copy() {
         })
         .is_err());
 }
+
+/// A copy waiting for the page of a read the home forwarded to sharer 2 at `epoch`.
+fn forwarded_read(epoch: Epoch) -> PageCopy<u64> {
+    let mut c = copy();
+    c.request(Mode::Shared).unwrap();
+    let s = c
+        .on_grant(Grant {
+            source: Some(2),
+            source_keeps: true,
+            ..grant(Mode::Shared, epoch, None)
+        })
+        .unwrap();
+    assert_eq!(
+        s.out,
+        vec![(
+            2,
+            Msg::Transfer {
+                want: Mode::Shared,
+                epoch,
+                keep: true
+            }
+        )]
+    );
+    assert!(c.awaits_forwarded_page());
+    c
+}
+
+#[test]
+fn a_forwarded_read_whose_sharer_died_asks_the_home_again_and_answers_invalidations_at_once() {
+    let mut c = forwarded_read(1);
+    // a writer's invalidation of the copy that never came waits, as for any shared grant
+    assert!(c.on_invalidate(3, 2).unwrap().out.is_empty());
+    let out = c
+        .ask_again()
+        .expect("a forwarded read waiting for its page");
+    assert_eq!(
+        out,
+        vec![
+            (3, Msg::InvalidateAck),
+            (
+                HOME,
+                Msg::Request {
+                    want: Mode::Shared,
+                    have: false
+                }
+            )
+        ]
+    );
+    assert_eq!(c.pending, Pending::Requested { want: Mode::Shared });
+    // asking again, it holds nothing: a later writer's invalidation is answered at once
+    assert_eq!(
+        c.on_invalidate(4, 3).unwrap().out,
+        vec![(4, Msg::InvalidateAck)]
+    );
+    // a grant older than that invalidation was invalidated before it arrived: no completion,
+    // the page is dropped
+    let s = c.on_grant(grant(Mode::Shared, 2, Some(7))).unwrap();
+    assert_eq!(s.completed, None);
+    assert_eq!((c.pending, c.mode, c.data), (Pending::Idle, None, None));
+    // the worker asks again, and a grant newer than every answered invalidation completes
+    c.request(Mode::Shared).unwrap();
+    let s = c.on_grant(grant(Mode::Shared, 3, Some(8))).unwrap();
+    assert_eq!(s.completed, Some(Mode::Shared));
+    assert!(!c.asking_again && c.acked_asking == 0);
+}
+
+#[test]
+fn only_a_forwarded_read_waiting_for_its_page_with_nothing_forwarded_on_asks_again() {
+    // a read forwarded on to us meanwhile: its reader waits for our page
+    let mut c = forwarded_read(1);
+    assert!(c
+        .on_transfer(3, Mode::Shared, 2, true)
+        .unwrap()
+        .out
+        .is_empty());
+    assert_eq!(c.ask_again(), None);
+    // a shared grant from an exclusive holder (its copy-back carries the page home)
+    let mut c = copy();
+    c.request(Mode::Shared).unwrap();
+    c.on_grant(Grant {
+        source: Some(2),
+        ..grant(Mode::Shared, 1, None)
+    })
+    .unwrap();
+    assert!(!c.awaits_forwarded_page());
+    assert_eq!(c.ask_again(), None);
+    // a page that arrived
+    let mut c = forwarded_read(1);
+    c.on_page(5, false).unwrap();
+    assert_eq!(c.ask_again(), None);
+}

@@ -34,6 +34,19 @@ fn page_holding_41(w: &crate::Worker) -> Pid {
     g.pid()
 }
 
+/// Write the home's frame of `pid` (a plain home copy) to the store and drop it, as the
+/// provider would: the page's home copy is then only on the store.
+fn drop_home_copy(home: &crate::Engine, pid: Pid) {
+    let (buf, coh) = (&home.node().buffer(), home.node().coherence().unwrap());
+    let idx = buf.resident_frame(pid).expect("resident at home");
+    let h = buf.try_hold(idx, pid).expect("nobody holds it");
+    assert!(coh.droppable(pid, idx), "a plain home copy");
+    let bytes = Box::new(*h.bytes());
+    h.drop_page();
+    coh.write_home(buf, pid, &bytes, &super::apply::Latched::default())
+        .unwrap();
+}
+
 /// One pool: a shared read at the home whose own copy left its memory is served by the node
 /// that holds a copy, not by the home's store; the serving node keeps its copy and may evict
 /// it once it has served; a write afterwards invalidates both copies as usual.
@@ -42,22 +55,15 @@ fn a_read_whose_home_copy_left_memory_is_served_by_a_sharer() {
     let dir = tempfile::tempdir().unwrap();
     let c = cluster(dir.path(), 2);
     let (home, other) = (c.node(0), c.node(1));
-    let (buf0, coh0) = (&home.node().buffer(), home.node().coherence().unwrap());
+    let coh0 = home.node().coherence().unwrap();
     let coh1 = other.node().coherence().unwrap();
     let w0 = home.worker();
     let pid = page_holding_41(&w0);
     let w1 = other.worker();
     assert_eq!(w1.shared(pid).unwrap().page().u64(0), 41);
     // node 1's shared request took the page from the home's exclusive possession: the home's
-    // frame is a plain home copy now. It goes (written to the store, dropped): node 1's copy
-    // is the only one in DRAM.
-    let idx = buf0.resident_frame(pid).expect("resident at home");
-    let h = buf0.try_hold(idx, pid).expect("nobody holds it");
-    assert!(coh0.droppable(pid, idx), "a plain home copy");
-    let bytes = Box::new(*h.bytes());
-    h.drop_page();
-    coh0.write_home(buf0, pid, &bytes, &super::apply::Latched::default())
-        .unwrap();
+    // frame is a plain home copy now. It goes: node 1's copy is the only one in DRAM.
+    drop_home_copy(home, pid);
     let reads = |c: &Coherence| c.driver.counters.home_reads.load(Ordering::Relaxed);
     let (home_reads, served) = (
         reads(coh0),
@@ -489,4 +495,64 @@ fn a_page_handed_to_a_dead_peer_is_noted_even_when_its_queued_batch_fails_first(
         coh.noted_for(2, handed),
         "the page given up is noted for node 2"
     );
+}
+
+/// A shared read the home forwarded to a sharer that dies before serving it (its guard keeps
+/// the page; then it is killed) is asked for again once the dead node's fence holds, and
+/// served from the home's store copy: the page is not lost, and a write afterwards works.
+#[test]
+fn a_forwarded_read_whose_sharer_dies_before_serving_it_is_asked_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(dir.path(), 3);
+    let w0 = c.node(0).worker();
+    let pid = page_holding_41(&w0);
+    let w2 = c.node(2).worker();
+    assert_eq!(w2.shared(pid).unwrap().page().u64(0), 41);
+    drop_home_copy(c.node(0), pid);
+    // node 2 keeps a shared guard: the forwarded read waits for it
+    let g2 = w2.shared(pid).unwrap();
+    let (coh0, coh1) = (
+        c.node(0).node().coherence().unwrap(),
+        c.node(1).node().coherence().unwrap(),
+    );
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let w = c.node(1).worker();
+            w.run(|w| w.shared(pid).map(|g| g.page().u64(0)))
+        });
+        let t0 = Instant::now();
+        while !coh1
+            .pages
+            .shard(pid)
+            .lock()
+            .get(&pid)
+            .is_some_and(|s| s.copy.awaits_forwarded_page())
+        {
+            assert!(t0.elapsed() < HANG_GUARD, "hang guard: no forwarded read");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            coh0.driver.counters.forwarded_reads.load(Ordering::Relaxed),
+            1
+        );
+        c.kill(2);
+        assert_eq!(reader.join().unwrap().unwrap(), 41);
+    });
+    drop(g2);
+    let count = |c: &Coherence| {
+        let n = &c.driver.counters;
+        (
+            n.reads_asked_again.load(Ordering::Relaxed),
+            n.dead_servers_forgotten.load(Ordering::Relaxed),
+        )
+    };
+    assert_eq!(count(coh1), (1, 0), "node 1 asked again");
+    assert_eq!(count(coh0), (0, 1), "the home stopped waiting for node 2");
+    assert_eq!(coh0.pages.shard(pid).lock().get(&pid).unwrap().lost, None);
+    {
+        let mut g = w0.exclusive(pid).unwrap();
+        g.page_mut().set_u64(0, 43);
+    }
+    let w1 = c.node(1).worker();
+    assert_eq!(w1.shared(pid).unwrap().page().u64(0), 43);
 }
