@@ -10,7 +10,7 @@ mod bank;
 use bank::Load;
 
 use shoal_btree::BTree;
-use shoal_engine::{Cluster, Engine, EngineConfig};
+use shoal_engine::{Cluster, EngineConfig};
 use std::time::Duration;
 
 fn secs() -> f64 {
@@ -41,10 +41,7 @@ fn isolated(seen: &bank::Seen, total: i64) {
 #[test]
 fn transfers_keep_the_total_and_audits_see_it_on_one_node() {
     let dir = tempfile::tempdir().unwrap();
-    let e = Engine::open(EngineConfig::new(dir.path(), 64 << 20)).unwrap();
-    let w = e.worker();
-    let tree = BTree::create(&w, "bank").unwrap();
-    bank::open_accounts(&w, &tree);
+    let (e, tree, w) = bank::one_node(dir.path());
     let movers = (0..4).map(|_| e.worker()).collect();
     let seen = bank::run(movers, vec![e.worker()], tree, Load::for_secs(secs()));
     let total = bank::total_now(&w, &tree);
@@ -57,10 +54,7 @@ fn transfers_keep_the_total_and_audits_see_it_on_one_node() {
 #[test]
 fn transfers_that_pause_inside_keep_the_total_and_audits_see_it() {
     let dir = tempfile::tempdir().unwrap();
-    let e = Engine::open(EngineConfig::new(dir.path(), 64 << 20)).unwrap();
-    let w = e.worker();
-    let tree = BTree::create(&w, "bank").unwrap();
-    bank::open_accounts(&w, &tree);
+    let (e, tree, w) = bank::one_node(dir.path());
     let movers = (0..4).map(|_| e.worker()).collect();
     let load = Load {
         pause_inside: Some(Duration::from_micros(50)),
@@ -77,10 +71,7 @@ fn transfers_that_pause_inside_keep_the_total_and_audits_see_it() {
 #[test]
 fn a_transfer_that_another_commits_inside_of_runs_again_and_keeps_the_total() {
     let dir = tempfile::tempdir().unwrap();
-    let e = Engine::open(EngineConfig::new(dir.path(), 64 << 20)).unwrap();
-    let w = e.worker();
-    let tree = BTree::create(&w, "bank").unwrap();
-    bank::open_accounts(&w, &tree);
+    let (e, tree, w) = bank::one_node(dir.path());
     let runs = bank::transfer_around_another(&w, &e.worker(), &tree);
     assert_eq!(runs, 2, "the outer transfer conflicted once and ran again");
     assert_eq!(

@@ -5,18 +5,13 @@
 mod bank;
 
 use bank::Load;
-use shoal_btree::BTree;
-use shoal_engine::{Engine, EngineConfig};
 use std::time::Duration;
 
 #[test]
 fn without_isolation_a_transfer_committed_inside_another_makes_money() {
     shoal_btree::set_isolation_for_checker_tests(false);
     let dir = tempfile::tempdir().unwrap();
-    let e = Engine::open(EngineConfig::new(dir.path(), 64 << 20)).unwrap();
-    let w = e.worker();
-    let tree = BTree::create(&w, "bank").unwrap();
-    bank::open_accounts(&w, &tree);
+    let (e, tree, w) = bank::one_node(dir.path());
     let runs = bank::transfer_around_another(&w, &e.worker(), &tree);
     assert_eq!(runs, 1, "without isolation nothing conflicts");
     assert_eq!(
@@ -32,10 +27,7 @@ fn without_isolation_a_transfer_committed_inside_another_makes_money() {
 fn the_bank_checker_catches_transactions_that_are_not_isolated() {
     shoal_btree::set_isolation_for_checker_tests(false);
     let dir = tempfile::tempdir().unwrap();
-    let e = Engine::open(EngineConfig::new(dir.path(), 64 << 20)).unwrap();
-    let w = e.worker();
-    let tree = BTree::create(&w, "bank").unwrap();
-    bank::open_accounts(&w, &tree);
+    let (e, tree, w) = bank::one_node(dir.path());
     let movers = (0..4).map(|_| e.worker()).collect();
     // movers pause inside their transfers, so that the others commit in between (left to
     // the scheduler, an interleaving came in 1 to 20 s on 2 busy cores, or not at all)

@@ -27,6 +27,17 @@ pub fn open_accounts(w: &Worker, tree: &BTree) {
     .expect("accounts opened");
 }
 
+/// A one-node engine under `dir` with a 64 MiB cache, a tree "bank" with every account
+/// opened, and a worker.
+pub fn one_node(dir: &std::path::Path) -> (shoal_engine::Engine, BTree, Worker) {
+    let e = shoal_engine::Engine::open(shoal_engine::EngineConfig::new(dir, 64 << 20))
+        .expect("engine opened");
+    let w = e.worker();
+    let tree = BTree::create(&w, "bank").expect("tree created");
+    open_accounts(&w, &tree);
+    (e, tree, w)
+}
+
 /// Bytes after an account's balance in [`open_wide_accounts`]: a leaf then holds about ten
 /// accounts, so the accounts span many leaves and most transfers write two.
 pub const WIDE_PAD: usize = 400;

@@ -210,13 +210,7 @@ fn eviction_needs_no_free_frame_at_the_home(dirty: bool) {
         41
     };
     // node 0 writes its frame of the page to its store and drops it (a plain home copy now)
-    let idx = frame(home, pid).expect("resident at home");
-    let h = buf0.try_hold(idx, pid).expect("nobody holds it");
-    assert!(coh0.droppable(pid, idx), "node 0 does not hold it any more");
-    let bytes = Box::new(*h.bytes());
-    h.drop_page();
-    coh0.write_home(buf0, pid, &bytes, &super::apply::Latched::default())
-        .unwrap();
+    drop_home_copy(home, pid);
     // fix every frame of node 0
     let pinner = home.worker();
     let pins: Vec<_> = (0..buf0.frames())
