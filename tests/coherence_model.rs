@@ -128,6 +128,10 @@ struct Sim {
     /// homes' waits for such a sharer's copy-back ended (the engine's `after_fence`).
     asked_again: u64,
     servers_forgotten: u64,
+    /// Pages the home reclaimed from a grant's source after the grant's requester died, and
+    /// of those, the ones the source had handed over already (`Gone`).
+    reclaims: u64,
+    reclaims_gone: u64,
     /// A node cut off but running (issue 45): to the others it is dead (messages to and from
     /// it are gone, they notice its death) and it sees them dead, but its workers go on. Its
     /// leases and theirs across the cut run out at one moment (`fenced`, an event); from then
@@ -249,6 +253,8 @@ impl Sim {
             dropped: 0,
             asked_again: 0,
             servers_forgotten: 0,
+            reclaims: 0,
+            reclaims_gone: 0,
             cut_node: None,
             fenced: false,
             fence: true,
@@ -520,7 +526,9 @@ impl Sim {
                     .needs()
                     .find(|&n| n != me && self.knows(me as usize, n))
                 {
-                    if self.forgettable_later(me as usize, p, dead) {
+                    if self.forgettable_later(me as usize, p, dead)
+                        || self.reclaimable_later(me as usize, p, dead)
+                    {
                         // a sharer across the cut, not fenced yet: the request waits for the
                         // fence (the engine's `home_request`, then `after_fence`)
                         self.note(|| {
@@ -579,10 +587,19 @@ impl Sim {
                             self.arrive_home(p, data.expect("store implies data"));
                         }
                         self.send(e.to, p, vec![reply(Msg::EvictReply { accepted: true })]);
+                        // a request may wait for a dead holder's page to be reclaimed (the
+                        // engine requeues them too): the page is home now
+                        self.retry_deferred(p)?;
                     }
                     EvictDecision::Decline => {
                         self.send(e.to, p, vec![reply(Msg::EvictReply { accepted: false })]);
                     }
+                }
+            }
+            Msg::Gone => {
+                if let Some(g) = self.dirs[p].gone(e.from) {
+                    self.reclaims_gone += 1;
+                    self.mark_lost_home(p, g)?;
                 }
             }
             Msg::OfferReply { .. }
@@ -680,6 +697,15 @@ impl Sim {
         if let Msg::Grant(g) = &e.msg {
             self.page_from[to][p] = g.source;
         }
+        if matches!(e.msg, Msg::Transfer { keep: false, .. })
+            && e.from != e.to
+            && self.knows(to, e.from)
+        {
+            // the engine's `apply`: a hand-over to a node known dead is not made (the page
+            // would die with it); the home reclaims the page
+            self.note(|| format!("node {to} keeps page {p}: its requester {} died", e.from));
+            return Ok(());
+        }
         // the engine installs a clean page into a new home frame clean (the store holds it)
         let clean_fresh_home = home(p, self.nodes) as usize == to
             && self.home_frame[p].is_none()
@@ -689,7 +715,8 @@ impl Sim {
             Msg::Request { .. }
             | Msg::Evict { .. }
             | Msg::CopyBack { .. }
-            | Msg::OfferReply { .. } => {
+            | Msg::OfferReply { .. }
+            | Msg::Gone => {
                 if !self.at_home(&e)? {
                     self.dir_deferred[p].push_back(e);
                 }
@@ -699,7 +726,7 @@ impl Sim {
             Msg::Transfer { want, epoch, keep } => {
                 // owner stability: a node the home pointed a successor at keeps the page (or
                 // is still getting it) until the successor's Transfer takes it
-                if c.pending == Pending::Idle && c.data.is_none() {
+                if c.pending == Pending::Idle && c.data.is_none() && epoch != c.reclaimed {
                     return Err(format!(
                         "owner stability: node {} was pointed at for page {p} (epoch {epoch}) by node {} but holds no copy and expects none",
                         e.to, e.from
@@ -714,6 +741,7 @@ impl Sim {
             }
             Msg::Invalidate { epoch } => c.on_invalidate(e.from, epoch),
             Msg::InvalidateAck => c.on_invalidate_ack(e.from),
+            Msg::Reclaim { epoch } => c.on_reclaim(epoch),
             Msg::EvictReply { accepted } => c.on_evict_reply(accepted),
             // no room for a third of the offers (by epoch: the same in every interleaving)
             Msg::Offer { epoch, data } => c.on_offer(epoch, (epoch % 3 != 0).then_some(data)),
@@ -902,6 +930,14 @@ impl Sim {
             && matches!(self.dirs[p].holders, Holders::Shared(s) if s & (1 << dead) != 0)
     }
 
+    /// Whether home `h` will reclaim page `p` from the source of `dead`'s grant once `dead`'s
+    /// fence holds (`dead` holds it exclusively by a grant that named a source `h` does not
+    /// know dead: the engine's `home_request` defers the request instead of refusing it).
+    fn reclaimable_later(&self, h: usize, p: usize, dead: Node) -> bool {
+        self.dirs[p].holders == Holders::Exclusive(dead)
+            && self.dirs[p].handed_by.is_some_and(|o| !self.knows(h, o))
+    }
+
     /// The leases across the cut run out (time passes). The homes end their offers to the
     /// nodes across the cut that they know dead, forget them as sharers, and retry the
     /// requests that waited for that (the engine's `after_fence`, once `fence_holds`).
@@ -968,6 +1004,17 @@ impl Sim {
             }
         }
         if home(p, self.nodes) as usize == node {
+            // the engine's `after_fence`: a page granted to a node now fenced is reclaimed
+            // from the grant's source (`DirEntry::reclaim`)
+            let gone = (0..self.nodes as Node)
+                .filter(|&x| x as usize != node && settled(self, x))
+                .fold(0u64, |m, x| m | (1 << x));
+            if let Some(r) = self.dirs[p].reclaim(gone) {
+                self.reclaims += 1;
+                self.note(|| format!("home {node} reclaims page {p}: {r:?}"));
+                let msg = Msg::Reclaim { epoch: r.epoch };
+                self.send(node as Node, p, vec![(r.source, msg)]);
+            }
             if let Some(x) = self.dirs[p].awaiting_copy_back {
                 if self.dirs[p].awaits_serving_sharer(x) && settled(self, x) {
                     self.dirs[p].forget_serving_sharer(1 << x);
@@ -1153,6 +1200,9 @@ impl Sim {
             Deferred::Invalidate { from, .. } if from != me => {
                 self.send(me, p, vec![(from, Msg::InvalidateAck)])
             }
+            Deferred::Reclaim { .. } if home(p, self.nodes) != me => {
+                self.send(me, p, vec![(home(p, self.nodes), Msg::Gone)])
+            }
             _ => {}
         }
     }
@@ -1194,6 +1244,9 @@ impl Sim {
                     epoch,
                 },
             ),
+            Msg::Reclaim { epoch } => {
+                self.answer_lost(to as usize, p, dead, Deferred::Reclaim { epoch })
+            }
             Msg::Offer { .. } => {
                 self.send(to, p, vec![(e.from, Msg::OfferReply { accepted: false })])
             }
@@ -1712,6 +1765,8 @@ struct Tally {
     dropped: u64,
     asked_again: u64,
     servers_forgotten: u64,
+    reclaims: u64,
+    reclaims_gone: u64,
     cuts: u64,
     fenced_ops: u64,
 }
@@ -1755,6 +1810,8 @@ fn run_seed(seed: u64) -> Result<Tally, String> {
             dropped: sim.dropped,
             asked_again: sim.asked_again,
             servers_forgotten: sim.servers_forgotten,
+            reclaims: sim.reclaims,
+            reclaims_gone: sim.reclaims_gone,
             cuts: sim.cut_node.is_some() as u64,
             fenced_ops: sim.fenced_ops,
         }),
@@ -1791,6 +1848,8 @@ fn random_schedules_keep_every_invariant() {
                 t.dropped += r.dropped;
                 t.asked_again += r.asked_again;
                 t.servers_forgotten += r.servers_forgotten;
+                t.reclaims += r.reclaims;
+                t.reclaims_gone += r.reclaims_gone;
                 t.cuts += r.cuts;
                 t.fenced_ops += r.fenced_ops;
             }
@@ -1798,8 +1857,8 @@ fn random_schedules_keep_every_invariant() {
         }
     }
     eprintln!(
-        "{seeds} schedules: {} reads and {} writes checked, {} remote requests ({} shared reads forwarded to a sharer, {} offered pages taken in), {} give-ups and unsent messages, {} node deaths, {} nodes cut off but running ({} operations failed by a run-out lease), {} operations ended by an error, {} dead sharers forgotten, {} requests from dead nodes dropped, {} forwarded reads asked again and {} homes' waits for a dead serving sharer ended, {} pages left unavailable, {} operations timed out behind a dead grantee, {} crash recoveries of every log checked",
-        t.reads, t.writes, t.remote, t.forwarded, t.taken_in, t.faults, t.deaths, t.cuts, t.fenced_ops, t.failed, t.forgotten, t.dropped, t.asked_again, t.servers_forgotten, t.unavailable, t.timeouts, t.recoveries
+        "{seeds} schedules: {} reads and {} writes checked, {} remote requests ({} shared reads forwarded to a sharer, {} offered pages taken in), {} give-ups and unsent messages, {} node deaths, {} nodes cut off but running ({} operations failed by a run-out lease), {} operations ended by an error, {} dead sharers forgotten, {} requests from dead nodes dropped, {} forwarded reads asked again and {} homes' waits for a dead serving sharer ended, {} pages reclaimed from a dead requester's source ({} of them handed over already), {} pages left unavailable, {} operations timed out behind a dead grantee, {} crash recoveries of every log checked",
+        t.reads, t.writes, t.remote, t.forwarded, t.taken_in, t.faults, t.deaths, t.cuts, t.fenced_ops, t.failed, t.forgotten, t.dropped, t.asked_again, t.servers_forgotten, t.reclaims, t.reclaims_gone, t.unavailable, t.timeouts, t.recoveries
     );
     assert!(
         t.recoveries > seeds,

@@ -115,6 +115,9 @@ pub struct ProtocolStats {
     /// At this home: forwarded reads whose serving sharer died before its copy-back came;
     /// the home stopped waiting for it once its fence held, instead of losing the page.
     pub dead_servers_forgotten: u64,
+    /// At this home: pages granted to a node that died (fenced) reclaimed from the grant's
+    /// source, which may still have held them (docs/protocol.md, "Failures").
+    pub grants_reclaimed: u64,
     /// Peers this node severed because they answered no ping for the remote timeout
     /// (stopped, cut off or hung; never on `mem`).
     pub peers_severed_silent: u64,

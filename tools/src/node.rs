@@ -522,6 +522,7 @@ fn check(
         "dead_sharers_forgotten": p.dead_sharers_forgotten,
         "reads_asked_again": p.reads_asked_again,
         "dead_servers_forgotten": p.dead_servers_forgotten,
+        "grants_reclaimed": p.grants_reclaimed,
         "peers_severed_silent": p.peers_severed_silent,
         "deaths_noticed": p.deaths_noticed,
         "fences_held": p.fences_held,

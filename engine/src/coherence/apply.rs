@@ -289,6 +289,7 @@ impl Coherence {
                         epoch,
                     },
                 ),
+                Msg::Reclaim { epoch } => self.answer_lost(pid, dead, Deferred::Reclaim { epoch }),
                 Msg::Evict { .. } if note.from != self.me => {
                     // the page is lost at the evicting node too: it drops its copy and answers
                     // what waits there (a plain "accepted" is a protocol violation when an
@@ -315,11 +316,26 @@ impl Coherence {
             }
             return Ok(Outcome::Done);
         }
-        let takes = matches!(note.msg, Msg::Transfer { .. } | Msg::Invalidate { .. });
+        if let Msg::Transfer { keep: false, .. } = note.msg {
+            if note.from != self.me && !self.driver.ch.peer_alive(note.from) {
+                // a hand-over to a node that died: the page would die with it. Kept here
+                // instead; the home reclaims it once that node is fenced (`after_fence`)
+                log::warn!(
+                    "node {}: {pid}: not handed to node {}, which died; kept for its home",
+                    self.me,
+                    note.from
+                );
+                return Ok(Outcome::Done);
+            }
+        }
+        let takes = matches!(
+            note.msg,
+            Msg::Transfer { .. } | Msg::Invalidate { .. } | Msg::Reclaim { .. }
+        );
         if takes && ps.reserved_now() {
             return Ok(Outcome::Stuck(note));
         }
-        if let (Msg::Transfer { .. }, Some(f)) = (&note.msg, ps.copy.data) {
+        if let (Msg::Transfer { .. } | Msg::Reclaim { .. }, Some(f)) = (&note.msg, ps.copy.data) {
             // our copy leaves: held (the handler goes on) until the log writer has made its
             // changes durable, instead of a flush under the handler's role. Local guards may
             // go on changing it for a while (their changes travel with it), but not for
@@ -394,6 +410,11 @@ impl Coherence {
                 }
                 ps.dir = d;
                 let accepted = matches!(dec, EvictDecision::Accept { .. });
+                if accepted {
+                    // a request may wait for a dead holder's page to be reclaimed
+                    // (`home_request`): the page is home now
+                    self.requeue_deferred(ps);
+                }
                 if let Err(e) = self.send(from, pid, &Msg::<()>::EvictReply { accepted }, None) {
                     log::warn!("node {}: {e}", self.me);
                 }
@@ -477,6 +498,20 @@ impl Coherence {
             Msg::Invalidate { epoch } => {
                 self.sync_dirty(buf, pid, ps);
                 ps.copy.on_invalidate(from, epoch)?
+            }
+            Msg::Reclaim { epoch } => {
+                self.sync_dirty(buf, pid, ps);
+                ps.copy.on_reclaim(epoch)?
+            }
+            Msg::Gone => {
+                if let Some(g) = ps.dir.gone(from) {
+                    log::error!(
+                        "node {}: page {pid} is lost: node {from} had handed it to node {g}, which died",
+                        self.me
+                    );
+                    self.mark_lost_home(pid, ps, g);
+                }
+                return Ok(Outcome::Done);
             }
             Msg::InvalidateAck => ps.copy.on_invalidate_ack(from)?,
             Msg::Offer { epoch, ref data } => {

@@ -74,6 +74,14 @@ pub struct DirEntry {
     /// came ([`forget_serving_sharer`](Self::forget_serving_sharer)). Never chosen to serve a
     /// forwarded read; one may ask for the page again without a copy.
     pub unsure: NodeSet,
+    /// The node the last grant named as its source (an exclusive holder): it may still hold
+    /// the page if the requester died before asking it ([`reclaim`](Self::reclaim)). Kept
+    /// while the requester holds the page exclusively, or while the source's copy-back for a
+    /// shared requester is due.
+    pub handed_by: Option<Node>,
+    /// The dead requester whose grant's page the home reclaims from its source (the copy-back
+    /// due then comes from that source, or its `Gone`).
+    pub reclaiming: Option<Node>,
 }
 
 /// What the home does with a possession request.
@@ -91,6 +99,15 @@ pub enum DirDecision {
         invalidate: NodeSet,
         source_keeps: bool,
     },
+}
+
+/// A page the home takes back from the source of a grant whose requester died
+/// ([`DirEntry::reclaim`]): send `source` a `Reclaim { epoch }`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reclaim {
+    pub source: Node,
+    /// The dead requester's grant.
+    pub epoch: Epoch,
 }
 
 /// What the home does with an eviction notice (decided at once, never deferred: the node that
@@ -152,6 +169,17 @@ impl DirEntry {
                 "unsure sharers {:b} are not all sharers {s:b}",
                 self.unsure
             )),
+            _ if self.reclaiming.is_some() && self.awaiting_copy_back.is_none() => violation(
+                format!("reclaiming for {:?} with no copy-back due", self.reclaiming),
+            ),
+            (Holders::Shared(_) | Holders::None, due)
+                if self.handed_by.is_some_and(|o| due != Some(o)) =>
+            {
+                violation(format!(
+                    "handed by {:?} while {:?}, copy-back from {due:?}",
+                    self.handed_by, self.holders
+                ))
+            }
             (Holders::None | Holders::Exclusive(_), _) if self.unsure != 0 => violation(format!(
                 "unsure sharers {:b} while {:?}",
                 self.unsure, self.holders
@@ -175,6 +203,8 @@ impl DirEntry {
             offered: None,
             forwarded_to: None,
             unsure: 0,
+            handed_by: None,
+            reclaiming: None,
         }
     }
 
@@ -203,6 +233,8 @@ impl DirEntry {
         if self.awaiting_copy_back.is_some() || self.offered.is_some() {
             return Ok(DirDecision::Defer);
         }
+        // every grant changes the holders: only a hand-over from an exclusive holder sets it
+        self.handed_by = None;
         let grant = |mode, epoch, from_home, source, invalidate| DirDecision::Grant {
             mode,
             epoch,
@@ -270,6 +302,7 @@ impl DirEntry {
                 violation(format!("node {from} asks for a page it holds exclusively"))
             }
             (Holders::Exclusive(o), _) => {
+                self.handed_by = Some(o);
                 self.epoch = next_epoch(self.epoch);
                 match want {
                     Mode::Shared => {
@@ -310,6 +343,7 @@ impl DirEntry {
         match self.holders {
             Holders::Exclusive(o) if o == from => {
                 self.holders = Holders::None;
+                self.handed_by = None;
                 Ok(EvictDecision::Accept { store: dirty })
             }
             Holders::Shared(s) if s & bit(from) != 0 => {
@@ -435,6 +469,53 @@ impl DirEntry {
             && matches!(self.holders, Holders::Shared(s) if s & bit(n) != 0)
     }
 
+    /// The requester of the last grant, in `gone` (dead, fenced, every message it sent handled
+    /// here), may have died before asking that grant's source for the page, which the source
+    /// then still holds: the home reclaims it. For an exclusive holder in `gone` whose grant
+    /// named a live source, and for a shared reader in `gone` whose grant's source (an old
+    /// exclusive holder) still owes its copy-back: nobody holds the page any more (a dead
+    /// reader is forgotten once the copy-back came) and the copy-back is due from the
+    /// source, which gets a `Reclaim`. Returns that source and the grant's epoch.
+    pub fn reclaim(&mut self, gone: NodeSet) -> Option<Reclaim> {
+        if self.reclaiming.is_some() || self.offered.is_some() {
+            return None;
+        }
+        let o = self.handed_by?;
+        if gone & bit(o) != 0 {
+            return None;
+        }
+        let g = match (self.holders, self.awaiting_copy_back) {
+            (Holders::Exclusive(g), None) if gone & bit(g) != 0 => {
+                self.holders = Holders::None;
+                self.awaiting_copy_back = Some(o);
+                g
+            }
+            (Holders::Shared(s), Some(due)) if due == o && s & !gone == 0 => members(s).next()?,
+            _ => return None,
+        };
+        self.handed_by = None;
+        self.reclaiming = Some(g);
+        Some(Reclaim {
+            source: o,
+            epoch: self.epoch,
+        })
+    }
+
+    /// `from` answered a `Reclaim` with `Gone`: it had handed the page over to the requester
+    /// that died, with which the page's newest state died too. Returns that requester (the
+    /// caller marks the page lost with it); `None` for an answer no reclaim waits for.
+    pub fn gone(&mut self, from: Node) -> Option<Node> {
+        if self.awaiting_copy_back != Some(from) {
+            return None;
+        }
+        let g = self.reclaiming.take()?;
+        self.awaiting_copy_back = None;
+        if self.holders == Holders::None {
+            self.holders = Holders::Exclusive(g);
+        }
+        Some(g)
+    }
+
     /// The copy-back from `from` arrived (the caller stores its data, if any, as the home's copy).
     pub fn copy_back(&mut self, from: Node) -> Result<(), ProtocolError> {
         if self.awaiting_copy_back != Some(from) {
@@ -445,6 +526,11 @@ impl DirEntry {
         }
         self.awaiting_copy_back = None;
         self.forwarded_to = None;
+        self.handed_by = None;
+        if let Some(g) = self.reclaiming.take() {
+            // a reclaimed page is back: the dead reader it was for (fenced) is no sharer
+            self.forget_sharers(bit(g));
+        }
         Ok(())
     }
 }
@@ -518,6 +604,56 @@ mod tests {
             (Mode::Exclusive, 1, true, None, 0)
         );
         assert_eq!((d.holders, d.unsure), (Holders::Exclusive(1), 0));
+    }
+
+    #[test]
+    fn a_page_granted_to_a_requester_that_died_is_reclaimed_from_its_source() {
+        let mut d = DirEntry::new();
+        d.request(1, Mode::Exclusive, false).unwrap();
+        assert_eq!(g(d.request(2, Mode::Exclusive, false).unwrap()).3, Some(1));
+        assert_eq!(d.handed_by, Some(1));
+        assert_eq!(d.reclaim(0b1000), None, "node 3 holds nothing");
+        assert_eq!(d.reclaim(0b110), None, "the source died too");
+        let r = d.reclaim(0b100).unwrap();
+        assert_eq!((r.source, r.epoch), (1, d.epoch));
+        assert_eq!(
+            (d.holders, d.awaiting_copy_back, d.reclaiming),
+            (Holders::None, Some(1), Some(2))
+        );
+        d.check().unwrap();
+        assert_eq!(
+            d.request(3, Mode::Shared, false).unwrap(),
+            DirDecision::Defer
+        );
+        d.copy_back(1).unwrap();
+        assert_eq!(
+            (d.holders, d.reclaiming, d.handed_by),
+            (Holders::None, None, None)
+        );
+        // the source had handed it over: the page died with the requester
+        let mut d = DirEntry::new();
+        d.request(1, Mode::Exclusive, false).unwrap();
+        d.request(2, Mode::Exclusive, false).unwrap();
+        d.reclaim(0b100).unwrap();
+        assert_eq!(d.gone(3), None, "not from the source");
+        assert_eq!(d.gone(1), Some(2));
+        assert_eq!(
+            (d.holders, d.awaiting_copy_back),
+            (Holders::Exclusive(2), None)
+        );
+        // a shared reader that died before asking: the source's copy-back is asked for
+        let mut d = DirEntry::new();
+        d.request(1, Mode::Exclusive, false).unwrap();
+        d.request(2, Mode::Shared, false).unwrap();
+        assert_eq!(d.reclaim(0b100).unwrap().source, 1);
+        d.copy_back(1).unwrap();
+        assert_eq!(d.holders, Holders::None, "the dead reader is forgotten");
+        // a hand-over's source is forgotten with the next grant
+        let mut d = DirEntry::new();
+        d.request(1, Mode::Exclusive, false).unwrap();
+        d.request(2, Mode::Exclusive, false).unwrap();
+        d.request(3, Mode::Exclusive, false).unwrap();
+        assert_eq!(d.handed_by, Some(2));
     }
 
     #[test]

@@ -144,6 +144,11 @@ impl Coherence {
                     log::warn!("node {}: {e}", self.me);
                 }
             }
+            Deferred::Reclaim { .. } if pid.node() != self.me => {
+                if let Err(e) = self.send(pid.node(), pid, &Msg::<()>::Gone, None) {
+                    log::warn!("node {}: {e}", self.me);
+                }
+            }
             _ => {}
         }
     }
@@ -210,7 +215,7 @@ impl Coherence {
     /// offers to them that were left waiting at their death (`sweep_dead`) end as declined,
     /// they are forgotten as sharers, and the requests that waited for that are retried.
     pub(super) fn after_fence(&self, buf: &Buffer, nodes: NodeSet) {
-        let (mut forgotten, mut offers, mut served) = (0u64, 0u64, 0u64);
+        let (mut forgotten, mut offers, mut served, mut reclaims) = (0u64, 0u64, 0u64, 0u64);
         for shard in self.pages.shards.iter() {
             let mut shard = shard.lock();
             for (&pid, ps) in shard.iter_mut() {
@@ -226,6 +231,10 @@ impl Coherence {
                 if ps.dir.forget_serving_sharer(nodes) {
                     served += 1;
                     self.requeue_deferred(ps);
+                }
+                if let Some(r) = ps.dir.reclaim(nodes) {
+                    reclaims += 1;
+                    self.send_reclaim(pid, ps, r);
                 }
                 if let Some(n) = ps.dir.offered {
                     if nodes & bit(n) != 0 {
@@ -251,16 +260,49 @@ impl Coherence {
             .dead_servers_forgotten
             .fetch_add(served, Ordering::Relaxed);
         counters
+            .grants_reclaimed
+            .fetch_add(reclaims, Ordering::Relaxed);
+        counters
             .fences_held
             .fetch_add(u64::from(nodes.count_ones()), Ordering::Relaxed);
         log::warn!(
             "node {}: dead node(s) {:?} fenced (their leases on this node's pages ran out): \
              {forgotten} pages taken over from them as sharers, {served} forwarded reads they \
-             were to serve ended, {offers} offers to them ended",
+             were to serve ended, {reclaims} pages granted to them reclaimed from their \
+             sources, {offers} offers to them ended",
             self.me,
             members(nodes).collect::<Vec<_>>()
         );
         self.waiting.notify();
+    }
+
+    /// At the home: ask `source` for the page of the grant of `epoch`, whose requester died
+    /// (`DirEntry::reclaim`; the home's own copy when `source` is this node). If the message
+    /// cannot leave, the source is gone too and so is the page.
+    fn send_reclaim(&self, pid: Pid, ps: &mut PageState, r: super::directory::Reclaim) {
+        let source = r.source;
+        log::warn!(
+            "node {}: {pid}: its requester {:?} died before taking it; reclaiming it from node {source}",
+            self.me,
+            ps.dir.reclaiming
+        );
+        let msg = Msg::Reclaim { epoch: r.epoch };
+        if source == self.me {
+            ps.held.push_back(super::Note {
+                from: self.me,
+                msg,
+                logged: 0,
+            });
+            self.pages.retry_later(pid);
+        } else if let Err(e) = self.send(source, pid, &msg, None) {
+            log::warn!(
+                "node {}: {pid}: reclaiming from node {source}: {e}",
+                self.me
+            );
+            if let Some(g) = ps.dir.gone(source) {
+                self.mark_lost_home(pid, ps, g);
+            }
+        }
     }
 
     /// Tell `to` its request for `pid` is refused (see [`refusal`]).

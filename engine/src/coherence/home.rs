@@ -77,11 +77,18 @@ impl Coherence {
         // A node that must hand the page over or drop its copy is gone: the request would wait
         // forever. Refuse it (the directory is left as it was: `d` is not stored).
         if let Some(dead) = self.first_dead(decision.needs()) {
-            if ps.dir.awaiting_copy_back.is_none()
-                && matches!(ps.dir.holders, Holders::Shared(s) if s & bit(dead) != 0)
-            {
+            let dead_sharer = ps.dir.awaiting_copy_back.is_none()
+                && matches!(ps.dir.holders, Holders::Shared(s) if s & bit(dead) != 0);
+            let reclaimable = ps.dir.holders == Holders::Exclusive(dead)
+                && ps
+                    .dir
+                    .handed_by
+                    .is_some_and(|o| o == self.me || self.driver.ch.peer_alive(o));
+            if dead_sharer || reclaimable {
                 // a dead sharer whose fence does not hold yet (`after_fence` forgets it, in
-                // every entry, once it does): the request waits for that instead of failing
+                // every entry, once it does), or a dead holder whose grant's source may
+                // still hold the page (`after_fence` reclaims it): the request waits for
+                // that instead of failing
                 ps.dir_deferred.push_back(note);
                 return Ok(Outcome::Done);
             }

@@ -267,6 +267,8 @@ pub struct CoherenceCounters {
     pub reads_asked_again: AtomicU64,
     /// See [`crate::stats::ProtocolStats::dead_servers_forgotten`].
     pub dead_servers_forgotten: AtomicU64,
+    /// See [`crate::stats::ProtocolStats::grants_reclaimed`].
+    pub grants_reclaimed: AtomicU64,
     /// See [`crate::stats::ProtocolStats::peers_severed_silent`].
     pub peers_severed_silent: AtomicU64,
     /// See [`crate::stats::ProtocolStats::deaths_noticed`].
@@ -305,6 +307,7 @@ impl CoherenceCounters {
             dead_sharers_forgotten: l(&self.dead_sharers_forgotten),
             reads_asked_again: l(&self.reads_asked_again),
             dead_servers_forgotten: l(&self.dead_servers_forgotten),
+            grants_reclaimed: l(&self.grants_reclaimed),
             peers_severed_silent: l(&self.peers_severed_silent),
             deaths_noticed: l(&self.deaths_noticed),
             fences_held: l(&self.fences_held),

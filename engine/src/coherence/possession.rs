@@ -69,6 +69,10 @@ pub enum Deferred {
         from: Node,
         epoch: Epoch,
     },
+    /// The home's [`Msg::Reclaim`] of the copy a dead requester's grant of `epoch` was to take.
+    Reclaim {
+        epoch: Epoch,
+    },
 }
 
 /// What happened when a message was applied.
@@ -113,6 +117,12 @@ pub struct PageCopy<D> {
     /// The newest epoch of an invalidation acknowledged at once while asking again (0: none).
     /// A grant older than it was invalidated before it arrived: its page is dropped at once.
     pub acked_asking: Epoch,
+    /// The epoch of a grant whose requester died and whose page the home reclaimed from us
+    /// (0: none): that requester's `Transfer`, if it still arrives, is void.
+    pub reclaimed: Epoch,
+    /// The epoch of the last `Transfer` we served by handing our copy over (0: none): a
+    /// `Reclaim` of that grant is answered `Gone`.
+    pub handed_at: Epoch,
 }
 
 impl<D: Clone> PageCopy<D> {
@@ -128,6 +138,8 @@ impl<D: Clone> PageCopy<D> {
             deferred: Vec::new(),
             asking_again: false,
             acked_asking: 0,
+            reclaimed: 0,
+            handed_at: 0,
         }
     }
 
@@ -294,6 +306,10 @@ impl<D: Clone> PageCopy<D> {
                 self.me
             ));
         }
+        if epoch == self.reclaimed && !keep {
+            // from a requester that died: the home took the page back (`on_reclaim`)
+            return Ok(Step::default());
+        }
         if epoch <= self.epoch && self.pending == Pending::Idle && self.data.is_some() {
             return violation(format!(
                 "node {} asked by {to} for the page at epoch {epoch}, not newer than its own {}",
@@ -314,6 +330,23 @@ impl<D: Clone> PageCopy<D> {
     /// `from` (now holding or about to hold the page exclusively) invalidates our copy.
     pub fn on_invalidate(&mut self, from: Node, epoch: Epoch) -> Result<Step<D>, ProtocolError> {
         self.deferred.push(Deferred::Invalidate { from, epoch });
+        let mut step = Step::default();
+        self.serve_deferred(&mut step)?;
+        Ok(step)
+    }
+
+    /// The home reclaims the copy that the grant of `epoch` was to take: its requester died
+    /// (fenced, every message it sent handled at the home) and may never have asked us. Served
+    /// unless our own grant is completing or our eviction notice is out: with the page of that
+    /// grant, a `CopyBack` (the page if dirty) and the copy is dropped; without it (handed
+    /// over already), `Gone`. A `Transfer` of that grant waiting here, or
+    /// arriving later, is void.
+    pub fn on_reclaim(&mut self, epoch: Epoch) -> Result<Step<D>, ProtocolError> {
+        self.reclaimed = self.reclaimed.max(epoch);
+        self.deferred.retain(
+            |d| !matches!(*d, Deferred::Transfer { epoch: e, keep: false, .. } if e == epoch),
+        );
+        self.deferred.push(Deferred::Reclaim { epoch });
         let mut step = Step::default();
         self.serve_deferred(&mut step)?;
         Ok(step)
@@ -484,7 +517,7 @@ impl<D: Clone> PageCopy<D> {
         let forwarded_on = self
             .deferred
             .iter()
-            .any(|d| matches!(d, Deferred::Transfer { .. }));
+            .any(|d| !matches!(d, Deferred::Invalidate { .. }));
         if forwarded_on || self.data.is_some() {
             return None;
         }
@@ -630,6 +663,29 @@ impl<D: Clone> PageCopy<D> {
                         ))
                     }
                 },
+                Deferred::Reclaim { epoch } => {
+                    if self.handed_at >= epoch {
+                        // handed over for that grant (a copy-back it owed is on its way
+                        // home before this answer), or for a later one
+                        self.deferred.remove(i);
+                        step.out.push((self.home, Msg::Gone));
+                    } else if self.pending == Pending::Idle
+                        && self.mode == Some(Mode::Exclusive)
+                        && self.data.is_some()
+                    {
+                        // still the copy that grant was to take
+                        self.deferred.remove(i);
+                        let data = self.data.clone().expect("checked above");
+                        let back = self.dirty.then_some(data);
+                        step.out.push((self.home, Msg::CopyBack { data: back }));
+                        self.drop_copy();
+                    } else {
+                        // the grant that made us the holder has not reached us or is still
+                        // completing (an upgrade waiting for it, a page on its way to us), or
+                        // our eviction notice is out (the home declines it): wait
+                        i += 1;
+                    }
+                }
                 Deferred::Transfer { to, keep: true, .. } => {
                     // A read the home forwarded to us as a sharer: we stay a holder, so we
                     // serve it with our shared copy even while our own upgrade request is out
@@ -653,9 +709,12 @@ impl<D: Clone> PageCopy<D> {
                         i += 1;
                     }
                 }
-                Deferred::Transfer { to, want, .. } => {
+                Deferred::Transfer {
+                    to, want, epoch, ..
+                } => {
                     if self.pending == Pending::Idle && self.data.is_some() {
                         self.deferred.remove(i);
+                        self.handed_at = self.handed_at.max(epoch);
                         let data = self.data.clone().expect("checked above");
                         if want == Mode::Shared {
                             let back = if self.dirty { Some(data.clone()) } else { None };

@@ -598,3 +598,54 @@ fn only_a_forwarded_read_waiting_for_its_page_with_nothing_forwarded_on_asks_aga
     c.on_page(5, false).unwrap();
     assert_eq!(c.ask_again(), None);
 }
+
+#[test]
+fn a_reclaimed_copy_goes_home_and_the_dead_requesters_transfer_is_void() {
+    let mut c = holding(Mode::Exclusive, 1, 5);
+    c.wrote(6);
+    let s = c.on_reclaim(2).unwrap();
+    assert_eq!(s.out, vec![(HOME, Msg::CopyBack { data: Some(6) })]);
+    assert_eq!((c.mode, c.data), (None, None));
+    // the dead requester's Transfer, arriving late, is void
+    let late = c.on_transfer(3, Mode::Exclusive, 2, false).unwrap();
+    assert!(late.out.is_empty() && c.deferred.is_empty());
+    // and one waiting here when the Reclaim came is dropped
+    let mut c = holding(Mode::Exclusive, 1, 5);
+    c.evict().unwrap();
+    assert!(c
+        .on_transfer(3, Mode::Exclusive, 2, false)
+        .unwrap()
+        .out
+        .is_empty());
+    assert!(
+        c.on_reclaim(2).unwrap().out.is_empty(),
+        "waits for the eviction reply"
+    );
+    assert_eq!(c.deferred, vec![Deferred::Reclaim { epoch: 2 }]);
+    let s = c.on_evict_reply(false).unwrap();
+    assert_eq!(s.out, vec![(HOME, Msg::CopyBack { data: None })]);
+}
+
+#[test]
+fn a_reclaim_after_the_hand_over_is_gone_and_one_before_the_holders_grant_waits_for_it() {
+    let mut c = holding(Mode::Exclusive, 1, 5);
+    assert_eq!(
+        c.on_transfer(3, Mode::Exclusive, 2, false)
+            .unwrap()
+            .out
+            .len(),
+        1
+    );
+    assert_eq!(c.on_reclaim(2).unwrap().out, vec![(HOME, Msg::Gone)]);
+    // an upgrade whose grant has not arrived: the Reclaim waits, then takes the page home
+    let mut c = holding(Mode::Shared, 1, 5);
+    c.request(Mode::Exclusive).unwrap();
+    assert!(c.on_reclaim(2).unwrap().out.is_empty());
+    let s = c.on_grant(grant(Mode::Exclusive, 1, None)).unwrap();
+    assert_eq!(s.completed, Some(Mode::Exclusive));
+    assert_eq!(
+        c.served().unwrap().out,
+        vec![(HOME, Msg::CopyBack { data: None })]
+    );
+    assert_eq!(c.data, None);
+}

@@ -103,6 +103,14 @@ pub enum Msg<D> {
     Offer { epoch: Epoch, data: D },
     /// Node -> home: `accepted` = it holds the offered page now, node-shared.
     OfferReply { accepted: bool },
+    /// Home -> the source a grant named, once the grant's requester is dead and fenced with
+    /// every message it sent handled: the requester of the grant of `epoch` may have died
+    /// before it asked you for the page. If you still hold it for that grant, copy it back
+    /// home (`CopyBack`); if you handed it over already, answer `Gone`.
+    Reclaim { epoch: Epoch },
+    /// Source -> home, the answer to `Reclaim`: the page was handed over already (it died
+    /// with the requester).
+    Gone,
 }
 
 impl<D> Msg<D> {
@@ -136,6 +144,8 @@ impl<D> Msg<D> {
                 data: f(data),
             },
             Msg::OfferReply { accepted } => Msg::OfferReply { accepted },
+            Msg::Reclaim { epoch } => Msg::Reclaim { epoch },
+            Msg::Gone => Msg::Gone,
         }
     }
 
@@ -153,6 +163,8 @@ impl<D> Msg<D> {
             Msg::EvictReply { .. } => "EvictReply",
             Msg::Offer { .. } => "Offer",
             Msg::OfferReply { .. } => "OfferReply",
+            Msg::Reclaim { .. } => "Reclaim",
+            Msg::Gone => "Gone",
         }
     }
 }
@@ -221,6 +233,8 @@ mod tests {
             Msg::EvictReply { accepted: true },
             Msg::Offer { epoch: 1, data: 0 },
             Msg::OfferReply { accepted: true },
+            Msg::Reclaim { epoch: 1 },
+            Msg::Gone,
         ]
         .iter()
         .map(Msg::name)
@@ -232,7 +246,7 @@ mod tests {
                 "docs/protocol.md names {n}"
             );
         }
-        assert_eq!(names.len(), 11);
+        assert_eq!(names.len(), 13);
     }
 
     #[test]

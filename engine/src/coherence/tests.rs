@@ -550,3 +550,76 @@ fn a_forwarded_read_whose_sharer_dies_before_serving_it_is_asked_again() {
     let w1 = c.node(1).worker();
     assert_eq!(w1.shared(pid).unwrap().page().u64(0), 43);
 }
+
+/// A node granted a page exclusively dies before its source hands the page over (the
+/// source's guard holds it): the source keeps the page instead of handing it to the dead
+/// node, and the home reclaims it once the dead node is fenced. The page's last write
+/// survives, and the others go on using it.
+#[test]
+fn a_page_granted_to_a_node_that_died_before_its_hand_over_is_reclaimed_from_the_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_path_buf();
+    // a short remote timeout: the dead node's own waiting worker ends by it
+    let c = Cluster::mem(3, Duration::from_secs(3), move |i| {
+        EngineConfig::for_cluster_node(d.join(format!("n{i}")), 256 * 4096)
+    })
+    .unwrap();
+    let w0 = c.node(0).worker();
+    let pid = page_holding_41(&w0);
+    let w1 = c.node(1).worker();
+    let mut g1 = w1.exclusive(pid).unwrap();
+    g1.page_mut().set_u64(0, 42);
+    let (coh0, coh2) = (
+        c.node(0).node().coherence().unwrap(),
+        c.node(2).node().coherence().unwrap(),
+    );
+    std::thread::scope(|s| {
+        let taker = s.spawn(|| {
+            let w = c.node(2).worker();
+            w.run(|w| w.exclusive(pid).map(|_| ()))
+        });
+        let t0 = Instant::now();
+        while !coh2.pages.shard(pid).lock().get(&pid).is_some_and(|s| {
+            matches!(
+                s.copy.pending,
+                Pending::Completing {
+                    awaiting_page: true,
+                    ..
+                }
+            )
+        }) {
+            assert!(t0.elapsed() < HANG_GUARD, "hang guard: no grant at node 2");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        c.kill(2);
+        // node 1's guard goes: the Transfer held for it is from a dead node
+        drop(g1);
+        assert!(
+            taker.join().unwrap().is_err(),
+            "the dead node's own worker fails"
+        );
+    });
+    let t0 = Instant::now();
+    loop {
+        match w0.run(|w| w.shared(pid).map(|g| g.page().u64(0))) {
+            Ok(v) => {
+                assert_eq!(v, 42, "node 1's write came home");
+                break;
+            }
+            Err(e) => assert!(t0.elapsed() < HANG_GUARD, "still failing: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        coh0.driver
+            .counters
+            .grants_reclaimed
+            .load(Ordering::Relaxed),
+        1
+    );
+    {
+        let mut g = w0.exclusive(pid).unwrap();
+        g.page_mut().set_u64(0, 43);
+    }
+    assert_eq!(w1.shared(pid).unwrap().page().u64(0), 43);
+}

@@ -55,6 +55,8 @@ fn kind_of(m: &Msg<Attached>) -> u8 {
             Msg::EvictReply { .. } => 8,
             Msg::Offer { .. } => 9,
             Msg::OfferReply { .. } => 10,
+            Msg::Reclaim { .. } => 11,
+            Msg::Gone => 12,
         }
 }
 
@@ -206,6 +208,10 @@ impl Message for Wire {
             Msg::OfferReply { accepted } => {
                 w.u8(*accepted as u8);
             }
+            Msg::Reclaim { epoch } => {
+                w.u64(*epoch);
+            }
+            Msg::Gone => {}
         }
     }
 
@@ -279,6 +285,8 @@ impl Message for Wire {
             10 => Msg::OfferReply {
                 accepted: r.flag("accepted")?,
             },
+            11 => Msg::Reclaim { epoch: r.u64() },
+            12 => Msg::Gone,
             _ => {
                 return Err(bad(format!(
                     "message kind {kind} is not a coherence message"

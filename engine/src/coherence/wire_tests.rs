@@ -105,6 +105,8 @@ fn samples() -> Vec<Wire> {
             },
         ),
         w(0, Msg::OfferReply { accepted: true }),
+        w(9, Msg::Reclaim { epoch: 1 << 41 }),
+        w(9, Msg::Gone),
     ]
 }
 
@@ -263,7 +265,7 @@ fn impossible_fields_are_errors() {
     assert!(Wire::decode(k, &b).is_err());
     assert!(Wire::decode(k, &enc(&s[13]).1).is_ok());
     // kinds outside the protocol
-    for k in [0u8, 1, 15, KIND_BASE + 11, 255] {
+    for k in [0u8, 1, 15, KIND_BASE + 13, 255] {
         assert!(Wire::decode(k, &[0u8; BODY_BYTES]).is_err(), "kind {k}");
     }
 }
