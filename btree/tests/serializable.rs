@@ -38,6 +38,23 @@ fn list_append_histories_are_serializable_on_one_node() {
     e.close().unwrap();
 }
 
+/// The same with every transaction pausing inside, so that the others commit in between (the
+/// interleavings the unisolated run shows the checker catching, tests/serializable_unisolated.rs).
+#[test]
+fn list_append_histories_that_pause_inside_are_serializable() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(EngineConfig::new(dir.path(), 64 << 20)).unwrap();
+    let w = e.worker();
+    let tree = BTree::create(&w, "lists").unwrap();
+    let workers = (0..4).map(|_| e.worker()).collect();
+    let pause = Some(std::time::Duration::from_micros(50));
+    let history = elle::run_all_paused(workers, tree, txns_per_thread(), pause);
+    let bad = elle::check(&history, &finals(&w, &tree));
+    assert!(bad.is_empty(), "not serializable: {bad:#?}");
+    drop(w);
+    e.close().unwrap();
+}
+
 #[test]
 fn list_append_histories_are_serializable_on_three_nodes() {
     let dir = tempfile::tempdir().unwrap();

@@ -44,11 +44,26 @@ fn list(v: &[u8]) -> Vec<u32> {
 /// Run `ops` as one transaction until it commits; the reads it saw are filled in. Returns how
 /// many tries conflicted.
 pub fn run(w: &Worker, tree: &BTree, ops: &mut [Op]) -> Result<u32, TxError> {
+    run_paused(w, tree, ops, None)
+}
+
+/// [`run`], sleeping for `pause` (if any) after the transaction's first operation, so that
+/// other threads commit in between: the interleavings isolation must handle then come in
+/// nearly every transaction, not only when the scheduler preempts a thread inside one.
+pub fn run_paused(
+    w: &Worker,
+    tree: &BTree,
+    ops: &mut [Op],
+    pause: Option<std::time::Duration>,
+) -> Result<u32, TxError> {
     let mut conflicts = 0;
     loop {
         let mut tx = Transaction::begin(w);
         let r = (|| -> Result<(), TxError> {
-            for op in ops.iter_mut() {
+            for (i, op) in ops.iter_mut().enumerate() {
+                if let (1, Some(p)) = (i, pause) {
+                    std::thread::sleep(p);
+                }
                 match op {
                     Op::Read { key, saw } => {
                         *saw = tx
@@ -88,6 +103,16 @@ pub fn txns_per_thread() -> u32 {
 
 /// Each worker runs `n` random transactions; returns the committed histories.
 pub fn run_all(workers: Vec<Worker>, tree: BTree, n: u32) -> Vec<Committed> {
+    run_all_paused(workers, tree, n, None)
+}
+
+/// [`run_all`], each transaction pausing as [`run_paused`] says.
+pub fn run_all_paused(
+    workers: Vec<Worker>,
+    tree: BTree,
+    n: u32,
+    pause: Option<std::time::Duration>,
+) -> Vec<Committed> {
     std::thread::scope(|s| {
         let handles: Vec<_> = workers
             .into_iter()
@@ -120,7 +145,8 @@ pub fn run_all(workers: Vec<Worker>, tree: BTree, n: u32) -> Vec<Committed> {
                                 }
                             })
                             .collect();
-                        conflicts += run(&w, tree, &mut ops).expect("a transaction failed");
+                        conflicts +=
+                            run_paused(&w, tree, &mut ops, pause).expect("a transaction failed");
                         done.push(Committed { ops });
                     }
                     eprintln!("thread {t}: {n} committed after {conflicts} conflicts");
