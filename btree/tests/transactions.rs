@@ -38,34 +38,31 @@ fn isolated(seen: &bank::Seen, total: i64) {
     assert_eq!(total, bank::TOTAL, "money was made or lost");
 }
 
-#[test]
-fn transfers_keep_the_total_and_audits_see_it_on_one_node() {
+/// A bank run on one node (4 movers, 1 auditor) under `load`, checked for isolation.
+fn isolated_on_one_node(load: Load, what: &str) {
     let dir = tempfile::tempdir().unwrap();
     let (e, tree, w) = bank::one_node(dir.path());
     let movers = (0..4).map(|_| e.worker()).collect();
-    let seen = bank::run(movers, vec![e.worker()], tree, Load::for_secs(secs()));
+    let seen = bank::run(movers, vec![e.worker()], tree, load);
     let total = bank::total_now(&w, &tree);
-    eprintln!("one node: {seen:?}, total after {total}");
+    eprintln!("{what}: {seen:?}, total after {total}");
     isolated(&seen, total);
     drop(w);
     e.close().unwrap();
 }
 
 #[test]
+fn transfers_keep_the_total_and_audits_see_it_on_one_node() {
+    isolated_on_one_node(Load::for_secs(secs()), "one node");
+}
+
+#[test]
 fn transfers_that_pause_inside_keep_the_total_and_audits_see_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let (e, tree, w) = bank::one_node(dir.path());
-    let movers = (0..4).map(|_| e.worker()).collect();
     let load = Load {
         pause_inside: Some(Duration::from_micros(50)),
         ..Load::for_secs(secs())
     };
-    let seen = bank::run(movers, vec![e.worker()], tree, load);
-    let total = bank::total_now(&w, &tree);
-    eprintln!("one node, pausing inside transfers: {seen:?}, total after {total}");
-    isolated(&seen, total);
-    drop(w);
-    e.close().unwrap();
+    isolated_on_one_node(load, "one node, pausing inside transfers");
 }
 
 #[test]

@@ -11,6 +11,21 @@ use std::time::{Duration, Instant};
 /// other tests).
 const HANG_GUARD: Duration = Duration::from_secs(60);
 
+/// Poll `done` every millisecond until it holds; a hang (nothing for `HANG_GUARD`) fails the
+/// test naming `what`. Not a speed check.
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !done() {
+        assert!(t0.elapsed() < HANG_GUARD, "hang guard: {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Whether `coh` has a page state for `pid` that satisfies `f`.
+fn page_state(coh: &Coherence, pid: Pid, f: impl Fn(&super::PageState) -> bool) -> bool {
+    coh.pages.shard(pid).lock().get(&pid).is_some_and(f)
+}
+
 /// `n` nodes over mem with 256-frame caches, their stores under `dir`.
 fn cluster(dir: &std::path::Path, n: usize) -> Cluster {
     cluster_with(dir, n, true)
@@ -514,17 +529,9 @@ fn a_forwarded_read_whose_sharer_dies_before_serving_it_is_asked_again() {
             let w = c.node(1).worker();
             w.run(|w| w.shared(pid).map(|g| g.page().u64(0)))
         });
-        let t0 = Instant::now();
-        while !coh1
-            .pages
-            .shard(pid)
-            .lock()
-            .get(&pid)
-            .is_some_and(|s| s.copy.awaits_forwarded_page())
-        {
-            assert!(t0.elapsed() < HANG_GUARD, "hang guard: no forwarded read");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_for("no forwarded read", || {
+            page_state(coh1, pid, |s| s.copy.awaits_forwarded_page())
+        });
         assert_eq!(
             coh0.driver.counters.forwarded_reads.load(Ordering::Relaxed),
             1
@@ -578,19 +585,17 @@ fn a_page_granted_to_a_node_that_died_before_its_hand_over_is_reclaimed_from_the
             let w = c.node(2).worker();
             w.run(|w| w.exclusive(pid).map(|_| ()))
         });
-        let t0 = Instant::now();
-        while !coh2.pages.shard(pid).lock().get(&pid).is_some_and(|s| {
-            matches!(
-                s.copy.pending,
-                Pending::Completing {
-                    awaiting_page: true,
-                    ..
-                }
-            )
-        }) {
-            assert!(t0.elapsed() < HANG_GUARD, "hang guard: no grant at node 2");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_for("no grant at node 2", || {
+            page_state(coh2, pid, |s| {
+                matches!(
+                    s.copy.pending,
+                    Pending::Completing {
+                        awaiting_page: true,
+                        ..
+                    }
+                )
+            })
+        });
         c.kill(2);
         // node 1's guard goes: the Transfer held for it is from a dead node
         drop(g1);
@@ -599,17 +604,12 @@ fn a_page_granted_to_a_node_that_died_before_its_hand_over_is_reclaimed_from_the
             "the dead node's own worker fails"
         );
     });
-    let t0 = Instant::now();
-    loop {
-        match w0.run(|w| w.shared(pid).map(|g| g.page().u64(0))) {
-            Ok(v) => {
-                assert_eq!(v, 42, "node 1's write came home");
-                break;
-            }
-            Err(e) => assert!(t0.elapsed() < HANG_GUARD, "still failing: {e}"),
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let mut read = None;
+    wait_for("the home's reads still fail", || {
+        read = w0.run(|w| w.shared(pid).map(|g| g.page().u64(0))).ok();
+        read.is_some()
+    });
+    assert_eq!(read, Some(42), "node 1's write came home");
     assert_eq!(
         coh0.driver
             .counters
