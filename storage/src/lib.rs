@@ -52,6 +52,7 @@ pub use page::{
     checksum, seal, set_version, version, AlignedPage, PAGE_DATA_SIZE, PAGE_SIZE, TRAILER_SIZE,
     VERSION_OFF,
 };
+pub use store::creation_leftover;
 pub use store::{
     default_log_path, ClusterLogs, OpenMode, OpenedLog, PageStore, ReadRequest, SlotChange,
     SlotLog, StoreConfig, StoreStats, WriteRequest, CREATING, GROW_CHUNK, MAX_DEVICES, WRITE_CHUNK,

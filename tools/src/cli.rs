@@ -316,7 +316,7 @@ fn leftover(name: &str) -> bool {
         .strip_prefix("node")
         .and_then(|n| n.strip_suffix(".lock"))
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
-    lock || name.ends_with(shoal_storage::CREATING) || name.ends_with(".json.new")
+    lock || shoal_storage::creation_leftover(name) || name.ends_with(".json.new")
 }
 
 /// A run that started and then failed (a device filled up, a node died, a check failed): exit

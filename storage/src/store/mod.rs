@@ -187,6 +187,18 @@ pub const MAX_DEVICES: usize = 64;
 /// Suffix of a file being created, until it is renamed into place.
 pub const CREATING: &str = ".creating";
 
+/// Whether a file named `name` is what a store creation that never finished can leave: a
+/// file still under its temporary name (`<file>.creating`), or the write-ahead log's allocator
+/// snapshot files beside one (`<file>.creating.alloc0` and `.alloc1`, `wal::disk::alloc_path`).
+/// A new creation replaces them.
+pub fn creation_leftover(name: &str) -> bool {
+    let file = name
+        .strip_suffix(".alloc0")
+        .or_else(|| name.strip_suffix(".alloc1"))
+        .unwrap_or(name);
+    file.ends_with(CREATING)
+}
+
 impl PageStore {
     /// Open or create a store as `cfg` says.
     pub fn open(cfg: &StoreConfig) -> StoreResult<PageStore> {

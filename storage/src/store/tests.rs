@@ -358,3 +358,23 @@ fn big_batch_larger_than_ring() {
         assert_eq!(LittleEndian::read_u64(&p[0..]), i as u64);
     }
 }
+
+#[test]
+fn what_an_unfinished_creation_leaves_is_named_a_leftover() {
+    let wal = Path::new("/data/node0-0.wal");
+    let creating = crate::fs::with_suffix(wal, CREATING);
+    for seq in [1, 2] {
+        let snapshot = crate::wal::disk::alloc_path(&creating, seq);
+        let name = snapshot.file_name().unwrap().to_string_lossy();
+        assert!(creation_leftover(&name), "{name}");
+        let done = crate::wal::disk::alloc_path(wal, seq);
+        let name = done.file_name().unwrap().to_string_lossy();
+        assert!(
+            !creation_leftover(&name),
+            "a finished log's snapshot {name}"
+        );
+    }
+    assert!(creation_leftover("node0-0.dat.creating"));
+    assert!(!creation_leftover("node0-0.dat"));
+    assert!(!creation_leftover("node0-0.wal"));
+}
