@@ -495,6 +495,14 @@ impl Node {
     /// Leave the cluster: peers see this node leave once they left too, or after `linger`.
     pub fn leave_cluster(&self, linger: Duration) {
         if let Some(c) = &self.coh {
+            // what still waits for room goes first (sends never wait: messaging's channel.rs)
+            if !c.driver().ch.flush_all(linger) {
+                log::warn!(
+                    "node {}: {} message(s) to peers still waited for room when it left",
+                    self.id(),
+                    c.driver().ch.backlogged()
+                );
+            }
             c.driver().ch.transport().leave(linger);
         }
     }

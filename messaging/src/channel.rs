@@ -16,13 +16,26 @@
 //! page rings     nodes x pages x 4 KiB   ring s: pages from node s
 //! ```
 //!
-//! **Sending** (node `s` to `d`, under `s`'s lock for `d`): wait for credit, write the page (if
-//! any) into the next slot of `d`'s page ring for `s`, then the message into the next slot of
-//! `d`'s message ring for `s`. Writes to one peer are applied in order, so the page is complete
-//! when the message's flag (its last byte, written last) is seen; both go in one
-//! [`Transport::write_two`] (over tcp, one system call). A message's `from_worker`
+//! **Sending** (node `s` to `d`, under `s`'s lock for `d`): if `d` has room (credit) for it,
+//! write the page (if any) into the next slot of `d`'s page ring for `s`, then the message
+//! into the next slot of `d`'s message ring for `s`. Writes to one peer are applied in order,
+//! so the page is complete when the message's flag (its last byte, written last) is seen; both
+//! go in one [`Transport::write_two`] (over tcp, one system call). A message's `from_worker`
 //! field carries the channel's flags (bit 0: a page is attached), its `seq` the message's
 //! position in the stream, which the receiver checks.
+//!
+//! **A send never waits.** Without room, the message (and a copy of its page) joins the
+//! peer's **backlog**, and so does every later message to that peer until the backlog is
+//! empty again: the stream's order is the order of the sends. The backlog leaves as credit
+//! comes back, written by the next send to that peer or by [`Channels::flush`], which every
+//! [`Channels::drain`] and [`Channels::try_recv`] runs (a node's handler keeps draining).
+//! No thread therefore ever holds a lock while it waits for a peer: a tcp reader thread, the
+//! only one that lands the credit a peer returns, may run the node's handler round, whose
+//! sends could otherwise wait for that very credit. A backlog whose first message waited the
+//! credit timeout without the peer taking anything gives the peer up ([`Transport::sever`]),
+//! as a full ring did before. The backlog's size is bounded by what the node above sends
+//! without an answer; the engine's provider sends no more pages to a node whose backlog holds
+//! [`BACKLOG_PAGES`] (see [`Channels::backlog_pages`]).
 //!
 //! **Receiving** ([`Channels::drain`]): for each source, read the messages whose flag is set,
 //! in ring order, copy attached pages out (pages are consumed in the order they were sent),
@@ -47,6 +60,11 @@ use std::time::{Duration, Instant};
 
 /// `from_worker` flag: a page is attached.
 const HAS_PAGE: u16 = 1;
+
+/// Pages in a peer's backlog beyond which the engine's provider stops sending that peer
+/// evicted pages until it shrinks (the backlog's only large user; the rest is answers and
+/// requests, bounded by the workers waiting for them).
+pub const BACKLOG_PAGES: usize = 64;
 
 /// Shape of every node's channel region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +152,23 @@ struct Sent {
     pages: u64,
 }
 
+/// A message that had no room yet, with a copy of its page.
+struct Waiting {
+    env: Envelope,
+    page: Option<Box<[u8; PAGE_BYTES]>>,
+}
+
+/// Our stream to one peer: what was written, and what waits for room, in order.
+#[derive(Default)]
+struct Outgoing {
+    sent: Sent,
+    backlog: VecDeque<Waiting>,
+    /// Pages among `backlog`.
+    pages: usize,
+    /// Since when the backlog's first message waits without the peer taking anything.
+    since: Option<Instant>,
+}
+
 /// What we consumed of one source's stream, and how much of that we told the source.
 #[derive(Default)]
 struct Received {
@@ -147,8 +182,11 @@ pub struct Channels {
     t: Arc<dyn Transport>,
     layout: ChannelLayout,
     mode: WaitMode,
-    /// Per peer: what we sent it.
-    sent: Box<[Mutex<Sent>]>,
+    /// Per peer: what we sent it, and what waits for room.
+    sent: Box<[Mutex<Outgoing>]>,
+    /// Messages in every backlog, for readers that take no lock. Changed under the peer's
+    /// `sent` lock.
+    backlogged: AtomicUsize,
     /// Per source: what we consumed of its stream (`msgs`, `pages`).
     received: Mutex<Box<[Received]>>,
     /// Per source: `received[s].msgs` for readers that take no lock ([`Channels::pending`]).
@@ -179,7 +217,8 @@ impl Channels {
             t,
             layout,
             mode,
-            sent: (0..n).map(|_| Mutex::new(Sent::default())).collect(),
+            sent: (0..n).map(|_| Mutex::new(Outgoing::default())).collect(),
+            backlogged: AtomicUsize::new(0),
             received: Mutex::new((0..n).map(|_| Received::default()).collect()),
             next: (0..n).map(|_| AtomicU64::new(0)).collect(),
             inbox: Mutex::new(VecDeque::new()),
@@ -210,7 +249,9 @@ impl Channels {
     }
 
     /// Send `env` (its `from_node`, `from_worker` and `seq` are set here) with an optional page
-    /// to `peer`. Waits while `peer`'s ring for us is full, draining our own rings meanwhile.
+    /// to `peer`. Never waits: without room in `peer`'s rings the message joins its backlog
+    /// (module doc). Fails if `peer` is dead, or was just given up on because its backlog
+    /// waited the credit timeout.
     pub fn send(
         &self,
         peer: u8,
@@ -232,50 +273,56 @@ impl Channels {
             self.t.region().wake_unless_helped(0);
             return Ok(());
         }
-        let mut s = self.sent[peer as usize].lock();
-        let mut deadline = None;
-        loop {
-            let (msgs, pages) = self.credit(peer);
-            if msgs > s.msgs || pages > s.pages {
-                // the peer says it consumed more than we sent: its credit slot is corrupt, and
-                // nothing it says about the stream can be trusted any more
-                log::error!(
-                    "node {me}: node {peer} returned credit for {msgs} messages and {pages} \
-                     pages, {} and {} were sent: giving up on it",
-                    s.msgs,
-                    s.pages
-                );
-                self.t.sever(peer);
-                return Err(MsgError::Decode(format!(
-                    "node {peer}'s credit runs ahead of what was sent"
-                )));
-            }
-            let room = s.msgs - msgs < self.layout.ring as u64
-                && (page.is_none() || s.pages - pages < self.layout.pages as u64);
-            if room {
-                break;
-            }
-            if !self.t.peer_alive(peer) {
-                return Err(MsgError::PeerDead(peer));
-            }
-            let d = *deadline.get_or_insert_with(|| Instant::now() + self.credit_timeout);
-            if Instant::now() >= d {
-                // The message is lost to a peer that looks alive: the protocols above assume
-                // every message arrives, so the link goes (both ends then see a dead node).
-                log::error!(
-                    "node {me}: node {peer} took no message for {} ms: giving up on it",
-                    self.credit_timeout.as_millis()
-                );
-                self.t.sever(peer);
-                return Err(MsgError::Timeout {
-                    peer,
-                    ms: self.credit_timeout.as_millis() as u64,
-                });
-            }
-            // keep our own inbound streams moving: the peer may be waiting for credit from us
-            self.drain();
-            std::thread::yield_now();
+        let mut o = self.sent[peer as usize].lock();
+        self.flush_locked(peer, &mut o)?;
+        if o.backlog.is_empty() && self.room(peer, &o.sent, page.is_some())? {
+            return self.write_locked(peer, &mut o.sent, env, page);
         }
+        if !self.t.peer_alive(peer) {
+            return Err(MsgError::PeerDead(peer));
+        }
+        o.backlog.push_back(Waiting {
+            env,
+            page: page.map(|p| Box::new(*p)),
+        });
+        o.pages += usize::from(page.is_some());
+        o.since.get_or_insert_with(Instant::now);
+        self.backlogged.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether `peer`'s rings have room for one more message (with a page if `page`). Fails,
+    /// giving the peer up, if its credit says it consumed more than was sent.
+    fn room(&self, peer: u8, s: &Sent, page: bool) -> Result<bool, MsgError> {
+        let (msgs, pages) = self.credit(peer);
+        if msgs > s.msgs || pages > s.pages {
+            // the peer says it consumed more than we sent: its credit slot is corrupt, and
+            // nothing it says about the stream can be trusted any more
+            log::error!(
+                "node {}: node {peer} returned credit for {msgs} messages and {pages} pages, \
+                 {} and {} were sent: giving up on it",
+                self.t.node(),
+                s.msgs,
+                s.pages
+            );
+            self.t.sever(peer);
+            return Err(MsgError::Decode(format!(
+                "node {peer}'s credit runs ahead of what was sent"
+            )));
+        }
+        Ok(s.msgs - msgs < self.layout.ring as u64
+            && (!page || s.pages - pages < self.layout.pages as u64))
+    }
+
+    /// Write one message (and its page) into `peer`'s rings; the caller checked the room.
+    fn write_locked(
+        &self,
+        peer: u8,
+        s: &mut Sent,
+        mut env: Envelope,
+        page: Option<&[u8; PAGE_BYTES]>,
+    ) -> Result<(), MsgError> {
+        let me = self.t.node();
         env.seq = s.msgs as u32;
         let msg = (self.layout.ring_off(me, s.msgs), &env.to_bytes()[..]);
         match page {
@@ -295,6 +342,104 @@ impl Channels {
         Ok(())
     }
 
+    /// Write as much of `peer`'s backlog as its rings have room for. Gives the peer up if the
+    /// backlog's first message waited the credit timeout while the peer took nothing; drops
+    /// the backlog of a dead peer (its messages are lost with it, as those in flight).
+    fn flush_locked(&self, peer: u8, o: &mut Outgoing) -> Result<(), MsgError> {
+        if o.backlog.is_empty() {
+            return Ok(());
+        }
+        let r = self.flush_backlog(peer, o);
+        if r.is_err() || !self.t.peer_alive(peer) {
+            let n = o.backlog.len();
+            o.backlog.clear();
+            o.pages = 0;
+            o.since = None;
+            self.backlogged.fetch_sub(n, Ordering::Release);
+            r?;
+            return Err(MsgError::PeerDead(peer));
+        }
+        Ok(())
+    }
+
+    fn flush_backlog(&self, peer: u8, o: &mut Outgoing) -> Result<(), MsgError> {
+        let mut moved = false;
+        while let Some(w) = o.backlog.front() {
+            if !self.room(peer, &o.sent, w.page.is_some())? {
+                break;
+            }
+            let Some(w) = o.backlog.pop_front() else {
+                break;
+            };
+            o.pages -= usize::from(w.page.is_some());
+            self.backlogged.fetch_sub(1, Ordering::Release);
+            self.write_locked(peer, &mut o.sent, w.env, w.page.as_deref())?;
+            moved = true;
+        }
+        if o.backlog.is_empty() {
+            o.since = None;
+        } else if moved {
+            o.since = Some(Instant::now());
+        } else if o.since.is_some_and(|t| t.elapsed() >= self.credit_timeout) {
+            // The messages are lost to a peer that looks alive: the protocols above assume
+            // every message arrives, so the link goes (both ends then see a dead node).
+            log::error!(
+                "node {}: node {peer} took no message for {} ms: giving up on it",
+                self.t.node(),
+                self.credit_timeout.as_millis()
+            );
+            self.t.sever(peer);
+            return Err(MsgError::Timeout {
+                peer,
+                ms: self.credit_timeout.as_millis() as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// Write what the peers' rings have room for of every backlog (a peer whose stream
+    /// another thread is writing right now is left to that thread's next send or flush).
+    /// Errors are the peers' deaths, which their own paths report; they are logged here.
+    pub fn flush(&self) {
+        if self.backlogged.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        for peer in 0..self.layout.nodes {
+            let Some(mut o) = self.sent[peer as usize].try_lock() else {
+                continue;
+            };
+            if let Err(e) = self.flush_locked(peer, &mut o) {
+                log::debug!("node {}: backlog to node {peer}: {e}", self.t.node());
+            }
+        }
+    }
+
+    /// Messages waiting in the backlogs of every peer.
+    pub fn backlogged(&self) -> usize {
+        self.backlogged.load(Ordering::Acquire)
+    }
+
+    /// Pages waiting in `peer`'s backlog.
+    pub fn backlog_pages(&self, peer: u8) -> usize {
+        self.sent.get(peer as usize).map_or(0, |o| o.lock().pages)
+    }
+
+    /// Flush and drain until every backlog left or `limit` passed (a node about to leave the
+    /// cluster). Returns whether every backlog left.
+    pub fn flush_all(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        loop {
+            self.drain();
+            if self.backlogged() == 0 {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+    }
+
     /// Send a typed message (see [`Channels::send`]): the channel fills in the header.
     pub fn send_msg<M: Message>(
         &self,
@@ -305,10 +450,12 @@ impl Channels {
         self.send(peer, Envelope::of(m), page)
     }
 
-    /// Move every complete message from the rings into the inbox and return credit to the
-    /// senders. Returns how many messages moved. A malformed message is logged and dropped
+    /// Write what our backlogs have room for ([`Channels::flush`]), move every complete
+    /// message from the rings into the inbox and return credit to the senders. Returns how
+    /// many messages moved. A malformed message is logged and dropped
     /// (its slot and page slot are still consumed, so the stream stays in step).
     pub fn drain(&self) -> usize {
+        self.flush();
         let Some(mut rx) = self.received.try_lock() else {
             return 0; // another thread is draining
         };
@@ -406,8 +553,10 @@ impl Channels {
         m
     }
 
-    /// The next received message, if any (drains the rings first when the inbox is empty).
+    /// The next received message, if any (flushes the backlogs first, and drains the rings
+    /// when the inbox is empty).
     pub fn try_recv(&self) -> Option<Incoming> {
+        self.flush();
         if let Some(m) = self.unqueue() {
             return Some(m);
         }
@@ -420,7 +569,8 @@ impl Channels {
     /// load for the inbox and two per source. It may miss a message that a drain running on
     /// another thread is moving into the inbox right now; that drain then wakes the handler
     /// (or the helpers polling see the message in the inbox on their next look), as after
-    /// any drain that moved something.
+    /// any drain that moved something. Also true while a backlog's first message has room
+    /// now (returned credit lands like a message: whoever looks flushes it).
     pub fn pending(&self) -> bool {
         let r = self.t.region();
         let l = &self.layout;
@@ -432,6 +582,19 @@ impl Channels {
                     (r.load(l.ring_off(s, next) + 56) >> 56) as u8 == FULL
                 }
             })
+            || (self.backlogged() > 0 && self.backlog_may_leave())
+    }
+
+    /// Whether some backlog's first message has room now (a peer whose stream is locked
+    /// right now counts: its holder writes).
+    fn backlog_may_leave(&self) -> bool {
+        (0..self.layout.nodes).any(|peer| match self.sent[peer as usize].try_lock() {
+            None => true,
+            Some(o) => o
+                .backlog
+                .front()
+                .is_some_and(|w| self.room(peer, &o.sent, w.page.is_some()).unwrap_or(true)),
+        })
     }
 
     /// Wait until a message may be ready, `timeout` passed or `stop` is set. Only one thread
@@ -537,6 +700,12 @@ mod tests {
             let with = i % 3 == 0;
             a.send(1, env(i as u8), with.then_some(&page)).unwrap();
         }
+        // what had no room waits in the backlog; the sender's node keeps flushing it (its
+        // handler does, in every round)
+        while a.backlogged() > 0 {
+            a.flush();
+            std::thread::yield_now();
+        }
         let got = reader.join().unwrap();
         for (i, (n, p)) in got.into_iter().enumerate() {
             assert_eq!(n, i as u8, "message order");
@@ -598,8 +767,18 @@ mod tests {
         a.send(1, env(5), Some(&page)).unwrap();
         assert_eq!(b.drain(), 1);
         assert_eq!(a.credit(1), (6, 2), "half the page ring");
-        // a sender never waits for good: with the ring full it gets credit from the drain
-        // that empties it
+        // with the ring full, a send does not wait: its message waits in the backlog, and
+        // leaves with the credit of the drain that empties the ring
+        for i in 0..9u8 {
+            a.send(1, env(i), None).unwrap();
+        }
+        assert_eq!(a.backlogged(), 1, "8 in flight, the ninth waits");
+        assert!(!a.pending(), "no room yet: nothing for node 0 to do");
+        assert_eq!(b.drain(), 8);
+        assert!(a.pending(), "the credit came back: the backlog may leave");
+        a.flush();
+        assert_eq!(a.backlogged(), 0);
+        assert_eq!(b.drain(), 1);
         let (a, b) = (Arc::new(a), Arc::new(b));
         let rx = Arc::clone(&b);
         let reader = std::thread::spawn(move || {
@@ -615,6 +794,10 @@ mod tests {
         for i in 0..94u8 {
             a.send(1, env(i), (i % 5 == 0).then_some(&page)).unwrap();
         }
+        while a.backlogged() > 0 {
+            a.flush();
+            std::thread::yield_now();
+        }
         reader.join().unwrap();
     }
 
@@ -627,9 +810,9 @@ mod tests {
         };
         let (a, b) = pair(l);
         let (a, b) = (Arc::new(a), Arc::new(b));
-        // both nodes only send (nobody calls try_recv until the end): senders drain while
-        // they wait for credit, so both finish. A node that finished keeps draining (as a
-        // node's handler always does) until the other one finished too.
+        // both nodes only send (nobody calls try_recv until the end): sends never wait, what
+        // has no room waits in the backlog. Each node keeps draining (as a node's handler
+        // always does, which also flushes its backlog) until both backlogs left.
         let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let h: Vec<_> = [(Arc::clone(&a), 1u8), (Arc::clone(&b), 0u8)]
             .into_iter()
@@ -638,6 +821,10 @@ mod tests {
                 std::thread::spawn(move || {
                     for i in 0..100u8 {
                         c.send(to, env(i), Some(&[i; PAGE_BYTES])).unwrap();
+                    }
+                    while c.backlogged() > 0 {
+                        c.drain();
+                        std::thread::yield_now();
                     }
                     done.fetch_add(1, Ordering::SeqCst);
                     while done.load(Ordering::SeqCst) < 2 {
@@ -655,9 +842,10 @@ mod tests {
         assert_eq!(count(&b), 100);
     }
 
-    /// A peer that takes no message for the credit timeout is given up on: the send fails
-    /// and the link is severed, so later sends fail at once as to a dead node (a lost message
-    /// would otherwise leave the two nodes disagreeing for good).
+    /// A peer that takes no message for the credit timeout is given up on: the flush or send
+    /// that finds the backlog's first message waited that long fails and severs the link, so
+    /// later sends fail at once as to a dead node (a lost message would otherwise leave the
+    /// two nodes disagreeing for good).
     #[test]
     fn a_peer_that_takes_nothing_for_the_credit_timeout_is_severed() {
         let l = ChannelLayout {
@@ -670,13 +858,23 @@ mod tests {
         a.send(1, env(0), None).unwrap();
         a.send(1, env(1), None).unwrap();
         assert!(a.peer_alive(1));
-        // node 1 never drains: its ring of 2 is full
+        // node 1 never drains: its ring of 2 is full, the third message waits
+        a.send(1, env(2), None).unwrap();
+        assert_eq!(a.backlogged(), 1);
+        a.flush();
+        assert!(a.peer_alive(1), "not before the credit timeout");
+        std::thread::sleep(Duration::from_millis(60));
         assert_eq!(
-            a.send(1, env(2), None),
+            a.send(1, env(3), None),
             Err(MsgError::Timeout { peer: 1, ms: 50 })
         );
         assert!(!a.peer_alive(1), "severed");
-        assert_eq!(a.send(1, env(3), None), Err(MsgError::PeerDead(1)));
+        assert_eq!(
+            a.backlogged(),
+            0,
+            "the lost messages are gone with the link"
+        );
+        assert_eq!(a.send(1, env(4), None), Err(MsgError::PeerDead(1)));
     }
 
     #[test]
@@ -710,7 +908,7 @@ mod tests {
         junk[63] = FULL;
         a.t.write(1, l.ring_off(0, 1), &junk).unwrap();
         // the real stream resumes at position 2
-        a.sent[1].lock().msgs = 2;
+        a.sent[1].lock().sent.msgs = 2;
         a.send(1, env(5), None).unwrap();
         let got: Vec<u8> = std::iter::from_fn(|| b.try_recv())
             .map(|m| m.env.body[0])

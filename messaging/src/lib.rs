@@ -28,7 +28,7 @@ mod tcp;
 mod transport;
 mod wait;
 
-pub use channel::{ChannelLayout, Channels, Incoming};
+pub use channel::{ChannelLayout, Channels, Incoming, BACKLOG_PAGES};
 pub use error::MsgError;
 pub use mailbox::{Layout, Mailboxes, Responder, PAGE_BYTES};
 pub use message::{Echo, Envelope, Message, BODY_BYTES, MSG_BYTES};

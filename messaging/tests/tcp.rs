@@ -657,3 +657,93 @@ fn a_replayed_handshake_is_refused() {
     let t1 = node1.join().unwrap().unwrap();
     assert!(t0.peer_alive(1) && t1.peer_alive(0));
 }
+
+/// Issue 46: a receiver thread runs its node's service once it applied what arrived, and the
+/// service's sends never wait for credit, which only that same thread could land. Node 1 has
+/// no handler thread: its receiver alone answers every message with three pages, more than
+/// node 0's rings take (2 messages, 1 page), so most answers wait in node 1's backlog until
+/// node 0's credit comes back through the receiver that is running the service.
+#[test]
+fn a_receiver_thread_answers_through_its_nodes_service_without_waiting_for_credit() {
+    use shoal_messaging::{ChannelLayout, Channels, Envelope, BODY_BYTES, PAGE_BYTES};
+    let l = ChannelLayout {
+        nodes: 2,
+        ring: 2,
+        pages: 1,
+    };
+    let (ls, addrs) = listeners(2);
+    let starts: Vec<_> = ls
+        .into_iter()
+        .enumerate()
+        .map(|(i, lis)| {
+            let c = cfg(i as u8, &addrs);
+            std::thread::spawn(move || {
+                TcpTransport::start(c, lis, Arc::new(l.region().unwrap())).unwrap()
+            })
+        })
+        .collect();
+    let mut ts = starts.into_iter().map(|h| h.join().unwrap());
+    let (t0, t1) = (ts.next().unwrap(), ts.next().unwrap());
+    let a = Channels::new(t0, l, WaitMode::Park).unwrap();
+    let b = Arc::new(Channels::new(t1.clone(), l, WaitMode::Park).unwrap());
+    let served_on = Arc::new(Mutex::new(std::collections::BTreeSet::new()));
+    let (weak, seen) = (Arc::downgrade(&b), Arc::clone(&served_on));
+    t1.region().set_service(Box::new(move || {
+        let Some(b) = weak.upgrade() else {
+            return false;
+        };
+        let mut worked = false;
+        while let Some(m) = b.try_recv() {
+            worked = true;
+            let n = m.env.body[0];
+            for k in 0..3u8 {
+                let mut e = m.env;
+                e.body[1] = k;
+                b.send(0, e, Some(&[n.wrapping_add(k); PAGE_BYTES]))
+                    .unwrap();
+            }
+        }
+        let name = std::thread::current().name().unwrap_or("").to_string();
+        seen.lock().unwrap().insert(name);
+        worked
+    }));
+    let mut body = [0u8; BODY_BYTES];
+    let mut got = Vec::new();
+    let t = Instant::now();
+    for n in 0..50u8 {
+        body[0] = n;
+        let e = Envelope {
+            kind: 9,
+            from_node: 0,
+            from_worker: 0,
+            seq: 0,
+            body,
+        };
+        a.send(1, e, None).unwrap();
+        // node 0 takes what came back meanwhile (its handler's job)
+        while let Some(m) = a.try_recv() {
+            got.push((m.env.body[0], m.env.body[1], m.page.map(|p| p[100])));
+        }
+    }
+    while got.len() < 150 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "only {} of 150 answers came back",
+            got.len()
+        );
+        match a.try_recv() {
+            Some(m) => got.push((m.env.body[0], m.env.body[1], m.page.map(|p| p[100]))),
+            None => a.wait(Duration::from_millis(1), &AtomicBool::new(false)),
+        }
+    }
+    let want: Vec<_> = (0..50u8)
+        .flat_map(|n| (0..3u8).map(move |k| (n, k, Some(n.wrapping_add(k)))))
+        .collect();
+    assert_eq!(got, want, "every answer, in order, with its page");
+    assert!(a.peer_alive(1) && b.peer_alive(0), "nobody was given up on");
+    assert_eq!(
+        *served_on.lock().unwrap(),
+        ["shoal-tcp-rx-1-0".to_string()].into(),
+        "node 1's service ran on its receiver thread only"
+    );
+}

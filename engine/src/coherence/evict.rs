@@ -10,6 +10,7 @@ use super::wire::batchable;
 use super::{msg_has_page, possession_of, Coherence};
 use crate::buffer::{Buffer, FrameIdx, Possession};
 use crate::pid::Pid;
+use shoal_messaging::BACKLOG_PAGES;
 use std::sync::atomic::Ordering;
 
 impl Coherence {
@@ -24,6 +25,11 @@ impl Coherence {
             return false;
         }
         let home = pid.node() == self.me;
+        if !home && self.driver.ch.backlog_pages(pid.node()) >= BACKLOG_PAGES {
+            // the home has not taken the pages sent to it so far: no more now (sends never
+            // wait, so this is what bounds the channel's backlog)
+            return false;
+        }
         let mut shard = self.pages.shard(pid).lock();
         let Some(ps) = shard.get_mut(&pid) else {
             return home; // a home copy nobody asked for through the protocol

@@ -10,7 +10,12 @@
 //! receiver's region. With `encrypt` (a cluster secret is then required) every frame is sealed
 //! with keys derived from the handshake (messaging/src/seal.rs): `sealed_len u32 | ciphertext | tag`;
 //! such nodes say hello with the magic `SHLE`, so an encrypting node and a plain one refuse
-//! each other with an error that says so. A receiver thread per peer applies frames in order. A frame that is too
+//! each other with an error that says so. A receiver thread per peer applies frames in order,
+//! and once it has applied every frame that arrived it runs its node's handler round itself
+//! ([`Region::serve`]) before it blocks in the next read: the round's answers leave from the
+//! thread that read the requests, with no handler thread woken in between (see [`Burst`]).
+//! A round's sends never wait for credit (messaging/src/channel.rs, "A send never waits"), so
+//! a receiver running one never stops landing the credit its peer returns. A frame that is too
 //! large, misaligned, or outside the region closes the connection with a logged error, before
 //! any byte of it is applied; so does a truncated frame (EOF mid-frame). Nothing a peer sends
 //! can make the receiver panic or write out of bounds.
@@ -215,10 +220,15 @@ impl TcpTransport {
     /// frame.
     fn receive(&self, peer: u8, s: TcpStream, opener: Option<Opener>) {
         let mut s = BufReader::with_capacity(READ_BUFFER, s);
-        let why = match opener {
-            None => self.receive_plain(&mut s),
-            Some(o) => self.receive_sealed(peer, &mut s, o),
+        let mut burst = Burst {
+            region: &self.region,
+            helping: false,
         };
+        let why = match opener {
+            None => self.receive_plain(&mut s, &mut burst),
+            Some(o) => self.receive_sealed(peer, &mut s, o, &mut burst),
+        };
+        drop(burst);
         if !self.closed.load(Ordering::Acquire) {
             log::error!("node {}: dropping node {peer}: {why}", self.node);
         }
@@ -226,13 +236,17 @@ impl TcpTransport {
     }
 
     /// Plain frames; returns why the connection ended.
-    fn receive_plain(&self, s: &mut impl Read) -> String {
+    fn receive_plain(&self, s: &mut BufReader<TcpStream>, burst: &mut Burst) -> String {
         let mut head = [0u8; HEADER];
         let mut buf = Vec::new();
         loop {
+            if s.buffer().is_empty() {
+                burst.end();
+            }
             if let Err(e) = s.read_exact(&mut head) {
                 return format!("connection closed ({e})");
             }
+            burst.begin();
             let (offset, len) = match self.check_header(&head) {
                 Ok(x) => x,
                 Err(why) => return why,
@@ -249,13 +263,23 @@ impl TcpTransport {
 
     /// Sealed frames: each is authenticated (and decrypted) whole before its header is even
     /// looked at; returns why the connection ended.
-    fn receive_sealed(&self, peer: u8, s: &mut impl Read, mut opener: Opener) -> String {
+    fn receive_sealed(
+        &self,
+        peer: u8,
+        s: &mut BufReader<TcpStream>,
+        mut opener: Opener,
+        burst: &mut Burst,
+    ) -> String {
         let mut len = [0u8; seal::LEN];
         let mut buf = Vec::new();
         loop {
+            if s.buffer().is_empty() {
+                burst.end();
+            }
             if let Err(e) = s.read_exact(&mut len) {
                 return format!("connection closed ({e})");
             }
+            burst.begin();
             let sealed_len = u32::from_le_bytes(len) as usize;
             if !(HEADER + seal::TAG..=HEADER + MAX_FRAME + seal::TAG).contains(&sealed_len) {
                 return format!("sealed frame of {sealed_len} bytes");
@@ -365,6 +389,51 @@ impl TcpTransport {
             let _ = p.stream.shutdown(Shutdown::Both);
         }
         self.region.wake_all();
+    }
+}
+
+/// A receiver thread's burst of frames: from the first frame read after its buffer ran empty
+/// until it runs empty again. During a burst the thread counts as a helper of its region
+/// ([`Region::start_helping`]), so the frames it applies wake no handler thread; at the end it
+/// runs the region's service (its node's handler round) itself, a few times while there is
+/// work, and stops helping (the last helper to stop looks once more, so nothing that landed
+/// meanwhile is left unhandled). Dropping a burst in progress stops helping too.
+struct Burst<'a> {
+    region: &'a Region,
+    helping: bool,
+}
+
+/// Rounds a receiver thread runs at most at the end of a burst before it reads again (the
+/// frames it has not read yet may be what the next round needs).
+const BURST_ROUNDS: usize = 4;
+
+impl Burst<'_> {
+    fn begin(&mut self) {
+        if !self.helping {
+            self.region.start_helping();
+            self.helping = true;
+        }
+    }
+
+    fn end(&mut self) {
+        if self.helping {
+            for _ in 0..BURST_ROUNDS {
+                if !self.region.serve() {
+                    break;
+                }
+            }
+            self.helping = false;
+            self.region.stop_helping();
+        }
+    }
+}
+
+impl Drop for Burst<'_> {
+    fn drop(&mut self) {
+        if self.helping {
+            self.helping = false;
+            self.region.stop_helping();
+        }
     }
 }
 
