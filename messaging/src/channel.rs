@@ -421,6 +421,9 @@ impl Channels {
 
     /// Pages waiting in `peer`'s backlog.
     pub fn backlog_pages(&self, peer: u8) -> usize {
+        if self.backlogged() == 0 {
+            return 0; // the usual case, without the peer's lock
+        }
         self.sent.get(peer as usize).map_or(0, |o| o.lock().pages)
     }
 
