@@ -298,6 +298,7 @@ pub fn data_dir(
                     d.display()
                 ));
             }
+            remove_creation_leftovers(d)?;
             Ok((d.to_path_buf(), None))
         }
         None => {
@@ -308,6 +309,28 @@ pub fn data_dir(
             Ok((t.path().to_path_buf(), Some(t)))
         }
     }
+}
+
+/// Delete what a crash left of a store creation in `dir`, which holds nothing else (checked
+/// by the caller): that creation never reached its commit point (device 0 renamed into
+/// place), so none of it is data, and a load without a log would otherwise leave an old
+/// log's temporary files beside the new store.
+fn remove_creation_leftovers(dir: &Path) -> anyhow::Result<()> {
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| anyhow::anyhow!("--data-dir {}: {e}", dir.display()))?;
+    for e in entries.filter_map(Result::ok) {
+        let name = e.file_name();
+        if shoal_storage::creation_leftover(&name.to_string_lossy()) {
+            let p = e.path();
+            log::info!(
+                "{}: removing what an unfinished store creation left",
+                p.display()
+            );
+            std::fs::remove_file(&p)
+                .map_err(|err| anyhow::anyhow!("--data-dir: removing {}: {err}", p.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// A file that holds no data: a lock file, or what a crash left of a file being created.
@@ -692,5 +715,36 @@ mod tests {
         assert_eq!(super::rate_text(45_678.9), "45.7K/s");
         assert_eq!(super::rate_text(950.4), "950/s");
         assert_eq!(super::rate_text(f64::NAN), "-/s");
+    }
+
+    /// A data directory that holds only what a killed store creation left takes a new load,
+    /// and that load starts from a directory without those files (a load without a log left
+    /// an old log's temporary files beside the new store). The lock file stays.
+    #[test]
+    fn a_new_load_removes_what_an_unfinished_creation_left() {
+        let t = tempfile::tempdir().unwrap();
+        let left = [
+            "node0-0.dat.creating",
+            "node0-0.wal.creating",
+            "node0-0.wal.creating.alloc0",
+            "node0-0.wal.creating.alloc1",
+        ];
+        for f in left.iter().chain(&["node0.lock"]) {
+            std::fs::write(t.path().join(f), b"x").unwrap();
+        }
+        let (d, temp) = super::data_dir(Some(t.path()), "ycsb").unwrap();
+        assert!(temp.is_none());
+        let mut names: Vec<String> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, vec!["node0.lock".to_string()]);
+        // a directory with anything else in it is refused and keeps everything
+        std::fs::write(t.path().join("node0-0.wal.creating"), b"x").unwrap();
+        std::fs::write(t.path().join("node0-0.dat"), b"x").unwrap();
+        let e = super::data_dir(Some(t.path()), "ycsb").unwrap_err();
+        assert!(e.to_string().contains("not empty"), "{e}");
+        assert!(t.path().join("node0-0.wal.creating").exists());
     }
 }
