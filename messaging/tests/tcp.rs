@@ -665,6 +665,12 @@ fn a_replayed_handshake_is_refused() {
 /// node 0's credit comes back through the receiver that is running the service.
 #[test]
 fn a_receiver_thread_answers_through_its_nodes_service_without_waiting_for_credit() {
+    receiver_answers(false);
+    receiver_answers(true);
+}
+
+/// The test above with plain or sealed frames.
+fn receiver_answers(encrypt: bool) {
     use shoal_messaging::{ChannelLayout, Channels, Envelope, BODY_BYTES, PAGE_BYTES};
     let l = ChannelLayout {
         nodes: 2,
@@ -676,7 +682,11 @@ fn a_receiver_thread_answers_through_its_nodes_service_without_waiting_for_credi
         .into_iter()
         .enumerate()
         .map(|(i, lis)| {
-            let c = cfg(i as u8, &addrs);
+            let mut c = cfg(i as u8, &addrs);
+            if encrypt {
+                c.secret = b"s3cret".to_vec();
+                c.encrypt = true;
+            }
             std::thread::spawn(move || {
                 TcpTransport::start(c, lis, Arc::new(l.region().unwrap())).unwrap()
             })
@@ -728,7 +738,7 @@ fn a_receiver_thread_answers_through_its_nodes_service_without_waiting_for_credi
     while got.len() < 150 {
         assert!(
             t.elapsed() < Duration::from_secs(30),
-            "only {} of 150 answers came back",
+            "encrypt {encrypt}: only {} of 150 answers came back",
             got.len()
         );
         match a.try_recv() {
@@ -739,7 +749,10 @@ fn a_receiver_thread_answers_through_its_nodes_service_without_waiting_for_credi
     let want: Vec<_> = (0..50u8)
         .flat_map(|n| (0..3u8).map(move |k| (n, k, Some(n.wrapping_add(k)))))
         .collect();
-    assert_eq!(got, want, "every answer, in order, with its page");
+    assert_eq!(
+        got, want,
+        "encrypt {encrypt}: every answer, in order, with its page"
+    );
     assert!(a.peer_alive(1) && b.peer_alive(0), "nobody was given up on");
     assert_eq!(
         *served_on.lock().unwrap(),
