@@ -99,6 +99,14 @@ impl Coherence {
                 ps.dir_deferred.push_back(note);
                 return Ok(Outcome::Done);
             }
+            DirDecision::Lost { with } => {
+                log::error!(
+                    "node {}: page {pid} is lost: node {with} died before handing it to node {from}",
+                    self.me
+                );
+                self.mark_lost_home(pid, ps, with);
+                return refuse(ps, REFUSE_HOLDER_DEAD, with);
+            }
             DirDecision::Grant {
                 mode,
                 epoch,
