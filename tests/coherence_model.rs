@@ -115,6 +115,9 @@ struct Sim {
     knows_dead: Vec<u64>,
     lost: Vec<Vec<Option<Node>>>,
     page_from: Vec<Vec<Option<Node>>>,
+    /// The dead node whose page a copy asks for again (`PageCopy::ask_again`), per node and
+    /// page, until the request ends.
+    asked_after: Vec<Vec<Option<Node>>>,
     ctl: Vec<Ctl>,
     failed: u64,
     deaths: u64,
@@ -132,6 +135,11 @@ struct Sim {
     /// of those, the ones the source had handed over already (`Gone`).
     reclaims: u64,
     reclaims_gone: u64,
+    /// Of the reclaims, those through a chain (the dead node was to hand the page on to a
+    /// live holder), and holders' requests asking again that found the page lost with the
+    /// node that was to hand it over (`DirDecision::Lost`).
+    chain_reclaims: u64,
+    chain_lost: u64,
     /// A node cut off but running (issue 45): to the others it is dead (messages to and from
     /// it are gone, they notice its death) and it sees them dead, but its workers go on. Its
     /// leases and theirs across the cut run out at one moment (`fenced`, an event); from then
@@ -246,6 +254,7 @@ impl Sim {
             knows_dead: vec![0; nodes],
             lost: vec![vec![None; pages]; nodes],
             page_from: vec![vec![None; pages]; nodes],
+            asked_after: vec![vec![None; pages]; nodes],
             ctl: Vec::new(),
             failed: 0,
             deaths: 0,
@@ -255,6 +264,8 @@ impl Sim {
             servers_forgotten: 0,
             reclaims: 0,
             reclaims_gone: 0,
+            chain_reclaims: 0,
+            chain_lost: 0,
             cut_node: None,
             fenced: false,
             fence: true,
@@ -544,6 +555,11 @@ impl Sim {
                 }
                 match decision {
                     DirDecision::Defer => return Ok(false),
+                    DirDecision::Lost { with } => {
+                        self.chain_lost += 1;
+                        self.mark_lost_home(p, with)?;
+                        self.refuse(me, e.from, p, with);
+                    }
                     DirDecision::Grant {
                         mode,
                         epoch,
@@ -600,6 +616,10 @@ impl Sim {
                 if let Some(g) = self.dirs[p].gone(e.from) {
                     self.reclaims_gone += 1;
                     self.mark_lost_home(p, g)?;
+                } else {
+                    // through a chain: the live holder holds the page again (its request
+                    // asking again, if any, now finds it lost)
+                    self.retry_deferred(p)?;
                 }
             }
             Msg::OfferReply { .. }
@@ -696,6 +716,7 @@ impl Sim {
         }
         if let Msg::Grant(g) = &e.msg {
             self.page_from[to][p] = g.source;
+            self.asked_after[to][p] = None;
         }
         if matches!(e.msg, Msg::Transfer { keep: false, .. })
             && e.from != e.to
@@ -760,6 +781,14 @@ impl Sim {
     /// A copy that now waits for a node known dead loses the page at once (the engine: at
     /// the end of the handler's `progress`, and in a waiting worker's loop).
     fn lose_if_dead_source(&mut self, node: usize, p: usize) -> Result<(), String> {
+        if let Some(src) = self.asked_after[node][p] {
+            if self.copies[node][p].stuck_asking_again() && self.lost[node][p].is_none() {
+                self.note(|| {
+                    format!("node {node} asking again for page {p} must hand it over: lost")
+                });
+                return self.lose(node, p, src);
+            }
+        }
         if self.no_sweep {
             return Ok(());
         }
@@ -988,7 +1017,7 @@ impl Sim {
                     .any(|e| e.from == x && e.to as usize == node && e.page == p)
         };
         if let Some(src) = self.page_from[node][p] {
-            if self.copies[node][p].awaits_forwarded_page() && settled(self, src) {
+            if self.copies[node][p].awaits_handed_page() && settled(self, src) {
                 match self.copies[node][p].ask_again() {
                     Some(out) => {
                         if home(p, self.nodes) as usize == node {
@@ -996,6 +1025,7 @@ impl Sim {
                         }
                         self.asked_again += 1;
                         self.page_from[node][p] = None;
+                        self.asked_after[node][p] = Some(src);
                         self.note(|| format!("node {node} asks again for page {p}: node {src} died before serving it"));
                         self.send(node as Node, p, out);
                     }
@@ -1009,11 +1039,21 @@ impl Sim {
             let gone = (0..self.nodes as Node)
                 .filter(|&x| x as usize != node && settled(self, x))
                 .fold(0u64, |m, x| m | (1 << x));
-            if let Some(r) = self.dirs[p].reclaim(gone) {
-                self.reclaims += 1;
-                self.note(|| format!("home {node} reclaims page {p}: {r:?}"));
-                let msg = Msg::Reclaim { epoch: r.epoch };
-                self.send(node as Node, p, vec![(r.source, msg)]);
+            let chained = self.dirs[p].chain.is_some();
+            match self.dirs[p].reclaim(gone) {
+                Some(r) => {
+                    self.reclaims += 1;
+                    self.chain_reclaims += u64::from(self.dirs[p].reclaiming_for.is_some());
+                    self.note(|| format!("home {node} reclaims page {p}: {r:?}"));
+                    let msg = Msg::Reclaim { epoch: r.epoch };
+                    self.send(node as Node, p, vec![(r.source, msg)]);
+                }
+                None if chained && self.dirs[p].chain.is_none() => {
+                    // the chain led to a dead node too: a holder asking again finds the page
+                    // lost now
+                    self.retry_deferred(p)?;
+                }
+                None => {}
             }
             if let Some(x) = self.dirs[p].awaiting_copy_back {
                 if self.dirs[p].awaits_serving_sharer(x) && settled(self, x) {
@@ -1153,16 +1193,22 @@ impl Sim {
     /// A completing copy waits for a node known dead (the page's sender or an ack). Not the
     /// sharer a forwarded read was pointed at: the read is asked for again (`settle_forwarded`).
     fn dead_source(&self, node: usize, p: usize) -> Option<Node> {
-        let Pending::Completing {
-            awaiting_page,
-            acks,
-            forwarded,
-            ..
-        } = self.copies[node][p].pending
-        else {
+        let Pending::Completing { acks, .. } = self.copies[node][p].pending else {
             return None;
         };
-        let from = self.page_from[node][p].filter(|_| awaiting_page && !forwarded);
+        // a page another node was to hand over (a forwarded read's, an exclusive grant's
+        // from the previous holder): asked for again once that node is fenced
+        // (`settle_forwarded`)
+        let from = self.page_from[node][p].filter(|_| {
+            !self.copies[node][p].awaits_handed_page()
+                && matches!(
+                    self.copies[node][p].pending,
+                    Pending::Completing {
+                        awaiting_page: true,
+                        ..
+                    }
+                )
+        });
         from.into_iter()
             .chain(members(acks))
             .find(|&n| n as usize != node && self.knows(node, n))
@@ -1175,6 +1221,7 @@ impl Sim {
         let first = self.lost[node][p].is_none();
         self.note(|| format!("node {node} loses page {p} with node {dead}"));
         let dead = *self.lost[node][p].get_or_insert(dead);
+        self.asked_after[node][p] = None;
         let (deferred, _page) = self.copies[node][p].lose();
         self.fail_waiters(node, p, "page lost");
         for d in deferred {
@@ -1767,6 +1814,8 @@ struct Tally {
     servers_forgotten: u64,
     reclaims: u64,
     reclaims_gone: u64,
+    chain_reclaims: u64,
+    chain_lost: u64,
     cuts: u64,
     fenced_ops: u64,
 }
@@ -1812,6 +1861,8 @@ fn run_seed(seed: u64) -> Result<Tally, String> {
             servers_forgotten: sim.servers_forgotten,
             reclaims: sim.reclaims,
             reclaims_gone: sim.reclaims_gone,
+            chain_reclaims: sim.chain_reclaims,
+            chain_lost: sim.chain_lost,
             cuts: sim.cut_node.is_some() as u64,
             fenced_ops: sim.fenced_ops,
         }),
@@ -1850,6 +1901,8 @@ fn random_schedules_keep_every_invariant() {
                 t.servers_forgotten += r.servers_forgotten;
                 t.reclaims += r.reclaims;
                 t.reclaims_gone += r.reclaims_gone;
+                t.chain_reclaims += r.chain_reclaims;
+                t.chain_lost += r.chain_lost;
                 t.cuts += r.cuts;
                 t.fenced_ops += r.fenced_ops;
             }
@@ -1857,8 +1910,8 @@ fn random_schedules_keep_every_invariant() {
         }
     }
     eprintln!(
-        "{seeds} schedules: {} reads and {} writes checked, {} remote requests ({} shared reads forwarded to a sharer, {} offered pages taken in), {} give-ups and unsent messages, {} node deaths, {} nodes cut off but running ({} operations failed by a run-out lease), {} operations ended by an error, {} dead sharers forgotten, {} requests from dead nodes dropped, {} forwarded reads asked again and {} homes' waits for a dead serving sharer ended, {} pages reclaimed from a dead requester's source ({} of them handed over already), {} pages left unavailable, {} operations timed out behind a dead grantee, {} crash recoveries of every log checked",
-        t.reads, t.writes, t.remote, t.forwarded, t.taken_in, t.faults, t.deaths, t.cuts, t.fenced_ops, t.failed, t.forgotten, t.dropped, t.asked_again, t.servers_forgotten, t.reclaims, t.reclaims_gone, t.unavailable, t.timeouts, t.recoveries
+        "{seeds} schedules: {} reads and {} writes checked, {} remote requests ({} shared reads forwarded to a sharer, {} offered pages taken in), {} give-ups and unsent messages, {} node deaths, {} nodes cut off but running ({} operations failed by a run-out lease), {} operations ended by an error, {} dead sharers forgotten, {} requests from dead nodes dropped, {} forwarded reads asked again and {} homes' waits for a dead serving sharer ended, {} pages reclaimed from a dead requester's source ({} of them handed over already; {} through a chain), {} exclusive holders' requests asking again found the page lost, {} pages left unavailable, {} operations timed out behind a dead grantee, {} crash recoveries of every log checked",
+        t.reads, t.writes, t.remote, t.forwarded, t.taken_in, t.faults, t.deaths, t.cuts, t.fenced_ops, t.failed, t.forgotten, t.dropped, t.asked_again, t.servers_forgotten, t.reclaims, t.reclaims_gone, t.chain_reclaims, t.chain_lost, t.unavailable, t.timeouts, t.recoveries
     );
     assert!(
         t.recoveries > seeds,
@@ -2083,6 +2136,7 @@ impl Sim {
         self.knows_dead.hash(&mut h);
         self.lost.hash(&mut h);
         self.page_from.hash(&mut h);
+        self.asked_after.hash(&mut h);
         self.cut_node.hash(&mut h);
         self.fenced.hash(&mut h);
         let mut ctl = self.ctl.clone();

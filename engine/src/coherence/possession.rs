@@ -504,15 +504,26 @@ impl<D: Clone> PageCopy<D> {
     /// (its reader waits for our page while the home waits for our copy-back, so asking
     /// again would wait for ever) or this is not a forwarded read waiting for its page: the
     /// caller then loses the page as for any dead source.
+    ///
+    /// The same for an exclusive grant whose source (a node that held the page exclusively,
+    /// never the home) died before handing the page over: the request asks for exclusive
+    /// possession without a copy, and the home decides whether the page can be had again
+    /// (`DirEntry::reclaim` through a chain) or died with the source.
     pub fn ask_again(&mut self) -> Option<Vec<(Node, Msg<D>)>> {
-        let Pending::Completing {
-            want: Mode::Shared,
-            awaiting_page: true,
-            acks: 0,
-            forwarded: true,
-        } = self.pending
-        else {
-            return None;
+        let want = match self.pending {
+            Pending::Completing {
+                want: Mode::Shared,
+                awaiting_page: true,
+                acks: 0,
+                forwarded: true,
+            } => Mode::Shared,
+            Pending::Completing {
+                want: Mode::Exclusive,
+                awaiting_page: true,
+                acks: 0,
+                forwarded: false,
+            } => Mode::Exclusive,
+            _ => return None,
         };
         let forwarded_on = self
             .deferred
@@ -521,7 +532,9 @@ impl<D: Clone> PageCopy<D> {
         if forwarded_on || self.data.is_some() {
             return None;
         }
-        self.pending = Pending::Requested { want: Mode::Shared };
+        // nothing is held (an upgrade's shared copy went when its grant named a source)
+        self.drop_copy();
+        self.pending = Pending::Requested { want };
         self.asking_again = true;
         let mut step = Step::default();
         // invalidations that waited for the page: answered now (see `serve_deferred`)
@@ -531,13 +544,7 @@ impl<D: Clone> PageCopy<D> {
             "only invalidations were deferred, and asking again answers them all: {served:?}"
         );
         let mut out = step.out;
-        out.push((
-            self.home,
-            Msg::Request {
-                want: Mode::Shared,
-                have: false,
-            },
-        ));
+        out.push((self.home, Msg::Request { want, have: false }));
         Some(out)
     }
 
@@ -549,6 +556,44 @@ impl<D: Clone> PageCopy<D> {
                 awaiting_page: true,
                 forwarded: true,
                 ..
+            }
+        )
+    }
+
+    /// Asking again for exclusive possession without a copy ([`ask_again`](Self::ask_again)),
+    /// with a hand-over (or a reclaim) deferred that it can never serve: the home pointed a
+    /// successor at this node before it learned that the page's source died. The page is lost
+    /// here (the caller's `lose`, which answers what waits): waiting would wait for ever, since
+    /// the home defers this node's request behind the successor's hand-over.
+    pub fn stuck_asking_again(&self) -> bool {
+        self.asking_again
+            && self.data.is_none()
+            && self.pending
+                == (Pending::Requested {
+                    want: Mode::Exclusive,
+                })
+            && self
+                .deferred
+                .iter()
+                .any(|d| !matches!(d, Deferred::Invalidate { .. }))
+    }
+
+    /// Whether the copy waits for a page a node other than the home hands over: a forwarded
+    /// read's, or an exclusive grant's from the page's previous holder. If that node dies
+    /// first, the copy asks again once it is fenced ([`ask_again`](Self::ask_again)) instead
+    /// of losing the page at once.
+    pub fn awaits_handed_page(&self) -> bool {
+        matches!(
+            self.pending,
+            Pending::Completing {
+                awaiting_page: true,
+                forwarded: true,
+                ..
+            } | Pending::Completing {
+                want: Mode::Exclusive,
+                awaiting_page: true,
+                acks: 0,
+                forwarded: false,
             }
         )
     }
