@@ -498,7 +498,7 @@ impl Sim {
         let p = e.page;
         let reply = |msg| (e.from, msg);
         match &e.msg {
-            Msg::Request { want, have } => {
+            Msg::Request { want, have, again } => {
                 // the engine's `home_request`: forget the dead sharers this home has noticed
                 // (deaths are fail-stop here: a dead node's fence holds at once), decide on
                 // a copy of the entry, refuse (leaving the entry as it was) if the grant needs
@@ -529,9 +529,12 @@ impl Sim {
                 } else {
                     None
                 };
-                let decision = d
-                    .request_forwarding(e.from, *want, *have, may_serve)
-                    .map_err(|x| x.to_string())?;
+                let decision = match again.then(|| d.asked_again(e.from, *want)).flatten() {
+                    Some(decision) => decision,
+                    None => d
+                        .request_forwarding(e.from, *want, *have, may_serve)
+                        .map_err(|x| x.to_string())?,
+                };
                 d.offered = d.offered.or(unawaited);
                 if let Some(dead) = decision
                     .needs()
@@ -716,7 +719,6 @@ impl Sim {
         }
         if let Msg::Grant(g) = &e.msg {
             self.page_from[to][p] = g.source;
-            self.asked_after[to][p] = None;
         }
         if matches!(e.msg, Msg::Transfer { keep: false, .. })
             && e.from != e.to
@@ -725,7 +727,8 @@ impl Sim {
             // the engine's `apply`: a hand-over to a node known dead is not made (the page
             // would die with it); the home reclaims the page
             self.note(|| format!("node {to} keeps page {p}: its requester {} died", e.from));
-            return Ok(());
+            // (nothing the dead node sent is in flight now: the home may reclaim)
+            return self.lose_if_dead_source(to, p);
         }
         // the engine installs a clean page into a new home frame clean (the store holds it)
         let clean_fresh_home = home(p, self.nodes) as usize == to
@@ -741,13 +744,19 @@ impl Sim {
                 if !self.at_home(&e)? {
                     self.dir_deferred[p].push_back(e);
                 }
-                return Ok(());
+                return self.lose_if_dead_source(to, p);
             }
             Msg::Grant(g) => c.on_grant(g),
             Msg::Transfer { want, epoch, keep } => {
                 // owner stability: a node the home pointed a successor at keeps the page (or
                 // is still getting it) until the successor's Transfer takes it
-                if c.pending == Pending::Idle && c.data.is_none() && epoch != c.reclaimed {
+                // (a copy that asked again and was refused never got the possession this
+                // hand-over is about: it loses the page, `stuck_asking_again`)
+                if c.pending == Pending::Idle
+                    && c.data.is_none()
+                    && epoch != c.reclaimed
+                    && !c.asking_again
+                {
                     return Err(format!(
                         "owner stability: node {} was pointed at for page {p} (epoch {epoch}) by node {} but holds no copy and expects none",
                         e.to, e.from
@@ -1382,7 +1391,15 @@ impl Sim {
             && e.from != e.to
             // sent before the cut: it left (its sender may have moved on since)
             && !self.across(e.from as usize, e.to as usize)
-            && matches!(e.msg, Msg::Request { .. } | Msg::Evict { data: None, .. })
+            && match e.msg {
+                // (a copy that asked again may have lost the page since: its request left)
+                Msg::Request { .. } => matches!(
+                    self.copies[e.from as usize][e.page].pending,
+                    Pending::Requested { .. }
+                ),
+                Msg::Evict { data: None, .. } => true,
+                _ => false,
+            }
     }
 
     fn evict(&mut self, node: usize, page: usize) -> bool {

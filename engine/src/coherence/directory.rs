@@ -250,6 +250,35 @@ impl DirEntry {
         self.request_forwarding(from, want, have, 0)
     }
 
+    /// A request from `from` that asks again (`Msg::Request::again`): the node its last grant
+    /// named as source died before handing the page over (`PageCopy::ask_again`). Returns the
+    /// decision when it differs from that for any request ([`request`](Self::request) then):
+    /// - `from` is still the exclusive holder: through a chain, the reclaim from the node
+    ///   before its dead source decides, so the request waits (`reclaim`); without one, the
+    ///   page died with that source ([`DirDecision::Lost`]);
+    /// - the home already pointed the next holder at `from`, which never got the page: that
+    ///   holder never will either, and the page died with `from`'s source (the chain's node).
+    pub fn asked_again(&self, from: Node, want: Mode) -> Option<DirDecision> {
+        if want != Mode::Exclusive || self.awaiting_copy_back.is_some() || self.offered.is_some()
+        {
+            return None;
+        }
+        match self.holders {
+            Holders::Exclusive(x) if x == from => {
+                let g = self.handed_by?;
+                Some(match self.chain {
+                    Some(_) => DirDecision::Defer,
+                    None => DirDecision::Lost { with: g },
+                })
+            }
+            Holders::Exclusive(_) if self.handed_by == Some(from) => {
+                let (g, _) = self.chain?;
+                Some(DirDecision::Lost { with: g })
+            }
+            _ => None,
+        }
+    }
+
     /// As [`request`](Self::request), but a shared request may be forwarded to a sharer in
     /// `may_serve` instead of being granted from the home's copy. The home passes the live
     /// nodes other than itself when its copy of the page is not in memory (the grant would
@@ -263,18 +292,6 @@ impl DirEntry {
     ) -> Result<DirDecision, ProtocolError> {
         if self.awaiting_copy_back.is_some() || self.offered.is_some() {
             return Ok(DirDecision::Defer);
-        }
-        if let (Holders::Exclusive(o), Some(g), false) = (self.holders, self.handed_by, have) {
-            if o == from && want == Mode::Exclusive {
-                // its grant's source `g` died before handing the page over (the holder asks
-                // again only then, `PageCopy::ask_again`): through a chain, the reclaim from
-                // the source before `g` decides (`reclaim`); without one, the page died with
-                // `g`
-                return Ok(match self.chain {
-                    Some(_) => DirDecision::Defer,
-                    None => DirDecision::Lost { with: g },
-                });
-            }
         }
         // every grant changes the holders: only a hand-over from an exclusive holder sets them
         let (before, before_epoch) = (self.handed_by, self.epoch);
@@ -711,10 +728,7 @@ mod tests {
         };
         let (mut d, e1) = chain();
         // X = 3 asks again without a copy before the home fenced G: it waits
-        assert_eq!(
-            d.request(3, Mode::Exclusive, false).unwrap(),
-            DirDecision::Defer
-        );
+        assert_eq!(d.asked_again(3, Mode::Exclusive), Some(DirDecision::Defer));
         let r = d.reclaim(0b100).expect("reclaimed through the chain");
         assert_eq!((r.source, r.epoch), (1, e1));
         assert_eq!(
@@ -749,17 +763,28 @@ mod tests {
         assert_eq!((d.holders, d.handed_by), (Holders::Exclusive(3), Some(2)));
         d.check().unwrap();
         assert_eq!(
-            d.request(3, Mode::Exclusive, false).unwrap(),
-            DirDecision::Lost { with: 2 }
+            d.asked_again(3, Mode::Exclusive),
+            Some(DirDecision::Lost { with: 2 })
         );
         // O dead too: no reclaim, and X asking again finds the page lost with G
         let (mut d, _) = chain();
         assert_eq!(d.reclaim(0b110), None);
         assert_eq!(d.chain, None);
         assert_eq!(
-            d.request(3, Mode::Exclusive, false).unwrap(),
-            DirDecision::Lost { with: 2 }
+            d.asked_again(3, Mode::Exclusive),
+            Some(DirDecision::Lost { with: 2 })
         );
+        // a next holder pointed at X before X asked again: it would wait for X for ever
+        let (mut d, _) = chain();
+        d.request(0, Mode::Exclusive, false).unwrap();
+        assert_eq!((d.holders, d.handed_by), (Holders::Exclusive(0), Some(3)));
+        assert_eq!(
+            d.asked_again(3, Mode::Exclusive),
+            Some(DirDecision::Lost { with: 2 }),
+            "lost with X's source, G"
+        );
+        // a request that does not ask again is served as any other
+        assert_eq!(d.asked_again(1, Mode::Exclusive), None);
         // X itself dead (G alive): reclaimed from G as any grant whose requester died, and
         // the chain goes with it
         let (mut d, _) = chain();

@@ -192,6 +192,8 @@ impl<D: Clone> PageCopy<D> {
             Msg::Request {
                 want,
                 have: self.data.is_some(),
+                // a request that asked again and did not reach the home asks again still
+                again: self.asking_again,
             },
         ))
     }
@@ -544,7 +546,14 @@ impl<D: Clone> PageCopy<D> {
             "only invalidations were deferred, and asking again answers them all: {served:?}"
         );
         let mut out = step.out;
-        out.push((self.home, Msg::Request { want, have: false }));
+        out.push((
+            self.home,
+            Msg::Request {
+                want,
+                have: false,
+                again: true,
+            },
+        ));
         Some(out)
     }
 
@@ -566,16 +575,19 @@ impl<D: Clone> PageCopy<D> {
     /// here (the caller's `lose`, which answers what waits): waiting would wait for ever, since
     /// the home defers this node's request behind the successor's hand-over.
     pub fn stuck_asking_again(&self) -> bool {
-        self.asking_again
-            && self.data.is_none()
-            && self.pending
-                == (Pending::Requested {
-                    want: Mode::Exclusive,
-                })
-            && self
-                .deferred
-                .iter()
-                .any(|d| !matches!(d, Deferred::Invalidate { .. }))
+        if !self.asking_again || self.data.is_some() {
+            return false;
+        }
+        // a hand-over of a possession this copy never got: any while it asks (or was
+        // refused), one older than the new grant once that is here
+        let never_got = |e: Epoch| match self.pending {
+            Pending::Completing { .. } => e < self.epoch,
+            _ => true,
+        };
+        self.deferred.iter().any(|d| match *d {
+            Deferred::Transfer { epoch, .. } | Deferred::Reclaim { epoch } => never_got(epoch),
+            Deferred::Invalidate { .. } => false,
+        })
     }
 
     /// Whether the copy waits for a page a node other than the home hands over: a forwarded
