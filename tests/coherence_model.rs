@@ -654,7 +654,14 @@ impl Sim {
     /// answer), in arrival order.
     fn retry_deferred(&mut self, p: usize) -> Result<(), String> {
         let waiting: Vec<Envelope> = self.dir_deferred[p].drain(..).collect();
+        let h = home(p, self.nodes) as usize;
         for w in waiting {
+            if let Some(dead) = self.lost[h][p] {
+                // an earlier one found the page lost (`DirDecision::Lost`): the rest are
+                // answered as for a lost page (the engine's `apply`, lost branch)
+                self.at_lost(&w, dead);
+                continue;
+            }
             if !self.at_home(&w)? {
                 self.dir_deferred[p].push_back(w);
             }
@@ -1014,7 +1021,7 @@ impl Sim {
     /// it meanwhile makes it lose the page instead), and the home stops waiting for the
     /// sharer's copy-back (`DirEntry::forget_serving_sharer`).
     fn settle_forwarded(&mut self, node: usize, p: usize) -> Result<(), String> {
-        if self.no_sweep || !self.alive[node] || self.lost[node][p].is_some() {
+        if self.no_sweep || !self.alive[node] {
             return Ok(());
         }
         let settled = |sim: &Sim, x: Node| {
@@ -1027,6 +1034,11 @@ impl Sim {
         };
         if let Some(src) = self.page_from[node][p] {
             if self.copies[node][p].awaits_handed_page() && settled(self, src) {
+                if self.lost[node][p].is_some() {
+                    // lost here meanwhile (at its home, by another node's report): nothing to
+                    // ask for; the copy ends and what waits behind it is answered
+                    return self.lose(node, p, src);
+                }
                 match self.copies[node][p].ask_again() {
                     Some(out) => {
                         if home(p, self.nodes) as usize == node {
@@ -1041,6 +1053,9 @@ impl Sim {
                     None => self.lose(node, p, src)?,
                 }
             }
+        }
+        if self.lost[node][p].is_some() {
+            return Ok(());
         }
         if home(p, self.nodes) as usize == node {
             // the engine's `after_fence`: a page granted to a node now fenced is reclaimed

@@ -52,6 +52,12 @@ impl Coherence {
     /// page never came: ask the home again, or (something was forwarded on to us meanwhile)
     /// lose the page as for any dead source.
     fn ask_again(&self, buf: &Buffer, pid: Pid, ps: &mut PageState, dead: Node) {
+        if ps.lost.is_some() {
+            // lost here meanwhile (at its home, by another node's report): nothing to ask
+            // for; the copy ends and what waits behind it is answered
+            self.lose(buf, pid, ps, dead);
+            return;
+        }
         let Some(out) = ps.copy.ask_again() else {
             self.lose(buf, pid, ps, dead);
             return;
