@@ -258,9 +258,11 @@ impl DirEntry {
     ///   page died with that source ([`DirDecision::Lost`]);
     /// - the home already pointed the next holder at `from`, which never got the page: that
     ///   holder never will either, and the page died with `from`'s source (the chain's node).
+    ///
+    /// (The holder may ask for shared possession the second time: another of its workers
+    /// asks after the first request did not reach the home.)
     pub fn asked_again(&self, from: Node, want: Mode) -> Option<DirDecision> {
-        if want != Mode::Exclusive || self.awaiting_copy_back.is_some() || self.offered.is_some()
-        {
+        if self.awaiting_copy_back.is_some() || self.offered.is_some() {
             return None;
         }
         match self.holders {
@@ -271,7 +273,7 @@ impl DirEntry {
                     None => DirDecision::Lost { with: g },
                 })
             }
-            Holders::Exclusive(_) if self.handed_by == Some(from) => {
+            Holders::Exclusive(_) if self.handed_by == Some(from) && want == Mode::Exclusive => {
                 let (g, _) = self.chain?;
                 Some(DirDecision::Lost { with: g })
             }

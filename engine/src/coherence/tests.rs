@@ -673,7 +673,10 @@ fn a_page_chained_through_a_node_that_died_before_taking_it_is_reclaimed_from_th
         c.kill(2);
         // node 1's guard goes: the Transfer held for it is from a dead node
         drop(g1);
-        assert!(dying.join().unwrap().is_err(), "the dead node's own worker fails");
+        assert!(
+            dying.join().unwrap().is_err(),
+            "the dead node's own worker fails"
+        );
         assert_eq!(
             chained.join().unwrap().ok(),
             Some(42),
@@ -687,6 +690,12 @@ fn a_page_chained_through_a_node_that_died_before_taking_it_is_reclaimed_from_th
             .load(Ordering::Relaxed),
         1
     );
-    assert!(coh3.driver.counters.reads_asked_again.load(Ordering::Relaxed) >= 1);
+    assert!(
+        coh3.driver
+            .counters
+            .reads_asked_again
+            .load(Ordering::Relaxed)
+            >= 1
+    );
     assert_eq!(w0.shared(pid).unwrap().page().u64(0), 42);
 }
