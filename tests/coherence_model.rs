@@ -115,6 +115,9 @@ struct Sim {
     knows_dead: Vec<u64>,
     lost: Vec<Vec<Option<Node>>>,
     page_from: Vec<Vec<Option<Node>>>,
+    /// The dead node whose page a copy asks for again (`PageCopy::ask_again`), per node and
+    /// page, until the request ends.
+    asked_after: Vec<Vec<Option<Node>>>,
     ctl: Vec<Ctl>,
     failed: u64,
     deaths: u64,
@@ -132,6 +135,11 @@ struct Sim {
     /// of those, the ones the source had handed over already (`Gone`).
     reclaims: u64,
     reclaims_gone: u64,
+    /// Of the reclaims, those through a chain (the dead node was to hand the page on to a
+    /// live holder), and holders' requests asking again that found the page lost with the
+    /// node that was to hand it over (`DirDecision::Lost`).
+    chain_reclaims: u64,
+    chain_lost: u64,
     /// A node cut off but running (issue 45): to the others it is dead (messages to and from
     /// it are gone, they notice its death) and it sees them dead, but its workers go on. Its
     /// leases and theirs across the cut run out at one moment (`fenced`, an event); from then
@@ -246,6 +254,7 @@ impl Sim {
             knows_dead: vec![0; nodes],
             lost: vec![vec![None; pages]; nodes],
             page_from: vec![vec![None; pages]; nodes],
+            asked_after: vec![vec![None; pages]; nodes],
             ctl: Vec::new(),
             failed: 0,
             deaths: 0,
@@ -255,6 +264,8 @@ impl Sim {
             servers_forgotten: 0,
             reclaims: 0,
             reclaims_gone: 0,
+            chain_reclaims: 0,
+            chain_lost: 0,
             cut_node: None,
             fenced: false,
             fence: true,
@@ -487,7 +498,7 @@ impl Sim {
         let p = e.page;
         let reply = |msg| (e.from, msg);
         match &e.msg {
-            Msg::Request { want, have } => {
+            Msg::Request { want, have, again } => {
                 // the engine's `home_request`: forget the dead sharers this home has noticed
                 // (deaths are fail-stop here: a dead node's fence holds at once), decide on
                 // a copy of the entry, refuse (leaving the entry as it was) if the grant needs
@@ -518,9 +529,12 @@ impl Sim {
                 } else {
                     None
                 };
-                let decision = d
-                    .request_forwarding(e.from, *want, *have, may_serve)
-                    .map_err(|x| x.to_string())?;
+                let decision = match again.then(|| d.asked_again(e.from, *want)).flatten() {
+                    Some(decision) => decision,
+                    None => d
+                        .request_forwarding(e.from, *want, *have, may_serve)
+                        .map_err(|x| x.to_string())?,
+                };
                 d.offered = d.offered.or(unawaited);
                 if let Some(dead) = decision
                     .needs()
@@ -544,6 +558,11 @@ impl Sim {
                 }
                 match decision {
                     DirDecision::Defer => return Ok(false),
+                    DirDecision::Lost { with } => {
+                        self.chain_lost += 1;
+                        self.mark_lost_home(p, with)?;
+                        self.refuse(me, e.from, p, with);
+                    }
                     DirDecision::Grant {
                         mode,
                         epoch,
@@ -600,6 +619,10 @@ impl Sim {
                 if let Some(g) = self.dirs[p].gone(e.from) {
                     self.reclaims_gone += 1;
                     self.mark_lost_home(p, g)?;
+                } else {
+                    // through a chain: the live holder holds the page again (its request
+                    // asking again, if any, now finds it lost)
+                    self.retry_deferred(p)?;
                 }
             }
             Msg::OfferReply { .. }
@@ -631,7 +654,14 @@ impl Sim {
     /// answer), in arrival order.
     fn retry_deferred(&mut self, p: usize) -> Result<(), String> {
         let waiting: Vec<Envelope> = self.dir_deferred[p].drain(..).collect();
+        let h = home(p, self.nodes) as usize;
         for w in waiting {
+            if let Some(dead) = self.lost[h][p] {
+                // an earlier one found the page lost (`DirDecision::Lost`): the rest are
+                // answered as for a lost page (the engine's `apply`, lost branch)
+                self.at_lost(&w, dead);
+                continue;
+            }
             if !self.at_home(&w)? {
                 self.dir_deferred[p].push_back(w);
             }
@@ -704,7 +734,8 @@ impl Sim {
             // the engine's `apply`: a hand-over to a node known dead is not made (the page
             // would die with it); the home reclaims the page
             self.note(|| format!("node {to} keeps page {p}: its requester {} died", e.from));
-            return Ok(());
+            // (nothing the dead node sent is in flight now: the home may reclaim)
+            return self.lose_if_dead_source(to, p);
         }
         // the engine installs a clean page into a new home frame clean (the store holds it)
         let clean_fresh_home = home(p, self.nodes) as usize == to
@@ -720,13 +751,19 @@ impl Sim {
                 if !self.at_home(&e)? {
                     self.dir_deferred[p].push_back(e);
                 }
-                return Ok(());
+                return self.lose_if_dead_source(to, p);
             }
             Msg::Grant(g) => c.on_grant(g),
             Msg::Transfer { want, epoch, keep } => {
                 // owner stability: a node the home pointed a successor at keeps the page (or
                 // is still getting it) until the successor's Transfer takes it
-                if c.pending == Pending::Idle && c.data.is_none() && epoch != c.reclaimed {
+                // (a copy that asked again and was refused never got the possession this
+                // hand-over is about: it loses the page, `stuck_asking_again`)
+                if c.pending == Pending::Idle
+                    && c.data.is_none()
+                    && epoch != c.reclaimed
+                    && !c.asking_again
+                {
                     return Err(format!(
                         "owner stability: node {} was pointed at for page {p} (epoch {epoch}) by node {} but holds no copy and expects none",
                         e.to, e.from
@@ -760,6 +797,14 @@ impl Sim {
     /// A copy that now waits for a node known dead loses the page at once (the engine: at
     /// the end of the handler's `progress`, and in a waiting worker's loop).
     fn lose_if_dead_source(&mut self, node: usize, p: usize) -> Result<(), String> {
+        if let Some(src) = self.asked_after[node][p] {
+            if self.copies[node][p].stuck_asking_again() && self.lost[node][p].is_none() {
+                self.note(|| {
+                    format!("node {node} asking again for page {p} must hand it over: lost")
+                });
+                return self.lose(node, p, src);
+            }
+        }
         if self.no_sweep {
             return Ok(());
         }
@@ -976,7 +1021,7 @@ impl Sim {
     /// it meanwhile makes it lose the page instead), and the home stops waiting for the
     /// sharer's copy-back (`DirEntry::forget_serving_sharer`).
     fn settle_forwarded(&mut self, node: usize, p: usize) -> Result<(), String> {
-        if self.no_sweep || !self.alive[node] || self.lost[node][p].is_some() {
+        if self.no_sweep || !self.alive[node] {
             return Ok(());
         }
         let settled = |sim: &Sim, x: Node| {
@@ -988,7 +1033,12 @@ impl Sim {
                     .any(|e| e.from == x && e.to as usize == node && e.page == p)
         };
         if let Some(src) = self.page_from[node][p] {
-            if self.copies[node][p].awaits_forwarded_page() && settled(self, src) {
+            if self.copies[node][p].awaits_handed_page() && settled(self, src) {
+                if self.lost[node][p].is_some() {
+                    // lost here meanwhile (at its home, by another node's report): nothing to
+                    // ask for; the copy ends and what waits behind it is answered
+                    return self.lose(node, p, src);
+                }
                 match self.copies[node][p].ask_again() {
                     Some(out) => {
                         if home(p, self.nodes) as usize == node {
@@ -996,6 +1046,7 @@ impl Sim {
                         }
                         self.asked_again += 1;
                         self.page_from[node][p] = None;
+                        self.asked_after[node][p] = Some(src);
                         self.note(|| format!("node {node} asks again for page {p}: node {src} died before serving it"));
                         self.send(node as Node, p, out);
                     }
@@ -1003,17 +1054,30 @@ impl Sim {
                 }
             }
         }
+        if self.lost[node][p].is_some() {
+            return Ok(());
+        }
         if home(p, self.nodes) as usize == node {
             // the engine's `after_fence`: a page granted to a node now fenced is reclaimed
             // from the grant's source (`DirEntry::reclaim`)
             let gone = (0..self.nodes as Node)
                 .filter(|&x| x as usize != node && settled(self, x))
                 .fold(0u64, |m, x| m | (1 << x));
-            if let Some(r) = self.dirs[p].reclaim(gone) {
-                self.reclaims += 1;
-                self.note(|| format!("home {node} reclaims page {p}: {r:?}"));
-                let msg = Msg::Reclaim { epoch: r.epoch };
-                self.send(node as Node, p, vec![(r.source, msg)]);
+            let chained = self.dirs[p].chain.is_some();
+            match self.dirs[p].reclaim(gone) {
+                Some(r) => {
+                    self.reclaims += 1;
+                    self.chain_reclaims += u64::from(self.dirs[p].reclaiming_for.is_some());
+                    self.note(|| format!("home {node} reclaims page {p}: {r:?}"));
+                    let msg = Msg::Reclaim { epoch: r.epoch };
+                    self.send(node as Node, p, vec![(r.source, msg)]);
+                }
+                None if chained && self.dirs[p].chain.is_none() => {
+                    // the chain led to a dead node too: a holder asking again finds the page
+                    // lost now
+                    self.retry_deferred(p)?;
+                }
+                None => {}
             }
             if let Some(x) = self.dirs[p].awaiting_copy_back {
                 if self.dirs[p].awaits_serving_sharer(x) && settled(self, x) {
@@ -1153,16 +1217,22 @@ impl Sim {
     /// A completing copy waits for a node known dead (the page's sender or an ack). Not the
     /// sharer a forwarded read was pointed at: the read is asked for again (`settle_forwarded`).
     fn dead_source(&self, node: usize, p: usize) -> Option<Node> {
-        let Pending::Completing {
-            awaiting_page,
-            acks,
-            forwarded,
-            ..
-        } = self.copies[node][p].pending
-        else {
+        let Pending::Completing { acks, .. } = self.copies[node][p].pending else {
             return None;
         };
-        let from = self.page_from[node][p].filter(|_| awaiting_page && !forwarded);
+        // a page another node was to hand over (a forwarded read's, an exclusive grant's
+        // from the previous holder): asked for again once that node is fenced
+        // (`settle_forwarded`)
+        let from = self.page_from[node][p].filter(|_| {
+            !self.copies[node][p].awaits_handed_page()
+                && matches!(
+                    self.copies[node][p].pending,
+                    Pending::Completing {
+                        awaiting_page: true,
+                        ..
+                    }
+                )
+        });
         from.into_iter()
             .chain(members(acks))
             .find(|&n| n as usize != node && self.knows(node, n))
@@ -1175,6 +1245,7 @@ impl Sim {
         let first = self.lost[node][p].is_none();
         self.note(|| format!("node {node} loses page {p} with node {dead}"));
         let dead = *self.lost[node][p].get_or_insert(dead);
+        self.asked_after[node][p] = None;
         let (deferred, _page) = self.copies[node][p].lose();
         self.fail_waiters(node, p, "page lost");
         for d in deferred {
@@ -1335,7 +1406,15 @@ impl Sim {
             && e.from != e.to
             // sent before the cut: it left (its sender may have moved on since)
             && !self.across(e.from as usize, e.to as usize)
-            && matches!(e.msg, Msg::Request { .. } | Msg::Evict { data: None, .. })
+            && match e.msg {
+                // (a copy that asked again may have lost the page since: its request left)
+                Msg::Request { .. } => matches!(
+                    self.copies[e.from as usize][e.page].pending,
+                    Pending::Requested { .. }
+                ),
+                Msg::Evict { data: None, .. } => true,
+                _ => false,
+            }
     }
 
     fn evict(&mut self, node: usize, page: usize) -> bool {
@@ -1767,6 +1846,8 @@ struct Tally {
     servers_forgotten: u64,
     reclaims: u64,
     reclaims_gone: u64,
+    chain_reclaims: u64,
+    chain_lost: u64,
     cuts: u64,
     fenced_ops: u64,
 }
@@ -1812,6 +1893,8 @@ fn run_seed(seed: u64) -> Result<Tally, String> {
             servers_forgotten: sim.servers_forgotten,
             reclaims: sim.reclaims,
             reclaims_gone: sim.reclaims_gone,
+            chain_reclaims: sim.chain_reclaims,
+            chain_lost: sim.chain_lost,
             cuts: sim.cut_node.is_some() as u64,
             fenced_ops: sim.fenced_ops,
         }),
@@ -1850,6 +1933,8 @@ fn random_schedules_keep_every_invariant() {
                 t.servers_forgotten += r.servers_forgotten;
                 t.reclaims += r.reclaims;
                 t.reclaims_gone += r.reclaims_gone;
+                t.chain_reclaims += r.chain_reclaims;
+                t.chain_lost += r.chain_lost;
                 t.cuts += r.cuts;
                 t.fenced_ops += r.fenced_ops;
             }
@@ -1857,8 +1942,8 @@ fn random_schedules_keep_every_invariant() {
         }
     }
     eprintln!(
-        "{seeds} schedules: {} reads and {} writes checked, {} remote requests ({} shared reads forwarded to a sharer, {} offered pages taken in), {} give-ups and unsent messages, {} node deaths, {} nodes cut off but running ({} operations failed by a run-out lease), {} operations ended by an error, {} dead sharers forgotten, {} requests from dead nodes dropped, {} forwarded reads asked again and {} homes' waits for a dead serving sharer ended, {} pages reclaimed from a dead requester's source ({} of them handed over already), {} pages left unavailable, {} operations timed out behind a dead grantee, {} crash recoveries of every log checked",
-        t.reads, t.writes, t.remote, t.forwarded, t.taken_in, t.faults, t.deaths, t.cuts, t.fenced_ops, t.failed, t.forgotten, t.dropped, t.asked_again, t.servers_forgotten, t.reclaims, t.reclaims_gone, t.unavailable, t.timeouts, t.recoveries
+        "{seeds} schedules: {} reads and {} writes checked, {} remote requests ({} shared reads forwarded to a sharer, {} offered pages taken in), {} give-ups and unsent messages, {} node deaths, {} nodes cut off but running ({} operations failed by a run-out lease), {} operations ended by an error, {} dead sharers forgotten, {} requests from dead nodes dropped, {} forwarded reads asked again and {} homes' waits for a dead serving sharer ended, {} pages reclaimed from a dead requester's source ({} of them handed over already; {} through a chain), {} exclusive holders' requests asking again found the page lost, {} pages left unavailable, {} operations timed out behind a dead grantee, {} crash recoveries of every log checked",
+        t.reads, t.writes, t.remote, t.forwarded, t.taken_in, t.faults, t.deaths, t.cuts, t.fenced_ops, t.failed, t.forgotten, t.dropped, t.asked_again, t.servers_forgotten, t.reclaims, t.reclaims_gone, t.chain_reclaims, t.chain_lost, t.unavailable, t.timeouts, t.recoveries
     );
     assert!(
         t.recoveries > seeds,
@@ -2083,6 +2168,7 @@ impl Sim {
         self.knows_dead.hash(&mut h);
         self.lost.hash(&mut h);
         self.page_from.hash(&mut h);
+        self.asked_after.hash(&mut h);
         self.cut_node.hash(&mut h);
         self.fenced.hash(&mut h);
         let mut ctl = self.ctl.clone();

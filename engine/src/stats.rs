@@ -109,8 +109,9 @@ pub struct ProtocolStats {
     /// At this home: sharers forgotten because they died and their lease ran out (each as a
     /// clean eviction; the page is served again without them).
     pub dead_sharers_forgotten: u64,
-    /// Forwarded reads this node asked its home for again because the sharer they were
-    /// pointed at died before serving them (docs/protocol.md, "Failures").
+    /// Pages this node asked its home for again because the node that was to hand them over
+    /// died first: a forwarded read's serving sharer, or an exclusive grant's previous holder
+    /// (docs/protocol.md, "Failures").
     pub reads_asked_again: u64,
     /// At this home: forwarded reads whose serving sharer died before its copy-back came;
     /// the home stopped waiting for it once its fence held, instead of losing the page.

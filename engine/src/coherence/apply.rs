@@ -510,6 +510,13 @@ impl Coherence {
                         self.me
                     );
                     self.mark_lost_home(pid, ps, g);
+                } else {
+                    // through a chain: the live holder holds the page again (its request
+                    // asking again, if any, now finds it lost)
+                    self.requeue_deferred(ps);
+                    if !ps.held.is_empty() {
+                        self.pages.retry_later(pid);
+                    }
                 }
                 return Ok(Outcome::Done);
             }

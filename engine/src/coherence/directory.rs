@@ -82,6 +82,15 @@ pub struct DirEntry {
     /// The dead requester whose grant's page the home reclaims from its source (the copy-back
     /// due then comes from that source, or its `Gone`).
     pub reclaiming: Option<Node>,
+    /// A chain of two hand-overs: the source of the grant before the last (`O`) and that
+    /// grant's epoch, kept while the last grant's source (`handed_by`, `G`) got the page
+    /// through it and the last requester holds the page exclusively. If `G` dies, it may have
+    /// died before taking the page from `O`: then `O` still holds it and the last requester
+    /// never got it ([`reclaim`](Self::reclaim) asks `O`).
+    pub chain: Option<(Node, Epoch)>,
+    /// The live exclusive holder whose grant waits on a reclaim through a chain (its page was
+    /// to come from the dead `reclaiming`): nobody holds the page meanwhile.
+    pub reclaiming_for: Option<Node>,
 }
 
 /// What the home does with a possession request.
@@ -89,6 +98,10 @@ pub struct DirEntry {
 pub enum DirDecision {
     /// The home's copy is stale until a copy-back arrives: keep the request and retry then.
     Defer,
+    /// The exclusive holder asks again without a copy: the node its grant named as source died
+    /// before handing the page over, and no chain leads back to a live source. The page died
+    /// with `with` (the caller marks it lost and refuses the request).
+    Lost { with: Node },
     /// Reply with this grant. `from_home`: push the home's copy of the page first.
     /// `source_keeps`: `source` is a sharer that keeps its copy (a forwarded read).
     Grant {
@@ -137,7 +150,7 @@ impl DirDecision {
             DirDecision::Grant {
                 source, invalidate, ..
             } => (source, invalidate),
-            DirDecision::Defer => (None, 0),
+            DirDecision::Defer | DirDecision::Lost { .. } => (None, 0),
         };
         source.into_iter().chain(members(invalidate))
     }
@@ -172,6 +185,22 @@ impl DirEntry {
             _ if self.reclaiming.is_some() && self.awaiting_copy_back.is_none() => violation(
                 format!("reclaiming for {:?} with no copy-back due", self.reclaiming),
             ),
+            _ if self.chain.is_some()
+                && (self.handed_by.is_none() || !matches!(self.holders, Holders::Exclusive(_))) =>
+            {
+                violation(format!(
+                    "a chain {:?} without a hand-over ({:?}, handed by {:?})",
+                    self.chain, self.holders, self.handed_by
+                ))
+            }
+            _ if self.reclaiming_for.is_some()
+                && (self.reclaiming.is_none() || self.holders != Holders::None) =>
+            {
+                violation(format!(
+                    "reclaiming through a chain for {:?} while {:?} (reclaiming {:?})",
+                    self.reclaiming_for, self.holders, self.reclaiming
+                ))
+            }
             (Holders::Shared(_) | Holders::None, due)
                 if self.handed_by.is_some_and(|o| due != Some(o)) =>
             {
@@ -205,6 +234,8 @@ impl DirEntry {
             unsure: 0,
             handed_by: None,
             reclaiming: None,
+            chain: None,
+            reclaiming_for: None,
         }
     }
 
@@ -217,6 +248,37 @@ impl DirEntry {
         have: bool,
     ) -> Result<DirDecision, ProtocolError> {
         self.request_forwarding(from, want, have, 0)
+    }
+
+    /// A request from `from` that asks again (`Msg::Request::again`): the node its last grant
+    /// named as source died before handing the page over (`PageCopy::ask_again`). Returns the
+    /// decision when it differs from that for any request ([`request`](Self::request) then):
+    /// - `from` is still the exclusive holder: through a chain, the reclaim from the node
+    ///   before its dead source decides, so the request waits (`reclaim`); without one, the
+    ///   page died with that source ([`DirDecision::Lost`]);
+    /// - the home already pointed the next holder at `from`, which never got the page: that
+    ///   holder never will either, and the page died with `from`'s source (the chain's node).
+    ///
+    /// (The holder may ask for shared possession the second time: another of its workers
+    /// asks after the first request did not reach the home.)
+    pub fn asked_again(&self, from: Node, want: Mode) -> Option<DirDecision> {
+        if self.awaiting_copy_back.is_some() || self.offered.is_some() {
+            return None;
+        }
+        match self.holders {
+            Holders::Exclusive(x) if x == from => {
+                let g = self.handed_by?;
+                Some(match self.chain {
+                    Some(_) => DirDecision::Defer,
+                    None => DirDecision::Lost { with: g },
+                })
+            }
+            Holders::Exclusive(_) if self.handed_by == Some(from) && want == Mode::Exclusive => {
+                let (g, _) = self.chain?;
+                Some(DirDecision::Lost { with: g })
+            }
+            _ => None,
+        }
     }
 
     /// As [`request`](Self::request), but a shared request may be forwarded to a sharer in
@@ -233,8 +295,10 @@ impl DirEntry {
         if self.awaiting_copy_back.is_some() || self.offered.is_some() {
             return Ok(DirDecision::Defer);
         }
-        // every grant changes the holders: only a hand-over from an exclusive holder sets it
+        // every grant changes the holders: only a hand-over from an exclusive holder sets them
+        let (before, before_epoch) = (self.handed_by, self.epoch);
         self.handed_by = None;
+        self.chain = None;
         let grant = |mode, epoch, from_home, source, invalidate| DirDecision::Grant {
             mode,
             epoch,
@@ -309,7 +373,11 @@ impl DirEntry {
                         self.holders = Holders::Shared(bit(from));
                         self.awaiting_copy_back = Some(o);
                     }
-                    Mode::Exclusive => self.holders = Holders::Exclusive(from),
+                    Mode::Exclusive => {
+                        self.holders = Holders::Exclusive(from);
+                        // `o` got the page from `before` (if the grant came from one)
+                        self.chain = before.filter(|&b| b != from).map(|b| (b, before_epoch));
+                    }
                 }
                 Ok(grant(want, self.epoch, false, Some(o), 0))
             }
@@ -344,6 +412,7 @@ impl DirEntry {
             Holders::Exclusive(o) if o == from => {
                 self.holders = Holders::None;
                 self.handed_by = None;
+                self.chain = None;
                 Ok(EvictDecision::Accept { store: dirty })
             }
             Holders::Shared(s) if s & bit(from) != 0 => {
@@ -476,9 +545,32 @@ impl DirEntry {
     /// exclusive holder) still owes its copy-back: nobody holds the page any more (a dead
     /// reader is forgotten once the copy-back came) and the copy-back is due from the
     /// source, which gets a `Reclaim`. Returns that source and the grant's epoch.
+    ///
+    /// Through a chain (`chain`: the dead node `g` that was to hand the page to the live
+    /// exclusive holder `x` had been granted it from `o`): if `o` lives, it is asked for the
+    /// page of `g`'s grant. Nobody holds the page meanwhile (`reclaiming_for` is `x`): a
+    /// `CopyBack` means `g` never took the page, so `x` never got it and asks again
+    /// ([`copy_back`](Self::copy_back)); `Gone` means `g` had it and `x` may have it too
+    /// ([`gone`](Self::gone)). If `o` or `x` is in `gone` too, the chain is dropped.
     pub fn reclaim(&mut self, gone: NodeSet) -> Option<Reclaim> {
         if self.reclaiming.is_some() || self.offered.is_some() {
             return None;
+        }
+        if let (Some(g), Some((o, epoch)), Holders::Exclusive(x)) =
+            (self.handed_by, self.chain, self.holders)
+        {
+            if gone & bit(g) != 0 {
+                self.chain = None;
+                if gone & (bit(o) | bit(x)) != 0 {
+                    return None;
+                }
+                self.holders = Holders::None;
+                self.awaiting_copy_back = Some(o);
+                self.handed_by = None;
+                self.reclaiming = Some(g);
+                self.reclaiming_for = Some(x);
+                return Some(Reclaim { source: o, epoch });
+            }
         }
         let o = self.handed_by?;
         if gone & bit(o) != 0 {
@@ -494,6 +586,7 @@ impl DirEntry {
             _ => return None,
         };
         self.handed_by = None;
+        self.chain = None;
         self.reclaiming = Some(g);
         Some(Reclaim {
             source: o,
@@ -504,12 +597,22 @@ impl DirEntry {
     /// `from` answered a `Reclaim` with `Gone`: it had handed the page over to the requester
     /// that died, with which the page's newest state died too. Returns that requester (the
     /// caller marks the page lost with it); `None` for an answer no reclaim waits for.
+    ///
+    /// Through a chain, `None` too: the dead node had taken the page and may have handed it
+    /// on to the live holder, which holds the page exclusively again (with the dead node as
+    /// the source of its grant: if it asks again without a copy, the page died with that node,
+    /// [`DirDecision::Lost`]).
     pub fn gone(&mut self, from: Node) -> Option<Node> {
         if self.awaiting_copy_back != Some(from) {
             return None;
         }
         let g = self.reclaiming.take()?;
         self.awaiting_copy_back = None;
+        if let Some(x) = self.reclaiming_for.take() {
+            self.holders = Holders::Exclusive(x);
+            self.handed_by = Some(g);
+            return None;
+        }
         if self.holders == Holders::None {
             self.holders = Holders::Exclusive(g);
         }
@@ -527,6 +630,9 @@ impl DirEntry {
         self.awaiting_copy_back = None;
         self.forwarded_to = None;
         self.handed_by = None;
+        self.chain = None;
+        // through a chain: the live holder never got the page (it asks again)
+        self.reclaiming_for = None;
         if let Some(g) = self.reclaiming.take() {
             // a reclaimed page is back: the dead reader it was for (fenced) is no sharer
             self.forget_sharers(bit(g));
@@ -549,7 +655,7 @@ mod tests {
                 invalidate,
                 ..
             } => (mode, epoch, from_home, source, invalidate),
-            DirDecision::Defer => panic!("deferred"),
+            d => panic!("not a grant: {d:?}"),
         }
     }
 
@@ -604,6 +710,94 @@ mod tests {
             (Mode::Exclusive, 1, true, None, 0)
         );
         assert_eq!((d.holders, d.unsure), (Holders::Exclusive(1), 0));
+    }
+
+    /// A chain O -> G -> X: G (dead) was to hand X the page it was granted from O. The
+    /// reclaim asks O for G's grant: a copy-back means X never got the page (it asks again and
+    /// is served from the home); `Gone` gives X the page back as holder, and X asking again
+    /// without a copy then means the page died with G.
+    #[test]
+    fn a_chain_whose_middle_node_died_is_reclaimed_from_the_node_before_it() {
+        let chain = || {
+            let mut d = DirEntry::new();
+            d.request(1, Mode::Exclusive, false).unwrap(); // O = 1
+            d.request(2, Mode::Exclusive, false).unwrap(); // G = 2, from O
+            let e1 = d.epoch;
+            assert_eq!(g(d.request(3, Mode::Exclusive, false).unwrap()).3, Some(2));
+            assert_eq!((d.handed_by, d.chain), (Some(2), Some((1, e1))));
+            d.check().unwrap();
+            (d, e1)
+        };
+        let (mut d, e1) = chain();
+        // X = 3 asks again without a copy before the home fenced G: it waits
+        assert_eq!(d.asked_again(3, Mode::Exclusive), Some(DirDecision::Defer));
+        let r = d.reclaim(0b100).expect("reclaimed through the chain");
+        assert_eq!((r.source, r.epoch), (1, e1));
+        assert_eq!(
+            (
+                d.holders,
+                d.awaiting_copy_back,
+                d.reclaiming,
+                d.reclaiming_for
+            ),
+            (Holders::None, Some(1), Some(2), Some(3))
+        );
+        d.check().unwrap();
+        assert_eq!(
+            d.request(0, Mode::Shared, false).unwrap(),
+            DirDecision::Defer
+        );
+        // O never handed the page over: back home, and X is served from it
+        d.copy_back(1).unwrap();
+        assert_eq!(
+            (d.holders, d.reclaiming_for, d.chain),
+            (Holders::None, None, None)
+        );
+        d.check().unwrap();
+        assert_eq!(
+            g(d.request(3, Mode::Exclusive, false).unwrap()),
+            (Mode::Exclusive, d.epoch, true, None, 0)
+        );
+        // O had handed it to G: X holds it again; asking again without a copy, it is lost
+        let (mut d, _) = chain();
+        d.reclaim(0b100).unwrap();
+        assert_eq!(d.gone(1), None, "X may hold the page");
+        assert_eq!((d.holders, d.handed_by), (Holders::Exclusive(3), Some(2)));
+        d.check().unwrap();
+        assert_eq!(
+            d.asked_again(3, Mode::Exclusive),
+            Some(DirDecision::Lost { with: 2 })
+        );
+        // O dead too: no reclaim, and X asking again finds the page lost with G
+        let (mut d, _) = chain();
+        assert_eq!(d.reclaim(0b110), None);
+        assert_eq!(d.chain, None);
+        assert_eq!(
+            d.asked_again(3, Mode::Exclusive),
+            Some(DirDecision::Lost { with: 2 })
+        );
+        // a next holder pointed at X before X asked again: it would wait for X for ever
+        let (mut d, _) = chain();
+        d.request(0, Mode::Exclusive, false).unwrap();
+        assert_eq!((d.holders, d.handed_by), (Holders::Exclusive(0), Some(3)));
+        assert_eq!(
+            d.asked_again(3, Mode::Exclusive),
+            Some(DirDecision::Lost { with: 2 }),
+            "lost with X's source, G"
+        );
+        // a request that does not ask again is served as any other
+        assert_eq!(d.asked_again(1, Mode::Exclusive), None);
+        // X itself dead (G alive): reclaimed from G as any grant whose requester died, and
+        // the chain goes with it
+        let (mut d, _) = chain();
+        let r = d.reclaim(0b1000).expect("reclaimed from G");
+        assert_eq!((r.source, d.chain, d.reclaiming), (2, None, Some(3)));
+        d.check().unwrap();
+        // a grant from the home (no hand-over before it) starts no chain
+        let mut d = DirEntry::new();
+        d.request(2, Mode::Exclusive, false).unwrap();
+        d.request(3, Mode::Exclusive, false).unwrap();
+        assert_eq!((d.handed_by, d.chain), (Some(2), None));
     }
 
     #[test]

@@ -22,24 +22,42 @@ impl Coherence {
     /// A granted request waits for a node that died (the page's sender, or a sharer that must
     /// acknowledge an invalidation). Not the sharer a forwarded read was pointed at: the read
     /// is asked for again once that sharer's fence holds (`after_fence`).
+    ///
+    /// Nor the previous holder an exclusive grant named as source: the page is asked for
+    /// again too, and the home decides (it may reclaim the page from the holder before it,
+    /// `DirEntry::reclaim`). A copy that asked again and holds a hand-over it never got loses
+    /// the page with the node it asked after (`PageCopy::stuck_asking_again`).
     pub(super) fn dead_source(&self, ps: &PageState) -> Option<Node> {
+        if ps.copy.stuck_asking_again() {
+            if let Some(n) = ps.asked_after {
+                return Some(n);
+            }
+        }
         let Pending::Completing {
             awaiting_page,
             acks,
-            forwarded,
             ..
         } = ps.copy.pending
         else {
             return None;
         };
-        let from = ps.page_from.filter(|_| awaiting_page && !forwarded);
+        let from = ps
+            .page_from
+            .filter(|_| awaiting_page && !ps.copy.awaits_handed_page());
         self.first_dead(from.into_iter().chain(members(acks)))
     }
 
-    /// The sharer that `pid`'s forwarded read was pointed at is fenced with every message it
-    /// sent handled, and its page never came: ask the home again, or (something was forwarded
-    /// on to us meanwhile) lose the page as for any dead source.
+    /// The node that was to hand `pid` over (the sharer a forwarded read was pointed at, or
+    /// the previous exclusive holder) is fenced with every message it sent handled, and its
+    /// page never came: ask the home again, or (something was forwarded on to us meanwhile)
+    /// lose the page as for any dead source.
     fn ask_again(&self, buf: &Buffer, pid: Pid, ps: &mut PageState, dead: Node) {
+        if ps.lost.is_some() {
+            // lost here meanwhile (at its home, by another node's report): nothing to ask
+            // for; the copy ends and what waits behind it is answered
+            self.lose(buf, pid, ps, dead);
+            return;
+        }
         let Some(out) = ps.copy.ask_again() else {
             self.lose(buf, pid, ps, dead);
             return;
@@ -48,10 +66,11 @@ impl Coherence {
             ps.dir.own_read_lost(self.me);
         }
         log::warn!(
-            "node {}: {pid}: node {dead} died before serving our forwarded read; asking again",
+            "node {}: {pid}: node {dead} died before handing the page over; asking again",
             self.me
         );
         ps.page_from = None;
+        ps.asked_after = Some(dead);
         self.driver
             .counters
             .reads_asked_again
@@ -220,7 +239,7 @@ impl Coherence {
             let mut shard = shard.lock();
             for (&pid, ps) in shard.iter_mut() {
                 if let Some(n) = ps.page_from {
-                    if nodes & bit(n) != 0 && ps.copy.awaits_forwarded_page() {
+                    if nodes & bit(n) != 0 && ps.copy.awaits_handed_page() {
                         self.ask_again(buf, pid, ps, n);
                         Self::wake(ps);
                     }
@@ -232,9 +251,16 @@ impl Coherence {
                     served += 1;
                     self.requeue_deferred(ps);
                 }
-                if let Some(r) = ps.dir.reclaim(nodes) {
-                    reclaims += 1;
-                    self.send_reclaim(pid, ps, r);
+                let chained = ps.dir.chain.is_some();
+                match ps.dir.reclaim(nodes) {
+                    Some(r) => {
+                        reclaims += 1;
+                        self.send_reclaim(pid, ps, r);
+                    }
+                    // the chain led to a dead node too: a holder asking again finds the page
+                    // lost now
+                    None if chained && ps.dir.chain.is_none() => self.requeue_deferred(ps),
+                    None => {}
                 }
                 if let Some(n) = ps.dir.offered {
                     if nodes & bit(n) != 0 {
@@ -299,8 +325,10 @@ impl Coherence {
                 "node {}: {pid}: reclaiming from node {source}: {e}",
                 self.me
             );
-            if let Some(g) = ps.dir.gone(source) {
-                self.mark_lost_home(pid, ps, g);
+            match ps.dir.gone(source) {
+                Some(g) => self.mark_lost_home(pid, ps, g),
+                // through a chain: the live holder holds the page again
+                None => self.requeue_deferred(ps),
             }
         }
     }

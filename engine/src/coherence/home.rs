@@ -33,7 +33,7 @@ impl Coherence {
         l: &mut Latched<'b>,
     ) -> Result<Outcome, ProtocolError> {
         let from = note.from;
-        let Msg::Request { want, have } = note.msg else {
+        let Msg::Request { want, have, again } = note.msg else {
             unreachable!("home_request is called for requests")
         };
         if pid.node() != self.me {
@@ -73,7 +73,10 @@ impl Coherence {
         } else {
             self.live_peers().fold(0, |set, n| set | bit(n))
         };
-        let decision = d.request_forwarding(from, want, have, may_serve)?;
+        let decision = match again.then(|| d.asked_again(from, want)).flatten() {
+            Some(decision) => decision,
+            None => d.request_forwarding(from, want, have, may_serve)?,
+        };
         // A node that must hand the page over or drop its copy is gone: the request would wait
         // forever. Refuse it (the directory is left as it was: `d` is not stored).
         if let Some(dead) = self.first_dead(decision.needs()) {
@@ -98,6 +101,14 @@ impl Coherence {
             DirDecision::Defer => {
                 ps.dir_deferred.push_back(note);
                 return Ok(Outcome::Done);
+            }
+            DirDecision::Lost { with } => {
+                log::error!(
+                    "node {}: page {pid} is lost: node {with} died before handing it to node {from}",
+                    self.me
+                );
+                self.mark_lost_home(pid, ps, with);
+                return refuse(ps, REFUSE_HOLDER_DEAD, with);
             }
             DirDecision::Grant {
                 mode,

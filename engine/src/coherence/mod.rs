@@ -127,6 +127,10 @@ struct PageState {
     log_hold_since: Option<Instant>,
     /// The node the last grant said the page comes from (to notice when it died).
     page_from: Option<Node>,
+    /// The node whose page this copy asked for again after it died (`failure::ask_again`):
+    /// the page is lost with it if a hand-over this copy never got waits here
+    /// (`PageCopy::stuck_asking_again`).
+    asked_after: Option<Node>,
     /// The page's only current copy died with this node: every access fails.
     lost: Option<Node>,
     /// Workers of this node parked until a handler round changes this page.
@@ -171,6 +175,7 @@ impl PageState {
             revoking: false,
             log_hold_since: None,
             page_from: None,
+            asked_after: None,
             lost: None,
             parked: Vec::new(),
             store_copy: StoreCopy::None,

@@ -192,6 +192,8 @@ impl<D: Clone> PageCopy<D> {
             Msg::Request {
                 want,
                 have: self.data.is_some(),
+                // a request that asked again and did not reach the home asks again still
+                again: self.asking_again,
             },
         ))
     }
@@ -504,15 +506,26 @@ impl<D: Clone> PageCopy<D> {
     /// (its reader waits for our page while the home waits for our copy-back, so asking
     /// again would wait for ever) or this is not a forwarded read waiting for its page: the
     /// caller then loses the page as for any dead source.
+    ///
+    /// The same for an exclusive grant whose source (a node that held the page exclusively,
+    /// never the home) died before handing the page over: the request asks for exclusive
+    /// possession without a copy, and the home decides whether the page can be had again
+    /// (`DirEntry::reclaim` through a chain) or died with the source.
     pub fn ask_again(&mut self) -> Option<Vec<(Node, Msg<D>)>> {
-        let Pending::Completing {
-            want: Mode::Shared,
-            awaiting_page: true,
-            acks: 0,
-            forwarded: true,
-        } = self.pending
-        else {
-            return None;
+        let want = match self.pending {
+            Pending::Completing {
+                want: Mode::Shared,
+                awaiting_page: true,
+                acks: 0,
+                forwarded: true,
+            } => Mode::Shared,
+            Pending::Completing {
+                want: Mode::Exclusive,
+                awaiting_page: true,
+                acks: 0,
+                forwarded: false,
+            } => Mode::Exclusive,
+            _ => return None,
         };
         let forwarded_on = self
             .deferred
@@ -521,7 +534,9 @@ impl<D: Clone> PageCopy<D> {
         if forwarded_on || self.data.is_some() {
             return None;
         }
-        self.pending = Pending::Requested { want: Mode::Shared };
+        // nothing is held (an upgrade's shared copy went when its grant named a source)
+        self.drop_copy();
+        self.pending = Pending::Requested { want };
         self.asking_again = true;
         let mut step = Step::default();
         // invalidations that waited for the page: answered now (see `serve_deferred`)
@@ -534,8 +549,9 @@ impl<D: Clone> PageCopy<D> {
         out.push((
             self.home,
             Msg::Request {
-                want: Mode::Shared,
+                want,
                 have: false,
+                again: true,
             },
         ));
         Some(out)
@@ -549,6 +565,47 @@ impl<D: Clone> PageCopy<D> {
                 awaiting_page: true,
                 forwarded: true,
                 ..
+            }
+        )
+    }
+
+    /// Asking again for exclusive possession without a copy ([`ask_again`](Self::ask_again)),
+    /// with a hand-over (or a reclaim) deferred that it can never serve: the home pointed a
+    /// successor at this node before it learned that the page's source died. The page is lost
+    /// here (the caller's `lose`, which answers what waits): waiting would wait for ever, since
+    /// the home defers this node's request behind the successor's hand-over.
+    pub fn stuck_asking_again(&self) -> bool {
+        if !self.asking_again || self.data.is_some() {
+            return false;
+        }
+        // a hand-over of a possession this copy never got: any while it asks (or was
+        // refused), one older than the new grant once that is here
+        let never_got = |e: Epoch| match self.pending {
+            Pending::Completing { .. } => e < self.epoch,
+            _ => true,
+        };
+        self.deferred.iter().any(|d| match *d {
+            Deferred::Transfer { epoch, .. } | Deferred::Reclaim { epoch } => never_got(epoch),
+            Deferred::Invalidate { .. } => false,
+        })
+    }
+
+    /// Whether the copy waits for a page a node other than the home hands over: a forwarded
+    /// read's, or an exclusive grant's from the page's previous holder. If that node dies
+    /// first, the copy asks again once it is fenced ([`ask_again`](Self::ask_again)) instead
+    /// of losing the page at once.
+    pub fn awaits_handed_page(&self) -> bool {
+        matches!(
+            self.pending,
+            Pending::Completing {
+                awaiting_page: true,
+                forwarded: true,
+                ..
+            } | Pending::Completing {
+                want: Mode::Exclusive,
+                awaiting_page: true,
+                acks: 0,
+                forwarded: false,
             }
         )
     }

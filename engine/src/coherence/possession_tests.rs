@@ -41,7 +41,8 @@ fn a_request_goes_home_once_and_only_when_needed() {
             HOME,
             Msg::Request {
                 want: Mode::Shared,
-                have: false
+                have: false,
+                again: false
             }
         )
     );
@@ -54,7 +55,8 @@ fn a_request_goes_home_once_and_only_when_needed() {
         c.request(Mode::Exclusive).unwrap().1,
         Msg::Request {
             want: Mode::Exclusive,
-            have: true
+            have: true,
+            again: false
         }
     );
 }
@@ -550,7 +552,8 @@ fn a_forwarded_read_whose_sharer_died_asks_the_home_again_and_answers_invalidati
                 HOME,
                 Msg::Request {
                     want: Mode::Shared,
-                    have: false
+                    have: false,
+                    again: true
                 }
             )
         ]

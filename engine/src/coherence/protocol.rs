@@ -69,8 +69,10 @@ pub struct Grant<D> {
 /// A protocol message about one page (the page id travels beside it).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Msg<D> {
-    /// Requester -> home: I want `want`; `have` = I hold a valid copy (an upgrade).
-    Request { want: Mode, have: bool },
+    /// Requester -> home: I want `want`; `have` = I hold a valid copy (an upgrade); `again`
+    /// = the node my last grant named as source died before handing the page over, and I ask
+    /// again for it (`PageCopy::ask_again`).
+    Request { want: Mode, have: bool, again: bool },
     /// Home -> requester: the decision (and, in the base case, the page).
     Grant(Grant<D>),
     /// Requester -> the source a grant named: hand me the page. `epoch` is the requester's
@@ -117,7 +119,7 @@ impl<D> Msg<D> {
     /// The same message with its page (if it carries one) replaced by `f(page)`.
     pub fn map_data<E>(self, f: impl FnOnce(D) -> E) -> Msg<E> {
         match self {
-            Msg::Request { want, have } => Msg::Request { want, have },
+            Msg::Request { want, have, again } => Msg::Request { want, have, again },
             Msg::Grant(g) => Msg::Grant(Grant {
                 mode: g.mode,
                 epoch: g.epoch,
@@ -205,6 +207,7 @@ mod tests {
             Msg::<u8>::Request {
                 want: Mode::Shared,
                 have: false,
+                again: false,
             },
             Msg::Grant(Grant {
                 mode: Mode::Shared,

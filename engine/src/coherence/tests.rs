@@ -623,3 +623,79 @@ fn a_page_granted_to_a_node_that_died_before_its_hand_over_is_reclaimed_from_the
     }
     assert_eq!(w1.shared(pid).unwrap().page().u64(0), 43);
 }
+
+/// Issue 45, a chain: node 1 holds a page exclusively; node 2 is granted it from node 1 and
+/// node 3 from node 2, and node 2 dies before it took the page. Node 1 keeps it (the
+/// hand-over to a dead node is not made); node 3 asks again once node 2 is fenced, and the
+/// home, which kept one more step of the chain, reclaims the page from node 1 and serves
+/// node 3 with node 1's write.
+#[test]
+fn a_page_chained_through_a_node_that_died_before_taking_it_is_reclaimed_from_the_node_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_path_buf();
+    // the dead node's own waiting worker ends by the remote timeout
+    let c = Cluster::mem(4, Duration::from_secs(4), move |i| {
+        EngineConfig::for_cluster_node(d.join(format!("n{i}")), 256 * 4096)
+    })
+    .unwrap();
+    let w0 = c.node(0).worker();
+    let pid = page_holding_41(&w0);
+    let w1 = c.node(1).worker();
+    let mut g1 = w1.exclusive(pid).unwrap();
+    g1.page_mut().set_u64(0, 42);
+    let (coh0, coh2, coh3) = (
+        c.node(0).node().coherence().unwrap(),
+        c.node(2).node().coherence().unwrap(),
+        c.node(3).node().coherence().unwrap(),
+    );
+    let completing = |coh: &Coherence| {
+        page_state(coh, pid, |s| {
+            matches!(
+                s.copy.pending,
+                Pending::Completing {
+                    awaiting_page: true,
+                    ..
+                }
+            )
+        })
+    };
+    std::thread::scope(|s| {
+        let dying = s.spawn(|| {
+            let w = c.node(2).worker();
+            w.run(|w| w.exclusive(pid).map(|_| ()))
+        });
+        wait_for("no grant at node 2", || completing(coh2));
+        let chained = s.spawn(|| {
+            let w = c.node(3).worker();
+            w.run(|w| w.exclusive(pid).map(|g| g.page().u64(0)))
+        });
+        wait_for("no grant at node 3", || completing(coh3));
+        c.kill(2);
+        // node 1's guard goes: the Transfer held for it is from a dead node
+        drop(g1);
+        assert!(
+            dying.join().unwrap().is_err(),
+            "the dead node's own worker fails"
+        );
+        assert_eq!(
+            chained.join().unwrap().ok(),
+            Some(42),
+            "node 3 got node 1's write"
+        );
+    });
+    assert_eq!(
+        coh0.driver
+            .counters
+            .grants_reclaimed
+            .load(Ordering::Relaxed),
+        1
+    );
+    assert!(
+        coh3.driver
+            .counters
+            .reads_asked_again
+            .load(Ordering::Relaxed)
+            >= 1
+    );
+    assert_eq!(w0.shared(pid).unwrap().page().u64(0), 42);
+}

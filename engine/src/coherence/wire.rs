@@ -168,8 +168,8 @@ impl Message for Wire {
         let mut w = W { b, at: 0 };
         w.u64(self.pid);
         match &self.msg {
-            Msg::Request { want, have } => {
-                w.u8(mode_byte(*want)).u8(*have as u8);
+            Msg::Request { want, have, again } => {
+                w.u8(mode_byte(*want)).u8(*have as u8).u8(*again as u8);
             }
             Msg::Grant(g) => {
                 w.u8(mode_byte(g.mode))
@@ -223,6 +223,7 @@ impl Message for Wire {
             0 => Msg::Request {
                 want: r.mode()?,
                 have: r.flag("have")?,
+                again: r.flag("again")?,
             },
             1 => {
                 let mode = r.mode()?;

@@ -15,6 +15,7 @@ fn samples() -> Vec<Wire> {
             Msg::Request {
                 want: Mode::Exclusive,
                 have: true,
+                again: false,
             },
         ),
         w(
@@ -22,6 +23,7 @@ fn samples() -> Vec<Wire> {
             Msg::Request {
                 want: Mode::Shared,
                 have: false,
+                again: true,
             },
         ),
         w(
