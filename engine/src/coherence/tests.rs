@@ -43,6 +43,16 @@ fn cluster_with(dir: &std::path::Path, n: usize, one_pool: bool) -> Cluster {
 }
 
 /// A page allocated by `w`'s node (homed there), its first word 41.
+/// `n` nodes over mem with a short remote timeout: a dead node's own waiting worker ends by
+/// it, so a test that kills a node with a worker waiting there ends in about `timeout`.
+fn cluster_timing_out(dir: &std::path::Path, n: usize, timeout: Duration) -> Cluster {
+    let d = dir.to_path_buf();
+    Cluster::mem(n, timeout, move |i| {
+        EngineConfig::for_cluster_node(d.join(format!("n{i}")), 256 * 4096)
+    })
+    .unwrap()
+}
+
 fn page_holding_41(w: &crate::Worker) -> Pid {
     let mut g = w.allocate().unwrap();
     g.page_mut().set_u64(0, 41);
@@ -565,12 +575,7 @@ fn a_forwarded_read_whose_sharer_dies_before_serving_it_is_asked_again() {
 #[test]
 fn a_page_granted_to_a_node_that_died_before_its_hand_over_is_reclaimed_from_the_source() {
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().to_path_buf();
-    // a short remote timeout: the dead node's own waiting worker ends by it
-    let c = Cluster::mem(3, Duration::from_secs(3), move |i| {
-        EngineConfig::for_cluster_node(d.join(format!("n{i}")), 256 * 4096)
-    })
-    .unwrap();
+    let c = cluster_timing_out(dir.path(), 3, Duration::from_secs(3));
     let w0 = c.node(0).worker();
     let pid = page_holding_41(&w0);
     let w1 = c.node(1).worker();
@@ -632,12 +637,7 @@ fn a_page_granted_to_a_node_that_died_before_its_hand_over_is_reclaimed_from_the
 #[test]
 fn a_page_chained_through_a_node_that_died_before_taking_it_is_reclaimed_from_the_node_before() {
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().to_path_buf();
-    // the dead node's own waiting worker ends by the remote timeout
-    let c = Cluster::mem(4, Duration::from_secs(4), move |i| {
-        EngineConfig::for_cluster_node(d.join(format!("n{i}")), 256 * 4096)
-    })
-    .unwrap();
+    let c = cluster_timing_out(dir.path(), 4, Duration::from_secs(4));
     let w0 = c.node(0).worker();
     let pid = page_holding_41(&w0);
     let w1 = c.node(1).worker();
