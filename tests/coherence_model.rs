@@ -810,7 +810,7 @@ impl Sim {
         }
         match self.dead_source(node, p) {
             Some(dead) => self.lose(node, p, dead),
-            None => self.settle_forwarded(node, p),
+            None => self.settle_handed(node, p),
         }
     }
 
@@ -1007,20 +1007,22 @@ impl Sim {
             self.retry_deferred(p)?;
             for n in 0..self.nodes {
                 if self.alive[n] {
-                    self.settle_forwarded(n, p)?;
+                    self.settle_handed(n, p)?;
                 }
             }
         }
         Ok(())
     }
 
-    /// The engine's `after_fence` for forwarded reads whose serving sharer died: once `node`
-    /// may forget that sharer (its fence holds) and nothing it sent to `node` about page `p`
-    /// is still in flight (the engine: its rings are drained), a reader still waiting for
-    /// the sharer's page asks the home again (`PageCopy::ask_again`; a read forwarded on to
-    /// it meanwhile makes it lose the page instead), and the home stops waiting for the
-    /// sharer's copy-back (`DirEntry::forget_serving_sharer`).
-    fn settle_forwarded(&mut self, node: usize, p: usize) -> Result<(), String> {
+    /// The engine's `after_fence` for pages whose hand-over died with a node: once `node`
+    /// may forget it (its fence holds) and nothing it sent to `node` about page `p` is still
+    /// in flight (the engine: its rings are drained), a copy still waiting for its page (a
+    /// forwarded read's, an exclusive grant's from the previous holder) asks the home again
+    /// (`PageCopy::ask_again`; a hand-over waiting for it meanwhile makes it lose the page
+    /// instead); the home stops waiting for a dead serving sharer's copy-back
+    /// (`DirEntry::forget_serving_sharer`) and reclaims a page granted to, or chained
+    /// through, the dead node (`DirEntry::reclaim`).
+    fn settle_handed(&mut self, node: usize, p: usize) -> Result<(), String> {
         if self.no_sweep || !self.alive[node] {
             return Ok(());
         }
@@ -1194,13 +1196,13 @@ impl Sim {
             if home(p, self.nodes) as usize == node && self.lost[node][p].is_none() {
                 if let Some(x) = self.dirs[p].awaiting_copy_back {
                     // a sharer serving a forwarded read owes no data: its fence is waited
-                    // for instead (`settle_forwarded`)
+                    // for instead (`settle_handed`)
                     if self.knows(node, x) && !self.dirs[p].awaits_serving_sharer(x) {
                         self.mark_lost_home(p, x)?;
                     }
                 }
             }
-            self.settle_forwarded(node, p)?;
+            self.settle_handed(node, p)?;
             let h = home(p, self.nodes);
             if self.knows(node, h) {
                 self.fail_waiters(node, p, "home dead");
@@ -1215,24 +1217,22 @@ impl Sim {
     }
 
     /// A completing copy waits for a node known dead (the page's sender or an ack). Not the
-    /// sharer a forwarded read was pointed at: the read is asked for again (`settle_forwarded`).
+    /// node that was to hand the page over (`awaits_handed_page`): it is asked for again
+    /// (`settle_handed`).
     fn dead_source(&self, node: usize, p: usize) -> Option<Node> {
-        let Pending::Completing { acks, .. } = self.copies[node][p].pending else {
+        let Pending::Completing {
+            awaiting_page,
+            acks,
+            ..
+        } = self.copies[node][p].pending
+        else {
             return None;
         };
         // a page another node was to hand over (a forwarded read's, an exclusive grant's
         // from the previous holder): asked for again once that node is fenced
-        // (`settle_forwarded`)
-        let from = self.page_from[node][p].filter(|_| {
-            !self.copies[node][p].awaits_handed_page()
-                && matches!(
-                    self.copies[node][p].pending,
-                    Pending::Completing {
-                        awaiting_page: true,
-                        ..
-                    }
-                )
-        });
+        // (`settle_handed`)
+        let from = self.page_from[node][p]
+            .filter(|_| awaiting_page && !self.copies[node][p].awaits_handed_page());
         from.into_iter()
             .chain(members(acks))
             .find(|&n| n as usize != node && self.knows(node, n))

@@ -49,3 +49,23 @@ pub fn fetch_and_verify<T: Transport>(mb: &Mailboxes<T>, w: u16, peer: u8, n: u6
     mb.read_frame(frame, &mut page).unwrap();
     assert!(page == *page_image(peer, n), "page payload corrupted");
 }
+
+/// A test's guard against hanging for ever, not a speed target: `check` fails the test once
+/// [`HangGuard::LIMIT`] passed since the guard was made (a machine can be slow; a test that
+/// waits a minute for something that takes milliseconds is stuck).
+pub struct HangGuard(std::time::Instant);
+
+impl HangGuard {
+    pub const LIMIT: Duration = Duration::from_secs(60);
+
+    pub fn start() -> HangGuard {
+        HangGuard(std::time::Instant::now())
+    }
+
+    /// Fail with `what` if the limit passed.
+    pub fn check(&self, what: impl FnOnce() -> String) {
+        if self.0.elapsed() >= Self::LIMIT {
+            panic!("hang guard ({:?}): {}", Self::LIMIT, what());
+        }
+    }
+}

@@ -595,19 +595,16 @@ impl<D: Clone> PageCopy<D> {
     /// first, the copy asks again once it is fenced ([`ask_again`](Self::ask_again)) instead
     /// of losing the page at once.
     pub fn awaits_handed_page(&self) -> bool {
-        matches!(
-            self.pending,
-            Pending::Completing {
-                awaiting_page: true,
-                forwarded: true,
-                ..
-            } | Pending::Completing {
-                want: Mode::Exclusive,
-                awaiting_page: true,
-                acks: 0,
-                forwarded: false,
-            }
-        )
+        self.awaits_forwarded_page()
+            || matches!(
+                self.pending,
+                Pending::Completing {
+                    want: Mode::Exclusive,
+                    awaiting_page: true,
+                    acks: 0,
+                    forwarded: false,
+                }
+            )
     }
 
     /// The home died: the copy can never go home, nor be asked for again. Dropped without a
