@@ -443,6 +443,47 @@ impl Channels {
         }
     }
 
+    /// Forget both streams with dead peer `peer`, which is about to connect again as a new
+    /// incarnation (a restarted process, [`crate::RejoinHook`]): its new streams start at
+    /// message and page 0 both ways. Our stream to it: counters to zero, backlog dropped (lost
+    /// with the old incarnation, as messages in flight are), its credit slot here zeroed. Its
+    /// stream to us: counters to zero, every message slot of its ring here cleared, and its
+    /// messages still in the inbox dropped (they came from the old incarnation).
+    ///
+    /// The transport calls it while `peer` is dead, so nobody sends to it meanwhile, and
+    /// before any frame of the new connection lands, so the slots cleared here are the old
+    /// incarnation's.
+    pub fn reset_peer(&self, peer: u8) {
+        let me = self.t.node();
+        if peer == me || peer >= self.layout.nodes {
+            return;
+        }
+        debug_assert!(!self.t.peer_alive(peer), "a peer is reset while it is dead");
+        let r = self.t.region();
+        {
+            let mut o = self.sent[peer as usize].lock();
+            let n = o.backlog.len();
+            *o = Outgoing::default();
+            self.backlogged.fetch_sub(n, Ordering::Release);
+            let off = self.layout.credit_off(peer);
+            r.store(off, 0);
+            r.store(off + 8, 0);
+        }
+        let mut rx = self.received.lock();
+        rx[peer as usize] = Received::default();
+        for seq in 0..self.layout.ring as u64 {
+            let off = self.layout.ring_off(peer, seq);
+            for word in 0..(SLOT_BYTES / 8) {
+                r.store(off + word * 8, 0);
+            }
+        }
+        // Release: a reader of `next` that then loads a slot's flag sees it cleared
+        self.next[peer as usize].store(0, Ordering::Release);
+        let mut inbox = self.inbox.lock();
+        inbox.retain(|m| m.env.from_node != peer);
+        self.queued.store(inbox.len(), Ordering::Release);
+    }
+
     /// Send a typed message (see [`Channels::send`]): the channel fills in the header.
     pub fn send_msg<M: Message>(
         &self,

@@ -35,6 +35,6 @@ pub use message::{Echo, Envelope, Message, BODY_BYTES, MSG_BYTES};
 #[cfg(feature = "rdma")]
 pub use rdma::{device_names, RdmaConfig, RdmaTransport};
 pub use region::{Region, Service};
-pub use tcp::{dial_handshake, free_loopback_addrs, TcpConfig, TcpTransport};
-pub use transport::{mem_cluster, MemTransport, Transport};
+pub use tcp::{dial_handshake, free_loopback_addrs, incarnation_now, TcpConfig, TcpTransport};
+pub use transport::{mem_cluster, MemTransport, RejoinHook, Transport};
 pub use wait::WaitMode;

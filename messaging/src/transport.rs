@@ -9,6 +9,15 @@ use crate::region::Region;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+/// Called by a transport when a dead peer is about to be connected again as a new incarnation
+/// (a restarted process; [`Transport::take_rejoins`]), with the peer's id. It runs while the
+/// peer is still dead here, before any frame of the new connection is applied and before this
+/// node can send to it, and it resets what the layer above keeps about the peer (as for a
+/// peer that never sent anything). It may run more than once for one rejoin (an attempt that
+/// then fails), and must be harmless for a peer that stays dead. An error refuses the
+/// connection with that reason (logged).
+pub type RejoinHook = Arc<dyn Fn(u8) -> Result<(), String> + Send + Sync>;
+
 /// One node's view of the cluster's network.
 pub trait Transport: Send + Sync + 'static {
     /// This node's id.
@@ -55,6 +64,13 @@ pub trait Transport: Send + Sync + 'static {
     /// The cluster is shutting down: peers closing their connections from now on is expected
     /// (not logged as an error).
     fn departing(&self) {}
+    /// From now on, take a dead peer back when it connects again as a new incarnation,
+    /// running `hook` first (see [`RejoinHook`]). Returns whether the transport does (`tcp`
+    /// does; a second hook is not taken). Without a hook every restarted node is refused.
+    fn take_rejoins(&self, hook: RejoinHook) -> bool {
+        let _ = hook;
+        false
+    }
     /// Do `peer`'s receiving work on this thread, if the transport can ([`Region::serve`] of
     /// the peer's region: only `mem`, whose nodes share the process). Returns whether some
     /// work was done. For a thread that waits for `peer`'s answer: it runs the code that would

@@ -625,8 +625,8 @@ fn a_replayed_handshake_is_refused() {
     .unwrap();
     let t1 = node1.join().unwrap().unwrap();
     drop((t0, t1));
-    // the dialer's side: hello 16 + nonce 16, then its proof 32
-    let recorded: Vec<u8> = seen.lock().unwrap()[..64].to_vec();
+    // the dialer's side: hello 24 + nonce 16, then its proof 32
+    let recorded: Vec<u8> = seen.lock().unwrap()[..72].to_vec();
 
     // replay it to a node 1 of the same cluster and secret
     let (ls, addrs) = listeners(2);
@@ -637,10 +637,10 @@ fn a_replayed_handshake_is_refused() {
         std::thread::spawn(move || TcpTransport::start(c1, l1, Arc::new(layout.region().unwrap())));
     let mut s = TcpStream::connect(addrs[1]).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(&recorded[..32]).unwrap();
-    let mut answer = [0u8; 16 + 16 + 32];
+    s.write_all(&recorded[..40]).unwrap();
+    let mut answer = [0u8; 24 + 16 + 32];
     s.read_exact(&mut answer).unwrap();
-    s.write_all(&recorded[32..64]).unwrap();
+    s.write_all(&recorded[40..72]).unwrap();
     let mut welcome = [0u8; 1];
     match s.read(&mut welcome) {
         Ok(0) => {}

@@ -42,7 +42,7 @@ use endpoint::*;
 
 use crate::error::MsgError;
 use crate::region::{Region, SLOT_BYTES};
-use crate::tcp::{connect_mesh, io, TcpConfig};
+use crate::tcp::{connect_mesh, io, reject_strangers, TcpConfig};
 use crate::transport::Transport;
 use parking_lot::Mutex;
 use rdma_sys as ffi;
@@ -477,7 +477,13 @@ impl RdmaTransport {
     ) -> Result<Arc<Self>, MsgError> {
         let mut dev = open_device(&cfg)?;
         dev.region_mr = register(dev.pd, region.base_ptr(), region.len(), true)?;
-        let streams = connect_mesh(&cfg.tcp, listener, MAGIC)?;
+        let (streams, listener) = connect_mesh(&cfg.tcp, listener, MAGIC)?;
+        // a restarted node is not taken back over rdma: refuse every later connection
+        let me = cfg.tcp.node;
+        std::thread::Builder::new()
+            .name(format!("shoal-tcp-reject-{me}"))
+            .spawn(move || reject_strangers(listener, me))
+            .map_err(io)?;
         let nodes = streams.len() as u8;
         let mut inner = Inner {
             node: cfg.tcp.node,

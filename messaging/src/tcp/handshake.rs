@@ -3,13 +3,22 @@
 
 use super::*;
 
-pub(super) fn hello(magic: [u8; 4], cluster_id: u64, from: u8, to: u8) -> [u8; HELLO] {
+/// A hello: magic, protocol version, sender and receiver node, cluster id, and the sender's
+/// incarnation (which start of its process this is, see [`TcpConfig::incarnation`]).
+pub(super) fn hello(
+    magic: [u8; 4],
+    cluster_id: u64,
+    from: u8,
+    to: u8,
+    incarnation: u64,
+) -> [u8; HELLO] {
     let mut b = [0u8; HELLO];
     b[0..4].copy_from_slice(&magic);
     b[4..6].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
     b[6] = from;
     b[7] = to;
     b[8..16].copy_from_slice(&cluster_id.to_le_bytes());
+    b[16..24].copy_from_slice(&incarnation.to_le_bytes());
     b
 }
 
@@ -82,7 +91,8 @@ pub(super) fn proof_ok(
 
 /// The dialing side of a handshake on a connected stream: hello and nonce out; the acceptor's
 /// hello, nonce and proof back (checked); our proof out; the acceptor's one-byte welcome back.
-/// Public for tests and tools that must speak the wire protocol as a node would.
+/// Public for tests and tools that must speak the wire protocol as a node would (with an
+/// incarnation of now, as a node that just started).
 pub fn dial_handshake(
     s: &mut TcpStream,
     cluster_id: u64,
@@ -91,19 +101,49 @@ pub fn dial_handshake(
     nodes: u8,
     secret: &[u8],
 ) -> Result<(), String> {
-    handshake_dial(s, MAGIC, cluster_id, me, peer, nodes, secret).map(|_| ())
+    let ends = Ends {
+        magic: MAGIC,
+        cluster: cluster_id,
+        me,
+        nodes,
+        incarnation: incarnation_now(),
+    };
+    handshake_dial(s, &ends, peer, secret).map(|_| ())
 }
 
+/// What this end says of itself in a hello, and checks the other end's hello against.
+#[derive(Clone, Copy)]
+pub(super) struct Ends {
+    pub(super) magic: [u8; 4],
+    pub(super) cluster: u64,
+    pub(super) me: u8,
+    pub(super) nodes: u8,
+    pub(super) incarnation: u64,
+}
+
+/// The other end of a finished handshake: who it proved to be, which incarnation of it, and
+/// what both ends saw.
+pub(super) struct Met {
+    pub(super) node: u8,
+    pub(super) incarnation: u64,
+    pub(super) transcript: Transcript,
+}
+
+/// The dialing side's handshake with `peer` (see [`dial_handshake`]).
 pub(super) fn handshake_dial(
     s: &mut TcpStream,
-    magic: [u8; 4],
-    cluster: u64,
-    me: u8,
+    ends: &Ends,
     peer: u8,
-    nodes: u8,
     secret: &[u8],
-) -> Result<Transcript, String> {
-    let hd = hello(magic, cluster, me, peer);
+) -> Result<Met, String> {
+    let Ends {
+        magic,
+        cluster,
+        me,
+        nodes,
+        ..
+    } = *ends;
+    let hd = hello(magic, cluster, me, peer, ends.incarnation);
     let nd = nonce()?;
     let mut out = [0u8; HELLO + NONCE];
     out[..HELLO].copy_from_slice(&hd);
@@ -127,7 +167,7 @@ pub(super) fn handshake_dial(
         .map_err(|e| closed(e, "instead of answering"))?;
     let ha: [u8; HELLO] = back[..HELLO].try_into().expect("hello bytes");
     let na: [u8; NONCE] = back[HELLO..HELLO + NONCE].try_into().expect("nonce bytes");
-    let from = check_hello(&ha, magic, cluster, me, nodes)?;
+    let (from, incarnation) = check_hello(&ha, magic, cluster, me, nodes)?;
     if from != peer {
         return Err(format!("expected node {peer}, node {from} answered"));
     }
@@ -148,17 +188,21 @@ pub(super) fn handshake_dial(
     let mut welcome = [0u8; 1];
     s.read_exact(&mut welcome)
         .map_err(|e| closed(e, "after this node's proof"))?;
-    Ok(transcript((&hd, &nd), (&ha, &na)))
+    Ok(Met {
+        node: from,
+        incarnation,
+        transcript: transcript((&hd, &nd), (&ha, &na)),
+    })
 }
 
-/// Check a peer's hello; returns the sender node.
+/// Check a peer's hello; returns the sender node and its incarnation.
 pub(super) fn check_hello(
     b: &[u8; HELLO],
     magic: [u8; 4],
     cluster_id: u64,
     me: u8,
     nodes: u8,
-) -> Result<u8, String> {
+) -> Result<(u8, u64), String> {
     if b[0..4] != magic {
         let sealed = |m: &[u8]| m == SEALED_MAGIC;
         if [MAGIC, SEALED_MAGIC].iter().any(|m| b[0..4] == m[..])
@@ -199,8 +243,11 @@ pub(super) fn check_hello(
     if b[6] >= nodes || b[6] == me {
         return Err(format!("sender node {} is not a peer", b[6]));
     }
-    Ok(b[6])
+    Ok((b[6], LittleEndian::read_u64(&b[16..])))
 }
+
+/// The acceptor's last byte of a handshake: it keeps the connection.
+pub(super) const WELCOME: u8 = 1;
 
 /// How long a connection may take to send its hello before the acceptor gives up on it.
 pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -253,22 +300,26 @@ impl RefusalLog {
 
 /// What an acceptor checks a connecting node against.
 pub(super) struct Who {
-    pub(super) magic: [u8; 4],
-    pub(super) cluster: u64,
-    pub(super) me: u8,
-    pub(super) nodes: u8,
+    pub(super) ends: Ends,
     pub(super) secret: Arc<[u8]>,
 }
 
 /// The accepting side of a handshake (at most [`HANDSHAKE_TIMEOUT`] per read, or until
 /// `deadline`): the dialer's hello and nonce in (checked); our hello, nonce and proof out; the
-/// dialer's proof in (checked). Returns the node the dialer proved to be and the transcript;
-/// the caller sends the one-byte welcome once it keeps the connection.
+/// dialer's proof in (checked). Returns who the dialer proved to be; the caller sends the
+/// one-byte welcome once it keeps the connection.
 pub(super) fn handshake_accept(
     s: &mut TcpStream,
     who: &Who,
     deadline: Instant,
-) -> Result<(u8, Transcript), String> {
+) -> Result<Met, String> {
+    let Ends {
+        magic,
+        cluster,
+        me,
+        nodes,
+        incarnation: mine,
+    } = who.ends;
     s.set_nonblocking(false).map_err(|e| e.to_string())?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
     let left = deadline.saturating_duration_since(Instant::now());
@@ -286,8 +337,8 @@ pub(super) fn handshake_accept(
     s.read_exact(&mut first).map_err(|e| silent(e, "hello"))?;
     let hd: [u8; HELLO] = first[..HELLO].try_into().expect("hello bytes");
     let nd: [u8; NONCE] = first[HELLO..].try_into().expect("nonce bytes");
-    let from = check_hello(&hd, who.magic, who.cluster, who.me, who.nodes)?;
-    let ha = hello(who.magic, who.cluster, who.me, from);
+    let (from, incarnation) = check_hello(&hd, magic, cluster, me, nodes)?;
+    let ha = hello(magic, cluster, me, from, mine);
     let na = nonce()?;
     let mut out = [0u8; HELLO + NONCE + PROOF];
     out[..HELLO].copy_from_slice(&ha);
@@ -307,5 +358,17 @@ pub(super) fn handshake_accept(
              credentials)"
         ));
     }
-    Ok((from, transcript((&hd, &nd), (&ha, &na))))
+    Ok(Met {
+        node: from,
+        incarnation,
+        transcript: transcript((&hd, &nd), (&ha, &na)),
+    })
+}
+
+/// An incarnation for a process starting now: microseconds since the Unix epoch (a restarted
+/// node's is larger than its last one's as long as the clock did not go back in between).
+pub fn incarnation_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }

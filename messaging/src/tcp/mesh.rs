@@ -59,13 +59,15 @@ pub fn free_loopback_addrs(n: usize) -> std::io::Result<Vec<SocketAddr>> {
 
 /// Connect this node to every peer over TCP: dial the higher ids, accept the lower ones on
 /// `listener`, each connection opened with a validated hello (`magic` names the transport, so a
-/// `tcp` node and an `rdma` node never pair up). Afterwards a thread keeps refusing strangers on
-/// the listener. Returns one link per node (`None` at this node's own index).
+/// `tcp` node and an `rdma` node never pair up). Returns one link per node (`None` at this
+/// node's own index) and the listener, which the caller keeps serving: the tcp transport takes
+/// restarted nodes on it (`rejoin.rs`), rdma refuses every later connection
+/// ([`reject_strangers`]).
 pub(crate) fn connect_mesh(
     cfg: &TcpConfig,
     listener: TcpListener,
     magic: [u8; 4],
-) -> Result<Vec<Option<Link>>, MsgError> {
+) -> Result<(Vec<Option<Link>>, TcpListener), MsgError> {
     let nodes = cfg.addrs.len();
     if nodes == 0 || nodes > 64 || cfg.node as usize >= nodes {
         return Err(MsgError::Config(format!(
@@ -73,6 +75,13 @@ pub(crate) fn connect_mesh(
             cfg.node
         )));
     }
+    let ends = Ends {
+        magic,
+        cluster: cfg.cluster_id,
+        me: cfg.node,
+        nodes: nodes as u8,
+        incarnation: cfg.incarnation,
+    };
     let nodes = nodes as u8;
     let deadline = Instant::now() + cfg.connect_timeout;
     let mut streams: Vec<Option<Link>> = (0..nodes).map(|_| None).collect();
@@ -80,72 +89,43 @@ pub(crate) fn connect_mesh(
     let expect_lower = cfg.node as usize;
     let acceptor = {
         let listener = listener.try_clone().map_err(io)?;
-        let (cluster, me) = (cfg.cluster_id, cfg.node);
         let secret: Arc<[u8]> = cfg.secret.clone().into();
         std::thread::Builder::new()
-            .name(format!("shoal-tcp-accept-{me}"))
-            .spawn(move || {
-                let who = Who {
-                    magic,
-                    cluster,
-                    me,
-                    nodes,
-                    secret,
-                };
-                accept_peers(listener, who, expect_lower, deadline)
-            })
+            .name(format!("shoal-tcp-accept-{}", cfg.node))
+            .spawn(move || accept_peers(listener, Who { ends, secret }, expect_lower, deadline))
             .map_err(io)?
     };
     for peer in cfg.node + 1..nodes {
         let addr = cfg.addrs[peer as usize];
-        let (stream, transcript) = dial(
-            addr,
-            magic,
-            cfg.cluster_id,
-            cfg.node,
-            peer,
-            nodes,
-            deadline,
-            &cfg.secret,
-        )?;
+        let (stream, met) = dial(addr, &ends, peer, deadline, &cfg.secret)?;
         streams[peer as usize] = Some(Link {
             stream,
-            transcript,
+            met,
             dialed: true,
         });
     }
     let accepted = acceptor
         .join()
         .map_err(|_| MsgError::Io("acceptor thread panicked".into()))??;
-    for (peer, stream, transcript) in accepted {
-        streams[peer as usize] = Some(Link {
+    for (stream, met) in accepted {
+        let peer = met.node as usize;
+        streams[peer] = Some(Link {
             stream,
-            transcript,
+            met,
             dialed: false,
         });
     }
-    // keep rejecting strangers on the listener for the life of the process
-    std::thread::Builder::new()
-        .name(format!("shoal-tcp-reject-{}", cfg.node))
-        .spawn({
-            let me = cfg.node;
-            move || reject_strangers(listener, me)
-        })
-        .map_err(io)?;
-    Ok(streams)
+    Ok((streams, listener))
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Dial `peer` at `addr` until it accepts or `deadline` passes, and do the handshake.
 pub(super) fn dial(
     addr: SocketAddr,
-    magic: [u8; 4],
-    cluster: u64,
-    me: u8,
+    ends: &Ends,
     peer: u8,
-    nodes: u8,
     deadline: Instant,
     secret: &[u8],
-) -> Result<(TcpStream, Transcript), MsgError> {
+) -> Result<(TcpStream, Met), MsgError> {
     let hs = |why: String| MsgError::Handshake {
         addr: addr.to_string(),
         why,
@@ -169,16 +149,14 @@ pub(super) fn dial(
                 s.set_nodelay(true).map_err(io)?;
                 s.set_read_timeout(Some(left.max(Duration::from_millis(10))))
                     .map_err(io)?;
-                let t =
-                    handshake_dial(&mut s, magic, cluster, me, peer, nodes, secret).map_err(hs)?;
+                let met = handshake_dial(&mut s, ends, peer, secret).map_err(hs)?;
                 s.set_read_timeout(None).map_err(io)?;
-                return Ok((s, t));
+                return Ok((s, met));
             }
             Err(_) => std::thread::sleep(Duration::from_millis(20)), // not listening yet
         }
     }
 }
-
 /// Accept the `expect` lower-numbered peers. Each connection's hello is read on a thread of
 /// its own (at most [`MAX_PENDING_HANDSHAKES`] at once, each for at most
 /// [`HANDSHAKE_TIMEOUT`]), so idle or slow connections cannot hold up the real peers (issue
@@ -188,15 +166,11 @@ pub(super) fn accept_peers(
     who: Who,
     expect: usize,
     deadline: Instant,
-) -> Result<Vec<(u8, TcpStream, Transcript)>, MsgError> {
-    let me = who.me;
+) -> Result<Vec<(TcpStream, Met)>, MsgError> {
+    let me = who.ends.me;
     let who = Arc::new(who);
-    type Checked = (
-        Option<SocketAddr>,
-        TcpStream,
-        Result<(u8, Transcript), String>,
-    );
-    let mut got: Vec<(u8, TcpStream, Transcript)> = Vec::new();
+    type Checked = (Option<SocketAddr>, TcpStream, Result<Met, String>);
+    let mut got: Vec<(TcpStream, Met)> = Vec::new();
     let mut log = RefusalLog::new(me);
     let (tx, rx) = std::sync::mpsc::channel::<Checked>();
     let mut pending = 0usize;
@@ -204,7 +178,7 @@ pub(super) fn accept_peers(
     while got.len() < expect {
         if Instant::now() >= deadline {
             let missing: Vec<usize> = (0..expect)
-                .filter(|p| !got.iter().any(|(g, _, _)| *g as usize == *p))
+                .filter(|p| !got.iter().any(|(_, m)| m.node as usize == *p))
                 .collect();
             return Err(MsgError::Handshake {
                 addr: listener
@@ -217,16 +191,17 @@ pub(super) fn accept_peers(
         // hellos read meanwhile
         while let Ok((from_addr, mut s, r)) = rx.try_recv() {
             pending -= 1;
-            let r = r.and_then(|(from, t)| {
-                if from as usize >= expect || got.iter().any(|(g, _, _)| *g == from) {
+            let r = r.and_then(|met| {
+                let from = met.node;
+                if from as usize >= expect || got.iter().any(|(_, m)| m.node == from) {
                     return Err(format!("unexpected connection from node {from}"));
                 }
                 s.set_read_timeout(None).map_err(|e| e.to_string())?;
-                s.write_all(&[1]).map_err(|e| e.to_string())?; // welcome
-                Ok((from, t))
+                s.write_all(&[WELCOME]).map_err(|e| e.to_string())?;
+                Ok(met)
             });
             match r {
-                Ok((from, t)) => got.push((from, s, t)),
+                Ok(met) => got.push((s, met)),
                 Err(why) => {
                     log.refused(from_addr, &why);
                     let _ = s.shutdown(Shutdown::Both);
@@ -268,7 +243,10 @@ pub(super) fn accept_peers(
     Ok(got)
 }
 
-pub(super) fn reject_strangers(listener: TcpListener, me: u8) {
+/// Refuse every connection on `listener` for the life of the process (a transport that takes
+/// no restarted nodes, once its cluster is complete).
+#[cfg(feature = "rdma")]
+pub(crate) fn reject_strangers(listener: TcpListener, me: u8) {
     let mut log = RefusalLog::new(me);
     for s in listener.incoming() {
         match s {

@@ -1,10 +1,11 @@
 //! `tcp`: one process per node, on one host or many. One TCP connection per pair of nodes
 //! (the lower id dials, the higher accepts), used in both directions, with TCP_NODELAY.
 //!
-//! **Handshake** (16 bytes each way): magic `SHLM`, protocol version, sender node, receiver
-//! node, cluster id. The acceptor checks all of it (and that it expects that peer) before
-//! answering with its own; the dialer checks the answer. Anything else closes the connection
-//! with a logged error.
+//! **Handshake** (24 bytes each way, then fresh nonces and proofs of the cluster secret): magic
+//! `SHLM`, protocol version, sender node, receiver node, cluster id, and the sender's
+//! **incarnation** (which start of its process this is: [`TcpConfig::incarnation`]). The
+//! acceptor checks all of it (and that it expects that peer) before answering with its own;
+//! the dialer checks the answer. Anything else closes the connection with a logged error.
 //!
 //! **Frames**: `offset u64 | len u32 | reserved u32 | len bytes`, a one-sided write into the
 //! receiver's region. With `encrypt` (a cluster secret is then required) every frame is sealed
@@ -24,35 +25,44 @@
 //! the local region is woken; pending and new requests to that peer fail with
 //! [`MsgError::PeerDead`]. A killed peer process closes its sockets at once (the kernel sends
 //! FIN/RST); a vanished host is caught by the caller's request timeout.
+//!
+//! **Rejoin** (`rejoin.rs`): a dead peer may connect again as a new incarnation (a restarted
+//! process), if the layer above takes restarted nodes ([`Transport::take_rejoins`]); the
+//! incarnation the link was given up on never connects again.
 
 mod handshake;
 mod mesh;
-pub use handshake::dial_handshake;
+mod rejoin;
 use handshake::*;
+pub use handshake::{dial_handshake, incarnation_now};
 pub(crate) use mesh::connect_mesh;
 pub use mesh::free_loopback_addrs;
+#[cfg(feature = "rdma")]
+pub(crate) use mesh::reject_strangers;
 
 use crate::error::MsgError;
 use crate::region::Region;
 use crate::seal::{self, Opener, Sealer, Transcript};
-use crate::transport::Transport;
+use crate::transport::{RejoinHook, Transport};
 use byteorder::{ByteOrder, LittleEndian};
 use parking_lot::Mutex;
 use std::io::{BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Hello magic of the `tcp` transport.
 const MAGIC: [u8; 4] = *b"SHLM";
 /// Hello magic of the `tcp` transport with sealed (encrypted) frames.
 const SEALED_MAGIC: [u8; 4] = *b"SHLE";
-/// Wire protocol version; both sides must match (2: the handshake proves the cluster secret).
-pub const PROTOCOL_VERSION: u16 = 2;
+/// Wire protocol version; both sides must match (2: the handshake proves the cluster secret;
+/// 3: hellos carry the sender's incarnation).
+pub const PROTOCOL_VERSION: u16 = 3;
 /// Largest single write a peer may send (a page plus slack).
 pub const MAX_FRAME: usize = 1 << 20;
-const HELLO: usize = 16;
+const HELLO: usize = 24;
 /// Handshake nonce bytes (fresh per connection and side: a recorded handshake does not verify
 /// against a new nonce).
 const NONCE: usize = 16;
@@ -79,6 +89,11 @@ pub struct TcpConfig {
     /// Seal every frame (AES-256-GCM with per-connection keys, messaging/src/seal.rs). Needs a
     /// secret; every node of a cluster must agree.
     pub encrypt: bool,
+    /// Which start of this node's process this is, told to every peer in the handshake. A peer
+    /// that lost its link to this node takes a connection from it again only with a larger
+    /// incarnation (a restarted process, not the one it gave up on). Default: the microseconds
+    /// since the Unix epoch when the config was made ([`incarnation_now`]).
+    pub incarnation: u64,
 }
 
 impl TcpConfig {
@@ -92,21 +107,42 @@ impl TcpConfig {
             connect_timeout: Duration::from_secs(30),
             secret: Vec::new(),
             encrypt: false,
+            incarnation: incarnation_now(),
         }
     }
 }
 
+/// One peer: its current connection (replaced when the peer rejoins as a new incarnation).
 struct Peer {
     addr: SocketAddr,
-    stream: TcpStream,
+    /// The connection's socket, to close it. Locked only to close or replace it, never while
+    /// writing (a write blocked on a stopped peer must not keep anyone from closing).
+    socket: Mutex<Socket>,
     writer: Mutex<Writer>,
+    /// The current connection is open. Release when set (after the connection is in place),
+    /// Acquire when read.
     alive: AtomicBool,
+    /// The receiver thread of the current connection (joined before a new one starts).
+    reader: Mutex<Option<JoinHandle<()>>>,
+    /// An attempt to connect this (dead) peer again is under way (`rejoin.rs`).
+    joining: AtomicBool,
+}
+
+/// A peer's socket, which connection it is, and which incarnation of the peer is behind it.
+struct Socket {
+    stream: TcpStream,
+    /// Connections to this peer so far (the first is 1): a failure seen on an older
+    /// connection does not close the current one.
+    link: u64,
+    incarnation: u64,
 }
 
 /// The sending end of one connection: the stream, the sealer of an encrypted one, and a frame
 /// buffer reused from write to write.
 struct Writer {
     stream: TcpStream,
+    /// The connection `stream` belongs to ([`Socket::link`]).
+    link: u64,
     sealer: Option<Sealer>,
     frame: Vec<u8>,
 }
@@ -114,10 +150,52 @@ struct Writer {
 /// A connected, authenticated peer connection as [`connect_mesh`] returns it.
 pub(crate) struct Link {
     pub stream: TcpStream,
-    /// What both ends saw in the handshake (keys for sealed frames are derived from it).
-    transcript: Transcript,
+    /// Who the other end proved to be, and what both ends saw (keys for sealed frames are
+    /// derived from it).
+    met: Met,
     /// This end dialed (the lower node id dials).
     dialed: bool,
+}
+
+/// A new connection's parts: the socket and writer to put in its peer's place, and the
+/// receiving end for its receiver thread.
+struct Connection {
+    socket: Socket,
+    writer: Writer,
+}
+
+impl Connection {
+    /// Split link `l` (connection number `link` to its peer) into its parts, with the keys of
+    /// its sealed frames when `encrypt`.
+    #[allow(clippy::type_complexity)]
+    fn new(
+        l: Link,
+        link: u64,
+        secret: &[u8],
+        encrypt: bool,
+    ) -> Result<(Connection, (TcpStream, Option<Opener>)), MsgError> {
+        l.stream.set_read_timeout(None).map_err(io)?;
+        let (sealer, opener) = if encrypt {
+            let k = seal::keys(secret, &l.met.transcript, l.dialed);
+            (Some(k.send), Some(k.recv))
+        } else {
+            (None, None)
+        };
+        let c = Connection {
+            writer: Writer {
+                stream: l.stream.try_clone().map_err(io)?,
+                link,
+                sealer,
+                frame: Vec::new(),
+            },
+            socket: Socket {
+                stream: l.stream.try_clone().map_err(io)?,
+                link,
+                incarnation: l.met.incarnation,
+            },
+        };
+        Ok((c, (l.stream, opener)))
+    }
 }
 
 /// One node's TCP transport.
@@ -128,6 +206,12 @@ pub struct TcpTransport {
     region: Arc<Region>,
     peers: Vec<Option<Peer>>,
     closed: AtomicBool,
+    /// How this node presents itself in hellos, and what it asks of peers' hellos.
+    ends: Ends,
+    secret: Arc<[u8]>,
+    encrypt: bool,
+    /// Set by the layer above when it takes restarted nodes back ([`Transport::take_rejoins`]).
+    rejoin: OnceLock<RejoinHook>,
 }
 
 impl TcpTransport {
@@ -144,37 +228,28 @@ impl TcpTransport {
             ));
         }
         let magic = if cfg.encrypt { SEALED_MAGIC } else { MAGIC };
-        let mut links = connect_mesh(&cfg, listener, magic)?;
+        let (mut links, listener) = connect_mesh(&cfg, listener, magic)?;
         let nodes = links.len() as u8;
         let mut peers = Vec::with_capacity(nodes as usize);
-        let mut openers = Vec::with_capacity(nodes as usize);
+        let mut firsts = Vec::new();
         for (i, l) in links.drain(..).enumerate() {
             peers.push(match l {
                 None if i == cfg.node as usize => None,
                 None => return Err(MsgError::PeerDead(i as u8)),
                 Some(l) => {
-                    l.stream.set_read_timeout(None).map_err(io)?;
-                    let (sealer, opener) = if cfg.encrypt {
-                        let k = seal::keys(&cfg.secret, &l.transcript, l.dialed);
-                        (Some(k.send), Some(k.recv))
-                    } else {
-                        (None, None)
-                    };
-                    openers.push(opener);
+                    let (c, reader) = Connection::new(l, 1, &cfg.secret, cfg.encrypt)?;
+                    firsts.push((i as u8, reader));
                     Some(Peer {
                         addr: cfg.addrs[i],
-                        writer: Mutex::new(Writer {
-                            stream: l.stream.try_clone().map_err(io)?,
-                            sealer,
-                            frame: Vec::new(),
-                        }),
-                        stream: l.stream,
+                        socket: Mutex::new(c.socket),
+                        writer: Mutex::new(c.writer),
                         alive: AtomicBool::new(true),
+                        reader: Mutex::new(None),
+                        joining: AtomicBool::new(false),
                     })
                 }
             });
         }
-        let mut openers = openers.into_iter();
         let t = Arc::new(TcpTransport {
             node: cfg.node,
             nodes,
@@ -182,19 +257,49 @@ impl TcpTransport {
             region,
             peers,
             closed: AtomicBool::new(false),
+            ends: Ends {
+                magic,
+                cluster: cfg.cluster_id,
+                me: cfg.node,
+                nodes,
+                incarnation: cfg.incarnation,
+            },
+            secret: cfg.secret.clone().into(),
+            encrypt: cfg.encrypt,
+            rejoin: OnceLock::new(),
         });
-        for (i, p) in t.peers.iter().enumerate() {
-            if let Some(p) = p {
-                let reader = p.stream.try_clone().map_err(io)?;
-                let opener = openers.next().expect("an opener slot per peer");
-                let t2 = Arc::clone(&t);
-                std::thread::Builder::new()
-                    .name(format!("shoal-tcp-rx-{}-{i}", cfg.node))
-                    .spawn(move || t2.receive(i as u8, reader, opener))
-                    .map_err(io)?;
-            }
+        for (peer, reader) in firsts {
+            t.start_reader(peer, 1, reader)?;
         }
+        rejoin::serve(&t, listener)?;
         Ok(t)
+    }
+
+    /// Start the receiver thread of connection `link` to `peer`.
+    fn start_reader(
+        self: &Arc<Self>,
+        peer: u8,
+        link: u64,
+        (stream, opener): (TcpStream, Option<Opener>),
+    ) -> Result<(), MsgError> {
+        let Some(Some(p)) = self.peers.get(peer as usize) else {
+            return Err(MsgError::NoSuchPeer(peer, self.nodes));
+        };
+        let t = Arc::clone(self);
+        let h = std::thread::Builder::new()
+            .name(format!("shoal-tcp-rx-{}-{peer}", self.node))
+            .spawn(move || t.receive(peer, link, stream, opener))
+            .map_err(io)?;
+        *p.reader.lock() = Some(h);
+        Ok(())
+    }
+
+    /// The incarnation of `peer` behind its current (or last) connection.
+    pub fn incarnation_of(&self, peer: u8) -> Option<u64> {
+        match self.peers.get(peer as usize) {
+            Some(Some(p)) => Some(p.socket.lock().incarnation),
+            _ => None,
+        }
     }
 
     pub fn cluster_id(&self) -> u64 {
@@ -218,7 +323,7 @@ impl TcpTransport {
     /// through a buffer of [`READ_BUFFER`] bytes: one system call takes in every frame that has
     /// arrived (a page's frame and its message's, a burst of messages) instead of two per
     /// frame.
-    fn receive(&self, peer: u8, s: TcpStream, opener: Option<Opener>) {
+    fn receive(&self, peer: u8, link: u64, s: TcpStream, opener: Option<Opener>) {
         let mut s = BufReader::with_capacity(READ_BUFFER, s);
         let mut burst = Burst {
             region: &self.region,
@@ -232,7 +337,7 @@ impl TcpTransport {
         if !self.closed.load(Ordering::Acquire) {
             log::error!("node {}: dropping node {peer}: {why}", self.node);
         }
-        self.mark_dead(peer);
+        self.mark_dead(peer, Some(link));
     }
 
     /// Plain frames; returns why the connection ended.
@@ -337,9 +442,11 @@ impl TcpTransport {
             let mut w = p.writer.lock();
             let Writer {
                 stream,
+                link,
                 sealer,
                 frame,
             } = &mut *w;
+            let link = *link;
             frame.clear();
             for &(offset, data) in writes {
                 let start = frame.len();
@@ -360,23 +467,28 @@ impl TcpTransport {
             {
                 *frame = Vec::new(); // do not keep a large frame's buffer
             }
-            r
+            r.map_err(|e| (e, link))
         };
-        r.map_err(|e| {
+        r.map_err(|(e, link)| {
             log::error!(
                 "node {}: writing to node {peer} at {}: {e}",
                 self.node,
                 p.addr
             );
-            self.mark_dead(peer);
+            self.mark_dead(peer, Some(link));
             MsgError::PeerDead(peer)
         })
     }
 
-    fn mark_dead(&self, peer: u8) {
+    /// Close `peer`'s connection `link` (`None`: whichever is current) and mark the peer dead,
+    /// unless a newer connection replaced that one meanwhile.
+    fn mark_dead(&self, peer: u8, link: Option<u64>) {
         if let Some(Some(p)) = self.peers.get(peer as usize) {
-            p.alive.store(false, Ordering::Release);
-            let _ = p.stream.shutdown(Shutdown::Both);
+            let s = p.socket.lock();
+            if link.is_none_or(|l| l == s.link) {
+                p.alive.store(false, Ordering::Release);
+                let _ = s.stream.shutdown(Shutdown::Both);
+            }
         }
         self.region.wake_all();
     }
@@ -385,8 +497,9 @@ impl TcpTransport {
     pub fn shutdown(&self) {
         self.closed.store(true, Ordering::Release);
         for p in self.peers.iter().flatten() {
+            let s = p.socket.lock();
             p.alive.store(false, Ordering::Release);
-            let _ = p.stream.shutdown(Shutdown::Both);
+            let _ = s.stream.shutdown(Shutdown::Both);
         }
         self.region.wake_all();
     }
@@ -439,7 +552,7 @@ impl Drop for Burst<'_> {
 
 impl Transport for TcpTransport {
     fn sever(&self, peer: u8) {
-        self.mark_dead(peer); // closes the connection: the peer sees this node die
+        self.mark_dead(peer, None); // closes the connection: the peer sees this node die
     }
     fn departing(&self) {
         self.closed.store(true, Ordering::Release);
@@ -448,7 +561,7 @@ impl Transport for TcpTransport {
         self.closed.store(true, Ordering::Release);
         // FIN after everything written; keep reading so peers' last writes still land
         for p in self.peers.iter().flatten() {
-            let _ = p.stream.shutdown(Shutdown::Write);
+            let _ = p.socket.lock().stream.shutdown(Shutdown::Write);
         }
         let t0 = Instant::now();
         while t0.elapsed() < linger
@@ -498,6 +611,9 @@ impl Transport for TcpTransport {
         peer == self.node
             || matches!(self.peers.get(peer as usize), Some(Some(p)) if p.alive.load(Ordering::Acquire))
     }
+    fn take_rejoins(&self, hook: RejoinHook) -> bool {
+        self.rejoin.set(hook).is_ok()
+    }
 }
 
 impl Drop for TcpTransport {
@@ -516,8 +632,8 @@ mod tests {
 
     #[test]
     fn a_handshake_proof_verifies_only_with_the_same_secret_and_nonces() {
-        let hd = hello(MAGIC, 7, 0, 1);
-        let ha = hello(MAGIC, 7, 1, 0);
+        let hd = hello(MAGIC, 7, 0, 1, 5);
+        let ha = hello(MAGIC, 7, 1, 0, 6);
         let (nd, na) = (nonce().unwrap(), nonce().unwrap());
         assert_ne!(nd, na, "fresh nonces");
         let p = make_proof(b"s3cret", DIALER, (&hd, &nd), (&ha, &na));
@@ -554,15 +670,15 @@ mod tests {
 
     #[test]
     fn hello_validation() {
-        let h = hello(MAGIC, 7, 0, 1);
-        assert_eq!(check_hello(&h, MAGIC, 7, 1, 2), Ok(0));
+        let h = hello(MAGIC, 7, 0, 1, 5);
+        assert_eq!(check_hello(&h, MAGIC, 7, 1, 2), Ok((0, 5)));
         assert!(check_hello(&h, MAGIC, 8, 1, 2)
             .unwrap_err()
             .contains("cluster id"));
         assert!(check_hello(&h, MAGIC, 7, 2, 3)
             .unwrap_err()
             .contains("addressed to node 1"));
-        assert!(check_hello(&hello(MAGIC, 7, 5, 1), MAGIC, 7, 1, 2)
+        assert!(check_hello(&hello(MAGIC, 7, 5, 1, 5), MAGIC, 7, 1, 2)
             .unwrap_err()
             .contains("not a peer"));
         let mut bad = h;
