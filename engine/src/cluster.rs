@@ -116,6 +116,7 @@ impl ClusterBuilder {
             .map(|(i, l)| {
                 let mut cfg = TcpConfig::new(i as u8, u64::from(std::process::id()), addrs.clone());
                 cfg.secret = secret.clone();
+                cfg.messages_version = crate::coherence::wire::WIRE_VERSION;
                 let region = layout.region();
                 std::thread::spawn(move || -> Result<Arc<dyn Transport>, EngineError> {
                     let region = region

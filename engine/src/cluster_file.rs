@@ -415,6 +415,7 @@ pub fn join(file: &ClusterFile, id: u8, cfg: EngineConfig) -> Result<Engine, Eng
     tcp_cfg.connect_timeout = file.connect_timeout;
     tcp_cfg.secret = file.secret.0.clone();
     tcp_cfg.encrypt = file.encrypt;
+    tcp_cfg.messages_version = crate::coherence::wire::WIRE_VERSION;
     let tcp = TcpTransport::start(tcp_cfg, listener, Arc::new(region)).map_err(|e| {
         EngineError::Join {
             node: id,

@@ -625,8 +625,8 @@ fn a_replayed_handshake_is_refused() {
     .unwrap();
     let t1 = node1.join().unwrap().unwrap();
     drop((t0, t1));
-    // the dialer's side: hello 24 + nonce 16, then its proof 32
-    let recorded: Vec<u8> = seen.lock().unwrap()[..72].to_vec();
+    // the dialer's side: hello 32 + nonce 16, then its proof 32
+    let recorded: Vec<u8> = seen.lock().unwrap()[..80].to_vec();
 
     // replay it to a node 1 of the same cluster and secret
     let (ls, addrs) = listeners(2);
@@ -637,10 +637,10 @@ fn a_replayed_handshake_is_refused() {
         std::thread::spawn(move || TcpTransport::start(c1, l1, Arc::new(layout.region().unwrap())));
     let mut s = TcpStream::connect(addrs[1]).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(&recorded[..40]).unwrap();
-    let mut answer = [0u8; 24 + 16 + 32];
+    s.write_all(&recorded[..48]).unwrap();
+    let mut answer = [0u8; 32 + 16 + 32];
     s.read_exact(&mut answer).unwrap();
-    s.write_all(&recorded[40..72]).unwrap();
+    s.write_all(&recorded[48..80]).unwrap();
     let mut welcome = [0u8; 1];
     match s.read(&mut welcome) {
         Ok(0) => {}
@@ -759,5 +759,35 @@ fn receiver_answers(encrypt: bool) {
         *served_on.lock().unwrap(),
         ["shoal-tcp-rx-1-0".to_string()].into(),
         "node 1's service ran on its receiver thread only"
+    );
+}
+
+/// Nodes whose layers above send messages of different versions (two builds of Shoal) refuse
+/// each other at the handshake, with an error naming both versions.
+#[test]
+fn nodes_whose_messages_differ_in_version_refuse_each_other() {
+    let layout = Layout { nodes: 2, ..LAYOUT };
+    let (ls, addrs) = listeners(2);
+    let mut ls = ls.into_iter();
+    let (l0, l1) = (ls.next().unwrap(), ls.next().unwrap());
+    let mut c1 = cfg(1, &addrs);
+    c1.messages_version = 2;
+    c1.connect_timeout = Duration::from_secs(3);
+    let node1 =
+        std::thread::spawn(move || TcpTransport::start(c1, l1, Arc::new(layout.region().unwrap())));
+    let mut c0 = cfg(0, &addrs);
+    c0.messages_version = 1;
+    let r0 = TcpTransport::start(c0, l0, Arc::new(layout.region().unwrap()));
+    match r0 {
+        Err(MsgError::Handshake { why, .. }) => assert!(
+            why.contains("messages of version 2, this node's are of version 1"),
+            "{why}"
+        ),
+        Err(e) => panic!("refused, but with {e}"),
+        Ok(_) => panic!("nodes of two message versions paired up"),
+    }
+    assert!(
+        node1.join().unwrap().is_err(),
+        "node 1 did not pair up either"
     );
 }

@@ -19,6 +19,13 @@ use shoal_messaging::{Message, MsgError, BODY_BYTES, PAGE_BYTES};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Attached;
 
+/// Version of the coherence messages on the wire, told in every tcp handshake
+/// (`TcpConfig::messages_version`): nodes whose versions differ refuse each other with an
+/// error that says so, instead of dropping each other's messages as malformed. Bump it with
+/// every change to a message's layout or meaning (1: `Request` carries `again`; kinds 11 and
+/// 12, `Reclaim` and `Gone`).
+pub const WIRE_VERSION: u16 = 1;
+
 /// First message kind of the coherence protocol (kinds below belong to other protocols).
 pub const KIND_BASE: u8 = 16;
 const NO_NODE: u8 = 0xFF;

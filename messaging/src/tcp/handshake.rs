@@ -3,22 +3,19 @@
 
 use super::*;
 
-/// A hello: magic, protocol version, sender and receiver node, cluster id, and the sender's
-/// incarnation (which start of its process this is, see [`TcpConfig::incarnation`]).
-pub(super) fn hello(
-    magic: [u8; 4],
-    cluster_id: u64,
-    from: u8,
-    to: u8,
-    incarnation: u64,
-) -> [u8; HELLO] {
+/// A hello: magic, protocol version, sender and receiver node, cluster id, the sender's
+/// incarnation (which start of its process this is, see [`TcpConfig::incarnation`]), and the
+/// version of the messages its layer above sends ([`TcpConfig::messages_version`]); 6 bytes
+/// reserved (zero, not checked).
+pub(super) fn hello(ends: &Ends, to: u8) -> [u8; HELLO] {
     let mut b = [0u8; HELLO];
-    b[0..4].copy_from_slice(&magic);
+    b[0..4].copy_from_slice(&ends.magic);
     b[4..6].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
-    b[6] = from;
+    b[6] = ends.me;
     b[7] = to;
-    b[8..16].copy_from_slice(&cluster_id.to_le_bytes());
-    b[16..24].copy_from_slice(&incarnation.to_le_bytes());
+    b[8..16].copy_from_slice(&ends.cluster.to_le_bytes());
+    b[16..24].copy_from_slice(&ends.incarnation.to_le_bytes());
+    b[24..26].copy_from_slice(&ends.messages.to_le_bytes());
     b
 }
 
@@ -107,6 +104,7 @@ pub fn dial_handshake(
         me,
         nodes,
         incarnation: incarnation_now(),
+        messages: 0,
     };
     handshake_dial(s, &ends, peer, secret).map(|_| ())
 }
@@ -119,6 +117,8 @@ pub(super) struct Ends {
     pub(super) me: u8,
     pub(super) nodes: u8,
     pub(super) incarnation: u64,
+    /// [`TcpConfig::messages_version`].
+    pub(super) messages: u16,
 }
 
 /// The other end of a finished handshake: who it proved to be, which incarnation of it, and
@@ -136,14 +136,8 @@ pub(super) fn handshake_dial(
     peer: u8,
     secret: &[u8],
 ) -> Result<Met, String> {
-    let Ends {
-        magic,
-        cluster,
-        me,
-        nodes,
-        ..
-    } = *ends;
-    let hd = hello(magic, cluster, me, peer, ends.incarnation);
+    let me = ends.me;
+    let hd = hello(ends, peer);
     let nd = nonce()?;
     let mut out = [0u8; HELLO + NONCE];
     out[..HELLO].copy_from_slice(&hd);
@@ -154,8 +148,9 @@ pub(super) fn handshake_dial(
         | std::io::ErrorKind::ConnectionReset
         | std::io::ErrorKind::BrokenPipe => format!(
             "node {peer} closed the connection {what}: it refused this node (another cluster \
-             id, secret or encryption setting, a node {me} it already has, or not a shoal node \
-             at that address; see its log)"
+             id, secret, encryption setting or Shoal version, a node {me} it already has, a \
+             restarted node {me} that the running cluster does not take back, or not a shoal \
+             node at that address; see its log)"
         ),
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
             format!("node {peer} accepted the connection but never answered")
@@ -167,7 +162,7 @@ pub(super) fn handshake_dial(
         .map_err(|e| closed(e, "instead of answering"))?;
     let ha: [u8; HELLO] = back[..HELLO].try_into().expect("hello bytes");
     let na: [u8; NONCE] = back[HELLO..HELLO + NONCE].try_into().expect("nonce bytes");
-    let (from, incarnation) = check_hello(&ha, magic, cluster, me, nodes)?;
+    let (from, incarnation) = check_hello(&ha, ends)?;
     if from != peer {
         return Err(format!("expected node {peer}, node {from} answered"));
     }
@@ -195,14 +190,17 @@ pub(super) fn handshake_dial(
     })
 }
 
-/// Check a peer's hello; returns the sender node and its incarnation.
-pub(super) fn check_hello(
-    b: &[u8; HELLO],
-    magic: [u8; 4],
-    cluster_id: u64,
-    me: u8,
-    nodes: u8,
-) -> Result<(u8, u64), String> {
+/// Check a peer's hello against this end's `ends`; returns the sender node and its
+/// incarnation.
+pub(super) fn check_hello(b: &[u8; HELLO], ends: &Ends) -> Result<(u8, u64), String> {
+    let Ends {
+        magic,
+        cluster: cluster_id,
+        me,
+        nodes,
+        messages,
+        ..
+    } = *ends;
     if b[0..4] != magic {
         let sealed = |m: &[u8]| m == SEALED_MAGIC;
         if [MAGIC, SEALED_MAGIC].iter().any(|m| b[0..4] == m[..])
@@ -242,6 +240,14 @@ pub(super) fn check_hello(
     }
     if b[6] >= nodes || b[6] == me {
         return Err(format!("sender node {} is not a peer", b[6]));
+    }
+    let theirs = LittleEndian::read_u16(&b[24..]);
+    if theirs != messages {
+        return Err(format!(
+            "node {} sends messages of version {theirs}, this node's are of version \
+             {messages}: run the same version of Shoal on every node",
+            b[6]
+        ));
     }
     Ok((b[6], LittleEndian::read_u64(&b[16..])))
 }
@@ -313,13 +319,6 @@ pub(super) fn handshake_accept(
     who: &Who,
     deadline: Instant,
 ) -> Result<Met, String> {
-    let Ends {
-        magic,
-        cluster,
-        me,
-        nodes,
-        incarnation: mine,
-    } = who.ends;
     s.set_nonblocking(false).map_err(|e| e.to_string())?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
     let left = deadline.saturating_duration_since(Instant::now());
@@ -337,8 +336,22 @@ pub(super) fn handshake_accept(
     s.read_exact(&mut first).map_err(|e| silent(e, "hello"))?;
     let hd: [u8; HELLO] = first[..HELLO].try_into().expect("hello bytes");
     let nd: [u8; NONCE] = first[HELLO..].try_into().expect("nonce bytes");
-    let (from, incarnation) = check_hello(&hd, magic, cluster, me, nodes)?;
-    let ha = hello(magic, cluster, me, from, mine);
+    let (from, incarnation) = match check_hello(&hd, &who.ends) {
+        Ok(x) => x,
+        Err(why) => {
+            // Only the messages' version differs (two builds of Shoal): answer with our
+            // hello anyway, so that the dialer's error names both versions too.
+            let mut same = hd;
+            same[24..26].copy_from_slice(&who.ends.messages.to_le_bytes());
+            if let Ok((from, _)) = check_hello(&same, &who.ends) {
+                let mut out = [0u8; HELLO + NONCE + PROOF];
+                out[..HELLO].copy_from_slice(&hello(&who.ends, from));
+                let _ = s.write_all(&out);
+            }
+            return Err(why);
+        }
+    };
+    let ha = hello(&who.ends, from);
     let na = nonce()?;
     let mut out = [0u8; HELLO + NONCE + PROOF];
     out[..HELLO].copy_from_slice(&ha);

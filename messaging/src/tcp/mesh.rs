@@ -81,6 +81,7 @@ pub(crate) fn connect_mesh(
         me: cfg.node,
         nodes: nodes as u8,
         incarnation: cfg.incarnation,
+        messages: cfg.messages_version,
     };
     let nodes = nodes as u8;
     let deadline = Instant::now() + cfg.connect_timeout;

@@ -1,9 +1,10 @@
 //! `tcp`: one process per node, on one host or many. One TCP connection per pair of nodes
 //! (the lower id dials, the higher accepts), used in both directions, with TCP_NODELAY.
 //!
-//! **Handshake** (24 bytes each way, then fresh nonces and proofs of the cluster secret): magic
-//! `SHLM`, protocol version, sender node, receiver node, cluster id, and the sender's
-//! **incarnation** (which start of its process this is: [`TcpConfig::incarnation`]). The
+//! **Handshake** (32 bytes each way, then fresh nonces and proofs of the cluster secret): magic
+//! `SHLM`, protocol version, sender node, receiver node, cluster id, the sender's
+//! **incarnation** (which start of its process this is: [`TcpConfig::incarnation`]) and the
+//! version of the messages its layer above sends ([`TcpConfig::messages_version`]). The
 //! acceptor checks all of it (and that it expects that peer) before answering with its own;
 //! the dialer checks the answer. Anything else closes the connection with a logged error.
 //!
@@ -62,7 +63,7 @@ const SEALED_MAGIC: [u8; 4] = *b"SHLE";
 pub const PROTOCOL_VERSION: u16 = 3;
 /// Largest single write a peer may send (a page plus slack).
 pub const MAX_FRAME: usize = 1 << 20;
-const HELLO: usize = 24;
+const HELLO: usize = 32;
 /// Handshake nonce bytes (fresh per connection and side: a recorded handshake does not verify
 /// against a new nonce).
 const NONCE: usize = 16;
@@ -94,6 +95,11 @@ pub struct TcpConfig {
     /// incarnation (a restarted process, not the one it gave up on). Default: the microseconds
     /// since the Unix epoch when the config was made ([`incarnation_now`]).
     pub incarnation: u64,
+    /// The version of the messages the layer above sends over this transport (the engine's
+    /// coherence messages): both ends of a connection must say the same, so that nodes of
+    /// two builds whose messages differ refuse each other at the handshake instead of
+    /// dropping each other's messages as malformed. Default 0.
+    pub messages_version: u16,
 }
 
 impl TcpConfig {
@@ -108,6 +114,7 @@ impl TcpConfig {
             secret: Vec::new(),
             encrypt: false,
             incarnation: incarnation_now(),
+            messages_version: 0,
         }
     }
 }
@@ -263,6 +270,7 @@ impl TcpTransport {
                 me: cfg.node,
                 nodes,
                 incarnation: cfg.incarnation,
+                messages: cfg.messages_version,
             },
             secret: cfg.secret.clone().into(),
             encrypt: cfg.encrypt,
@@ -630,10 +638,22 @@ pub(crate) fn io(e: std::io::Error) -> MsgError {
 mod tests {
     use super::*;
 
+    /// Node `me` of a cluster 7 of `nodes`, incarnation 5, messages of version 1.
+    fn ends(me: u8, nodes: u8) -> Ends {
+        Ends {
+            magic: MAGIC,
+            cluster: 7,
+            me,
+            nodes,
+            incarnation: 5,
+            messages: 1,
+        }
+    }
+
     #[test]
     fn a_handshake_proof_verifies_only_with_the_same_secret_and_nonces() {
-        let hd = hello(MAGIC, 7, 0, 1, 5);
-        let ha = hello(MAGIC, 7, 1, 0, 6);
+        let hd = hello(&ends(0, 2), 1);
+        let ha = hello(&ends(1, 2), 0);
         let (nd, na) = (nonce().unwrap(), nonce().unwrap());
         assert_ne!(nd, na, "fresh nonces");
         let p = make_proof(b"s3cret", DIALER, (&hd, &nd), (&ha, &na));
@@ -670,27 +690,45 @@ mod tests {
 
     #[test]
     fn hello_validation() {
-        let h = hello(MAGIC, 7, 0, 1, 5);
-        assert_eq!(check_hello(&h, MAGIC, 7, 1, 2), Ok((0, 5)));
-        assert!(check_hello(&h, MAGIC, 8, 1, 2)
+        let h = hello(&ends(0, 2), 1);
+        assert_eq!(check_hello(&h, &ends(1, 2)), Ok((0, 5)));
+        let other_cluster = Ends {
+            cluster: 8,
+            ..ends(1, 2)
+        };
+        assert!(check_hello(&h, &other_cluster)
             .unwrap_err()
             .contains("cluster id"));
-        assert!(check_hello(&h, MAGIC, 7, 2, 3)
+        assert!(check_hello(&h, &ends(2, 3))
             .unwrap_err()
             .contains("addressed to node 1"));
-        assert!(check_hello(&hello(MAGIC, 7, 5, 1, 5), MAGIC, 7, 1, 2)
+        assert!(check_hello(&hello(&ends(5, 6), 1), &ends(1, 2))
             .unwrap_err()
             .contains("not a peer"));
         let mut bad = h;
         bad[0] = b'X';
-        assert!(check_hello(&bad, MAGIC, 7, 1, 2)
+        assert!(check_hello(&bad, &ends(1, 2))
             .unwrap_err()
             .contains("magic"));
         let mut v = h;
         v[4] = 9;
-        assert!(check_hello(&v, MAGIC, 7, 1, 2)
+        assert!(check_hello(&v, &ends(1, 2))
             .unwrap_err()
-            .contains("version"));
+            .contains("protocol version"));
+        let newer = Ends {
+            messages: 2,
+            ..ends(1, 2)
+        };
+        assert!(check_hello(&h, &newer)
+            .unwrap_err()
+            .contains("messages of version 1, this node's are of version 2"));
+        let mut incarnation = h;
+        incarnation[16] = 9;
+        assert_eq!(
+            check_hello(&incarnation, &ends(1, 2)),
+            Ok((0, 9)),
+            "the incarnation is the sender's own"
+        );
     }
 
     /// Ports for node processes: distinct across calls, bindable, and below the ephemeral
