@@ -182,6 +182,15 @@ impl Engine {
         Ok(())
     }
 
+    /// Whether this node restarted into a running cluster: its peers took it back when it
+    /// joined (docs/cluster.md, "Failures"). What it reads at its start is then no snapshot
+    /// of a quiet cluster: the others ran on meanwhile.
+    pub fn rejoined(&self) -> bool {
+        self.node
+            .coherence()
+            .is_some_and(|c| c.driver().ch.transport().taken_back())
+    }
+
     /// Counters of the coherence protocol (all zero for a single node).
     pub fn protocol_stats(&self) -> ProtocolStats {
         self.node.protocol_stats()

@@ -61,6 +61,8 @@ pub enum EngineError {
     AllocationTimeout { home: u8, ms: u64 },
     #[error("log fence: nodes {late:?} did not make their logs durable within {ms} ms (a checkpoint waits for them; docs/durability.md, \"Clusters\")")]
     FenceTimeout { late: Vec<u8>, ms: u64 },
+    #[error("node {node} restarted and is recovering from this node's log: no checkpoint moves the log's start meanwhile (docs/protocol.md, \"Rejoin\")")]
+    PeerRecovering { node: u8 },
     #[error("page {pid}: protocol violation: {why}")]
     ProtocolViolation { pid: Pid, why: String },
     #[error("node {node}: {count} pages {why}")]

@@ -171,6 +171,16 @@ impl Node {
                 .transport()
                 .region()
                 .set_service(Box::new(move || weak.upgrade().is_some_and(|n| n.help())));
+            // A peer that died and restarts is taken back (over tcp; the other transports
+            // refuse it): this node forgets its old incarnation first (coherence/rejoin.rs).
+            let weak = Arc::downgrade(&node);
+            c.driver()
+                .ch
+                .transport()
+                .take_rejoins(Arc::new(move |peer| match weak.upgrade() {
+                    Some(n) => n.take_back(peer),
+                    None => Err("this node is closing".into()),
+                }));
         }
         Ok(node)
     }
@@ -303,6 +313,18 @@ impl Node {
     /// wait (for threads waiting for this node's answer; see `Coherence::help`).
     pub fn help(&self) -> bool {
         self.coh.as_ref().is_some_and(|c| c.help(&self.buf))
+    }
+
+    /// Restarted peer `peer` is about to be connected again: forget its old incarnation
+    /// ([`Coherence::take_back`]); an error refuses it.
+    fn take_back(&self, peer: u8) -> Result<(), String> {
+        if self.buf.is_shutdown() {
+            return Err("this node is closing".into());
+        }
+        match &self.coh {
+            Some(c) => c.take_back(&self.buf, peer),
+            None => Err("this node is not a cluster member".into()),
+        }
     }
 
     /// The worker whose request brought `pid` ([`Missed::Brought`]) latched it.

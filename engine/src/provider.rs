@@ -240,7 +240,12 @@ impl Provider {
                 all_fenced = false;
             }
         }
-        log.finish_checkpoint(node.buffer().store(), c, all_fenced)?;
+        match node.coherence() {
+            Some(coh) => coh.finish_checkpoint_unless_recovering(|| {
+                log.finish_checkpoint(node.buffer().store(), c, all_fenced)
+            })?,
+            None => log.finish_checkpoint(node.buffer().store(), c, all_fenced)?,
+        }
         log::debug!(
             "node {}: checkpoint at LSN {c}: {written} pages written, {logged} pages of other homes logged whole, in {:.2} s",
             node.id(),

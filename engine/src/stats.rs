@@ -133,6 +133,9 @@ pub struct ProtocolStats {
     pub checkpoints_past_dead: u64,
     /// With a log: records those checkpoints carried over (into the log's carried file).
     pub records_carried: u64,
+    /// Restarted peers this node took back into the running cluster (docs/protocol.md,
+    /// "Rejoin").
+    pub rejoins: u64,
 }
 
 /// Counters of one log (all since open).

@@ -64,6 +64,17 @@ pub trait Transport: Send + Sync + 'static {
     /// The cluster is shutting down: peers closing their connections from now on is expected
     /// (not logged as an error).
     fn departing(&self) {}
+    /// Which connection to `peer` this node has: it changes when the peer was taken back as a
+    /// new incarnation ([`Transport::take_rejoins`]). Transports that never reconnect say 0.
+    fn connection(&self, peer: u8) -> u64 {
+        let _ = peer;
+        0
+    }
+    /// Whether peers took this node back when it started: it restarted into a running
+    /// cluster (tcp's hello says so; the others never do).
+    fn taken_back(&self) -> bool {
+        false
+    }
     /// From now on, take a dead peer back when it connects again as a new incarnation,
     /// running `hook` first (see [`RejoinHook`]). Returns whether the transport does (`tcp`
     /// does; a second hook is not taken). Without a hook every restarted node is refused.

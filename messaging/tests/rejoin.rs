@@ -196,6 +196,11 @@ fn rejoin(encrypt: bool) {
     wait_for("nodes 0 and 2 to take node 1 back", || {
         ts[0].peer_alive(1) && ts[2].peer_alive(1)
     });
+    assert!(
+        again.taken_back(),
+        "the restarted node knows it was taken back"
+    );
+    assert!(!ts[0].taken_back() && !ts[2].taken_back());
     assert_eq!(ts[0].incarnation_of(1), Some(first_incarnation + 10));
     assert_eq!(ts[2].incarnation_of(1), Some(first_incarnation + 10));
     // Fresh streams both ways: what the old incarnation left is gone, the new messages start

@@ -226,7 +226,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         t_join.elapsed().as_secs_f64()
     );
     let r = check(&engine, &a, n, limit, logged);
-    let (report, ok) = match r {
+    let (report, ok, together) = match r {
         Ok(x) => x,
         Err(e) => {
             abandon(&engine);
@@ -240,20 +240,23 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         )
         .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
     }
-    if ok {
-        engine
-            .leave(limit)
-            .map_err(|e| anyhow::anyhow!("leaving the cluster: {e}"))?;
-        say!("node {}: left the cluster cleanly", a.id);
-        Ok(if crate::stop::requested() {
-            ExitCode::from(crate::stop::STOPPED_EXIT)
-        } else {
-            ExitCode::SUCCESS
-        })
-    } else {
+    if !together {
         abandon(&engine);
-        Ok(ExitCode::from(1))
+        return Ok(ExitCode::from(1));
     }
+    // every node met the others at the end of the run and read the sums: they all leave in
+    // order, also those that saw errors on the way (a node that was away for a while)
+    engine
+        .leave(limit)
+        .map_err(|e| anyhow::anyhow!("leaving the cluster: {e}"))?;
+    say!("node {}: left the cluster cleanly", a.id);
+    Ok(if !ok {
+        ExitCode::from(1)
+    } else if crate::stop::requested() {
+        ExitCode::from(crate::stop::STOPPED_EXIT)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// Shut down after a failure: send what can go home (bounded), then close locally.
@@ -266,13 +269,15 @@ fn abandon(engine: &Engine) {
     }
 }
 
+/// Run the check: its report, whether it passed, and whether this node met the others at
+/// the end of the run and read the sums there (then every node leaves in order).
 fn check(
     engine: &Engine,
     a: &Args,
     n: usize,
     limit: Duration,
     logged: bool,
-) -> anyhow::Result<(serde_json::Value, bool)> {
+) -> anyhow::Result<(serde_json::Value, bool, bool)> {
     let me = a.id;
     let barrier = |what: &str| {
         engine
@@ -304,17 +309,27 @@ fn check(
         .collect::<Result<Vec<u64>, _>>()
         .map_err(|e| anyhow::anyhow!("reading the tallies: {e}"))?;
     let unclean = engine.store().opened_unclean();
-    say!(
-        "node {me}: start: counters sum {c0}, tallies sum {t0} ({}){}",
-        if c0 == t0 { "consistent" } else { "MISMATCH" },
-        match (c0 == t0, unclean) {
-            (_, true) =>
-                ": this node's store was opened after a crash: increments not written \
-                          back before it are lost, and the crashed run's tally was never written",
-            (false, false) if a.allow_unclean => ": a store of the cluster lost updates in a crash",
-            _ => "",
-        }
-    );
+    // restarted into a running cluster: the others increment while this node reads, so its
+    // start is no snapshot, and only the end (all of them past the last barrier) is judged
+    let rejoined = engine.rejoined();
+    if rejoined {
+        say!(
+            "node {me}: start: rejoined the running cluster (counters sum {c0}, tallies sum {t0} \
+             read while the others ran)"
+        );
+    } else {
+        say!(
+            "node {me}: start: counters sum {c0}, tallies sum {t0} ({}){}",
+            if c0 == t0 { "consistent" } else { "MISMATCH" },
+            match (c0 == t0, unclean) {
+                (_, true) =>
+                    ": this node's store was opened after a crash: increments not written \
+                              back before it are lost, and the crashed run's tally was never written",
+                (false, false) if a.allow_unclean => ": a store of the cluster lost updates in a crash",
+                _ => "",
+            }
+        );
+    }
     // read before the start barrier: once past it the others change them
     let page_sums0 = if a.per_page {
         Some(page_sums(&w, &all).map_err(|e| anyhow::anyhow!("reading the counters: {e}"))?)
@@ -444,12 +459,14 @@ fn check(
     let finished = tally.and_then(|_| barrier("end of the run"));
     let mut verdict = json!(null);
     let mut exact = false;
+    let mut together = false;
     if finished.is_ok() {
         match sums(&w, &all) {
             Ok((c1, t1)) => {
+                together = true;
                 // every increment of this run landed: the counters grew as much as the tallies
                 // (after a crash the start already differs; that loss is reported at the start)
-                let run_exact = c1 as i128 - c0 as i128 == t1 as i128 - t0 as i128;
+                let run_exact = rejoined || c1 as i128 - c0 as i128 == t1 as i128 - t0 as i128;
                 exact = run_exact && (c1 == t1 || a.allow_unclean);
                 verdict = json!({
                     "counters_sum": c1,
@@ -504,7 +521,7 @@ fn check(
         "increments": made,
         "duration_s": secs,
         "increments_per_s": made as f64 / secs.max(1e-9),
-        "start": {"counters_sum": c0, "tallies_sum": t0, "tallies": tallies0, "consistent": c0 == t0, "opened_after_crash": unclean},
+        "start": {"counters_sum": c0, "tallies_sum": t0, "tallies": tallies0, "consistent": c0 == t0, "opened_after_crash": unclean, "rejoined": rejoined},
         "stopped_by_signal": crate::stop::requested(),
         "end": verdict,
         "errors": errors.count,
@@ -528,6 +545,7 @@ fn check(
         "fences_held": p.fences_held,
         "checkpoints_past_dead": p.checkpoints_past_dead,
         "records_carried": p.records_carried,
+        "rejoins": p.rejoins,
         "evictions": st.evictions,
         "nvme_reads": st.store_reads,
         "nvme_writes": st.store_writes,
@@ -543,6 +561,7 @@ fn check(
         report["increments_by_page"] = json!(keyed(&by_page));
     }
     // a start mismatch (a crash lost updates) is accepted only when asked to open after one
-    let ok = (c0 == t0 || a.allow_unclean) && exact && errors.count == 0 && finished.is_ok();
-    Ok((report, ok))
+    let ok =
+        (c0 == t0 || a.allow_unclean || rejoined) && exact && errors.count == 0 && finished.is_ok();
+    Ok((report, ok, together))
 }

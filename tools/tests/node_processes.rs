@@ -763,3 +763,130 @@ fn pages_off(
     }
     off
 }
+
+/// Node `id`'s output so far.
+fn output(paths: &[PathBuf], id: usize) -> String {
+    std::fs::read_to_string(paths[id].with_extension("out")).unwrap_or_default()
+}
+
+/// Issue 45: a node killed with SIGKILL and started again with the same command line rejoins
+/// the running cluster, without a restart of the others. Nodes 0 and 1 increment counters on
+/// every node's pages (logged); node 2 makes no increments of its own (`--increments 0`), so it
+/// holds no other node's page when it dies (a page lost with it would have its start refused:
+/// docs/cluster.md, "Failures"), and waits at the end of the run, where it is killed while the
+/// others hold its pages changed, those changes only in their logs. Restarted, it is taken
+/// back by both, its recovery reads their logs, and they go on incrementing its pages; stopped
+/// with SIGTERM, nodes 0 and 1 end their run, all three meet at its end, and the counters equal
+/// the tallies.
+#[test]
+fn a_killed_node_started_again_with_the_same_command_line_rejoins_the_running_cluster() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let file = logged_cluster_file(dir.path(), 3);
+    let t0 = Instant::now();
+    let paths: Vec<PathBuf> = (0..3)
+        .map(|i| dir.path().join(format!("j{i}.json")))
+        .collect();
+    // nodes 0 and 1 run until stopped; node 2 only checks and waits at the end
+    let mut kids = Kids(
+        (0..3)
+            .map(|i| start_logged(&file, i, if i < 2 { 1 << 40 } else { 0 }, &paths[i]))
+            .collect(),
+    );
+    // (nodes 0 and 1 commit only once past the start barrier, which node 2 passed too: it
+    // is on its way to the end of the run, where it waits for them)
+    wait_while_running(&mut kids.0[0], 0, &paths, t0, "commits", || {
+        committed(&paths[0]) >= 500 && committed(&paths[1]) >= 500
+    });
+    let killed_at = committed(&paths[0]);
+    kids.0[2].kill().unwrap(); // SIGKILL
+    kids.0[2].wait().unwrap();
+    for i in 0..2 {
+        wait_while_running(
+            &mut kids.0[i],
+            i,
+            &paths,
+            t0,
+            "node 2's death noticed",
+            || output(&paths, i).contains("dropping node 2"),
+        );
+    }
+    // the same command line again
+    kids.0[2] = start_logged(&file, 2, 0, &paths[2]);
+    wait_while_running(
+        &mut kids.0[2],
+        2,
+        &paths,
+        t0,
+        "node 2 to rejoin and check",
+        || output(&paths, 2).contains("node 2: start:"),
+    );
+    for i in 0..2 {
+        assert!(
+            output(&paths, i).contains("taking restarted node 2 back"),
+            "node {i}; every node's output:\n{}",
+            outputs(&paths)
+        );
+    }
+    // the others go on, node 2's pages included
+    let rejoined_at = committed(&paths[0]);
+    wait_while_running(
+        &mut kids.0[0],
+        0,
+        &paths,
+        t0,
+        "commits after the rejoin",
+        || committed(&paths[0]) >= rejoined_at + 500,
+    );
+    for k in &kids.0[..2] {
+        let pid = k.id() as libc::pid_t;
+        // SAFETY: kill(2) with a child's pid and a signal number has no memory effects.
+        let r = unsafe { libc::kill(pid, libc::SIGTERM) };
+        assert_eq!(r, 0);
+    }
+    let mut rs = Vec::new();
+    let mut codes = Vec::new();
+    for (i, k) in kids.0.iter_mut().enumerate() {
+        codes.push(finish(k, i, &paths, t0).0);
+        rs.push(json(&paths[i]));
+    }
+    let all = outputs(&paths);
+    for (i, r) in rs.iter().enumerate() {
+        assert!(
+            r["finished"].is_null(),
+            "node {i} met the others at the end: {r}\n{all}"
+        );
+        assert_eq!(
+            r["end"]["counters_sum"], r["end"]["tallies_sum"],
+            "node {i}: {r}\n{all}"
+        );
+        assert!(
+            r["end"]["counters_sum"].as_u64().is_some_and(|c| c > 0),
+            "node {i}: {r}\n{all}"
+        );
+        if i < 2 {
+            // their run began with a consistent start: every increment of it landed
+            assert_eq!(r["end"]["exact"], true, "node {i}: {r}\n{all}");
+            assert_eq!(r["rejoins"], 1, "node {i}: {r}");
+            assert!(r["increments"].as_u64().unwrap() > killed_at, "{r}");
+            // node 2's pages were unreachable for a while only
+            let on_2 = r["errors_by_home"]["2"].as_u64().unwrap_or(0);
+            assert!(on_2 > 0, "node {i} saw node 2 dead: {r}");
+        } else {
+            assert!(
+                output(&paths, 2).contains("recovered from its log"),
+                "node 2 recovered its store first:\n{all}"
+            );
+            assert_eq!(r["start"]["rejoined"], true, "{r}\n{all}");
+            // nothing failed at the restarted node: it left in order
+            assert_eq!(codes[2], 0, "node 2:\n{all}");
+        }
+    }
+    // the tallies hold exactly the increments made (node 2 made none)
+    let tallies = rs[2]["end"]["tallies_sum"].as_u64().unwrap();
+    let made: u64 = rs[..2]
+        .iter()
+        .map(|r| r["increments"].as_u64().unwrap())
+        .sum();
+    assert_eq!(tallies, made, "tallies against increments made:\n{all}");
+}

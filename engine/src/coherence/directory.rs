@@ -475,6 +475,39 @@ impl DirEntry {
         Ok(())
     }
 
+    /// Whether the entry still counts on node `n`: as a holder (or a sharer that may hold
+    /// nothing), for a copy-back, an offer's answer or a forwarded read, or in a reclaim. A
+    /// home takes a restarted node back only once no entry counts on its old incarnation
+    /// (`Coherence::take_back`). The source of the last grant (`handed_by`) is not counted:
+    /// see [`forget_source`](Self::forget_source).
+    pub fn counts_on(&self, n: Node) -> bool {
+        let holds = match self.holders {
+            Holders::None => false,
+            Holders::Shared(s) => s & bit(n) != 0,
+            Holders::Exclusive(x) => x == n,
+        };
+        holds
+            || self.unsure & bit(n) != 0
+            || [
+                self.awaiting_copy_back,
+                self.offered,
+                self.forwarded_to,
+                self.reclaiming,
+                self.reclaiming_for,
+                self.chain.map(|(o, _)| o),
+            ]
+            .contains(&Some(n))
+    }
+
+    /// Forget that node `n` was the source of the last grant: its old incarnation is gone
+    /// for good (a restarted node took its place, and it holds nothing), so there is nothing
+    /// to reclaim from it if the holder dies (the page then dies with the holder).
+    pub fn forget_source(&mut self, n: Node) {
+        if self.handed_by == Some(n) {
+            self.handed_by = None;
+        }
+    }
+
     /// Nodes in `gone` can no longer use their copies (dead, and fenced: see
     /// docs/protocol.md, "Fencing"): each that is a sharer leaves the shared holder set as by
     /// a clean eviction (a shared copy is never newer than the home's). Never an exclusive

@@ -28,6 +28,17 @@ pub(super) struct Role {
     /// Nodes seen dead whose fence did not hold yet (`lease.rs`): offers to them, and requests
     /// that would need them as sharers, still wait.
     fence_due: u64,
+    /// Per node, the transport's connection to it when the last round looked
+    /// (`Transport::connection`): a new one is a restarted node taken back (`rejoin.rs`),
+    /// whose old incarnation's death was handled; it starts afresh.
+    connections: Vec<u64>,
+}
+
+impl Role {
+    /// Whether `n`'s death was handled here: noticed (its pages swept) and fenced.
+    pub(super) fn handled(&self, n: Node) -> bool {
+        self.dead_seen & bit(n) != 0 && self.fence_due & bit(n) == 0
+    }
 }
 
 /// What a round did.
@@ -203,6 +214,7 @@ impl Coherence {
     /// messages, serve waiting allocations, apply up to [`ROUND`] incoming messages, send the
     /// round's batches. Returns what it did.
     fn round(&self, buf: &Buffer, role: &mut Role) -> Round {
+        self.notice_rejoins(role);
         let dead = (0..self.nodes)
             .filter(|&n| n != self.me && !self.driver.ch.peer_alive(n))
             .fold(0u64, |m, n| m | (1 << n));
@@ -251,6 +263,32 @@ impl Coherence {
             self.driver.dead_drained.fetch_or(dead, Ordering::Release);
         }
         Round { applied, retried }
+    }
+
+    /// A node taken back since the last round (a new connection, `rejoin.rs`): what this node
+    /// kept about its old incarnation's death goes, so that a death of the new one is noticed
+    /// and handled as any other.
+    fn notice_rejoins(&self, role: &mut Role) {
+        let t = self.driver.ch.transport();
+        if role.connections.len() != self.nodes as usize {
+            role.connections = (0..self.nodes).map(|n| t.connection(n)).collect();
+            return;
+        }
+        for n in 0..self.nodes {
+            let c = t.connection(n);
+            if c != role.connections[n as usize] {
+                role.connections[n as usize] = c;
+                role.dead_seen &= !bit(n);
+                role.fence_due &= !bit(n);
+                // Release: as where it is set (`round`)
+                self.driver
+                    .dead_drained
+                    .fetch_and(!bit(n), Ordering::Release);
+                if self.driver.ch.peer_alive(n) {
+                    self.tell_barriers(n);
+                }
+            }
+        }
     }
 
     /// Take the handler role if it is free and messages wait, and run a round: for threads

@@ -112,6 +112,15 @@ impl Leases {
         self.heard[from as usize].store(coarse_now(), Ordering::Relaxed);
     }
 
+    /// Forget `peer`'s old incarnation (it restarted, `rejoin.rs`): no lease from it, no ping
+    /// heard from it, no answer yet (so the new one is not silent while it starts).
+    pub fn forget(&self, peer: Node) {
+        // Release: as `renew`; the others are read under the handler role
+        self.until[peer as usize].store(0, Ordering::Release);
+        self.heard[peer as usize].store(0, Ordering::Relaxed);
+        self.answered[peer as usize].store(0, Ordering::Relaxed);
+    }
+
     /// Whether `n`, believed dead, can no longer be using its copies of this node's pages: its
     /// last lease from us has run out, by our clock, with the margin. A node we never heard a
     /// ping from never had a lease.

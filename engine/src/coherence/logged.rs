@@ -216,9 +216,56 @@ impl Coherence {
         }
     }
 
+    /// `peer` restarted and is being taken back (`rejoin.rs`), and will recover from this
+    /// node's log: from now on no checkpoint finishes here until it answers a log fence (see
+    /// `Logged::recovering`); returns once a checkpoint finishing now is done.
+    pub(super) fn hold_checkpoints_for(&self, peer: Node) {
+        self.logged.recovering.lock()[peer as usize] = Some(std::time::Instant::now());
+        drop(self.logged.finishing.lock());
+    }
+
+    /// Run `finish` (the end of a checkpoint, which moves the log's start) unless a restarted
+    /// peer is recovering from this node's log (see `Logged::recovering`).
+    pub fn finish_checkpoint_unless_recovering<T>(
+        &self,
+        finish: impl FnOnce() -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        let _finishing = self.logged.finishing.lock();
+        let recovering = self
+            .logged
+            .recovering
+            .lock()
+            .iter()
+            .enumerate()
+            .find_map(|(n, t)| {
+                t.filter(|t| {
+                    self.driver.ch.peer_alive(n as Node) || t.elapsed() < self.waiting.timeout
+                })
+                .map(|_| n as Node)
+            });
+        match recovering {
+            Some(node) => Err(EngineError::PeerRecovering { node }),
+            None => finish(),
+        }
+    }
+
+    /// `peer` restarted and is being taken back (`rejoin.rs`): the pages noted for its old
+    /// incarnation, also those kept for good, are dropped once the new one answers a fence
+    /// numbered after now (it answers only once its recovery, which reads our log, is done);
+    /// until then they are carried over if it dies again.
+    pub(super) fn renote_for_rejoin(&self, peer: Node) {
+        // SeqCst: as in `note_handed`
+        let mark = self.logged.fence_seq.load(Ordering::SeqCst);
+        for m in self.logged.handed[peer as usize].lock().values_mut() {
+            *m = mark;
+        }
+    }
+
     /// A peer answered our fence `seq`: the pages handed it before that fence are logged
     /// there, durably.
     pub(super) fn on_log_fenced(&self, from: Node, seq: u64) {
+        // a restarted peer answers only once its recovery is done
+        self.logged.recovering.lock()[from as usize] = None;
         self.logged.fenced[from as usize].fetch_max(seq, Ordering::AcqRel);
         self.logged.handed[from as usize]
             .lock()
@@ -382,6 +429,15 @@ pub(super) struct Logged {
     continuous: std::sync::atomic::AtomicBool,
     /// Checkpoints may finish while a peer is dead (`carry_for_dead`).
     past_dead: std::sync::atomic::AtomicBool,
+    /// Per peer: when this node took it back as a restarted node (`rejoin.rs`), until it
+    /// answers a log fence (its recovery, which reads this node's log, is done by then).
+    /// Meanwhile no checkpoint here finishes (moves the log's start: the reader would find
+    /// its records overwritten), unless the peer stayed dead that long after (its start
+    /// failed).
+    recovering: parking_lot::Mutex<Vec<Option<std::time::Instant>>>,
+    /// Held by a checkpoint from its look at `recovering` to its end, and taken by a rejoin
+    /// after it marked its peer: no checkpoint that missed the mark is still finishing.
+    finishing: parking_lot::Mutex<()>,
 }
 
 impl Logged {
@@ -393,6 +449,8 @@ impl Logged {
             handed: (0..nodes).map(|_| Default::default()).collect(),
             continuous: Default::default(),
             past_dead: Default::default(),
+            recovering: parking_lot::Mutex::new(vec![None; nodes as usize]),
+            finishing: parking_lot::Mutex::new(()),
         }
     }
 }

@@ -23,6 +23,7 @@
 //! | `barrier.rs`, `alloc.rs` | workers, the handler | the cluster barrier; pages allocated on another node |
 //! | `logged.rs` | everyone | with a write-ahead log: a page leaves only once durable, a page received dirty is logged whole, log fences for checkpoints |
 //! | `census.rs` | a timed-out worker | what this node's frames and pages wait for, for the log |
+//! | `rejoin.rs` | the transport's rejoin | a restarted node taken back: its old incarnation forgotten, copies of its pages dropped |
 //!
 //! Per page this node has touched it keeps a `PageState`: the page's directory entry
 //! (meaningful at the page's home only), this node's [`PageCopy`] (whose data is the frame
@@ -59,6 +60,7 @@ mod home;
 mod lease;
 mod logged;
 mod pool;
+mod rejoin;
 mod send;
 #[cfg(test)]
 mod tests;
@@ -284,6 +286,8 @@ pub struct CoherenceCounters {
     pub checkpoints_past_dead: AtomicU64,
     /// See [`crate::stats::ProtocolStats::records_carried`].
     pub records_carried: AtomicU64,
+    /// See [`crate::stats::ProtocolStats::rejoins`].
+    pub rejoins: AtomicU64,
 }
 
 impl CoherenceCounters {
@@ -318,6 +322,7 @@ impl CoherenceCounters {
             fences_held: l(&self.fences_held),
             checkpoints_past_dead: l(&self.checkpoints_past_dead),
             records_carried: l(&self.records_carried),
+            rejoins: l(&self.rejoins),
         }
     }
 }

@@ -75,6 +75,17 @@ pub enum Deferred {
     },
 }
 
+impl Deferred {
+    /// Whether the deferred message came from, or is to be answered to, node `n`.
+    pub fn involves(&self, n: Node) -> bool {
+        match *self {
+            Deferred::Transfer { to, .. } => to == n,
+            Deferred::Invalidate { from, .. } => from == n,
+            Deferred::Reclaim { .. } => false,
+        }
+    }
+}
+
 /// What happened when a message was applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Step<D> {

@@ -5,8 +5,9 @@ use super::*;
 
 /// A hello: magic, protocol version, sender and receiver node, cluster id, the sender's
 /// incarnation (which start of its process this is, see [`TcpConfig::incarnation`]), and the
-/// version of the messages its layer above sends ([`TcpConfig::messages_version`]); 6 bytes
-/// reserved (zero, not checked).
+/// version of the messages its layer above sends ([`TcpConfig::messages_version`]), a flags
+/// byte (bit 0, [`TAKING_BACK`]: the sender runs and takes the receiver back as a restarted
+/// node); 5 bytes reserved (zero, not checked).
 pub(super) fn hello(ends: &Ends, to: u8) -> [u8; HELLO] {
     let mut b = [0u8; HELLO];
     b[0..4].copy_from_slice(&ends.magic);
@@ -16,8 +17,12 @@ pub(super) fn hello(ends: &Ends, to: u8) -> [u8; HELLO] {
     b[8..16].copy_from_slice(&ends.cluster.to_le_bytes());
     b[16..24].copy_from_slice(&ends.incarnation.to_le_bytes());
     b[24..26].copy_from_slice(&ends.messages.to_le_bytes());
+    b[26] = if ends.taking_back { TAKING_BACK } else { 0 };
     b
 }
+
+/// Hello flag: the sender is a running node taking the receiver back (`rejoin.rs`).
+pub(super) const TAKING_BACK: u8 = 1;
 
 /// One side's proof for a handshake: HMAC-SHA256 under the cluster secret of the role and both
 /// sides' hellos and nonces.
@@ -105,6 +110,7 @@ pub fn dial_handshake(
         nodes,
         incarnation: incarnation_now(),
         messages: 0,
+        taking_back: false,
     };
     handshake_dial(s, &ends, peer, secret).map(|_| ())
 }
@@ -119,6 +125,9 @@ pub(super) struct Ends {
     pub(super) incarnation: u64,
     /// [`TcpConfig::messages_version`].
     pub(super) messages: u16,
+    /// This end runs and takes the other end back as a restarted node (hello flag
+    /// [`TAKING_BACK`]).
+    pub(super) taking_back: bool,
 }
 
 /// The other end of a finished handshake: who it proved to be, which incarnation of it, and
@@ -126,6 +135,8 @@ pub(super) struct Ends {
 pub(super) struct Met {
     pub(super) node: u8,
     pub(super) incarnation: u64,
+    /// The other end runs and took this node back (it restarted into a running cluster).
+    pub(super) taking_back: bool,
     pub(super) transcript: Transcript,
 }
 
@@ -135,6 +146,19 @@ pub(super) fn handshake_dial(
     ends: &Ends,
     peer: u8,
     secret: &[u8],
+) -> Result<Met, String> {
+    handshake_dial_then(s, ends, peer, secret, |_| Ok(()))
+}
+
+/// [`handshake_dial`], running `before_proof` with the acceptor's incarnation once its hello
+/// and proof are checked, before this side's proof goes (after it, the acceptor welcomes the
+/// connection and counts it): an error there ends the handshake.
+pub(super) fn handshake_dial_then(
+    s: &mut TcpStream,
+    ends: &Ends,
+    peer: u8,
+    secret: &[u8],
+    before_proof: impl FnOnce(u64) -> Result<(), String>,
 ) -> Result<Met, String> {
     let me = ends.me;
     let hd = hello(ends, peer);
@@ -178,6 +202,7 @@ pub(super) fn handshake_dial(
              secrets differ, or another process answers at its address)"
         ));
     }
+    before_proof(incarnation)?;
     s.write_all(&make_proof(secret, DIALER, (&hd, &nd), (&ha, &na)))
         .map_err(|e| e.to_string())?;
     let mut welcome = [0u8; 1];
@@ -186,6 +211,7 @@ pub(super) fn handshake_dial(
     Ok(Met {
         node: from,
         incarnation,
+        taking_back: ha[26] & TAKING_BACK != 0,
         transcript: transcript((&hd, &nd), (&ha, &na)),
     })
 }
@@ -272,6 +298,9 @@ pub(super) struct RefusalLog {
     pub(super) me: u8,
     pub(super) since: Option<Instant>,
     pub(super) unlogged: u64,
+    /// What a line says happened: "refusing a connection from" (an acceptor), or "no
+    /// connection to" (a node dialing a dead peer again, `rejoin.rs`).
+    what: &'static str,
 }
 
 impl RefusalLog {
@@ -280,6 +309,15 @@ impl RefusalLog {
             me,
             since: None,
             unlogged: 0,
+            what: "refusing a connection from",
+        }
+    }
+
+    /// The log of a node dialing its dead peers again.
+    pub(super) fn dialing(me: u8) -> RefusalLog {
+        RefusalLog {
+            what: "no connection to",
+            ..RefusalLog::new(me)
         }
     }
 
@@ -293,8 +331,9 @@ impl RefusalLog {
                 n => format!(" ({} more refused since the last report)", n - 1),
             };
             log::error!(
-                "node {}: refusing a connection from {}: {why}{more}",
+                "node {}: {} {}: {why}{more}",
                 self.me,
+                self.what,
                 from.map_or("?".to_string(), |a| a.to_string())
             );
             self.since = Some(Instant::now());
@@ -374,6 +413,7 @@ pub(super) fn handshake_accept(
     Ok(Met {
         node: from,
         incarnation,
+        taking_back: hd[26] & TAKING_BACK != 0,
         transcript: transcript((&hd, &nd), (&ha, &na)),
     })
 }

@@ -82,6 +82,7 @@ pub(crate) fn connect_mesh(
         nodes: nodes as u8,
         incarnation: cfg.incarnation,
         messages: cfg.messages_version,
+        taking_back: false,
     };
     let nodes = nodes as u8;
     let deadline = Instant::now() + cfg.connect_timeout;

@@ -49,7 +49,7 @@ use byteorder::{ByteOrder, LittleEndian};
 use parking_lot::Mutex;
 use std::io::{BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -133,6 +133,9 @@ struct Peer {
     reader: Mutex<Option<JoinHandle<()>>>,
     /// An attempt to connect this (dead) peer again is under way (`rejoin.rs`).
     joining: AtomicBool,
+    /// [`Socket::link`] of the current connection, for readers that take no lock
+    /// ([`Transport::connection`]).
+    connection: AtomicU64,
 }
 
 /// A peer's socket, which connection it is, and which incarnation of the peer is behind it.
@@ -219,6 +222,8 @@ pub struct TcpTransport {
     encrypt: bool,
     /// Set by the layer above when it takes restarted nodes back ([`Transport::take_rejoins`]).
     rejoin: OnceLock<RejoinHook>,
+    /// Peers took this node back at its start: it restarted into a running cluster.
+    taken_back: bool,
 }
 
 impl TcpTransport {
@@ -239,6 +244,7 @@ impl TcpTransport {
         let nodes = links.len() as u8;
         let mut peers = Vec::with_capacity(nodes as usize);
         let mut firsts = Vec::new();
+        let taken_back = links.iter().flatten().any(|l| l.met.taking_back);
         for (i, l) in links.drain(..).enumerate() {
             peers.push(match l {
                 None if i == cfg.node as usize => None,
@@ -253,6 +259,7 @@ impl TcpTransport {
                         alive: AtomicBool::new(true),
                         reader: Mutex::new(None),
                         joining: AtomicBool::new(false),
+                        connection: AtomicU64::new(1),
                     })
                 }
             });
@@ -271,10 +278,12 @@ impl TcpTransport {
                 nodes,
                 incarnation: cfg.incarnation,
                 messages: cfg.messages_version,
+                taking_back: false,
             },
             secret: cfg.secret.clone().into(),
             encrypt: cfg.encrypt,
             rejoin: OnceLock::new(),
+            taken_back,
         });
         for (peer, reader) in firsts {
             t.start_reader(peer, 1, reader)?;
@@ -619,6 +628,16 @@ impl Transport for TcpTransport {
         peer == self.node
             || matches!(self.peers.get(peer as usize), Some(Some(p)) if p.alive.load(Ordering::Acquire))
     }
+    fn connection(&self, peer: u8) -> u64 {
+        match self.peers.get(peer as usize) {
+            // Acquire: pairs with the Release in `rejoin::install`
+            Some(Some(p)) => p.connection.load(Ordering::Acquire),
+            _ => 0,
+        }
+    }
+    fn taken_back(&self) -> bool {
+        self.taken_back
+    }
     fn take_rejoins(&self, hook: RejoinHook) -> bool {
         self.rejoin.set(hook).is_ok()
     }
@@ -647,6 +666,7 @@ mod tests {
             nodes,
             incarnation: 5,
             messages: 1,
+            taking_back: false,
         }
     }
 

@@ -14,10 +14,12 @@
 //! node that was cut off and resumed, not restarted: it must restart to rejoin), and any
 //! restarted node when the layer above takes none (the whole cluster must restart).
 //!
-//! **Order.** The layer above's hook runs while the peer is still dead here, before the
-//! handshake's last step (the acceptor's welcome; on the dialing side before the dial, since
-//! the acceptor counts the connection once it welcomed it): it resets what this node keeps
-//! about the peer. Then the old connection's receiver thread has ended (joined), the new
+//! **Order.** The layer above's hook runs while the peer is still dead here, once the other
+//! end proved who it is and that it is a new incarnation, before the step after which the
+//! other end counts the connection (the acceptor's welcome; on the dialing side, its own
+//! proof): it resets what this node keeps about the peer. A hook that takes longer than the
+//! acceptor waits for the proof ([`HANDSHAKE_TIMEOUT`]) costs that attempt; the next one, a
+//! redial later, finds its work done. Then the old connection's receiver thread has ended (joined), the new
 //! socket and writer replace the old ones, the peer is marked alive, and the new receiver
 //! starts. So no frame of the old connection is applied after the reset, and no frame of the
 //! new one before it; a failure seen on the old connection afterwards does not close the new
@@ -97,7 +99,7 @@ fn accept_rejoins(t: Weak<TcpTransport>, listener: TcpListener, me: u8) {
 }
 
 fn redial(t: Weak<TcpTransport>, me: u8) {
-    let mut log = RefusalLog::new(me);
+    let mut log = RefusalLog::dialing(me);
     loop {
         std::thread::sleep(REDIAL_EVERY);
         let Some(tr) = t.upgrade() else {
@@ -118,7 +120,7 @@ fn redial(t: Weak<TcpTransport>, me: u8) {
                     Some(Some(p)) => Some(p.addr),
                     _ => None,
                 };
-                log.refused(addr, &format!("dialing node {peer} again: {why}"));
+                log.refused(addr, &format!("node {peer} again: {why}"));
             }
         }
     }
@@ -153,7 +155,7 @@ impl TcpTransport {
     /// The accepting side: a connection that arrived after the mesh was up.
     fn admit(self: &Arc<Self>, mut s: TcpStream) -> Result<(), String> {
         let who = Who {
-            ends: self.ends,
+            ends: self.taking_back(),
             secret: Arc::clone(&self.secret),
         };
         let met = handshake_accept(&mut s, &who, Instant::now() + HANDSHAKE_TIMEOUT)?;
@@ -165,7 +167,7 @@ impl TcpTransport {
         }
         let p = self.peer(peer)?;
         let _joining = Joining::take(&p.joining, peer)?;
-        self.may_rejoin(&met)?;
+        self.may_rejoin(peer, met.incarnation)?;
         self.reset_for_rejoin(peer)?;
         s.set_read_timeout(None).map_err(|e| e.to_string())?;
         s.write_all(&[WELCOME]).map_err(|e| e.to_string())?;
@@ -194,10 +196,18 @@ impl TcpTransport {
         s.set_nodelay(true).map_err(|e| e.to_string())?;
         s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))
             .map_err(|e| e.to_string())?;
-        // the acceptor counts the connection once it welcomed it: reset first
-        self.reset_for_rejoin(peer)?;
-        let met = handshake_dial(&mut s, &self.ends, peer, &self.secret)?;
-        self.may_rejoin(&met)?;
+        // the acceptor counts the connection once it has our proof: a new incarnation (not
+        // the one given up on, resumed) and the reset, before it goes
+        let met = handshake_dial_then(
+            &mut s,
+            &self.taking_back(),
+            peer,
+            &self.secret,
+            |incarnation| {
+                self.may_rejoin(peer, incarnation)?;
+                self.reset_for_rejoin(peer)
+            },
+        )?;
         self.install(
             Link {
                 stream: s,
@@ -209,9 +219,16 @@ impl TcpTransport {
         .map_err(|e| e.to_string())
     }
 
-    /// Whether the node behind `met` may take its dead peer's place.
-    fn may_rejoin(&self, met: &Met) -> Result<(), String> {
-        let peer = met.node;
+    /// How this node says hello to a restarted node it takes back.
+    fn taking_back(&self) -> Ends {
+        Ends {
+            taking_back: true,
+            ..self.ends
+        }
+    }
+
+    /// Whether `peer`'s `incarnation` may take its dead predecessor's place.
+    fn may_rejoin(&self, peer: u8, incarnation: u64) -> Result<(), String> {
         let p = self.peer(peer)?;
         if p.alive.load(Ordering::Acquire) {
             return Err(format!(
@@ -220,12 +237,11 @@ impl TcpTransport {
             ));
         }
         let lost = p.socket.lock().incarnation;
-        if met.incarnation <= lost {
+        if incarnation <= lost {
             return Err(format!(
-                "node {peer} was given up on and has not restarted since (incarnation {}, \
-                 the link was lost with {lost}): a node the cluster gave up on must restart \
-                 to rejoin",
-                met.incarnation
+                "node {peer} was given up on and has not restarted since (incarnation \
+                 {incarnation}, the link was lost with {lost}): a node the cluster gave up on \
+                 must restart to rejoin"
             ));
         }
         if self.rejoin.get().is_none() {
@@ -262,8 +278,12 @@ impl TcpTransport {
         let (c, reader) = Connection::new(l, link, &self.secret, self.encrypt)?;
         *p.writer.lock() = c.writer;
         *p.socket.lock() = c.socket;
-        // Release: the new socket and writer are in place before a sender sees the peer alive
+        // Release (both): the new socket and writer are in place before anyone sees the peer
+        // alive or the new connection; alive first, so that a reader that sees the new
+        // connection (Acquire) and then looks at the peer sees it alive (the engine's handler
+        // must not take the new incarnation for dead: `notice_rejoins`)
         p.alive.store(true, Ordering::Release);
+        p.connection.store(link, Ordering::Release);
         self.start_reader(peer, link, reader)?;
         log::warn!(
             "node {}: node {peer} rejoined (incarnation {incarnation}, connection {link})",
