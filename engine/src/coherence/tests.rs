@@ -699,3 +699,66 @@ fn a_page_chained_through_a_node_that_died_before_taking_it_is_reclaimed_from_th
     );
     assert_eq!(w0.shared(pid).unwrap().page().u64(0), 42);
 }
+
+/// Issue 45, rejoin: a running node takes a restarted node back once it has handled the old
+/// incarnation's death (here after its fence), and drops the copy it held of that node's page,
+/// so that the restarted node's empty directory is right.
+#[test]
+fn a_restarted_node_is_taken_back_once_its_death_is_handled_and_copies_of_its_pages_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster_timing_out(dir.path(), 3, Duration::from_secs(3));
+    let pid = page_holding_41(&c.node(2).worker());
+    let w1 = c.node(1).worker();
+    {
+        let mut g = w1.exclusive(pid).unwrap();
+        g.page_mut().set_u64(0, 42);
+    }
+    let (node1, coh1) = (c.node(1).node(), c.node(1).node().coherence().unwrap());
+    assert!(page_state(coh1, pid, |s| s.copy.data.is_some()));
+    c.kill(2);
+    coh1.take_back(node1.buffer(), 2)
+        .expect("taken back once the death is handled");
+    assert!(
+        !page_state(coh1, pid, |_| true),
+        "nothing is known of the restarted node's page"
+    );
+    assert!(
+        node1.buffer().resident_frame(pid).is_none(),
+        "its frame is free"
+    );
+    assert_eq!(coh1.driver.counters.rejoins.load(Ordering::Relaxed), 1);
+}
+
+/// Issue 45, rejoin: a page lost with the dead node (it held the page exclusively) keeps it
+/// from rejoining: the page's newest changes are in its log, and the running nodes cannot
+/// bring them back. The refusal names the page and says what to do.
+#[test]
+fn a_restarted_node_is_refused_while_a_page_was_lost_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster_timing_out(dir.path(), 3, Duration::from_secs(3));
+    let w0 = c.node(0).worker();
+    let pid = page_holding_41(&w0);
+    {
+        let w2 = c.node(2).worker();
+        let mut g = w2.exclusive(pid).unwrap();
+        g.page_mut().set_u64(0, 42);
+    }
+    c.kill(2);
+    // the home finds it lost with node 2 when it asks for it
+    wait_for("the page lost at its home", || {
+        w0.run(|w| w.shared(pid).map(|_| ())).is_err()
+            && page_state(c.node(0).node().coherence().unwrap(), pid, |s| {
+                s.lost == Some(2)
+            })
+    });
+    let coh0 = c.node(0).node().coherence().unwrap();
+    let why = coh0
+        .take_back(c.node(0).node().buffer(), 2)
+        .expect_err("refused");
+    assert!(
+        why.contains(&format!("page {pid} was lost with node 2"))
+            && why.contains("start the cluster again"),
+        "{why}"
+    );
+    assert_eq!(coh0.driver.counters.rejoins.load(Ordering::Relaxed), 0);
+}
