@@ -801,6 +801,7 @@ fn a_killed_node_started_again_with_the_same_command_line_rejoins_the_running_cl
     let killed_at = committed(&paths[0]);
     kids.0[2].kill().unwrap(); // SIGKILL
     kids.0[2].wait().unwrap();
+    let t_kill = Instant::now();
     for i in 0..2 {
         wait_while_running(
             &mut kids.0[i],
@@ -812,6 +813,7 @@ fn a_killed_node_started_again_with_the_same_command_line_rejoins_the_running_cl
         );
     }
     // the same command line again
+    let t_restart = Instant::now();
     kids.0[2] = start_logged(&file, 2, 0, &paths[2]);
     wait_while_running(
         &mut kids.0[2],
@@ -820,6 +822,18 @@ fn a_killed_node_started_again_with_the_same_command_line_rejoins_the_running_cl
         t0,
         "node 2 to rejoin and check",
         || output(&paths, 2).contains("node 2: start:"),
+    );
+    let connected = output(&paths, 2)
+        .lines()
+        .find(|l| l.contains("connected in"))
+        .unwrap_or_default()
+        .to_string();
+    eprintln!(
+        "node 2 killed, both others noticed it in {} ms, restarted; `{connected}`; its check \
+         had read every counter {} ms after the restart ({} ms after the kill)",
+        (t_restart - t_kill).as_millis(),
+        t_restart.elapsed().as_millis(),
+        t_kill.elapsed().as_millis()
     );
     for i in 0..2 {
         assert!(
