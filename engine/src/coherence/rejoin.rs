@@ -184,11 +184,17 @@ impl Coherence {
             return Ok(());
         }
         if ps.lost == Some(peer) {
+            let then = if self.log().is_some() {
+                "its newest changes are in that node's log: a restarted node cannot rejoin a \
+                 running cluster while such a page is lost (stop every node and start the \
+                 cluster again; every committed change is recovered then)"
+            } else {
+                "without a log its changes there are gone: a restarted node cannot rejoin a \
+                 running cluster while such a page is lost (stop every node and start the \
+                 cluster again; the page's stored version is served then)"
+            };
             return Err(NotNow::Never(format!(
-                "node {me}: page {pid} was lost with node {peer} when it died, and its newest \
-                 changes are in that node's log: a restarted node cannot rejoin a running \
-                 cluster while such a page is lost (stop every node and start the cluster \
-                 again; every committed change is recovered then)"
+                "node {me}: page {pid} was lost with node {peer} when it died, and {then}"
             )));
         }
         let from_it = |n: &super::Note| n.from == peer;
