@@ -138,6 +138,8 @@ impl Coherence {
                     }
                     h.drop_page();
                 }
+                // a worker parked on the page looks again (and finds it unknown here)
+                Self::wake(ps);
                 gone.push(pid);
             }
             for pid in gone {

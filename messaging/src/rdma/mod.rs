@@ -798,6 +798,8 @@ mod tests {
             connect_timeout: Duration::from_secs(30),
             secret: Vec::new(),
             encrypt: false,
+            incarnation: 1,
+            messages_version: 0,
         });
         let region = Arc::new(Region::new(4096, vec![], 0).unwrap());
         // Had `start` dialled node 1 (nothing listens there) it would fail with a handshake

@@ -59,7 +59,7 @@ const MAGIC: [u8; 4] = *b"SHLM";
 /// Hello magic of the `tcp` transport with sealed (encrypted) frames.
 const SEALED_MAGIC: [u8; 4] = *b"SHLE";
 /// Wire protocol version; both sides must match (2: the handshake proves the cluster secret;
-/// 3: hellos carry the sender's incarnation).
+/// 3: hellos carry the sender's incarnation, the version of the messages above and flags).
 pub const PROTOCOL_VERSION: u16 = 3;
 /// Largest single write a peer may send (a page plus slack).
 pub const MAX_FRAME: usize = 1 << 20;
