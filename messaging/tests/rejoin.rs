@@ -230,10 +230,14 @@ fn rejoin(encrypt: bool) {
         bind_again(addrs[1]),
         Arc::new(LAYOUT.region().unwrap()),
     );
-    assert!(
-        refused.is_err(),
-        "the incarnation given up on does not rejoin"
-    );
+    match refused {
+        Err(MsgError::Handshake { why, .. }) => assert!(
+            why.contains("refused this node") && why.contains("was given up on"),
+            "the refused node is told why: {why}"
+        ),
+        Err(e) => panic!("refused, but with {e}"),
+        Ok(_) => panic!("the incarnation given up on rejoined"),
+    }
     assert!(!ts[0].peer_alive(1) && !ts[2].peer_alive(1));
     send(&c0, 2, 77, true).unwrap();
     assert_eq!(
@@ -271,9 +275,11 @@ fn a_cluster_that_takes_no_restarted_nodes_refuses_one() {
     let layout = ChannelLayout { nodes: 2, ..LAYOUT };
     let r = TcpTransport::start(c, bind_again(addrs[0]), Arc::new(layout.region().unwrap()));
     match r {
-        Err(MsgError::Handshake { why, .. }) => {
-            assert!(why.contains("closed the connection"), "{why}")
-        }
+        Err(MsgError::Handshake { why, .. }) => assert!(
+            why.contains("node 1 refused this node")
+                && why.contains("takes no restarted nodes back"),
+            "the refused node is told why: {why}"
+        ),
         Err(e) => panic!("refused, but with {e}"),
         Ok(_) => panic!("a node that takes no restarted nodes took node 0 back"),
     }

@@ -17,8 +17,8 @@
 //!
 //! Refused, until the whole cluster restarts: a page of this node (or one this node waited
 //! for) lost with the old incarnation. Its newest changes are in the dead node's log, and
-//! bringing them back while the cluster runs is not built: the restarted node would find its
-//! start refused by this node, with the reason in this node's log.
+//! bringing them back while the cluster runs is not built: the restarted node's start fails
+//! with this reason.
 
 use super::possession::Pending;
 use super::protocol::{bit, Node};
@@ -84,15 +84,12 @@ impl Coherence {
         let drained = self.driver.dead_drained.load(Ordering::Acquire);
         if !role.handled(peer) || drained & bit(peer) == 0 {
             return Err(NotNow::Yet(format!(
-                "node {}: node {peer}'s death is not handled here yet (fenced, its messages \
-                 applied)",
-                self.me
+                "node {peer}'s death is not handled here yet (fenced, its messages applied)"
             )));
         }
         if self.leases.valid(peer) {
             return Err(NotNow::Yet(format!(
-                "node {}: its lease on node {peer}'s pages has not run out yet",
-                self.me
+                "this node's lease on node {peer}'s pages has not run out yet"
             )));
         }
         // First look, change nothing: every page must be ready.
@@ -121,8 +118,7 @@ impl Coherence {
                     // the copy's frame, or one a lost copy left for the provider to free
                     let Some(h) = buf.try_hold(idx, pid) else {
                         stopped = Some(NotNow::Yet(format!(
-                            "node {}: its frame of node {peer}'s page {pid} is in use",
-                            self.me
+                            "this node's frame of node {peer}'s page {pid} is in use"
                         )));
                         break;
                     };
@@ -157,8 +153,7 @@ impl Coherence {
         if let Some(log) = self.log() {
             log.flush_to(log.tail()).map_err(|e| {
                 NotNow::Yet(format!(
-                    "node {}: making its log durable for node {peer}'s recovery: {e}",
-                    self.me
+                    "making this node's log durable for node {peer}'s recovery: {e}"
                 ))
             })?;
         }
@@ -180,7 +175,7 @@ impl Coherence {
             // a copy of its page: dropped, unless something is still in flight about it
             if ps.lost.is_none() && ps.busy() {
                 return Err(NotNow::Yet(format!(
-                    "node {me}: node {peer}'s page {pid} is still in flight here"
+                    "node {peer}'s page {pid} is still in flight here"
                 )));
             }
             return Ok(());
@@ -196,28 +191,26 @@ impl Coherence {
                  cluster again; the page's stored version is served then)"
             };
             return Err(NotNow::Never(format!(
-                "node {me}: page {pid} was lost with node {peer} when it died, and {then}"
+                "page {pid} was lost with node {peer} when it died, and {then}"
             )));
         }
         let from_it = |n: &super::Note| n.from == peer;
         if ps.held.iter().any(from_it) || ps.dir_deferred.iter().any(from_it) {
             return Err(NotNow::Yet(format!(
-                "node {me}: a message of node {peer}'s old incarnation about page {pid} waits \
-                 here"
+                "a message of node {peer}'s old incarnation about page {pid} waits here"
             )));
         }
         let waits_on_it = ps.copy.pending != Pending::Idle
             && (ps.page_from == Some(peer) || ps.asked_after == Some(peer));
         if ps.copy.deferred.iter().any(|d| d.involves(peer)) || waits_on_it {
             return Err(NotNow::Yet(format!(
-                "node {me}: its copy of page {pid} still waits on node {peer}'s old \
-                 incarnation"
+                "this node's copy of page {pid} still waits on node {peer}'s old incarnation"
             )));
         }
         if pid.node() == me && ps.dir.counts_on(peer) {
             return Err(NotNow::Yet(format!(
-                "node {me}: the directory entry of page {pid} still counts on node {peer}'s \
-                 old incarnation"
+                "the directory entry of page {pid} still counts on node {peer}'s old \
+                 incarnation"
             )));
         }
         Ok(())

@@ -150,15 +150,16 @@ pub(super) fn handshake_dial(
     handshake_dial_then(s, ends, peer, secret, |_| Ok(()))
 }
 
-/// [`handshake_dial`], running `before_proof` with the acceptor's incarnation once its hello
-/// and proof are checked, before this side's proof goes (after it, the acceptor welcomes the
-/// connection and counts it): an error there ends the handshake.
+/// [`handshake_dial`], running `before_verdict` with the acceptor's incarnation once its
+/// hello and proof are checked and this side's proof went, before this side's verdict (after
+/// a yes, the acceptor welcomes the connection and counts it): an error there refuses the
+/// acceptor, which is told why.
 pub(super) fn handshake_dial_then(
     s: &mut TcpStream,
     ends: &Ends,
     peer: u8,
     secret: &[u8],
-    before_proof: impl FnOnce(u64) -> Result<(), String>,
+    before_verdict: impl FnOnce(u64) -> Result<(), String>,
 ) -> Result<Met, String> {
     let me = ends.me;
     let hd = hello(ends, peer);
@@ -202,12 +203,20 @@ pub(super) fn handshake_dial_then(
              secrets differ, or another process answers at its address)"
         ));
     }
-    before_proof(incarnation)?;
     s.write_all(&make_proof(secret, DIALER, (&hd, &nd), (&ha, &na)))
         .map_err(|e| e.to_string())?;
+    if let Err(why) = before_verdict(incarnation) {
+        let _ = refuse(s, &why);
+        return Err(why);
+    }
+    s.write_all(&[WELCOME]).map_err(|e| e.to_string())?;
     let mut welcome = [0u8; 1];
     s.read_exact(&mut welcome)
         .map_err(|e| closed(e, "after this node's proof"))?;
+    if welcome[0] != WELCOME {
+        let why = reason(s).map_err(|e| closed(e, "while refusing this node"))?;
+        return Err(format!("node {peer} refused this node: {why}"));
+    }
     Ok(Met {
         node: from,
         incarnation,
@@ -278,8 +287,61 @@ pub(super) fn check_hello(b: &[u8; HELLO], ends: &Ends) -> Result<(u8, u64), Str
     Ok((b[6], LittleEndian::read_u64(&b[16..])))
 }
 
-/// The acceptor's last byte of a handshake: it keeps the connection.
+/// The last byte of each side of a handshake (the dialer's after its proof, the acceptor's
+/// after that): it keeps the connection. A proven side that does not ends its handshake with
+/// [`REFUSED`] and why ([`refuse`]), so the other side can say why it was refused.
 pub(super) const WELCOME: u8 = 1;
+/// See [`WELCOME`].
+pub(super) const REFUSED: u8 = 0;
+/// Longest reason a refusal carries (bytes of UTF-8; longer ones are cut).
+const MAX_REASON: usize = 1024;
+
+/// End a proven handshake by refusing the other side: [`REFUSED`], then the reason (u16
+/// length, UTF-8). Best effort: the connection is closed after it anyway.
+pub(super) fn refuse(s: &mut TcpStream, why: &str) -> std::io::Result<()> {
+    let mut n = why.len().min(MAX_REASON);
+    while !why.is_char_boundary(n) {
+        n -= 1;
+    }
+    let mut out = Vec::with_capacity(3 + n);
+    out.push(REFUSED);
+    out.extend_from_slice(&(n as u16).to_le_bytes());
+    out.extend_from_slice(&why.as_bytes()[..n]);
+    s.write_all(&out)
+}
+
+/// The reason of a refusal whose [`REFUSED`] byte was read.
+fn reason(s: &mut TcpStream) -> std::io::Result<String> {
+    let mut len = [0u8; 2];
+    s.read_exact(&mut len)?;
+    let n = (u16::from_le_bytes(len) as usize).min(MAX_REASON);
+    let mut b = vec![0u8; n];
+    s.read_exact(&mut b)?;
+    Ok(String::from_utf8_lossy(&b).into_owned())
+}
+
+/// Why an accepted connection's handshake did not finish.
+pub(super) enum Unmet {
+    /// Not a peer, not in time, not proven: the connection is dropped.
+    Failed(String),
+    /// A proven peer refused this node, saying why: it will not connect.
+    Refused { node: u8, why: String },
+}
+
+impl From<String> for Unmet {
+    fn from(why: String) -> Unmet {
+        Unmet::Failed(why)
+    }
+}
+
+impl std::fmt::Display for Unmet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unmet::Failed(why) => f.write_str(why),
+            Unmet::Refused { node, why } => write!(f, "node {node} refused this node: {why}"),
+        }
+    }
+}
 
 /// How long a connection may take to send its hello before the acceptor gives up on it.
 pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -351,13 +413,15 @@ pub(super) struct Who {
 
 /// The accepting side of a handshake (at most [`HANDSHAKE_TIMEOUT`] per read, or until
 /// `deadline`): the dialer's hello and nonce in (checked); our hello, nonce and proof out; the
-/// dialer's proof in (checked). Returns who the dialer proved to be; the caller sends the
-/// one-byte welcome once it keeps the connection.
+/// dialer's proof in (checked); the dialer's verdict in (it may refuse this node, saying why;
+/// waited for until `deadline`, as the dialer may first have to get ready for this node).
+/// Returns who the dialer proved to be; the caller sends the one-byte welcome once it keeps
+/// the connection (or refuses it: [`refuse`]).
 pub(super) fn handshake_accept(
     s: &mut TcpStream,
     who: &Who,
     deadline: Instant,
-) -> Result<Met, String> {
+) -> Result<Met, Unmet> {
     s.set_nonblocking(false).map_err(|e| e.to_string())?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
     let left = deadline.saturating_duration_since(Instant::now());
@@ -387,7 +451,7 @@ pub(super) fn handshake_accept(
                 out[..HELLO].copy_from_slice(&hello(&who.ends, from));
                 let _ = s.write_all(&out);
             }
-            return Err(why);
+            return Err(why.into());
         }
     };
     let ha = hello(&who.ends, from);
@@ -408,7 +472,24 @@ pub(super) fn handshake_accept(
         return Err(format!(
             "it says it is node {from} but cannot prove it knows the cluster secret (bad \
              credentials)"
-        ));
+        )
+        .into());
+    }
+    // a proven peer: its verdict may take it a while (a running node readying itself for a
+    // restarted one)
+    let left = deadline.saturating_duration_since(Instant::now());
+    s.set_read_timeout(Some(left.max(Duration::from_millis(10))))
+        .map_err(|e| e.to_string())?;
+    let mut verdict = [0u8; 1];
+    s.read_exact(&mut verdict)
+        .map_err(|e| silent(e, "verdict"))?;
+    match verdict[0] {
+        WELCOME => {}
+        REFUSED => {
+            let why = reason(s).map_err(|e| silent(e, "reason for its refusal"))?;
+            return Err(Unmet::Refused { node: from, why });
+        }
+        b => return Err(format!("node {from} sent verdict byte {b}").into()),
     }
     Ok(Met {
         node: from,

@@ -171,7 +171,7 @@ pub(super) fn accept_peers(
 ) -> Result<Vec<(TcpStream, Met)>, MsgError> {
     let me = who.ends.me;
     let who = Arc::new(who);
-    type Checked = (Option<SocketAddr>, TcpStream, Result<Met, String>);
+    type Checked = (Option<SocketAddr>, TcpStream, Result<Met, Unmet>);
     let mut got: Vec<(TcpStream, Met)> = Vec::new();
     let mut log = RefusalLog::new(me);
     let (tx, rx) = std::sync::mpsc::channel::<Checked>();
@@ -196,7 +196,9 @@ pub(super) fn accept_peers(
             let r = r.and_then(|met| {
                 let from = met.node;
                 if from as usize >= expect || got.iter().any(|(_, m)| m.node == from) {
-                    return Err(format!("unexpected connection from node {from}"));
+                    let why = format!("unexpected connection from node {from}");
+                    let _ = refuse(&mut s, &why);
+                    return Err(why.into());
                 }
                 s.set_read_timeout(None).map_err(|e| e.to_string())?;
                 s.write_all(&[WELCOME]).map_err(|e| e.to_string())?;
@@ -204,7 +206,14 @@ pub(super) fn accept_peers(
             });
             match r {
                 Ok(met) => got.push((s, met)),
-                Err(why) => {
+                // a running node that will not take this restarted one back: it never will
+                Err(Unmet::Refused { node, why }) => {
+                    return Err(MsgError::Handshake {
+                        addr: from_addr.map(|a| a.to_string()).unwrap_or_default(),
+                        why: format!("node {node} refused this node: {why}"),
+                    })
+                }
+                Err(Unmet::Failed(why)) => {
                     log.refused(from_addr, &why);
                     let _ = s.shutdown(Shutdown::Both);
                 }

@@ -16,10 +16,10 @@
 //!
 //! **Order.** The layer above's hook runs while the peer is still dead here, once the other
 //! end proved who it is and that it is a new incarnation, before the step after which the
-//! other end counts the connection (the acceptor's welcome; on the dialing side, its own
-//! proof): it resets what this node keeps about the peer. A hook that takes longer than the
-//! acceptor waits for the proof ([`HANDSHAKE_TIMEOUT`]) costs that attempt; the next one, a
-//! redial later, finds its work done. Then the old connection's receiver thread has ended (joined), the new
+//! other end counts the connection (each side's last byte, [`WELCOME`]: the acceptor's, or on
+//! the dialing side its verdict after its proof): it resets what this node keeps about the
+//! peer. A refusal, by either side once the other proved who it is, carries its reason
+//! ([`refuse`]): a restarted node that is refused fails its start saying why. Then the old connection's receiver thread has ended (joined), the new
 //! socket and writer replace the old ones, the peer is marked alive, and the new receiver
 //! starts. So no frame of the old connection is applied after the reset, and no frame of the
 //! new one before it; a failure seen on the old connection afterwards does not close the new
@@ -158,17 +158,29 @@ impl TcpTransport {
             ends: self.taking_back(),
             secret: Arc::clone(&self.secret),
         };
-        let met = handshake_accept(&mut s, &who, Instant::now() + HANDSHAKE_TIMEOUT)?;
+        let met = handshake_accept(&mut s, &who, Instant::now() + HANDSHAKE_TIMEOUT)
+            .map_err(|u| u.to_string())?;
         let peer = met.node;
-        if peer > self.node {
-            return Err(format!(
-                "node {peer} dialed, but a node dials only higher-numbered ones"
-            ));
-        }
-        let p = self.peer(peer)?;
-        let _joining = Joining::take(&p.joining, peer)?;
-        self.may_rejoin(peer, met.incarnation)?;
-        self.reset_for_rejoin(peer)?;
+        // a proven peer is told why it is refused
+        let checks = || -> Result<Joining<'_>, String> {
+            if peer > self.node {
+                return Err(format!(
+                    "node {peer} dialed, but a node dials only higher-numbered ones"
+                ));
+            }
+            let p = self.peer(peer)?;
+            let joining = Joining::take(&p.joining, peer)?;
+            self.may_rejoin(peer, met.incarnation)?;
+            self.reset_for_rejoin(peer)?;
+            Ok(joining)
+        };
+        let _joining = match checks() {
+            Ok(j) => j,
+            Err(why) => {
+                let _ = refuse(&mut s, &why);
+                return Err(why);
+            }
+        };
         s.set_read_timeout(None).map_err(|e| e.to_string())?;
         s.write_all(&[WELCOME]).map_err(|e| e.to_string())?;
         self.install(
@@ -196,16 +208,16 @@ impl TcpTransport {
         s.set_nodelay(true).map_err(|e| e.to_string())?;
         s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))
             .map_err(|e| e.to_string())?;
-        // the acceptor counts the connection once it has our proof: a new incarnation (not
-        // the one given up on, resumed) and the reset, before it goes
+        // the acceptor counts the connection once it has our verdict: a new incarnation (not
+        // the one given up on, resumed) and the reset, before it goes (a refusal tells it why)
         let met = handshake_dial_then(
             &mut s,
             &self.taking_back(),
             peer,
             &self.secret,
             |incarnation| {
-                self.may_rejoin(peer, incarnation)?;
-                self.reset_for_rejoin(peer)
+                self.may_rejoin(peer, incarnation)
+                    .and_then(|()| self.reset_for_rejoin(peer))
             },
         )?;
         self.install(
