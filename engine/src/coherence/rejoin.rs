@@ -20,6 +20,7 @@
 //! bringing them back while the cluster runs is not built: the restarted node's start fails
 //! with this reason.
 
+use super::directory::Holders;
 use super::possession::Pending;
 use super::protocol::{bit, Node};
 use super::Coherence;
@@ -180,7 +181,13 @@ impl Coherence {
             }
             return Ok(());
         }
-        if ps.lost == Some(peer) {
+        // lost: marked so here, or (at the home) still held by the dead node, with no reclaim
+        // from a live source in progress
+        let held_by_it = pid.node() == me
+            && ps.dir.holders == Holders::Exclusive(peer)
+            && ps.dir.reclaiming.is_none()
+            && ps.dir.reclaiming_for.is_none();
+        if ps.lost == Some(peer) || held_by_it {
             let then = if self.log().is_some() {
                 "its newest changes are in that node's log: a restarted node cannot rejoin a \
                  running cluster while such a page is lost (stop every node and start the \

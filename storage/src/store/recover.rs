@@ -63,37 +63,35 @@ impl Merge {
                         .into(),
             });
         }
-        let (found, file) = wal::read_existing(peer, false)?;
-        let redo = found.redo_lsn();
-        let mut n = 0u64;
-        wal::scan(
-            peer,
-            &file,
-            &found,
-            wal::ScanMode::Judge,
-            |lsn, kind, body| {
-                if lsn < redo {
-                    return Ok(());
+        // A peer's log may be written while it is read: a node restarted into a running
+        // cluster reads the running nodes' logs, and the nodes of a cluster restarting at
+        // different moments read the logs of those already running. A flush caught half-way
+        // (its pages land in the page cache in no particular order) can look like damage in
+        // the middle of the log. So a log that reads as damaged is read again, a few times,
+        // before the damage is believed: real damage stays, a flush in progress completes.
+        let mut tries = 0;
+        let found = loop {
+            match read_peer_log(peer, c, home) {
+                Ok(found) => break found,
+                Err(e @ (StoreError::LogDamaged { .. } | StoreError::BadLog { .. }))
+                    if tries < PEER_LOG_TRIES =>
+                {
+                    tries += 1;
+                    log::warn!(
+                        "{}: read as damaged ({e}); reading it again in case its node was \
+                         writing it (attempt {} of {})",
+                        peer.display(),
+                        tries + 1,
+                        PEER_LOG_TRIES + 1
+                    );
+                    std::thread::sleep(PEER_LOG_RETRY);
                 }
-                if let Some(r) = page_record(kind, body) {
-                    if home(r.pid) == c.node {
-                        self.add(&r);
-                        n += 1;
-                    }
-                }
-                Ok(())
-            },
-        )?;
-        // after the log: a peer that resumed its log (moving its redo point past these
-        // records) wrote its carried file before (see wal/carried.rs)
-        for (kind, body) in wal::carried::read_carried(peer)? {
-            let Some(r) = page_record(kind, &body) else {
-                continue;
-            };
-            if home(r.pid) == c.node {
-                self.add(&r);
-                n += 1;
+                Err(e) => return Err(e),
             }
+        };
+        let n = found.len() as u64;
+        for r in &found {
+            self.add(&r.as_record());
         }
         self.from_peers += n;
         Ok(())
@@ -149,6 +147,63 @@ impl Merge {
         }
         Ok(out)
     }
+}
+
+/// Times a peer's log that reads as damaged is read again before the damage is believed (see
+/// `Merge::scan_peer`), and the pause before each.
+const PEER_LOG_TRIES: u32 = 4;
+const PEER_LOG_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// A page record copied out of a peer's log: its kind and body.
+struct PeerRecord {
+    kind: u8,
+    body: Vec<u8>,
+}
+
+impl PeerRecord {
+    fn as_record(&self) -> PageRecord<'_> {
+        page_record(self.kind, &self.body).expect("checked when it was read")
+    }
+}
+
+/// The records of `c.node`'s pages in `peer`'s log (from its redo point), then in its carried
+/// file.
+fn read_peer_log(
+    peer: &std::path::Path,
+    c: &ClusterLogs,
+    home: fn(u64) -> u8,
+) -> StoreResult<Vec<PeerRecord>> {
+    let (found, file) = wal::read_existing(peer, false)?;
+    let redo = found.redo_lsn();
+    let mut out = Vec::new();
+    let mut keep = |kind: u8, body: &[u8]| {
+        if let Some(r) = page_record(kind, body) {
+            if home(r.pid) == c.node {
+                out.push(PeerRecord {
+                    kind,
+                    body: body.to_vec(),
+                });
+            }
+        }
+    };
+    wal::scan(
+        peer,
+        &file,
+        &found,
+        wal::ScanMode::Judge,
+        |lsn, kind, body| {
+            if lsn >= redo {
+                keep(kind, body);
+            }
+            Ok(())
+        },
+    )?;
+    // after the log: a peer that resumed its log (moving its redo point past these records)
+    // wrote its carried file before (see wal/carried.rs)
+    for (kind, body) in wal::carried::read_carried(peer)? {
+        keep(kind, &body);
+    }
+    Ok(out)
 }
 
 /// Replay one page record at `lsn` into `images` (slot -> page id and page, its version in
