@@ -375,15 +375,44 @@ fn start_logged_three(
     prefix: &str,
     increments: u64,
 ) -> (Vec<PathBuf>, Kids) {
+    start_logged_each(file, dir, prefix, [increments; 3])
+}
+
+/// Start 3 logged nodes, node `i` making `increments[i]`, reporting to `<prefix><id>.json`.
+fn start_logged_each(
+    file: &Path,
+    dir: &Path,
+    prefix: &str,
+    increments: [u64; 3],
+) -> (Vec<PathBuf>, Kids) {
     let paths: Vec<PathBuf> = (0..3)
         .map(|i| dir.join(format!("{prefix}{i}.json")))
         .collect();
     let kids = Kids(
         (0..3)
-            .map(|i| start_logged(file, i, increments, &paths[i]))
+            .map(|i| start_logged(file, i, increments[i], &paths[i]))
             .collect(),
     );
     (paths, kids)
+}
+
+/// Kill node 2 with SIGKILL and wait until nodes 0 and 1 noticed (each logs it); returns when
+/// it was killed.
+fn kill_node_2(kids: &mut Kids, paths: &[PathBuf], t0: Instant) -> Instant {
+    kids.0[2].kill().unwrap();
+    kids.0[2].wait().unwrap();
+    let killed = Instant::now();
+    for i in 0..2 {
+        wait_while_running(
+            &mut kids.0[i],
+            i,
+            paths,
+            t0,
+            "node 2's death noticed",
+            || output(paths, i).contains("dropping node 2"),
+        );
+    }
+    killed
 }
 
 /// The last `node N: committed C` line node `id` printed (0 if none yet).
@@ -784,34 +813,15 @@ fn a_killed_node_started_again_with_the_same_command_line_rejoins_the_running_cl
     let dir = tempfile::tempdir().unwrap();
     let file = logged_cluster_file(dir.path(), 3);
     let t0 = Instant::now();
-    let paths: Vec<PathBuf> = (0..3)
-        .map(|i| dir.path().join(format!("j{i}.json")))
-        .collect();
     // nodes 0 and 1 run until stopped; node 2 only checks and waits at the end
-    let mut kids = Kids(
-        (0..3)
-            .map(|i| start_logged(&file, i, if i < 2 { 1 << 40 } else { 0 }, &paths[i]))
-            .collect(),
-    );
+    let (paths, mut kids) = start_logged_each(&file, dir.path(), "j", [1 << 40, 1 << 40, 0]);
     // (nodes 0 and 1 commit only once past the start barrier, which node 2 passed too: it
     // is on its way to the end of the run, where it waits for them)
     wait_while_running(&mut kids.0[0], 0, &paths, t0, "commits", || {
         committed(&paths[0]) >= 500 && committed(&paths[1]) >= 500
     });
     let killed_at = committed(&paths[0]);
-    kids.0[2].kill().unwrap(); // SIGKILL
-    kids.0[2].wait().unwrap();
-    let t_kill = Instant::now();
-    for i in 0..2 {
-        wait_while_running(
-            &mut kids.0[i],
-            i,
-            &paths,
-            t0,
-            "node 2's death noticed",
-            || output(&paths, i).contains("dropping node 2"),
-        );
-    }
+    let t_kill = kill_node_2(&mut kids, &paths, t0);
     // the same command line again
     let t_restart = Instant::now();
     kids.0[2] = start_logged(&file, 2, 0, &paths[2]);
@@ -917,29 +927,11 @@ fn a_restarted_node_that_held_a_lost_page_is_refused_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let file = logged_cluster_file(dir.path(), 3);
     let t0 = Instant::now();
-    let paths: Vec<PathBuf> = (0..3)
-        .map(|i| dir.path().join(format!("l{i}.json")))
-        .collect();
-    let mut kids = Kids(
-        (0..3)
-            .map(|i| start_logged(&file, i, 1 << 40, &paths[i]))
-            .collect(),
-    );
+    let (paths, mut kids) = start_logged_three(&file, dir.path(), "l", 1 << 40);
     wait_while_running(&mut kids.0[2], 2, &paths, t0, "commits", || {
         (0..3).all(|i| committed(&paths[i]) >= 300)
     });
-    kids.0[2].kill().unwrap(); // SIGKILL
-    kids.0[2].wait().unwrap();
-    for i in [0, 1] {
-        wait_while_running(
-            &mut kids.0[i],
-            i,
-            &paths,
-            t0,
-            "node 2's death noticed",
-            || output(&paths, i).contains("dropping node 2"),
-        );
-    }
+    kill_node_2(&mut kids, &paths, t0);
     // a page that node 2 held exclusively was asked for (its operation failed naming the
     // dead holder: `holder_unreachable` in the per-second lines)
     wait_while_running(
