@@ -799,17 +799,35 @@ fn output(paths: &[PathBuf], id: usize) -> String {
 }
 
 /// Issue 45: a node killed with SIGKILL and started again with the same command line rejoins
-/// the running cluster, without a restart of the others. Nodes 0 and 1 increment counters on
-/// every node's pages (logged); node 2 makes no increments of its own (`--increments 0`), so it
-/// holds no other node's page when it dies (a page lost with it would have its start refused:
-/// docs/cluster.md, "Failures"), and waits at the end of the run, where it is killed while the
-/// others hold its pages changed, those changes only in their logs. Restarted, it is taken
-/// back by both, its recovery reads their logs, and they go on incrementing its pages; stopped
-/// with SIGTERM, nodes 0 and 1 end their run, all three meet at its end, and the counters equal
-/// the tallies.
+/// the running cluster (see `rejoin_once`). A page can still be marked lost with node 2 although
+/// node 2 never changed it: an upgrade at node 0 or 1 that waited for node 2's invalidation
+/// ack of its shared copy when it died loses the page (docs/protocol.md, "What deaths still
+/// cost"), and a page lost with a node keeps it from rejoining. That happened in 1 of 10 runs
+/// beside two busy loops; the scenario then runs again on a fresh cluster, at most 3 times.
 #[test]
 fn a_killed_node_started_again_with_the_same_command_line_rejoins_the_running_cluster() {
     let _one = one_at_a_time();
+    for attempt in 1..=3 {
+        match rejoin_once() {
+            None => return,
+            Some(why) => eprintln!(
+                "attempt {attempt}: node 2 was refused for a page lost with it ({why}); again on \
+                 a fresh cluster"
+            ),
+        }
+    }
+    panic!("node 2 was refused for a page lost with it 3 times");
+}
+
+/// One run of the test above: nodes 0 and 1 increment counters on every node's pages
+/// (logged); node 2 makes no increments of its own (`--increments 0`), so it changes no other
+/// node's page, and waits at the end of the run, where it is killed while the others hold its
+/// pages changed, those changes only in their logs. Restarted, it is taken back by both, its
+/// recovery reads their logs, and they go on incrementing its pages; stopped with SIGTERM,
+/// nodes 0 and 1 end their run, all three meet at its end, and the counters equal the tallies.
+/// Returns node 2's refusal if it was refused for a page lost with it (`None`: it rejoined and
+/// every check passed).
+fn rejoin_once() -> Option<String> {
     let dir = tempfile::tempdir().unwrap();
     let file = logged_cluster_file(dir.path(), 3);
     let t0 = Instant::now();
@@ -825,14 +843,23 @@ fn a_killed_node_started_again_with_the_same_command_line_rejoins_the_running_cl
     // the same command line again
     let t_restart = Instant::now();
     kids.0[2] = start_logged(&file, 2, 0, &paths[2]);
-    wait_while_running(
-        &mut kids.0[2],
-        2,
-        &paths,
-        t0,
-        "node 2 to rejoin and check",
-        || output(&paths, 2).contains("node 2: start:"),
-    );
+    while !output(&paths, 2).contains("node 2: start:") {
+        if let Some(st) = kids.0[2].try_wait().unwrap() {
+            let out = output(&paths, 2);
+            let refused = out
+                .lines()
+                .find(|l| l.contains("refused this node") && l.contains("was lost with node 2"));
+            match refused {
+                Some(line) => return Some(line.to_string()),
+                None => panic!(
+                    "node 2 ended ({st}) before it rejoined; every node's output:\n{}",
+                    outputs(&paths)
+                ),
+            }
+        }
+        not_hung(t0, "node 2 to rejoin and check", &paths);
+        std::thread::sleep(Duration::from_millis(2));
+    }
     let connected = output(&paths, 2)
         .lines()
         .find(|l| l.contains("connected in"))
@@ -915,6 +942,7 @@ fn a_killed_node_started_again_with_the_same_command_line_rejoins_the_running_cl
         .map(|r| r["increments"].as_u64().unwrap())
         .sum();
     assert_eq!(tallies, made, "tallies against increments made:\n{all}");
+    None
 }
 
 /// Issue 45: a node killed while it held a page of another node exclusively (its newest
