@@ -140,6 +140,9 @@ struct Sim {
     /// node that was to hand it over (`DirDecision::Lost`).
     chain_reclaims: u64,
     chain_lost: u64,
+    /// Invalidation acks of fenced dead sharers counted as given (before, the upgrade that
+    /// waited for one lost its page).
+    acked_for_dead: u64,
     /// A node cut off but running (issue 45): to the others it is dead (messages to and from
     /// it are gone, they notice its death) and it sees them dead, but its workers go on. Its
     /// leases and theirs across the cut run out at one moment (`fenced`, an event); from then
@@ -266,6 +269,7 @@ impl Sim {
             reclaims_gone: 0,
             chain_reclaims: 0,
             chain_lost: 0,
+            acked_for_dead: 0,
             cut_node: None,
             fenced: false,
             fence: true,
@@ -1034,6 +1038,23 @@ impl Sim {
                     .iter()
                     .any(|e| e.from == x && e.to as usize == node && e.page == p)
         };
+        // the engine's `after_fence`: the invalidation ack of a sharer now fenced counts as
+        // given (it can use its copy no more; the home forgets it as a sharer too)
+        if let Pending::Completing { acks, .. } = self.copies[node][p].pending {
+            let fenced: Vec<Node> = members(acks)
+                .filter(|&x| x as usize != node && settled(self, x))
+                .collect();
+            for x in fenced {
+                self.acked_for_dead += 1;
+                self.note(|| {
+                    format!("node {node}: page {p}'s invalidation ack from fenced node {x} counts as given")
+                });
+                let step = self.copies[node][p]
+                    .on_invalidate_ack(x)
+                    .map_err(|e| e.to_string())?;
+                self.apply_step(node, p, step)?;
+            }
+        }
         if let Some(src) = self.page_from[node][p] {
             if self.copies[node][p].awaits_handed_page() && settled(self, src) {
                 if self.lost[node][p].is_some() {
@@ -1216,16 +1237,12 @@ impl Sim {
         Ok(())
     }
 
-    /// A completing copy waits for a node known dead (the page's sender or an ack). Not the
-    /// node that was to hand the page over (`awaits_handed_page`): it is asked for again
-    /// (`settle_handed`).
+    /// A completing copy waits for a node known dead (the page's sender). Not the node that
+    /// was to hand the page over (`awaits_handed_page`): it is asked for again
+    /// (`settle_handed`). Nor a sharer whose invalidation ack is due: once fenced it can use
+    /// its copy no more, and the ack counts as given (`settle_handed`).
     fn dead_source(&self, node: usize, p: usize) -> Option<Node> {
-        let Pending::Completing {
-            awaiting_page,
-            acks,
-            ..
-        } = self.copies[node][p].pending
-        else {
+        let Pending::Completing { awaiting_page, .. } = self.copies[node][p].pending else {
             return None;
         };
         // a page another node was to hand over (a forwarded read's, an exclusive grant's
@@ -1234,7 +1251,6 @@ impl Sim {
         let from = self.page_from[node][p]
             .filter(|_| awaiting_page && !self.copies[node][p].awaits_handed_page());
         from.into_iter()
-            .chain(members(acks))
             .find(|&n| n as usize != node && self.knows(node, n))
     }
 
@@ -1848,6 +1864,7 @@ struct Tally {
     reclaims_gone: u64,
     chain_reclaims: u64,
     chain_lost: u64,
+    acked_for_dead: u64,
     cuts: u64,
     fenced_ops: u64,
 }
@@ -1895,6 +1912,7 @@ fn run_seed(seed: u64) -> Result<Tally, String> {
             reclaims_gone: sim.reclaims_gone,
             chain_reclaims: sim.chain_reclaims,
             chain_lost: sim.chain_lost,
+            acked_for_dead: sim.acked_for_dead,
             cuts: sim.cut_node.is_some() as u64,
             fenced_ops: sim.fenced_ops,
         }),
@@ -1935,6 +1953,7 @@ fn random_schedules_keep_every_invariant() {
                 t.reclaims_gone += r.reclaims_gone;
                 t.chain_reclaims += r.chain_reclaims;
                 t.chain_lost += r.chain_lost;
+                t.acked_for_dead += r.acked_for_dead;
                 t.cuts += r.cuts;
                 t.fenced_ops += r.fenced_ops;
             }
@@ -1942,8 +1961,8 @@ fn random_schedules_keep_every_invariant() {
         }
     }
     eprintln!(
-        "{seeds} schedules: {} reads and {} writes checked, {} remote requests ({} shared reads forwarded to a sharer, {} offered pages taken in), {} give-ups and unsent messages, {} node deaths, {} nodes cut off but running ({} operations failed by a run-out lease), {} operations ended by an error, {} dead sharers forgotten, {} requests from dead nodes dropped, {} forwarded reads asked again and {} homes' waits for a dead serving sharer ended, {} pages reclaimed from a dead requester's source ({} of them handed over already; {} through a chain), {} exclusive holders' requests asking again found the page lost, {} pages left unavailable, {} operations timed out behind a dead grantee, {} crash recoveries of every log checked",
-        t.reads, t.writes, t.remote, t.forwarded, t.taken_in, t.faults, t.deaths, t.cuts, t.fenced_ops, t.failed, t.forgotten, t.dropped, t.asked_again, t.servers_forgotten, t.reclaims, t.reclaims_gone, t.chain_reclaims, t.chain_lost, t.unavailable, t.timeouts, t.recoveries
+        "{seeds} schedules: {} reads and {} writes checked, {} remote requests ({} shared reads forwarded to a sharer, {} offered pages taken in), {} give-ups and unsent messages, {} node deaths, {} nodes cut off but running ({} operations failed by a run-out lease), {} operations ended by an error, {} dead sharers forgotten, {} requests from dead nodes dropped, {} forwarded reads asked again and {} homes' waits for a dead serving sharer ended, {} pages reclaimed from a dead requester's source ({} of them handed over already; {} through a chain), {} exclusive holders' requests asking again found the page lost, {} invalidation acks of fenced dead sharers counted as given, {} pages left unavailable, {} operations timed out behind a dead grantee, {} crash recoveries of every log checked",
+        t.reads, t.writes, t.remote, t.forwarded, t.taken_in, t.faults, t.deaths, t.cuts, t.fenced_ops, t.failed, t.forgotten, t.dropped, t.asked_again, t.servers_forgotten, t.reclaims, t.reclaims_gone, t.chain_reclaims, t.chain_lost, t.acked_for_dead, t.unavailable, t.timeouts, t.recoveries
     );
     assert!(
         t.recoveries > seeds,

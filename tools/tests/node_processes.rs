@@ -799,11 +799,11 @@ fn output(paths: &[PathBuf], id: usize) -> String {
 }
 
 /// Issue 45: a node killed with SIGKILL and started again with the same command line rejoins
-/// the running cluster (see `rejoin_once`). A page can still be marked lost with node 2 although
-/// node 2 never changed it: an upgrade at node 0 or 1 that waited for node 2's invalidation
-/// ack of its shared copy when it died loses the page (docs/protocol.md, "What deaths still
-/// cost"), and a page lost with a node keeps it from rejoining. That happened in 1 of 10 runs
-/// beside two busy loops; the scenario then runs again on a fresh cluster, at most 3 times.
+/// the running cluster (see `rejoin_once`). A page marked lost with node 2 keeps it from
+/// rejoining, although node 2 changes no other node's page here: that happened in 1 of 10 runs
+/// beside two busy loops, before an upgrade waiting for a dead sharer's invalidation ack
+/// stopped losing its page. Should a page be lost with node 2 another way, the scenario runs
+/// again on a fresh cluster (at most 3 times; each such attempt is printed).
 #[test]
 fn a_killed_node_started_again_with_the_same_command_line_rejoins_the_running_cluster() {
     let _one = one_at_a_time();

@@ -27,24 +27,23 @@ impl Coherence {
     /// again too, and the home decides (it may reclaim the page from the holder before it,
     /// `DirEntry::reclaim`). A copy that asked again and holds a hand-over it never got loses
     /// the page with the node it asked after (`PageCopy::stuck_asking_again`).
+    ///
+    /// Nor a sharer whose invalidation ack is due: once its fence holds it can use its copy no
+    /// more (as the home forgets it as a sharer then), and its ack counts as given
+    /// (`after_fence`). Before, the upgrade that waited for it lost the page.
     pub(super) fn dead_source(&self, ps: &PageState) -> Option<Node> {
         if ps.copy.stuck_asking_again() {
             if let Some(n) = ps.asked_after {
                 return Some(n);
             }
         }
-        let Pending::Completing {
-            awaiting_page,
-            acks,
-            ..
-        } = ps.copy.pending
-        else {
+        let Pending::Completing { awaiting_page, .. } = ps.copy.pending else {
             return None;
         };
         let from = ps
             .page_from
             .filter(|_| awaiting_page && !ps.copy.awaits_handed_page());
-        self.first_dead(from.into_iter().chain(members(acks)))
+        self.first_dead(from.into_iter())
     }
 
     /// The node that was to hand `pid` over (the sharer a forwarded read was pointed at, or
@@ -235,9 +234,23 @@ impl Coherence {
     /// they are forgotten as sharers, and the requests that waited for that are retried.
     pub(super) fn after_fence(&self, buf: &Buffer, nodes: NodeSet) {
         let (mut forgotten, mut offers, mut served, mut reclaims) = (0u64, 0u64, 0u64, 0u64);
+        let mut acked = 0u64;
         for shard in self.pages.shards.iter() {
             let mut shard = shard.lock();
             for (&pid, ps) in shard.iter_mut() {
+                if let Pending::Completing { acks, .. } = ps.copy.pending {
+                    // a fenced sharer's invalidation ack counts as given: applied as if it
+                    // had arrived (every message it sent is handled: `dead_drained`)
+                    for n in members(acks & nodes) {
+                        ps.held.push_back(super::Note {
+                            from: n,
+                            msg: Msg::InvalidateAck,
+                            logged: 0,
+                        });
+                        acked += 1;
+                        self.pages.retry_later(pid);
+                    }
+                }
                 if let Some(n) = ps.page_from {
                     if nodes & bit(n) != 0 && ps.copy.awaits_handed_page() {
                         self.ask_again(buf, pid, ps, n);
@@ -291,11 +304,13 @@ impl Coherence {
         counters
             .fences_held
             .fetch_add(u64::from(nodes.count_ones()), Ordering::Relaxed);
+        counters.acks_of_fenced.fetch_add(acked, Ordering::Relaxed);
         log::warn!(
             "node {}: dead node(s) {:?} fenced (their leases on this node's pages ran out): \
              {forgotten} pages taken over from them as sharers, {served} forwarded reads they \
              were to serve ended, {reclaims} pages granted to them reclaimed from their \
-             sources, {offers} offers to them ended",
+             sources, {offers} offers to them ended, {acked} of their invalidation acks \
+             counted as given",
             self.me,
             members(nodes).collect::<Vec<_>>()
         );

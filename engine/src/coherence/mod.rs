@@ -288,6 +288,8 @@ pub struct CoherenceCounters {
     pub records_carried: AtomicU64,
     /// See [`crate::stats::ProtocolStats::rejoins`].
     pub rejoins: AtomicU64,
+    /// See [`crate::stats::ProtocolStats::acks_of_fenced`].
+    pub acks_of_fenced: AtomicU64,
 }
 
 impl CoherenceCounters {
@@ -323,6 +325,7 @@ impl CoherenceCounters {
             checkpoints_past_dead: l(&self.checkpoints_past_dead),
             records_carried: l(&self.records_carried),
             rejoins: l(&self.rejoins),
+            acks_of_fenced: l(&self.acks_of_fenced),
         }
     }
 }
