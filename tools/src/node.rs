@@ -11,6 +11,11 @@
 //!
 //! If a node dies, the others report errors for the pages they cannot reach, keep incrementing
 //! the pages that do not depend on it, and exit with status 1 at the end instead of hanging.
+//! Started again with the same command line (over tcp), it rejoins the running cluster unless
+//! a page was lost with it (docs/cluster.md, "Rejoin"): its start says `rejoined the running
+//! cluster` (the sums it reads then are no snapshot: only the end is judged), it meets the
+//! others at the end of their run, and every node that met the others there leaves in order,
+//! also one that saw errors on the way (its exit status is still 1).
 //!
 //! With a write-ahead log (`durability` in the cluster file), each increment also counts in
 //! the node's tally, both pages changed under one log group (all of it or nothing after a
