@@ -1,7 +1,7 @@
 //! Shared by the messaging tests: an echo/page server and a page pattern.
 #![allow(dead_code)]
 
-use shoal_messaging::{Echo, Envelope, Mailboxes, Responder, Transport, PAGE_BYTES};
+use shoal_messaging::{Echo, Envelope, Mailboxes, Responder, Transport, BODY_BYTES, PAGE_BYTES};
 use std::time::Duration;
 
 /// The page a node serves for page number `page`: every byte derived from (node, page).
@@ -67,5 +67,19 @@ impl HangGuard {
         if self.0.elapsed() >= Self::LIMIT {
             panic!("hang guard ({:?}): {}", Self::LIMIT, what());
         }
+    }
+}
+
+/// A channel message of a test's own kind (9) whose first body byte is `n` (the channel fills
+/// in sender and position).
+pub fn numbered(n: u8) -> Envelope {
+    let mut body = [0u8; BODY_BYTES];
+    body[0] = n;
+    Envelope {
+        kind: 9,
+        from_node: 0,
+        from_worker: 0,
+        seq: 0,
+        body,
     }
 }

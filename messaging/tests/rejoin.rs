@@ -5,8 +5,7 @@
 mod common;
 
 use shoal_messaging::{
-    ChannelLayout, Channels, Envelope, MsgError, TcpConfig, TcpTransport, Transport, WaitMode,
-    BODY_BYTES, PAGE_BYTES,
+    ChannelLayout, Channels, MsgError, TcpConfig, TcpTransport, Transport, WaitMode, PAGE_BYTES,
 };
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
@@ -60,16 +59,7 @@ fn channels(t: Arc<TcpTransport>, rejoins: bool) -> Arc<Channels> {
 
 /// A message numbered `n` with a page of bytes `n` when `page`.
 fn send(ch: &Channels, to: u8, n: u8, page: bool) -> Result<(), MsgError> {
-    let mut body = [0u8; BODY_BYTES];
-    body[0] = n;
-    let e = Envelope {
-        kind: 9,
-        from_node: 0,
-        from_worker: 0,
-        seq: 0,
-        body,
-    };
-    ch.send(to, e, page.then_some(&[n; PAGE_BYTES]))
+    ch.send(to, common::numbered(n), page.then_some(&[n; PAGE_BYTES]))
 }
 
 /// Receive `count` messages on `ch` while `others` flush their backlogs (as their handlers

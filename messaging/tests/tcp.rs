@@ -671,7 +671,7 @@ fn a_receiver_thread_answers_through_its_nodes_service_without_waiting_for_credi
 
 /// The test above with plain or sealed frames.
 fn receiver_answers(encrypt: bool) {
-    use shoal_messaging::{ChannelLayout, Channels, Envelope, BODY_BYTES, PAGE_BYTES};
+    use shoal_messaging::{ChannelLayout, Channels, PAGE_BYTES};
     let l = ChannelLayout {
         nodes: 2,
         ring: 2,
@@ -717,19 +717,10 @@ fn receiver_answers(encrypt: bool) {
         seen.lock().unwrap().insert(name);
         worked
     }));
-    let mut body = [0u8; BODY_BYTES];
     let mut got = Vec::new();
     let hang = common::HangGuard::start();
     for n in 0..50u8 {
-        body[0] = n;
-        let e = Envelope {
-            kind: 9,
-            from_node: 0,
-            from_worker: 0,
-            seq: 0,
-            body,
-        };
-        a.send(1, e, None).unwrap();
+        a.send(1, common::numbered(n), None).unwrap();
         // node 0 takes what came back meanwhile (its handler's job)
         while let Some(m) = a.try_recv() {
             got.push((m.env.body[0], m.env.body[1], m.page.map(|p| p[100])));

@@ -28,18 +28,26 @@ struct Owned {
     bytes: Vec<u8>,
 }
 
-impl Merge {
-    fn add(&mut self, r: &PageRecord<'_>) {
+impl Owned {
+    /// `r`, copied out, and its slot.
+    fn of(r: &PageRecord<'_>) -> (u64, Owned) {
         let (image, bytes) = match r.change {
             Change::Image(d) => (true, d.to_vec()),
             Change::Diff(d) => (false, d.to_vec()),
         };
-        self.recs.entry(r.slot).or_default().push(Owned {
+        let owned = Owned {
             pid: r.pid,
             version: r.version,
             image,
             bytes,
-        });
+        };
+        (r.slot, owned)
+    }
+}
+
+impl Merge {
+    fn add(&mut self, (slot, r): (u64, Owned)) {
+        self.recs.entry(slot).or_default().push(r);
     }
 
     /// Add the records of this store's pages in `peer`'s log (from its redo point).
@@ -90,8 +98,8 @@ impl Merge {
             }
         };
         let n = found.len() as u64;
-        for r in &found {
-            self.add(&r.as_record());
+        for r in found {
+            self.add(r);
         }
         self.from_peers += n;
         Ok(())
@@ -154,35 +162,20 @@ impl Merge {
 const PEER_LOG_TRIES: u32 = 4;
 const PEER_LOG_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// A page record copied out of a peer's log: its kind and body.
-struct PeerRecord {
-    kind: u8,
-    body: Vec<u8>,
-}
-
-impl PeerRecord {
-    fn as_record(&self) -> PageRecord<'_> {
-        page_record(self.kind, &self.body).expect("checked when it was read")
-    }
-}
-
 /// The records of `c.node`'s pages in `peer`'s log (from its redo point), then in its carried
 /// file.
 fn read_peer_log(
     peer: &std::path::Path,
     c: &ClusterLogs,
     home: fn(u64) -> u8,
-) -> StoreResult<Vec<PeerRecord>> {
+) -> StoreResult<Vec<(u64, Owned)>> {
     let (found, file) = wal::read_existing(peer, false)?;
     let redo = found.redo_lsn();
     let mut out = Vec::new();
     let mut keep = |kind: u8, body: &[u8]| {
         if let Some(r) = page_record(kind, body) {
             if home(r.pid) == c.node {
-                out.push(PeerRecord {
-                    kind,
-                    body: body.to_vec(),
-                });
+                out.push(Owned::of(&r));
             }
         }
     };
@@ -355,7 +348,7 @@ impl PageStore {
                 return match (&cfg.cluster, &mut merge) {
                     (Some(c), Some(m)) => {
                         if home(r.pid) == c.node {
-                            m.add(&r);
+                            m.add(Owned::of(&r));
                         } else {
                             m.carry.push((kind, body.to_vec()));
                         }
@@ -418,7 +411,7 @@ impl PageStore {
             let mut carry = Vec::new();
             for (kind, body) in wal::carried::read_carried(&wc.path)? {
                 match page_record(kind, &body) {
-                    Some(r) if home(r.pid) == c.node => m.add(&r),
+                    Some(r) if home(r.pid) == c.node => m.add(Owned::of(&r)),
                     _ => carry.push((kind, body)),
                 }
             }
