@@ -152,10 +152,23 @@ impl Node {
             spec.free_frame_timeout,
         )?;
         if let (Some(c), Some(l)) = (&coh, &log) {
+            let logs = spec
+                .store
+                .wal
+                .iter()
+                .map(|w| w.path.clone())
+                .chain(
+                    spec.store
+                        .cluster
+                        .iter()
+                        .flat_map(|c| c.peers.iter().cloned()),
+                )
+                .collect();
             c.attach_log(
                 l.log().clone(),
                 spec.durability == crate::durability::Durability::Commit,
                 spec.checkpoint_past_dead_peers,
+                logs,
             );
         }
         let node = Arc::new(Node::new(buf, coh, spec.durability, log, lock));

@@ -136,6 +136,9 @@ pub struct ProtocolStats {
     /// Restarted peers this node took back into the running cluster (docs/protocol.md,
     /// "Rejoin").
     pub rejoins: u64,
+    /// Pages of this home lost with a node that died holding them, brought back from the
+    /// cluster's logs when that node restarted (docs/protocol.md, "Rejoin").
+    pub pages_brought_back: u64,
     /// Invalidation acks of dead sharers counted as given once their fence held (an upgrade
     /// that waited for one completes instead of losing the page).
     pub acks_of_fenced: u64,

@@ -551,6 +551,7 @@ fn check(
         "checkpoints_past_dead": p.checkpoints_past_dead,
         "records_carried": p.records_carried,
         "rejoins": p.rejoins,
+        "pages_brought_back": p.pages_brought_back,
         "acks_of_fenced": p.acks_of_fenced,
         "evictions": st.evictions,
         "nvme_reads": st.store_reads,

@@ -47,9 +47,18 @@ impl Coherence {
     /// log writer flushes as soon as anything is complete (durability `commit`), so a page
     /// waiting for its changes to be durable can wait for the writer instead of flushing;
     /// `past_dead`: checkpoints may finish while a peer is dead
-    /// (`EngineConfig::checkpoint_past_dead_peers`, [`Coherence::carry_for_dead`]).
-    pub fn attach_log(&self, log: Arc<Log>, continuous: bool, past_dead: bool) {
+    /// (`EngineConfig::checkpoint_past_dead_peers`, [`Coherence::carry_for_dead`]); `logs`:
+    /// the paths of every node's log, this one's first (read to bring back pages lost with a
+    /// node that died: `rejoin.rs`).
+    pub fn attach_log(
+        &self,
+        log: Arc<Log>,
+        continuous: bool,
+        past_dead: bool,
+        logs: Vec<std::path::PathBuf>,
+    ) {
         let _ = self.logged.log.set(log);
+        let _ = self.logged.logs.set(logs);
         self.logged
             .continuous
             .store(continuous, std::sync::atomic::Ordering::Relaxed);
@@ -83,6 +92,11 @@ impl Coherence {
     /// The log, if this node has one.
     pub(crate) fn log(&self) -> Option<&Arc<Log>> {
         self.logged.log.get()
+    }
+
+    /// The paths of every node's log, this one's first (empty without a log).
+    pub(super) fn logs(&self) -> &[std::path::PathBuf] {
+        self.logged.logs.get().map_or(&[], |v| v.as_slice())
     }
 
     /// The write-ahead rule for pages that leave: the log is durable up to the last logged
@@ -418,6 +432,8 @@ impl Coherence {
 /// The state of [`Coherence`]'s durability part.
 pub(super) struct Logged {
     log: std::sync::OnceLock<Arc<Log>>,
+    /// Every node's log, this one's first (`attach_log`).
+    logs: std::sync::OnceLock<Vec<std::path::PathBuf>>,
     /// Our last fence's number.
     fence_seq: std::sync::atomic::AtomicU64,
     /// Per peer: the highest fence of ours it answered.
@@ -444,6 +460,7 @@ impl Logged {
     pub(super) fn new(nodes: u8) -> Logged {
         Logged {
             log: std::sync::OnceLock::new(),
+            logs: std::sync::OnceLock::new(),
             fence_seq: Default::default(),
             fenced: (0..nodes).map(|_| Default::default()).collect(),
             handed: (0..nodes).map(|_| Default::default()).collect(),

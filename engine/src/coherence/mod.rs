@@ -288,6 +288,8 @@ pub struct CoherenceCounters {
     pub records_carried: AtomicU64,
     /// See [`crate::stats::ProtocolStats::rejoins`].
     pub rejoins: AtomicU64,
+    /// See [`crate::stats::ProtocolStats::pages_brought_back`].
+    pub pages_brought_back: AtomicU64,
     /// See [`crate::stats::ProtocolStats::acks_of_fenced`].
     pub acks_of_fenced: AtomicU64,
 }
@@ -325,6 +327,7 @@ impl CoherenceCounters {
             checkpoints_past_dead: l(&self.checkpoints_past_dead),
             records_carried: l(&self.records_carried),
             rejoins: l(&self.rejoins),
+            pages_brought_back: l(&self.pages_brought_back),
             acks_of_fenced: l(&self.acks_of_fenced),
         }
     }

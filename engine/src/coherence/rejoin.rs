@@ -15,17 +15,28 @@
 //! before the restarted node's recovery, which reads every node's log, can start (it starts
 //! once every live node welcomed it).
 //!
-//! Refused, until the whole cluster restarts: a page of this node (or one this node waited
-//! for) lost with the old incarnation. Its newest changes are in the dead node's log, and
-//! bringing them back while the cluster runs is not built: the restarted node's start fails
-//! with this reason.
+//! Pages of this home lost with the old incarnation (it held them, or they were on their way
+//! from it) are brought back here ([`Coherence::bring_back`]): the restarted node holds its
+//! data directory's lock, so the old process is gone and its log is final, and its recovery
+//! has not begun (it waits for every live node's welcome), so its log is as the crash left
+//! it. Their newest durable versions are in the cluster's logs (the dead node's, and the
+//! senders' records if its receipt image was not durable: `logged.rs`): this home merges
+//! every node's log for them over its store's copy, as a recovery would, writes the result
+//! to its store and serves the pages again. Elsewhere, a copy marked lost with the old
+//! incarnation forgets that: its next access asks the home, which serves the page once it
+//! brought it back (until then it refuses, naming the dead node, as before).
+//!
+//! Refused: a lost page without a log (its changes are gone; only a whole-cluster restart,
+//! which serves the stored version, brings it back), or whose logs have a gap (a log missing
+//! or damaged): the restarted node's start fails with this reason.
 
 use super::directory::Holders;
 use super::possession::Pending;
 use super::protocol::{bit, Node};
-use super::Coherence;
+use super::{Coherence, PageState};
 use crate::buffer::Buffer;
 use crate::pid::Pid;
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -46,18 +57,24 @@ impl Coherence {
         if peer == self.me || peer >= self.nodes {
             return Err(format!("node {peer} is not a peer of node {}", self.me));
         }
-        let deadline = Instant::now() + self.waiting.timeout;
+        let start = Instant::now();
+        let deadline = start + self.waiting.timeout;
+        let mut told = Duration::ZERO;
         loop {
             match self.try_take_back(buf, peer) {
-                Ok(dropped) => {
+                Ok(back) => {
+                    let brought = self.bring_back(buf, peer, &back.lost)?;
                     self.driver.counters.rejoins.fetch_add(1, Ordering::Relaxed);
                     log::warn!(
                         "node {}: taking restarted node {peer} back: {} copies of its pages \
                          dropped here ({} of them changed: their changes are in this node's \
-                         log, which its recovery reads)",
+                         log, which its recovery reads); {} pages of this node lost with it \
+                         brought back from the logs ({brought} of them newer than the store's \
+                         copy)",
                         self.me,
-                        dropped.0,
-                        dropped.1
+                        back.dropped,
+                        back.changed,
+                        back.lost.len(),
                     );
                     return Ok(());
                 }
@@ -68,14 +85,25 @@ impl Coherence {
                         self.waiting.timeout.as_millis()
                     ))
                 }
-                Err(NotNow::Yet(_)) => std::thread::sleep(Duration::from_millis(20)),
+                Err(NotNow::Yet(why)) => {
+                    // a long wait says what it waits for (once a second at most)
+                    if start.elapsed() >= told + Duration::from_secs(1) {
+                        told = start.elapsed();
+                        log::warn!(
+                            "node {}: restarted node {peer} waits {} ms to be taken back: {why}",
+                            self.me,
+                            told.as_millis()
+                        );
+                    }
+                    std::thread::sleep(Duration::from_millis(20))
+                }
             }
         }
     }
 
-    /// One attempt of [`take_back`](Self::take_back), under the handler role. Returns the
-    /// copies of `peer`'s pages dropped, and how many of them were changed here.
-    fn try_take_back(&self, buf: &Buffer, peer: Node) -> Result<(u64, u64), NotNow> {
+    /// One attempt of [`take_back`](Self::take_back), under the handler role: everything
+    /// but bringing lost pages back.
+    fn try_take_back(&self, buf: &Buffer, peer: Node) -> Result<TakenBack, NotNow> {
         if self.driver.ch.peer_alive(peer) {
             return Err(NotNow::Yet(format!(
                 "node {peer} is still alive here (its death not noticed yet)"
@@ -99,21 +127,37 @@ impl Coherence {
                 self.ready_for_rejoin(pid, ps, peer)?;
             }
         }
-        // Then drop every copy of its pages; forget it as a grant's source. (A page that is
-        // not ready after all stops the attempt; what was dropped so far is gone for good.)
-        let (mut dropped, mut changed) = (0, 0);
+        // Then drop every copy of its pages; forget it as a grant's source; collect this
+        // home's pages lost with it (their frames dropped), forget the losses of other
+        // homes' pages. (A page that is not ready after all stops the attempt; what was
+        // dropped so far is gone for good.)
+        let mut back = TakenBack::default();
         for shard in self.pages.shards.iter() {
             let mut shard = shard.lock();
             let mut gone = Vec::new();
             let mut stopped = None;
             for (&pid, ps) in shard.iter_mut() {
-                if pid.node() != peer {
-                    ps.dir.forget_source(peer);
-                    continue;
-                }
                 if let Err(e) = self.ready_for_rejoin(pid, ps, peer) {
                     stopped = Some(e);
                     break;
+                }
+                if pid.node() == self.me && lost_with(ps, peer, self.me, pid) {
+                    if let Err(e) = self.keep_lost(buf, pid, ps, peer) {
+                        stopped = Some(e);
+                        break;
+                    }
+                    back.lost.push(pid);
+                    continue;
+                }
+                if pid.node() != peer {
+                    ps.dir.forget_source(peer);
+                    if ps.lost == Some(peer) {
+                        // its home brings it back (or refuses it, naming the dead node)
+                        ps.lost = None;
+                        ps.error = None;
+                        Self::wake(ps);
+                    }
+                    continue;
                 }
                 if let Some(idx) = buf.resident_frame(pid) {
                     // the copy's frame, or one a lost copy left for the provider to free
@@ -124,12 +168,12 @@ impl Coherence {
                         break;
                     };
                     if ps.copy.data == Some(idx) {
-                        dropped += 1;
+                        back.dropped += 1;
                         if h.frame().is_dirty() || ps.copy.dirty {
                             // its changes are in our log: kept until the restarted node
                             // answers a fence (after its recovery has read them), and carried
                             // over if it dies again first
-                            changed += 1;
+                            back.changed += 1;
                             self.note_kept_for(peer, pid);
                         }
                     }
@@ -166,11 +210,92 @@ impl Coherence {
         self.room_of(peer, 0);
         self.driver.ch.reset_peer(peer);
         drop(role);
-        Ok((dropped, changed))
+        Ok(back)
+    }
+
+    /// In [`try_take_back`](Self::try_take_back): this home's page `pid` is lost with
+    /// `peer` (marked so, or still held by it): it stays lost (marked so now, if it was not),
+    /// and this node's frame of it, a stale copy or one the loss revoked, leaves the buffer,
+    /// so that only the version brought back from the logs is served.
+    fn keep_lost(
+        &self,
+        buf: &Buffer,
+        pid: Pid,
+        ps: &mut PageState,
+        peer: Node,
+    ) -> Result<(), NotNow> {
+        if ps.lost.is_none() {
+            self.lose(buf, pid, ps, peer);
+        }
+        if let Some(idx) = buf.resident_frame(pid) {
+            let Some(h) = buf.try_hold(idx, pid) else {
+                return Err(NotNow::Yet(format!(
+                    "this node's frame of its page {pid}, lost with node {peer}, is in use"
+                )));
+            };
+            h.drop_page();
+        }
+        Ok(())
+    }
+
+    /// Bring back this home's pages `lost` with restarted node `peer` (see the module doc):
+    /// merge every node's log for them, write what is newer than the store's copy, then serve
+    /// them again (a fresh directory entry: nobody holds them). Returns how many pages were
+    /// newer in the logs. An error refuses the restarted node; the pages stay lost.
+    fn bring_back(&self, buf: &Buffer, peer: Node, lost: &[Pid]) -> Result<u64, String> {
+        if lost.is_empty() {
+            return Ok(0);
+        }
+        let pids: HashSet<u64> = lost.iter().map(|p| p.raw()).collect();
+        let written = buf.store().recover_pages(self.logs(), &pids).map_err(|e| {
+            format!(
+                "node {}: bringing back {} pages lost with node {peer} from the cluster's \
+                     logs failed: {e} (they stay unavailable; stop every node and start the \
+                     cluster again once the logs are whole)",
+                self.me,
+                lost.len()
+            )
+        })?;
+        let _role = self.driver.role.lock();
+        for &pid in lost {
+            let mut shard = self.pages.shard(pid).lock();
+            let Some(ps) = shard.get_mut(&pid) else {
+                continue;
+            };
+            // only this function clears the mark at the home, under the handler role
+            assert_eq!(
+                ps.lost,
+                Some(peer),
+                "{pid}: lost with node {peer} until brought back"
+            );
+            let old = std::mem::replace(ps, PageState::new(pid, self.me));
+            ps.dir.epoch = old.dir.epoch + 1;
+            ps.home_gen = old.home_gen + 1;
+            ps.held = old.dir_deferred;
+            ps.held.extend(old.held);
+            ps.parked = old.parked;
+            if !ps.held.is_empty() {
+                self.pages.retry_later(pid);
+            }
+            Self::wake(ps);
+        }
+        self.driver
+            .counters
+            .pages_brought_back
+            .fetch_add(lost.len() as u64, Ordering::Relaxed);
+        for (pid, version) in &written {
+            log::warn!(
+                "node {}: page {} (lost with node {peer}) brought back from the logs at \
+                 version {version}",
+                self.me,
+                Pid(*pid)
+            );
+        }
+        Ok(written.len() as u64)
     }
 
     /// Whether `pid`'s state lets `peer`'s old incarnation go (see [`take_back`]).
-    fn ready_for_rejoin(&self, pid: Pid, ps: &super::PageState, peer: Node) -> Result<(), NotNow> {
+    fn ready_for_rejoin(&self, pid: Pid, ps: &PageState, peer: Node) -> Result<(), NotNow> {
         let me = self.me;
         if pid.node() == peer {
             // a copy of its page: dropped, unless something is still in flight about it
@@ -181,31 +306,23 @@ impl Coherence {
             }
             return Ok(());
         }
-        // lost: marked so here, or (at the home) still held by the dead node, with no reclaim
-        // from a live source in progress
-        let held_by_it = pid.node() == me
-            && ps.dir.holders == Holders::Exclusive(peer)
-            && ps.dir.reclaiming.is_none()
-            && ps.dir.reclaiming_for.is_none();
-        if ps.lost == Some(peer) || held_by_it {
-            let then = if self.log().is_some() {
-                "its newest changes are in that node's log: a restarted node cannot rejoin a \
-                 running cluster while such a page is lost (stop every node and start the \
-                 cluster again; every committed change is recovered then)"
-            } else {
-                "without a log its changes there are gone: a restarted node cannot rejoin a \
-                 running cluster while such a page is lost (stop every node and start the \
-                 cluster again; the page's stored version is served then)"
-            };
-            return Err(NotNow::Never(format!(
-                "page {pid} was lost with node {peer} when it died, and {then}"
-            )));
-        }
         let from_it = |n: &super::Note| n.from == peer;
         if ps.held.iter().any(from_it) || ps.dir_deferred.iter().any(from_it) {
             return Err(NotNow::Yet(format!(
                 "a message of node {peer}'s old incarnation about page {pid} waits here"
             )));
+        }
+        if pid.node() == me && lost_with(ps, peer, me, pid) {
+            if self.log().is_none() {
+                return Err(NotNow::Never(format!(
+                    "page {pid} was lost with node {peer} when it died, and without a log its \
+                     changes there are gone: a restarted node cannot rejoin a running cluster \
+                     while such a page is lost (stop every node and start the cluster again; \
+                     the page's stored version is served then)"
+                )));
+            }
+            // brought back from the logs (`bring_back`)
+            return Ok(());
         }
         let waits_on_it = ps.copy.pending != Pending::Idle
             && (ps.page_from == Some(peer) || ps.asked_after == Some(peer));
@@ -217,9 +334,31 @@ impl Coherence {
         if pid.node() == me && ps.dir.counts_on(peer) {
             return Err(NotNow::Yet(format!(
                 "the directory entry of page {pid} still counts on node {peer}'s old \
-                 incarnation"
+                 incarnation ({:?})",
+                ps.dir
             )));
         }
         Ok(())
     }
+}
+
+/// What [`Coherence::try_take_back`] did.
+#[derive(Default)]
+struct TakenBack {
+    /// Copies of the restarted node's pages dropped here.
+    dropped: u64,
+    /// Of those, copies changed here (their changes are in this node's log).
+    changed: u64,
+    /// This home's pages lost with the old incarnation, to bring back.
+    lost: Vec<Pid>,
+}
+
+/// Whether this home's page `pid` is lost with `peer`: marked so, or still held by it (its
+/// directory names it the exclusive holder, and no reclaim from a live source is in progress).
+fn lost_with(ps: &PageState, peer: Node, me: Node, pid: Pid) -> bool {
+    debug_assert_eq!(pid.node(), me);
+    let held_by_it = ps.dir.holders == Holders::Exclusive(peer)
+        && ps.dir.reclaiming.is_none()
+        && ps.dir.reclaiming_for.is_none();
+    ps.lost == Some(peer) || (ps.lost.is_none() && held_by_it)
 }

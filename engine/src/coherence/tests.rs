@@ -700,11 +700,11 @@ fn a_restarted_node_is_taken_back_once_its_death_is_handled_and_copies_of_its_pa
     assert_eq!(coh1.driver.counters.rejoins.load(Ordering::Relaxed), 1);
 }
 
-/// Issue 45, rejoin: a page lost with the dead node (it held the page exclusively) keeps it
-/// from rejoining: the page's newest changes are in its log, and the running nodes cannot
-/// bring them back. The refusal names the page and says what to do.
+/// Issue 45, rejoin: without a log, a page lost with the dead node (it held the page
+/// exclusively) keeps it from rejoining: its changes there are gone. The refusal names the
+/// page and says what to do.
 #[test]
-fn a_restarted_node_is_refused_while_a_page_was_lost_with_it() {
+fn without_a_log_a_restarted_node_is_refused_while_a_page_was_lost_with_it() {
     let dir = tempfile::tempdir().unwrap();
     let c = cluster_timing_out(dir.path(), 3, Duration::from_secs(3));
     let w0 = c.node(0).worker();
@@ -728,8 +728,73 @@ fn a_restarted_node_is_refused_while_a_page_was_lost_with_it() {
         .expect_err("refused");
     assert!(
         why.contains(&format!("page {pid} was lost with node 2"))
+            && why.contains("without a log")
             && why.contains("start the cluster again"),
         "{why}"
     );
     assert_eq!(coh0.driver.counters.rejoins.load(Ordering::Relaxed), 0);
+}
+
+/// Issue 45, rejoin: a page lost with the dead node is brought back from the cluster's logs
+/// when the node restarts: its home merges every node's log for it (the dead node's change,
+/// over the receipt image it logged of the change before, made on another node), writes the
+/// newest version to its store and serves it again; the other live node, which found it lost
+/// too, asks again and gets it.
+#[test]
+fn a_page_lost_with_a_restarted_node_is_brought_back_from_the_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_path_buf();
+    let c = Cluster::mem(3, Duration::from_secs(3), move |i| {
+        let mut cfg = EngineConfig::for_cluster_node(d.join(format!("n{i}")), 256 * 4096);
+        cfg.durability = crate::Durability::Commit;
+        cfg
+    })
+    .unwrap();
+    let w0 = c.node(0).worker();
+    let pid = page_holding_41(&w0);
+    w0.commit().unwrap();
+    let w1 = c.node(1).worker();
+    w1.exclusive(pid).unwrap().page_mut().set_u64(0, 42);
+    w1.commit().unwrap();
+    {
+        let w2 = c.node(2).worker();
+        w2.exclusive(pid).unwrap().page_mut().set_u64(0, 43);
+        w2.commit().unwrap();
+    }
+    c.kill(2);
+    wait_for("the page lost at its home", || {
+        w0.run(|w| w.shared(pid).map(|_| ())).is_err()
+            && page_state(c.node(0).node().coherence().unwrap(), pid, |s| {
+                s.lost == Some(2)
+            })
+    });
+    let err = w1.run(|w| w.shared(pid).map(|_| ())).unwrap_err();
+    assert!(err.to_string().contains("node 2"), "{err}");
+    for i in [1, 0] {
+        let (node, coh) = (c.node(i).node(), c.node(i).node().coherence().unwrap());
+        coh.take_back(node.buffer(), 2)
+            .unwrap_or_else(|why| panic!("node {i} takes node 2 back: {why}"));
+    }
+    let coh0 = c.node(0).node().coherence().unwrap();
+    assert_eq!(
+        coh0.driver
+            .counters
+            .pages_brought_back
+            .load(Ordering::Relaxed),
+        1
+    );
+    assert_eq!(w0.shared(pid).unwrap().page().u64(0), 43, "at its home");
+    assert_eq!(
+        w1.shared(pid).unwrap().page().u64(0),
+        43,
+        "at the other node"
+    );
+    let mut g = w1.exclusive(pid).unwrap();
+    g.page_mut().set_u64(0, 44);
+    drop(g);
+    assert_eq!(
+        w0.shared(pid).unwrap().page().u64(0),
+        44,
+        "and written again"
+    );
 }

@@ -50,12 +50,12 @@ impl Merge {
         self.recs.entry(slot).or_default().push(r);
     }
 
-    /// Add the records of this store's pages in `peer`'s log (from its redo point).
+    /// Add the records of the pages `wanted` picks (by page id) in `peer`'s log (from its
+    /// redo point) and carried file.
     fn scan_peer(
         &mut self,
         peer: &std::path::Path,
-        c: &ClusterLogs,
-        home: fn(u64) -> u8,
+        wanted: &dyn Fn(u64) -> bool,
     ) -> StoreResult<()> {
         if !peer.exists() {
             let here = peer.parent().is_some_and(|d| d.is_dir());
@@ -72,30 +72,55 @@ impl Merge {
             });
         }
         // A peer's log may be written while it is read: a node restarted into a running
-        // cluster reads the running nodes' logs, and the nodes of a cluster restarting at
-        // different moments read the logs of those already running. A flush caught half-way
-        // (its pages land in the page cache in no particular order) can look like damage in
-        // the middle of the log. So a log that reads as damaged is read again, a few times,
-        // before the damage is believed: real damage stays, a flush in progress completes.
+        // cluster reads the running nodes' logs, a running node bringing back pages lost with
+        // a dead node reads them too (its own included), and the nodes of a cluster
+        // restarting at different moments read the logs of those already running. A flush
+        // caught half-way (its pages land in the page cache in no particular order) looks
+        // like damage at the log's tail. What the reader needs was durable before it began
+        // (see the callers), and a concurrent write damages only what was not: so damage
+        // that a later read finds intact (the read's damage, if any, is further on) was a
+        // flush in progress, and that later read holds everything durable before the first
+        // began. Damage found at the same place every time is believed (an error).
         let mut tries = 0;
+        let mut damaged_at: Option<u64> = None;
         let found = loop {
-            match read_peer_log(peer, c, home) {
-                Ok(found) => break found,
-                Err(e @ (StoreError::LogDamaged { .. } | StoreError::BadLog { .. }))
-                    if tries < PEER_LOG_TRIES =>
-                {
+            let read = read_peer_log(peer, wanted, wal::ScanMode::DiscardDamage);
+            let (found, damage) = match read {
+                Ok(r) => r,
+                Err(e @ StoreError::BadLog { .. }) if tries < PEER_LOG_TRIES => {
                     tries += 1;
                     log::warn!(
-                        "{}: read as damaged ({e}); reading it again in case its node was \
+                        "{}: cannot be read ({e}); reading it again in case its node was \
                          writing it (attempt {} of {})",
                         peer.display(),
                         tries + 1,
                         PEER_LOG_TRIES + 1
                     );
                     std::thread::sleep(PEER_LOG_RETRY);
+                    continue;
                 }
                 Err(e) => return Err(e),
+            };
+            let Some((lsn, why)) = damage else {
+                break found;
+            };
+            if damaged_at.is_some_and(|before| lsn > before) {
+                break found;
             }
+            if tries == PEER_LOG_TRIES {
+                // the same damage every time: the judged read says what it is
+                break read_peer_log(peer, wanted, wal::ScanMode::Judge)?.0;
+            }
+            tries += 1;
+            damaged_at = Some(lsn);
+            log::warn!(
+                "{}: read as damaged at LSN {lsn} ({why}); reading it again in case its node \
+                 was writing it (attempt {} of {})",
+                peer.display(),
+                tries + 1,
+                PEER_LOG_TRIES + 1
+            );
+            std::thread::sleep(PEER_LOG_RETRY);
         };
         let n = found.len() as u64;
         for r in found {
@@ -162,41 +187,40 @@ impl Merge {
 const PEER_LOG_TRIES: u32 = 4;
 const PEER_LOG_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// The records of `c.node`'s pages in `peer`'s log (from its redo point), then in its carried
-/// file.
+/// The records of the pages `wanted` picks (by page id) in `peer`'s log (from its redo
+/// point), then in its carried file. With [`wal::ScanMode::DiscardDamage`], the records
+/// before damage in the log, and the damage's LSN and description.
 fn read_peer_log(
     peer: &std::path::Path,
-    c: &ClusterLogs,
-    home: fn(u64) -> u8,
-) -> StoreResult<Vec<(u64, Owned)>> {
+    wanted: &dyn Fn(u64) -> bool,
+    mode: wal::ScanMode,
+) -> StoreResult<(Vec<(u64, Owned)>, Option<(u64, String)>)> {
     let (found, file) = wal::read_existing(peer, false)?;
     let redo = found.redo_lsn();
     let mut out = Vec::new();
     let mut keep = |kind: u8, body: &[u8]| {
         if let Some(r) = page_record(kind, body) {
-            if home(r.pid) == c.node {
+            if wanted(r.pid) {
                 out.push(Owned::of(&r));
             }
         }
     };
-    wal::scan(
-        peer,
-        &file,
-        &found,
-        wal::ScanMode::Judge,
-        |lsn, kind, body| {
-            if lsn >= redo {
-                keep(kind, body);
-            }
-            Ok(())
-        },
-    )?;
+    let scanned = wal::scan(peer, &file, &found, mode, |lsn, kind, body| {
+        if lsn >= redo {
+            keep(kind, body);
+        }
+        Ok(())
+    })?;
+    let damage = match scanned.how {
+        wal::LogEnd::Discarded { lsn, why } => Some((lsn, why)),
+        _ => None,
+    };
     // after the log: a peer that resumed its log (moving its redo point past these records)
     // wrote its carried file before (see wal/carried.rs)
     for (kind, body) in wal::carried::read_carried(peer)? {
         keep(kind, &body);
     }
-    Ok(out)
+    Ok((out, damage))
 }
 
 /// Replay one page record at `lsn` into `images` (slot -> page id and page, its version in
@@ -244,6 +268,59 @@ fn replay_page(
 }
 
 impl PageStore {
+    /// Bring back the pages of this store that `pids` names from the logs `logs` (every
+    /// cluster node's, this one's included, each with its carried file), merged per page by
+    /// version over the store's copy as for a recovery, and write them, durably. For a
+    /// running cluster node whose pages were lost with a node that died holding them: once
+    /// that node's log is final (it restarted, or is gone for good), their newest durable
+    /// versions are in these logs. The other logs may be written meanwhile: records of these
+    /// pages are not (nobody may change a lost page), and a log that reads as damaged is read
+    /// again (`Merge::scan_peer`). Returns each page written, with its version; a page whose
+    /// logs hold nothing newer than the store's copy is left as it is.
+    ///
+    /// An error (a log missing or damaged: a chain with a gap) writes nothing.
+    pub fn recover_pages(
+        &self,
+        logs: &[std::path::PathBuf],
+        pids: &std::collections::HashSet<u64>,
+    ) -> StoreResult<Vec<(u64, u64)>> {
+        let mut m = Merge::default();
+        let wanted = |pid: u64| pids.contains(&pid);
+        for log in logs {
+            m.scan_peer(log, &wanted)?;
+        }
+        let images = m.finish(self)?;
+        let mut out: Vec<(u64, u64)> = images
+            .values()
+            .map(|(pid, page)| (*pid, crate::page::version(page)))
+            .collect();
+        out.sort_unstable();
+        self.write_replayed(images)?;
+        Ok(out)
+    }
+
+    /// Write pages replayed from logs (slot -> page id and page), a batch at a time, then make
+    /// them durable. Returns how many were written.
+    fn write_replayed(&self, images: HashMap<u64, (u64, AlignedPage)>) -> StoreResult<u64> {
+        let mut all: Vec<(u64, (u64, AlignedPage))> = images.into_iter().collect();
+        all.sort_unstable_by_key(|(slot, _)| *slot);
+        for batch in all.chunks_mut(64) {
+            let mut reqs: Vec<WriteRequest<'_>> = batch
+                .iter_mut()
+                .map(|(slot, (pid, page))| WriteRequest {
+                    slot: *slot,
+                    pid: *pid,
+                    page,
+                })
+                .collect();
+            for r in self.write_batch(&mut reqs) {
+                r?;
+            }
+        }
+        self.sync()?;
+        Ok(all.len() as u64)
+    }
+
     /// Set up the write-ahead log `cfg.wal` names: recover from it first if the store was not
     /// closed cleanly (`recover`), continue it if it exists, create it if not. Without a log,
     /// delete one an earlier run left (it no longer describes the store; the store is clean,
@@ -402,8 +479,9 @@ impl PageStore {
             });
         }
         if let (Some(c), Some(mut m)) = (&cfg.cluster, merge.take()) {
+            let ours = |pid: u64| home(pid) == c.node;
             for peer in &c.peers {
-                m.scan_peer(peer, c, home)?;
+                m.scan_peer(peer, &ours)?;
             }
             // this log's records of other homes' pages (and those an earlier recovery or a
             // checkpoint past a dead peer carried) stay readable for their homes' recovery
@@ -437,24 +515,7 @@ impl PageStore {
                 wc.path.display()
             );
         }
-        // write the replayed pages, a batch at a time, then make them durable
-        let mut all: Vec<(u64, (u64, AlignedPage))> = images.into_iter().collect();
-        all.sort_unstable_by_key(|(slot, _)| *slot);
-        replay.pages = all.len() as u64;
-        for batch in all.chunks_mut(64) {
-            let mut reqs: Vec<WriteRequest<'_>> = batch
-                .iter_mut()
-                .map(|(slot, (pid, page))| WriteRequest {
-                    slot: *slot,
-                    pid: *pid,
-                    page,
-                })
-                .collect();
-            for r in self.write_batch(&mut reqs) {
-                r?;
-            }
-        }
-        self.sync()?;
+        replay.pages = self.write_replayed(images)?;
         if let Some(carry) = carried {
             // only now that the pages replayed from it are durable in the store: the file
             // held this store's own pages' records too (a crash before this point finds it
