@@ -478,8 +478,8 @@ impl DirEntry {
     /// Whether the entry still counts on node `n`: as a holder (or a sharer that may hold
     /// nothing), for a copy-back, an offer's answer or a forwarded read, or in a reclaim. A
     /// home takes a restarted node back only once no entry counts on its old incarnation
-    /// (`Coherence::take_back`). The source of the last grant (`handed_by`) is not counted:
-    /// see [`forget_source`](Self::forget_source).
+    /// (`Coherence::take_back`). The source of the last grant (`handed_by`) and the first
+    /// source of a chain (`chain`) are not counted: see [`forget_source`](Self::forget_source).
     pub fn counts_on(&self, n: Node) -> bool {
         let holds = match self.holders {
             Holders::None => false,
@@ -494,17 +494,24 @@ impl DirEntry {
                 self.forwarded_to,
                 self.reclaiming,
                 self.reclaiming_for,
-                self.chain.map(|(o, _)| o),
             ]
             .contains(&Some(n))
     }
 
-    /// Forget that node `n` was the source of the last grant: its old incarnation is gone
-    /// for good (a restarted node took its place, and it holds nothing), so there is nothing
-    /// to reclaim from it if the holder dies (the page then dies with the holder).
+    /// Forget that node `n` was the source of the last grant, or the first source of a
+    /// chain: its old incarnation is gone for good (a restarted node took its place, and it
+    /// holds nothing), so there is nothing to reclaim from it if the holder (or the chain's
+    /// middle node) dies: the page then dies with that node. A chain whose first source died
+    /// stays until the page's next grant otherwise (a holder that keeps the page keeps it),
+    /// and would keep the restarted node waiting.
     pub fn forget_source(&mut self, n: Node) {
         if self.handed_by == Some(n) {
+            // (a chain hangs on the last grant's source: `check`)
             self.handed_by = None;
+            self.chain = None;
+        }
+        if self.chain.is_some_and(|(o, _)| o == n) {
+            self.chain = None;
         }
     }
 
@@ -1079,5 +1086,31 @@ mod tests {
         d.request(1, Mode::Shared, false).unwrap();
         assert!(d.request(1, Mode::Exclusive, false).is_err());
         assert!(d.evict(1, 0, true).is_err());
+    }
+
+    /// Rejoin: a chain whose first source died (node 2 handed the page to node 0, which
+    /// handed it to node 1, the holder now) does not keep the restarted node 2 waiting, and
+    /// taking it back forgets it there; forgetting the last grant's source drops its chain too
+    /// (a chain hangs on it).
+    #[test]
+    fn a_chain_through_a_restarted_node_does_not_count_on_it_and_is_forgotten() {
+        let mut d = DirEntry::new();
+        d.holders = Holders::Exclusive(1);
+        d.handed_by = Some(0);
+        d.chain = Some((2, 5));
+        d.epoch = 6;
+        d.check().unwrap();
+        assert!(
+            !d.counts_on(2),
+            "the chain's first source is not waited for"
+        );
+        assert!(d.counts_on(1), "the holder is");
+        d.forget_source(2);
+        assert_eq!((d.chain, d.handed_by), (None, Some(0)));
+        d.check().unwrap();
+        d.chain = Some((2, 5));
+        d.forget_source(0);
+        assert_eq!((d.chain, d.handed_by), (None, None));
+        d.check().unwrap();
     }
 }

@@ -187,6 +187,9 @@ impl Merge {
 const PEER_LOG_TRIES: u32 = 4;
 const PEER_LOG_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// Where a log read stopped at damage: its LSN, and what it was.
+type Damage = (u64, String);
+
 /// The records of the pages `wanted` picks (by page id) in `peer`'s log (from its redo
 /// point), then in its carried file. With [`wal::ScanMode::DiscardDamage`], the records
 /// before damage in the log, and the damage's LSN and description.
@@ -194,7 +197,7 @@ fn read_peer_log(
     peer: &std::path::Path,
     wanted: &dyn Fn(u64) -> bool,
     mode: wal::ScanMode,
-) -> StoreResult<(Vec<(u64, Owned)>, Option<(u64, String)>)> {
+) -> StoreResult<(Vec<(u64, Owned)>, Option<Damage>)> {
     let (found, file) = wal::read_existing(peer, false)?;
     let redo = found.redo_lsn();
     let mut out = Vec::new();
