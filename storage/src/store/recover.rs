@@ -85,7 +85,7 @@ impl Merge {
         let mut damaged_at: Option<u64> = None;
         let found = loop {
             let read = read_peer_log(peer, wanted, wal::ScanMode::DiscardDamage);
-            let (found, damage) = match read {
+            let PeerRead { found, damage } = match read {
                 Ok(r) => r,
                 Err(e @ StoreError::BadLog { .. }) if tries < PEER_LOG_TRIES => {
                     tries += 1;
@@ -109,7 +109,7 @@ impl Merge {
             }
             if tries == PEER_LOG_TRIES {
                 // the same damage every time: the judged read says what it is
-                break read_peer_log(peer, wanted, wal::ScanMode::Judge)?.0;
+                break read_peer_log(peer, wanted, wal::ScanMode::Judge)?.found;
             }
             tries += 1;
             damaged_at = Some(lsn);
@@ -187,8 +187,12 @@ impl Merge {
 const PEER_LOG_TRIES: u32 = 4;
 const PEER_LOG_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// Where a log read stopped at damage: its LSN, and what it was.
-type Damage = (u64, String);
+/// What [`read_peer_log`] found: the records (with their slots), and where the read stopped
+/// at damage (its LSN, and what it was), if it did.
+struct PeerRead {
+    found: Vec<(u64, Owned)>,
+    damage: Option<(u64, String)>,
+}
 
 /// The records of the pages `wanted` picks (by page id) in `peer`'s log (from its redo
 /// point), then in its carried file. With [`wal::ScanMode::DiscardDamage`], the records
@@ -197,7 +201,7 @@ fn read_peer_log(
     peer: &std::path::Path,
     wanted: &dyn Fn(u64) -> bool,
     mode: wal::ScanMode,
-) -> StoreResult<(Vec<(u64, Owned)>, Option<Damage>)> {
+) -> StoreResult<PeerRead> {
     let (found, file) = wal::read_existing(peer, false)?;
     let redo = found.redo_lsn();
     let mut out = Vec::new();
@@ -223,7 +227,7 @@ fn read_peer_log(
     for (kind, body) in wal::carried::read_carried(peer)? {
         keep(kind, &body);
     }
-    Ok((out, damage))
+    Ok(PeerRead { found: out, damage })
 }
 
 /// Replay one page record at `lsn` into `images` (slot -> page id and page, its version in
