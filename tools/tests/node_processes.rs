@@ -968,3 +968,131 @@ fn rejoin_once(node_2_increments: bool) {
         assert_eq!(tallies, made, "tallies against increments made:\n{all}");
     }
 }
+
+/// Issue 45: node 2 of 3 (all incrementing counters, logged) is killed with SIGKILL at random
+/// moments, `SHOAL_KILLS` times (3 unless set; docs/BENCHMARKS.md, "Failover", runs 50), and
+/// started again with the same command line after each: every time it rejoins the running
+/// cluster (the others bring back the pages it held of theirs, take it back, and go on),
+/// increments again, and at the end, all three stopped with SIGTERM, every node's counters
+/// equal its tallies and the two that ran throughout took it back once per kill.
+#[test]
+fn a_node_killed_at_random_moments_rejoins_every_time_and_the_counters_stay_exact() {
+    use rand::{Rng, SeedableRng};
+    let _one = one_at_a_time();
+    let kills: usize = std::env::var("SHOAL_KILLS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let dir = tempfile::tempdir().unwrap();
+    let file = logged_cluster_file(dir.path(), 3);
+    let seed: u64 = rand::rngs::StdRng::from_os_rng().random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    eprintln!("{kills} kills, seed {seed}");
+    let (paths, mut kids) = start_logged_each(&file, dir.path(), "k", [1 << 40; 3]);
+    let noticed = |i: usize| output(&paths, i).matches("dropping node 2").count();
+    let brought = || -> usize {
+        (0..2)
+            .map(|i| {
+                output(&paths, i)
+                    .matches("brought back from the logs at version")
+                    .count()
+            })
+            .sum()
+    };
+    let (mut to_notice, mut to_start) = (Vec::new(), Vec::new());
+    for k in 0..kills {
+        // (the hang guard counts from each kill's start: 50 kills take longer than `LIMIT`)
+        let t0 = Instant::now();
+        // a random moment of node 2's run, counted in its commits since its (re)start
+        let after = rng.random_range(50..600);
+        wait_while_running(&mut kids.0[2], 2, &paths, t0, "node 2's commits", || {
+            committed(&paths[2]) >= after
+        });
+        let before: Vec<usize> = (0..2).map(noticed).collect();
+        kids.0[2].kill().unwrap();
+        kids.0[2].wait().unwrap();
+        let killed = Instant::now();
+        for i in 0..2 {
+            wait_while_running(
+                &mut kids.0[i],
+                i,
+                &paths,
+                t0,
+                "node 2's death noticed",
+                || noticed(i) > before[i],
+            );
+        }
+        to_notice.push(killed.elapsed());
+        let restarted = Instant::now();
+        kids.0[2] = start_logged(&file, 2, 1 << 40, &paths[2]);
+        while !output(&paths, 2).contains("node 2: start:") {
+            if let Some(st) = kids.0[2].try_wait().unwrap() {
+                panic!(
+                    "kill {}: node 2 ended ({st}) before it rejoined; every node's output:\n{}",
+                    k + 1,
+                    outputs(&paths)
+                );
+            }
+            not_hung(t0, "node 2 to rejoin and check", &paths);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        to_start.push(restarted.elapsed());
+        eprintln!(
+            "kill {}: after {after} commits of node 2; noticed by both in {} ms; restarted node \
+             checked every counter {} ms after its start; pages brought back so far {}",
+            k + 1,
+            to_notice[k].as_millis(),
+            to_start[k].as_millis(),
+            brought()
+        );
+    }
+    let t0 = Instant::now();
+    wait_while_running(
+        &mut kids.0[2],
+        2,
+        &paths,
+        t0,
+        "commits after the last rejoin",
+        || committed(&paths[2]) >= 100,
+    );
+    for k in &kids.0 {
+        // SAFETY: kill(2) with a child's pid and a signal number has no memory effects.
+        let r = unsafe { libc::kill(k.id() as libc::pid_t, libc::SIGTERM) };
+        assert_eq!(r, 0);
+    }
+    let mut rs = Vec::new();
+    for (i, k) in kids.0.iter_mut().enumerate() {
+        finish(k, i, &paths, t0);
+        rs.push(json(&paths[i]));
+    }
+    let all = outputs(&paths);
+    for (i, r) in rs.iter().enumerate() {
+        assert!(
+            r["finished"].is_null(),
+            "node {i} met the others at the end: {r}\n{all}"
+        );
+        assert_eq!(
+            r["end"]["counters_sum"], r["end"]["tallies_sum"],
+            "node {i}: {r}\n{all}"
+        );
+        if i < 2 {
+            assert_eq!(r["end"]["exact"], true, "node {i}: {r}\n{all}");
+            assert_eq!(r["rejoins"], kills as u64, "node {i}: {r}");
+        } else {
+            assert_eq!(r["start"]["rejoined"], true, "{r}\n{all}");
+        }
+    }
+    let ms = |v: &[Duration]| {
+        let mut m: Vec<u128> = v.iter().map(|d| d.as_millis()).collect();
+        m.sort_unstable();
+        format!("median {} ms, max {} ms", m[m.len() / 2], m[m.len() - 1])
+    };
+    eprintln!(
+        "{kills} kills: noticed by both {}; restarted node checked every counter {}; {} pages \
+         brought back; end counters sum {} = tallies sum",
+        ms(&to_notice),
+        ms(&to_start),
+        brought(),
+        rs[0]["end"]["counters_sum"]
+    );
+}
