@@ -1012,14 +1012,14 @@ fn a_node_killed_at_random_moments_rejoins_every_time_and_the_counters_stay_exac
         kids.0[2].kill().unwrap();
         kids.0[2].wait().unwrap();
         let killed = Instant::now();
-        for i in 0..2 {
+        for (i, &seen) in before.iter().enumerate() {
             wait_while_running(
                 &mut kids.0[i],
                 i,
                 &paths,
                 t0,
                 "node 2's death noticed",
-                || noticed(i) > before[i],
+                || noticed(i) > seen,
             );
         }
         to_notice.push(killed.elapsed());

@@ -234,7 +234,11 @@ impl Coherence {
     /// node's log: from now on no checkpoint finishes here until it answers a log fence (see
     /// `Logged::recovering`); returns once a checkpoint finishing now is done.
     pub(super) fn hold_checkpoints_for(&self, peer: Node) {
-        self.logged.recovering.lock()[peer as usize] = Some(std::time::Instant::now());
+        let connection = self.driver.ch.transport().connection(peer);
+        self.logged.recovering.lock()[peer as usize] = Some(Recovering {
+            since: std::time::Instant::now(),
+            connection,
+        });
         drop(self.logged.finishing.lock());
     }
 
@@ -251,15 +255,27 @@ impl Coherence {
             .lock()
             .iter()
             .enumerate()
-            .find_map(|(n, t)| {
-                t.filter(|t| {
-                    self.driver.ch.peer_alive(n as Node) || t.elapsed() < self.waiting.timeout
-                })
-                .map(|_| n as Node)
+            .find_map(|(n, r)| {
+                r.filter(|r| self.still_recovering(n as Node, r))
+                    .map(|_| n as Node)
             });
         match recovering {
             Some(node) => Err(EngineError::PeerRecovering { node }),
             None => finish(),
+        }
+    }
+
+    /// Whether restarted node `peer`, held for as `r` says, may still be reading this node's
+    /// log: its connection taken back still runs, or it is not connected yet (the others'
+    /// welcomes may take a while) and the remote timeout has not passed since. Not once that
+    /// connection died: that incarnation reads nothing any more (a node killed again and again
+    /// held every checkpoint here until the log was full).
+    fn still_recovering(&self, peer: Node, r: &Recovering) -> bool {
+        let now = self.driver.ch.transport().connection(peer);
+        if now == r.connection {
+            r.since.elapsed() < self.waiting.timeout
+        } else {
+            now == r.connection + 1 && self.driver.ch.peer_alive(peer)
         }
     }
 
@@ -448,12 +464,21 @@ pub(super) struct Logged {
     /// Per peer: when this node took it back as a restarted node (`rejoin.rs`), until it
     /// answers a log fence (its recovery, which reads this node's log, is done by then).
     /// Meanwhile no checkpoint here finishes (moves the log's start: the reader would find
-    /// its records overwritten), unless the peer stayed dead that long after (its start
-    /// failed).
-    recovering: parking_lot::Mutex<Vec<Option<std::time::Instant>>>,
+    /// its records overwritten), unless the connection taken back died, or never came within
+    /// the remote timeout (`Coherence::still_recovering`).
+    recovering: parking_lot::Mutex<Vec<Option<Recovering>>>,
     /// Held by a checkpoint from its look at `recovering` to its end, and taken by a rejoin
     /// after it marked its peer: no checkpoint that missed the mark is still finishing.
     finishing: parking_lot::Mutex<()>,
+}
+
+/// A restarted node that may be reading this node's log (`Logged::recovering`).
+#[derive(Clone, Copy)]
+pub(super) struct Recovering {
+    /// When this node took it back.
+    since: std::time::Instant,
+    /// Its connection number then (`Transport::connection`): the one taken back is the next.
+    connection: u64,
 }
 
 impl Logged {
