@@ -798,3 +798,63 @@ fn a_page_lost_with_a_restarted_node_is_brought_back_from_the_logs() {
         "and written again"
     );
 }
+
+/// Issue 45, rejoin: a page lost with the dead node whose log is damaged (zeros over its
+/// records) is not brought back from what remains: the home refuses the restarted node with
+/// the reason, and the page stays unavailable, naming the dead node.
+#[test]
+fn a_page_lost_with_a_restarted_node_whose_log_is_damaged_stays_lost_and_the_node_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_path_buf();
+    let c = Cluster::mem(3, Duration::from_secs(3), move |i| {
+        let mut cfg = EngineConfig::for_cluster_node(d.join(format!("n{i}")), 256 * 4096);
+        cfg.durability = crate::Durability::Commit;
+        cfg
+    })
+    .unwrap();
+    let w0 = c.node(0).worker();
+    let pid = page_holding_41(&w0);
+    w0.commit().unwrap();
+    {
+        let w2 = c.node(2).worker();
+        for v in 42..50 {
+            w2.exclusive(pid).unwrap().page_mut().set_u64(0, v);
+            w2.commit().unwrap();
+        }
+    }
+    c.kill(2);
+    wait_for("the page lost at its home", || {
+        w0.run(|w| w.shared(pid).map(|_| ())).is_err()
+            && page_state(c.node(0).node().coherence().unwrap(), pid, |s| {
+                s.lost == Some(2)
+            })
+    });
+    // zeros over node 2's log after its first 4 KiB (the records written since its start)
+    let log = std::fs::read_dir(dir.path().join("n2"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "wal"))
+        .expect("node 2's log");
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new().write(true).open(&log).unwrap();
+        f.seek(SeekFrom::Start(4096)).unwrap();
+        f.write_all(&vec![0u8; 1 << 20]).unwrap();
+        f.sync_all().unwrap();
+    }
+    let (node0, coh0) = (c.node(0).node(), c.node(0).node().coherence().unwrap());
+    let why = coh0.take_back(node0.buffer(), 2).expect_err("refused");
+    assert!(
+        why.contains("bringing back 1 pages lost with node 2") && why.contains(".wal"),
+        "{why}"
+    );
+    assert_eq!(
+        coh0.driver
+            .counters
+            .pages_brought_back
+            .load(Ordering::Relaxed),
+        0
+    );
+    let err = w0.run(|w| w.shared(pid).map(|_| ())).unwrap_err();
+    assert!(err.to_string().contains("node 2"), "{err}");
+}
