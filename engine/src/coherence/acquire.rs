@@ -262,6 +262,7 @@ impl Coherence {
             .or_insert_with(|| PageState::new(pid, self.me));
         ps.dir = DirEntry {
             holders: Holders::Exclusive(self.me),
+            invalidating: 0,
             ..ps.dir
         };
         if let Err(e) = ps.copy.created(idx) {

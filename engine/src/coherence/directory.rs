@@ -91,6 +91,10 @@ pub struct DirEntry {
     /// The live exclusive holder whose grant waits on a reclaim through a chain (its page was
     /// to come from the dead `reclaiming`): nobody holds the page meanwhile.
     pub reclaiming_for: Option<Node>,
+    /// The sharers the current exclusive holder's grant told it to invalidate (0 for any
+    /// other grant). If it died before it did, they may still hold copies that this entry no
+    /// longer names: a page lost with it is then not brought back ([`brought_back`](Self::brought_back)).
+    pub invalidating: NodeSet,
 }
 
 /// What the home does with a possession request.
@@ -236,6 +240,7 @@ impl DirEntry {
             reclaiming: None,
             chain: None,
             reclaiming_for: None,
+            invalidating: 0,
         }
     }
 
@@ -298,6 +303,7 @@ impl DirEntry {
         // every grant changes the holders: only a hand-over from an exclusive holder sets them
         let (before, before_epoch) = (self.handed_by, self.epoch);
         self.handed_by = None;
+        self.invalidating = 0;
         self.chain = None;
         let grant = |mode, epoch, from_home, source, invalidate| DirDecision::Grant {
             mode,
@@ -360,6 +366,7 @@ impl DirEntry {
                 }
                 self.holders = Holders::Exclusive(from);
                 self.unsure = 0;
+                self.invalidating = others;
                 Ok(grant(Mode::Exclusive, self.epoch, !member, None, others))
             }
             (Holders::Exclusive(o), _) if o == from => {
@@ -496,6 +503,31 @@ impl DirEntry {
                 self.reclaiming_for,
             ]
             .contains(&Some(n))
+    }
+
+    /// The entry of a page lost with node `dead`, brought back from the logs by its home
+    /// when `dead` restarted (`Coherence::bring_back`): nobody holds the page, nothing is
+    /// pending, and the epoch stays. `None` when it cannot be: the entry names another node
+    /// ([`names_only`](Self::names_only)), a live node may still hold the page as the source
+    /// of the last grant or of a chain (`handed_by`, `chain`: call
+    /// [`forget_source`](Self::forget_source) for `dead` first), or `dead` holds the page by
+    /// a grant that told it to invalidate live sharers (`invalidating`; they may still hold
+    /// copies). Found by the model check with restarts.
+    pub fn brought_back(&self, dead: Node, nodes: Node) -> Option<DirEntry> {
+        if !self.names_only(dead, nodes) || self.handed_by.is_some() || self.chain.is_some() {
+            return None;
+        }
+        if self.holders == Holders::Exclusive(dead) && self.invalidating & !bit(dead) != 0 {
+            return None;
+        }
+        let mut d = DirEntry::new();
+        d.epoch = self.epoch;
+        Some(d)
+    }
+
+    /// Whether the entry counts on no node but `n` (`counts_on`), among `nodes` nodes.
+    pub fn names_only(&self, n: Node, nodes: Node) -> bool {
+        (0..nodes).all(|m| m == n || !self.counts_on(m))
     }
 
     /// Forget that node `n` was the source of the last grant, or the first source of a

@@ -171,6 +171,27 @@ impl Coherence {
                     Self::wake(ps);
                 }
             }
+            Control::Found { pid } => {
+                let pid = Pid(pid);
+                if pid.node() != from {
+                    log::error!(
+                        "node {}: node {from} says page {pid} was brought back, which only its \
+                         home may say; ignored",
+                        self.me
+                    );
+                    return;
+                }
+                let mut shard = self.pages.shard(pid).lock();
+                if let Some(ps) = shard.get_mut(&pid) {
+                    if ps.lost.is_some() {
+                        // (its copy ended with the loss: `lose`)
+                        ps.lost = None;
+                        ps.error = None;
+                        ps.page_from = None;
+                        Self::wake(ps);
+                    }
+                }
+            }
             Control::Batch { .. } => {
                 unreachable!("receive unpacks batches")
             }

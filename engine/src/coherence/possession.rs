@@ -134,6 +134,12 @@ pub struct PageCopy<D> {
     /// The epoch of the last `Transfer` we served by handing our copy over (0: none): a
     /// `Reclaim` of that grant is answered `Gone`.
     pub handed_at: Epoch,
+    /// The copy's last interaction ended by a loss ([`lose`](Self::lose)) and no grant came
+    /// since: an invalidation of what it was to hold may still arrive (sent before the loss,
+    /// or after, by a grantee that does not know of it), also once the page is served again
+    /// (brought back when the node it was lost with restarted). Idle, it holds nothing, and
+    /// acknowledges one at once (found by the model check with restarts).
+    pub ended_by_loss: bool,
 }
 
 impl<D: Clone> PageCopy<D> {
@@ -151,6 +157,7 @@ impl<D: Clone> PageCopy<D> {
             acked_asking: 0,
             reclaimed: 0,
             handed_at: 0,
+            ended_by_loss: false,
         }
     }
 
@@ -221,6 +228,7 @@ impl<D: Clone> PageCopy<D> {
             ));
         }
         self.epoch = g.epoch;
+        self.ended_by_loss = false;
         let mut step = Step::default();
         if let Some(d) = g.data {
             self.data = Some(d);
@@ -501,6 +509,7 @@ impl<D: Clone> PageCopy<D> {
     /// dropped page, if any, for the caller to free with its frame.
     pub fn lose(&mut self) -> (Vec<Deferred>, Option<D>) {
         self.pending = Pending::Idle;
+        self.ended_by_loss = true;
         self.asking_again = false;
         self.acked_asking = 0;
         let page = self.data.take();
@@ -717,6 +726,11 @@ impl<D: Clone> PageCopy<D> {
                     Pending::Idle | Pending::Requested { .. } if self.data.is_some() => {
                         self.deferred.remove(i);
                         self.drop_copy();
+                        step.out.push((from, Msg::InvalidateAck));
+                    }
+                    // about what a lost copy was to hold: nothing here
+                    Pending::Idle if self.ended_by_loss => {
+                        self.deferred.remove(i);
                         step.out.push((from, Msg::InvalidateAck));
                     }
                     _ => {

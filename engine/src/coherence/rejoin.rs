@@ -33,6 +33,7 @@
 use super::directory::Holders;
 use super::possession::Pending;
 use super::protocol::{bit, Node};
+use super::wire::Control;
 use super::{Coherence, PageState};
 use crate::buffer::Buffer;
 use crate::pid::Pid;
@@ -70,11 +71,13 @@ impl Coherence {
                          dropped here ({} of them changed: their changes are in this node's \
                          log, which its recovery reads); {} pages of this node lost with it \
                          brought back from the logs ({brought} of them newer than the store's \
-                         copy)",
+                         copy), {} kept lost (their directory entries name other nodes, or \
+                         sharers it was to invalidate)",
                         self.me,
                         back.dropped,
                         back.changed,
                         back.lost.len(),
+                        back.kept_lost,
                     );
                     return Ok(());
                 }
@@ -127,9 +130,9 @@ impl Coherence {
                 self.ready_for_rejoin(pid, ps, peer)?;
             }
         }
-        // Then drop every copy of its pages; forget it as a grant's source; collect this
-        // home's pages lost with it (their frames dropped), forget the losses of other
-        // homes' pages. (A page that is not ready after all stops the attempt; what was
+        // Then drop every copy of its pages; forget it as a grant's source; keep this home's
+        // pages lost with it lost (their frames dropped) and collect those that can be
+        // brought back. (A page that is not ready after all stops the attempt; what was
         // dropped so far is gone for good.)
         let mut back = TakenBack::default();
         for shard in self.pages.shards.iter() {
@@ -141,21 +144,33 @@ impl Coherence {
                     stopped = Some(e);
                     break;
                 }
+                if pid.node() != peer {
+                    ps.dir.forget_source(peer);
+                }
                 if pid.node() == self.me && lost_with(ps, peer, self.me, pid) {
                     if let Err(e) = self.keep_lost(buf, pid, ps, peer) {
                         stopped = Some(e);
                         break;
                     }
-                    back.lost.push(pid);
+                    if ps.dir.brought_back(peer, self.nodes).is_some() {
+                        back.lost.push(pid);
+                    } else {
+                        back.kept_lost += 1;
+                    }
                     continue;
                 }
                 if pid.node() != peer {
-                    ps.dir.forget_source(peer);
-                    if ps.lost == Some(peer) {
-                        // its home brings it back (or refuses it, naming the dead node)
-                        ps.lost = None;
-                        ps.error = None;
-                        Self::wake(ps);
+                    // A copy that asked again after the node died and whose request did not
+                    // leave: lost, as its home would decide now that the node is forgotten as
+                    // the grant's source (else the home, asked again, finds it the holder:
+                    // found by the model check). A copy lost with it elsewhere stays so until
+                    // its home says it brought it back (`Control::Found`, after any stale
+                    // message of the home about it, which the loss absorbs).
+                    if ps.copy.asking_again
+                        && ps.copy.pending == Pending::Idle
+                        && ps.asked_after == Some(peer)
+                    {
+                        self.lose(buf, pid, ps, peer);
                     }
                     continue;
                 }
@@ -215,8 +230,11 @@ impl Coherence {
 
     /// In [`try_take_back`](Self::try_take_back): this home's page `pid` is lost with
     /// `peer` (marked so, or still held by it): it stays lost (marked so now, if it was not),
-    /// and this node's frame of it, a stale copy or one the loss revoked, leaves the buffer,
-    /// so that only the version brought back from the logs is served.
+    /// this node's own copy ends what it was doing (`lose` again: a request of its own that
+    /// the directory dropped when it marked the page lost would wait for ever once the page
+    /// is back; found by the model check), and this node's frame of it, a stale copy or one
+    /// the loss revoked, leaves the buffer, so that only the version brought back from the
+    /// logs is served.
     fn keep_lost(
         &self,
         buf: &Buffer,
@@ -224,9 +242,7 @@ impl Coherence {
         ps: &mut PageState,
         peer: Node,
     ) -> Result<(), NotNow> {
-        if ps.lost.is_none() {
-            self.lose(buf, pid, ps, peer);
-        }
+        self.lose(buf, pid, ps, peer);
         if let Some(idx) = buf.resident_frame(pid) {
             let Some(h) = buf.try_hold(idx, pid) else {
                 return Err(NotNow::Yet(format!(
@@ -268,16 +284,34 @@ impl Coherence {
                 Some(peer),
                 "{pid}: lost with node {peer} until brought back"
             );
-            let old = std::mem::replace(ps, PageState::new(pid, self.me));
-            ps.dir.epoch = old.dir.epoch + 1;
-            ps.home_gen = old.home_gen + 1;
-            ps.held = old.dir_deferred;
-            ps.held.extend(old.held);
-            ps.parked = old.parked;
+            let Some(entry) = ps.dir.brought_back(peer, self.nodes) else {
+                continue;
+            };
+            ps.dir = entry;
+            ps.lost = None;
+            ps.error = None;
+            ps.page_from = None;
+            ps.asked_after = None;
+            // a home read in flight is of the store's old version
+            ps.home_gen += 1;
+            ps.store_copy = super::StoreCopy::None;
+            // this node's own copy ended with the loss (`keep_lost`): a request of its own
+            // still queued is void (found by the model check: a grant to a copy that no
+            // longer asked)
+            let me = self.me;
+            ps.held.retain(|n| n.from != me);
+            ps.dir_deferred.retain(|n| n.from != me);
+            self.requeue_deferred(ps);
             if !ps.held.is_empty() {
                 self.pages.retry_later(pid);
             }
             Self::wake(ps);
+            drop(shard);
+            for n in (0..self.nodes).filter(|&n| n != me && n != peer) {
+                if self.driver.ch.peer_alive(n) {
+                    self.send_control(n, &Control::Found { pid: pid.raw() });
+                }
+            }
         }
         self.driver
             .counters
@@ -306,7 +340,14 @@ impl Coherence {
             }
             return Ok(());
         }
-        let from_it = |n: &super::Note| n.from == peer;
+        // (a grant that arrived naming it, as the page's source or a sharer to invalidate,
+        // would send its new incarnation a message about the old one's copy; one still on
+        // its way is not seen here: docs/protocol.md, "The model check restarts dead nodes")
+        let from_it = |n: &super::Note| {
+            n.from == peer
+                || matches!(&n.msg, super::protocol::Msg::Grant(g)
+                    if g.source == Some(peer) || g.invalidate & bit(peer) != 0)
+        };
         if ps.held.iter().any(from_it) || ps.dir_deferred.iter().any(from_it) {
             return Err(NotNow::Yet(format!(
                 "a message of node {peer}'s old incarnation about page {pid} waits here"
@@ -351,6 +392,8 @@ struct TakenBack {
     changed: u64,
     /// This home's pages lost with the old incarnation, to bring back.
     lost: Vec<Pid>,
+    /// This home's pages lost with it that cannot be brought back (`DirEntry::brought_back`).
+    kept_lost: u64,
 }
 
 /// Whether this home's page `pid` is lost with `peer`: marked so, or still held by it (its

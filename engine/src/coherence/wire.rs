@@ -23,8 +23,8 @@ pub struct Attached;
 /// (`TcpConfig::messages_version`): nodes whose versions differ refuse each other with an
 /// error that says so, instead of dropping each other's messages as malformed. Bump it with
 /// every change to a message's layout or meaning (1: `Request` carries `again`; kinds 11 and
-/// 12, `Reclaim` and `Gone`).
-pub const WIRE_VERSION: u16 = 1;
+/// 12, `Reclaim` and `Gone`; 2: control kind 44, `Found`).
+pub const WIRE_VERSION: u16 = 2;
 
 /// First message kind of the coherence protocol (kinds below belong to other protocols).
 pub const KIND_BASE: u8 = 16;
@@ -334,6 +334,11 @@ pub enum Control {
     /// To the home: the only current copy of `pid` was at `node`, which died before handing
     /// it over; the home refuses every later request for the page.
     Lost { pid: u64, node: u8 },
+    /// From the home: `pid`, lost with a node that died, was brought back from the logs when
+    /// that node restarted (`rejoin.rs`); a copy that lost it forgets the loss. Sent after
+    /// every message the home sent before about the page (one connection keeps the order),
+    /// which the loss still absorbs.
+    Found { pid: u64 },
     /// Several small coherence messages of the sender, in the order it sent them, packed into
     /// the attached page ([`encode_batch`]): eviction notices without a page and eviction
     /// replies. The receiver applies them as if they had arrived one by one, in that order.
@@ -374,6 +379,7 @@ impl Message for Control {
             Control::LogFenced { .. } => CONTROL_BASE + 9,
             Control::Ping { .. } => CONTROL_BASE + 10,
             Control::Pong { .. } => CONTROL_BASE + 11,
+            Control::Found { .. } => CONTROL_BASE + 12,
         }
     }
 
@@ -399,7 +405,7 @@ impl Message for Control {
             Control::Batch { count } => {
                 w.u32(*count as u32);
             }
-            Control::Unused { pid } => {
+            Control::Unused { pid } | Control::Found { pid } => {
                 w.u64(*pid);
             }
             Control::Room { frames } => {
@@ -462,6 +468,7 @@ impl Message for Control {
             k if k == CONTROL_BASE + 9 => Control::LogFenced { seq: r.u64() },
             k if k == CONTROL_BASE + 10 => Control::Ping { at: r.u64() },
             k if k == CONTROL_BASE + 11 => Control::Pong { at: r.u64() },
+            k if k == CONTROL_BASE + 12 => Control::Found { pid: r.u64() },
             k => return Err(bad(format!("message kind {k} is not a control message"))),
         };
         r.end()?;
