@@ -39,8 +39,10 @@ enum CtlKind {
     /// `Lost{node}`: a node lost the page with `node`; the home refuses it from now on.
     Lost { node: Node },
     /// `Found`: the home brought the page back (issue 45, rejoin): a copy lost here forgets
-    /// the loss. After every message the home sent before (one connection keeps the order).
+    /// the loss, and one holding nothing may be listed as a sharer (`maybe_listed`).
     Found,
+    /// `FoundAck`: the answer; the home serves the page once every listed node answered.
+    FoundAck,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -580,6 +582,7 @@ impl Sim {
                     DirDecision::Defer => return Ok(false),
                     DirDecision::Lost { with } => {
                         self.chain_lost += 1;
+                        self.dirs[p].died_with(e.from, with);
                         self.mark_lost_home(p, with)?;
                         self.refuse(me, e.from, p, with);
                     }
@@ -1209,6 +1212,13 @@ impl Sim {
     /// worker makes in `acquire`).
     fn notice(&mut self, node: usize, k: Node) -> Result<(), String> {
         self.knows_dead[node] |= 1 << k;
+        for p in 0..self.latest.len() {
+            // a node listed at a bring-back that died before it answered `Found` (the
+            // engine's `after_fence`)
+            if home(p, self.nodes) as usize == node && self.dirs[p].forget_settling(1 << k) {
+                self.retry_deferred(p)?;
+            }
+        }
         self.note(|| format!("node {node} notices node {k} died"));
         if self.no_sweep {
             return Ok(());
@@ -1286,7 +1296,9 @@ impl Sim {
         let h = home(p, self.nodes);
         if !first {
         } else if h as usize == node {
-            // the home's own copy: what waits at its directory is refused now too
+            // the home's own copy: what waits at its directory is refused now too; if the
+            // directory names it the holder, the page died with `dead` (`died_with`)
+            self.dirs[p].died_with(h, dead);
             self.mark_lost_home(p, dead)?;
         } else if !self.knows(node, h) {
             self.send_ctl(node as Node, h, p, CtlKind::Lost { node: dead });
@@ -1385,6 +1397,7 @@ impl Sim {
             },
             CtlKind::Lost { node } => {
                 if self.lost[to][p].is_none() {
+                    self.dirs[p].died_with(c.from, node);
                     self.mark_lost_home(p, node)?;
                 }
             }
@@ -1393,6 +1406,16 @@ impl Sim {
                     self.note(|| format!("node {to} forgets page {p} was lost"));
                     self.lost[to][p] = None;
                     self.page_from[to][p] = None;
+                }
+                let step = self.copies[to][p]
+                    .may_be_listed()
+                    .map_err(|x| x.to_string())?;
+                self.apply_step(to, p, step)?;
+                self.send_ctl(c.to, c.from, p, CtlKind::FoundAck);
+            }
+            CtlKind::FoundAck => {
+                if self.dirs[p].settled(c.from) {
+                    self.retry_deferred(p)?;
                 }
             }
         }
@@ -1870,7 +1893,10 @@ impl Sim {
                 // brought back unless its entry names another node, or `k` holds it by a
                 // grant that told it to invalidate live sharers (they may still hold copies
                 // the entry no longer names): lost then (marked so), until a whole restart
-                let back = self.dirs[p].brought_back(kn, self.nodes as Node);
+                let live = (0..self.nodes)
+                    .filter(|&n| !self.knows(h, n as Node))
+                    .fold(0u64, |m, n| m | (1 << n));
+                let back = self.dirs[p].brought_back(kn, h as Node, self.nodes as Node, live);
                 if self.lost_with(h, p, kn) {
                     // the home node's own copy ends what it was doing, as at any loss (the
                     // engine's `keep_lost`): a request of its own that the directory dropped

@@ -91,10 +91,16 @@ pub struct DirEntry {
     /// The live exclusive holder whose grant waits on a reclaim through a chain (its page was
     /// to come from the dead `reclaiming`): nobody holds the page meanwhile.
     pub reclaiming_for: Option<Node>,
-    /// The sharers the current exclusive holder's grant told it to invalidate (0 for any
-    /// other grant). If it died before it did, they may still hold copies that this entry no
-    /// longer names: a page lost with it is then not brought back ([`brought_back`](Self::brought_back)).
+    /// The sharers an exclusive grant told its holder to invalidate, kept through the
+    /// hand-overs that follow (a holder that dies before completing its grant leaves them
+    /// undone for every later one) until nobody holds the page or a copy-back proves the
+    /// holder completed. If the holders die, they may still hold copies that this entry no
+    /// longer names: a page brought back lists them ([`brought_back`](Self::brought_back)).
     pub invalidating: NodeSet,
+    /// Nodes listed by [`brought_back`](Self::brought_back) that have not answered the home's
+    /// `Found` yet: requests wait until they have (so that each knows it may be listed
+    /// without a copy before an invalidation reaches it).
+    pub settling: NodeSet,
 }
 
 /// What the home does with a possession request.
@@ -241,6 +247,7 @@ impl DirEntry {
             chain: None,
             reclaiming_for: None,
             invalidating: 0,
+            settling: 0,
         }
     }
 
@@ -267,7 +274,7 @@ impl DirEntry {
     /// (The holder may ask for shared possession the second time: another of its workers
     /// asks after the first request did not reach the home.)
     pub fn asked_again(&self, from: Node, want: Mode) -> Option<DirDecision> {
-        if self.awaiting_copy_back.is_some() || self.offered.is_some() {
+        if self.awaiting_copy_back.is_some() || self.offered.is_some() || self.settling != 0 {
             return None;
         }
         match self.holders {
@@ -297,13 +304,12 @@ impl DirEntry {
         have: bool,
         may_serve: NodeSet,
     ) -> Result<DirDecision, ProtocolError> {
-        if self.awaiting_copy_back.is_some() || self.offered.is_some() {
+        if self.awaiting_copy_back.is_some() || self.offered.is_some() || self.settling != 0 {
             return Ok(DirDecision::Defer);
         }
         // every grant changes the holders: only a hand-over from an exclusive holder sets them
         let (before, before_epoch) = (self.handed_by, self.epoch);
         self.handed_by = None;
-        self.invalidating = 0;
         self.chain = None;
         let grant = |mode, epoch, from_home, source, invalidate| DirDecision::Grant {
             mode,
@@ -315,6 +321,8 @@ impl DirEntry {
         };
         match (self.holders, want) {
             (Holders::None, _) => {
+                // (nobody held it: every earlier holder completed its grant)
+                self.invalidating = 0;
                 self.holders = match want {
                     Mode::Shared => Holders::Shared(bit(from)),
                     Mode::Exclusive => Holders::Exclusive(from),
@@ -420,6 +428,7 @@ impl DirEntry {
                 self.holders = Holders::None;
                 self.handed_by = None;
                 self.chain = None;
+                self.invalidating = 0;
                 Ok(EvictDecision::Accept { store: dirty })
             }
             Holders::Shared(s) if s & bit(from) != 0 => {
@@ -494,7 +503,7 @@ impl DirEntry {
             Holders::Exclusive(x) => x == n,
         };
         holds
-            || self.unsure & bit(n) != 0
+            || (self.unsure | self.settling) & bit(n) != 0
             || [
                 self.awaiting_copy_back,
                 self.offered,
@@ -506,23 +515,74 @@ impl DirEntry {
     }
 
     /// The entry of a page lost with node `dead`, brought back from the logs by its home
-    /// when `dead` restarted (`Coherence::bring_back`): nobody holds the page, nothing is
-    /// pending, and the epoch stays. `None` when it cannot be: the entry names another node
-    /// ([`names_only`](Self::names_only)), a live node may still hold the page as the source
-    /// of the last grant or of a chain (`handed_by`, `chain`: call
-    /// [`forget_source`](Self::forget_source) for `dead` first), or `dead` holds the page by
-    /// a grant that told it to invalidate live sharers (`invalidating`; they may still hold
-    /// copies). Found by the model check with restarts.
-    pub fn brought_back(&self, dead: Node, nodes: Node) -> Option<DirEntry> {
+    /// `home` when `dead` restarted (`Coherence::bring_back`), among `nodes` nodes of which
+    /// `live` are not known dead there: nothing is pending, the epoch
+    /// stays, and nobody holds the page but the sharers `dead` held it by a grant to
+    /// invalidate (`invalidating`, the home aside: its copy ended with the loss). They may
+    /// still hold copies (it may have died before it invalidated them), so they stay listed,
+    /// unsure; one whose copy it did invalidate answers a later invalidation at once
+    /// (`PageCopy::maybe_listed`). `None` when it cannot be: the entry names another node
+    /// ([`names_only`](Self::names_only)), or a live node may still hold the page as the
+    /// source of the last grant or of a chain (`handed_by`, `chain`: call
+    /// [`forget_source`](Self::forget_source) for `dead` first). Found by the model check
+    /// with restarts.
+    pub fn brought_back(
+        &self,
+        dead: Node,
+        home: Node,
+        nodes: Node,
+        live: NodeSet,
+    ) -> Option<DirEntry> {
         if !self.names_only(dead, nodes) || self.handed_by.is_some() || self.chain.is_some() {
-            return None;
-        }
-        if self.holders == Holders::Exclusive(dead) && self.invalidating & !bit(dead) != 0 {
             return None;
         }
         let mut d = DirEntry::new();
         d.epoch = self.epoch;
+        if self.holders == Holders::Exclusive(dead) {
+            let listed = self.invalidating & live & !bit(dead) & !bit(home);
+            if listed != 0 {
+                d.holders = Holders::Shared(listed);
+                d.unsure = listed;
+                d.settling = listed;
+            }
+        }
         Some(d)
+    }
+
+    /// `from` answered the home's `Found` (see `settling`). Returns whether requests may go
+    /// on now (the last one answered).
+    pub fn settled(&mut self, from: Node) -> bool {
+        let was = self.settling;
+        self.settling &= !bit(from);
+        was != 0 && self.settling == 0
+    }
+
+    /// Nodes in `gone` will never answer `Found` (dead): as if they had. Returns whether
+    /// requests may go on now.
+    pub fn forget_settling(&mut self, gone: NodeSet) -> bool {
+        let was = self.settling;
+        self.settling &= !gone;
+        was != 0 && self.settling == 0
+    }
+
+    /// The page died with `g`: `holder`, named the exclusive holder by a grant whose source
+    /// was `g` (no chain), lost its copy with `g` (it never got the page). The entry then
+    /// says `g` holds it, nothing else, so that its home brings it back when `g` restarts
+    /// ([`brought_back`](Self::brought_back)). Anything else is left as it is (through a
+    /// chain, a live node may still hold the page). Returns whether it applied.
+    pub fn died_with(&mut self, holder: Node, g: Node) -> bool {
+        if self.holders != Holders::Exclusive(holder)
+            || self.handed_by != Some(g)
+            || self.chain.is_some()
+        {
+            return false;
+        }
+        let (epoch, invalidating) = (self.epoch, self.invalidating);
+        *self = DirEntry::new();
+        self.epoch = epoch;
+        self.invalidating = invalidating;
+        self.holders = Holders::Exclusive(g);
+        true
     }
 
     /// Whether the entry counts on no node but `n` (`counts_on`), among `nodes` nodes.
@@ -545,6 +605,8 @@ impl DirEntry {
         if self.chain.is_some_and(|(o, _)| o == n) {
             self.chain = None;
         }
+        // nor a copy the holder was to invalidate there (found by the model check)
+        self.invalidating &= !bit(n);
     }
 
     /// Nodes in `gone` can no longer use their copies (dead, and fenced: see
@@ -699,6 +761,8 @@ impl DirEntry {
                 self.awaiting_copy_back
             ));
         }
+        // the holder completed its grant (its invalidations done)
+        self.invalidating = 0;
         self.awaiting_copy_back = None;
         self.forwarded_to = None;
         self.handed_by = None;

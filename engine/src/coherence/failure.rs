@@ -137,7 +137,9 @@ impl Coherence {
         if !first {
         } else if pid.node() == self.me {
             // our own page: requests its directory deferred (for a copy-back from this very
-            // copy) are refused now, not left waiting (found by the model with deaths)
+            // copy) are refused now, not left waiting (found by the model with deaths); if
+            // the directory names this node the holder, the page died with `dead`
+            ps.dir.died_with(self.me, dead);
             self.mark_lost_home(pid, ps, dead);
         } else if self.driver.ch.peer_alive(pid.node()) {
             self.send_control(
@@ -283,6 +285,10 @@ impl Coherence {
                 }
                 if ps.dir.forget_sharers(nodes) {
                     forgotten += 1;
+                    self.requeue_deferred(ps);
+                }
+                if ps.dir.forget_settling(nodes) {
+                    // (a node listed at a bring-back died before it answered `Found`)
                     self.requeue_deferred(ps);
                 }
                 if !ps.held.is_empty() {

@@ -166,6 +166,8 @@ impl Coherence {
                             "node {}: page {pid} is lost with node {node} (reported by node {from})",
                             self.me
                         );
+                        // the reporter, named the holder, never got it: it died with `node`
+                        ps.dir.died_with(from, node);
                         self.mark_lost_home(pid, ps, node);
                     }
                     Self::wake(ps);
@@ -182,12 +184,37 @@ impl Coherence {
                     return;
                 }
                 let mut shard = self.pages.shard(pid).lock();
-                if let Some(ps) = shard.get_mut(&pid) {
-                    if ps.lost.is_some() {
-                        // (its copy ended with the loss: `lose`)
-                        ps.lost = None;
-                        ps.error = None;
-                        ps.page_from = None;
+                let ps = shard
+                    .entry(pid)
+                    .or_insert_with(|| PageState::new(pid, self.me));
+                if ps.lost.is_some() {
+                    // (its copy ended with the loss: `lose`)
+                    ps.lost = None;
+                    ps.error = None;
+                    ps.page_from = None;
+                }
+                // the home may list this node as a sharer without a copy: invalidations are
+                // answered at once from now on (one that waited, at the next round)
+                if ps.copy.data.is_none() {
+                    ps.copy.maybe_listed = true;
+                    if !ps.copy.deferred.is_empty() {
+                        ps.serve_due = true;
+                        self.pages.retry_later(pid);
+                    }
+                }
+                Self::wake(ps);
+                drop(shard);
+                self.send_control(from, &Control::FoundAck { pid: pid.raw() });
+            }
+            Control::FoundAck { pid } => {
+                let pid = Pid(pid);
+                if pid.node() == self.me {
+                    let mut shard = self.pages.shard(pid).lock();
+                    if let Some(ps) = shard.get_mut(&pid) {
+                        if ps.dir.settled(from) {
+                            self.requeue_deferred(ps);
+                            self.pages.retry_later(pid);
+                        }
                         Self::wake(ps);
                     }
                 }

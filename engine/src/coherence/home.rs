@@ -107,6 +107,7 @@ impl Coherence {
                     "node {}: page {pid} is lost: node {with} died before handing it to node {from}",
                     self.me
                 );
+                ps.dir.died_with(from, with);
                 self.mark_lost_home(pid, ps, with);
                 return refuse(ps, REFUSE_HOLDER_DEAD, with);
             }

@@ -134,12 +134,13 @@ pub struct PageCopy<D> {
     /// The epoch of the last `Transfer` we served by handing our copy over (0: none): a
     /// `Reclaim` of that grant is answered `Gone`.
     pub handed_at: Epoch,
-    /// The copy's last interaction ended by a loss ([`lose`](Self::lose)) and no grant came
-    /// since: an invalidation of what it was to hold may still arrive (sent before the loss,
-    /// or after, by a grantee that does not know of it), also once the page is served again
-    /// (brought back when the node it was lost with restarted). Idle, it holds nothing, and
-    /// acknowledges one at once (found by the model check with restarts).
-    pub ended_by_loss: bool,
+    /// The home may list this node as a sharer although it holds nothing, and no grant
+    /// completed since: its copy ended by a loss ([`lose`](Self::lose)), or the home brought
+    /// the page back listing every sharer the dead holder was to invalidate
+    /// (`DirEntry::brought_back`, told by `Control::Found`: [`may_be_listed`](Self::may_be_listed)).
+    /// An invalidation then is answered at once, as while asking again (found by the model
+    /// check with restarts).
+    pub maybe_listed: bool,
 }
 
 impl<D: Clone> PageCopy<D> {
@@ -157,7 +158,7 @@ impl<D: Clone> PageCopy<D> {
             acked_asking: 0,
             reclaimed: 0,
             handed_at: 0,
-            ended_by_loss: false,
+            maybe_listed: false,
         }
     }
 
@@ -228,7 +229,6 @@ impl<D: Clone> PageCopy<D> {
             ));
         }
         self.epoch = g.epoch;
-        self.ended_by_loss = false;
         let mut step = Step::default();
         if let Some(d) = g.data {
             self.data = Some(d);
@@ -502,6 +502,19 @@ impl<D: Clone> PageCopy<D> {
         self.dirty = true;
     }
 
+    /// The home brought the page back (`Control::Found`) and may list this node among the
+    /// sharers the dead holder was to invalidate (`DirEntry::brought_back`): holding nothing,
+    /// it answers invalidations at once from now on (`maybe_listed`); one that waited is
+    /// answered now. Returns what to send.
+    pub fn may_be_listed(&mut self) -> Result<Step<D>, ProtocolError> {
+        let mut step = Step::default();
+        if self.data.is_none() {
+            self.maybe_listed = true;
+            self.serve_deferred(&mut step)?;
+        }
+        Ok(step)
+    }
+
     /// The page's only current copy died with another node: nothing is awaited any more and
     /// the copy is dropped (a page still here is not current: an upgrade that waited for a
     /// dead sharer's acknowledgement, or a copy invalidated while the grant was on its way).
@@ -509,7 +522,7 @@ impl<D: Clone> PageCopy<D> {
     /// dropped page, if any, for the caller to free with its frame.
     pub fn lose(&mut self) -> (Vec<Deferred>, Option<D>) {
         self.pending = Pending::Idle;
-        self.ended_by_loss = true;
+        self.maybe_listed = true;
         self.asking_again = false;
         self.acked_asking = 0;
         let page = self.data.take();
@@ -656,9 +669,9 @@ impl<D: Clone> PageCopy<D> {
         } = self.pending
         {
             self.pending = Pending::Idle;
-            if std::mem::take(&mut self.asking_again)
-                && std::mem::take(&mut self.acked_asking) > self.epoch
-            {
+            let unsure =
+                std::mem::take(&mut self.asking_again) | std::mem::take(&mut self.maybe_listed);
+            if unsure && std::mem::take(&mut self.acked_asking) > self.epoch {
                 // asked again, and an invalidation newer than this grant was acknowledged
                 // before it arrived: the copy is no longer ours (the writer holds the page);
                 // the worker asks again
@@ -697,7 +710,7 @@ impl<D: Clone> PageCopy<D> {
                     step.out.push((from, Msg::InvalidateAck));
                 }
                 Deferred::Invalidate { from, epoch }
-                    if self.asking_again
+                    if (self.asking_again || self.maybe_listed)
                         && self.data.is_none()
                         && matches!(self.pending, Pending::Idle | Pending::Requested { .. }) =>
                 {
@@ -726,11 +739,6 @@ impl<D: Clone> PageCopy<D> {
                     Pending::Idle | Pending::Requested { .. } if self.data.is_some() => {
                         self.deferred.remove(i);
                         self.drop_copy();
-                        step.out.push((from, Msg::InvalidateAck));
-                    }
-                    // about what a lost copy was to hold: nothing here
-                    Pending::Idle if self.ended_by_loss => {
-                        self.deferred.remove(i);
                         step.out.push((from, Msg::InvalidateAck));
                     }
                     _ => {

@@ -152,7 +152,11 @@ impl Coherence {
                         stopped = Some(e);
                         break;
                     }
-                    if ps.dir.brought_back(peer, self.nodes).is_some() {
+                    if ps
+                        .dir
+                        .brought_back(peer, self.me, self.nodes, self.live_nodes())
+                        .is_some()
+                    {
                         back.lost.push(pid);
                     } else {
                         back.kept_lost += 1;
@@ -284,7 +288,10 @@ impl Coherence {
                 Some(peer),
                 "{pid}: lost with node {peer} until brought back"
             );
-            let Some(entry) = ps.dir.brought_back(peer, self.nodes) else {
+            let Some(entry) = ps
+                .dir
+                .brought_back(peer, self.me, self.nodes, self.live_nodes())
+            else {
                 continue;
             };
             ps.dir = entry;
@@ -380,6 +387,15 @@ impl Coherence {
             )));
         }
         Ok(())
+    }
+}
+
+impl Coherence {
+    /// The nodes this node does not see dead (itself included).
+    fn live_nodes(&self) -> super::protocol::NodeSet {
+        (0..self.nodes)
+            .filter(|&n| n == self.me || self.driver.ch.peer_alive(n))
+            .fold(0, |m, n| m | bit(n))
     }
 }
 

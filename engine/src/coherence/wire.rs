@@ -23,7 +23,8 @@ pub struct Attached;
 /// (`TcpConfig::messages_version`): nodes whose versions differ refuse each other with an
 /// error that says so, instead of dropping each other's messages as malformed. Bump it with
 /// every change to a message's layout or meaning (1: `Request` carries `again`; kinds 11 and
-/// 12, `Reclaim` and `Gone`; 2: control kind 44, `Found`).
+/// 12, `Reclaim` and `Gone`; 2: control kinds 44 and 45, `Found` and
+/// `FoundAck`).
 pub const WIRE_VERSION: u16 = 2;
 
 /// First message kind of the coherence protocol (kinds below belong to other protocols).
@@ -339,6 +340,10 @@ pub enum Control {
     /// every message the home sent before about the page (one connection keeps the order),
     /// which the loss still absorbs.
     Found { pid: u64 },
+    /// Answer to [`Control::Found`]: the sender knows it may be listed as a sharer without a
+    /// copy (`PageCopy::maybe_listed`); the home serves the page once every node it listed
+    /// answered (`DirEntry::settling`).
+    FoundAck { pid: u64 },
     /// Several small coherence messages of the sender, in the order it sent them, packed into
     /// the attached page ([`encode_batch`]): eviction notices without a page and eviction
     /// replies. The receiver applies them as if they had arrived one by one, in that order.
@@ -380,6 +385,7 @@ impl Message for Control {
             Control::Ping { .. } => CONTROL_BASE + 10,
             Control::Pong { .. } => CONTROL_BASE + 11,
             Control::Found { .. } => CONTROL_BASE + 12,
+            Control::FoundAck { .. } => CONTROL_BASE + 13,
         }
     }
 
@@ -405,7 +411,7 @@ impl Message for Control {
             Control::Batch { count } => {
                 w.u32(*count as u32);
             }
-            Control::Unused { pid } | Control::Found { pid } => {
+            Control::Unused { pid } | Control::Found { pid } | Control::FoundAck { pid } => {
                 w.u64(*pid);
             }
             Control::Room { frames } => {
@@ -469,6 +475,7 @@ impl Message for Control {
             k if k == CONTROL_BASE + 10 => Control::Ping { at: r.u64() },
             k if k == CONTROL_BASE + 11 => Control::Pong { at: r.u64() },
             k if k == CONTROL_BASE + 12 => Control::Found { pid: r.u64() },
+            k if k == CONTROL_BASE + 13 => Control::FoundAck { pid: r.u64() },
             k => return Err(bad(format!("message kind {k} is not a control message"))),
         };
         r.end()?;

@@ -147,6 +147,7 @@ fn control_messages_round_trip_and_reject_garbage() {
         Control::Ping { at: 1 },
         Control::Pong { at: u64::MAX },
         Control::Found { pid: 2 << 56 | 9 },
+        Control::FoundAck { pid: 1 },
     ];
     for c in all {
         let env = Envelope::new(&c, 1, 0, 0);
@@ -158,7 +159,7 @@ fn control_messages_round_trip_and_reject_garbage() {
         b[BODY_BYTES - 1] = 1;
         assert!(Control::decode(c.kind(), &b).is_err(), "{c:?}");
     }
-    assert!(Control::decode(CONTROL_BASE + 13, &[0u8; BODY_BYTES]).is_err());
+    assert!(Control::decode(CONTROL_BASE + 14, &[0u8; BODY_BYTES]).is_err());
     // a batch of no messages, or of more than a page holds
     for count in [0u32, BATCH_MAX as u32 + 1] {
         let mut b = [0u8; BODY_BYTES];
