@@ -160,6 +160,13 @@ impl Coherence {
                         back.lost.push(pid);
                     } else {
                         back.kept_lost += 1;
+                        log::warn!(
+                            "node {}: page {pid}, lost with node {peer}, stays lost: its \
+                             directory entry names another node or a chain ({:?}); a restart \
+                             of the whole cluster brings it back from the logs",
+                            self.me,
+                            ps.dir
+                        );
                     }
                     continue;
                 }
