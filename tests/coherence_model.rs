@@ -1813,7 +1813,8 @@ impl Sim {
     }
 
     /// Page `p` as a recovery finds it: the engine's merge over every node's durable log and
-    /// the store (`PageStore::recover_pages`). Every acknowledged write must be there.
+    /// the store (`wal::merge::plan`, as `PageStore::recover_pages` and a whole-cluster
+    /// recovery run it). Every acknowledged write must be there, as a chain without a gap.
     fn recovered(&self, p: usize) -> Result<Version, String> {
         use shoal_storage::wal::merge::{plan, Found};
         let mut found: Vec<Found> = (0..self.nodes)
@@ -1829,7 +1830,7 @@ impl Sim {
         let got = plan(Some(self.home_store[p]), &mut found);
         if got.version < self.acked[p] || got.gap.is_some() {
             return Err(format!(
-                "page {p}: brought back at version {} (store {}, gap {:?}), but version {} was acknowledged",
+                "page {p}: recovery reaches version {} (store {}, gap {:?}), but version {} was acknowledged (an acknowledged write lost)",
                 got.version, self.home_store[p], got.gap, self.acked[p]
             ));
         }
@@ -1958,30 +1959,12 @@ impl Sim {
     /// Every node crashes now (memory and unflushed logs gone); recovery merges every durable
     /// log with the store: every acknowledged write must be there, as a chain without a gap.
     fn recover_check(&mut self) -> Result<(), String> {
-        use shoal_storage::wal::merge::{plan, Found};
         self.recoveries += 1;
         for p in 0..self.latest.len() {
-            let mut found: Vec<Found> = (0..self.nodes)
-                .flat_map(|n| self.logs[n][..self.durable[n]].iter())
-                .filter(|r| r.0 == p)
-                .enumerate()
-                .map(|(at, &(_, version))| Found {
-                    version,
-                    image: false,
-                    at,
-                })
-                .collect();
-            let got = plan(Some(self.home_store[p]), &mut found);
-            if got.version < self.acked[p] || got.gap.is_some() {
+            let version = self.recovered(p)?;
+            if version > self.latest[p] {
                 return Err(format!(
-                    "page {p}: recovery reaches version {} (store {}, gap {:?}), but version {} was acknowledged (an acknowledged write lost)",
-                    got.version, self.home_store[p], got.gap, self.acked[p]
-                ));
-            }
-            if got.version > self.latest[p] {
-                return Err(format!(
-                    "page {p}: recovery reaches version {}, never written",
-                    got.version
+                    "page {p}: recovery reaches version {version}, never written"
                 ));
             }
         }

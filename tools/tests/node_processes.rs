@@ -798,6 +798,16 @@ fn output(paths: &[PathBuf], id: usize) -> String {
     std::fs::read_to_string(paths[id].with_extension("out")).unwrap_or_default()
 }
 
+/// Send each of `kids` SIGTERM (a `shoal node` then ends its run and meets the others at its
+/// end).
+fn terminate(kids: &[Child]) {
+    for k in kids {
+        // SAFETY: kill(2) with a child's pid and a signal number has no memory effects.
+        let r = unsafe { libc::kill(k.id() as libc::pid_t, libc::SIGTERM) };
+        assert_eq!(r, 0);
+    }
+}
+
 /// Whether node 2's start failed on a page that stayed lost with it: its home could not bring
 /// it back (docs/protocol.md, "Rejoin": `DirEntry::brought_back` refused it), so the
 /// restarted node's check could not read it.
@@ -820,11 +830,7 @@ fn restart_the_whole_cluster(
     kids: &mut Kids,
 ) {
     let t0 = Instant::now();
-    for k in &kids.0[..2] {
-        // SAFETY: kill(2) with a child's pid and a signal number has no memory effects.
-        let r = unsafe { libc::kill(k.id() as libc::pid_t, libc::SIGTERM) };
-        assert_eq!(r, 0);
-    }
+    terminate(&kids.0[..2]);
     for i in 0..2 {
         finish(&mut kids.0[i], i, paths, t0);
     }
@@ -945,12 +951,7 @@ fn rejoin_once(node_2_increments: bool) {
         "commits after the rejoin",
         || committed(&paths[0]) >= rejoined_at + 500,
     );
-    for k in &kids.0[..2] {
-        let pid = k.id() as libc::pid_t;
-        // SAFETY: kill(2) with a child's pid and a signal number has no memory effects.
-        let r = unsafe { libc::kill(pid, libc::SIGTERM) };
-        assert_eq!(r, 0);
-    }
+    terminate(&kids.0[..2]);
     let mut rs = Vec::new();
     let mut codes = Vec::new();
     for (i, k) in kids.0.iter_mut().enumerate() {
@@ -1123,11 +1124,7 @@ fn a_node_killed_at_random_moments_rejoins_every_time_and_the_counters_stay_exac
         "commits after the last rejoin",
         || committed(&paths[2]) >= 100,
     );
-    for k in &kids.0 {
-        // SAFETY: kill(2) with a child's pid and a signal number has no memory effects.
-        let r = unsafe { libc::kill(k.id() as libc::pid_t, libc::SIGTERM) };
-        assert_eq!(r, 0);
-    }
+    terminate(&kids.0);
     let mut rs = Vec::new();
     for (i, k) in kids.0.iter_mut().enumerate() {
         finish(k, i, &paths, t0);

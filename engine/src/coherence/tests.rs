@@ -735,6 +735,17 @@ fn without_a_log_a_restarted_node_is_refused_while_a_page_was_lost_with_it() {
     assert_eq!(coh0.driver.counters.rejoins.load(Ordering::Relaxed), 0);
 }
 
+/// Three nodes over mem, each logging with durability `commit`, a 3 s remote timeout.
+fn logged_cluster(dir: &std::path::Path) -> Cluster {
+    let d = dir.to_path_buf();
+    Cluster::mem(3, Duration::from_secs(3), move |i| {
+        let mut cfg = EngineConfig::for_cluster_node(d.join(format!("n{i}")), 256 * 4096);
+        cfg.durability = crate::Durability::Commit;
+        cfg
+    })
+    .unwrap()
+}
+
 /// Issue 45, rejoin: a page lost with the dead node is brought back from the cluster's logs
 /// when the node restarts: its home merges every node's log for it (the dead node's change,
 /// over the receipt image it logged of the change before, made on another node), writes the
@@ -743,13 +754,7 @@ fn without_a_log_a_restarted_node_is_refused_while_a_page_was_lost_with_it() {
 #[test]
 fn a_page_lost_with_a_restarted_node_is_brought_back_from_the_logs() {
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().to_path_buf();
-    let c = Cluster::mem(3, Duration::from_secs(3), move |i| {
-        let mut cfg = EngineConfig::for_cluster_node(d.join(format!("n{i}")), 256 * 4096);
-        cfg.durability = crate::Durability::Commit;
-        cfg
-    })
-    .unwrap();
+    let c = logged_cluster(dir.path());
     let w0 = c.node(0).worker();
     let pid = page_holding_41(&w0);
     w0.commit().unwrap();
@@ -805,13 +810,7 @@ fn a_page_lost_with_a_restarted_node_is_brought_back_from_the_logs() {
 #[test]
 fn a_page_lost_with_a_restarted_node_whose_log_is_damaged_stays_lost_and_the_node_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().to_path_buf();
-    let c = Cluster::mem(3, Duration::from_secs(3), move |i| {
-        let mut cfg = EngineConfig::for_cluster_node(d.join(format!("n{i}")), 256 * 4096);
-        cfg.durability = crate::Durability::Commit;
-        cfg
-    })
-    .unwrap();
+    let c = logged_cluster(dir.path());
     let w0 = c.node(0).worker();
     let pid = page_holding_41(&w0);
     w0.commit().unwrap();
