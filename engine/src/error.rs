@@ -36,7 +36,7 @@ pub enum EngineError {
     #[error("node {node} is unreachable (it died or its connection closed)")]
     PeerDead { node: u8 },
     #[error(
-        "page {pid} is held by node {holder}, which is unreachable (its copy is lost with it)"
+        "page {pid} was lost with node {holder}, which died holding it (unavailable until that node restarts and the page's home brings it back from the logs, or until the whole cluster restarts)"
     )]
     HolderDead { pid: Pid, holder: u8 },
     #[error("page {pid}: no answer from the cluster within {ms} ms")]

@@ -814,7 +814,7 @@ fn terminate(kids: &[Child]) {
 fn stayed_lost(paths: &[PathBuf]) -> Option<String> {
     output(paths, 2)
         .lines()
-        .find(|l| l.contains("reading the counters") && l.contains("lost with it"))
+        .find(|l| l.contains("reading the counters") && l.contains("was lost with node"))
         .map(str::to_string)
 }
 
