@@ -22,9 +22,11 @@
 //! it. Their newest durable versions are in the cluster's logs (the dead node's, and the
 //! senders' records if its receipt image was not durable: `logged.rs`): this home merges
 //! every node's log for them over its store's copy, as a recovery would, writes the result
-//! to its store and serves the pages again. Elsewhere, a copy marked lost with the old
-//! incarnation forgets that: its next access asks the home, which serves the page once it
-//! brought it back (until then it refuses, naming the dead node, as before).
+//! to its store and serves the pages again, telling the others (`Control::Found`: a copy
+//! that lost the page forgets the loss). Only where the directory entry allows it
+//! (`DirEntry::brought_back`); the others stay lost until the whole cluster restarts. The
+//! rules were found with the model check's restarts (docs/protocol.md, "The model check
+//! restarts dead nodes"), which also states what it assumes and the engine does not check.
 //!
 //! Refused: a lost page without a log (its changes are gone; only a whole-cluster restart,
 //! which serves the stored version, brings it back), or whose logs have a gap (a log missing
@@ -267,8 +269,9 @@ impl Coherence {
 
     /// Bring back this home's pages `lost` with restarted node `peer` (see the module doc):
     /// merge every node's log for them, write what is newer than the store's copy, then serve
-    /// them again (a fresh directory entry: nobody holds them). Returns how many pages were
-    /// newer in the logs. An error refuses the restarted node; the pages stay lost.
+    /// them again (the entry `DirEntry::brought_back` makes; `Found` to the others). Returns
+    /// how many pages were newer in the logs. An error refuses the restarted node; the pages
+    /// stay lost.
     fn bring_back(&self, buf: &Buffer, peer: Node, lost: &[Pid]) -> Result<u64, String> {
         if lost.is_empty() {
             return Ok(0);
