@@ -520,8 +520,9 @@ impl DirEntry {
     /// stays, and nobody holds the page but the sharers `dead` held it by a grant to
     /// invalidate (`invalidating`, the home aside: its copy ended with the loss). They may
     /// still hold copies (it may have died before it invalidated them), so they stay listed,
-    /// unsure; one whose copy it did invalidate answers a later invalidation at once
-    /// (`PageCopy::maybe_listed`). `None` when it cannot be: the entry names another node
+    /// unsure, and requests wait until each answered the home's `Found` (`settling`): one
+    /// that holds nothing then answers invalidations at once (`PageCopy::maybe_listed`).
+    /// `None` when it cannot be: the entry names another node
     /// ([`names_only`](Self::names_only)), or a live node may still hold the page as the
     /// source of the last grant or of a chain (`handed_by`, `chain`: call
     /// [`forget_source`](Self::forget_source) for `dead` first). Found by the model check
@@ -1208,5 +1209,51 @@ mod tests {
         d.forget_source(0);
         assert_eq!((d.chain, d.handed_by), (None, None));
         d.check().unwrap();
+    }
+
+    /// Rejoin: a page brought back after its exclusive holder died lists the sharers that
+    /// holder's grant told it to invalidate (it may have died first), the home and dead
+    /// nodes aside, and requests wait until each answered `Found`; a page whose entry still
+    /// names another node, or whose last grant's source may still hold it, is not brought
+    /// back; one whose holder lost it with the dead source is attributed to that source.
+    #[test]
+    fn a_page_brought_back_lists_the_sharers_its_dead_holder_was_to_invalidate() {
+        let mut d = DirEntry::new();
+        d.request(1, Mode::Shared, false).unwrap();
+        d.request(2, Mode::Shared, false).unwrap();
+        d.request(3, Mode::Shared, false).unwrap();
+        // node 3 upgrades: 1 and 2 are to be invalidated by it; then it dies
+        d.request(3, Mode::Exclusive, true).unwrap();
+        assert_eq!(d.invalidating, bit(1) | bit(2));
+        // node 0 is the home, node 2 is dead too
+        let back = d
+            .brought_back(3, 0, 4, bit(0) | bit(1))
+            .expect("brought back");
+        assert_eq!(back.holders, Holders::Shared(bit(1)));
+        assert_eq!(
+            (back.unsure, back.settling, back.epoch),
+            (bit(1), bit(1), d.epoch)
+        );
+        let mut back = back;
+        assert_eq!(
+            back.request(0, Mode::Exclusive, false).unwrap(),
+            DirDecision::Defer,
+            "nobody is served before node 1 answered"
+        );
+        assert!(back.settled(1));
+        assert!(matches!(
+            back.request(0, Mode::Exclusive, false).unwrap(),
+            DirDecision::Grant { invalidate, .. } if invalidate == bit(1)
+        ));
+        // a live holder named: not brought back
+        let mut held = DirEntry::new();
+        held.request(1, Mode::Exclusive, false).unwrap();
+        assert!(held.brought_back(3, 0, 4, bit(0) | bit(1)).is_none());
+        // the holder never got it from the dead source: the page died with that source
+        held.request(2, Mode::Exclusive, false).unwrap();
+        assert_eq!(held.handed_by, Some(1));
+        assert!(held.died_with(2, 1));
+        assert_eq!(held.holders, Holders::Exclusive(1));
+        assert!(held.brought_back(1, 0, 4, bit(0) | bit(2)).is_some());
     }
 }
