@@ -812,10 +812,20 @@ fn terminate(kids: &[Child]) {
 /// it back (docs/protocol.md, "Rejoin": `DirEntry::brought_back` refused it), so the
 /// restarted node's check could not read it.
 fn stayed_lost(paths: &[PathBuf]) -> Option<String> {
-    output(paths, 2)
+    let line = output(paths, 2)
         .lines()
-        .find(|l| l.contains("reading the counters") && l.contains("was lost with node"))
-        .map(str::to_string)
+        .find(|l| l.contains("reading the counters") && l.contains("was lost with node"))?
+        .to_string();
+    // what its home said of it (the directory entry that kept it from being brought back)
+    for i in 0..2 {
+        for l in output(paths, i)
+            .lines()
+            .filter(|l| l.contains("stays lost"))
+        {
+            eprintln!("{l}");
+        }
+    }
+    Some(line)
 }
 
 /// What an operator does when a page stays lost (docs/cluster.md, "Rejoin"): stop the
