@@ -137,6 +137,7 @@ impl Coherence {
         // brought back. (A page that is not ready after all stops the attempt; what was
         // dropped so far is gone for good.)
         let mut back = TakenBack::default();
+        let live = self.live_nodes();
         for shard in self.pages.shards.iter() {
             let mut shard = shard.lock();
             let mut gone = Vec::new();
@@ -156,7 +157,7 @@ impl Coherence {
                     }
                     if ps
                         .dir
-                        .brought_back(peer, self.me, self.nodes, self.live_nodes())
+                        .brought_back(peer, self.me, self.nodes, live)
                         .is_some()
                     {
                         back.lost.push(pid);
@@ -287,6 +288,7 @@ impl Coherence {
             )
         })?;
         let _role = self.driver.role.lock();
+        let live = self.live_nodes();
         for &pid in lost {
             let mut shard = self.pages.shard(pid).lock();
             let Some(ps) = shard.get_mut(&pid) else {
@@ -298,10 +300,7 @@ impl Coherence {
                 Some(peer),
                 "{pid}: lost with node {peer} until brought back"
             );
-            let Some(entry) = ps
-                .dir
-                .brought_back(peer, self.me, self.nodes, self.live_nodes())
-            else {
+            let Some(entry) = ps.dir.brought_back(peer, self.me, self.nodes, live) else {
                 continue;
             };
             ps.dir = entry;

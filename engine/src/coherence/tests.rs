@@ -714,14 +714,7 @@ fn without_a_log_a_restarted_node_is_refused_while_a_page_was_lost_with_it() {
         let mut g = w2.exclusive(pid).unwrap();
         g.page_mut().set_u64(0, 42);
     }
-    c.kill(2);
-    // the home finds it lost with node 2 when it asks for it
-    wait_for("the page lost at its home", || {
-        w0.run(|w| w.shared(pid).map(|_| ())).is_err()
-            && page_state(c.node(0).node().coherence().unwrap(), pid, |s| {
-                s.lost == Some(2)
-            })
-    });
+    kill_2_until_lost_at_home(&c, &w0, pid);
     let coh0 = c.node(0).node().coherence().unwrap();
     let why = coh0
         .take_back(c.node(0).node().buffer(), 2)
@@ -733,6 +726,18 @@ fn without_a_log_a_restarted_node_is_refused_while_a_page_was_lost_with_it() {
         "{why}"
     );
     assert_eq!(coh0.driver.counters.rejoins.load(Ordering::Relaxed), 0);
+}
+
+/// Kill node 2 (which held `pid`, homed on node 0, exclusively) and wait until node 0 finds
+/// the page lost with it, as it does when its worker `w0` asks for it.
+fn kill_2_until_lost_at_home(c: &Cluster, w0: &crate::Worker, pid: Pid) {
+    c.kill(2);
+    wait_for("the page lost at its home", || {
+        w0.run(|w| w.shared(pid).map(|_| ())).is_err()
+            && page_state(c.node(0).node().coherence().unwrap(), pid, |s| {
+                s.lost == Some(2)
+            })
+    });
 }
 
 /// Three nodes over mem, each logging with durability `commit`, a 3 s remote timeout.
@@ -766,13 +771,7 @@ fn a_page_lost_with_a_restarted_node_is_brought_back_from_the_logs() {
         w2.exclusive(pid).unwrap().page_mut().set_u64(0, 43);
         w2.commit().unwrap();
     }
-    c.kill(2);
-    wait_for("the page lost at its home", || {
-        w0.run(|w| w.shared(pid).map(|_| ())).is_err()
-            && page_state(c.node(0).node().coherence().unwrap(), pid, |s| {
-                s.lost == Some(2)
-            })
-    });
+    kill_2_until_lost_at_home(&c, &w0, pid);
     let err = w1.run(|w| w.shared(pid).map(|_| ())).unwrap_err();
     assert!(err.to_string().contains("node 2"), "{err}");
     for i in [1, 0] {
@@ -821,13 +820,7 @@ fn a_page_lost_with_a_restarted_node_whose_log_is_damaged_stays_lost_and_the_nod
             w2.commit().unwrap();
         }
     }
-    c.kill(2);
-    wait_for("the page lost at its home", || {
-        w0.run(|w| w.shared(pid).map(|_| ())).is_err()
-            && page_state(c.node(0).node().coherence().unwrap(), pid, |s| {
-                s.lost == Some(2)
-            })
-    });
+    kill_2_until_lost_at_home(&c, &w0, pid);
     // zeros over node 2's log after its first 4 KiB (the records written since its start)
     let log = std::fs::read_dir(dir.path().join("n2"))
         .unwrap()
