@@ -101,7 +101,18 @@ pub struct DirEntry {
     /// `Found` yet: requests wait until they have (so that each knows it may be listed
     /// without a copy before an invalidation reaches it).
     pub settling: NodeSet,
+    /// Hand-overs between the exclusive holder (or, while a copy-back is due from an old
+    /// exclusive holder, that node) and the last node known to have had the page (its
+    /// grant came from the home, or it kept its own copy; or a `Gone` proved it took the
+    /// page): 0 for a holder granted from the home, 1 when `handed_by` surely had the page,
+    /// 2 when the chain's first source surely had it; [`MANY_HOPS`] for more, or not known.
+    /// [`died_with`](Self::died_with) and [`brought_back`](Self::brought_back) rely on it.
+    pub hops: u8,
 }
+
+/// [`DirEntry::hops`] of a holder that may be more than two hand-overs from the last node
+/// known to have had the page (kept small: it is part of the model check's state).
+pub const MANY_HOPS: u8 = 3;
 
 /// What the home does with a possession request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -248,6 +259,7 @@ impl DirEntry {
             reclaiming_for: None,
             invalidating: 0,
             settling: 0,
+            hops: 0,
         }
     }
 
@@ -323,6 +335,7 @@ impl DirEntry {
             (Holders::None, _) => {
                 // (nobody held it: every earlier holder completed its grant)
                 self.invalidating = 0;
+                self.hops = 0;
                 self.holders = match want {
                     Mode::Shared => Holders::Shared(bit(from)),
                     Mode::Exclusive => Holders::Exclusive(from),
@@ -375,6 +388,7 @@ impl DirEntry {
                 self.holders = Holders::Exclusive(from);
                 self.unsure = 0;
                 self.invalidating = others;
+                self.hops = 0;
                 Ok(grant(Mode::Exclusive, self.epoch, !member, None, others))
             }
             (Holders::Exclusive(o), _) if o == from => {
@@ -386,12 +400,14 @@ impl DirEntry {
                 match want {
                     Mode::Shared => {
                         self.holders = Holders::Shared(bit(from));
+                        // (`hops` stays `o`'s: it hands the page over and copies back)
                         self.awaiting_copy_back = Some(o);
                     }
                     Mode::Exclusive => {
                         self.holders = Holders::Exclusive(from);
                         // `o` got the page from `before` (if the grant came from one)
                         self.chain = before.filter(|&b| b != from).map(|b| (b, before_epoch));
+                        self.hops = (self.hops + 1).min(MANY_HOPS);
                     }
                 }
                 Ok(grant(want, self.epoch, false, Some(o), 0))
@@ -429,6 +445,7 @@ impl DirEntry {
                 self.handed_by = None;
                 self.chain = None;
                 self.invalidating = 0;
+                self.hops = 0;
                 Ok(EvictDecision::Accept { store: dirty })
             }
             Holders::Shared(s) if s & bit(from) != 0 => {
@@ -518,7 +535,8 @@ impl DirEntry {
     /// `home` when `dead` restarted (`Coherence::bring_back`), among `nodes` nodes of which
     /// `live` are not known dead there: nothing is pending, the epoch
     /// stays, and nobody holds the page but the sharers `dead` held it by a grant to
-    /// invalidate (`invalidating`, the home aside: its copy ended with the loss). They may
+    /// invalidate (`invalidating`, the home aside: its copy ended with the loss), and the
+    /// shared reader it was handing the page to when it died (its copy-back due). They may
     /// still hold copies (it may have died before it invalidated them), so they stay listed,
     /// unsure, and requests wait until each answered the home's `Found` (`settling`): one
     /// that holds nothing then answers invalidations at once (`PageCopy::maybe_listed`).
@@ -534,13 +552,29 @@ impl DirEntry {
         nodes: Node,
         live: NodeSet,
     ) -> Option<DirEntry> {
-        if !self.names_only(dead, nodes) || self.handed_by.is_some() || self.chain.is_some() {
+        // An exclusive holder that died while it handed the page to a shared reader (its
+        // copy-back due), and that surely had the page (`hops` 0: else it may have been
+        // waiting for it from a live holder, found by the model check): the reader holds the
+        // page as the holder left it (its log has that version: the page left only once it
+        // was durable) or nothing, like a sharer the holder was to invalidate.
+        let e = match (self.holders, self.awaiting_copy_back) {
+            (Holders::Shared(s), Some(o)) if o == dead && s & bit(dead) == 0 && self.hops == 0 => {
+                DirEntry {
+                    holders: Holders::Exclusive(dead),
+                    awaiting_copy_back: None,
+                    invalidating: self.invalidating | s,
+                    ..*self
+                }
+            }
+            _ => *self,
+        };
+        if !e.names_only(dead, nodes) || e.handed_by.is_some() || e.chain.is_some() {
             return None;
         }
         let mut d = DirEntry::new();
-        d.epoch = self.epoch;
-        if self.holders == Holders::Exclusive(dead) {
-            let listed = self.invalidating & live & !bit(dead) & !bit(home);
+        d.epoch = e.epoch;
+        if e.holders == Holders::Exclusive(dead) {
+            let listed = e.invalidating & live & !bit(dead) & !bit(home);
             if listed != 0 {
                 d.holders = Holders::Shared(listed);
                 d.unsure = listed;
@@ -566,16 +600,28 @@ impl DirEntry {
         was != 0 && self.settling == 0
     }
 
-    /// The page died with `g`: `holder`, named the exclusive holder by a grant whose source
-    /// was `g` (no chain), lost its copy with `g` (it never got the page). The entry then
-    /// says `g` holds it, nothing else, so that its home brings it back when `g` restarts
-    /// ([`brought_back`](Self::brought_back)). Anything else is left as it is (through a
-    /// chain, a live node may still hold the page). Returns whether it applied.
-    pub fn died_with(&mut self, holder: Node, g: Node) -> bool {
-        if self.holders != Holders::Exclusive(holder)
-            || self.handed_by != Some(g)
-            || self.chain.is_some()
-        {
+    /// The page died with `g`: node `lost` lost its copy with `g` before it got the page
+    /// (its report, its request asking again, or the home's own loss), and no live node holds
+    /// the page. Either `lost` is the exclusive holder, named by a grant whose source was `g`
+    /// (no chain), or the holder was pointed at `lost`, which was to get the page from the
+    /// chain's first source `g` (`handed_by` is `lost`, `chain` starts at `g`), and `g`
+    /// surely had the page (`hops` is 2: else `g` may have been waiting for it from a live
+    /// node that still holds it, found by the model check): the holder waits for `lost`'s
+    /// hand-over, which never comes. The entry then says `g` holds it,
+    /// nothing else, so that its home brings it back when `g` restarts
+    /// ([`brought_back`](Self::brought_back)); without the chain case, once `g` restarted
+    /// and was forgotten as the chain's source the entry named the live holder and `lost`,
+    /// and the page stayed lost (3 of 50 kills of the process test). Anything else is left as
+    /// it is (a live node may still hold the page). Returns whether it applied.
+    pub fn died_with(&mut self, lost: Node, g: Node) -> bool {
+        let holder = self.holders == Holders::Exclusive(lost)
+            && self.handed_by == Some(g)
+            && self.chain.is_none();
+        let middle = matches!(self.holders, Holders::Exclusive(_))
+            && self.handed_by == Some(lost)
+            && self.chain.is_some_and(|(o, _)| o == g)
+            && self.hops == 2;
+        if !holder && !middle {
             return false;
         }
         let (epoch, invalidating) = (self.epoch, self.invalidating);
@@ -602,6 +648,10 @@ impl DirEntry {
             // (a chain hangs on the last grant's source: `check`)
             self.handed_by = None;
             self.chain = None;
+            // whether the holder got the page from it is not known
+            if matches!(self.holders, Holders::Exclusive(_)) {
+                self.hops = MANY_HOPS;
+            }
         }
         if self.chain.is_some_and(|(o, _)| o == n) {
             self.chain = None;
@@ -704,6 +754,7 @@ impl DirEntry {
                 self.handed_by = None;
                 self.reclaiming = Some(g);
                 self.reclaiming_for = Some(x);
+                self.hops = 0;
                 return Some(Reclaim { source: o, epoch });
             }
         }
@@ -722,6 +773,7 @@ impl DirEntry {
         };
         self.handed_by = None;
         self.chain = None;
+        self.hops = 0;
         self.reclaiming = Some(g);
         Some(Reclaim {
             source: o,
@@ -746,6 +798,8 @@ impl DirEntry {
         if let Some(x) = self.reclaiming_for.take() {
             self.holders = Holders::Exclusive(x);
             self.handed_by = Some(g);
+            // (`g` took the page: the `Gone` says so)
+            self.hops = 1;
             return None;
         }
         if self.holders == Holders::None {
@@ -768,6 +822,7 @@ impl DirEntry {
         self.forwarded_to = None;
         self.handed_by = None;
         self.chain = None;
+        self.hops = 0;
         // through a chain: the live holder never got the page (it asks again)
         self.reclaiming_for = None;
         if let Some(g) = self.reclaiming.take() {
@@ -1255,5 +1310,81 @@ mod tests {
         assert!(held.died_with(2, 1));
         assert_eq!(held.holders, Holders::Exclusive(1));
         assert!(held.brought_back(1, 0, 4, bit(0) | bit(2)).is_some());
+    }
+
+    /// Rejoin: node 1 held the page (granted from the home), node 2 was pointed at it and
+    /// node 0 at node 2; node 1 died before handing it over, and node 2 lost its copy with
+    /// it. Nobody live holds the page: it died with node 1, which brings it back when it
+    /// restarts. One hand-over further back (node 1 was itself waiting for node 3, which may
+    /// still hold it) the entry is left as it is.
+    #[test]
+    fn a_page_the_middle_of_a_chain_lost_died_with_the_chains_first_source_if_it_had_it() {
+        let mut d = DirEntry::new();
+        d.request(1, Mode::Exclusive, false).unwrap();
+        d.request(2, Mode::Exclusive, false).unwrap();
+        d.request(0, Mode::Exclusive, false).unwrap();
+        assert_eq!(
+            (d.handed_by, d.chain.map(|c| c.0), d.hops),
+            (Some(2), Some(1), 2)
+        );
+        let mut longer = d;
+        assert!(!d.died_with(0, 1), "node 0 is not the one that lost it");
+        assert!(d.died_with(2, 1));
+        assert_eq!(
+            (d.holders, d.handed_by, d.chain),
+            (Holders::Exclusive(1), None, None)
+        );
+        d.check().unwrap();
+        assert!(d.brought_back(1, 0, 4, bit(0) | bit(2) | bit(3)).is_some());
+        // node 3 got the page from the home, then node 1, 2, 0 in turn
+        let mut from3 = DirEntry::new();
+        from3.request(3, Mode::Exclusive, false).unwrap();
+        for n in [1, 2, 0] {
+            from3.request(n, Mode::Exclusive, false).unwrap();
+        }
+        assert_eq!(from3.hops, MANY_HOPS);
+        assert!(!from3.died_with(2, 1), "node 3 may still hold the page");
+        assert_eq!(from3.holders, Holders::Exclusive(0));
+        // a grant's source forgotten (restarted): not known whether the holder got it
+        longer.forget_source(2);
+        assert_eq!(longer.hops, MANY_HOPS);
+    }
+
+    /// Rejoin: node 1 held the page (granted from the home) and died while it handed it to
+    /// shared reader 2 (its copy-back due). Node 2 holds the page as node 1 left it, or
+    /// nothing: brought back, node 2 stays listed, unsure, until it answered `Found`. If
+    /// node 1 was itself waiting for the page from node 3 (a live node may hold it), the page
+    /// stays lost.
+    #[test]
+    fn a_page_lost_while_handed_to_a_shared_reader_is_brought_back_listing_the_reader() {
+        let mut d = DirEntry::new();
+        d.request(1, Mode::Exclusive, false).unwrap();
+        d.request(2, Mode::Shared, false).unwrap();
+        assert_eq!(
+            (d.holders, d.awaiting_copy_back),
+            (Holders::Shared(bit(2)), Some(1))
+        );
+        d.forget_source(1);
+        let back = d
+            .brought_back(1, 0, 4, bit(0) | bit(2) | bit(3))
+            .expect("brought back");
+        assert_eq!(
+            (
+                back.holders,
+                back.unsure,
+                back.settling,
+                back.awaiting_copy_back
+            ),
+            (Holders::Shared(bit(2)), bit(2), bit(2), None)
+        );
+        back.check().unwrap();
+        let mut waited = DirEntry::new();
+        waited.request(3, Mode::Exclusive, false).unwrap();
+        waited.request(1, Mode::Exclusive, false).unwrap();
+        waited.request(2, Mode::Shared, false).unwrap();
+        waited.forget_source(1);
+        assert!(waited
+            .brought_back(1, 0, 4, bit(0) | bit(2) | bit(3))
+            .is_none());
     }
 }
