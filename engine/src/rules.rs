@@ -11,7 +11,9 @@
 //!
 //! docs/protocol.md describes the protocol in prose.
 
-pub use crate::coherence::directory::{DirDecision, DirEntry, EvictDecision, Holders};
+pub use crate::coherence::directory::{
+    Counted, DirDecision, DirEntry, EvictDecision, Holders, Holds,
+};
 pub use crate::coherence::possession::{Deferred, PageCopy, Pending, Step};
 pub use crate::coherence::protocol::{members, Grant, Mode, Msg, Node};
 pub use crate::coherence::wire::Wire;

@@ -114,6 +114,32 @@ pub struct DirEntry {
 /// known to have had the page (kept small: it is part of the model check's state).
 pub const MANY_HOPS: u8 = 3;
 
+/// What a live node holds of a page lost with a dead node, as it tells the page's home
+/// when asked (`Control::Ask`, the census of [`DirEntry::counted`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Holds {
+    /// No copy, and nothing about the page under way here.
+    Nothing,
+    /// A node-shared copy, idle.
+    Shared,
+    /// A node-exclusive copy, idle.
+    Exclusive,
+    /// Something about the page is under way here (a request, a hand-over, a message queued
+    /// or deferred): the census cannot count this node now.
+    Busy,
+}
+
+/// What [`DirEntry::counted`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counted {
+    /// The page's entry from now on.
+    pub entry: DirEntry,
+    /// No live node holds the page exclusively: its newest version is in the logs (merge
+    /// them over the store's copy, as for a page [`brought_back`](DirEntry::brought_back)).
+    /// Otherwise the exclusive holder's copy is the newest.
+    pub from_logs: bool,
+}
+
 /// What the home does with a possession request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DirDecision {
@@ -582,6 +608,54 @@ impl DirEntry {
             }
         }
         Some(d)
+    }
+
+    /// The entry of a page lost with a dead node that [`brought_back`](Self::brought_back)
+    /// cannot bring back (the entry still names live nodes, or a chain), once every live
+    /// node, the home's own copy among them, has said what it holds of the page (`answers`:
+    /// the census). Every message the home sent about the page before it asked is applied at
+    /// each node before it answers, and so is every hand-over a grant started (its requester
+    /// is busy until it completes), so idle answers say where the page is:
+    /// - one node holds it exclusively and nobody else holds it: that copy is the newest (the
+    ///   dead node was granted the page after it, if at all, and never got it);
+    /// - otherwise the sharers' copies, if any, are the newest version too (a holder that
+    ///   was to invalidate them writes only after they acknowledged), and so is the logs'
+    ///   merge: the page is brought back from the logs, shared by them.
+    ///
+    /// `None` when a node is busy with the page, or the answers disagree (two exclusive
+    /// holders, an exclusive holder beside sharers): the page stays lost. The epoch stays.
+    pub fn counted(&self, answers: &[(Node, Holds)]) -> Option<Counted> {
+        let mut exclusive = None;
+        let mut shared: NodeSet = 0;
+        for &(n, h) in answers {
+            match h {
+                Holds::Nothing => {}
+                Holds::Shared => shared |= bit(n),
+                Holds::Exclusive if exclusive.is_none() => exclusive = Some(n),
+                Holds::Exclusive | Holds::Busy => return None,
+            }
+        }
+        let mut entry = DirEntry::new();
+        entry.epoch = self.epoch;
+        match (exclusive, shared) {
+            (Some(_), s) if s != 0 => None,
+            (Some(x), _) => {
+                entry.holders = Holders::Exclusive(x);
+                Some(Counted {
+                    entry,
+                    from_logs: false,
+                })
+            }
+            (None, s) => {
+                if s != 0 {
+                    entry.holders = Holders::Shared(s);
+                }
+                Some(Counted {
+                    entry,
+                    from_logs: true,
+                })
+            }
+        }
     }
 
     /// `from` answered the home's `Found` (see `settling`). Returns whether requests may go

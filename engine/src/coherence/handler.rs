@@ -169,6 +169,12 @@ impl Coherence {
                         // the reporter, named the holder, never got it: it died with `node`
                         ps.dir.died_with(from, node);
                         self.mark_lost_home(pid, ps, node);
+                    } else if ps.lost == Some(node) {
+                        // lost here already (the reporter's refusal of this node's own
+                        // hand-over arrives before its report, on the same channel): the
+                        // report still says who never got the page, so that the page can be
+                        // brought back when `node` restarts (seen in 2 of 20 kills)
+                        ps.dir.died_with(from, node);
                     }
                     Self::wake(ps);
                 }
@@ -181,6 +187,12 @@ impl Coherence {
                          home may say; ignored",
                         self.me
                     );
+                    return;
+                }
+                if !self.driver.ch.peer_alive(from) {
+                    // the home died after it sent it: a loss with it stands, and whatever
+                    // the home sent after it is void (found by the model check: a grant of
+                    // the dead home's, applied after, met a copy that no longer asked)
                     return;
                 }
                 let mut shard = self.pages.shard(pid).lock();

@@ -30,6 +30,7 @@
 //! The engine calls these methods under the page's frame latch, and only when no local guard
 //! holds the page (a latched page defers the message, exactly like a page still in flight).
 
+use crate::coherence::directory::Holds;
 use crate::coherence::protocol::{
     bit, members, violation, Epoch, Grant, Mode, Msg, Node, NodeSet, ProtocolError,
 };
@@ -500,6 +501,23 @@ impl<D: Clone> PageCopy<D> {
     pub fn mark_dirty(&mut self) {
         debug_assert!(self.data.is_some(), "a write without the page");
         self.dirty = true;
+    }
+
+    /// What this copy tells its home's census of a page lost with a dead node
+    /// (`DirEntry::counted`): busy while anything about the page is under way (a request or
+    /// hand-over, a deferred message, a request asking again that did not leave), else what
+    /// it holds.
+    pub fn holds(&self) -> Holds {
+        if self.pending != Pending::Idle || !self.deferred.is_empty() || self.asking_again {
+            return Holds::Busy;
+        }
+        match (self.mode, self.data.is_some()) {
+            (None, false) => Holds::Nothing,
+            (Some(Mode::Shared), true) => Holds::Shared,
+            (Some(Mode::Exclusive), true) => Holds::Exclusive,
+            // (not a state an idle copy is in: `check`)
+            _ => Holds::Busy,
+        }
     }
 
     /// The home brought the page back (`Control::Found`) and may list this node among the
