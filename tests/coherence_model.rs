@@ -1930,7 +1930,10 @@ impl Sim {
                         entry,
                         from_logs: true,
                     }),
-                    None if self.lost_with(h, p, kn) => {
+                    // (only while every other node is alive: a dead one may hold the page)
+                    None if self.lost_with(h, p, kn)
+                        && (0..self.nodes).all(|n| n == k || self.alive[n]) =>
+                    {
                         let answers: Vec<(Node, Holds)> = (0..self.nodes)
                             .filter(|&n| n != k && self.alive[n])
                             .map(|n| {

@@ -139,6 +139,10 @@ pub struct ProtocolStats {
     /// Pages of this home lost with a node that died holding them, brought back from the
     /// cluster's logs when that node restarted (docs/protocol.md, "Rejoin").
     pub pages_brought_back: u64,
+    /// Of this home's pages lost with a restarted node that their directory entries could
+    /// not bring back, those served again after every live node said what it holds of them
+    /// (the census: brought back from the logs, or found held by a live node).
+    pub pages_censused: u64,
     /// Invalidation acks of dead sharers counted as given once their fence held (an upgrade
     /// that waited for one completes instead of losing the page).
     pub acks_of_fenced: u64,

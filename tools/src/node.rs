@@ -552,6 +552,7 @@ fn check(
         "records_carried": p.records_carried,
         "rejoins": p.rejoins,
         "pages_brought_back": p.pages_brought_back,
+        "pages_censused": p.pages_censused,
         "acks_of_fenced": p.acks_of_fenced,
         "evictions": st.evictions,
         "nvme_reads": st.store_reads,

@@ -1044,20 +1044,19 @@ fn a_node_killed_at_random_moments_rejoins_every_time_and_the_counters_stay_exac
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     eprintln!("{kills} kills, seed {seed}");
     let noticed = |paths: &[PathBuf], i: usize| output(paths, i).matches("dropping node 2").count();
-    let brought = |paths: &[PathBuf]| -> usize {
-        (0..2)
-            .map(|i| {
-                output(paths, i)
-                    .matches("brought back from the logs at version")
-                    .count()
-            })
-            .sum()
+    let count = |paths: &[PathBuf], what: &str| -> usize {
+        (0..2).map(|i| output(paths, i).matches(what).count()).sum()
     };
+    // pages brought back, and of the pages their entries could not bring back, those served
+    // again after a census of the live nodes
+    let brought = |paths: &[PathBuf]| count(paths, "brought back from the logs at version");
+    let censused = |paths: &[PathBuf]| count(paths, "served again after a census");
     let (mut paths, mut kids) = start_logged_each(&file, dir.path(), "k0-", [1 << 40; 3]);
     let (mut to_notice, mut to_start) = (Vec::new(), Vec::new());
     // rejoins since the run began, whole-cluster restarts (a page stayed lost), pages brought
     // back in earlier runs
     let (mut rejoins, mut whole, mut brought_before) = (0u64, 0usize, 0usize);
+    let mut censused_before = 0usize;
     for k in 0..kills {
         // (the hang guard counts from each kill's start: 50 kills take longer than `LIMIT`)
         let t0 = Instant::now();
@@ -1108,6 +1107,7 @@ fn a_node_killed_at_random_moments_rejoins_every_time_and_the_counters_stay_exac
                 k + 1
             );
             brought_before += brought(&paths);
+            censused_before += censused(&paths);
             restart_the_whole_cluster(&file, dir.path(), &format!("w{whole}-"), &paths, &mut kids);
             (paths, kids) =
                 start_logged_each(&file, dir.path(), &format!("k{whole}-"), [1 << 40; 3]);
@@ -1118,11 +1118,13 @@ fn a_node_killed_at_random_moments_rejoins_every_time_and_the_counters_stay_exac
         to_start.push(restarted.elapsed());
         eprintln!(
             "kill {}: after {after} commits of node 2; noticed by both in {} ms; restarted node \
-             checked every counter {} ms after its start; pages brought back so far {}",
+             checked every counter {} ms after its start; pages brought back so far {}, \
+             served again after a census {}",
             k + 1,
             to_notice[k].as_millis(),
             restarted.elapsed().as_millis(),
-            brought_before + brought(&paths)
+            brought_before + brought(&paths),
+            censused_before + censused(&paths)
         );
     }
     let t0 = Instant::now();
@@ -1167,11 +1169,12 @@ fn a_node_killed_at_random_moments_rejoins_every_time_and_the_counters_stay_exac
     eprintln!(
         "{kills} kills: noticed by both {}; {} rejoins, the restarted node checked every counter \
          {} after its start; {whole} whole-cluster restarts (a page stayed lost); {} pages \
-         brought back; end counters sum {} = tallies sum",
+         brought back, {} served again after a census; end counters sum {} = tallies sum",
         ms(&to_notice),
         to_start.len(),
         ms(&to_start),
         brought_before + brought(&paths),
+        censused_before + censused(&paths),
         rs[0]["end"]["counters_sum"]
     );
 }

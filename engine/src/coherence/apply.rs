@@ -269,6 +269,11 @@ impl Coherence {
         ps: &mut PageState,
         note: Note,
     ) -> Result<Outcome, ProtocolError> {
+        if ps.census.is_some() {
+            // the home asks where the page is (`rejoin.rs`): nothing about it changes here
+            // until the answers are in
+            return Ok(Outcome::Stuck(note));
+        }
         if let Some(dead) = ps.lost {
             match note.msg {
                 Msg::Transfer { want, epoch, keep } => self.answer_lost(

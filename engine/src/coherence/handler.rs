@@ -231,6 +231,8 @@ impl Coherence {
                     }
                 }
             }
+            Control::Ask { pid } => self.on_ask(from, Pid(pid)),
+            Control::Has { pid, holds } => self.on_has(from, Pid(pid), holds),
             Control::Batch { .. } => {
                 unreachable!("receive unpacks batches")
             }

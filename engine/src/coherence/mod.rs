@@ -70,7 +70,7 @@ use crate::error::EngineError;
 use crate::pid::Pid;
 use alloc::RemoteAlloc;
 use barrier::Barrier;
-use directory::DirEntry;
+use directory::{DirEntry, Holds};
 use outbox::Outboxes;
 use parking_lot::{Condvar, Mutex};
 use possession::PageCopy;
@@ -142,6 +142,10 @@ struct PageState {
     /// At the home: bumped whenever the home's copy changes (an evicted or copied-back page
     /// arrives), so that a store read that was in flight meanwhile is not used.
     home_gen: u64,
+    /// At the home, while it asks the live nodes what they hold of this page, lost with a
+    /// restarted node (`rejoin.rs`, the census): their answers so far. Messages for the page
+    /// wait here meanwhile (`apply`), so that the page stays where the answers say.
+    census: Option<Vec<(Node, Holds)>>,
 }
 
 /// A page's home copy as read from the store for a request, outside the handler role: the
@@ -182,6 +186,7 @@ impl PageState {
             parked: Vec::new(),
             store_copy: StoreCopy::None,
             home_gen: 0,
+            census: None,
         }
     }
 
@@ -290,6 +295,8 @@ pub struct CoherenceCounters {
     pub rejoins: AtomicU64,
     /// See [`crate::stats::ProtocolStats::pages_brought_back`].
     pub pages_brought_back: AtomicU64,
+    /// See [`crate::stats::ProtocolStats::pages_censused`].
+    pub pages_censused: AtomicU64,
     /// See [`crate::stats::ProtocolStats::acks_of_fenced`].
     pub acks_of_fenced: AtomicU64,
 }
@@ -328,6 +335,7 @@ impl CoherenceCounters {
             records_carried: l(&self.records_carried),
             rejoins: l(&self.rejoins),
             pages_brought_back: l(&self.pages_brought_back),
+            pages_censused: l(&self.pages_censused),
             acks_of_fenced: l(&self.acks_of_fenced),
         }
     }

@@ -32,7 +32,7 @@
 //! which serves the stored version, brings it back), or whose logs have a gap (a log missing
 //! or damaged): the restarted node's start fails with this reason.
 
-use super::directory::Holders;
+use super::directory::{Holders, Holds};
 use super::possession::Pending;
 use super::protocol::{bit, Node};
 use super::wire::Control;
@@ -67,19 +67,24 @@ impl Coherence {
             match self.try_take_back(buf, peer) {
                 Ok(back) => {
                     let brought = self.bring_back(buf, peer, &back.lost)?;
+                    let counted = self.census(buf, peer, &back.kept)?;
                     self.driver.counters.rejoins.fetch_add(1, Ordering::Relaxed);
                     log::warn!(
                         "node {}: taking restarted node {peer} back: {} copies of its pages \
                          dropped here ({} of them changed: their changes are in this node's \
                          log, which its recovery reads); {} pages of this node lost with it \
                          brought back from the logs ({brought} of them newer than the store's \
-                         copy), {} kept lost (their directory entries name other nodes, or \
-                         sharers it was to invalidate)",
+                         copy); of {} more whose directory entries name other nodes, {} served \
+                         again after the live nodes said what they hold of them ({} found held \
+                         by one), {} kept lost",
                         self.me,
                         back.dropped,
                         back.changed,
                         back.lost.len(),
-                        back.kept_lost,
+                        back.kept.len(),
+                        counted.served,
+                        counted.held,
+                        back.kept.len() as u64 - counted.served,
                     );
                     return Ok(());
                 }
@@ -162,14 +167,8 @@ impl Coherence {
                     {
                         back.lost.push(pid);
                     } else {
-                        back.kept_lost += 1;
-                        log::warn!(
-                            "node {}: page {pid}, lost with node {peer}, stays lost: its \
-                             directory entry names another node or a chain ({:?}); a restart \
-                             of the whole cluster brings it back from the logs",
-                            self.me,
-                            ps.dir
-                        );
+                        // asked about (`census`)
+                        back.kept.push(pid);
                     }
                     continue;
                 }
@@ -303,31 +302,9 @@ impl Coherence {
             let Some(entry) = ps.dir.brought_back(peer, self.me, self.nodes, live) else {
                 continue;
             };
-            ps.dir = entry;
-            ps.lost = None;
-            ps.error = None;
-            ps.page_from = None;
-            ps.asked_after = None;
-            // a home read in flight is of the store's old version
-            ps.home_gen += 1;
-            ps.store_copy = super::StoreCopy::None;
-            // this node's own copy ended with the loss (`keep_lost`): a request of its own
-            // still queued is void (found by the model check: a grant to a copy that no
-            // longer asked)
-            let me = self.me;
-            ps.held.retain(|n| n.from != me);
-            ps.dir_deferred.retain(|n| n.from != me);
-            self.requeue_deferred(ps);
-            if !ps.held.is_empty() {
-                self.pages.retry_later(pid);
-            }
-            Self::wake(ps);
+            self.serve_again(pid, ps, entry);
             drop(shard);
-            for n in (0..self.nodes).filter(|&n| n != me && n != peer) {
-                if self.driver.ch.peer_alive(n) {
-                    self.send_control(n, &Control::Found { pid: pid.raw() });
-                }
-            }
+            self.tell_found(pid, peer);
         }
         self.driver
             .counters
@@ -342,6 +319,245 @@ impl Coherence {
             );
         }
         Ok(written.len() as u64)
+    }
+
+    /// This home's page `pid`, lost, is served again with directory entry `entry` (under the
+    /// handler role and the page's shard lock): what waited for it goes on.
+    fn serve_again(&self, pid: Pid, ps: &mut PageState, entry: super::directory::DirEntry) {
+        ps.dir = entry;
+        ps.lost = None;
+        ps.error = None;
+        ps.page_from = None;
+        ps.asked_after = None;
+        ps.census = None;
+        // a home read in flight is of the store's old version
+        ps.home_gen += 1;
+        ps.store_copy = super::StoreCopy::None;
+        // this node's own copy ended with the loss (`keep_lost`): a request of its own
+        // still queued is void (found by the model check: a grant to a copy that no
+        // longer asked)
+        let me = self.me;
+        ps.held.retain(|n| n.from != me);
+        ps.dir_deferred.retain(|n| n.from != me);
+        self.requeue_deferred(ps);
+        if !ps.held.is_empty() {
+            self.pages.retry_later(pid);
+        }
+        Self::wake(ps);
+    }
+
+    /// Tell the live nodes but restarted `peer` that this home's page `pid` is served again:
+    /// a copy that lost it forgets the loss (`Control::Found`).
+    fn tell_found(&self, pid: Pid, peer: Node) {
+        for n in (0..self.nodes).filter(|&n| n != self.me && n != peer) {
+            if self.driver.ch.peer_alive(n) {
+                self.send_control(n, &Control::Found { pid: pid.raw() });
+            }
+        }
+    }
+
+    /// The census of this home's pages `kept` lost with restarted node `peer` that their
+    /// directory entries cannot bring back (`DirEntry::brought_back`): every other node is
+    /// asked what it holds of each (`Control::Ask`); messages for them wait here meanwhile
+    /// (`apply`). Once every answer is in (at most [`CENSUS_WAIT`]), `DirEntry::counted`
+    /// decides: a page an idle live node holds exclusively is served from there; one no live
+    /// node holds exclusively is brought back from the logs (as `bring_back`), shared by the
+    /// idle sharers. A page some node is busy with, or that is not answered for in time,
+    /// stays lost (a restart of the whole cluster brings it back). Only while every node but
+    /// `peer` is alive here (a dead one may hold a page). An error refuses the restarted
+    /// node (the logs could not be read).
+    fn census(&self, buf: &Buffer, peer: Node, kept: &[Pid]) -> Result<Censused, String> {
+        let mut done = Censused::default();
+        let others: Vec<Node> = (0..self.nodes)
+            .filter(|&n| n != self.me && n != peer)
+            .collect();
+        let stays = |pid: Pid, why: &str| {
+            log::warn!(
+                "node {}: page {pid}, lost with node {peer}, stays lost: {why}; a restart of \
+                 the whole cluster brings it back from the logs",
+                self.me
+            )
+        };
+        if kept.is_empty() {
+            return Ok(done);
+        }
+        if let Some(d) = others.iter().find(|&&n| !self.driver.ch.peer_alive(n)) {
+            for &pid in kept {
+                stays(pid, &format!("node {d} is dead too, and may hold it"));
+            }
+            return Ok(done);
+        }
+        // 1. Messages for the pages wait here from now on; each other node is asked.
+        {
+            let _role = self.driver.role.lock();
+            for &pid in kept {
+                if let Some(ps) = self.pages.shard(pid).lock().get_mut(&pid) {
+                    if ps.lost == Some(peer) {
+                        ps.census = Some(Vec::new());
+                    }
+                }
+            }
+        }
+        for &pid in kept {
+            for &n in &others {
+                self.send_control(n, &Control::Ask { pid: pid.raw() });
+            }
+        }
+        // 2. The answers (applied by the handler: `on_has`).
+        let answered = |pid: Pid| {
+            let shard = self.pages.shard(pid).lock();
+            shard
+                .get(&pid)
+                .and_then(|ps| ps.census.as_ref())
+                .is_none_or(|a| others.iter().all(|&n| a.iter().any(|&(m, _)| m == n)))
+        };
+        let deadline = Instant::now() + CENSUS_WAIT.min(self.waiting.timeout);
+        while !kept.iter().all(|&pid| answered(pid)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        // 3. What the answers say; the pages stay held while their logs are read.
+        let mut decided = Vec::new();
+        {
+            let _role = self.driver.role.lock();
+            for &pid in kept {
+                let mut shard = self.pages.shard(pid).lock();
+                let Some(ps) = shard.get_mut(&pid) else {
+                    continue;
+                };
+                let Some(mut answers) = ps.census.take() else {
+                    continue;
+                };
+                let all = others.iter().all(|&n| answers.iter().any(|&(m, _)| m == n));
+                // this node's own copy ended with the loss (`keep_lost`)
+                answers.push((self.me, ps.copy.holds()));
+                let counted = (all && ps.lost == Some(peer))
+                    .then(|| ps.dir.counted(&answers))
+                    .flatten();
+                match counted {
+                    Some(c) => {
+                        decided.push((pid, c, ps.dir));
+                        ps.census = Some(answers);
+                    }
+                    None => {
+                        stays(
+                            pid,
+                            &format!(
+                                "the live nodes' answers ({answers:?}, all in: {all}) do not say \
+                                 where it is; its directory entry is {:?}",
+                                ps.dir
+                            ),
+                        );
+                        if !ps.held.is_empty() {
+                            self.pages.retry_later(pid);
+                        }
+                    }
+                }
+            }
+        }
+        let from_logs: HashSet<u64> = decided
+            .iter()
+            .filter(|(_, c, _)| c.from_logs)
+            .map(|(pid, _, _)| pid.raw())
+            .collect();
+        let written = if from_logs.is_empty() {
+            Ok(Vec::new())
+        } else {
+            buf.store().recover_pages(self.logs(), &from_logs)
+        };
+        // 4. Served again, unless something changed meanwhile.
+        let _role = self.driver.role.lock();
+        for (pid, c, before) in decided {
+            let mut shard = self.pages.shard(pid).lock();
+            let Some(ps) = shard.get_mut(&pid) else {
+                continue;
+            };
+            let unchanged = ps.lost == Some(peer) && ps.dir == before;
+            if !unchanged || (c.from_logs && written.is_err()) {
+                ps.census = None;
+                if !ps.held.is_empty() {
+                    self.pages.retry_later(pid);
+                }
+                stays(
+                    pid,
+                    "its state changed during the census, or the logs failed",
+                );
+                continue;
+            }
+            log::warn!(
+                "node {}: page {pid} (lost with node {peer}) served again after a census: {}",
+                self.me,
+                if c.from_logs {
+                    format!("brought back from the logs, held by {:?}", c.entry.holders)
+                } else {
+                    format!("held by {:?}, whose copy is the newest", c.entry.holders)
+                }
+            );
+            self.serve_again(pid, ps, c.entry);
+            drop(shard);
+            self.tell_found(pid, peer);
+            done.served += 1;
+            done.held += u64::from(!c.from_logs);
+        }
+        self.driver
+            .counters
+            .pages_censused
+            .fetch_add(done.served, Ordering::Relaxed);
+        written.map_err(|e| {
+            format!(
+                "node {}: bringing back pages lost with node {peer} from the cluster's logs \
+                 failed: {e} (they stay unavailable; stop every node and start the cluster \
+                 again once the logs are whole)",
+                self.me
+            )
+        })?;
+        Ok(done)
+    }
+
+    /// Node `from` asks what this node holds of `pid` (the census of its home, `census`):
+    /// busy while a message about it waits here, else what the copy says
+    /// (`PageCopy::holds`). Every message the home sent before is here by now (one
+    /// connection keeps the order).
+    pub(super) fn on_ask(&self, from: Node, pid: Pid) {
+        if pid.node() != from {
+            log::error!(
+                "node {}: node {from} asks what this node holds of page {pid}, which only its \
+                 home may ask; ignored",
+                self.me
+            );
+            return;
+        }
+        let holds = match self.pages.shard(pid).lock().get(&pid) {
+            None => Holds::Nothing,
+            Some(ps) if !ps.held.is_empty() || ps.serve_due => Holds::Busy,
+            Some(ps) => ps.copy.holds(),
+        };
+        self.send_control(
+            from,
+            &Control::Has {
+                pid: pid.raw(),
+                holds: super::wire::holds_code(holds),
+            },
+        );
+    }
+
+    /// Node `from` answered this home's census of `pid` (`census`).
+    pub(super) fn on_has(&self, from: Node, pid: Pid, holds: u8) {
+        let Some(holds) = super::wire::holds_of(holds) else {
+            return; // (decoding refuses such codes)
+        };
+        if pid.node() != self.me {
+            return;
+        }
+        if let Some(a) = self
+            .pages
+            .shard(pid)
+            .lock()
+            .get_mut(&pid)
+            .and_then(|ps| ps.census.as_mut())
+        {
+            a.retain(|&(n, _)| n != from);
+            a.push((from, holds));
+        }
     }
 
     /// Whether `pid`'s state lets `peer`'s old incarnation go (see [`take_back`]).
@@ -417,9 +633,22 @@ struct TakenBack {
     changed: u64,
     /// This home's pages lost with the old incarnation, to bring back.
     lost: Vec<Pid>,
-    /// This home's pages lost with it that cannot be brought back (`DirEntry::brought_back`).
-    kept_lost: u64,
+    /// This home's pages lost with it that their entries cannot bring back
+    /// (`DirEntry::brought_back`): the census asks the live nodes about them.
+    kept: Vec<Pid>,
 }
+
+/// What [`Coherence::census`] did.
+#[derive(Default)]
+struct Censused {
+    /// Pages served again.
+    served: u64,
+    /// Of those, pages found held exclusively by a live node (not read from the logs).
+    held: u64,
+}
+
+/// How long a census waits for the live nodes' answers (at most the remote timeout).
+const CENSUS_WAIT: Duration = Duration::from_secs(2);
 
 /// Whether this home's page `pid` is lost with `peer`: marked so, or still held by it (its
 /// directory names it the exclusive holder, and no reclaim from a live source is in progress).

@@ -11,6 +11,7 @@
 //! of 64 and above, and non-zero padding, so a corrupt or foreign message is an error, never a
 //! wrong protocol action.
 
+use crate::coherence::directory::Holds;
 use crate::coherence::protocol::{Grant, Mode, Msg, Node, NodeSet};
 use byteorder::{ByteOrder, LittleEndian};
 use shoal_messaging::{Message, MsgError, BODY_BYTES, PAGE_BYTES};
@@ -24,8 +25,8 @@ pub struct Attached;
 /// error that says so, instead of dropping each other's messages as malformed. Bump it with
 /// every change to a message's layout or meaning (1: `Request` carries `again`; kinds 11 and
 /// 12, `Reclaim` and `Gone`; 2: control kinds 44 and 45, `Found` and
-/// `FoundAck`).
-pub const WIRE_VERSION: u16 = 2;
+/// `FoundAck`; 3: control kinds 46 and 47, `Ask` and `Has`).
+pub const WIRE_VERSION: u16 = 3;
 
 /// First message kind of the coherence protocol (kinds below belong to other protocols).
 pub const KIND_BASE: u8 = 16;
@@ -344,6 +345,13 @@ pub enum Control {
     /// copy (`PageCopy::maybe_listed`); the home serves the page once every node it listed
     /// answered (`DirEntry::settling`).
     FoundAck { pid: u64 },
+    /// From the home, at a restarted node's rejoin: what do you hold of `pid` (lost with the
+    /// node that died)? Answered with [`Control::Has`] once every message the home sent
+    /// before about the page is applied (`rejoin.rs`, the census of `DirEntry::counted`).
+    Ask { pid: u64 },
+    /// Answer to [`Control::Ask`]: `holds` is a [`Holds`] (0 nothing, 1 shared, 2
+    /// exclusive, 3 busy).
+    Has { pid: u64, holds: u8 },
     /// Several small coherence messages of the sender, in the order it sent them, packed into
     /// the attached page ([`encode_batch`]): eviction notices without a page and eviction
     /// replies. The receiver applies them as if they had arrived one by one, in that order.
@@ -386,6 +394,8 @@ impl Message for Control {
             Control::Pong { .. } => CONTROL_BASE + 11,
             Control::Found { .. } => CONTROL_BASE + 12,
             Control::FoundAck { .. } => CONTROL_BASE + 13,
+            Control::Ask { .. } => CONTROL_BASE + 14,
+            Control::Has { .. } => CONTROL_BASE + 15,
         }
     }
 
@@ -411,8 +421,14 @@ impl Message for Control {
             Control::Batch { count } => {
                 w.u32(*count as u32);
             }
-            Control::Unused { pid } | Control::Found { pid } | Control::FoundAck { pid } => {
+            Control::Unused { pid }
+            | Control::Found { pid }
+            | Control::FoundAck { pid }
+            | Control::Ask { pid } => {
                 w.u64(*pid);
+            }
+            Control::Has { pid, holds } => {
+                w.u64(*pid).u8(*holds);
             }
             Control::Room { frames } => {
                 w.u64(*frames);
@@ -476,11 +492,41 @@ impl Message for Control {
             k if k == CONTROL_BASE + 11 => Control::Pong { at: r.u64() },
             k if k == CONTROL_BASE + 12 => Control::Found { pid: r.u64() },
             k if k == CONTROL_BASE + 13 => Control::FoundAck { pid: r.u64() },
+            k if k == CONTROL_BASE + 14 => Control::Ask { pid: r.u64() },
+            k if k == CONTROL_BASE + 15 => {
+                let pid = r.u64();
+                let holds = r.u8();
+                if holds_of(holds).is_none() {
+                    return Err(bad(format!("a census answer of {holds} (0 to 3 exist)")));
+                }
+                Control::Has { pid, holds }
+            }
             k => return Err(bad(format!("message kind {k} is not a control message"))),
         };
         r.end()?;
         Ok(c)
     }
+}
+
+/// The wire code of a census answer ([`Control::Has`]).
+pub fn holds_code(h: Holds) -> u8 {
+    match h {
+        Holds::Nothing => 0,
+        Holds::Shared => 1,
+        Holds::Exclusive => 2,
+        Holds::Busy => 3,
+    }
+}
+
+/// The census answer a wire code stands for (`None`: no such code).
+pub fn holds_of(code: u8) -> Option<Holds> {
+    Some(match code {
+        0 => Holds::Nothing,
+        1 => Holds::Shared,
+        2 => Holds::Exclusive,
+        3 => Holds::Busy,
+        _ => return None,
+    })
 }
 
 /// Bytes of one message in a batch: `pid u64 | tag u8 | epoch u64`.

@@ -148,6 +148,8 @@ fn control_messages_round_trip_and_reject_garbage() {
         Control::Pong { at: u64::MAX },
         Control::Found { pid: 2 << 56 | 9 },
         Control::FoundAck { pid: 1 },
+        Control::Ask { pid: 1 << 56 | 4 },
+        Control::Has { pid: 7, holds: 3 },
     ];
     for c in all {
         let env = Envelope::new(&c, 1, 0, 0);
@@ -159,7 +161,15 @@ fn control_messages_round_trip_and_reject_garbage() {
         b[BODY_BYTES - 1] = 1;
         assert!(Control::decode(c.kind(), &b).is_err(), "{c:?}");
     }
-    assert!(Control::decode(CONTROL_BASE + 14, &[0u8; BODY_BYTES]).is_err());
+    assert!(Control::decode(CONTROL_BASE + 16, &[0u8; BODY_BYTES]).is_err());
+    // a census answer that no `Holds` stands for
+    let mut b = [0u8; BODY_BYTES];
+    Control::Has { pid: 7, holds: 0 }.encode(&mut b);
+    b[8] = 4;
+    assert!(Control::decode(CONTROL_BASE + 15, &b).is_err());
+    for h in [Holds::Nothing, Holds::Shared, Holds::Exclusive, Holds::Busy] {
+        assert_eq!(holds_of(holds_code(h)), Some(h));
+    }
     // a batch of no messages, or of more than a page holds
     for count in [0u32, BATCH_MAX as u32 + 1] {
         let mut b = [0u8; BODY_BYTES];
