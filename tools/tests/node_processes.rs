@@ -816,13 +816,18 @@ fn stayed_lost(paths: &[PathBuf]) -> Option<String> {
         .lines()
         .find(|l| l.contains("reading the counters") && l.contains("was lost with node"))?
         .to_string();
-    // what its home said of it (the directory entry that kept it from being brought back)
-    for i in 0..2 {
-        for l in output(paths, i)
-            .lines()
-            .filter(|l| l.contains("stays lost"))
-        {
-            eprintln!("{l}");
+    // what its home said of it (the directory entry that kept it from being brought back),
+    // and every line about that page (`page 1:148 (0x...)`: the part before the parenthesis)
+    let page = line
+        .split("page ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .map(|p| format!("page {p} "));
+    for i in 0..3 {
+        for l in output(paths, i).lines().filter(|l| {
+            (i < 2 && l.contains("stays lost")) || page.as_deref().is_some_and(|p| l.contains(p))
+        }) {
+            eprintln!("node {i}: {l}");
         }
     }
     Some(line)
