@@ -233,6 +233,8 @@ impl Coherence {
             }
             Control::Ask { pid } => self.on_ask(from, Pid(pid)),
             Control::Has { pid, holds } => self.on_has(from, Pid(pid), holds),
+            Control::Settle { node, seq } => self.on_settle(buf, from, node, seq),
+            Control::Settled { node, seq, done } => self.settles.answered(from, node, seq, done),
             Control::Batch { .. } => {
                 unreachable!("receive unpacks batches")
             }

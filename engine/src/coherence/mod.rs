@@ -358,6 +358,8 @@ pub(crate) struct Coherence {
     /// Durability: the log, log fences (`logged.rs`).
     logged: logged::Logged,
     /// Leases on other homes' pages, pings heard (`lease.rs`).
+    /// At a take-back, the other live nodes' answers to `Control::Settle` (`rejoin.rs`).
+    settles: rejoin::Settles,
     leases: lease::Leases,
 }
 
@@ -501,6 +503,7 @@ impl Coherence {
             alloc: RemoteAlloc::default(),
             logged: logged::Logged::new(nodes),
             leases: lease::Leases::new(ch_me, nodes),
+            settles: rejoin::Settles::default(),
         }
     }
 

@@ -64,7 +64,10 @@ impl Coherence {
         let deadline = start + self.waiting.timeout;
         let mut told = Duration::ZERO;
         loop {
-            match self.try_take_back(buf, peer) {
+            let attempt = self
+                .others_settled(peer)
+                .and_then(|()| self.try_take_back(buf, peer));
+            match attempt {
                 Ok(back) => {
                     let brought = self.bring_back(buf, peer, &back.lost)?;
                     let counted = self.census(buf, peer, &back.kept)?;
@@ -560,6 +563,99 @@ impl Coherence {
         }
     }
 
+    /// Before taking restarted `peer` back: every other live node has handled its old
+    /// incarnation's death as far as this node's pages go (`Control::Settle`). A node that
+    /// lost one of them with `peer` reports it (`Lost`, or a request asking again) before it
+    /// answers, so the loss is seen here before the take-back decides what to bring back:
+    /// without this a report that came after the take-back left the page lost for good (1 in
+    /// 150 kills of the process test).
+    fn others_settled(&self, peer: Node) -> Result<(), NotNow> {
+        let others: Vec<Node> = (0..self.nodes)
+            .filter(|&n| n != self.me && n != peer && self.driver.ch.peer_alive(n))
+            .collect();
+        if others.is_empty() {
+            return Ok(());
+        }
+        let seq = self.settles.next();
+        for &n in &others {
+            self.send_control(n, &Control::Settle { node: peer, seq });
+        }
+        let deadline = Instant::now() + SETTLE_WAIT;
+        loop {
+            let answers: Vec<(Node, Option<bool>)> = others
+                .iter()
+                .map(|&n| (n, self.settles.answer(n, peer, seq)))
+                .collect();
+            if let Some(&(n, _)) = answers.iter().find(|(_, a)| *a == Some(false)) {
+                return Err(NotNow::Yet(format!(
+                    "node {n} still handles node {peer}'s death for this node's pages"
+                )));
+            }
+            if answers.iter().all(|(_, a)| a.is_some()) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let silent: Vec<Node> = answers
+                    .iter()
+                    .filter(|(_, a)| a.is_none())
+                    .map(|&(n, _)| n)
+                    .collect();
+                return Err(NotNow::Yet(format!(
+                    "no answer yet from node(s) {silent:?} on whether they handled node \
+                     {peer}'s death"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Node `from` asks whether this node has handled restarted node `node`'s old
+    /// incarnation's death as far as `from`'s pages go (`others_settled`): noticed, fenced,
+    /// everything it sent applied, and no copy of `from`'s pages waiting on it or holding a
+    /// message of it. A copy that asked again after `node` died and whose request did not
+    /// leave is lost now (what `from` decides once it forgets `node` as the grant's source;
+    /// the take-back here does the same), and its `Lost` report leaves before the answer.
+    pub(super) fn on_settle(&self, buf: &Buffer, from: Node, node: Node, seq: u64) {
+        let done = node < self.nodes
+            && node != self.me
+            && !self.driver.ch.peer_alive(node)
+            && self.driver.dead_drained.load(Ordering::Acquire) & bit(node) != 0
+            && self.leases.fence_holds(node)
+            && self.pages.shards.iter().all(|shard| {
+                let mut shard = shard.lock();
+                shard
+                    .iter_mut()
+                    .filter(|(pid, _)| pid.node() == from)
+                    .all(|(&pid, ps)| {
+                        if ps.copy.asking_again
+                            && ps.copy.pending == Pending::Idle
+                            && ps.asked_after == Some(node)
+                        {
+                            self.lose(buf, pid, ps, node);
+                        }
+                        self.settled_page(ps, node)
+                    })
+            });
+        self.send_control(
+            from,
+            &Control::Settled {
+                node,
+                seq,
+                done: u8::from(done),
+            },
+        );
+    }
+
+    /// Whether this node's state of another home's page no longer counts on dead `node`.
+    fn settled_page(&self, ps: &PageState, node: Node) -> bool {
+        let from_it = |n: &super::Note| n.from == node;
+        let waits_on_it = ps.copy.pending != Pending::Idle
+            && (ps.page_from == Some(node) || ps.asked_after == Some(node));
+        !waits_on_it
+            && !ps.copy.deferred.iter().any(|d| d.involves(node))
+            && !ps.held.iter().any(from_it)
+    }
+
     /// Whether `pid`'s state lets `peer`'s old incarnation go (see [`take_back`]).
     fn ready_for_rejoin(&self, pid: Pid, ps: &PageState, peer: Node) -> Result<(), NotNow> {
         let me = self.me;
@@ -637,6 +733,41 @@ struct TakenBack {
     /// (`DirEntry::brought_back`): the census asks the live nodes about them.
     kept: Vec<Pid>,
 }
+
+/// The answers to this node's `Control::Settle` questions: per (answering node, restarted
+/// node), the newest question's number answered and whether it said done.
+#[derive(Default)]
+pub(super) struct Settles {
+    seq: std::sync::atomic::AtomicU64,
+    answers: parking_lot::Mutex<std::collections::HashMap<(Node, Node), (u64, bool)>>,
+}
+
+impl Settles {
+    /// A new question's number.
+    fn next(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// `from` answered question `seq` about restarted node `node`.
+    pub(super) fn answered(&self, from: Node, node: Node, seq: u64, done: u8) {
+        let mut a = self.answers.lock();
+        let e = a.entry((from, node)).or_insert((0, false));
+        if seq >= e.0 {
+            *e = (seq, done == 1);
+        }
+    }
+
+    /// What `from` answered to question `seq` (or a later one) about `node`, if it has.
+    fn answer(&self, from: Node, node: Node, seq: u64) -> Option<bool> {
+        let a = self.answers.lock();
+        a.get(&(from, node))
+            .filter(|&&(s, _)| s >= seq)
+            .map(|&(_, done)| done)
+    }
+}
+
+/// How long one round of `Control::Settle` questions waits for its answers.
+const SETTLE_WAIT: Duration = Duration::from_millis(200);
 
 /// What [`Coherence::census`] did.
 #[derive(Default)]

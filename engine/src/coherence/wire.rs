@@ -25,7 +25,7 @@ pub struct Attached;
 /// error that says so, instead of dropping each other's messages as malformed. Bump it with
 /// every change to a message's layout or meaning (1: `Request` carries `again`; kinds 11 and
 /// 12, `Reclaim` and `Gone`; 2: control kinds 44 and 45, `Found` and
-/// `FoundAck`; 3: control kinds 46 and 47, `Ask` and `Has`).
+/// `FoundAck`; 3: control kinds 46 to 49, `Ask`, `Has`, `Settle` and `Settled`).
 pub const WIRE_VERSION: u16 = 3;
 
 /// First message kind of the coherence protocol (kinds below belong to other protocols).
@@ -352,6 +352,14 @@ pub enum Control {
     /// Answer to [`Control::Ask`]: `holds` is a [`Holds`] (0 nothing, 1 shared, 2
     /// exclusive, 3 busy).
     Has { pid: u64, holds: u8 },
+    /// From a node about to take restarted `node` back: have you handled its old
+    /// incarnation's death, as far as the asker's pages go? Answered with
+    /// [`Control::Settled`] carrying the same `seq`, after every report about those pages
+    /// (`Lost`, a request asking again) that the death made this node send (`rejoin.rs`).
+    Settle { node: u8, seq: u64 },
+    /// Answer to [`Control::Settle`]: `done` 1 if this node has handled the death (fenced,
+    /// everything the dead node sent applied, no copy of the asker's pages waiting on it).
+    Settled { node: u8, seq: u64, done: u8 },
     /// Several small coherence messages of the sender, in the order it sent them, packed into
     /// the attached page ([`encode_batch`]): eviction notices without a page and eviction
     /// replies. The receiver applies them as if they had arrived one by one, in that order.
@@ -396,6 +404,8 @@ impl Message for Control {
             Control::FoundAck { .. } => CONTROL_BASE + 13,
             Control::Ask { .. } => CONTROL_BASE + 14,
             Control::Has { .. } => CONTROL_BASE + 15,
+            Control::Settle { .. } => CONTROL_BASE + 16,
+            Control::Settled { .. } => CONTROL_BASE + 17,
         }
     }
 
@@ -429,6 +439,12 @@ impl Message for Control {
             }
             Control::Has { pid, holds } => {
                 w.u64(*pid).u8(*holds);
+            }
+            Control::Settle { node, seq } => {
+                w.u8(*node).u64(*seq);
+            }
+            Control::Settled { node, seq, done } => {
+                w.u8(*node).u64(*seq).u8(*done);
             }
             Control::Room { frames } => {
                 w.u64(*frames);
@@ -500,6 +516,22 @@ impl Message for Control {
                     return Err(bad(format!("a census answer of {holds} (0 to 3 exist)")));
                 }
                 Control::Has { pid, holds }
+            }
+            k if k == CONTROL_BASE + 16 || k == CONTROL_BASE + 17 => {
+                let node = r.u8();
+                let seq = r.u64();
+                if node as usize >= crate::pid::MAX_NODES {
+                    return Err(bad(format!("a settle message names node {node}")));
+                }
+                if k == CONTROL_BASE + 16 {
+                    Control::Settle { node, seq }
+                } else {
+                    let done = r.u8();
+                    if done > 1 {
+                        return Err(bad(format!("a settle answer of {done} (0 or 1 exist)")));
+                    }
+                    Control::Settled { node, seq, done }
+                }
             }
             k => return Err(bad(format!("message kind {k} is not a control message"))),
         };

@@ -150,6 +150,12 @@ fn control_messages_round_trip_and_reject_garbage() {
         Control::FoundAck { pid: 1 },
         Control::Ask { pid: 1 << 56 | 4 },
         Control::Has { pid: 7, holds: 3 },
+        Control::Settle { node: 2, seq: 9 },
+        Control::Settled {
+            node: 63,
+            seq: u64::MAX,
+            done: 1,
+        },
     ];
     for c in all {
         let env = Envelope::new(&c, 1, 0, 0);
@@ -161,12 +167,25 @@ fn control_messages_round_trip_and_reject_garbage() {
         b[BODY_BYTES - 1] = 1;
         assert!(Control::decode(c.kind(), &b).is_err(), "{c:?}");
     }
-    assert!(Control::decode(CONTROL_BASE + 16, &[0u8; BODY_BYTES]).is_err());
+    assert!(Control::decode(CONTROL_BASE + 18, &[0u8; BODY_BYTES]).is_err());
     // a census answer that no `Holds` stands for
     let mut b = [0u8; BODY_BYTES];
     Control::Has { pid: 7, holds: 0 }.encode(&mut b);
     b[8] = 4;
     assert!(Control::decode(CONTROL_BASE + 15, &b).is_err());
+    // a settle message naming node 64 or above, an answer neither 0 nor 1
+    let mut b = [0u8; BODY_BYTES];
+    Control::Settle { node: 1, seq: 2 }.encode(&mut b);
+    b[0] = 64;
+    assert!(Control::decode(CONTROL_BASE + 16, &b).is_err());
+    Control::Settled {
+        node: 1,
+        seq: 2,
+        done: 1,
+    }
+    .encode(&mut b);
+    b[9] = 2;
+    assert!(Control::decode(CONTROL_BASE + 17, &b).is_err());
     for h in [Holds::Nothing, Holds::Shared, Holds::Exclusive, Holds::Busy] {
         assert_eq!(holds_of(holds_code(h)), Some(h));
     }
