@@ -2297,7 +2297,7 @@ fn random_schedules_keep_every_invariant() {
         }
     }
     eprintln!(
-        "{seeds} schedules: {} reads and {} writes checked, {} remote requests ({} shared reads forwarded to a sharer, {} offered pages taken in), {} give-ups and unsent messages, {} node deaths, {} nodes cut off but running ({} operations failed by a run-out lease), {} operations ended by an error, {} dead sharers forgotten, {} requests from dead nodes dropped, {} forwarded reads asked again and {} homes' waits for a dead serving sharer ended, {} pages reclaimed from a dead requester's source ({} of them handed over already; {} through a chain), {} exclusive holders' requests asking again found the page lost, {} invalidation acks of fenced dead sharers counted as given, {} pages left unavailable, {} operations timed out behind a dead grantee, {} crash recoveries of every log checked, {} dead nodes restarted and taken back ({} pages lost with them brought back from the logs, {} of them after a census of the live nodes, {} kept lost)",
+        "{seeds} schedules: {} reads and {} writes checked, {} remote requests ({} shared reads forwarded to a sharer, {} offered pages taken in), {} give-ups and unsent messages, {} node deaths, {} nodes cut off but running ({} operations failed by a run-out lease), {} operations ended by an error, {} dead sharers forgotten, {} requests from dead nodes dropped, {} forwarded reads asked again and {} homes' waits for a dead serving sharer ended, {} pages reclaimed from a dead requester's source ({} of them handed over already; {} through a chain), {} exclusive holders' requests asking again found the page lost, {} invalidation acks of fenced dead sharers counted as given, {} pages left unavailable, {} operations timed out behind a dead grantee, {} crash recoveries of every log checked, {} dead nodes restarted and taken back ({} pages lost with them brought back from the logs; {} served again after a census of the live nodes, from the logs or a live holder; {} kept lost)",
         t.reads, t.writes, t.remote, t.forwarded, t.taken_in, t.faults, t.deaths, t.cuts, t.fenced_ops, t.failed, t.forgotten, t.dropped, t.asked_again, t.servers_forgotten, t.reclaims, t.reclaims_gone, t.chain_reclaims, t.chain_lost, t.acked_for_dead, t.unavailable, t.timeouts, t.recoveries, t.restarts, t.brought_back, t.censused, t.kept_lost
     );
     assert!(
@@ -3232,6 +3232,62 @@ fn the_model_catches_a_page_that_leaves_before_its_log_is_durable() {
     }
 }
 
+/// 3,000 random schedules with deaths and restarts (seeds from `base`; `nodes` nodes of
+/// `workers` workers, `pages` pages, `ops` operations a worker, restarts with `restart`
+/// chance), each simulation changed by `fault` first: those `picked` keeps, with each one's
+/// error if it failed.
+fn restart_runs(
+    base: u64,
+    (nodes, workers, pages, ops): (usize, usize, usize, usize),
+    (restart, evict): (f64, f64),
+    fault: impl Fn(&mut Sim),
+    picked: impl Fn(&Sim) -> bool,
+) -> Vec<Option<String>> {
+    (0..3000u64)
+        .filter_map(|seed| {
+            let mut rng = SmallRng::seed_from_u64(base + seed);
+            let scripts = random_scripts(&mut rng, nodes * workers, pages, ops);
+            let mut sim = Sim::new(nodes, pages, scripts);
+            sim.max_deaths = 2;
+            sim.death_chance = 0.05;
+            sim.restart_chance = restart;
+            fault(&mut sim);
+            let r = sim.run(&mut rng, evict).err();
+            picked(&sim).then_some(r)
+        })
+        .collect()
+}
+
+/// The schedules of `fine` (more than `least`) all passed, and some of `broken` failed:
+/// returns how many, and the first one's first line.
+fn caught(
+    fine: &[Option<String>],
+    least: usize,
+    broken: Vec<Option<String>>,
+    what: &str,
+) -> String {
+    assert!(
+        fine.len() > least,
+        "{what}: {} schedules picked",
+        fine.len()
+    );
+    assert!(
+        fine.iter().all(Option::is_none),
+        "{:?}",
+        fine.iter().flatten().next()
+    );
+    let broken: Vec<String> = broken.into_iter().flatten().collect();
+    let e = broken
+        .first()
+        .unwrap_or_else(|| panic!("{what}, unnoticed in 3000 runs"));
+    format!(
+        "caught in {} of {} schedules: {}",
+        broken.len(),
+        fine.len(),
+        e.lines().next().unwrap_or("")
+    )
+}
+
 /// The restart is checked, not assumed (issue 45, rejoin): when the live nodes keep their
 /// copies of the restarted node's pages (its recovered, empty directory does not know of
 /// them), some schedule must fail: a copy it does not know of meets one it grants. With the
@@ -3239,36 +3295,16 @@ fn the_model_catches_a_page_that_leaves_before_its_log_is_durable() {
 #[test]
 fn the_model_catches_a_restart_that_keeps_copies_of_the_restarted_nodes_pages() {
     let run = |keep: bool| {
-        (0..3000u64)
-            .filter_map(|seed| {
-                let mut rng = SmallRng::seed_from_u64(9_000_000 + seed);
-                let scripts = random_scripts(&mut rng, 3, 2, 12);
-                let mut sim = Sim::new(3, 2, scripts);
-                sim.max_deaths = 2;
-                sim.death_chance = 0.05;
-                sim.restart_chance = 0.2;
-                sim.keep_copies_at_restart = keep;
-                let r = sim.run(&mut rng, 0.1).err();
-                (sim.restarts > 0).then_some(r)
-            })
-            .collect::<Vec<_>>()
+        restart_runs(
+            9_000_000,
+            (3, 1, 2, 12),
+            (0.2, 0.1),
+            |sim| sim.keep_copies_at_restart = keep,
+            |sim| sim.restarts > 0,
+        )
     };
-    let fine = run(false);
-    assert!(fine.len() > 100, "restarts happened: {}", fine.len());
-    assert!(
-        fine.iter().all(Option::is_none),
-        "{:?}",
-        fine.iter().flatten().next()
-    );
-    let broken: Vec<String> = run(true).into_iter().flatten().collect();
-    let e = broken
-        .first()
-        .expect("copies of a restarted node's pages kept, unnoticed in 3000 runs");
-    eprintln!(
-        "caught in {} schedules: {}",
-        broken.len(),
-        e.lines().next().unwrap_or("")
-    );
+    let what = "copies of a restarted node's pages kept";
+    eprintln!("{}", caught(&run(false), 100, run(true), what));
 }
 
 /// The census of a page kept lost at a restart (`DirEntry::counted`) is what makes it safe
@@ -3278,35 +3314,17 @@ fn the_model_catches_a_restart_that_keeps_copies_of_the_restarted_nodes_pages() 
 #[test]
 fn the_model_catches_a_census_that_overlooks_a_live_copy() {
     let run = |overlook: bool| {
-        (0..3000u64)
-            .filter_map(|seed| {
-                let mut rng = SmallRng::seed_from_u64(11_000_000 + seed);
-                let scripts = random_scripts(&mut rng, 4, 1, 16);
-                let mut sim = Sim::new(4, 1, scripts);
-                sim.max_deaths = 2;
-                sim.death_chance = 0.05;
-                sim.restart_chance = 0.3;
-                sim.census_overlooks_copies = overlook;
-                let r = sim.run(&mut rng, 0.05).err();
-                (sim.censused > 0).then_some(r)
-            })
-            .collect::<Vec<_>>()
+        restart_runs(
+            11_000_000,
+            (4, 1, 1, 16),
+            (0.3, 0.05),
+            |sim| sim.census_overlooks_copies = overlook,
+            |sim| sim.censused > 0,
+        )
     };
-    let fine = run(false);
-    assert!(fine.len() > 20, "censuses happened: {}", fine.len());
-    assert!(
-        fine.iter().all(Option::is_none),
-        "{:?}",
-        fine.iter().flatten().next()
-    );
-    let broken: Vec<String> = run(true).into_iter().flatten().collect();
-    let e = broken
-        .first()
-        .expect("a census that overlooks live copies, unnoticed in 3000 runs");
+    let what = "a census that overlooks live copies";
     eprintln!(
-        "census overlooking copies: caught in {} of {} schedules with a census: {}",
-        broken.len(),
-        fine.len(),
-        e.lines().next().unwrap_or("")
+        "census overlooking copies: {}",
+        caught(&run(false), 20, run(true), what)
     );
 }
