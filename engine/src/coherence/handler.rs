@@ -284,6 +284,7 @@ impl Coherence {
             .fold(0u64, |m, n| m | (1 << n));
         if dead & !role.dead_seen != 0 {
             let new = dead & !role.dead_seen;
+            self.settles.died(new);
             self.driver
                 .counters
                 .deaths_noticed

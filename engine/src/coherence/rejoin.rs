@@ -71,6 +71,7 @@ impl Coherence {
                 Ok(back) => {
                     let brought = self.bring_back(buf, peer, &back.lost)?;
                     let counted = self.census(buf, peer, &back.kept)?;
+                    self.settles.took_back(peer);
                     self.driver.counters.rejoins.fetch_add(1, Ordering::Relaxed);
                     log::warn!(
                         "node {}: taking restarted node {peer} back: {} copies of its pages \
@@ -616,26 +617,31 @@ impl Coherence {
     /// leave is lost now (what `from` decides once it forgets `node` as the grant's source;
     /// the take-back here does the same), and its `Lost` report leaves before the answer.
     pub(super) fn on_settle(&self, buf: &Buffer, from: Node, node: Node, seq: u64) {
-        let done = node < self.nodes
-            && node != self.me
-            && !self.driver.ch.peer_alive(node)
-            && self.driver.dead_drained.load(Ordering::Acquire) & bit(node) != 0
-            && self.leases.fence_holds(node)
-            && self.pages.shards.iter().all(|shard| {
-                let mut shard = shard.lock();
-                shard
-                    .iter_mut()
-                    .filter(|(pid, _)| pid.node() == from)
-                    .all(|(&pid, ps)| {
-                        if ps.copy.asking_again
-                            && ps.copy.pending == Pending::Idle
-                            && ps.asked_after == Some(node)
-                        {
-                            self.lose(buf, pid, ps, node);
-                        }
-                        self.settled_page(ps, node)
-                    })
-            });
+        // alive here again: taken back already, which saw to all of this (a node that took it
+        // back first answered "not done" here, and the other's take-back waited in vain:
+        // seen in 4 of 12 runs of the single-rejoin process test beside a busy loop)
+        let taken_back = self.driver.ch.peer_alive(node) && self.settles.took(node);
+        let done = taken_back
+            || node < self.nodes
+                && node != self.me
+                && !self.driver.ch.peer_alive(node)
+                && self.driver.dead_drained.load(Ordering::Acquire) & bit(node) != 0
+                && self.leases.fence_holds(node)
+                && self.pages.shards.iter().all(|shard| {
+                    let mut shard = shard.lock();
+                    shard
+                        .iter_mut()
+                        .filter(|(pid, _)| pid.node() == from)
+                        .all(|(&pid, ps)| {
+                            if ps.copy.asking_again
+                                && ps.copy.pending == Pending::Idle
+                                && ps.asked_after == Some(node)
+                            {
+                                self.lose(buf, pid, ps, node);
+                            }
+                            self.settled_page(ps, node)
+                        })
+                });
         self.send_control(
             from,
             &Control::Settled {
@@ -739,10 +745,27 @@ struct TakenBack {
 #[derive(Default)]
 pub(super) struct Settles {
     seq: std::sync::atomic::AtomicU64,
+    /// Bit n: this node took restarted node n back and has not seen it die since (its
+    /// answer to a `Settle` about n is then "done": the take-back saw to it).
+    taken_back: std::sync::atomic::AtomicU64,
     answers: parking_lot::Mutex<std::collections::HashMap<(Node, Node), (u64, bool)>>,
 }
 
 impl Settles {
+    /// This node took restarted `n` back (in `take_back`, before it counts as alive here).
+    fn took_back(&self, n: Node) {
+        self.taken_back.fetch_or(bit(n), Ordering::AcqRel);
+    }
+
+    /// The handler saw the nodes in `dead` die.
+    pub(super) fn died(&self, dead: super::protocol::NodeSet) {
+        self.taken_back.fetch_and(!dead, Ordering::AcqRel);
+    }
+
+    fn took(&self, n: Node) -> bool {
+        self.taken_back.load(Ordering::Acquire) & bit(n) != 0
+    }
+
     /// A new question's number.
     fn next(&self) -> u64 {
         self.seq.fetch_add(1, Ordering::Relaxed) + 1
