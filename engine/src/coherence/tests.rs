@@ -742,6 +742,27 @@ fn kill_2_until_lost_at_home(c: &Cluster, w0: &crate::Worker, pid: Pid) {
     });
 }
 
+/// A page of node 0 (41 there, committed) that node 1 wrote 42 into and committed: node 0's
+/// and node 1's workers, and the page.
+fn written_42_at_node_1(c: &Cluster) -> (crate::Worker, crate::Worker, Pid) {
+    let w0 = c.node(0).worker();
+    let pid = page_holding_41(&w0);
+    w0.commit().unwrap();
+    let w1 = c.node(1).worker();
+    w1.exclusive(pid).unwrap().page_mut().set_u64(0, 42);
+    w1.commit().unwrap();
+    (w0, w1, pid)
+}
+
+/// Nodes 1 and 0, in this order, take restarted node 2 back (as its connections would).
+fn take_2_back(c: &Cluster) {
+    for i in [1, 0] {
+        let (node, coh) = (c.node(i).node(), c.node(i).node().coherence().unwrap());
+        coh.take_back(node.buffer(), 2)
+            .unwrap_or_else(|why| panic!("node {i} takes node 2 back: {why}"));
+    }
+}
+
 /// Three nodes over mem, each logging with durability `commit`, a 3 s remote timeout.
 fn logged_cluster(dir: &std::path::Path) -> Cluster {
     let d = dir.to_path_buf();
@@ -762,12 +783,7 @@ fn logged_cluster(dir: &std::path::Path) -> Cluster {
 fn a_page_lost_with_a_restarted_node_is_brought_back_from_the_logs() {
     let dir = tempfile::tempdir().unwrap();
     let c = logged_cluster(dir.path());
-    let w0 = c.node(0).worker();
-    let pid = page_holding_41(&w0);
-    w0.commit().unwrap();
-    let w1 = c.node(1).worker();
-    w1.exclusive(pid).unwrap().page_mut().set_u64(0, 42);
-    w1.commit().unwrap();
+    let (w0, w1, pid) = written_42_at_node_1(&c);
     {
         let w2 = c.node(2).worker();
         w2.exclusive(pid).unwrap().page_mut().set_u64(0, 43);
@@ -776,11 +792,7 @@ fn a_page_lost_with_a_restarted_node_is_brought_back_from_the_logs() {
     kill_2_until_lost_at_home(&c, &w0, pid);
     let err = w1.run(|w| w.shared(pid).map(|_| ())).unwrap_err();
     assert!(err.to_string().contains("node 2"), "{err}");
-    for i in [1, 0] {
-        let (node, coh) = (c.node(i).node(), c.node(i).node().coherence().unwrap());
-        coh.take_back(node.buffer(), 2)
-            .unwrap_or_else(|why| panic!("node {i} takes node 2 back: {why}"));
-    }
+    take_2_back(&c);
     let coh0 = c.node(0).node().coherence().unwrap();
     assert_eq!(
         coh0.driver
@@ -863,12 +875,7 @@ fn a_page_lost_with_a_restarted_node_whose_log_is_damaged_stays_lost_and_the_nod
 fn a_page_marked_lost_that_a_live_node_holds_is_served_from_it_after_a_census() {
     let dir = tempfile::tempdir().unwrap();
     let c = logged_cluster(dir.path());
-    let w0 = c.node(0).worker();
-    let pid = page_holding_41(&w0);
-    w0.commit().unwrap();
-    let w1 = c.node(1).worker();
-    w1.exclusive(pid).unwrap().page_mut().set_u64(0, 42);
-    w1.commit().unwrap();
+    let (w0, w1, pid) = written_42_at_node_1(&c);
     c.kill(2);
     let coh0 = c.node(0).node().coherence().unwrap();
     let coh1 = c.node(1).node().coherence().unwrap();
@@ -884,11 +891,7 @@ fn a_page_marked_lost_that_a_live_node_holds_is_served_from_it_after_a_census() 
     });
     let err = w0.run(|w| w.shared(pid).map(|_| ())).unwrap_err();
     assert!(err.to_string().contains("node 2"), "{err}");
-    for i in [1, 0] {
-        let (node, coh) = (c.node(i).node(), c.node(i).node().coherence().unwrap());
-        coh.take_back(node.buffer(), 2)
-            .unwrap_or_else(|why| panic!("node {i} takes node 2 back: {why}"));
-    }
+    take_2_back(&c);
     let counted = |c: &AtomicU64| c.load(Ordering::Relaxed);
     assert_eq!(counted(&coh0.driver.counters.pages_censused), 1);
     assert_eq!(counted(&coh0.driver.counters.pages_brought_back), 0);
