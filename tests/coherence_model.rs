@@ -1404,14 +1404,14 @@ impl Sim {
                 _ => {}
             },
             CtlKind::Lost { node } => {
+                // also when lost already (the reporter's refusal reached the home's own copy
+                // first, say): the report still tells who never got the page (the engine's
+                // handler does the same)
+                if self.lost[to][p].is_none_or(|n| n == node) {
+                    self.dirs[p].died_with(c.from, node);
+                }
                 if self.lost[to][p].is_none() {
-                    self.dirs[p].died_with(c.from, node);
                     self.mark_lost_home(p, node)?;
-                } else if self.lost[to][p] == Some(node) {
-                    // lost already (the reporter's refusal reached the home's own copy first,
-                    // say): the report still tells who never got the page (the engine's
-                    // handler does the same)
-                    self.dirs[p].died_with(c.from, node);
                 }
             }
             CtlKind::Found if self.knows(to, c.from) => {

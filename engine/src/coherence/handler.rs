@@ -161,20 +161,20 @@ impl Coherence {
                     let ps = shard
                         .entry(pid)
                         .or_insert_with(|| PageState::new(pid, self.me));
+                    // the reporter, named the holder (or the chain's middle node), never got
+                    // it: it died with `node`. Also when the page is lost here already (the
+                    // reporter's refusal of this node's own hand-over arrives before its
+                    // report, on the same channel), so that it can be brought back when
+                    // `node` restarts (seen in 2 of 20 kills)
+                    if ps.lost.is_none_or(|n| n == node) {
+                        ps.dir.died_with(from, node);
+                    }
                     if ps.lost.is_none() {
                         log::error!(
                             "node {}: page {pid} is lost with node {node} (reported by node {from})",
                             self.me
                         );
-                        // the reporter, named the holder, never got it: it died with `node`
-                        ps.dir.died_with(from, node);
                         self.mark_lost_home(pid, ps, node);
-                    } else if ps.lost == Some(node) {
-                        // lost here already (the reporter's refusal of this node's own
-                        // hand-over arrives before its report, on the same channel): the
-                        // report still says who never got the page, so that the page can be
-                        // brought back when `node` restarts (seen in 2 of 20 kills)
-                        ps.dir.died_with(from, node);
                     }
                     Self::wake(ps);
                 }

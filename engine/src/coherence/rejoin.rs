@@ -64,8 +64,11 @@ impl Coherence {
         let deadline = start + self.waiting.timeout;
         let mut told = Duration::ZERO;
         loop {
-            let attempt = self
-                .others_settled(peer)
+            // (the others are asked only once this node is ready itself: each question costs
+            // them a pass over their pages)
+            let handled = self.death_handled(&self.driver.role.lock(), peer);
+            let attempt = handled
+                .and_then(|()| self.others_settled(peer))
                 .and_then(|()| self.try_take_back(buf, peer));
             match attempt {
                 Ok(back) => {
@@ -118,23 +121,8 @@ impl Coherence {
     /// One attempt of [`take_back`](Self::take_back), under the handler role: everything
     /// but bringing lost pages back.
     fn try_take_back(&self, buf: &Buffer, peer: Node) -> Result<TakenBack, NotNow> {
-        if self.driver.ch.peer_alive(peer) {
-            return Err(NotNow::Yet(format!(
-                "node {peer} is still alive here (its death not noticed yet)"
-            )));
-        }
         let role = self.driver.role.lock();
-        let drained = self.driver.dead_drained.load(Ordering::Acquire);
-        if !role.handled(peer) || drained & bit(peer) == 0 {
-            return Err(NotNow::Yet(format!(
-                "node {peer}'s death is not handled here yet (fenced, its messages applied)"
-            )));
-        }
-        if self.leases.valid(peer) {
-            return Err(NotNow::Yet(format!(
-                "this node's lease on node {peer}'s pages has not run out yet"
-            )));
-        }
+        self.death_handled(&role, peer)?;
         // First look, change nothing: every page must be ready.
         for shard in self.pages.shards.iter() {
             for (&pid, ps) in shard.lock().iter() {
@@ -177,16 +165,10 @@ impl Coherence {
                     continue;
                 }
                 if pid.node() != peer {
-                    // A copy that asked again after the node died and whose request did not
-                    // leave: lost, as its home would decide now that the node is forgotten as
-                    // the grant's source (else the home, asked again, finds it the holder:
-                    // found by the model check). A copy lost with it elsewhere stays so until
-                    // its home says it brought it back (`Control::Found`, after any stale
-                    // message of the home about it, which the loss absorbs).
-                    if ps.copy.asking_again
-                        && ps.copy.pending == Pending::Idle
-                        && ps.asked_after == Some(peer)
-                    {
+                    // (`asked_unsent_after`.) A copy lost with it elsewhere stays so until its
+                    // home says it brought it back (`Control::Found`, after any stale message
+                    // of the home about it, which the loss absorbs).
+                    if asked_unsent_after(ps, peer) {
                         self.lose(buf, pid, ps, peer);
                     }
                     continue;
@@ -243,6 +225,28 @@ impl Coherence {
         self.driver.ch.reset_peer(peer);
         drop(role);
         Ok(back)
+    }
+
+    /// Whether `peer`'s old incarnation's death is handled here (`role`: the handler role,
+    /// held): noticed, fenced, everything it sent applied, this node's lease from it run out.
+    fn death_handled(&self, role: &super::handler::Role, peer: Node) -> Result<(), NotNow> {
+        if self.driver.ch.peer_alive(peer) {
+            return Err(NotNow::Yet(format!(
+                "node {peer} is still alive here (its death not noticed yet)"
+            )));
+        }
+        let drained = self.driver.dead_drained.load(Ordering::Acquire);
+        if !role.handled(peer) || drained & bit(peer) == 0 {
+            return Err(NotNow::Yet(format!(
+                "node {peer}'s death is not handled here yet (fenced, its messages applied)"
+            )));
+        }
+        if self.leases.valid(peer) {
+            return Err(NotNow::Yet(format!(
+                "this node's lease on node {peer}'s pages has not run out yet"
+            )));
+        }
+        Ok(())
     }
 
     /// In [`try_take_back`](Self::try_take_back): this home's page `pid` is lost with
@@ -350,6 +354,14 @@ impl Coherence {
         Self::wake(ps);
     }
 
+    /// The census of `pid` is over, the page still lost: the messages held for it go on.
+    fn end_census(&self, pid: Pid, ps: &mut PageState) {
+        ps.census = None;
+        if !ps.held.is_empty() {
+            self.pages.retry_later(pid);
+        }
+    }
+
     /// Tell the live nodes but restarted `peer` that this home's page `pid` is served again:
     /// a copy that lost it forgets the loss (`Control::Found`).
     fn tell_found(&self, pid: Pid, peer: Node) {
@@ -408,12 +420,13 @@ impl Coherence {
             }
         }
         // 2. The answers (applied by the handler: `on_has`).
+        let all_in = |a: &[(Node, Holds)]| others.iter().all(|&n| a.iter().any(|&(m, _)| m == n));
         let answered = |pid: Pid| {
             let shard = self.pages.shard(pid).lock();
             shard
                 .get(&pid)
-                .and_then(|ps| ps.census.as_ref())
-                .is_none_or(|a| others.iter().all(|&n| a.iter().any(|&(m, _)| m == n)))
+                .and_then(|ps| ps.census.as_deref())
+                .is_none_or(&all_in)
         };
         let deadline = Instant::now() + CENSUS_WAIT.min(self.waiting.timeout);
         while !kept.iter().all(|&pid| answered(pid)) && Instant::now() < deadline {
@@ -431,7 +444,7 @@ impl Coherence {
                 let Some(mut answers) = ps.census.take() else {
                     continue;
                 };
-                let all = others.iter().all(|&n| answers.iter().any(|&(m, _)| m == n));
+                let all = all_in(&answers);
                 // this node's own copy ended with the loss (`keep_lost`)
                 answers.push((self.me, ps.copy.holds()));
                 let counted = (all && ps.lost == Some(peer))
@@ -451,9 +464,7 @@ impl Coherence {
                                 ps.dir
                             ),
                         );
-                        if !ps.held.is_empty() {
-                            self.pages.retry_later(pid);
-                        }
+                        self.end_census(pid, ps);
                     }
                 }
             }
@@ -477,10 +488,7 @@ impl Coherence {
             };
             let unchanged = ps.lost == Some(peer) && ps.dir == before;
             if !unchanged || (c.from_logs && written.is_err()) {
-                ps.census = None;
-                if !ps.held.is_empty() {
-                    self.pages.retry_later(pid);
-                }
+                self.end_census(pid, ps);
                 stays(
                     pid,
                     "its state changed during the census, or the logs failed",
@@ -633,13 +641,10 @@ impl Coherence {
                         .iter_mut()
                         .filter(|(pid, _)| pid.node() == from)
                         .all(|(&pid, ps)| {
-                            if ps.copy.asking_again
-                                && ps.copy.pending == Pending::Idle
-                                && ps.asked_after == Some(node)
-                            {
+                            if asked_unsent_after(ps, node) {
                                 self.lose(buf, pid, ps, node);
                             }
-                            self.settled_page(ps, node)
+                            !waits_on(ps, node) && !ps.held.iter().any(|n| n.from == node)
                         })
                 });
         self.send_control(
@@ -650,16 +655,6 @@ impl Coherence {
                 done: u8::from(done),
             },
         );
-    }
-
-    /// Whether this node's state of another home's page no longer counts on dead `node`.
-    fn settled_page(&self, ps: &PageState, node: Node) -> bool {
-        let from_it = |n: &super::Note| n.from == node;
-        let waits_on_it = ps.copy.pending != Pending::Idle
-            && (ps.page_from == Some(node) || ps.asked_after == Some(node));
-        !waits_on_it
-            && !ps.copy.deferred.iter().any(|d| d.involves(node))
-            && !ps.held.iter().any(from_it)
     }
 
     /// Whether `pid`'s state lets `peer`'s old incarnation go (see [`take_back`]).
@@ -699,9 +694,7 @@ impl Coherence {
             // brought back from the logs (`bring_back`)
             return Ok(());
         }
-        let waits_on_it = ps.copy.pending != Pending::Idle
-            && (ps.page_from == Some(peer) || ps.asked_after == Some(peer));
-        if ps.copy.deferred.iter().any(|d| d.involves(peer)) || waits_on_it {
+        if waits_on(ps, peer) {
             return Err(NotNow::Yet(format!(
                 "this node's copy of page {pid} still waits on node {peer}'s old incarnation"
             )));
@@ -803,6 +796,21 @@ struct Censused {
 
 /// How long a census waits for the live nodes' answers (at most the remote timeout).
 const CENSUS_WAIT: Duration = Duration::from_secs(2);
+
+/// Whether this node's copy (of another home's page) waits on dead `node`: for its page or
+/// its answer, or with a message of it deferred.
+fn waits_on(ps: &PageState, node: Node) -> bool {
+    let pending_on_it = ps.copy.pending != Pending::Idle
+        && (ps.page_from == Some(node) || ps.asked_after == Some(node));
+    pending_on_it || ps.copy.deferred.iter().any(|d| d.involves(node))
+}
+
+/// Whether this node's copy asked again after `node` died and its request did not leave:
+/// lost once its home forgets `node` as the grant's source (else the home, asked again, finds
+/// it the holder: found by the model check).
+fn asked_unsent_after(ps: &PageState, node: Node) -> bool {
+    ps.copy.asking_again && ps.copy.pending == Pending::Idle && ps.asked_after == Some(node)
+}
 
 /// Whether this home's page `pid` is lost with `peer`: marked so, or still held by it (its
 /// directory names it the exclusive holder, and no reclaim from a live source is in progress).
