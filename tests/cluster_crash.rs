@@ -527,3 +527,172 @@ fn a_node_whose_peer_died_checkpoints_past_it_carrying_its_records_of_the_pages_
     drop(w);
     c.close().unwrap();
 }
+
+/// The cluster of the in-process restart test: three nodes over tcp on loopback, logging
+/// with durability `commit`, small caches (pages move and are evicted all the time).
+fn tcp_cluster(dir: &Path) -> Cluster {
+    Cluster::builder(NODES, dir)
+        .cache_bytes(1 << 20)
+        .remote_timeout(Duration::from_secs(3))
+        .configure(|_, c| {
+            c.durability = Durability::Commit;
+            c.free_target_percent = 10;
+        })
+        .tcp_loopback()
+        .expect("a tcp cluster on loopback")
+}
+
+/// What one incrementing worker did to word `g` of each page: increments acknowledged (its
+/// commit returned), and increments made but not acknowledged (the commit, or the guard's
+/// release, failed: the change may or may not have lasted).
+struct Increments {
+    acked: Vec<u64>,
+    unsure: Vec<u64>,
+    errors: u64,
+}
+
+/// Increment word `g` of random pages from `w` until `stop` (or, with `until_error`, until
+/// the first error: the worker of the node that crashes).
+fn increment(
+    w: Worker,
+    g: usize,
+    pids: Vec<Pid>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    until_error: bool,
+) -> Increments {
+    use std::sync::atomic::Ordering;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(g as u64 + 7);
+    let mut done = Increments {
+        acked: vec![0; pids.len()],
+        unsure: vec![0; pids.len()],
+        errors: 0,
+    };
+    while !stop.load(Ordering::Relaxed) {
+        let i = rng.random_range(0..pids.len());
+        let made = match w.run(|w| w.exclusive(pids[i])) {
+            Ok(mut x) => {
+                let v = x.page().u64(g * 8);
+                x.page_mut().set_u64(g * 8, v + 1);
+                true
+            }
+            Err(_) => false,
+        };
+        let acked = made && w.commit().is_ok();
+        match (made, acked) {
+            (true, true) => done.acked[i] += 1,
+            (true, false) => done.unsure[i] += 1,
+            _ => {}
+        }
+        if !acked {
+            done.errors += 1;
+            if until_error {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    done
+}
+
+/// Issue 45, rejoin in one process (`Cluster::crash`, `Cluster::restart`): node 2 of a tcp
+/// cluster crashes (as under kill -9) while a worker on each node increments counters on
+/// every node's pages; the two others go on incrementing; node 2 restarts into the running
+/// cluster (the others are not restarted), a new worker on it goes on; at the end every
+/// counter holds every acknowledged increment and at most the unacknowledged ones on top,
+/// read from every node, and the cluster closes cleanly.
+#[test]
+fn a_crashed_node_of_a_tcp_cluster_restarts_into_it_in_one_process_and_loses_no_acknowledged_increment(
+) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = tcp_cluster(dir.path());
+    let mut pids = Vec::new();
+    for n in 0..NODES {
+        let w = c.node(n).worker();
+        for _ in 0..60 {
+            pids.push(w.allocate().expect("allocate").pid());
+        }
+        w.commit().expect("the new pages are durable");
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let spawn = |c: &Cluster, g: usize, until_error: bool| {
+        let (w, pids, stop) = (c.node(g).worker(), pids.clone(), Arc::clone(&stop));
+        std::thread::spawn(move || increment(w, g, pids, stop, until_error))
+    };
+    let survivors: Vec<_> = (0..2).map(|g| spawn(&c, g, false)).collect();
+    let doomed = spawn(&c, 2, true);
+    std::thread::sleep(Duration::from_millis(800));
+    c.crash(2);
+    assert!(c.crashed(2));
+    let before = doomed.join().unwrap();
+    assert!(
+        before.acked.iter().sum::<u64>() > 0,
+        "node 2's worker made increments before the crash"
+    );
+    // the survivors go on meanwhile (the pages that need node 2 fail, the others are served)
+    std::thread::sleep(Duration::from_millis(1500));
+    let noticed: u64 = (0..2)
+        .map(|i| c.node(i).protocol_stats().deaths_noticed)
+        .sum();
+    assert!(noticed >= 2, "both survivors noticed the death ({noticed})");
+    let t0 = Instant::now();
+    c.restart(2)
+        .expect("node 2 restarts into the running cluster");
+    let took = t0.elapsed();
+    assert!(
+        c.node(2).rejoined(),
+        "node 2 was taken back, not started afresh"
+    );
+    assert!(!c.crashed(2));
+    let after = spawn(&c, 2, false);
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    let mut by: Vec<Increments> = survivors.into_iter().map(|h| h.join().unwrap()).collect();
+    let again = after.join().unwrap();
+    assert!(
+        again.acked.iter().sum::<u64>() > 0,
+        "the restarted node's worker made increments"
+    );
+    // worker 2's word: its increments before the crash and after the restart
+    let mut two = before;
+    for i in 0..pids.len() {
+        two.acked[i] += again.acked[i];
+        two.unsure[i] += again.unsure[i];
+    }
+    two.errors += again.errors;
+    by.push(two);
+    for reader in 0..NODES {
+        let w = c.node(reader).worker();
+        for (i, &p) in pids.iter().enumerate() {
+            let g = w
+                .run(|w| w.shared(p))
+                .unwrap_or_else(|e| panic!("node {reader} reads page {p} after the rejoin: {e}"));
+            for (k, d) in by.iter().enumerate() {
+                let v = g.page().u64(k * 8);
+                assert!(
+                    v >= d.acked[i] && v <= d.acked[i] + d.unsure[i],
+                    "page {p} (home {}), worker {k}'s word read on node {reader}: {v}, {} \
+                     acknowledged and {} unsure increments",
+                    p.node(),
+                    d.acked[i],
+                    d.unsure[i]
+                );
+            }
+        }
+    }
+    let s: Vec<_> = (0..NODES).map(|i| c.node(i).protocol_stats()).collect();
+    eprintln!(
+        "restart took {:.2} s; increments acknowledged by worker: {:?}, errors {:?}; rejoins \
+         {}, pages brought back {}",
+        took.as_secs_f64(),
+        by.iter()
+            .map(|d| d.acked.iter().sum::<u64>())
+            .collect::<Vec<_>>(),
+        by.iter().map(|d| d.errors).collect::<Vec<_>>(),
+        s.iter().map(|s| s.rejoins).sum::<u64>(),
+        s.iter().map(|s| s.pages_brought_back).sum::<u64>(),
+    );
+    c.close()
+        .expect("the cluster closes cleanly after the rejoin");
+}

@@ -15,9 +15,10 @@ use crate::error::EngineError;
 use crate::node::Membership;
 use crate::pid::MAX_NODES;
 use shoal_messaging::{mem_cluster, ChannelLayout, MemTransport, Transport, WaitMode};
+use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long a clean shutdown waits for foreign pages to go home.
 pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -88,22 +89,28 @@ impl ClusterBuilder {
     }
 
     /// Open the nodes in this process, connected over tcp on loopback (free ports, a fresh
-    /// cluster secret): the same wire path as a cluster of processes, in one process.
+    /// cluster secret): the same wire path as a cluster of processes, in one process. A node
+    /// of such a cluster can crash and restart into it ([`Cluster::crash`],
+    /// [`Cluster::restart`]).
     pub fn tcp_loopback(self) -> Result<Cluster, EngineError> {
-        use shoal_messaging::{free_loopback_addrs, TcpConfig, TcpTransport};
+        use shoal_messaging::free_loopback_addrs;
         if self.nodes == 0 || self.nodes > MAX_NODES {
             return Err(EngineError::Config(format!(
                 "a cluster has 1 to {MAX_NODES} nodes, got {}",
                 self.nodes
             )));
         }
-        let io = |what: &str, e: std::io::Error| EngineError::Config(format!("{what}: {e}"));
         let addrs = free_loopback_addrs(self.nodes).map_err(|e| io("free loopback ports", e))?;
         let secret = crate::cluster_file::new_secret_hex()
             .map_err(|e| io("a cluster secret", e))?
             .into_bytes();
-        let layout = ChannelLayout::new(self.nodes as u8);
-        let listeners = addrs
+        let mesh = Arc::new(TcpMesh {
+            addrs,
+            secret,
+            cluster_id: u64::from(std::process::id()),
+        });
+        let listeners = mesh
+            .addrs
             .iter()
             .map(|a| {
                 std::net::TcpListener::bind(a).map_err(|e| io(&format!("listening on {a}"), e))
@@ -114,20 +121,8 @@ impl ClusterBuilder {
             .into_iter()
             .enumerate()
             .map(|(i, l)| {
-                let mut cfg = TcpConfig::new(i as u8, u64::from(std::process::id()), addrs.clone());
-                cfg.secret = secret.clone();
-                cfg.messages_version = crate::coherence::wire::WIRE_VERSION;
-                let region = layout.region();
-                std::thread::spawn(move || -> Result<Arc<dyn Transport>, EngineError> {
-                    let region = region
-                        .map_err(|e| EngineError::Config(format!("cluster messaging: {e}")))?;
-                    TcpTransport::start(cfg, l, Arc::new(region))
-                        .map(|t| t as Arc<dyn Transport>)
-                        .map_err(|e| EngineError::Join {
-                            node: i as u8,
-                            why: e.to_string(),
-                        })
-                })
+                let mesh = Arc::clone(&mesh);
+                std::thread::spawn(move || mesh.start(i as u8, l))
             })
             .collect();
         let mut transports = Vec::with_capacity(starts.len());
@@ -136,7 +131,64 @@ impl ClusterBuilder {
                 EngineError::Config("a transport's start-up thread panicked".into())
             })??);
         }
-        Cluster::over(transports, self.remote_timeout, |i| self.config(i))
+        let mut c = Cluster::over(transports, self.remote_timeout, |i| self.config(i))?;
+        c.tcp = Arc::into_inner(mesh);
+        Ok(c)
+    }
+}
+
+/// An io error of setting a cluster up, as a configuration error saying `what` failed.
+fn io(what: &str, e: std::io::Error) -> EngineError {
+    EngineError::Config(format!("{what}: {e}"))
+}
+
+/// What connects a node of a [`ClusterBuilder::tcp_loopback`] cluster to the others, at the
+/// cluster's start and again when the node restarts.
+struct TcpMesh {
+    addrs: Vec<std::net::SocketAddr>,
+    secret: Vec<u8>,
+    cluster_id: u64,
+}
+
+/// How long a restarting node tries to listen on its address again (its crashed
+/// predecessor's listener closes within a few milliseconds of the crash).
+const RELISTEN_FOR: Duration = Duration::from_secs(5);
+
+impl TcpMesh {
+    /// Node `i`'s transport, listening on `listener`: blocks until every peer is connected
+    /// (at a restart, until every live peer took the node back).
+    fn start(&self, i: u8, listener: TcpListener) -> Result<Arc<dyn Transport>, EngineError> {
+        use shoal_messaging::{TcpConfig, TcpTransport};
+        let mut cfg = TcpConfig::new(i, self.cluster_id, self.addrs.clone());
+        cfg.secret = self.secret.clone();
+        cfg.messages_version = crate::coherence::wire::WIRE_VERSION;
+        let region = ChannelLayout::new(self.addrs.len() as u8)
+            .region()
+            .map_err(|e| EngineError::Config(format!("cluster messaging: {e}")))?;
+        TcpTransport::start(cfg, listener, Arc::new(region))
+            .map(|t| t as Arc<dyn Transport>)
+            .map_err(|e| EngineError::Join {
+                node: i,
+                why: e.to_string(),
+            })
+    }
+
+    /// Listen on node `i`'s address again (a restart), retrying while the crashed
+    /// predecessor's listener is still open.
+    fn listen_again(&self, i: u8) -> Result<TcpListener, EngineError> {
+        let addr = self.addrs[i as usize];
+        let t0 = Instant::now();
+        loop {
+            match TcpListener::bind(addr) {
+                Ok(l) => return Ok(l),
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AddrInUse && t0.elapsed() < RELISTEN_FOR =>
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => return Err(io(&format!("node {i}: listening on {addr} again"), e)),
+            }
+        }
     }
 }
 
@@ -145,6 +197,11 @@ impl ClusterBuilder {
 pub struct Cluster {
     nodes: Vec<Engine>,
     mem: Option<Arc<MemTransport>>,
+    /// How a node connects again when it restarts (clusters over tcp on loopback).
+    tcp: Option<TcpMesh>,
+    /// Each node's configuration, to open it again when it restarts.
+    cfgs: Vec<EngineConfig>,
+    remote_timeout: Duration,
     closed: std::sync::atomic::AtomicBool,
 }
 
@@ -212,7 +269,7 @@ impl Cluster {
                 .filter_map(|j| logs[j].clone())
                 .collect();
         }
-        for (t, c) in transports.into_iter().zip(cfgs) {
+        for (t, c) in transports.into_iter().zip(cfgs.iter().cloned()) {
             nodes.push(Engine::open_member(
                 c,
                 Membership {
@@ -225,6 +282,9 @@ impl Cluster {
         Ok(Cluster {
             nodes,
             mem: None,
+            tcp: None,
+            cfgs,
+            remote_timeout,
             closed: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -246,6 +306,77 @@ impl Cluster {
         }
     }
 
+    /// Crash node `i` as kill -9 would ([`Engine`]'s threads stop, its connections close,
+    /// dirty pages in its cache are lost, its store stays unclean, its log keeps what was
+    /// written to it): the other nodes notice its death and go on (docs/cluster.md,
+    /// "Failures"). Its workers' page accesses fail with [`EngineError::Shutdown`]; drop them
+    /// before [`Cluster::restart`]. Crashing a crashed node does nothing.
+    pub fn crash(&self, i: usize) {
+        let Some(e) = self.nodes.get(i) else { return };
+        if let Some(t) = &self.mem {
+            t.kill(i as u8);
+        }
+        e.crash();
+    }
+
+    /// Whether node `i` crashed ([`Cluster::crash`]) and was not restarted since.
+    pub fn crashed(&self, i: usize) -> bool {
+        self.nodes.get(i).is_some_and(|e| e.is_closed()) && !self.is_closed()
+    }
+
+    /// Start crashed node `i` again into the running cluster, as `shoal node` restarted with
+    /// the same command line: it connects to the live nodes (they take it back), recovers
+    /// from its log and the others' (pages it lost are brought back), rebuilds the directory
+    /// of its home pages from what the others hold, and serves again (docs/cluster.md,
+    /// "Failures"). Blocks until it is open. Only a cluster over tcp
+    /// ([`ClusterBuilder::tcp_loopback`]) restarts nodes: a `mem` cluster's nodes share one
+    /// process's transport, and the caller's transports ([`Cluster::over`]) cannot be built
+    /// again here.
+    pub fn restart(&mut self, i: usize) -> Result<(), EngineError> {
+        let n = self.nodes.len();
+        if i >= n {
+            return Err(EngineError::Config(format!(
+                "node {i} restarts, but the cluster has {n} nodes"
+            )));
+        }
+        if self.is_closed() {
+            return Err(EngineError::Shutdown);
+        }
+        if !self.crashed(i) {
+            return Err(EngineError::Config(format!(
+                "node {i} restarts, but it is running (crash it first: Cluster::crash)"
+            )));
+        }
+        let Some(tcp) = &self.tcp else {
+            return Err(EngineError::Config(format!(
+                "node {i} restarts, but only a cluster over tcp restarts nodes \
+                 (ClusterBuilder::tcp_loopback): the nodes of a mem cluster share one transport, \
+                 and the transports of Cluster::over cannot be built again here"
+            )));
+        };
+        let t0 = Instant::now();
+        let transport = tcp.start(i as u8, tcp.listen_again(i as u8)?)?;
+        let engine = Engine::open_member(
+            self.cfgs[i].clone(),
+            Membership {
+                transport,
+                mode: WaitMode::Park,
+                remote_timeout: self.remote_timeout,
+            },
+        )?;
+        log::warn!(
+            "node {i} restarted into the running cluster in {:.2} s",
+            t0.elapsed().as_secs_f64()
+        );
+        // the crashed engine is closed already: dropping it writes nothing
+        self.nodes[i] = engine;
+        Ok(())
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Clean shutdown (see module docs). Workers must have dropped their guards. Calling it
     /// again does nothing; every node access afterwards fails with [`EngineError::Shutdown`].
     pub fn close(&self) -> Result<(), EngineError> {
@@ -258,7 +389,16 @@ impl Cluster {
             return Ok(());
         }
         let mut first = None;
-        for e in &self.nodes {
+        // a crashed node is not touched again (nothing more reaches its store or log): the
+        // others' pages it held stay lost, and their stores stay unclean
+        let live: Vec<&Engine> = self.nodes.iter().filter(|e| !e.is_closed()).collect();
+        for (i, e) in self.nodes.iter().enumerate() {
+            if e.is_closed() {
+                log::error!("closing the cluster while node {i} is crashed");
+                first.get_or_insert(EngineError::PeerDead { node: i as u8 });
+            }
+        }
+        for e in &live {
             if let Err(err) = e.send_pages_home(limit) {
                 // close the nodes anyway (their stores then stay marked unclean, as they must)
                 log::error!("node {}: sending pages home: {err}", e.node_id());
@@ -267,18 +407,18 @@ impl Cluster {
         }
         // every page is home, logged whole where it arrived dirty: each log is made durable
         // before any node's last checkpoint drops its records of pages it handed over
-        for e in &self.nodes {
+        for e in &live {
             if let Err(err) = e.flush_log() {
                 log::error!("node {}: flushing its log: {err}", e.node_id());
                 first.get_or_insert(err);
             }
         }
         if first.is_none() {
-            for e in &self.nodes {
+            for e in &live {
                 e.peers_flushed();
             }
         }
-        for e in &self.nodes {
+        for e in &live {
             if let Err(err) = e.close() {
                 log::error!("closing node {}: {err}", e.node_id());
                 first.get_or_insert(err);

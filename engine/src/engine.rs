@@ -269,6 +269,43 @@ impl Engine {
         r
     }
 
+    /// Stop as a killed process stops (kill -9), for crash tests in one process
+    /// ([`crate::Cluster::crash`]): the node's connections close first (peers see it die),
+    /// then its threads stop without writing anything more: dirty pages in its cache are
+    /// lost, its store stays marked unclean and its log holds what was written to it so far
+    /// (as after kill -9, which keeps what reached the file). The data directory's lock is
+    /// released, so the node can be opened again in this process, recovering from its log.
+    /// Page accesses through its workers fail with [`EngineError::Shutdown`] from now on.
+    pub(crate) fn crash(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let node = &self.node;
+        node.cut_off();
+        node.buffer().shut_down();
+        if let Some(h) = self.provider.lock().take() {
+            if h.join().is_err() {
+                log::error!("the page provider thread panicked");
+            }
+        }
+        if let Some(h) = self.log_writer.lock().take() {
+            if let Some(l) = node.log() {
+                l.stop_writer();
+            }
+            if h.join().is_err() {
+                log::error!("the log writer thread panicked");
+            }
+        }
+        node.stop_handler(self.handler.lock().take());
+        node.release_lock();
+        log::warn!("node {} crashed (as under kill -9)", node.id());
+    }
+
+    /// Whether the engine was closed or crashed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
     fn close_store(&self) -> Result<(), EngineError> {
         let (node, buf) = (&self.node, &self.node.buffer());
         buf.shut_down();

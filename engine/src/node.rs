@@ -542,6 +542,14 @@ impl Node {
         }
     }
 
+    /// Close every connection at once, sending nothing more (a crash, `Engine::crash`):
+    /// peers see this node die.
+    pub fn cut_off(&self) {
+        if let Some(c) = &self.coh {
+            c.driver().ch.transport().leave(Duration::ZERO);
+        }
+    }
+
     /// Pages homed here that other nodes hold (0 for a single node): while there are any,
     /// this node's store is not current.
     pub fn homed_pages_away(&self) -> usize {
