@@ -682,15 +682,22 @@ fn a_crashed_node_of_a_tcp_cluster_restarts_into_it_in_one_process_and_loses_no_
         }
     }
     let s: Vec<_> = (0..NODES).map(|i| c.node(i).protocol_stats()).collect();
+    assert_eq!(
+        (s[0].rejoins, s[1].rejoins),
+        (1, 1),
+        "each survivor took node 2 back once"
+    );
     eprintln!(
-        "restart took {:.2} s; increments acknowledged by worker: {:?}, errors {:?}; rejoins \
-         {}, pages brought back {}",
+        "restart took {:.2} s (take-backs {} and {} ms, the restarted node's open {} ms); \
+         increments acknowledged by worker: {:?}, errors {:?}; pages brought back {}",
         took.as_secs_f64(),
+        s[0].longest_take_back_ms,
+        s[1].longest_take_back_ms,
+        s[2].rejoin_ms,
         by.iter()
             .map(|d| d.acked.iter().sum::<u64>())
             .collect::<Vec<_>>(),
         by.iter().map(|d| d.errors).collect::<Vec<_>>(),
-        s.iter().map(|s| s.rejoins).sum::<u64>(),
         s.iter().map(|s| s.pages_brought_back).sum::<u64>(),
     );
     c.close()

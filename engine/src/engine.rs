@@ -57,6 +57,7 @@ impl Engine {
     }
 
     fn open_with(cfg: EngineConfig, member: Option<Membership>) -> Result<Engine, EngineError> {
+        let t0 = Instant::now();
         cfg.validate()?;
         let lock = prepare_data_dir(&cfg)?;
         let store = store_config(&cfg, member.is_some());
@@ -92,6 +93,22 @@ impl Engine {
             node.buffer().free_target,
             node.buffer().store().backend()
         );
+        if let Some(c) = node
+            .coherence()
+            .filter(|c| c.driver().ch.transport().taken_back())
+        {
+            let took = t0.elapsed();
+            c.driver()
+                .counters
+                .rejoin_ms
+                .store(took.as_millis() as u64, Ordering::Relaxed);
+            log::warn!(
+                "node {}: rejoined the running cluster: taken back, recovered from the logs and \
+                 serving again {} ms after its open began",
+                node.id(),
+                took.as_millis()
+            );
+        }
         let engine = Engine {
             node,
             provider: Mutex::new(Some(handle)),

@@ -143,6 +143,15 @@ pub struct ProtocolStats {
     /// not bring back, those served again after every live node said what it holds of them
     /// (the census: brought back from the logs, or found held by a live node).
     pub pages_censused: u64,
+    /// The longest take-back of a restarted peer here, in milliseconds: from its connection
+    /// attempt until this node took it back (waiting for this node's fence and the others'
+    /// `Settle`, bringing pages back, the census).
+    pub longest_take_back_ms: u64,
+    /// This node restarted into a running cluster: milliseconds its open took, from the live
+    /// nodes having taken it back (its connections) until it served again (its store
+    /// recovered from every node's log); 0 otherwise. The take-back before it: the running
+    /// nodes' `longest_take_back_ms`.
+    pub rejoin_ms: u64,
     /// Invalidation acks of dead sharers counted as given once their fence held (an upgrade
     /// that waited for one completes instead of losing the page).
     pub acks_of_fenced: u64,

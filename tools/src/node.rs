@@ -551,6 +551,8 @@ fn check(
         "checkpoints_past_dead": p.checkpoints_past_dead,
         "records_carried": p.records_carried,
         "rejoins": p.rejoins,
+        "longest_take_back_ms": p.longest_take_back_ms,
+        "rejoin_ms": p.rejoin_ms,
         "pages_brought_back": p.pages_brought_back,
         "pages_censused": p.pages_censused,
         "acks_of_fenced": p.acks_of_fenced,

@@ -951,7 +951,7 @@ fn rejoin_once(node_2_increments: bool) {
     );
     for i in 0..2 {
         assert!(
-            output(&paths, i).contains("taking restarted node 2 back"),
+            output(&paths, i).contains("took restarted node 2 back"),
             "node {i}; every node's output:\n{}",
             outputs(&paths)
         );

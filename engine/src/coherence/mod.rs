@@ -297,6 +297,10 @@ pub struct CoherenceCounters {
     pub pages_brought_back: AtomicU64,
     /// See [`crate::stats::ProtocolStats::pages_censused`].
     pub pages_censused: AtomicU64,
+    /// See [`crate::stats::ProtocolStats::longest_take_back_ms`].
+    pub longest_take_back_ms: AtomicU64,
+    /// See [`crate::stats::ProtocolStats::rejoin_ms`].
+    pub rejoin_ms: AtomicU64,
     /// See [`crate::stats::ProtocolStats::acks_of_fenced`].
     pub acks_of_fenced: AtomicU64,
 }
@@ -336,6 +340,8 @@ impl CoherenceCounters {
             rejoins: l(&self.rejoins),
             pages_brought_back: l(&self.pages_brought_back),
             pages_censused: l(&self.pages_censused),
+            longest_take_back_ms: l(&self.longest_take_back_ms),
+            rejoin_ms: l(&self.rejoin_ms),
             acks_of_fenced: l(&self.acks_of_fenced),
         }
     }

@@ -75,9 +75,13 @@ impl Coherence {
                     let brought = self.bring_back(buf, peer, &back.lost)?;
                     let counted = self.census(buf, peer, &back.kept)?;
                     self.settles.took_back(peer);
-                    self.driver.counters.rejoins.fetch_add(1, Ordering::Relaxed);
+                    let c = &self.driver.counters;
+                    c.rejoins.fetch_add(1, Ordering::Relaxed);
+                    let took = start.elapsed();
+                    c.longest_take_back_ms
+                        .fetch_max(took.as_millis() as u64, Ordering::Relaxed);
                     log::warn!(
-                        "node {}: taking restarted node {peer} back: {} copies of its pages \
+                        "node {}: took restarted node {peer} back in {} ms: {} copies of its pages \
                          dropped here ({} of them changed: their changes are in this node's \
                          log, which its recovery reads); {} pages of this node lost with it \
                          brought back from the logs ({brought} of them newer than the store's \
@@ -85,6 +89,7 @@ impl Coherence {
                          again after the live nodes said what they hold of them ({} found held \
                          by one), {} kept lost",
                         self.me,
+                        took.as_millis(),
                         back.dropped,
                         back.changed,
                         back.lost.len(),
