@@ -703,3 +703,95 @@ fn a_crashed_node_of_a_tcp_cluster_restarts_into_it_in_one_process_and_loses_no_
     c.close()
         .expect("the cluster closes cleanly after the rejoin");
 }
+
+/// A home whose checkpoints cannot finish (a dead peer, `checkpoint_past_dead_peers` off)
+/// keeps getting its pages evicted home dirty by a live peer, each to be logged whole on
+/// arrival. Once its log is nearly full it declines them (the evicting node keeps its copy)
+/// instead of logging them into the room its checkpoints need: its handler goes on serving
+/// (no request waits for it), its log does not fail, and its own changes fail with the
+/// checkpoint's cause.
+#[test]
+fn a_home_whose_log_is_nearly_full_declines_pages_evicted_home_instead_of_stalling() {
+    let dir = tempfile::tempdir().unwrap();
+    // only node 0's checkpoints wait for the dead node
+    let c = Cluster::builder(NODES, dir.path())
+        .cache_bytes(1 << 20)
+        .remote_timeout(Duration::from_secs(20))
+        .configure(move |i, c| {
+            c.durability = Durability::Commit;
+            c.wal_bytes = 2 << 20;
+            c.free_target_percent = 10;
+            c.checkpoint_past_dead_peers = i != 0;
+        })
+        .mem()
+        .unwrap();
+    let pids = pages(&c, dir.path());
+    let homed_0: Vec<Pid> = pids.iter().copied().filter(|p| p.node() == 0).collect();
+    c.kill(2);
+    let w1 = c.node(1).worker();
+    let fill = [0x5au8; 2048];
+    let t0 = Instant::now();
+    let (mut commits, mut errors) = (0u64, Vec::new());
+    // more of node 0's pages than node 1's cache holds: node 1 evicts them home dirty
+    while t0.elapsed() < Duration::from_secs(12) {
+        let p = homed_0[(commits as usize + errors.len()) % homed_0.len()];
+        let r = w1
+            .run(|w| {
+                let mut g = w.exclusive(p)?;
+                g.page_mut().write(64, &fill);
+                Ok(())
+            })
+            .and_then(|()| w1.commit());
+        match r {
+            Ok(()) => commits += 1,
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    let declined = c.node(0).protocol_stats().evictions_declined_for_log;
+    // node 0's handler still answers at once
+    let t1 = Instant::now();
+    let r = w1.run(|w| w.shared(homed_0[0]).map(drop));
+    let answered = t1.elapsed();
+    assert!(
+        answered < Duration::from_secs(5),
+        "node 0 answered a read in {answered:?} ({r:?}); node 1 made {commits} commits, errors: {:?}",
+        &errors[..errors.len().min(3)]
+    );
+    assert!(
+        !errors.iter().any(|e| e.contains("no answer")),
+        "a request waited for node 0's handler: {:?}",
+        &errors[..errors.len().min(3)]
+    );
+    // node 1 keeps the copies node 0 declined; its checkpoint, which must log them whole,
+    // fails with a clear cause when they do not fit, instead of waiting for room that only
+    // it could make (its log would fail after 30 s)
+    assert!(
+        !errors
+            .iter()
+            .any(|e| e.contains("none finished in time") || e.contains("earlier log write failed")),
+        "node 1's log failed: {:?}",
+        &errors[..errors.len().min(3)]
+    );
+    assert!(c.node(1).protocol_stats().evictions_declined >= declined);
+    assert!(
+        declined > 0,
+        "node 0 declined no eviction ({commits} commits, errors {:?})",
+        &errors[..errors.len().min(3)]
+    );
+    // node 0's log did not fail: its changes fail with why its checkpoints fail
+    let w0 = c.node(0).worker();
+    let mine = w0.run(|w| {
+        let mut g = w.exclusive(homed_0[1])?;
+        g.page_mut().write(64, &fill);
+        Ok(())
+    });
+    let err = mine.expect_err("node 0's log is nearly full").to_string();
+    assert!(err.contains("node 2"), "{err}");
+    eprintln!(
+        "node 1: {commits} commits, {} errors (first {:?}); node 0 declined {declined} \
+         evictions, answered a read in {answered:?}",
+        errors.len(),
+        errors.first()
+    );
+    drop((w0, w1));
+}

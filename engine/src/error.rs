@@ -79,6 +79,13 @@ pub enum EngineError {
          Engine::leave); the next open recovers from the logs"
     )]
     Unfenced { node: u8 },
+    #[error("node {node}: a checkpoint must log whole the {pages} pages of other homes this node holds dirty ({need_kib} KiB), more than its log has free ({free_kib} KiB): they leave as the provider evicts them home (once their homes take them), and the checkpoint is tried again a second later; give the log more room than the cache holds (`wal_bytes`)")]
+    CheckpointNoRoom {
+        node: u8,
+        pages: usize,
+        need_kib: u64,
+        free_kib: u64,
+    },
     #[error("the engine is shut down")]
     Shutdown,
     #[error("flush failed: {0}")]

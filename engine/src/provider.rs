@@ -8,7 +8,10 @@
 //!    last-used clock value as the cut-off: frames last touched at or before it are cold.
 //!    A cluster node in one pool (`EngineConfig::one_pool`) whose sample holds at least
 //!    [`FOREIGN_SHARE_SAMPLES`] copies of other homes' pages takes the cut-off among those
-//!    and evicts only them this round: its own pages may be the cluster's last DRAM copy.
+//!    and evicts only them this round: its own pages may be the cluster's last DRAM copy
+//!    (unless a home declined one of its eviction notices since the last round: a declined
+//!    copy stays, and a cache full of them would free nothing; the round is then a plain
+//!    LRU one).
 //! 2. **Scan** frames from a clock hand for unlatched cold frames, up to a batch of [`BATCH`].
 //! 3. **Evict the clean ones** at once (step 5 for each): they need no write, so the frames
 //!    they free do not wait for the device.
@@ -126,6 +129,7 @@ pub(crate) fn run(node: Arc<Node>) {
         errors: ErrorLog::new("writing back"),
         checkpoint_errors: CheckpointErrors::default(),
         failing_pause: Duration::ZERO,
+        declined_seen: 0,
     };
     let mut room_told = Instant::now();
     let mut checkpoint_retry = Instant::now();
@@ -200,6 +204,9 @@ impl CheckpointErrors {
     }
 }
 
+/// Log room a page image takes at most (the page's data, its record's and chunk's headers).
+const IMAGE_ROOM: u64 = PAGE_SIZE as u64 + 256;
+
 struct Provider {
     /// Write-back batches slower than [`SLOW_WRITE`] (rate-limited reports).
     slow: ErrorLog,
@@ -211,6 +218,9 @@ struct Provider {
     checkpoint_errors: CheckpointErrors,
     /// Pause after a round whose write-backs all failed (zero after one that wrote a page).
     failing_pause: Duration,
+    /// This node's eviction notices declined by their homes, as of the last round
+    /// (`ProtocolStats::evictions_declined`).
+    declined_seen: u64,
 }
 
 impl Provider {
@@ -220,6 +230,22 @@ impl Provider {
         let Some(log) = node.log() else {
             return Ok(());
         };
+        if node.coherence().is_some() {
+            // The pages of other homes held dirty here are logged whole after the checkpoint's
+            // start. Appends that do not fit would wait for room that only this checkpoint
+            // makes: fail it instead (an error, tried again a second later).
+            let pages = node.foreign_dirty();
+            let need = pages as u64 * IMAGE_ROOM;
+            let free = log.log().free_bytes();
+            if need > free {
+                return Err(EngineError::CheckpointNoRoom {
+                    node: node.id(),
+                    pages,
+                    need_kib: need >> 10,
+                    free_kib: free >> 10,
+                });
+            }
+        }
         let c = log.begin_checkpoint()?;
         let t0 = Instant::now();
         let written = self.write_back_dirty(node)?;
@@ -420,7 +446,12 @@ impl Provider {
         // be the cluster's only DRAM copy and would cost an NVMe read. Below the share, the
         // plain LRU decides, so a node whose own pages overflow it still keeps some of the
         // others' hot pages.
-        let only_foreign = foreign.len() >= FOREIGN_SHARE_SAMPLES;
+        // (a declined notice leaves its copy here: with only such copies to pick from, a
+        // foreign-only round would free nothing, round after round)
+        let declined = node.protocol_stats().evictions_declined;
+        let declines_since = declined > self.declined_seen;
+        self.declined_seen = declined;
+        let only_foreign = foreign.len() >= FOREIGN_SHARE_SAMPLES && !declines_since;
         let cutoff = if only_foreign {
             foreign.sort_unstable();
             foreign[foreign.len() / 10]

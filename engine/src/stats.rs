@@ -100,6 +100,12 @@ pub struct ProtocolStats {
     pub held_for_log: u64,
     /// With a log: pages that arrived dirty and were logged whole here.
     pub logged_on_arrival: u64,
+    /// Pages evicted home dirty that this home declined because its log was nearly full
+    /// (the evicting node keeps its copy): logging them would take the room its checkpoint
+    /// needs (docs/durability.md, "Clusters").
+    pub evictions_declined_for_log: u64,
+    /// This node's eviction notices that their home declined (the copy stays here).
+    pub evictions_declined: u64,
     /// With a log: of those, pages logged whole again when applied, because a checkpoint
     /// began between their arrival and their application.
     pub relogged_after_checkpoint: u64,

@@ -551,8 +551,6 @@ fn check(
         "checkpoints_past_dead": p.checkpoints_past_dead,
         "records_carried": p.records_carried,
         "rejoins": p.rejoins,
-        "longest_take_back_ms": p.longest_take_back_ms,
-        "rejoin_ms": p.rejoin_ms,
         "pages_brought_back": p.pages_brought_back,
         "pages_censused": p.pages_censused,
         "acks_of_fenced": p.acks_of_fenced,
@@ -560,6 +558,15 @@ fn check(
         "nvme_reads": st.store_reads,
         "nvme_writes": st.store_writes,
     });
+    // (past the json! macro's recursion limit)
+    for (k, v) in [
+        ("longest_take_back_ms", p.longest_take_back_ms),
+        ("rejoin_ms", p.rejoin_ms),
+        ("evictions_declined", p.evictions_declined),
+        ("evictions_declined_for_log", p.evictions_declined_for_log),
+    ] {
+        report[k] = json!(v);
+    }
     if let Some(sums0) = page_sums0 {
         let keyed = |m: &BTreeMap<u64, u64>| {
             m.iter()

@@ -6,7 +6,7 @@ use super::directory::EvictDecision;
 use super::possession::{Deferred, Pending, Step};
 use super::protocol::{Grant, Msg, ProtocolError};
 use super::wire::REFUSE_HOLDER_DEAD;
-use super::{possession_of, Coherence, Data, Note, PageState};
+use super::{possession_of, Coherence, Data, Note, PageState, Receipt};
 use crate::buffer::{Buffer, FrameIdx, HeldFrame, Possession};
 use crate::error::EngineError;
 use crate::pid::Pid;
@@ -393,6 +393,18 @@ impl Coherence {
             Msg::Evict { epoch, ref data } => {
                 let mut d = ps.dir;
                 let mut dec = d.evict(from, epoch, data.is_some())?;
+                if matches!(dec, EvictDecision::Accept { store: true })
+                    && logged == Receipt::Declined
+                {
+                    // not logged on arrival, the log being nearly full (`log_received`): the
+                    // holder keeps the page, nothing changes
+                    self.driver
+                        .counters
+                        .evictions_declined_for_log
+                        .fetch_add(1, Ordering::Relaxed);
+                    d = ps.dir;
+                    dec = EvictDecision::Decline;
+                }
                 if let (EvictDecision::Accept { store: true }, Some(Data::Bytes(b))) = (dec, data) {
                     // the home's copy changes: a store read in flight is stale
                     ps.home_gen += 1;
@@ -574,7 +586,21 @@ impl Coherence {
             }
             Msg::EvictReply { accepted } => {
                 self.sync_dirty(buf, pid, ps);
-                ps.copy.on_evict_reply(accepted)?
+                let step = ps.copy.on_evict_reply(accepted)?;
+                if !accepted {
+                    // declined (the home's log is nearly full, its store write failed, ...):
+                    // the provider's next round picks from every page, not only copies of
+                    // other homes' pages (which may all be such copies), and tries this one
+                    // after the others (as if just used)
+                    self.driver
+                        .counters
+                        .evictions_declined
+                        .fetch_add(1, Ordering::Relaxed);
+                    if let Some(i) = l.resident {
+                        l.get(i).frame().touch(buf.clock());
+                    }
+                }
+                step
             }
         };
         self.effects(pid, ps, step, l);
@@ -611,7 +637,7 @@ impl Coherence {
                     m => ps.held.push_back(Note {
                         from: self.me,
                         msg: m.map_data(|_| Data::Home),
-                        logged: 0,
+                        logged: Receipt::Nothing,
                     }),
                 }
                 continue;

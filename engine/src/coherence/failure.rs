@@ -247,7 +247,7 @@ impl Coherence {
                         ps.held.push_back(super::Note {
                             from: n,
                             msg: Msg::InvalidateAck,
-                            logged: 0,
+                            logged: super::Receipt::Nothing,
                         });
                         acked += 1;
                         self.pages.retry_later(pid);
@@ -338,7 +338,7 @@ impl Coherence {
             ps.held.push_back(super::Note {
                 from: self.me,
                 msg,
-                logged: 0,
+                logged: super::Receipt::Nothing,
             });
             self.pages.retry_later(pid);
         } else if let Err(e) = self.send(source, pid, &msg, None) {

@@ -10,7 +10,7 @@
 use super::possession::Pending;
 use super::protocol::{bit, members, Msg, Node};
 use super::wire::{decode_batch, Attached, Control, Wire, CONTROL_BASE, REFUSE_HOLDER_DEAD};
-use super::{failure::refusal, msg_has_page, Coherence, Data, Note, PageState};
+use super::{failure::refusal, msg_has_page, Coherence, Data, Note, PageState, Receipt};
 use crate::buffer::Buffer;
 use crate::pid::Pid;
 use shoal_messaging::Incoming;
@@ -61,7 +61,7 @@ impl Coherence {
                         for (pid, msg) in msgs {
                             // (batches carry only messages without a page)
                             match attach(msg, None) {
-                                Some(m) => self.deliver(buf, from, Pid(pid), m, 0),
+                                Some(m) => self.deliver(buf, from, Pid(pid), m, Receipt::Nothing),
                                 None => log::error!(
                                     "node {}: a page message in a batch from node {from}: dropped",
                                     self.me
@@ -109,7 +109,7 @@ impl Coherence {
         let logged = match &data {
             // before anything else of ours can make the page leave again (see logged.rs)
             Some(Data::Bytes(p)) => self.log_received(pid, &w.msg, p),
-            _ => 0,
+            _ => Receipt::Nothing,
         };
         let Some(msg) = attach(w.msg, data) else {
             unreachable!("the page was checked against the message above")
@@ -119,7 +119,7 @@ impl Coherence {
 
     /// Queue a decoded message about `pid` (`logged`: where its receipt image is in the log,
     /// 0 for none) and apply what can be applied.
-    fn deliver(&self, buf: &Buffer, from: Node, pid: Pid, msg: Msg<Data>, logged: u64) {
+    fn deliver(&self, buf: &Buffer, from: Node, pid: Pid, msg: Msg<Data>, logged: Receipt) {
         if pid.node() >= self.nodes {
             log::error!(
                 "node {}: {} from {from} about {pid}, outside the cluster",

@@ -28,7 +28,7 @@
 
 use super::protocol::{Msg, Node};
 use super::wire::Control;
-use super::{Coherence, Data};
+use super::{Coherence, Data, Receipt};
 use crate::buffer::frame::Frame;
 use crate::buffer::Buffer;
 use crate::durability::Log;
@@ -120,12 +120,31 @@ impl Coherence {
 
     /// A message from another node that makes this node responsible for the newest state of
     /// `pid` (a page handed over dirty, copied back or evicted home with its bytes) logs the
-    /// page whole at the version it carries. Returns the LSN of the image's chunk (0: none
-    /// logged), for [`Coherence::relog_received`].
-    pub(super) fn log_received<D>(&self, pid: Pid, msg: &Msg<D>, page: &[u8; PAGE_BYTES]) -> u64 {
-        let Some(log) = self.log() else { return 0 };
+    /// page whole at the version it carries; where the image is, for
+    /// [`Coherence::relog_received`].
+    ///
+    /// Except a page evicted home while the log is nearly full ([`Log::tight`]: this node's
+    /// checkpoint cannot finish yet, e.g. it waits for a peer's log fence): it is not logged
+    /// and the eviction is declined ([`Receipt::Declined`]); the evicting node keeps its copy
+    /// and its own log keeps the changes. Evictions are the one arrival nobody waits for and
+    /// whose number this node does not bound (its workers' requests bound the others), so
+    /// logging them would take the room the checkpoint needs to finish, and then every
+    /// append, this node's message handler's too, would wait for a checkpoint that waits for
+    /// the handler (to apply the fence answers): a stall for good.
+    pub(super) fn log_received<D>(
+        &self,
+        pid: Pid,
+        msg: &Msg<D>,
+        page: &[u8; PAGE_BYTES],
+    ) -> Receipt {
+        let Some(log) = self.log() else {
+            return Receipt::Nothing;
+        };
         if !carries_newest(msg) {
-            return 0;
+            return Receipt::Nothing;
+        }
+        if matches!(msg, Msg::Evict { .. }) && log.tight() {
+            return Receipt::Declined;
         }
         match self.log_image(log, pid, page) {
             Ok(at) => {
@@ -133,7 +152,7 @@ impl Coherence {
                     .counters
                     .logged_on_arrival
                     .fetch_add(1, Ordering::Relaxed);
-                at
+                Receipt::Logged(at)
             }
             // the sender's records still hold the page: its checkpoint waits for our fence
             // answer, which a failed log never gives
@@ -142,7 +161,7 @@ impl Coherence {
                     "node {}: logging {pid} received from another node failed: {e}",
                     self.me
                 );
-                0
+                Receipt::Nothing
             }
         }
     }
@@ -153,11 +172,11 @@ impl Coherence {
     /// before this one became dirty, and then drops the receipt with the log before it: the
     /// page's newest state would be in no log and not in the store. The image is logged
     /// again, after the checkpoint's start.
-    pub(super) fn relog_received(&self, pid: Pid, logged: u64, page: &[u8; PAGE_BYTES]) {
+    pub(super) fn relog_received(&self, pid: Pid, logged: Receipt, page: &[u8; PAGE_BYTES]) {
         let Some(log) = self.log() else { return };
-        if logged == 0 {
+        let Receipt::Logged(logged) = logged else {
             return;
-        }
+        };
         // SeqCst fence, paired with the one in `Log::begin_checkpoint` after the checkpoint's
         // start is published (the store-buffer pattern): either this load sees the new
         // start, or that checkpoint's search for dirty frames (after its fence) sees the

@@ -99,9 +99,21 @@ pub(crate) enum Data {
 pub(crate) struct Note {
     from: Node,
     msg: Msg<Data>,
-    /// Where this node's log holds the page the message brought (its receipt image), if it
-    /// logged one: the LSN the image's chunk starts at, 0 for none (`logged.rs`).
-    logged: u64,
+    /// What this node's log holds of the page the message brought (`logged.rs`).
+    logged: Receipt,
+}
+
+/// What this node's log holds of the page a message brought: its receipt image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Receipt {
+    /// Nothing to hold: the message brought no page, or not the page's newest state.
+    Nothing,
+    /// The image, in the chunk at this LSN.
+    Logged(u64),
+    /// Not logged: a page evicted home while the log was nearly full, to be declined (the
+    /// evicting node keeps it). Logging it would take the room this node's checkpoint
+    /// needs to finish (`Log::tight`).
+    Declined,
 }
 
 /// What this node knows and holds of one page.
@@ -270,6 +282,10 @@ pub struct CoherenceCounters {
     /// Messages held until the log writer made a page's changes durable.
     pub held_for_log: AtomicU64,
     pub logged_on_arrival: AtomicU64,
+    /// See [`crate::stats::ProtocolStats::evictions_declined_for_log`].
+    pub evictions_declined_for_log: AtomicU64,
+    /// See [`crate::stats::ProtocolStats::evictions_declined`].
+    pub evictions_declined: AtomicU64,
     pub relogged_after_checkpoint: AtomicU64,
     /// See [`crate::stats::ProtocolStats::lease_waits`].
     pub lease_waits: AtomicU64,
@@ -326,6 +342,8 @@ impl CoherenceCounters {
             flushes_before_send: l(&self.flushes_before_send),
             held_for_log: l(&self.held_for_log),
             logged_on_arrival: l(&self.logged_on_arrival),
+            evictions_declined_for_log: l(&self.evictions_declined_for_log),
+            evictions_declined: l(&self.evictions_declined),
             relogged_after_checkpoint: l(&self.relogged_after_checkpoint),
             lease_waits: l(&self.lease_waits),
             dead_sharers_forgotten: l(&self.dead_sharers_forgotten),

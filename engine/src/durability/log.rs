@@ -275,6 +275,16 @@ impl Log {
         self.space.notify_all();
     }
 
+    /// About how many bytes appends can still take before the log is full: the data area
+    /// less what is in use, what was appended but not flushed yet, and the largest chunk
+    /// (a margin for appends that run meanwhile).
+    pub fn free_bytes(&self) -> u64 {
+        let unflushed = self.tail().saturating_sub(self.durable());
+        self.file
+            .capacity()
+            .saturating_sub(self.used_bytes() + unflushed + self.ring_bytes / 4)
+    }
+
     /// Bytes of the data area.
     pub fn capacity_bytes(&self) -> u64 {
         self.file.capacity()
