@@ -557,6 +557,16 @@ impl Node {
     }
 
     /// Counters of the coherence protocol (all zero for a single node).
+    /// This node's eviction notices declined by their homes so far (0 for a single node).
+    pub fn evictions_declined(&self) -> u64 {
+        self.coh.as_ref().map_or(0, |c| {
+            c.driver()
+                .counters
+                .evictions_declined
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+    }
+
     pub fn protocol_stats(&self) -> ProtocolStats {
         self.coh
             .as_ref()

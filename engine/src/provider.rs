@@ -448,7 +448,7 @@ impl Provider {
         // others' hot pages.
         // (a declined notice leaves its copy here: with only such copies to pick from, a
         // foreign-only round would free nothing, round after round)
-        let declined = node.protocol_stats().evictions_declined;
+        let declined = node.evictions_declined();
         let declines_since = declined > self.declined_seen;
         self.declined_seen = declined;
         let only_foreign = foreign.len() >= FOREIGN_SHARE_SAMPLES && !declines_since;
