@@ -528,18 +528,18 @@ fn a_node_whose_peer_died_checkpoints_past_it_carrying_its_records_of_the_pages_
     c.close().unwrap();
 }
 
-/// The cluster of the in-process restart test: three nodes over tcp on loopback, logging
-/// with durability `commit`, small caches (pages move and are evicted all the time).
-fn tcp_cluster(dir: &Path) -> Cluster {
-    Cluster::builder(NODES, dir)
+/// The cluster of the in-process restart tests: three nodes over tcp on loopback (`tcp`) or
+/// over `mem`, logging with durability `commit`, small caches (pages move and are evicted
+/// all the time).
+fn restartable_cluster(dir: &Path, tcp: bool) -> Cluster {
+    let b = Cluster::builder(NODES, dir)
         .cache_bytes(1 << 20)
         .remote_timeout(Duration::from_secs(3))
         .configure(|_, c| {
             c.durability = Durability::Commit;
             c.free_target_percent = 10;
-        })
-        .tcp_loopback()
-        .expect("a tcp cluster on loopback")
+        });
+    if tcp { b.tcp_loopback() } else { b.mem() }.expect("the cluster opens")
 }
 
 /// What one incrementing worker did to word `g` of each page: increments acknowledged (its
@@ -594,19 +594,28 @@ fn increment(
     done
 }
 
-/// Issue 45, rejoin in one process (`Cluster::crash`, `Cluster::restart`): node 2 of a tcp
-/// cluster crashes (as under kill -9) while a worker on each node increments counters on
-/// every node's pages; the two others go on incrementing; node 2 restarts into the running
-/// cluster (the others are not restarted), a new worker on it goes on; at the end every
-/// counter holds every acknowledged increment and at most the unacknowledged ones on top,
-/// read from every node, and the cluster closes cleanly.
 #[test]
 fn a_crashed_node_of_a_tcp_cluster_restarts_into_it_in_one_process_and_loses_no_acknowledged_increment(
 ) {
+    crash_and_restart_node_2(true);
+}
+
+#[test]
+fn a_crashed_node_of_a_mem_cluster_restarts_into_it_and_loses_no_acknowledged_increment() {
+    crash_and_restart_node_2(false);
+}
+
+/// Issue 45, rejoin in one process (`Cluster::crash`, `Cluster::restart`): node 2 of a tcp
+/// (or `mem`) cluster crashes (as under kill -9) while a worker on each node increments
+/// counters on every node's pages; the two others go on incrementing; node 2 restarts into
+/// the running cluster (the others are not restarted), a new worker on it goes on; at the
+/// end every counter holds every acknowledged increment and at most the unacknowledged ones
+/// on top, read from every node, and the cluster closes cleanly.
+fn crash_and_restart_node_2(tcp: bool) {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     let dir = tempfile::tempdir().unwrap();
-    let mut c = tcp_cluster(dir.path());
+    let mut c = restartable_cluster(dir.path(), tcp);
     let mut pids = Vec::new();
     for n in 0..NODES {
         let w = c.node(n).worker();

@@ -328,10 +328,10 @@ impl Cluster {
     /// the same command line: it connects to the live nodes (they take it back), recovers
     /// from its log and the others' (pages it lost are brought back), rebuilds the directory
     /// of its home pages from what the others hold, and serves again (docs/cluster.md,
-    /// "Failures"). Blocks until it is open. Only a cluster over tcp
-    /// ([`ClusterBuilder::tcp_loopback`]) restarts nodes: a `mem` cluster's nodes share one
-    /// process's transport, and the caller's transports ([`Cluster::over`]) cannot be built
-    /// again here.
+    /// "Failures"). Blocks until it is open. Over `mem` the node's transport is revived
+    /// ([`MemTransport::revive`]: the live nodes take it back, its region is zeroed); over tcp
+    /// ([`ClusterBuilder::tcp_loopback`]) it listens on its address again and connects. The
+    /// caller's transports ([`Cluster::over`]) cannot be built again here: an error.
     pub fn restart(&mut self, i: usize) -> Result<(), EngineError> {
         let n = self.nodes.len();
         if i >= n {
@@ -347,15 +347,19 @@ impl Cluster {
                 "node {i} restarts, but it is running (crash it first: Cluster::crash)"
             )));
         }
-        let Some(tcp) = &self.tcp else {
-            return Err(EngineError::Config(format!(
-                "node {i} restarts, but only a cluster over tcp restarts nodes \
-                 (ClusterBuilder::tcp_loopback): the nodes of a mem cluster share one transport, \
-                 and the transports of Cluster::over cannot be built again here"
-            )));
-        };
         let t0 = Instant::now();
-        let transport = tcp.start(i as u8, tcp.listen_again(i as u8)?)?;
+        let transport: Arc<dyn Transport> = match (&self.mem, &self.tcp) {
+            (Some(mem), _) => mem
+                .revive(i as u8)
+                .map_err(|why| EngineError::Join { node: i as u8, why })?,
+            (None, Some(tcp)) => tcp.start(i as u8, tcp.listen_again(i as u8)?)?,
+            (None, None) => {
+                return Err(EngineError::Config(format!(
+                    "node {i} restarts, but the transports of Cluster::over cannot be built \
+                     again here (Cluster::mem and ClusterBuilder::tcp_loopback restart nodes)"
+                )))
+            }
+        };
         let engine = Engine::open_member(
             self.cfgs[i].clone(),
             Membership {

@@ -184,8 +184,9 @@ impl Node {
                 .transport()
                 .region()
                 .set_service(Box::new(move || weak.upgrade().is_some_and(|n| n.help())));
-            // A peer that died and restarts is taken back (over tcp; the other transports
-            // refuse it): this node forgets its old incarnation first (coherence/rejoin.rs).
+            // A peer that died and restarts is taken back (over tcp, and on mem in one
+            // process; rdma refuses it): this node forgets its old incarnation first
+            // (coherence/rejoin.rs).
             let weak = Arc::downgrade(&node);
             c.driver()
                 .ch

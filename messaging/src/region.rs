@@ -21,8 +21,8 @@
 use crate::error::MsgError;
 pub use crate::wait::WaitQueue;
 use byteorder::{ByteOrder, LittleEndian};
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
 
 /// A region owner's service: handle what arrived, if nobody else is doing it right now.
 /// Returns whether it did some work. Must not block for long (it runs on other threads).
@@ -36,7 +36,13 @@ pub struct Region {
     /// Wait queue of each slot of the mailbox area (`slot_queue[i]` for slot `i`), if any.
     slot_queue: Box<[u32]>,
     queues: Box<[WaitQueue]>,
-    service: OnceLock<Service>,
+    /// The owner's current service: null, or one of `services` (see [`Region::serve`]).
+    service: AtomicPtr<Service>,
+    /// Every service registered so far (a restarted owner registers its own): kept until
+    /// the region is dropped, so that `service` never points to a freed one. (Boxed again:
+    /// `service` points to a `Service`, which must not move when the vector grows.)
+    #[allow(clippy::vec_box)]
+    services: Mutex<Vec<Box<Service>>>,
     /// Threads polling this region on its owner's behalf right now (see `helpers`).
     helpers: AtomicU32,
 }
@@ -66,7 +72,8 @@ impl Region {
             words: (0..bytes / 8).map(|_| AtomicU64::new(0)).collect(),
             slot_queue: slot_queue.into_boxed_slice(),
             queues: (0..queues).map(|_| WaitQueue::new()).collect(),
-            service: OnceLock::new(),
+            service: AtomicPtr::new(std::ptr::null_mut()),
+            services: Mutex::new(Vec::new()),
             helpers: AtomicU32::new(0),
         })
     }
@@ -101,14 +108,40 @@ impl Region {
         }
     }
 
-    /// Register the owner's service (once; later calls are ignored and return false).
-    pub fn set_service(&self, s: Service) -> bool {
-        self.service.set(s).is_ok()
+    /// Register the owner's service, in place of an earlier one (an owner restarted into
+    /// the same region: [`Region::reset`]; a thread running the earlier one finishes it).
+    pub fn set_service(&self, s: Service) {
+        let mut all = self.services.lock().unwrap_or_else(|e| e.into_inner());
+        let mut b = Box::new(s);
+        let p: *mut Service = &mut *b;
+        all.push(b);
+        // Release: a thread that loads the pointer (Acquire) sees the service it points to.
+        self.service.store(p, Ordering::Release);
     }
 
     /// Run the owner's service, if one is registered. Returns whether it did some work.
     pub fn serve(&self) -> bool {
-        self.service.get().is_some_and(|s| s())
+        // Acquire: pairs with the Release in `set_service`.
+        let p = self.service.load(Ordering::Acquire);
+        // SAFETY: `p` is null or points into a Box in `services`, which only grows and is
+        // dropped with the region (a Box's contents never move), so it is valid for as long
+        // as `&self`; services are `Sync` (`Service` is `Send + Sync`), so calling one through
+        // a shared reference from any thread is sound.
+        unsafe { p.as_ref() }.is_some_and(|s| s())
+    }
+
+    /// Zero every word, as in a new region, for the owner's next incarnation (a node that
+    /// restarts into it, [`crate::MemTransport::revive`]), and wake every waiter. Nobody may
+    /// write into the region meanwhile: the caller keeps its writers out (the owner is dead
+    /// to them) and its owner's threads have stopped. Helpers and the service stay (the new
+    /// owner registers its own).
+    pub fn reset(&self) {
+        for w in self.words.iter() {
+            // Relaxed: published by the fence below and by whatever makes the owner alive again
+            w.store(0, Ordering::Relaxed);
+        }
+        fence(Ordering::SeqCst);
+        self.wake_all();
     }
 
     /// Size in bytes.

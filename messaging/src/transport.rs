@@ -6,8 +6,8 @@
 
 use crate::error::MsgError;
 use crate::region::Region;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Called by a transport when a dead peer is about to be connected again as a new incarnation
 /// (a restarted process; [`Transport::take_rejoins`]), with the peer's id. It runs while the
@@ -71,13 +71,15 @@ pub trait Transport: Send + Sync + 'static {
         0
     }
     /// Whether peers took this node back when it started: it restarted into a running
-    /// cluster (tcp's hello says so; the others never do).
+    /// cluster (tcp's hello says so; a revived `mem` node's transport too).
     fn taken_back(&self) -> bool {
         false
     }
     /// From now on, take a dead peer back when it connects again as a new incarnation,
     /// running `hook` first (see [`RejoinHook`]). Returns whether the transport does (`tcp`
-    /// does; a second hook is not taken). Without a hook every restarted node is refused.
+    /// does, where a second hook is not taken; `mem` does, [`MemTransport::revive`], where a
+    /// revived node's hook replaces its predecessor's). Without a hook every restarted node
+    /// is refused.
     fn take_rejoins(&self, hook: RejoinHook) -> bool {
         let _ = hook;
         false
@@ -109,10 +111,27 @@ pub trait Transport: Send + Sync + 'static {
 }
 
 /// `mem`: nodes are thread groups in one process; a write is a copy plus a release store.
+/// A node that crashed may come back as a new incarnation ([`MemTransport::revive`]).
 pub struct MemTransport {
     node: u8,
-    regions: Arc<[Arc<Region>]>,
-    alive: Arc<[AtomicBool]>,
+    /// This transport's incarnation of its node: its writes fail once the node revived.
+    incarnation: u64,
+    /// This node came back into the running cluster ([`MemTransport::revive`]).
+    taken_back: bool,
+    mem: Arc<Mem>,
+}
+
+/// What the nodes of one `mem` cluster share.
+struct Mem {
+    regions: Box<[Region]>,
+    alive: Box<[AtomicBool]>,
+    /// Each node's current incarnation (see `MemTransport::incarnation`).
+    incarnations: Box<[AtomicU64]>,
+    /// Each node's connection number as its peers see it (`Transport::connection`): one more
+    /// at each revival, once it is alive again.
+    connections: Box<[AtomicU64]>,
+    /// Each node's rejoin hook ([`Transport::take_rejoins`]), run when a peer revives.
+    hooks: Box<[Mutex<Option<RejoinHook>>]>,
 }
 
 /// Build an in-process cluster of `regions.len()` nodes, one transport per node.
@@ -123,14 +142,20 @@ pub fn mem_cluster(regions: Vec<Region>) -> Result<Vec<Arc<MemTransport>>, MsgEr
             "a cluster has 1 to 64 nodes, got {n}"
         )));
     }
-    let regions: Arc<[Arc<Region>]> = regions.into_iter().map(Arc::new).collect();
-    let alive: Arc<[AtomicBool]> = (0..n).map(|_| AtomicBool::new(true)).collect();
+    let mem = Arc::new(Mem {
+        regions: regions.into_boxed_slice(),
+        alive: (0..n).map(|_| AtomicBool::new(true)).collect(),
+        incarnations: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        connections: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        hooks: (0..n).map(|_| Mutex::new(None)).collect(),
+    });
     Ok((0..n)
         .map(|i| {
             Arc::new(MemTransport {
                 node: i as u8,
-                regions: Arc::clone(&regions),
-                alive: Arc::clone(&alive),
+                incarnation: 0,
+                taken_back: false,
+                mem: Arc::clone(&mem),
             })
         })
         .collect())
@@ -140,12 +165,63 @@ impl MemTransport {
     /// Simulate the death of `node`: writes to it fail from now on and every waiter in the
     /// cluster is woken to notice.
     pub fn kill(&self, node: u8) {
-        if let Some(a) = self.alive.get(node as usize) {
+        if let Some(a) = self.mem.alive.get(node as usize) {
             a.store(false, Ordering::Release);
         }
-        for r in self.regions.iter() {
+        for r in self.mem.regions.iter() {
             r.wake_all();
         }
+    }
+
+    /// Bring dead `node` back as a new incarnation (a node restarted in this process), as the
+    /// tcp transport takes a restarted process back: its old transport's writes fail for
+    /// good; every live node's rejoin hook runs while it is still dead (each resets what its
+    /// node keeps about it; an error refuses the revival with that reason, and it stays
+    /// dead); its region is zeroed as a new one; then it is alive and its connection number
+    /// moves on. Returns the new incarnation's transport. The node's threads must have
+    /// stopped (a crashed engine's have: `Cluster::crash`).
+    pub fn revive(&self, node: u8) -> Result<Arc<MemTransport>, String> {
+        let m = &self.mem;
+        let i = node as usize;
+        if i >= m.regions.len() {
+            return Err(format!(
+                "node {node} is not in this cluster of {}",
+                m.regions.len()
+            ));
+        }
+        if m.alive[i].load(Ordering::Acquire) {
+            return Err(format!("node {node} is alive: only a dead node revives"));
+        }
+        // AcqRel: the old incarnation's writes check it after their alive check
+        let incarnation = m.incarnations[i].fetch_add(1, Ordering::AcqRel) + 1;
+        for (j, hook) in m.hooks.iter().enumerate() {
+            if j == i || !m.alive[j].load(Ordering::Acquire) {
+                continue;
+            }
+            let hook = hook.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            match hook {
+                Some(h) => h(node).map_err(|why| format!("node {j} refused node {node}: {why}"))?,
+                None => return Err(format!("node {j} takes no restarted nodes back")),
+            }
+        }
+        m.regions[i].reset();
+        // Release (both): the reset region before anyone sees the node alive; alive before
+        // the new connection number (a handler that sees the new number sees it alive)
+        m.alive[i].store(true, Ordering::Release);
+        m.connections[i].fetch_add(1, Ordering::Release);
+        Ok(Arc::new(MemTransport {
+            node,
+            incarnation,
+            taken_back: true,
+            mem: Arc::clone(m),
+        }))
+    }
+
+    /// Whether this transport is its node's current incarnation, alive.
+    fn current(&self) -> bool {
+        let i = self.node as usize;
+        self.mem.alive[i].load(Ordering::Acquire)
+            && self.mem.incarnations[i].load(Ordering::Acquire) == self.incarnation
     }
 }
 
@@ -154,23 +230,25 @@ impl Transport for MemTransport {
         self.node
     }
     fn nodes(&self) -> u8 {
-        self.regions.len() as u8
+        self.mem.regions.len() as u8
     }
     fn region(&self) -> &Region {
-        &self.regions[self.node as usize]
+        &self.mem.regions[self.node as usize]
     }
     fn write(&self, peer: u8, offset: usize, data: &[u8]) -> Result<(), MsgError> {
         let r = self
+            .mem
             .regions
             .get(peer as usize)
             .ok_or(MsgError::NoSuchPeer(peer, self.nodes()))?;
-        if !self.peer_alive(peer) || !self.peer_alive(self.node) {
+        if !self.peer_alive(peer) || !self.current() {
             return Err(MsgError::PeerDead(peer));
         }
         r.apply(offset, data)
     }
     fn peer_alive(&self, peer: u8) -> bool {
-        self.alive
+        self.mem
+            .alive
             .get(peer as usize)
             .is_some_and(|a| a.load(Ordering::Acquire))
     }
@@ -181,13 +259,34 @@ impl Transport for MemTransport {
     fn severs_one_link(&self) -> bool {
         false
     }
+    fn connection(&self, peer: u8) -> u64 {
+        self.mem
+            .connections
+            .get(peer as usize)
+            // Acquire: pairs with the Release in `revive`
+            .map_or(0, |c| c.load(Ordering::Acquire))
+    }
+    fn taken_back(&self) -> bool {
+        self.taken_back
+    }
+    fn take_rejoins(&self, hook: RejoinHook) -> bool {
+        // (a revived node's transport replaces its predecessor's hook)
+        *self.mem.hooks[self.node as usize]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(hook);
+        true
+    }
     fn assist(&self, peer: u8) -> bool {
         peer != self.node
             && self.peer_alive(peer)
-            && self.regions.get(peer as usize).is_some_and(|r| r.serve())
+            && self
+                .mem
+                .regions
+                .get(peer as usize)
+                .is_some_and(|r| r.serve())
     }
     fn helping(&self, on: bool) {
-        for r in self.regions.iter() {
+        for r in self.mem.regions.iter() {
             if on {
                 r.start_helping();
             } else {

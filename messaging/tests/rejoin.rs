@@ -1,11 +1,13 @@
 //! A restarted node rejoins a running `tcp` cluster on loopback: the live nodes take its new
 //! incarnation back, its streams start afresh both ways (what the old incarnation left in
-//! rings and backlogs is dropped), and the incarnation they gave up on is refused.
+//! rings and backlogs is dropped), and the incarnation they gave up on is refused. The same
+//! for a node of a `mem` cluster revived in its process (`MemTransport::revive`).
 
 mod common;
 
 use shoal_messaging::{
-    ChannelLayout, Channels, MsgError, TcpConfig, TcpTransport, Transport, WaitMode, PAGE_BYTES,
+    mem_cluster, ChannelLayout, Channels, MsgError, TcpConfig, TcpTransport, Transport, WaitMode,
+    PAGE_BYTES,
 };
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
@@ -43,7 +45,7 @@ fn bind_again(addr: SocketAddr) -> TcpListener {
 
 /// Channels over `t`; the node takes restarted peers back (resetting its streams with them)
 /// when `rejoins`.
-fn channels(t: Arc<TcpTransport>, rejoins: bool) -> Arc<Channels> {
+fn channels(t: Arc<dyn Transport>, rejoins: bool) -> Arc<Channels> {
     let ch = Arc::new(Channels::new(t.clone(), LAYOUT, WaitMode::Park).unwrap());
     if rejoins {
         let w = Arc::downgrade(&ch);
@@ -275,4 +277,61 @@ fn a_cluster_that_takes_no_restarted_nodes_refuses_one() {
     }
     assert!(!ts[1].peer_alive(0));
     ts[1].shutdown();
+}
+
+/// Over `mem`: node 1 crashes leaving unread messages at node 0 and a backlog to it there, and
+/// is revived: its old incarnation's writes fail, the live nodes reset their streams with it
+/// (their hooks ran), its region is a new one, and 12 more messages each way arrive in order
+/// with nothing of the old incarnation. Reviving a live node, or one whose peers take no
+/// restarted nodes back, is refused.
+#[test]
+fn a_revived_mem_node_has_fresh_streams_and_its_old_incarnation_writes_nothing() {
+    let ts = mem_cluster((0..3).map(|_| LAYOUT.region().unwrap()).collect()).unwrap();
+    let (c0, c1, c2) = (
+        channels(ts[0].clone(), true),
+        channels(ts[1].clone(), true),
+        channels(ts[2].clone(), true),
+    );
+    exchange(&[&c0, &c1, &c2], 0, 10);
+    send(&c1, 0, 200, true).unwrap();
+    send(&c1, 0, 201, false).unwrap();
+    for n in 100..110 {
+        send(&c0, 1, n, n % 2 == 0).unwrap();
+    }
+    assert!(c0.backlogged() > 0, "node 0 has a backlog for node 1");
+    wait_for("node 1's messages to land at node 0", || c0.pending());
+    let e = ts[0].revive(1).err().expect("a live node is not revived");
+    assert!(e.contains("alive"), "{e}");
+    ts[0].kill(1);
+    drop(c1);
+    let old = ts[1].clone();
+    let again = ts[0].revive(1).expect("node 1 revives");
+    assert!(again.taken_back() && !ts[0].taken_back());
+    assert_eq!((ts[0].connection(1), ts[2].connection(1)), (1, 1));
+    assert!(ts[0].peer_alive(1) && again.peer_alive(0));
+    assert!(
+        matches!(old.write(0, 0, &[0; 8]), Err(MsgError::PeerDead(_))),
+        "the old incarnation writes nothing"
+    );
+    let c1 = channels(again.clone(), true);
+    exchange(&[&c0, &c1, &c2], 50, 12);
+    assert!(
+        c0.try_recv().is_none(),
+        "nothing of the old node 1 is left at node 0"
+    );
+    assert!(
+        c1.try_recv().is_none(),
+        "nothing of node 0's old backlog reached node 1"
+    );
+
+    // a cluster whose nodes take no restarted nodes back refuses a revival
+    let layout = ChannelLayout { nodes: 2, ..LAYOUT };
+    let ts = mem_cluster((0..2).map(|_| layout.region().unwrap()).collect()).unwrap();
+    ts[0].kill(1);
+    let e = ts[0]
+        .revive(1)
+        .err()
+        .expect("node 0 takes no restarted nodes back");
+    assert!(e.contains("node 0 takes no restarted nodes back"), "{e}");
+    assert!(!ts[0].peer_alive(1));
 }
