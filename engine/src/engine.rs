@@ -299,6 +299,15 @@ impl Engine {
         }
         let node = &self.node;
         node.cut_off();
+        self.stop_threads();
+        node.release_lock();
+        log::warn!("node {} crashed (as under kill -9)", node.id());
+    }
+
+    /// Shut the buffer down and stop the node's threads: the page provider, the log writer
+    /// and the message handler (each joined).
+    fn stop_threads(&self) {
+        let node = &self.node;
         node.buffer().shut_down();
         if let Some(h) = self.provider.lock().take() {
             if h.join().is_err() {
@@ -314,8 +323,6 @@ impl Engine {
             }
         }
         node.stop_handler(self.handler.lock().take());
-        node.release_lock();
-        log::warn!("node {} crashed (as under kill -9)", node.id());
     }
 
     /// Whether the engine was closed or crashed.
@@ -325,21 +332,7 @@ impl Engine {
 
     fn close_store(&self) -> Result<(), EngineError> {
         let (node, buf) = (&self.node, &self.node.buffer());
-        buf.shut_down();
-        if let Some(h) = self.provider.lock().take() {
-            if h.join().is_err() {
-                log::error!("the page provider thread panicked");
-            }
-        }
-        if let Some(h) = self.log_writer.lock().take() {
-            if let Some(l) = node.log() {
-                l.stop_writer();
-            }
-            if h.join().is_err() {
-                log::error!("the log writer thread panicked");
-            }
-        }
-        node.stop_handler(self.handler.lock().take());
+        self.stop_threads();
         // With the handler stopped, nothing changes the directory any more: if another node
         // may still hold a newer image of a page homed here (no orderly shutdown: see
         // `Cluster::close` and `leave`), this store is not current and must not say "clean".

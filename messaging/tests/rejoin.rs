@@ -121,6 +121,31 @@ fn exchange(chs: &[&Channels; 3], first: u8, count: u8) {
     );
 }
 
+/// Node 1 leaves things behind: two messages from it wait unread in node 0's ring, and node
+/// 0's stream to it is full, with a backlog (node 1 drains nothing, so node 0's backlog
+/// cannot leave: what is pending at node 0 is node 1's two messages).
+fn leave_leftovers(c0: &Channels, c1: &Channels) {
+    send(c1, 0, 200, true).unwrap();
+    send(c1, 0, 201, false).unwrap();
+    for n in 100..110 {
+        send(c0, 1, n, n % 2 == 0).unwrap();
+    }
+    assert!(c0.backlogged() > 0, "node 0 has a backlog for node 1");
+    wait_for("node 1's messages to land at node 0", || c0.pending());
+}
+
+/// After the exchange with the new node 1: nothing its predecessor left arrived.
+fn nothing_of_the_old_node_1(c0: &Channels, c1: &Channels) {
+    assert!(
+        c0.try_recv().is_none(),
+        "nothing of the old node 1 is left at node 0"
+    );
+    assert!(
+        c1.try_recv().is_none(),
+        "nothing of node 0's old backlog reached node 1"
+    );
+}
+
 fn wait_for(what: &str, cond: impl Fn() -> bool) {
     let hang = common::HangGuard::start();
     while !cond() {
@@ -160,17 +185,7 @@ fn rejoin(encrypt: bool) {
     );
     exchange(&[&c0, &c1, &c2], 0, 10);
 
-    // Node 1 leaves things behind: two messages from it wait unread in node 0's ring, and
-    // node 0's stream to it is full, with a backlog, when it is killed.
-    send(&c1, 0, 200, true).unwrap();
-    send(&c1, 0, 201, false).unwrap();
-    for n in 100..110 {
-        send(&c0, 1, n, n % 2 == 0).unwrap();
-    }
-    assert!(c0.backlogged() > 0, "node 0 has a backlog for node 1");
-    // (node 1 drains nothing, so node 0's backlog cannot leave: what is pending at node 0
-    // is node 1's two messages)
-    wait_for("node 1's messages to land at node 0", || c0.pending());
+    leave_leftovers(&c0, &c1);
     ts[1].shutdown(); // killed: its sockets close
     drop((c1, ts[1].clone()));
     wait_for("nodes 0 and 2 to see node 1 dead", || {
@@ -199,14 +214,7 @@ fn rejoin(encrypt: bool) {
     // at position 0 (each arrives, in order: a stale count on either side would stall or drop
     // them).
     exchange(&[&c0, &c1, &c2], 50, 12);
-    assert!(
-        c0.try_recv().is_none(),
-        "nothing of the old node 1 is left at node 0"
-    );
-    assert!(
-        c1.try_recv().is_none(),
-        "nothing of node 0's old backlog reached node 1"
-    );
+    nothing_of_the_old_node_1(&c0, &c1);
 
     // Killed again, and the incarnation the cluster gave up on tries to come back: refused
     // by both (node 2 refuses its dial, node 0 its answer), and the live nodes go on.
@@ -293,13 +301,7 @@ fn a_revived_mem_node_has_fresh_streams_and_its_old_incarnation_writes_nothing()
         channels(ts[2].clone(), true),
     );
     exchange(&[&c0, &c1, &c2], 0, 10);
-    send(&c1, 0, 200, true).unwrap();
-    send(&c1, 0, 201, false).unwrap();
-    for n in 100..110 {
-        send(&c0, 1, n, n % 2 == 0).unwrap();
-    }
-    assert!(c0.backlogged() > 0, "node 0 has a backlog for node 1");
-    wait_for("node 1's messages to land at node 0", || c0.pending());
+    leave_leftovers(&c0, &c1);
     let e = ts[0].revive(1).err().expect("a live node is not revived");
     assert!(e.contains("alive"), "{e}");
     ts[0].kill(1);
@@ -315,14 +317,7 @@ fn a_revived_mem_node_has_fresh_streams_and_its_old_incarnation_writes_nothing()
     );
     let c1 = channels(again.clone(), true);
     exchange(&[&c0, &c1, &c2], 50, 12);
-    assert!(
-        c0.try_recv().is_none(),
-        "nothing of the old node 1 is left at node 0"
-    );
-    assert!(
-        c1.try_recv().is_none(),
-        "nothing of node 0's old backlog reached node 1"
-    );
+    nothing_of_the_old_node_1(&c0, &c1);
 
     // a cluster whose nodes take no restarted nodes back refuses a revival
     let layout = ChannelLayout { nodes: 2, ..LAYOUT };
