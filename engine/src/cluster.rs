@@ -299,7 +299,9 @@ impl Cluster {
     }
 
     /// Simulate the death of node `i` of a `mem` cluster: every message to or from it fails
-    /// from now on. (Over other transports, kill the process or close its transport.)
+    /// from now on, while its engine runs on, cut off. (Over other transports, kill the
+    /// process or close its transport; to stop a node as kill -9 would and start it again
+    /// later, [`Cluster::crash`] and [`Cluster::restart`].)
     pub fn kill(&self, i: usize) {
         if let Some(t) = &self.mem {
             t.kill(i as u8);
