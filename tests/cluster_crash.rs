@@ -804,3 +804,46 @@ fn a_home_whose_log_is_nearly_full_declines_pages_evicted_home_instead_of_stalli
     );
     drop((w0, w1));
 }
+
+/// A cluster closed while a node is crashed (`Cluster::crash`, never restarted) says so
+/// (`PeerDead` naming it), leaves the stores unclean, and the next open recovers every
+/// acknowledged change, the crashed node's too.
+#[test]
+fn a_cluster_closed_with_a_crashed_node_names_it_and_the_next_open_recovers_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = restartable_cluster(dir.path(), false);
+    let mut pids = Vec::new();
+    for n in 0..NODES {
+        let w = c.node(n).worker();
+        for _ in 0..20 {
+            pids.push(w.allocate().expect("allocate").pid());
+        }
+        w.commit().unwrap();
+    }
+    // every node writes its own word of every page, committed
+    for n in 0..NODES {
+        let w = c.node(n).worker();
+        for &p in &pids {
+            let mut x = w.run(|w| w.exclusive(p)).unwrap();
+            x.page_mut().set_u64(n * 8, 1 + n as u64);
+        }
+        w.commit().unwrap();
+    }
+    c.crash(2);
+    assert!(c.crashed(2));
+    let err = c.close().expect_err("a node is crashed");
+    assert!(
+        matches!(err, shoal_engine::EngineError::PeerDead { node: 2 }),
+        "{err}"
+    );
+    drop(c);
+    let c = restartable_cluster(dir.path(), false);
+    let w = c.node(1).worker();
+    for &p in &pids {
+        let g = w.run(|w| w.shared(p)).unwrap();
+        let words: Vec<u64> = (0..NODES).map(|n| g.page().u64(n * 8)).collect();
+        assert_eq!(words, [1, 2, 3], "page {p} after the recovery");
+    }
+    drop(w);
+    c.close().unwrap();
+}
