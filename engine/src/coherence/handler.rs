@@ -117,8 +117,8 @@ impl Coherence {
         self.deliver(buf, from, pid, msg, logged);
     }
 
-    /// Queue a decoded message about `pid` (`logged`: where its receipt image is in the log,
-    /// 0 for none) and apply what can be applied.
+    /// Queue a decoded message about `pid` (`logged`: what the log holds of the page it
+    /// brought) and apply what can be applied.
     fn deliver(&self, buf: &Buffer, from: Node, pid: Pid, msg: Msg<Data>, logged: Receipt) {
         if pid.node() >= self.nodes {
             log::error!(
