@@ -179,7 +179,14 @@ impl MemTransport {
     /// node keeps about it; an error refuses the revival with that reason, and it stays
     /// dead); its region is zeroed as a new one; then it is alive and its connection number
     /// moves on. Returns the new incarnation's transport. The node's threads must have
-    /// stopped (a crashed engine's have: `Cluster::crash`).
+    /// stopped (a crashed engine's have: `Cluster::crash`): a write of theirs that passed its
+    /// checks before the incarnation moved on would still land.
+    ///
+    /// Why the zeroed region gets nothing of the old incarnation's peers: a live node writes
+    /// into it only through its channel to the node, under that channel's lock for the
+    /// node, which its hook's reset takes (`Channels::reset_peer`), so no such write is in
+    /// progress once the hooks returned, and none starts before the node is alive again
+    /// (each checks it first).
     pub fn revive(&self, node: u8) -> Result<Arc<MemTransport>, String> {
         let m = &self.mem;
         let i = node as usize;
