@@ -59,6 +59,18 @@ impl Engine {
     fn open_with(cfg: EngineConfig, member: Option<Membership>) -> Result<Engine, EngineError> {
         let t0 = Instant::now();
         cfg.validate()?;
+        if member.is_some() && cfg.durability.logged() && cfg.wal_bytes < cfg.cache_bytes as u64 {
+            log::warn!(
+                "node {}: its log ({}) is smaller than its cache ({}): each checkpoint logs \
+                 whole every page of another home this node holds dirty, and while they need \
+                 more than the log has free, checkpoints fail (`CheckpointNoRoom`) and changes \
+                 with them once the log is nearly full; give the log at least the cache's size \
+                 (docs/durability.md, \"Clusters\")",
+                cfg.node_id,
+                crate::config::format_bytes(cfg.wal_bytes),
+                crate::config::format_bytes(cfg.cache_bytes as u64)
+            );
+        }
         let lock = prepare_data_dir(&cfg)?;
         let store = store_config(&cfg, member.is_some());
         let spec = NodeSpec {

@@ -424,6 +424,11 @@ impl Worker {
 
     /// A new page homed on this node, exclusively latched.
     fn allocate_here(&self) -> Result<ExclusiveGuard<'_>, EngineError> {
+        if let Some(log) = self.log.as_ref().filter(|l| l.must_wait()) {
+            // the log is nearly full: a new page is logged whole, so wait for a checkpoint
+            // first, holding no latch (as `ExclusiveGuard::start` does before a change)
+            log.log().wait_for_room()?;
+        }
         let h = self.node.allocate_page()?;
         let pid = h.pid();
         self.hold();
