@@ -158,19 +158,9 @@ impl TcpMesh {
     /// Node `i`'s transport, listening on `listener`: blocks until every peer is connected
     /// (at a restart, until every live peer took the node back).
     fn start(&self, i: u8, listener: TcpListener) -> Result<Arc<dyn Transport>, EngineError> {
-        use shoal_messaging::{TcpConfig, TcpTransport};
-        let mut cfg = TcpConfig::new(i, self.cluster_id, self.addrs.clone());
+        let mut cfg = shoal_messaging::TcpConfig::new(i, self.cluster_id, self.addrs.clone());
         cfg.secret = self.secret.clone();
-        cfg.messages_version = crate::coherence::wire::WIRE_VERSION;
-        let region = ChannelLayout::new(self.addrs.len() as u8)
-            .region()
-            .map_err(|e| EngineError::Config(format!("cluster messaging: {e}")))?;
-        TcpTransport::start(cfg, listener, Arc::new(region))
-            .map(|t| t as Arc<dyn Transport>)
-            .map_err(|e| EngineError::Join {
-                node: i,
-                why: e.to_string(),
-            })
+        crate::cluster_file::start_tcp(cfg, listener)
     }
 
     /// Listen on node `i`'s address again (a restart), retrying while the crashed
@@ -397,11 +387,13 @@ impl Cluster {
         let mut first = None;
         // a crashed node is not touched again (nothing more reaches its store or log): the
         // others' pages it held stay lost, and their stores stay unclean
-        let live: Vec<&Engine> = self.nodes.iter().filter(|e| !e.is_closed()).collect();
+        let mut live = Vec::with_capacity(self.nodes.len());
         for (i, e) in self.nodes.iter().enumerate() {
             if e.is_closed() {
                 log::error!("closing the cluster while node {i} is crashed");
                 first.get_or_insert(EngineError::PeerDead { node: i as u8 });
+            } else {
+                live.push(e);
             }
         }
         for e in &live {

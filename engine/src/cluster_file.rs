@@ -403,10 +403,6 @@ pub fn join(file: &ClusterFile, id: u8, cfg: EngineConfig) -> Result<Engine, Eng
     let listener = TcpListener::bind(me.address).map_err(|e| {
         EngineError::Config(format!("node {id}: cannot listen on {}: {e}", me.address))
     })?;
-    let layout = ChannelLayout::new(file.nodes.len() as u8);
-    let region = layout
-        .region()
-        .map_err(|e| EngineError::Config(format!("cluster messaging: {e}")))?;
     let mut tcp_cfg = TcpConfig::new(
         id,
         file.cluster_id,
@@ -415,14 +411,7 @@ pub fn join(file: &ClusterFile, id: u8, cfg: EngineConfig) -> Result<Engine, Eng
     tcp_cfg.connect_timeout = file.connect_timeout;
     tcp_cfg.secret = file.secret.0.clone();
     tcp_cfg.encrypt = file.encrypt;
-    tcp_cfg.messages_version = crate::coherence::wire::WIRE_VERSION;
-    let tcp = TcpTransport::start(tcp_cfg, listener, Arc::new(region)).map_err(|e| {
-        EngineError::Join {
-            node: id,
-            why: e.to_string(),
-        }
-    })?;
-    let transport: Arc<dyn Transport> = tcp;
+    let transport = start_tcp(tcp_cfg, listener)?;
     Engine::open_member(
         cfg,
         Membership {
@@ -431,6 +420,25 @@ pub fn join(file: &ClusterFile, id: u8, cfg: EngineConfig) -> Result<Engine, Eng
             remote_timeout: file.remote_timeout,
         },
     )
+}
+
+/// Start the tcp transport of node `cfg.node` on `listener` with this engine's message
+/// version and a region of the cluster's layout: blocks until every peer is connected.
+pub(crate) fn start_tcp(
+    mut cfg: TcpConfig,
+    listener: TcpListener,
+) -> Result<Arc<dyn Transport>, EngineError> {
+    let node = cfg.node;
+    cfg.messages_version = crate::coherence::wire::WIRE_VERSION;
+    let region = ChannelLayout::new(cfg.addrs.len() as u8)
+        .region()
+        .map_err(|e| EngineError::Config(format!("cluster messaging: {e}")))?;
+    TcpTransport::start(cfg, listener, Arc::new(region))
+        .map(|t| t as Arc<dyn Transport>)
+        .map_err(|e| EngineError::Join {
+            node,
+            why: e.to_string(),
+        })
 }
 
 #[cfg(test)]

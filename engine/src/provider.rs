@@ -204,9 +204,6 @@ impl CheckpointErrors {
     }
 }
 
-/// Log room a page image takes at most (the page's data, its record's and chunk's headers).
-const IMAGE_ROOM: u64 = PAGE_SIZE as u64 + 256;
-
 struct Provider {
     /// Write-back batches slower than [`SLOW_WRITE`] (rate-limited reports).
     slow: ErrorLog,
@@ -235,7 +232,8 @@ impl Provider {
             // start. Appends that do not fit would wait for room that only this checkpoint
             // makes: fail it instead (an error, tried again a second later).
             let pages = node.foreign_dirty();
-            let need = pages as u64 * IMAGE_ROOM;
+            let need =
+                pages as u64 * shoal_storage::wal::chunk_size(shoal_storage::wal::IMAGE_RECORD);
             let free = log.log().free_bytes();
             if need > free {
                 return Err(EngineError::CheckpointNoRoom {
