@@ -757,13 +757,15 @@ fn a_home_whose_log_is_nearly_full_declines_pages_evicted_home_instead_of_stalli
         }
     }
     let declined = c.node(0).protocol_stats().evictions_declined_for_log;
-    // node 0's handler still answers at once
+    // node 0's handler still answers
     let t1 = Instant::now();
     let r = w1.run(|w| w.shared(homed_0[0]).map(drop));
     let answered = t1.elapsed();
+    // (a handler that waits for room answers nothing: the read ends in `RemoteTimeout`)
     assert!(
-        answered < Duration::from_secs(5),
-        "node 0 answered a read in {answered:?} ({r:?}); node 1 made {commits} commits, errors: {:?}",
+        r.is_ok(),
+        "node 0 did not answer a read ({r:?}, after {answered:?}); node 1 made {commits} \
+         commits, errors: {:?}",
         &errors[..errors.len().min(3)]
     );
     assert!(
