@@ -30,4 +30,8 @@ pub enum TreeError {
         start: usize,
         end: usize,
     },
+    /// A batch's commit failed for a reason of transactions ([`crate::TxError`]: too large
+    /// for one commit, or applied with its durability unknown).
+    #[error("the batch was not committed: {0}")]
+    Commit(Box<crate::TxError>),
 }

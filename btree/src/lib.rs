@@ -28,5 +28,7 @@ pub use range::Range;
 pub use tree::{BTree, Batch, Direction, Insert, Put, LOOKUP_GROUP};
 #[doc(hidden)]
 pub use txn::set_isolation_for_checker_tests;
-pub use txn::{backoff_after_conflict, transact, Transaction, TxError};
+pub use txn::{
+    backoff_after_conflict, transact, transact_with, Abort, Retry, Transaction, TxError,
+};
 pub use verify::{verify_tree, TreeReport};

@@ -1,7 +1,7 @@
 //! A transaction's commit: latch the leaves it writes, check their room, validate its reads,
 //! write, let go (see the module docs of `txn`).
 
-use super::read::{point_holds, range_holds, Held};
+use super::read::{point_holds, range_holds, Held, Witnesses};
 use super::writes::{Addend, Op, Write};
 use super::{ReadAt, Transaction, TxError};
 use crate::error::TreeError;
@@ -67,6 +67,8 @@ enum Attempt {
     Conflict,
     /// Write `i`'s adds do not fit the value its key has (or it has none).
     AddOutside(usize),
+    /// The writes go to this many leaves, more than one commit can log.
+    TooLarge(usize),
 }
 
 /// The leaves an attempt holds, let go unchanged unless the attempt wrote them.
@@ -162,11 +164,19 @@ fn commit_reads(tx: &Transaction<'_>) -> Result<CommitPoint, TxError> {
     if one_leaf_one_stamp(tx) {
         return Ok(w.commit_later()?);
     }
-    let ok = w.run(|w| validate(w, tx, &Held::none()))?;
-    if !ok {
+    if !reads_hold(tx)? {
         return Err(TxError::Conflict);
     }
     Ok(w.commit_later()?)
+}
+
+/// Whether every read of `tx` still holds, all at one moment (its commit's validation,
+/// holding no leaf).
+pub(super) fn reads_hold(tx: &Transaction<'_>) -> Result<bool, TxError> {
+    if one_leaf_one_stamp(tx) {
+        return Ok(true);
+    }
+    Ok(tx.w.run(|w| validate(w, tx, &Held::none()))?)
 }
 
 /// The commit of a transaction that wrote (`order`, `stored`, `leaves` and `each` are empty
@@ -231,7 +241,8 @@ fn commit_writes<'t, 'w>(
     for (tree, key, pid) in underfull {
         tree.merge_underfull(w, &key, pid);
     }
-    Ok(w.commit_later()?)
+    // (the writes are in the leaves: an error now is the log's, after them)
+    w.commit_later().map_err(TxError::DurabilityUnknown)
 }
 
 /// Attempt the commit until it is done, conflicts, or met busy or moving leaves
@@ -257,6 +268,12 @@ fn attempts<'w>(
         match attempt(w, tx, stored, leaves, each) {
             Ok(Attempt::Done(left)) => return Ok(left),
             Ok(Attempt::Conflict) => return Err(TxError::Conflict),
+            Ok(Attempt::TooLarge(leaves)) => {
+                return Err(TxError::TooLarge {
+                    leaves,
+                    most: w.most_pages_per_commit(),
+                })
+            }
             Ok(Attempt::AddOutside(i)) => {
                 let s = &stored[i];
                 let a = s.adds.and_then(|a| a.iter().max_by_key(|a| a.end()));
@@ -386,6 +403,11 @@ fn attempt<'w>(
     // (each leaf's writes together, in key order)
     goes.sort_unstable();
     found.extend(guards.iter().map(|g| g.pid()));
+    // every leaf written is logged in one chunk, so there is a most (checked before any is
+    // latched, let alone written)
+    if guards.len() > w.most_pages_per_commit() {
+        return Ok(Attempt::TooLarge(guards.len()));
+    }
     // 2. latch them in page order without waiting (a changed leaf: start over), and check
     //    each has room for its writes on its page as it is; `groups[k]` are the writes
     //    (`goes[groups[k]]`) into leaf `latched.guards[k]`
@@ -616,7 +638,6 @@ fn leaf_need(x: &ExclusiveGuard<'_>, ws: &[(Pid, usize)], stored: &[Stored<'_>])
         .sum()
 }
 
-/// Whether every read of `tx` still holds (`held`: the leaves the commit holds).
 /// Whether every read of `tx` came from one leaf at one stamp (or it read nothing).
 fn one_leaf_one_stamp(tx: &Transaction<'_>) -> bool {
     let mut at = tx
@@ -630,35 +651,66 @@ fn one_leaf_one_stamp(tx: &Transaction<'_>) -> bool {
     }
 }
 
+/// Rounds of validation (each a first pass over every read and a second over the leaves it
+/// relied on) before a validation whose leaves keep changing under it is a conflict.
+const VALIDATION_ROUNDS: u32 = 3;
+
+/// Whether every read of `tx` still holds, all at one moment (`held`: the leaves the commit
+/// holds).
+///
+/// The first pass checks each read on its own: its leaf still has the stamp it had at the
+/// read, or, where the leaf changed, the key (range) still holds what was read. Each read is
+/// then known to hold at the moment it was checked, but those are different moments: a value
+/// can change after it was checked and change back before the next is read (x checked at
+/// 1000; x to 990 and y to 1010; y checked at 1010: together they never existed). Where a
+/// leaf unchanged since the read vouched for every read, one moment serves all (the start
+/// of validation: each leaf was unchanged from its read to its check, and stamps only grow).
+/// Otherwise every leaf the first pass relied on, with the stamp it relied on, is noted as a
+/// *witness*, and the second pass checks that each witness is unchanged still: then every one
+/// was unchanged from its first-pass read to its second-pass check, an interval that holds
+/// the end of the first pass, when every read held together. A witness that changed runs the
+/// round again ([`VALIDATION_ROUNDS`], then a conflict).
 fn validate(w: &Worker, tx: &Transaction<'_>, held: &Held<'_, '_>) -> OpResult<bool> {
     if !super::isolated() {
         return Ok(true);
     }
     let mut now = Vec::new(); // (allocated only if a read's leaf changed)
-    for r in &tx.points {
-        if !point_holds(w, held, r, &tx.arena, &mut now)? {
-            return Ok(false);
+    let mut witnesses = Witnesses::default();
+    for _ in 0..VALIDATION_ROUNDS {
+        witnesses.clear();
+        for r in &tx.points {
+            if !point_holds(w, held, r, &tx.arena, &mut now, &mut witnesses)? {
+                return Ok(false);
+            }
+            #[cfg(test)]
+            tests::between_reads();
+        }
+        for r in &tx.ranges {
+            if !range_holds(w, held, r, &tx.arena, &mut witnesses)? {
+                return Ok(false);
+            }
+            #[cfg(test)]
+            tests::between_reads();
+        }
+        if !witnesses.by_value || !second_pass_on() {
+            return Ok(true);
+        }
+        if witnesses.unchanged(w, held)? {
+            return Ok(true);
         }
     }
-    for r in &tx.ranges {
-        if !range_holds(w, held, r, &tx.arena)? {
-            return Ok(false);
-        }
-    }
-    Ok(true)
+    Ok(false)
+}
+
+/// Whether validation runs its second pass (always, but for the test that shows the first
+/// pass alone commits a state that never existed).
+fn second_pass_on() -> bool {
+    #[cfg(test)]
+    return tests::second_pass_on();
+    #[cfg(not(test))]
+    true
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_reused_buffer_keeps_its_room() {
-        let mut v: Vec<(&'static [u8], usize)> = Vec::with_capacity(100);
-        v.push((b"x", 1));
-        let ptr = v.as_ptr() as usize;
-        let u: Vec<(&[u8], usize)> = reuse(v);
-        assert!(u.is_empty() && u.capacity() >= 100);
-        assert_eq!(u.as_ptr() as usize, ptr, "the same allocation");
-    }
-}
+#[path = "commit_tests.rs"]
+pub(super) mod tests;

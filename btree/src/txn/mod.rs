@@ -58,21 +58,50 @@ fn isolated() -> bool {
     ISOLATION.load(Ordering::Relaxed)
 }
 
-/// Why a transaction did not commit.
-#[derive(Debug, thiserror::Error)]
+/// Why a transaction did not commit. Every variant but [`TxError::DurabilityUnknown`] means
+/// nothing of the transaction was written.
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum TxError {
     /// Another transaction changed what this one read (or held a leaf it needed for too
     /// long): nothing of it was written. Running it again usually succeeds ([`transact`]).
     #[error("the transaction conflicted with another one and was rolled back; run it again")]
     Conflict,
-    /// An error of the trees or the engine (a full device, a dead node, a key too large).
+    /// An error of the trees or the engine (a full device, a dead node, a key too large, the
+    /// engine shut down): nothing was written.
     #[error(transparent)]
     Tree(#[from] TreeError),
     /// A write in a read-committed transaction ([`Transaction::read_committed`]), which only
     /// reads: nothing was written.
     #[error("a read-committed transaction only reads; begin a serializable one to write")]
     WriteInReadCommitted,
+    /// The transaction writes more leaves than one commit can log at once (the log's room for
+    /// one chunk: `EngineConfig::log_size`): nothing was written. Commit in parts, or give
+    /// the log more room.
+    #[error(
+        "the transaction writes {leaves} leaves, and one commit writes at most {most} with this \
+         log (each changed leaf is logged, whole at worst, in one chunk of at most a quarter of \
+         the log): nothing was written; commit in parts or give the log more room"
+    )]
+    TooLarge {
+        /// Leaves the commit would write.
+        leaves: usize,
+        /// Most leaves one commit can write with this log.
+        most: usize,
+    },
+    /// The commit's writes were applied, but the log holding them could not be written or
+    /// synced: they may or may not survive a crash, and the engine accepts no more writes
+    /// (as PostgreSQL and RocksDB stop on a failed fsync). Not a conflict: running the
+    /// transaction again would write it twice.
+    #[error("the commit was applied, but whether it is durable is unknown (the log failed: {0}); the engine accepts no more writes")]
+    DurabilityUnknown(shoal_engine::EngineError),
+    /// [`transact_with`] tried the transaction as often or as long as it was allowed, and it
+    /// conflicted every time: nothing was written.
+    #[error("the transaction conflicted on each of its {tries} tries; nothing was written")]
+    GaveUp {
+        /// Tries made.
+        tries: u32,
+    },
 }
 
 impl From<shoal_engine::EngineError> for TxError {
@@ -85,6 +114,33 @@ impl TxError {
     /// Whether running the transaction again may succeed.
     pub fn is_conflict(&self) -> bool {
         matches!(self, TxError::Conflict)
+    }
+
+    /// Whether the engine was shut down (closed, or crashed by `Cluster::crash`).
+    pub fn is_shutdown(&self) -> bool {
+        matches!(
+            self,
+            TxError::Tree(TreeError::Engine(shoal_engine::EngineError::Shutdown))
+        )
+    }
+}
+
+/// Why [`transact_with`] ended without committing: the transaction's own error, or the
+/// caller's (the closure's `Err(Abort::User(e))`).
+#[derive(Debug, thiserror::Error)]
+pub enum Abort<E> {
+    /// The transaction failed ([`TxError`]).
+    #[error(transparent)]
+    Tx(#[from] TxError),
+    /// The closure gave up with its own error, and what it read was still so then (it was
+    /// not misled by a conflict): nothing was written.
+    #[error("the transaction was aborted by its caller")]
+    User(E),
+}
+
+impl<E> From<TreeError> for Abort<E> {
+    fn from(e: TreeError) -> Abort<E> {
+        Abort::Tx(TxError::Tree(e))
     }
 }
 
@@ -161,7 +217,8 @@ fn overlay(part: &mut [u8], from: usize, patches: &[(usize, Vec<u8>)]) {
 }
 
 /// The leaf a key was read from, its stamp then, and the length of what its slot held
-/// (`None`: absent).
+/// (`None`: absent, or not known for sure: a read of some bytes of the value validates only
+/// those).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ReadAt {
     pub leaf: shoal_engine::Pid,
@@ -597,13 +654,15 @@ impl<'w> Transaction<'w> {
         let hint = self.hints.get(tree);
         let r = read::point_part(self.w, *tree, key, part.clone(), &mut self.arena, hint)?;
         self.hints.note(tree, r.leaf, r.stamp);
+        let whole = r.read.part.is_none();
         let at = ReadAt {
             leaf: r.leaf,
             stamp: r.stamp,
-            len: r.len,
+            // (a read of some bytes is validated on those bytes alone: the length it saw may
+            // be gone by the commit, so a write of the key must not count on it)
+            len: if whole { r.len } else { None },
             slot: r.read.slot,
         };
-        let whole = r.read.part.is_none();
         let got = r.read.seen.clone().map(|v| {
             let bytes = &self.arena[v];
             let mut out = if whole { clip(bytes) } else { bytes.to_vec() };
@@ -860,9 +919,16 @@ impl<'w> Transaction<'w> {
         let w = self.w;
         let point = self.commit_later()?;
         if w.durability() == shoal_engine::Durability::Commit {
-            w.wait_durable(point)?;
+            // (the writes are in the leaves already: a failure now leaves them there)
+            w.wait_durable(point).map_err(TxError::DurabilityUnknown)?;
         }
         Ok(())
+    }
+
+    /// Whether everything this transaction read is still so, all at one moment (as its
+    /// commit would check; nothing is written).
+    fn reads_hold(&self) -> Result<bool, TxError> {
+        commit::reads_hold(self)
     }
 
     /// [`Transaction::commit`] without waiting for durability: the point in the log that must
@@ -959,7 +1025,7 @@ impl BTree {
         match r {
             Ok(()) => Ok(()),
             Err(crate::TxError::Tree(e)) => Err(e),
-            Err(e) => unreachable!("transact runs a conflicting batch again: {e}"),
+            Err(e) => Err(TreeError::Commit(Box::new(e))),
         }
     }
 }
@@ -967,18 +1033,112 @@ impl BTree {
 /// Run `f` as a transaction of `w` and commit it; on [`TxError::Conflict`] (in `f` or at the
 /// commit) run it again, after a pause that grows with each try (up to about 10 ms, with
 /// jitter), until it commits or fails otherwise. `f` may run several times: it must not have
-/// effects outside the transaction that cannot be repeated.
+/// effects outside the transaction that cannot be repeated. An error `f` returns is passed on
+/// only if what `f` read was still so when it returned (else the error may have come from
+/// reads that never were so together, and `f` runs again); nothing of the transaction is
+/// written then. [`transact_with`] lets `f` abort with an error of its own and bounds the
+/// tries.
 pub fn transact<T>(
     w: &Worker,
     mut f: impl FnMut(&mut Transaction<'_>) -> Result<T, TxError>,
 ) -> Result<T, TxError> {
+    match transact_with::<T, std::convert::Infallible>(w, Retry::forever(), |tx| {
+        f(tx).map_err(Abort::Tx)
+    }) {
+        Ok(v) => Ok(v),
+        Err(Abort::Tx(e)) => Err(e),
+        Err(Abort::User(never)) => match never {},
+    }
+}
+
+/// How long [`transact_with`] keeps running a transaction that conflicts.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Retry {
+    /// Most tries (`None`: no bound).
+    pub tries: Option<u32>,
+    /// No new try begins after this much time since the first (`None`: no bound).
+    pub time: Option<Duration>,
+}
+
+impl Retry {
+    /// Until it commits or fails otherwise ([`transact`]).
+    pub fn forever() -> Retry {
+        Retry::default()
+    }
+
+    /// At most `tries` tries.
+    pub fn tries(tries: u32) -> Retry {
+        Retry {
+            tries: Some(tries),
+            time: None,
+        }
+    }
+
+    /// No new try after `time`.
+    pub fn for_at_most(time: Duration) -> Retry {
+        Retry {
+            tries: None,
+            time: Some(time),
+        }
+    }
+}
+
+/// [`transact`] whose closure may end the transaction with an error of its own,
+/// `Err(Abort::User(e))`: nothing is written and, once what it read is confirmed (else it
+/// was a conflict and `f` runs again), `Err(Abort::User(e))` is returned. Tries as `retry`
+/// allows, then [`TxError::GaveUp`].
+///
+/// ```no_run
+/// # fn demo(w: &shoal_engine::Worker, accounts: &shoal_btree::BTree) {
+/// use shoal_btree::{transact_with, u64_key, Abort, Retry};
+/// #[derive(Debug)]
+/// struct Insufficient(i64);
+/// let r = transact_with(w, Retry::tries(100), |tx| {
+///     let mut v = tx.get(accounts, u64_key(1))?.unwrap_or_else(|| vec![0; 8]);
+///     let balance = v.get(..8).and_then(|b| b.try_into().ok()).map_or(0, i64::from_le_bytes);
+///     if balance < 10 {
+///         return Err(Abort::User(Insufficient(balance))); // nothing is written
+///     }
+///     v[..8].copy_from_slice(&(balance - 10).to_le_bytes());
+///     tx.upsert(accounts, u64_key(1), &v)?;
+///     Ok(())
+/// });
+/// match r {
+///     Ok(()) => {}
+///     Err(Abort::User(Insufficient(b))) => eprintln!("only {b} on the account"),
+///     Err(Abort::Tx(e)) => eprintln!("{e}"),
+/// }
+/// # }
+/// ```
+pub fn transact_with<T, E>(
+    w: &Worker,
+    retry: Retry,
+    mut f: impl FnMut(&mut Transaction<'_>) -> Result<T, Abort<E>>,
+) -> Result<T, Abort<E>> {
+    let start = std::time::Instant::now();
     let mut tries = 0u32;
     loop {
         let mut tx = Transaction::begin(w);
-        let r = f(&mut tx).and_then(|v| tx.commit().map(|()| v));
+        tries += 1;
+        let r = match f(&mut tx) {
+            Ok(v) => tx.commit().map(|()| v).map_err(Abort::Tx),
+            // (a conflict found by a read: nothing to confirm)
+            Err(Abort::Tx(TxError::Conflict)) => Err(Abort::Tx(TxError::Conflict)),
+            // the closure's own error, or one a read or write gave it: passed on only if
+            // what it read was so together (else it came of a conflict)
+            Err(e) => match tx.reads_hold() {
+                Ok(true) => Err(e),
+                Ok(false) => Err(Abort::Tx(TxError::Conflict)),
+                Err(v) => Err(Abort::Tx(v)),
+            },
+        };
         match r {
-            Err(TxError::Conflict) => {
-                tries += 1;
+            Err(Abort::Tx(TxError::Conflict)) => {
+                let out_of_tries = retry.tries.is_some_and(|n| tries >= n);
+                let out_of_time = retry.time.is_some_and(|t| start.elapsed() >= t);
+                if out_of_tries || out_of_time {
+                    return Err(Abort::Tx(TxError::GaveUp { tries }));
+                }
                 backoff(tries);
             }
             r => return r,

@@ -636,50 +636,92 @@ fn unchanged(w: &Worker, held: &Held<'_, '_>, pid: Pid, stamp: PageStamp) -> Got
     }
 }
 
+/// The leaves, at their stamps, on which a validation's first pass relied ([`point_holds`],
+/// [`range_holds`]), and whether any read was vouched for by its value because its leaf had
+/// changed since the read (then the second pass checks every one again: see `validate` in
+/// commit.rs).
+#[derive(Default)]
+pub(crate) struct Witnesses {
+    at: Vec<(Pid, PageStamp)>,
+    /// Some read held by its value, its leaf changed since the read.
+    pub by_value: bool,
+}
+
+impl Witnesses {
+    pub fn clear(&mut self) {
+        self.at.clear();
+        self.by_value = false;
+    }
+
+    fn note(&mut self, pid: Pid, stamp: PageStamp) {
+        if self.at.last() != Some(&(pid, stamp)) {
+            self.at.push((pid, stamp));
+        }
+    }
+
+    /// The second pass: whether every leaf noted still has the stamp noted (a leaf another
+    /// committer holds counts as changed).
+    pub fn unchanged(&mut self, w: &Worker, held: &Held<'_, '_>) -> OpResult<bool> {
+        self.at.sort_unstable_by_key(|&(pid, _)| pid);
+        self.at.dedup();
+        for &(pid, stamp) in &self.at {
+            if !unchanged(w, held, pid, stamp)?.unwrap_or(false) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
 /// Whether `r` still holds (validation: `held` are the committer's leaves; `arena` the
-/// transaction's bytes; `now` a buffer for the value as it is now). `Ok(false)`: a conflict
-/// (changed, or held by another committer).
+/// transaction's bytes; `now` a buffer for the value as it is now; the leaf it relied on goes
+/// to `witnesses`). `Ok(false)`: a conflict (changed, or held by another committer).
 pub(crate) fn point_holds(
     w: &Worker,
     held: &Held<'_, '_>,
     r: &PointRead,
     arena: &[u8],
     now: &mut Vec<u8>,
+    witnesses: &mut Witnesses,
 ) -> OpResult<bool> {
     if unchanged(w, held, r.leaf, r.stamp)?.unwrap_or(false) {
+        witnesses.note(r.leaf, r.stamp);
         return Ok(true);
     }
     now.clear();
-    Ok(
-        match point_at(
-            w,
-            Mode::Validating(held),
-            r.tree,
-            &arena[r.key.clone()],
-            now,
-            None,
-        )? {
-            Ok((slot, _, _, big)) => match (&r.seen, &r.part) {
-                (Some(v), None) => slot.is_some() && now[..] == arena[v.clone()],
-                // (a value now in overflow pages: `now` is the value itself, but a patch of
-                // its bytes cannot go into its leaf)
-                (Some(v), Some(p)) => {
-                    slot.is_some() && !big && now.get(p.clone()) == Some(&arena[v.clone()])
-                }
-                (None, _) => slot.is_none(),
-            },
-            Err(Busy) => false,
-        },
-    )
+    let (slot, leaf, stamp, big) = match point_at(
+        w,
+        Mode::Validating(held),
+        r.tree,
+        &arena[r.key.clone()],
+        now,
+        None,
+    )? {
+        Ok(at) => at,
+        Err(Busy) => return Ok(false),
+    };
+    witnesses.note(leaf, stamp);
+    witnesses.by_value = true;
+    Ok(match (&r.seen, &r.part) {
+        (Some(v), None) => slot.is_some() && now[..] == arena[v.clone()],
+        // (a value now in overflow pages: `now` is the value itself, but a patch of its bytes
+        // cannot go into its leaf)
+        (Some(v), Some(p)) => {
+            slot.is_some() && !big && now.get(p.clone()) == Some(&arena[v.clone()])
+        }
+        (None, _) => slot.is_none(),
+    })
 }
 
 /// Whether `r` still holds: the same entries in the part of the range it covered, nothing
-/// inserted or removed there. `Ok(false)`: a conflict.
+/// inserted or removed there (the leaves it relied on go to `witnesses`). `Ok(false)`: a
+/// conflict.
 pub(crate) fn range_holds(
     w: &Worker,
     held: &Held<'_, '_>,
     r: &RangeRead,
     arena: &[u8],
+    witnesses: &mut Witnesses,
 ) -> OpResult<bool> {
     let mut same = true;
     for &(pid, stamp) in &r.leaves {
@@ -693,6 +735,9 @@ pub(crate) fn range_holds(
         }
     }
     if same {
+        for &(pid, stamp) in &r.leaves {
+            witnesses.note(pid, stamp);
+        }
         return Ok(true);
     }
     // read the range again, one entry further than what it returned: if it ended early (the
@@ -712,6 +757,10 @@ pub(crate) fn range_holds(
     if walked.is_err() {
         return Ok(false); // busy
     }
+    for &(pid, stamp) in &leaves {
+        witnesses.note(pid, stamp);
+    }
+    witnesses.by_value = true;
     let ended_early = r.seen.len() < r.fetch;
     if again.len() < r.seen.len() || (ended_early && again.len() > r.seen.len()) {
         return Ok(false);

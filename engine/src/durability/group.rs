@@ -173,7 +173,13 @@ impl WorkerLog {
         let end = match result {
             Ok((_, end)) => end,
             Err(e) => {
-                log::error!("node {}: logging a change failed: {e}", buf.node);
+                log::error!(
+                    "node {}: logging a change failed: {e}; the log takes no more changes",
+                    buf.node
+                );
+                // the pages hold changes the log does not: a later change of them must not
+                // reach the log either (recovery would apply it over a page without this one)
+                self.log.fail();
                 g.failed.get_or_insert(e.into());
                 // never written back: the write-ahead rule cannot be met for these pages
                 u64::MAX

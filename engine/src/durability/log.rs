@@ -22,12 +22,13 @@
 //!
 //! It must not know about frames, latches or pages: the callers tell it what to append.
 
+use crate::buffer::page::Changed;
 use crate::stats::LogStats;
 use parking_lot::{Condvar, Mutex};
 use shoal_storage::wal::{
-    chunk_size, chunk_word1, rec, LogFile, RedoPoint, SectorBuf, CHUNK_HEADER, SBLOCK,
+    chunk_size, chunk_word1, rec, LogFile, RedoPoint, SectorBuf, CHUNK_HEADER, IMAGE_RECORD, SBLOCK,
 };
-use shoal_storage::{SlotChange, SlotLog, StoreError, StoreResult};
+use shoal_storage::{SlotChange, SlotLog, StoreError, StoreResult, PAGE_DATA_SIZE};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -556,6 +557,30 @@ impl Log {
     /// Everything appended so far is durable.
     pub fn flush_all(&self) -> StoreResult<()> {
         self.flush_to(self.tail())
+    }
+
+    /// Most pages one chunk can hold, each logged whole or as a diff of the most ranges
+    /// ([`Changed::MAX`]) at worst: a chunk takes at most a quarter of the ring and of the
+    /// log (see `place`).
+    pub fn most_pages_per_chunk(&self) -> usize {
+        let room = (self.ring_bytes / 4).min(self.file.capacity() / 4);
+        // a diff record: kind, slot, pid, version, count, then 4 bytes before each range
+        let diff = 1 + 24 + 2 + 4 * Changed::MAX + PAGE_DATA_SIZE;
+        let page = diff.max(IMAGE_RECORD) as u64;
+        (room.saturating_sub(CHUNK_HEADER + 8) / page) as usize
+    }
+
+    /// Take no more changes: a change of pages was made but could not be logged (so no later
+    /// change of them may be logged either). Every append, flush and wait for room fails
+    /// from now on, as after a failed write.
+    pub fn fail(&self) {
+        {
+            // under the flusher lock: a waiter checks `failed` and sleeps under it, so it
+            // either sees the flag or is asleep when the notification comes
+            let _f = self.flusher.lock();
+            self.failed.store(true, Ordering::Release);
+        }
+        self.space.notify_all();
     }
 
     /// An error if a write or sync of the log failed (nothing more can be made durable).

@@ -20,6 +20,11 @@ impl<'w> ExclusiveGuard<'w> {
             f.latch.unlock_exclusive_unchanged();
             return Err(Restart::Fail(EngineError::Shutdown));
         }
+        if let Some(Err(e)) = w.log.as_ref().map(|l| l.log().check_failed()) {
+            // a failed log takes no more changes (`Log::fail`): the page stays as it is
+            f.latch.unlock_exclusive_unchanged();
+            return Err(Restart::Fail(e.into()));
+        }
         if let Some(log) = w.log.as_ref().filter(|l| l.must_wait()) {
             // the log is nearly full: wait for a checkpoint holding no exclusive latch (the
             // checkpoint may need to write this page), then start over

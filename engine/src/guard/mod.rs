@@ -90,6 +90,16 @@ impl Worker {
         Ok(())
     }
 
+    /// Most pages one group of exclusive guards held at once (a transaction's commit) may
+    /// change: their changes are logged as one chunk, each page whole at worst, and a chunk
+    /// takes at most a quarter of the log. No bound without a log.
+    pub fn most_pages_per_commit(&self) -> usize {
+        match &self.log {
+            Some(log) => log.log().most_pages_per_chunk(),
+            None => usize::MAX,
+        }
+    }
+
     /// When this worker's commits become durable (the engine's `EngineConfig::durability`).
     pub fn durability(&self) -> crate::durability::Durability {
         self.node.durability()
@@ -424,6 +434,10 @@ impl Worker {
 
     /// A new page homed on this node, exclusively latched.
     fn allocate_here(&self) -> Result<ExclusiveGuard<'_>, EngineError> {
+        if let Some(log) = &self.log {
+            // (a failed log takes no more changes: see `Log::fail`)
+            log.log().check_failed()?;
+        }
         if let Some(log) = self.log.as_ref().filter(|l| l.must_wait()) {
             // the log is nearly full: a new page is logged whole, so wait for a checkpoint
             // first, holding no latch (as `ExclusiveGuard::start` does before a change)
