@@ -135,3 +135,65 @@ fn transfers_between_leaves_that_both_nodes_write_still_commit() {
     drop(w);
     c.close().unwrap();
 }
+
+/// What isolation promises of a flip-flop run: moves and audits ran, no committed audit saw
+/// a sum that never existed, and none wrote one.
+fn no_audit_saw_a_state_that_never_existed(
+    w: &shoal_engine::Worker,
+    sums: &BTree,
+    seen: &bank::FlipFlops,
+    auditors: u64,
+) {
+    assert!(seen.moves > 100, "{seen:?}");
+    assert!(seen.audits > 100 && seen.writing_audits > 10, "{seen:?}");
+    assert_eq!(
+        seen.wrong_audits, 0,
+        "audits committed a state that never existed: {seen:?}"
+    );
+    for a in 0..auditors {
+        let mut v = Vec::new();
+        if sums.lookup(w, shoal_btree::u64_key(a), &mut v).unwrap() {
+            let s = i64::from_le_bytes(v[..8].try_into().unwrap());
+            assert_eq!(
+                s,
+                2 * bank::START,
+                "auditor {a} wrote a sum that never existed"
+            );
+        }
+    }
+}
+
+#[test]
+fn audits_of_values_that_move_and_move_back_see_only_states_that_existed_on_one_node() {
+    let dir = tempfile::tempdir().unwrap();
+    // (durability none: moves as fast as the machine allows, for more interleavings)
+    let mut cfg = EngineConfig::new(dir.path(), 64 << 20);
+    cfg.durability = shoal_engine::Durability::None;
+    let e = shoal_engine::Engine::open(cfg).unwrap();
+    let w = e.worker();
+    let tree = BTree::create(&w, "flip").unwrap();
+    let sums = BTree::create(&w, "sums").unwrap();
+    bank::open_flip_flop(&w, &tree);
+    let seen = bank::flip_flop(e.worker(), vec![e.worker()], tree, sums, secs());
+    eprintln!("one node: {seen:?}");
+    no_audit_saw_a_state_that_never_existed(&w, &sums, &seen, 1);
+    drop(w);
+    e.close().unwrap();
+}
+
+#[test]
+fn audits_of_values_that_move_and_move_back_see_only_states_that_existed_on_three_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(3, dir.path());
+    let w = c.node(0).worker();
+    let tree = BTree::create(&w, "flip").unwrap();
+    let sums = BTree::create(&w, "sums").unwrap();
+    bank::open_flip_flop(&w, &tree);
+    // the mover and an auditor on node 1 (the pages' home is node 0), an auditor on node 2
+    let auditors = vec![c.node(1).worker(), c.node(2).worker()];
+    let seen = bank::flip_flop(c.node(1).worker(), auditors, tree, sums, secs());
+    eprintln!("three nodes: {seen:?}");
+    no_audit_saw_a_state_that_never_existed(&c.node(1).worker(), &sums, &seen, 2);
+    drop(w);
+    c.close().unwrap();
+}

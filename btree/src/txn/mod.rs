@@ -76,7 +76,7 @@ pub enum TxError {
     #[error("a read-committed transaction only reads; begin a serializable one to write")]
     WriteInReadCommitted,
     /// The transaction writes more leaves than one commit can log at once (the log's room for
-    /// one chunk: `EngineConfig::log_size`): nothing was written. Commit in parts, or give
+    /// one chunk: `EngineConfig::wal_bytes`): nothing was written. Commit in parts, or give
     /// the log more room.
     #[error(
         "the transaction writes {leaves} leaves, and one commit writes at most {most} with this \

@@ -261,3 +261,101 @@ pub fn run(movers: Vec<Worker>, auditors: Vec<Worker>, tree: BTree, load: Load) 
         total_after: 0,
     }
 }
+
+/// The two accounts of [`flip_flop`]: x is key 0, y key `FLIP_Y`, and the 400 rows of 100
+/// bytes between them put them in different leaves.
+pub const FLIP_Y: u64 = 401;
+
+/// Rows 0..=`FLIP_Y` of 100 bytes, x and y holding 1,000 each (so x + y = 2,000).
+pub fn open_flip_flop(w: &Worker, tree: &BTree) {
+    let mut v = vec![0u8; 100];
+    v[..8].copy_from_slice(&START.to_le_bytes());
+    for k in 0..=FLIP_Y {
+        tree.upsert(w, u64_key(k), &v).expect("row written");
+    }
+}
+
+/// What a flip-flop run saw.
+#[derive(Debug, Default)]
+pub struct FlipFlops {
+    pub moves: u64,
+    pub audits: u64,
+    /// Committed audits that saw x + y other than 2,000.
+    pub wrong_audits: u64,
+    /// Committed audits that also wrote the sum they saw into `sums` (checked there too).
+    pub writing_audits: u64,
+}
+
+/// One mover moves 10 from x to y and back, over and over (each value returns to what it
+/// was, so a validation by value alone is fooled: x checked at 1,000, a move, y checked at
+/// 1,010, and together they never existed); auditors read x, 100 rows between, then y, by
+/// point reads in a transaction, and every other audit writes the sum it saw into `sums` (a commit that holds
+/// a leaf). Runs for `secs`.
+pub fn flip_flop(
+    mover: Worker,
+    auditors: Vec<Worker>,
+    tree: BTree,
+    sums: BTree,
+    secs: f64,
+) -> FlipFlops {
+    let stop = AtomicBool::new(false);
+    let (moves, audits, wrong, writing) = (
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+    );
+    std::thread::scope(|s| {
+        let (stop, moves, tree) = (&stop, &moves, &tree);
+        s.spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let (a, b) = if moves.load(Ordering::Relaxed) % 2 == 0 {
+                    (0, FLIP_Y)
+                } else {
+                    (FLIP_Y, 0)
+                };
+                transfer(&mover, tree, a, b, 10).expect("a move");
+                moves.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        for (i, w) in auditors.into_iter().enumerate() {
+            let (audits, wrong, writing, sums) = (&audits, &wrong, &writing, &sums);
+            s.spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let writes = n % 2 == 0;
+                    let sum = transact(&w, |tx| {
+                        let x = amount(&tx.get(tree, u64_key(0))?.expect("x"));
+                        // reads of rows the mover leaves alone, between x and y: their checks
+                        // at the commit leave time for a move between those of x and y
+                        for k in 100..200 {
+                            tx.get(tree, u64_key(k))?.expect("a row between");
+                        }
+                        let y = amount(&tx.get(tree, u64_key(FLIP_Y))?.expect("y"));
+                        if writes {
+                            tx.upsert(sums, u64_key(i as u64), (x + y).to_le_bytes())?;
+                        }
+                        Ok(x + y)
+                    })
+                    .expect("an audit failed");
+                    audits.fetch_add(1, Ordering::Relaxed);
+                    if writes {
+                        writing.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if sum != 2 * START {
+                        wrong.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        stop.store(true, Ordering::Relaxed);
+    });
+    FlipFlops {
+        moves: moves.into_inner(),
+        audits: audits.into_inner(),
+        wrong_audits: wrong.into_inner(),
+        writing_audits: writing.into_inner(),
+    }
+}

@@ -1,0 +1,222 @@
+//! What a transaction promises on its error paths: a commit too large for the log is refused
+//! before anything is written (and the store stays whole); a closure can abort with its own
+//! error, which is returned only once what it read is confirmed; retries can be bounded.
+
+use shoal_btree::{
+    transact, transact_with, u64_key, Abort, BTree, Retry, TreeError, TxError, MAX_RECORD,
+};
+use shoal_engine::{Engine, EngineConfig, Worker};
+
+fn balance(v: &[u8]) -> i64 {
+    i64::from_le_bytes(v[..8].try_into().expect("a balance"))
+}
+
+fn value_of(w: &Worker, tree: &BTree, k: u64) -> Vec<u8> {
+    let mut v = Vec::new();
+    assert!(tree.lookup(w, u64_key(k), &mut v).unwrap(), "key {k}");
+    v
+}
+
+#[test]
+fn a_commit_too_large_for_one_log_chunk_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = || {
+        let mut c = EngineConfig::new(dir.path(), 256 << 20);
+        c.wal_bytes = 16 << 20;
+        c
+    };
+    let e = Engine::open(cfg()).unwrap();
+    let w = e.worker();
+    let most = w.most_pages_per_commit();
+    assert!(most > 10 && most < 10_000, "{most} pages per commit");
+    let tree = BTree::create(&w, "t").unwrap();
+    // rows of the largest size a leaf keeps (at most four a leaf): more leaves than one
+    // commit may write
+    let len = MAX_RECORD - 8;
+    let rows = 4 * (most as u64 + 60);
+    for k in 0..rows {
+        tree.upsert(&w, u64_key(k), vec![1u8; len]).unwrap();
+    }
+    let leaves = tree.verify(&w).unwrap().leaves as usize;
+    assert!(leaves > most, "{leaves} leaves, at most {most} per commit");
+    let r = transact(&w, |tx| {
+        for k in 0..rows {
+            tx.upsert(&tree, u64_key(k), vec![2u8; len])?;
+        }
+        Ok(())
+    });
+    match r {
+        Err(TxError::TooLarge { leaves: l, most: m }) => {
+            assert!(l > m, "{l} > {m}");
+            assert_eq!(m, most);
+        }
+        other => panic!("a commit of {leaves} leaves: {other:?}"),
+    }
+    for k in 0..rows {
+        assert_eq!(value_of(&w, &tree, k), vec![1u8; len], "row {k} unchanged");
+    }
+    // the store goes on: a commit in parts goes through, and it closes and opens whole
+    for part in (0..rows).collect::<Vec<_>>().chunks(most) {
+        transact(&w, |tx| {
+            for &k in part {
+                tx.upsert(&tree, u64_key(k), vec![3u8; len])?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+    drop(w);
+    e.close().unwrap();
+    let e = Engine::open(cfg()).unwrap();
+    let w = e.worker();
+    let tree = BTree::open(&w, "t").unwrap();
+    for k in 0..rows {
+        assert_eq!(
+            value_of(&w, &tree, k),
+            vec![3u8; len],
+            "row {k} after reopening"
+        );
+    }
+    tree.verify(&w).unwrap();
+    drop(w);
+    e.close().unwrap();
+}
+
+/// A tree with accounts 0 and 1 of 1,000 each, on one node.
+fn accounts(dir: &std::path::Path) -> (Engine, BTree) {
+    let e = Engine::open(EngineConfig::new(dir, 64 << 20)).unwrap();
+    let w = e.worker();
+    let tree = BTree::create(&w, "accounts").unwrap();
+    for k in 0..2 {
+        tree.upsert(&w, u64_key(k), 1000i64.to_le_bytes()).unwrap();
+    }
+    drop(w);
+    (e, tree)
+}
+
+#[derive(Debug, PartialEq)]
+struct Insufficient(i64);
+
+#[test]
+fn a_closure_that_aborts_writes_nothing_and_gets_its_own_error_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (e, tree) = accounts(dir.path());
+    let w = e.worker();
+    let mut runs = 0;
+    let r = transact_with(&w, Retry::forever(), |tx| {
+        runs += 1;
+        // a write first, then the decision to give up
+        tx.upsert(&tree, u64_key(1), 0i64.to_le_bytes())?;
+        let b = balance(&tx.get(&tree, u64_key(0))?.expect("account 0"));
+        if b < 5000 {
+            return Err(Abort::User(Insufficient(b)));
+        }
+        Ok(())
+    });
+    match r {
+        Err(Abort::User(i)) => assert_eq!(i, Insufficient(1000)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(runs, 1, "an abort whose reads hold is not run again");
+    assert_eq!(
+        balance(&value_of(&w, &tree, 1)),
+        1000,
+        "nothing was written"
+    );
+    drop(w);
+    e.close().unwrap();
+}
+
+#[test]
+fn a_closure_error_that_came_of_reads_that_never_held_together_runs_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (e, tree) = accounts(dir.path());
+    let (w, inner) = (e.worker(), e.worker());
+    let mv = |from: u64, to: u64| {
+        transact(&inner, |tx| {
+            tx.update(&tree, u64_key(from), |v| {
+                let b = balance(v) - 10;
+                v[..8].copy_from_slice(&b.to_le_bytes())
+            })?;
+            tx.update(&tree, u64_key(to), |v| {
+                let b = balance(v) + 10;
+                v[..8].copy_from_slice(&b.to_le_bytes())
+            })?;
+            Ok(())
+        })
+        .unwrap()
+    };
+    // transact_with: the closure's own error
+    let mut runs = 0;
+    let r = transact_with(&w, Retry::forever(), |tx| {
+        runs += 1;
+        let x = balance(&tx.get(&tree, u64_key(0))?.expect("x"));
+        if runs == 1 {
+            mv(0, 1); // after x was read: the sum read below never existed
+        }
+        let y = balance(&tx.get(&tree, u64_key(1))?.expect("y"));
+        if x + y != 2000 {
+            return Err(Abort::User(x + y));
+        }
+        Ok(x + y)
+    });
+    assert_eq!(r.unwrap(), 2000);
+    assert_eq!(
+        runs, 2,
+        "the first try was a conflict, not the closure's error"
+    );
+    // transact: an error of the closure's making
+    let mut runs = 0;
+    let r = transact(&w, |tx| {
+        runs += 1;
+        let x = balance(&tx.get(&tree, u64_key(0))?.expect("x"));
+        if runs == 1 {
+            mv(1, 0);
+        }
+        let y = balance(&tx.get(&tree, u64_key(1))?.expect("y"));
+        if x + y != 2000 {
+            return Err(TreeError::Exists(format!("a sum of {}", x + y)).into());
+        }
+        Ok(x + y)
+    });
+    assert_eq!(r.unwrap(), 2000);
+    assert_eq!(
+        runs, 2,
+        "the first try was a conflict, not the closure's error"
+    );
+    drop((w, inner));
+    e.close().unwrap();
+}
+
+#[test]
+fn tries_end_when_the_bound_says_and_nothing_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let (e, tree) = accounts(dir.path());
+    let w = e.worker();
+    let mut runs = 0;
+    let r: Result<(), Abort<()>> = transact_with(&w, Retry::tries(3), |tx| {
+        runs += 1;
+        tx.upsert(&tree, u64_key(0), 7i64.to_le_bytes())?;
+        Err(Abort::Tx(TxError::Conflict))
+    });
+    assert!(
+        matches!(r, Err(Abort::Tx(TxError::GaveUp { tries: 3 }))),
+        "{r:?}"
+    );
+    assert_eq!(runs, 3);
+    let r: Result<(), Abort<()>> =
+        transact_with(&w, Retry::for_at_most(std::time::Duration::ZERO), |_| {
+            Err(Abort::Tx(TxError::Conflict))
+        });
+    assert!(
+        matches!(r, Err(Abort::Tx(TxError::GaveUp { tries: 1 }))),
+        "{r:?}"
+    );
+    assert_eq!(
+        balance(&value_of(&w, &tree, 0)),
+        1000,
+        "nothing was written"
+    );
+    drop(w);
+    e.close().unwrap();
+}
