@@ -220,3 +220,17 @@ fn tries_end_when_the_bound_says_and_nothing_is_written() {
     drop(w);
     e.close().unwrap();
 }
+
+#[test]
+fn a_closed_engines_worker_commits_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (e, tree) = accounts(dir.path());
+    e.close().unwrap();
+    let w = e.worker();
+    assert!(matches!(
+        w.commit(),
+        Err(shoal_engine::EngineError::Shutdown)
+    ));
+    let r = transact(&w, |tx| tx.upsert(&tree, u64_key(0), 5i64.to_le_bytes()));
+    assert!(r.as_ref().is_err_and(|e| e.is_shutdown()), "{r:?}");
+}

@@ -112,6 +112,10 @@ impl Worker {
     /// background: group commit without a waiting thread); [`Worker::is_durable`] says when.
     /// Call it with no guard held.
     pub fn commit_later(&self) -> Result<CommitPoint, EngineError> {
+        if self.node.buffer().is_shutdown() {
+            // (a closed engine's worker commits nothing: its changes were refused)
+            return Err(EngineError::Shutdown);
+        }
         match &self.log {
             Some(log) => log.commit_later(),
             None => Ok(CommitPoint::NOW),
