@@ -234,3 +234,59 @@ fn a_closed_engines_worker_commits_nothing() {
     let r = transact(&w, |tx| tx.upsert(&tree, u64_key(0), 5i64.to_le_bytes()));
     assert!(r.as_ref().is_err_and(|e| e.is_shutdown()), "{r:?}");
 }
+
+#[test]
+fn many_new_keys_into_one_gap_commit_whole_in_a_batch_and_in_a_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(EngineConfig::new(dir.path(), 64 << 20)).unwrap();
+    let w = e.worker();
+    // the README's way to seed a table: a batch of 100 rows of 17 bytes into an empty tree
+    let seeded = BTree::create(&w, "seeded").unwrap();
+    let mut batch = shoal_btree::Batch::new();
+    for k in 0..100u64 {
+        batch.put(u64_key(k), [k as u8; 17]);
+    }
+    seeded.apply(&w, &batch).unwrap();
+    for k in 0..100u64 {
+        assert_eq!(value_of(&w, &seeded, k), [k as u8; 17]);
+    }
+    seeded.verify(&w).unwrap();
+    // one transaction inserting 200 rows of 100 bytes into an empty tree
+    let t = BTree::create(&w, "t").unwrap();
+    transact(&w, |tx| {
+        for k in 0..200u64 {
+            assert!(tx.insert(&t, u64_key(k), [1u8; 100])?.inserted());
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(t.count(&w).unwrap(), 200);
+    // thousands of rows between two keys of a full tree (one gap of one leaf), with a read
+    // of the gap's ends and writes elsewhere in the same commit
+    let u = BTree::create(&w, "u").unwrap();
+    for k in 0..2000u64 {
+        u.upsert(&w, u64_key(k * 10_000), [2u8; 60]).unwrap();
+    }
+    let rows = 4000u64;
+    transact(&w, |tx| {
+        assert!(tx.get(&u, u64_key(10_000))?.is_some());
+        for k in 0..rows {
+            assert!(tx
+                .insert(&u, u64_key(10_000 + 1 + k), [3u8; 100])?
+                .inserted());
+        }
+        tx.upsert(&u, u64_key(0), [4u8; 60])?;
+        tx.upsert(&u, u64_key(19_990_000), [4u8; 60])?;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(u.count(&w).unwrap(), 2000 + rows);
+    for k in 0..rows {
+        assert_eq!(value_of(&w, &u, 10_000 + 1 + k), [3u8; 100]);
+    }
+    assert_eq!(value_of(&w, &u, 19_990_000), [4u8; 60]);
+    let report = u.verify(&w).unwrap();
+    assert!(report.leaves > 100, "{report:?}");
+    drop(w);
+    e.close().unwrap();
+}

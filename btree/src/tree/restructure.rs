@@ -169,6 +169,41 @@ pub(super) fn sequential_cut(
     Some(Cut { m: pos, sep })
 }
 
+/// Where a node splits.
+#[derive(Clone, Copy)]
+pub(super) enum How<'k> {
+    /// To make room for `need` bytes for `key` (as [`sequential_cut`], else [`balanced_cut`],
+    /// else in the middle).
+    Make { key: &'k [u8], need: usize },
+    /// A leaf, right after `sep` (a key inside its fences): `sep` becomes its upper fence.
+    At(&'k [u8]),
+}
+
+impl How<'_> {
+    /// The halves of a node of `kind` holding `entries`, as [`halves`] gives them (`last`:
+    /// its last inserts; `room`: as for [`sequential_cut`]).
+    fn halves<'e, 'a>(
+        self,
+        kind: u8,
+        entries: &'e [Entry<'a>],
+        last: [usize; 2],
+        room: usize,
+    ) -> (&'e [Entry<'a>], Vec<u8>, &'e [Entry<'a>], u64) {
+        match self {
+            How::Make { key, need } => {
+                let cut = sequential_cut(kind, entries, last, key, room)
+                    .or_else(|| balanced_cut(kind, entries, key, need));
+                halves(kind, entries, cut)
+            }
+            How::At(sep) => {
+                assert_eq!(kind, KIND_LEAF, "only a leaf splits at a given key");
+                let m = entries.partition_point(|&(k, _, _)| k <= sep);
+                (&entries[..m], sep.to_vec(), &entries[m..], NO_PAGE)
+            }
+        }
+    }
+}
+
 /// A short key `s` with `s < b`, as close below `b` as a few extra bytes allow (or `None`).
 pub(super) fn below(b: &[u8]) -> Option<Vec<u8>> {
     let (last, head) = b.split_last()?;
@@ -242,8 +277,7 @@ pub(super) fn split_child(
     w: &Worker,
     px: &mut ExclusiveGuard<'_>,
     x: &mut ExclusiveGuard<'_>,
-    key: &[u8],
-    need: usize,
+    how: How<'_>,
 ) -> OpResult<()> {
     // the entries are read from a copy: `x` is rewritten while they are used
     let orig: [u8; PAGE_DATA_SIZE] = page_copy(x);
@@ -251,9 +285,7 @@ pub(super) fn split_child(
     let (kind, level, entries, upper) = (n.kind(), n.level(), n.entries(), n.upper_child());
     let (right, (lower_fence, upper_fence), last) = (n.right(), n.fences(), n.last_inserts());
     let room = n.free_space() + upper_fence.as_ref().map_or(0, Vec::len);
-    let cut = sequential_cut(kind, &entries, last, key, room)
-        .or_else(|| balanced_cut(kind, &entries, key, need));
-    let (left, sep, rest, left_upper) = halves(kind, &entries, cut);
+    let (left, sep, rest, left_upper) = how.halves(kind, &entries, last, room);
     let mut rg = w.allocate()?;
     let rpid = rg.pid();
     rg.modify(|b| {
@@ -413,7 +445,7 @@ impl BTree {
             return Ok(()); // someone split it meanwhile
         }
         match px.as_mut() {
-            None => self.split_root(w, &mut x, key, need),
+            None => self.split_root(w, &mut x, How::Make { key, need }),
             Some(pxg) => {
                 let sep_need = node::entry_space(MAX_KEY, 8);
                 if node::free_space(pxg.page()) < sep_need {
@@ -423,7 +455,42 @@ impl BTree {
                     self.try_split(w, key, ppid, sep_need)?;
                     return Err(Restart::Retry);
                 }
-                split_child(w, pxg, &mut x, key, need)
+                split_child(w, pxg, &mut x, How::Make { key, need })
+            }
+        }
+    }
+
+    /// Split the leaf whose keys take in `sep` so that `sep` is its last key: the keys up to
+    /// `sep` stay, the rest move to a new right sibling (either side may be left without
+    /// keys). Nothing to do where a leaf ends at `sep` already. A commit that writes more new
+    /// keys into one gap between a leaf's keys than a leaf holds splits it this way at its own
+    /// keys, which are not in the tree yet (no split at the leaf's keys separates them).
+    pub(crate) fn split_leaf_at(&self, w: &Worker, sep: &[u8]) -> OpResult<()> {
+        let Some((parent, g)) = self.path_to(w, sep, None)? else {
+            return Ok(());
+        };
+        let ends_at_sep = node::fence(g.page(), true).is_some_and(|u| u == sep);
+        g.validate()?;
+        if ends_at_sep {
+            return Ok(());
+        }
+        let mut px = match parent {
+            Some(pg) => Some(pg.to_exclusive()?),
+            None => None,
+        };
+        let mut x = g.to_exclusive()?;
+        match px.as_mut() {
+            None => self.split_root(w, &mut x, How::At(sep)),
+            Some(pxg) => {
+                let sep_need = node::entry_space(MAX_KEY, 8);
+                if node::free_space(pxg.page()) < sep_need {
+                    let ppid = pxg.pid();
+                    drop(x);
+                    drop(px);
+                    self.try_split(w, sep, ppid, sep_need)?;
+                    return Err(Restart::Retry);
+                }
+                split_child(w, pxg, &mut x, How::At(sep))
             }
         }
     }
@@ -465,8 +532,7 @@ impl BTree {
         &self,
         w: &Worker,
         root: &mut ExclusiveGuard<'_>,
-        key: &[u8],
-        need: usize,
+        how: How<'_>,
     ) -> OpResult<()> {
         // the entries are read from a copy: the root is rewritten while they are used
         let orig: [u8; PAGE_DATA_SIZE] = page_copy(root);
@@ -487,9 +553,7 @@ impl BTree {
                 return Err(e.into());
             }
         };
-        let cut = sequential_cut(kind, &entries, last, key, n.free_space())
-            .or_else(|| balanced_cut(kind, &entries, key, need));
-        let (left, sep, right, left_upper) = halves(kind, &entries, cut);
+        let (left, sep, right, left_upper) = how.halves(kind, &entries, last, n.free_space());
         let (lpid, rpid) = (lg.pid(), rg.pid());
         lg.modify(|b| {
             let mut n = NodeMut::new(b);

@@ -9,8 +9,7 @@ use crate::node::{self, entry_space, NodeMut, FLAG_OVERFLOW, MAX_RECORD};
 use crate::overflow::{self, ValueRef};
 use crate::tree::BTree;
 use shoal_engine::{
-    CommitPoint, EngineError, ExclusiveGuard, OpResult, OptimisticGuard, Pid, Restart, Worker,
-    PAGE_DATA_SIZE,
+    CommitPoint, ExclusiveGuard, OpResult, OptimisticGuard, Pid, Restart, Worker, PAGE_DATA_SIZE,
 };
 use std::borrow::Cow;
 
@@ -18,8 +17,9 @@ use std::borrow::Cow;
 /// meeting busy leaves or splitting gives up with [`TxError::Conflict`].
 const ATTEMPTS: u32 = 64;
 
-/// Most bytes the writes into one leaf may take (what a nearly empty leaf holds): more cannot
-/// be written at once, since no split puts keys between keys that are not in the tree yet.
+/// Most bytes the writes into one leaf may take (what a nearly empty leaf holds): where they
+/// need more, the leaf is split at keys of the commit's own ([`Attempt::SplitAt`]), since no
+/// split at the leaf's keys puts keys between keys that are not in the tree yet.
 const MAX_GAP: usize = PAGE_DATA_SIZE - node::HEADER - 2 * node::MAX_KEY;
 
 /// One write as it goes into a leaf: the bytes the slot holds and its flags.
@@ -63,6 +63,9 @@ enum Attempt {
     Busy,
     /// Leaf `pid` on `key`'s path of `tree` needs `need` free bytes: split it, try again.
     Split(BTree, Vec<u8>, Pid, usize),
+    /// The writes into one leaf of `tree` need more than a leaf holds: split leaves after
+    /// each of these keys of the writes (in key order), so that each part fits, try again.
+    SplitAt(BTree, Vec<Vec<u8>>),
     /// A read no longer holds.
     Conflict,
     /// Write `i`'s adds do not fit the value its key has (or it has none).
@@ -263,9 +266,20 @@ fn attempts<'w>(
     leaves: &mut Vec<Pid>,
     each: &mut Each<'w>,
 ) -> Result<Leftovers, TxError> {
-    for tries in 0..ATTEMPTS {
+    // (splits make progress, so they do not count as tries: each leaves more room for the
+    // writes, and a commit of many writes into an empty tree needs one per leaf it fills; past
+    // one per write, and some for other writers filling the same leaves, they count)
+    let free_splits = stored.len() + ATTEMPTS as usize;
+    let mut tries = 0;
+    let mut splits = 0usize;
+    while tries < ATTEMPTS {
         leaves.clear();
-        match attempt(w, tx, stored, leaves, each) {
+        let attempt = attempt(w, tx, stored, leaves, each);
+        let split = matches!(attempt, Ok(Attempt::Split(..) | Attempt::SplitAt(..)));
+        if !split || splits > free_splits {
+            tries += 1;
+        }
+        match attempt {
             Ok(Attempt::Done(left)) => return Ok(left),
             Ok(Attempt::Conflict) => return Err(TxError::Conflict),
             Ok(Attempt::TooLarge(leaves)) => {
@@ -289,10 +303,17 @@ fn attempts<'w>(
                     // (a leaf freed meanwhile fails here: the next attempt descends again)
                     let _ = w.gather_exclusive(pid);
                 }
-                super::backoff(tries + 1)
+                super::backoff(tries)
             }
             Ok(Attempt::Split(tree, key, pid, need)) => {
+                splits += 1;
                 w.run(|w| tree.try_split(w, &key, pid, need))?;
+            }
+            Ok(Attempt::SplitAt(tree, seps)) => {
+                for sep in seps {
+                    splits += 1;
+                    w.run(|w| tree.split_leaf_at(w, &sep))?;
+                }
             }
             Err(Restart::Fail(e)) => return Err(e.into()),
         }
@@ -431,12 +452,7 @@ fn attempt<'w>(
         if need > free {
             let s = &stored[ws[0].1];
             if need > MAX_GAP {
-                return Err(Restart::Fail(EngineError::Config(format!(
-                    "a transaction writes {need} bytes into one gap of tree {}'s keys (at \
-                     {:?}); one commit takes at most {MAX_GAP}: commit in parts",
-                    s.tree.root(),
-                    s.key
-                ))));
+                return Ok(Attempt::SplitAt(s.tree, split_keys(ws, stored)));
             }
             return Ok(Attempt::Split(s.tree, s.key.to_vec(), x.pid(), need));
         }
@@ -616,6 +632,29 @@ fn adds_fit(
     exact
         && node::val_flags(p, at) & FLAG_OVERFLOW == 0
         && adds.iter().all(|a| a.end() <= node::slot_info(p, at).2)
+}
+
+/// Keys of the writes `ws` (into one leaf, in key order) after which to split, so that the
+/// writes between two of them need at most three quarters of what a nearly empty leaf holds
+/// (each write's room counted at most, as [`Stored::need_at_most`]; the leaves at either end
+/// keep the old leaf's keys too, and split again as usual where they do not fit).
+fn split_keys(ws: &[(Pid, usize)], stored: &[Stored<'_>]) -> Vec<Vec<u8>> {
+    debug_assert!(ws.len() >= 2, "one write fits a leaf");
+    let mut keys = Vec::new();
+    let mut part = 0;
+    for (j, &(_, i)) in ws.iter().enumerate() {
+        let need = stored[i].need_at_most();
+        if part > 0 && part + need > MAX_GAP / 4 * 3 {
+            keys.push(stored[ws[j - 1].1].key.to_vec());
+            part = 0;
+        }
+        part += need;
+    }
+    if keys.is_empty() {
+        // (removals and growth counted as nothing: split in the middle of the writes)
+        keys.push(stored[ws[ws.len() / 2 - 1].1].key.to_vec());
+    }
+    keys
 }
 
 /// The room the writes `ws` into leaf `x` take on its page as it is: an insert its entry, a

@@ -43,7 +43,7 @@ pub fn one_node(dir: &std::path::Path) -> (shoal_engine::Engine, BTree, Worker) 
 pub const WIDE_PAD: usize = 400;
 
 /// Open every account with `START` and `WIDE_PAD` bytes of padding after the balance (one
-/// transaction each: a commit writes at most a few KB into one gap of the keys).
+/// transaction each).
 pub fn open_wide_accounts(w: &Worker, tree: &BTree) {
     let mut v = vec![0u8; 8 + WIDE_PAD];
     v[..8].copy_from_slice(&START.to_le_bytes());
@@ -309,7 +309,7 @@ pub fn flip_flop(
         let (stop, moves, tree) = (&stop, &moves, &tree);
         s.spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                let (a, b) = if moves.load(Ordering::Relaxed) % 2 == 0 {
+                let (a, b) = if moves.load(Ordering::Relaxed).is_multiple_of(2) {
                     (0, FLIP_Y)
                 } else {
                     (FLIP_Y, 0)
@@ -324,7 +324,7 @@ pub fn flip_flop(
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     n += 1;
-                    let writes = n % 2 == 0;
+                    let writes = n.is_multiple_of(2);
                     let sum = transact(&w, |tx| {
                         let x = amount(&tx.get(tree, u64_key(0))?.expect("x"));
                         // reads of rows the mover leaves alone, between x and y: their checks
