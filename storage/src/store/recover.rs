@@ -71,7 +71,11 @@ impl Merge {
             return Err(StoreError::BadLog {
                 path: peer.to_path_buf(),
                 why: format!(
-                    "cannot be read ({e}; {seen}). Every node of this cluster has a log, and                      recovery needs each one: that node's data directory must be reachable                      from this node (on separate hosts: share it, or copy its log here).                      Nothing was recovered from the logs; the pages it covers stay                      unavailable (docs/durability.md, \"Clusters\")"
+                    "cannot be read ({e}; {seen}). Every node of this cluster has a log, and \
+                     recovery needs each one: that node's data directory must be reachable \
+                     from this node (on separate hosts: share it, or copy its log here). \
+                     Nothing was written; the pages whose changes it may hold stay \
+                     unavailable until it can be read (docs/durability.md, \"Clusters\")"
                 ),
             });
         }
@@ -161,7 +165,9 @@ impl Merge {
                 return Err(StoreError::BadLog {
                     path: store.devices[0].path.clone(),
                     why: format!(
-                        "page {pid:#x} (slot {slot}): the logs hold its changes up to version                          {high}, but none holds version {low} (the store's copy is at {}): a                          node's log is missing or damaged",
+                        "page {pid:#x} (slot {slot}): the logs hold its changes up to version \
+                         {high}, but none holds version {low} (the store's copy is at {}): a \
+                         node's log is missing or damaged",
                         stored_version.map_or("none".to_string(), |v| v.to_string())
                     ),
                 });
