@@ -441,7 +441,7 @@ fn a_peer_log_that_cannot_be_read_is_an_error_naming_it_when_pages_are_brought_b
     let s = PageStore::open(&c).unwrap();
     let logs = vec![own_dir.join("d0.wal"), peer.clone()];
     let pids: std::collections::HashSet<u64> = [0u64].into_iter().collect();
-    let e = s.recover_pages(&logs, &pids).err().expect("must refuse");
+    let e = s.recover_pages(&logs, &pids).expect_err("must refuse");
     match &e {
         StoreError::BadLog { path, why } => {
             assert_eq!(path, &peer, "{e}");
@@ -453,8 +453,7 @@ fn a_peer_log_that_cannot_be_read_is_an_error_naming_it_when_pages_are_brought_b
     let gone = dir.path().join("node2").join("node2-0.wal");
     let e = s
         .recover_pages(&[own_dir.join("d0.wal"), gone.clone()], &pids)
-        .err()
-        .expect("must refuse");
+        .expect_err("must refuse");
     assert!(
         matches!(&e, StoreError::BadLog { path, .. } if path == &gone),
         "{e}"
