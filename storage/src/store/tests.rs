@@ -419,10 +419,18 @@ fn a_peer_log_missing_from_its_directory_is_an_error_naming_it_at_recovery() {
         }
         _ => panic!("not BadLog: {e}"),
     }
-    // nothing was written: the store is still unclean, and opens once the log is readable
-    // (here: its node's directory reachable, and the node never ran with records of ours)
+    // nothing was written: the store is still unclean (refused again), and recovers once
+    // the peer's log is there (here a new one: that node holds no records of ours)
     let e = PageStore::open(&c).err().expect("still refused");
     assert!(matches!(e, StoreError::BadLog { .. }), "{e}");
+    let mut p = cfg(&peer_dir, 1);
+    let mut w = crate::wal::WalConfig::new(peer.clone());
+    w.file_bytes = 1 << 20;
+    w.ring_bytes = 256 << 10;
+    p.wal = Some(w);
+    PageStore::open(&p).unwrap().close().unwrap();
+    let s = PageStore::open(&c).unwrap();
+    s.close().unwrap();
 }
 
 /// Issue 70: the same when a home brings back pages lost with a dead node
