@@ -295,7 +295,8 @@ impl PageStore {
     /// again (`Merge::scan_peer`). Returns each page written, with its version; a page whose
     /// logs hold nothing newer than the store's copy is left as it is.
     ///
-    /// An error (a log missing or damaged: a chain with a gap) writes nothing.
+    /// An error (a log that cannot be read, damaged, or missing a page's change: a chain with
+    /// a gap) writes nothing; it names the log, or the page.
     pub fn recover_pages(
         &self,
         logs: &[std::path::PathBuf],
