@@ -251,8 +251,12 @@ impl Cluster {
                 c
             })
             .collect();
-        // every node's recovery reads the others' logs (docs/durability.md, "Clusters")
-        let logs: Vec<Option<PathBuf>> = cfgs.iter().map(|c| c.log_path()).collect();
+        // every node's recovery reads the others' logs (docs/durability.md, "Clusters"): those
+        // of the nodes that run with one, each of which must then be readable
+        let logs: Vec<Option<PathBuf>> = cfgs
+            .iter()
+            .map(|c| c.wal_config().map(|w| w.path))
+            .collect();
         for (i, c) in cfgs.iter_mut().enumerate() {
             c.peer_logs = (0..logs.len())
                 .filter(|&j| j != i)

@@ -356,7 +356,9 @@ impl ClusterFile {
         cfg.durability = self.durability.unwrap_or(crate::Durability::None);
         cfg.wal_bytes = self.wal_bytes;
         cfg.checkpoint_past_dead_peers = self.checkpoint_past_dead_peers;
-        // every node's recovery reads the others' logs (docs/durability.md, "Clusters")
+        // every node's recovery reads the others' logs (docs/durability.md, "Clusters"); the
+        // durability is the cluster's, so with a log every node has one, and each must be
+        // readable (a missing one is an error, never skipped)
         cfg.peer_logs = self
             .nodes
             .iter()
@@ -365,7 +367,8 @@ impl ClusterFile {
                 let mut c = EngineConfig::for_cluster_node(&n.data_dir, n.cache_bytes);
                 c.devices = n.devices;
                 c.node_id = n.id;
-                c.log_path()
+                c.durability = cfg.durability;
+                c.wal_config().map(|w| w.path)
             })
             .collect();
         Ok(cfg)

@@ -50,7 +50,10 @@ pub struct EngineConfig {
     pub durability: Durability,
     /// A cluster node with a log: the logs of the cluster's other nodes, which its recovery
     /// reads for the records of its own pages (every node logs the changes its workers make,
-    /// whatever the page's home). [`crate::Cluster`] and cluster files fill it in.
+    /// whatever the page's home), as do its homes' take-backs of pages lost with a dead node.
+    /// Every log listed must be readable from this node: one that is not is an error naming
+    /// it, never skipped (list only nodes that run with a log). [`crate::Cluster`] and
+    /// cluster files fill it in.
     pub peer_logs: Vec<PathBuf>,
     /// Size of the write-ahead log file (with a log; 4 KiB multiple, at least 1 MiB; default
     /// 64 MiB, written once when the log is created). A checkpoint begins when half of it is

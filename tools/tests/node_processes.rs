@@ -345,10 +345,37 @@ fn logged_cluster_file(dir: &Path, n: usize) -> PathBuf {
 
 /// Start node `id` with a log: it prints its committed increments every 100 ms.
 fn start_logged(file: &Path, id: usize, increments: u64, json: &Path) -> Child {
+    start_logged_hiding(file, id, increments, json, &[])
+}
+
+/// Start node `id` as `start_logged` does, in a mount namespace of its own where each of the
+/// directories `hide` is an empty tmpfs (as if they were on other hosts); `hide` empty: as
+/// any process.
+fn start_logged_hiding(
+    file: &Path,
+    id: usize,
+    increments: u64,
+    json: &Path,
+    hide: &[PathBuf],
+) -> Child {
     let out = std::fs::File::create(json.with_extension("out")).unwrap();
     let err = out.try_clone().unwrap();
-    Command::new(env!("CARGO_BIN_EXE_shoal"))
-        .args(["node", "--config"])
+    let mut cmd = if hide.is_empty() {
+        Command::new(env!("CARGO_BIN_EXE_shoal"))
+    } else {
+        // unshare execs sh, which mounts and execs shoal: the child is the node itself
+        let mut c = Command::new("unshare");
+        let mounts = (1..=hide.len())
+            .map(|k| format!("mount -t tmpfs none \"${k}\" && "))
+            .collect::<String>();
+        c.args(["-m", "sh", "-c"])
+            .arg(format!("{mounts}shift {} && exec \"$@\"", hide.len()))
+            .arg("sh")
+            .args(hide)
+            .arg(env!("CARGO_BIN_EXE_shoal"));
+        c
+    };
+    cmd.args(["node", "--config"])
         .arg(file)
         .args(["--id", &id.to_string(), "--increments"])
         .arg(increments.to_string())
@@ -1024,6 +1051,115 @@ fn rejoin_once(node_2_increments: bool) {
         // the tallies hold exactly the increments made (node 2 made none)
         assert_eq!(tallies, made, "tallies against increments made:\n{all}");
     }
+}
+
+/// Whether this machine lets a test mount file systems in a mount namespace of its own.
+fn mount_namespaces() -> bool {
+    Command::new("unshare")
+        .args(["-m", "sh", "-c", "mount -t tmpfs none /mnt"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Issue 70, as a user measured it: a cluster of separate hosts, each node in a mount
+/// namespace of its own where the other nodes' data directories are empty (a tmpfs over each),
+/// so that no node can read another's log. Node 2 (no increments of its own; nodes 0 and 1
+/// change its pages, those changes only in their logs) is killed and started again the same
+/// way. Its recovery needs their logs and cannot read them: its start fails with an error
+/// naming the log it cannot read. (Before, a log missing from a directory that exists was
+/// taken for a node running without a log: node 2 rejoined and served its pages without
+/// those changes, silently.) Then, every directory reachable again, the whole cluster restarts
+/// and every counter equals its tally: the refused recovery wrote nothing, and lost nothing.
+#[test]
+fn a_restarted_node_that_cannot_read_a_peers_log_fails_naming_it_instead_of_rejoining() {
+    let _one = one_at_a_time();
+    if !mount_namespaces() {
+        eprintln!("no mount namespace here: not run");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = logged_cluster_file(dir.path(), 3);
+    let data: Vec<PathBuf> = (0..3)
+        .map(|i| dir.path().join(format!("node{i}")))
+        .collect();
+    for d in &data {
+        std::fs::create_dir(d).unwrap();
+    }
+    let others = |i: usize| -> Vec<PathBuf> {
+        (0..3)
+            .filter(|&j| j != i)
+            .map(|j| data[j].clone())
+            .collect()
+    };
+    let t0 = Instant::now();
+    let paths: Vec<PathBuf> = (0..3)
+        .map(|i| dir.path().join(format!("h{i}.json")))
+        .collect();
+    let increments = [1 << 40, 1 << 40, 0];
+    let mut kids = Kids(
+        (0..3)
+            .map(|i| start_logged_hiding(&file, i, increments[i], &paths[i], &others(i)))
+            .collect(),
+    );
+    wait_while_running(&mut kids.0[0], 0, &paths, t0, "commits", || {
+        committed(&paths[0]) >= 500 && committed(&paths[1]) >= 500
+    });
+    kill_node_2(&mut kids, &paths, t0);
+    kids.0[2] = start_logged_hiding(&file, 2, 0, &paths[2], &others(2));
+    let code = loop {
+        if let Some(st) = kids.0[2].try_wait().unwrap() {
+            break st.code();
+        }
+        assert!(
+            !output(&paths, 2).contains("node 2: start:"),
+            "node 2 started without the others' logs; every node's output:\n{}",
+            outputs(&paths)
+        );
+        not_hung(t0, "node 2 to fail", &paths);
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let text = output(&paths, 2);
+    let all = outputs(&paths);
+    // (status 2: its start failed, before any run)
+    assert_eq!(
+        code,
+        Some(2),
+        "node 2 must fail; every node's output:\n{all}"
+    );
+    assert!(
+        !text.contains("node 2: start:"),
+        "node 2 started without the others' logs; every node's output:\n{all}"
+    );
+    // its recovery reads node 0's log first
+    let log0 = data[0].join("node0-0.wal");
+    assert!(
+        text.contains(&format!("{}: cannot be read", log0.display()))
+            && text.contains("must be reachable"),
+        "node 2 must name the log it cannot read ({}); every node's output:\n{all}",
+        log0.display()
+    );
+    assert!(
+        !text.contains("recovered from its log"),
+        "node 2 recovered nothing; every node's output:\n{all}"
+    );
+    eprintln!(
+        "node 2 refused: {}",
+        text.lines()
+            .find(|l| l.contains("cannot be read"))
+            .unwrap_or_default()
+    );
+    // the directories reachable again (no namespace): the whole cluster restarts, and each
+    // tally holds every increment its node committed
+    terminate(&kids.0[..2]);
+    for i in 0..2 {
+        finish(&mut kids.0[i], i, &paths, t0);
+    }
+    let acked = [committed(&paths[0]), committed(&paths[1]), 0];
+    let tallies = restart_and_tallies(&file, dir.path(), "h-all");
+    each_tally_holds_its_commits(&tallies, &acked);
+    eprintln!("the whole cluster restarted: tallies {tallies:?}, committed {acked:?}");
 }
 
 /// Issue 45: node 2 of 3 (all incrementing counters, logged) is killed with SIGKILL at random

@@ -29,8 +29,9 @@
 //! restarts dead nodes"), which also states what it assumes and the engine does not check.
 //!
 //! Refused: a lost page without a log (its changes are gone; only a whole-cluster restart,
-//! which serves the stored version, brings it back), or whose logs have a gap (a log missing
-//! or damaged): the restarted node's start fails with this reason.
+//! which serves the stored version, brings it back), or whose logs cannot be read whole (a
+//! log this node cannot read, named in the error, or a chain with a gap): the restarted
+//! node's start fails with this reason, and the pages stay lost.
 
 use super::directory::{Holders, Holds};
 use super::possession::Pending;

@@ -865,6 +865,54 @@ fn a_page_lost_with_a_restarted_node_whose_log_is_damaged_stays_lost_and_the_nod
     assert!(err.to_string().contains("node 2"), "{err}");
 }
 
+/// Issue 70: a page lost with the dead node whose log its home cannot read (moved away
+/// here, its directory still present: as another host's log is, seen from this one) is not
+/// brought back from the other logs, which would serve it without the dead node's changes:
+/// the home refuses the restarted node with an error naming the log, and the page stays
+/// unavailable, naming the dead node.
+#[test]
+fn a_page_lost_with_a_restarted_node_whose_log_cannot_be_read_stays_lost_and_the_error_names_the_log(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let c = logged_cluster(dir.path());
+    let w0 = c.node(0).worker();
+    let pid = page_holding_41(&w0);
+    w0.commit().unwrap();
+    {
+        let w2 = c.node(2).worker();
+        w2.exclusive(pid).unwrap().page_mut().set_u64(0, 42);
+        w2.commit().unwrap();
+    }
+    kill_2_until_lost_at_home(&c, &w0, pid);
+    let log = std::fs::read_dir(dir.path().join("n2"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "wal"))
+        .expect("node 2's log");
+    std::fs::rename(&log, log.with_extension("away")).unwrap();
+    let (node0, coh0) = (c.node(0).node(), c.node(0).node().coherence().unwrap());
+    let why = coh0.take_back(node0.buffer(), 2).expect_err("refused");
+    assert!(
+        why.contains("bringing back 1 pages lost with node 2")
+            && why.contains(&format!("{}: cannot be read", log.display()))
+            && why.contains("they stay unavailable"),
+        "{why}"
+    );
+    assert_eq!(
+        coh0.driver
+            .counters
+            .pages_brought_back
+            .load(Ordering::Relaxed),
+        0
+    );
+    let err = w0.run(|w| w.shared(pid).map(|_| ())).unwrap_err();
+    assert!(err.to_string().contains("node 2"), "{err}");
+    // its log back in place, node 2's change comes back with the page
+    std::fs::rename(log.with_extension("away"), &log).unwrap();
+    take_2_back(&c);
+    assert_eq!(w0.shared(pid).unwrap().page().u64(0), 42);
+}
+
 /// Issue 45, rejoin, the census: node 1 holds a page of node 0 exclusively (its write not
 /// yet at the home) when node 0 is told the page was lost with node 2, which died (the
 /// conservative loss of a node that waited for node 2 in a chain; the model check finds such

@@ -82,7 +82,11 @@ pub struct StoreConfig {
 pub struct ClusterLogs {
     /// The node whose store this is.
     pub node: u8,
-    /// The logs of the cluster's other nodes (read only, from their redo points).
+    /// The logs of the cluster's other nodes that run with a log (read only, from their redo
+    /// points): every one listed must be readable. A listed log that is not there is an
+    /// error naming it (`StoreError::BadLog`), never skipped: a cluster's durability is one
+    /// setting, so its absence means this node cannot see it (another host's directory), and
+    /// recovering without it would lose its records of this store's pages silently.
     pub peers: Vec<PathBuf>,
 }
 

@@ -57,18 +57,26 @@ impl Merge {
         peer: &std::path::Path,
         wanted: &dyn Fn(u64) -> bool,
     ) -> StoreResult<()> {
-        if !peer.exists() {
-            let here = peer.parent().is_some_and(|d| d.is_dir());
-            if here {
-                // that node runs without a log: it has no records of anyone's pages
-                return Ok(());
-            }
+        // Every log listed here is one its node writes: a cluster's durability is one setting
+        // for all its nodes, and a node without a log is not listed (`ClusterLogs::peers`).
+        // So a log that is not there is one this node cannot see (another host's directory,
+        // a directory not mounted here, hidden, or emptied), never one that need not exist:
+        // going on without it would bring pages back without the changes it holds, silently.
+        if let Err(e) = std::fs::metadata(peer) {
+            let dir = peer.parent().filter(|d| d.is_dir());
+            let seen = match dir {
+                Some(d) => format!("its directory {} is here, but not the log", d.display()),
+                None => "its node's directory is not reachable from here".to_string(),
+            };
             return Err(StoreError::BadLog {
                 path: peer.to_path_buf(),
-                why:
-                    "a cluster node's recovery reads every node's log, and this one's directory is \
-                      not reachable from here (docs/durability.md, \"Clusters\")"
-                        .into(),
+                why: format!(
+                    "cannot be read ({e}; {seen}). Every node of this cluster has a log, and \
+                     recovery needs each one: that node's data directory must be reachable \
+                     from this node (on separate hosts: share it, or copy its log here). \
+                     Nothing was written; the pages whose changes it may hold stay \
+                     unavailable until it can be read (docs/durability.md, \"Clusters\")"
+                ),
             });
         }
         // A peer's log may be written while it is read: a node restarted into a running
@@ -157,7 +165,9 @@ impl Merge {
                 return Err(StoreError::BadLog {
                     path: store.devices[0].path.clone(),
                     why: format!(
-                        "page {pid:#x} (slot {slot}): the logs hold its changes up to version                          {high}, but none holds version {low} (the store's copy is at {}): a                          node's log is missing or damaged",
+                        "page {pid:#x} (slot {slot}): the logs hold its changes up to version \
+                         {high}, but none holds version {low} (the store's copy is at {}): a \
+                         node's log is missing or damaged",
                         stored_version.map_or("none".to_string(), |v| v.to_string())
                     ),
                 });
@@ -285,7 +295,8 @@ impl PageStore {
     /// again (`Merge::scan_peer`). Returns each page written, with its version; a page whose
     /// logs hold nothing newer than the store's copy is left as it is.
     ///
-    /// An error (a log missing or damaged: a chain with a gap) writes nothing.
+    /// An error (a log that cannot be read, damaged, or missing a page's change: a chain with
+    /// a gap) writes nothing; it names the log, or the page.
     pub fn recover_pages(
         &self,
         logs: &[std::path::PathBuf],

@@ -378,3 +378,92 @@ fn what_an_unfinished_creation_leaves_is_named_a_leftover() {
     assert!(!creation_leftover("node0-0.dat"));
     assert!(!creation_leftover("node0-0.wal"));
 }
+
+/// A store with a small log in `dir`, left unclean (dropped without a close, nothing in it), and the
+/// configuration that opens it again as node 0 of a cluster whose node 1's log is `peer`.
+fn unclean_cluster_store(dir: &Path, peer: PathBuf) -> StoreConfig {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut c = cfg(dir, 1);
+    let mut w = crate::wal::WalConfig::new(dir.join("d0.wal"));
+    w.file_bytes = 1 << 20;
+    w.ring_bytes = 256 << 10;
+    c.wal = Some(w);
+    // (opened with a log, the store is unclean until closed; its allocations would need
+    // the engine's slot log)
+    drop(PageStore::open(&c).unwrap()); // no close
+    c.mode = OpenMode::Open;
+    c.page_home = Some(|_| 0);
+    c.cluster = Some(ClusterLogs {
+        node: 0,
+        peers: vec![peer],
+    });
+    c
+}
+
+/// Issue 70: a peer's log that is not there, its directory present (another host's
+/// directory, hidden here under an empty mount), is an error naming it at recovery, not a
+/// node "without a log" skipped: every node of a cluster with a log has one.
+#[test]
+fn a_peer_log_missing_from_its_directory_is_an_error_naming_it_at_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let peer_dir = dir.path().join("node1");
+    std::fs::create_dir(&peer_dir).unwrap();
+    let peer = peer_dir.join("node1-0.wal");
+    let c = unclean_cluster_store(&dir.path().join("node0"), peer.clone());
+    let e = PageStore::open(&c).err().expect("recovery must refuse");
+    match &e {
+        StoreError::BadLog { path, why } => {
+            assert_eq!(path, &peer, "{e}");
+            assert!(why.contains("cannot be read"), "{e}");
+            assert!(why.contains("must be reachable"), "{e}");
+        }
+        _ => panic!("not BadLog: {e}"),
+    }
+    // nothing was written: the store is still unclean (refused again), and recovers once
+    // the peer's log is there (here a new one: that node holds no records of ours)
+    let e = PageStore::open(&c).err().expect("still refused");
+    assert!(matches!(e, StoreError::BadLog { .. }), "{e}");
+    let mut p = cfg(&peer_dir, 1);
+    let mut w = crate::wal::WalConfig::new(peer.clone());
+    w.file_bytes = 1 << 20;
+    w.ring_bytes = 256 << 10;
+    p.wal = Some(w);
+    PageStore::open(&p).unwrap().close().unwrap();
+    let s = PageStore::open(&c).unwrap();
+    s.close().unwrap();
+}
+
+/// Issue 70: the same when a home brings back pages lost with a dead node
+/// (`PageStore::recover_pages`): an error naming the log, and nothing written.
+#[test]
+fn a_peer_log_that_cannot_be_read_is_an_error_naming_it_when_pages_are_brought_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let own_dir = dir.path().join("node0");
+    let peer_dir = dir.path().join("node1");
+    std::fs::create_dir(&peer_dir).unwrap();
+    let peer = peer_dir.join("node1-0.wal");
+    let mut c = unclean_cluster_store(&own_dir, peer.clone());
+    c.cluster = None;
+    c.page_home = None;
+    c.allow_unclean = true;
+    let s = PageStore::open(&c).unwrap();
+    let logs = vec![own_dir.join("d0.wal"), peer.clone()];
+    let pids: std::collections::HashSet<u64> = [0u64].into_iter().collect();
+    let e = s.recover_pages(&logs, &pids).expect_err("must refuse");
+    match &e {
+        StoreError::BadLog { path, why } => {
+            assert_eq!(path, &peer, "{e}");
+            assert!(why.contains("cannot be read"), "{e}");
+        }
+        _ => panic!("not BadLog: {e}"),
+    }
+    // a directory that is not there at all is the same error
+    let gone = dir.path().join("node2").join("node2-0.wal");
+    let e = s
+        .recover_pages(&[own_dir.join("d0.wal"), gone.clone()], &pids)
+        .expect_err("must refuse");
+    assert!(
+        matches!(&e, StoreError::BadLog { path, .. } if path == &gone),
+        "{e}"
+    );
+}
