@@ -1,7 +1,7 @@
 //! A transaction's commit: latch the leaves it writes, check their room, validate its reads,
 //! write, let go (see the module docs of `txn`).
 
-use super::read::{point_holds, range_holds, Held, Witnesses};
+use super::read::{point_holds, range_holds, Held, Holds, Witnesses};
 use super::writes::{Addend, Op, Write};
 use super::{ReadAt, Transaction, TxError};
 use crate::error::TreeError;
@@ -713,20 +713,53 @@ fn validate(w: &Worker, tx: &Transaction<'_>, held: &Held<'_, '_>) -> OpResult<b
     if !super::isolated() {
         return Ok(true);
     }
+    let mut witnesses = Witnesses::with_buffer(WITNESSES.with(|b| b.take()));
+    let r = validate_with(w, tx, held, &mut witnesses);
+    WITNESSES.with(|b| b.set(witnesses.into_buffer()));
+    r
+}
+
+thread_local! {
+    /// The witnesses' buffer, kept by the thread for its next validation.
+    static WITNESSES: std::cell::Cell<Vec<(Pid, shoal_engine::PageStamp)>> =
+        const { std::cell::Cell::new(Vec::new()) };
+}
+
+fn validate_with(
+    w: &Worker,
+    tx: &Transaction<'_>,
+    held: &Held<'_, '_>,
+    witnesses: &mut Witnesses,
+) -> OpResult<bool> {
     let mut now = Vec::new(); // (allocated only if a read's leaf changed)
-    let mut witnesses = Witnesses::default();
     for _ in 0..VALIDATION_ROUNDS {
         witnesses.clear();
-        for r in &tx.points {
-            if !point_holds(w, held, r, &tx.arena, &mut now, &mut witnesses)? {
-                return Ok(false);
+        for (i, r) in tx.points.iter().enumerate() {
+            match point_holds(w, held, r, &tx.arena, &mut now, witnesses)? {
+                Holds::No => return Ok(false),
+                Holds::Unchanged if witnesses.by_value => witnesses.note_point(r),
+                Holds::Unchanged => {}
+                Holds::ByValue if !witnesses.by_value => {
+                    // the first: the reads before it held by their unchanged leaves
+                    witnesses.by_value = true;
+                    tx.points[..i].iter().for_each(|p| witnesses.note_point(p));
+                }
+                Holds::ByValue => {}
             }
             #[cfg(test)]
             tests::between_reads();
         }
-        for r in &tx.ranges {
-            if !range_holds(w, held, r, &tx.arena, &mut witnesses)? {
-                return Ok(false);
+        for (j, r) in tx.ranges.iter().enumerate() {
+            match range_holds(w, held, r, &tx.arena, witnesses)? {
+                Holds::No => return Ok(false),
+                Holds::Unchanged if witnesses.by_value => witnesses.note_range(r),
+                Holds::Unchanged => {}
+                Holds::ByValue if !witnesses.by_value => {
+                    witnesses.by_value = true;
+                    tx.points.iter().for_each(|p| witnesses.note_point(p));
+                    tx.ranges[..j].iter().for_each(|q| witnesses.note_range(q));
+                }
+                Holds::ByValue => {}
             }
             #[cfg(test)]
             tests::between_reads();

@@ -640,6 +640,10 @@ fn unchanged(w: &Worker, held: &Held<'_, '_>, pid: Pid, stamp: PageStamp) -> Got
 /// [`range_holds`]), and whether any read was vouched for by its value because its leaf had
 /// changed since the read (then the second pass checks every one again: see `validate` in
 /// commit.rs).
+///
+/// Noted only once some read was vouched for by its value (until then no second pass is due):
+/// the reads checked before that one held by their unchanged leaves, which `validate` notes
+/// then.
 #[derive(Default)]
 pub(crate) struct Witnesses {
     at: Vec<(Pid, PageStamp)>,
@@ -647,10 +651,48 @@ pub(crate) struct Witnesses {
     pub by_value: bool,
 }
 
+/// How a read held at a validation's first pass.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Holds {
+    /// It no longer holds (or its leaf is another committer's): a conflict.
+    No,
+    /// Its leaves are unchanged since the read.
+    Unchanged,
+    /// Its leaf changed, and read again it gave what the transaction read (the leaves it was
+    /// read again from are noted as witnesses).
+    ByValue,
+}
+
 impl Witnesses {
     pub fn clear(&mut self) {
         self.at.clear();
         self.by_value = false;
+    }
+
+    /// Reuse `at`'s allocation (see `validate`).
+    pub fn with_buffer(at: Vec<(Pid, PageStamp)>) -> Witnesses {
+        let mut w = Witnesses {
+            at,
+            by_value: false,
+        };
+        w.clear();
+        w
+    }
+
+    pub fn into_buffer(self) -> Vec<(Pid, PageStamp)> {
+        self.at
+    }
+
+    /// Note the leaves of `r`, a read that held by its unchanged leaves.
+    pub fn note_point(&mut self, r: &PointRead) {
+        self.note(r.leaf, r.stamp);
+    }
+
+    /// See [`Witnesses::note_point`].
+    pub fn note_range(&mut self, r: &RangeRead) {
+        for &(pid, stamp) in &r.leaves {
+            self.note(pid, stamp);
+        }
     }
 
     fn note(&mut self, pid: Pid, stamp: PageStamp) {
@@ -674,8 +716,8 @@ impl Witnesses {
 }
 
 /// Whether `r` still holds (validation: `held` are the committer's leaves; `arena` the
-/// transaction's bytes; `now` a buffer for the value as it is now; the leaf it relied on goes
-/// to `witnesses`). `Ok(false)`: a conflict (changed, or held by another committer).
+/// transaction's bytes; `now` a buffer for the value as it is now; where it held by its value,
+/// the leaf it was read again from goes to `witnesses`).
 pub(crate) fn point_holds(
     w: &Worker,
     held: &Held<'_, '_>,
@@ -683,10 +725,9 @@ pub(crate) fn point_holds(
     arena: &[u8],
     now: &mut Vec<u8>,
     witnesses: &mut Witnesses,
-) -> OpResult<bool> {
+) -> OpResult<Holds> {
     if unchanged(w, held, r.leaf, r.stamp)?.unwrap_or(false) {
-        witnesses.note(r.leaf, r.stamp);
-        return Ok(true);
+        return Ok(Holds::Unchanged);
     }
     now.clear();
     let (slot, leaf, stamp, big) = match point_at(
@@ -698,11 +739,10 @@ pub(crate) fn point_holds(
         None,
     )? {
         Ok(at) => at,
-        Err(Busy) => return Ok(false),
+        Err(Busy) => return Ok(Holds::No),
     };
     witnesses.note(leaf, stamp);
-    witnesses.by_value = true;
-    Ok(match (&r.seen, &r.part) {
+    let holds = match (&r.seen, &r.part) {
         (Some(v), None) => slot.is_some() && now[..] == arena[v.clone()],
         // (a value now in overflow pages: `now` is the value itself, but a patch of its bytes
         // cannot go into its leaf)
@@ -710,19 +750,20 @@ pub(crate) fn point_holds(
             slot.is_some() && !big && now.get(p.clone()) == Some(&arena[v.clone()])
         }
         (None, _) => slot.is_none(),
-    })
+    };
+    Ok(if holds { Holds::ByValue } else { Holds::No })
 }
 
 /// Whether `r` still holds: the same entries in the part of the range it covered, nothing
-/// inserted or removed there (the leaves it relied on go to `witnesses`). `Ok(false)`: a
-/// conflict.
+/// inserted or removed there (where it held by its entries, the leaves it was read again
+/// from go to `witnesses`).
 pub(crate) fn range_holds(
     w: &Worker,
     held: &Held<'_, '_>,
     r: &RangeRead,
     arena: &[u8],
     witnesses: &mut Witnesses,
-) -> OpResult<bool> {
+) -> OpResult<Holds> {
     let mut same = true;
     for &(pid, stamp) in &r.leaves {
         match unchanged(w, held, pid, stamp)? {
@@ -731,14 +772,11 @@ pub(crate) fn range_holds(
                 same = false;
                 break;
             }
-            Err(Busy) => return Ok(false),
+            Err(Busy) => return Ok(Holds::No),
         }
     }
     if same {
-        for &(pid, stamp) in &r.leaves {
-            witnesses.note(pid, stamp);
-        }
-        return Ok(true);
+        return Ok(Holds::Unchanged);
     }
     // read the range again, one entry further than what it returned: if it ended early (the
     // range's end), no entry may follow; if it was cut at `fetch`, what follows is outside it
@@ -755,17 +793,17 @@ pub(crate) fn range_holds(
         &mut leaves,
     )?;
     if walked.is_err() {
-        return Ok(false); // busy
+        return Ok(Holds::No); // busy
     }
     for &(pid, stamp) in &leaves {
         witnesses.note(pid, stamp);
     }
-    witnesses.by_value = true;
     let ended_early = r.seen.len() < r.fetch;
     if again.len() < r.seen.len() || (ended_early && again.len() > r.seen.len()) {
-        return Ok(false);
+        return Ok(Holds::No);
     }
-    Ok(r.seen.iter().zip(&again).all(|((k, v), (k2, v2))| {
+    let same = r.seen.iter().zip(&again).all(|((k, v), (k2, v2))| {
         arena[k.clone()] == bytes[k2.clone()] && arena[v.clone()] == bytes[v2.clone()]
-    }))
+    });
+    Ok(if same { Holds::ByValue } else { Holds::No })
 }
