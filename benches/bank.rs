@@ -9,6 +9,11 @@
 //!   transfer was before transactions (each update atomic by itself, nothing isolated).
 //!
 //! `SHOAL_BANK_SUMMERS` sets the summing threads (default 1; 0 measures the movers alone).
+//! `SHOAL_BANK_ACCOUNTS` (default 100) and `SHOAL_BANK_PAD` (bytes after each balance,
+//! default 0) spread the accounts over many leaves (1,000 accounts with 1,000 bytes of
+//! padding: 250 leaves); `SHOAL_BANK_AUDIT=points` sums by a point read of every account
+//! instead of one range. A transactional sum that conflicts when its phase ends gives up
+//! (counted as neither right nor wrong).
 //!
 //! Alternating in one process keeps the machine's drift out of the ratio. Each phase ends with
 //! every thread finishing its transfer; the total is then checked (it must be exact in both
@@ -24,10 +29,29 @@ use shoal_engine::{Engine, Worker};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-const ACCOUNTS: u64 = 100;
 const START: i64 = 1_000;
-const TOTAL: i64 = ACCOUNTS as i64 * START;
 const MOVERS: usize = 4;
+
+/// The accounts and how they are summed (see the module docs).
+#[derive(Clone, Copy)]
+struct Bank {
+    accounts: u64,
+    pad: usize,
+    points: bool,
+}
+
+impl Bank {
+    fn total(&self) -> i64 {
+        self.accounts as i64 * START
+    }
+}
+
+fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Way {
@@ -78,13 +102,39 @@ fn transfer(w: &Worker, t: &BTree, way: Way, from: u64, to: u64, amt: i64) {
     }
 }
 
-fn sum(w: &Worker, t: &BTree, way: Way) -> i64 {
+/// The sum of every balance (`None`: a transaction that conflicted once `stop` was set).
+fn sum(w: &Worker, t: &BTree, way: Way, bank: Bank, stop: &AtomicBool) -> Option<i64> {
     match way {
-        Way::Transaction => transact(w, |tx| {
-            let all = tx.range::<&[u8]>(t, .., Direction::Ascending, ACCOUNTS as usize + 1)?;
-            Ok::<_, TxError>(all.iter().map(|(_, v)| amount(v)).sum())
-        })
-        .expect("a sum"),
+        Way::Transaction => {
+            let mut tries = 0;
+            loop {
+                let mut tx = shoal_btree::Transaction::begin(w);
+                let r = (|| {
+                    if bank.points {
+                        let mut s = 0;
+                        for a in 0..bank.accounts {
+                            s += amount(&tx.get(t, u64_key(a))?.expect("an account"));
+                        }
+                        return Ok::<_, TxError>(s);
+                    }
+                    let all =
+                        tx.range::<&[u8]>(t, .., Direction::Ascending, bank.accounts as usize + 1)?;
+                    Ok(all.iter().map(|(_, v)| amount(v)).sum())
+                })()
+                .and_then(|s| tx.commit().map(|()| s));
+                match r {
+                    Ok(s) => return Some(s),
+                    Err(e) if e.is_conflict() => {
+                        if stop.load(Ordering::Relaxed) {
+                            return None;
+                        }
+                        tries += 1;
+                        shoal_btree::backoff_after_conflict(tries);
+                    }
+                    Err(e) => panic!("a sum: {e}"),
+                }
+            }
+        }
         Way::TwoUpdates => {
             let mut s = 0;
             t.scan(w, &[], Direction::Ascending, |_, v| {
@@ -92,13 +142,21 @@ fn sum(w: &Worker, t: &BTree, way: Way) -> i64 {
                 true
             })
             .expect("a scan");
-            s
+            Some(s)
         }
     }
 }
 
 /// One phase of `way`: the counts.
-fn phase(e: &Engine, t: &BTree, way: Way, len: Duration, seed: u64, summers: usize) -> Counts {
+fn phase(
+    e: &Engine,
+    t: &BTree,
+    way: Way,
+    len: Duration,
+    seed: u64,
+    summers: usize,
+    bank: Bank,
+) -> Counts {
     let stop = AtomicBool::new(false);
     let (transfers, sums, wrong) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
     let start = Instant::now();
@@ -116,8 +174,8 @@ fn phase(e: &Engine, t: &BTree, way: Way, len: Duration, seed: u64, summers: usi
                 };
                 let mut n = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    let a = next() % ACCOUNTS;
-                    let b = (a + 1 + next() % (ACCOUNTS - 1)) % ACCOUNTS;
+                    let a = next() % bank.accounts;
+                    let b = (a + 1 + next() % (bank.accounts - 1)) % bank.accounts;
                     transfer(&w, t, way, a, b, (next() % 100) as i64 + 1);
                     n += 1;
                 }
@@ -129,7 +187,10 @@ fn phase(e: &Engine, t: &BTree, way: Way, len: Duration, seed: u64, summers: usi
             s.spawn(move || {
                 let w = e.worker();
                 while !stop.load(Ordering::Relaxed) {
-                    if sum(&w, t, way) != TOTAL {
+                    let Some(s) = sum(&w, t, way, bank, stop) else {
+                        break;
+                    };
+                    if s != bank.total() {
                         wrong.fetch_add(1, Ordering::Relaxed);
                     }
                     sums.fetch_add(1, Ordering::Relaxed);
@@ -140,10 +201,10 @@ fn phase(e: &Engine, t: &BTree, way: Way, len: Duration, seed: u64, summers: usi
         stop.store(true, Ordering::Relaxed);
     });
     let secs = start.elapsed().as_secs_f64();
-    let total = sum(&e.worker(), t, Way::TwoUpdates);
+    let total = sum(&e.worker(), t, Way::TwoUpdates, bank, &stop);
     assert_eq!(
         total,
-        TOTAL,
+        Some(bank.total()),
         "after a phase of {}: money made or lost",
         way.name()
     );
@@ -163,27 +224,31 @@ fn main() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(1000),
     );
-    let summers: usize = std::env::var("SHOAL_BANK_SUMMERS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1);
+    let summers: usize = env("SHOAL_BANK_SUMMERS", 1);
+    let bank = Bank {
+        accounts: env("SHOAL_BANK_ACCOUNTS", 100u64).max(2),
+        pad: env("SHOAL_BANK_PAD", 0),
+        points: std::env::var("SHOAL_BANK_AUDIT").is_ok_and(|a| a == "points"),
+    };
     let dir = shoal_benches::bench_dir();
     let e = Engine::open(shoal_benches::config(dir.path(), 64 << 20)).expect("engine");
     let t = {
         let w = e.worker();
         let t = BTree::create(&w, "bank").expect("tree");
-        for a in 0..ACCOUNTS {
-            t.upsert(&w, u64_key(a), START.to_le_bytes())
-                .expect("open an account");
+        let mut v = vec![0u8; 8 + bank.pad];
+        v[..8].copy_from_slice(&START.to_le_bytes());
+        for a in 0..bank.accounts {
+            t.upsert(&w, u64_key(a), &v).expect("open an account");
         }
         t
     };
+    let leaves = t.verify(&e.worker()).expect("a whole tree").leaves;
     let ways = [Way::Transaction, Way::TwoUpdates];
     let mut counts = [Counts::default(); 2];
     let phases = (secs.as_millis() / phase_len.as_millis().max(1)).max(2) as u64;
     for p in 0..phases {
         let i = (p % 2) as usize;
-        let c = phase(&e, &t, ways[i], phase_len, p, summers);
+        let c = phase(&e, &t, ways[i], phase_len, p, summers, bank);
         let all = &mut counts[i];
         all.transfers += c.transfers;
         all.sums += c.sums;
@@ -198,8 +263,14 @@ fn main() {
         );
     }
     println!(
-        "bank: {ACCOUNTS} accounts, {MOVERS} movers, {summers} summing thread(s), in memory, \
-         {phases} phases of {phase_len:?}"
+        "bank: {} accounts in {leaves} leaves, {MOVERS} movers, {summers} summing thread(s) \
+         (by {}), in memory, {phases} phases of {phase_len:?}",
+        bank.accounts,
+        if bank.points {
+            "point reads"
+        } else {
+            "one range"
+        }
     );
     let rate = |c: &Counts| c.transfers as f64 / c.secs;
     for (w, c) in ways.iter().zip(&counts) {
@@ -225,7 +296,9 @@ fn main() {
             )
         };
         let json = format!(
-            "{{\"bench\":\"bank\",\"summers\":{summers},\"transaction\":{},\"two_updates\":{},\"ratio\":{ratio:.3}}}\n",
+            "{{\"bench\":\"bank\",\"accounts\":{},\"leaves\":{leaves},\"audit\":\"{}\",\"summers\":{summers},\"transaction\":{},\"two_updates\":{},\"ratio\":{ratio:.3}}}\n",
+            bank.accounts,
+            if bank.points { "points" } else { "range" },
             way(&counts[0]),
             way(&counts[1])
         );

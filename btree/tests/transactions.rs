@@ -197,3 +197,56 @@ fn audits_of_values_that_move_and_move_back_see_only_states_that_existed_on_thre
     drop(w);
     c.close().unwrap();
 }
+
+#[test]
+fn audits_of_registers_whose_values_are_swapped_see_a_permutation_on_one_and_three_nodes() {
+    assert!(bank::a_permutation(
+        &(0..bank::REGISTERS).rev().collect::<Vec<_>>()
+    ));
+    assert!(!bank::a_permutation(&vec![0; bank::REGISTERS as usize]));
+    let check = |seen: &bank::Swaps, what: &str| {
+        eprintln!("{what}: {seen:?}");
+        assert!(seen.swaps > 100 && seen.audits > 10, "{what}: {seen:?}");
+        assert_eq!(
+            seen.wrong_audits, 0,
+            "{what}: an audit saw a state that never existed"
+        );
+    };
+    // one node
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = EngineConfig::new(dir.path(), 64 << 20);
+    cfg.durability = shoal_engine::Durability::None;
+    let e = shoal_engine::Engine::open(cfg).unwrap();
+    let w = e.worker();
+    let tree = BTree::create(&w, "registers").unwrap();
+    bank::open_registers(&w, &tree);
+    assert!(tree.verify(&w).unwrap().leaves >= 16);
+    let pause = Duration::from_micros(20);
+    let seen = bank::swaps(
+        vec![e.worker(), e.worker()],
+        vec![e.worker()],
+        tree,
+        pause,
+        secs() / 2.0,
+    );
+    check(&seen, "one node");
+    drop(w);
+    e.close().unwrap();
+    // three nodes
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(3, dir.path());
+    let w = c.node(0).worker();
+    let tree = BTree::create(&w, "registers").unwrap();
+    bank::open_registers(&w, &tree);
+    let swappers = vec![c.node(1).worker(), c.node(0).worker()];
+    let seen = bank::swaps(
+        swappers,
+        vec![c.node(1).worker(), c.node(2).worker()],
+        tree,
+        pause,
+        secs() / 2.0,
+    );
+    check(&seen, "three nodes");
+    drop(w);
+    c.close().unwrap();
+}

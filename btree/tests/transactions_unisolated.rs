@@ -46,3 +46,27 @@ fn the_bank_checker_catches_transactions_that_are_not_isolated() {
     drop(w);
     e.close().unwrap();
 }
+
+#[test]
+fn the_swaps_checker_catches_transactions_that_are_not_isolated() {
+    shoal_btree::set_isolation_for_checker_tests(false);
+    let dir = tempfile::tempdir().unwrap();
+    let (e, _, w) = bank::one_node(dir.path());
+    let tree = shoal_btree::BTree::create(&w, "registers").unwrap();
+    bank::open_registers(&w, &tree);
+    let pause = Duration::from_micros(20);
+    let seen = bank::swaps(
+        vec![e.worker(), e.worker()],
+        vec![e.worker()],
+        tree,
+        pause,
+        2.0,
+    );
+    eprintln!("without isolation: {seen:?}");
+    assert!(
+        seen.wrong_audits > 0,
+        "the checker saw nothing wrong: {seen:?}"
+    );
+    drop(w);
+    e.close().unwrap();
+}

@@ -359,3 +359,129 @@ pub fn flip_flop(
         writing_audits: writing.into_inner(),
     }
 }
+
+/// Registers of [`swaps`]: register `k` starts holding `k`, and swaps only permute the values,
+/// so every state that ever existed holds each of `0..REGISTERS` exactly once.
+pub const REGISTERS: u64 = 64;
+
+/// Bytes after a register's value: three or four registers a leaf, so the registers span
+/// about twenty leaves and most swaps and every audit read several.
+pub const REGISTER_PAD: usize = 900;
+
+/// Open every register (`k` holding `k`).
+pub fn open_registers(w: &Worker, tree: &BTree) {
+    let mut v = vec![0u8; 8 + REGISTER_PAD];
+    for k in 0..REGISTERS {
+        v[..8].copy_from_slice(&k.to_le_bytes());
+        tree.upsert(w, u64_key(k), &v).expect("register written");
+    }
+}
+
+/// What a swaps run saw.
+#[derive(Debug, Default)]
+pub struct Swaps {
+    pub swaps: u64,
+    pub audits: u64,
+    /// Committed audits whose registers were not a permutation of `0..REGISTERS`.
+    pub wrong_audits: u64,
+}
+
+/// Whether `values` (one per register) are a permutation of `0..REGISTERS`.
+pub fn a_permutation(values: &[u64]) -> bool {
+    let mut seen = [false; REGISTERS as usize];
+    values.len() == REGISTERS as usize
+        && values
+            .iter()
+            .all(|&v| v < REGISTERS && !std::mem::replace(&mut seen[v as usize], true))
+}
+
+/// `swappers` swap the values of two random registers in transactions (values come back all
+/// the time: a register holds one of 64 values); `auditors` read every register in a
+/// transaction, by point reads in a random order on odd audits and by one range on even ones,
+/// and check they are a permutation. Each swapper sleeps `pause` after each swap (an audit
+/// reads every leaf: a swapper without pause would change one before every audit finished,
+/// and no audit would ever commit). Runs for `secs`.
+pub fn swaps(
+    swappers: Vec<Worker>,
+    auditors: Vec<Worker>,
+    tree: BTree,
+    pause: Duration,
+    secs: f64,
+) -> Swaps {
+    let stop = AtomicBool::new(false);
+    let (swaps, audits, wrong) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    let value = |v: &[u8]| u64::from_le_bytes(v[..8].try_into().expect("a register"));
+    let rng = |seed: u64| {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(seed + 1);
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    };
+    std::thread::scope(|s| {
+        for (t, w) in swappers.into_iter().enumerate() {
+            let (stop, swaps, tree) = (&stop, &swaps, &tree);
+            s.spawn(move || {
+                let mut next = rng(t as u64);
+                while !stop.load(Ordering::Relaxed) {
+                    let a = next() % REGISTERS;
+                    let b = (a + 1 + next() % (REGISTERS - 1)) % REGISTERS;
+                    transact(&w, |tx| {
+                        let va = tx.get(tree, u64_key(a))?.expect("register a");
+                        let vb = tx.get(tree, u64_key(b))?.expect("register b");
+                        tx.upsert(tree, u64_key(a), &vb)?;
+                        tx.upsert(tree, u64_key(b), &va)?;
+                        Ok(())
+                    })
+                    .expect("a swap");
+                    swaps.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(pause);
+                }
+            });
+        }
+        for (t, w) in auditors.into_iter().enumerate() {
+            let (stop, audits, wrong, tree) = (&stop, &audits, &wrong, &tree);
+            s.spawn(move || {
+                let mut next = rng(1000 + t as u64);
+                let mut order: Vec<u64> = (0..REGISTERS).collect();
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    for i in (1..order.len()).rev() {
+                        order.swap(i, (next() % (i as u64 + 1)) as usize);
+                    }
+                    let values = transact(&w, |tx| {
+                        if n.is_multiple_of(2) {
+                            let all = tx.range::<&[u8]>(
+                                tree,
+                                ..,
+                                Direction::Ascending,
+                                REGISTERS as usize + 1,
+                            )?;
+                            return Ok(all.iter().map(|(_, v)| value(v)).collect::<Vec<_>>());
+                        }
+                        let mut vs = Vec::with_capacity(order.len());
+                        for &k in &order {
+                            vs.push(value(&tx.get(tree, u64_key(k))?.expect("a register")));
+                        }
+                        Ok(vs)
+                    })
+                    .expect("an audit");
+                    audits.fetch_add(1, Ordering::Relaxed);
+                    if !a_permutation(&values) {
+                        wrong.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        stop.store(true, Ordering::Relaxed);
+    });
+    Swaps {
+        swaps: swaps.into_inner(),
+        audits: audits.into_inner(),
+        wrong_audits: wrong.into_inner(),
+    }
+}
