@@ -30,6 +30,13 @@ pub enum TreeError {
         start: usize,
         end: usize,
     },
+    /// A tree handle was used with a worker of another engine or cluster (or of the same
+    /// store opened again): nothing was read or written.
+    #[error(
+        "the handle of tree {root} belongs to another engine (or to this store before it was \
+         opened again): open the tree with this engine (BTree::open)"
+    )]
+    OtherEngine { root: Pid },
     /// A batch's commit failed for a reason of transactions ([`crate::TxError`]: too large
     /// for one commit, or applied with its durability unknown).
     #[error("the batch was not committed: {0}")]

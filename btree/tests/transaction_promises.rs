@@ -290,3 +290,57 @@ fn many_new_keys_into_one_gap_commit_whole_in_a_batch_and_in_a_transaction() {
     drop(w);
     e.close().unwrap();
 }
+
+#[test]
+fn a_tree_handle_of_another_engine_is_refused_by_every_operation() {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (e1, t1) = accounts(d1.path());
+    let (e2, t2) = accounts(d2.path());
+    let (w1, w2) = (e1.worker(), e2.worker());
+    t2.upsert(&w2, u64_key(0), b"from the OTHER store").unwrap();
+    let other = |r: Result<(), TreeError>| {
+        assert!(matches!(r, Err(TreeError::OtherEngine { .. })), "{r:?}")
+    };
+    let mut v = Vec::new();
+    other(t1.lookup(&w2, u64_key(0), &mut v).map(drop));
+    other(t1.get(&w2, u64_key(0)).map(drop));
+    other(t1.upsert(&w2, u64_key(0), b"x").map(drop));
+    other(t1.insert(&w2, u64_key(9), b"x").map(drop));
+    other(t1.update(&w2, u64_key(0), |_| {}).map(drop));
+    other(t1.remove(&w2, u64_key(0)).map(drop));
+    other(t1.count(&w2).map(drop));
+    other(t1.scan(&w2, b"", shoal_btree::Direction::Ascending, |_, _| true));
+    other(t1.iter(&w2).next().expect("an item").map(drop));
+    other(t1.apply(&w2, shoal_btree::Batch::new().put(u64_key(0), b"x")));
+    assert!(t1.verify(&w2).is_err());
+    let in_tx = |f: &dyn Fn(&mut shoal_btree::Transaction<'_>) -> Result<(), TxError>| {
+        let r = transact(&w2, |tx| f(tx));
+        assert!(
+            matches!(r, Err(TxError::Tree(TreeError::OtherEngine { .. }))),
+            "{r:?}"
+        );
+    };
+    in_tx(&|tx| tx.get(&t1, u64_key(0)).map(drop));
+    in_tx(&|tx| tx.upsert(&t1, u64_key(0), b"x"));
+    in_tx(&|tx| tx.add_i64(&t1, u64_key(0), 0, 1));
+    in_tx(&|tx| tx.update_part(&t1, u64_key(0), 0..8, |_| {}).map(drop));
+    in_tx(&|tx| tx.remove(&t1, u64_key(0)).map(drop));
+    in_tx(&|tx| {
+        tx.range::<&[u8]>(&t1, .., shoal_btree::Direction::Ascending, 10)
+            .map(drop)
+    });
+    // the other store's data is untouched, and each handle works with its own engine
+    assert_eq!(value_of(&w2, &t2, 0), b"from the OTHER store");
+    assert_eq!(balance(&value_of(&w1, &t1, 0)), 1000);
+    // a handle of a store opened again is refused too (open the tree again)
+    drop(w1);
+    e1.close().unwrap();
+    let e1 = Engine::open(EngineConfig::new(d1.path(), 64 << 20)).unwrap();
+    let w1 = e1.worker();
+    other(t1.get(&w1, u64_key(0)).map(drop));
+    let t1 = BTree::open(&w1, "accounts").unwrap();
+    assert_eq!(balance(&value_of(&w1, &t1, 0)), 1000);
+    drop((w1, w2));
+    e1.close().unwrap();
+    e2.close().unwrap();
+}

@@ -192,6 +192,8 @@ pub struct Cluster {
     /// Each node's configuration, to open it again when it restarts.
     cfgs: Vec<EngineConfig>,
     remote_timeout: Duration,
+    /// The cluster's identity in this process (`Membership::database`).
+    database: u64,
     closed: std::sync::atomic::AtomicBool,
 }
 
@@ -263,6 +265,7 @@ impl Cluster {
                 .filter_map(|j| logs[j].clone())
                 .collect();
         }
+        let database = crate::node::new_database_id();
         for (t, c) in transports.into_iter().zip(cfgs.iter().cloned()) {
             nodes.push(Engine::open_member(
                 c,
@@ -270,6 +273,7 @@ impl Cluster {
                     transport: t,
                     mode: WaitMode::Park,
                     remote_timeout,
+                    database,
                 },
             )?);
         }
@@ -279,6 +283,7 @@ impl Cluster {
             tcp: None,
             cfgs,
             remote_timeout,
+            database,
             closed: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -362,6 +367,7 @@ impl Cluster {
                 transport,
                 mode: WaitMode::Park,
                 remote_timeout: self.remote_timeout,
+                database: self.database,
             },
         )?;
         log::warn!(

@@ -421,6 +421,7 @@ pub fn join(file: &ClusterFile, id: u8, cfg: EngineConfig) -> Result<Engine, Eng
             transport,
             mode: WaitMode::Park,
             remote_timeout: file.remote_timeout,
+            database: crate::node::new_database_id(),
         },
     )
 }

@@ -62,7 +62,7 @@ pub use durability::{CommitPoint, LogCounters};
 pub use engine::{lock_for_reading, Engine};
 pub use error::{EngineError, OpResult, Restart};
 pub use guard::{ExclusiveGuard, OptimisticGuard, PageStamp, SharedGuard, Worker};
-pub use node::Membership;
+pub use node::{new_database_id, Membership};
 pub use pid::{Pid, MAX_NODES};
 pub use shoal_messaging::ChannelLayout;
 pub use shoal_storage::{BackendChoice, OpenMode, PAGE_DATA_SIZE, PAGE_SIZE};

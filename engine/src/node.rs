@@ -47,6 +47,17 @@ pub struct Membership {
     pub transport: Arc<dyn Transport>,
     pub mode: WaitMode,
     pub remote_timeout: Duration,
+    /// The cluster's identity in this process ([`new_database_id`]): the same for every node
+    /// of one cluster, kept when a node restarts. Handles of trees carry it, so that one of
+    /// another cluster or engine is refused.
+    pub database: u64,
+}
+
+/// A new identity for an engine or a cluster, unique in this process ([`Membership::database`],
+/// `Worker::database`).
+pub fn new_database_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// What a node is built from: the engine's configuration, translated ([`Node::open`]).
@@ -65,6 +76,8 @@ pub(crate) struct NodeSpec {
 
 /// A node's buffer and, in a cluster, its protocol; its workers' counters.
 pub(crate) struct Node {
+    /// The identity of its engine, or of its cluster ([`Membership::database`]).
+    database: u64,
     buf: Buffer,
     /// The coherence protocol, when this node is a member of a cluster (`None`: a single node
     /// that holds every page exclusively and never sends a message).
@@ -93,6 +106,7 @@ impl Node {
         member: Option<Membership>,
         lock: File,
     ) -> Result<Arc<Node>, EngineError> {
+        let database = member.as_ref().map_or_else(new_database_id, |m| m.database);
         let coh = match member {
             None => None,
             Some(m) => {
@@ -171,7 +185,7 @@ impl Node {
                 logs,
             );
         }
-        let node = Arc::new(Node::new(buf, coh, spec.durability, log, lock));
+        let node = Arc::new(Node::new(buf, coh, spec.durability, log, lock, database));
         if node.id() == 0 && node.buf.store().high_water() == 0 {
             node.create_catalog()?;
         }
@@ -230,6 +244,7 @@ impl Node {
         durability: Durability,
         log: Option<NodeLog>,
         lock: File,
+        database: u64,
     ) -> Node {
         assert_eq!(
             log.is_some(),
@@ -245,7 +260,13 @@ impl Node {
             retired: WorkerStats::default(),
             recycled: Mutex::new(Vec::new()),
             lock: Mutex::new(Some(lock)),
+            database,
         }
+    }
+
+    /// The identity of this node's engine or cluster in this process ([`new_database_id`]).
+    pub fn database(&self) -> u64 {
+        self.database
     }
 
     /// Give up the data directory's lock (the engine is closed: another engine, in this

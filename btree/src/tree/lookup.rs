@@ -69,6 +69,7 @@ impl BTree {
         key: impl AsRef<[u8]>,
         out: &mut Vec<u8>,
     ) -> Result<bool, TreeError> {
+        self.check_worker(w)?;
         self.lookup_into(w, key.as_ref(), out)
     }
 
@@ -112,6 +113,7 @@ impl BTree {
         part: std::ops::Range<usize>,
         out: &mut Vec<u8>,
     ) -> Result<bool, TreeError> {
+        self.check_worker(w)?;
         let key = key.as_ref();
         Self::check_key(key)?;
         Ok(w.run(|w| {
@@ -162,6 +164,7 @@ impl BTree {
         keys: &[K],
         mut each: impl FnMut(usize, Option<&[u8]>),
     ) -> Result<(), TreeError> {
+        self.check_worker(w)?;
         self.walk_groups(w, keys, None, |first, group, lanes, bufs| {
             for (j, lane) in lanes.iter().enumerate() {
                 let found = match lane.node {
@@ -184,6 +187,7 @@ impl BTree {
         part: std::ops::Range<usize>,
         mut each: impl FnMut(usize, Option<&[u8]>),
     ) -> Result<(), TreeError> {
+        self.check_worker(w)?;
         self.walk_groups(w, keys, Some(&part), |first, group, lanes, bufs| {
             for (j, lane) in lanes.iter().enumerate() {
                 let found = match lane.node {
@@ -357,6 +361,7 @@ impl BTree {
 
     /// The value of `key`, if present.
     pub fn get(&self, w: &Worker, key: impl AsRef<[u8]>) -> Result<Option<Vec<u8>>, TreeError> {
+        self.check_worker(w)?;
         let mut v = Vec::new();
         Ok(self.lookup_into(w, key.as_ref(), &mut v)?.then_some(v))
     }

@@ -47,10 +47,14 @@ use shoal_engine::{
     PAGE_DATA_SIZE,
 };
 
-/// A B-link tree identified by its root page (which never changes).
+/// A B-link tree identified by its root page (which never changes), a handle valid with the
+/// workers of the engine (or cluster) that made it ([`BTree::create`], [`BTree::open`]): with
+/// another's, every operation fails with [`TreeError::OtherEngine`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BTree {
     root: Pid,
+    /// `Worker::database` of the engine whose tree this is.
+    database: u64,
 }
 
 /// What an insert did.
@@ -171,7 +175,10 @@ impl BTree {
         let root = g.pid();
         drop(g);
         match w.catalog_insert(name, root) {
-            Ok(()) => Ok(BTree { root }),
+            Ok(()) => Ok(BTree {
+                root,
+                database: w.database(),
+            }),
             Err(e) => {
                 // nobody else knows the page: give it back
                 if let Err(f) = w.run(|w| w.exclusive(root)).and_then(|g| g.free()) {
@@ -190,7 +197,10 @@ impl BTree {
         let root = w
             .catalog_lookup(name)?
             .ok_or_else(|| TreeError::NotFound(name.to_string()))?;
-        let t = BTree { root };
+        let t = BTree {
+            root,
+            database: w.database(),
+        };
         let kind = w.run(|w| {
             let g = w.optimistic(root)?;
             let k = node::kind(g.page());
@@ -253,8 +263,17 @@ impl BTree {
     }
 
     /// The tree whose root is `root` (the crate's own records name trees by root).
-    pub(crate) fn at(root: Pid) -> BTree {
-        BTree { root }
+    /// The tree whose root is `root`, for the workers of the engine `database`.
+    pub(crate) fn at(root: Pid, database: u64) -> BTree {
+        BTree { root, database }
+    }
+
+    /// This handle is one of `w`'s engine (or cluster): else [`TreeError::OtherEngine`].
+    pub(crate) fn check_worker(&self, w: &Worker) -> Result<(), TreeError> {
+        if self.database == w.database() {
+            return Ok(());
+        }
+        Err(TreeError::OtherEngine { root: self.root })
     }
 
     /// A key longer than [`MAX_KEY`] is an error wherever it is used (it can never be in a
@@ -288,6 +307,7 @@ impl BTree {
         key: impl AsRef<[u8]>,
         value: impl AsRef<[u8]>,
     ) -> Result<Insert, TreeError> {
+        self.check_worker(w)?;
         Ok(
             match self.put(w, key.as_ref(), value.as_ref(), Mode::Insert)? {
                 Put::Inserted => Insert::Inserted,
@@ -303,6 +323,7 @@ impl BTree {
         key: impl AsRef<[u8]>,
         value: impl AsRef<[u8]>,
     ) -> Result<Put, TreeError> {
+        self.check_worker(w)?;
         self.put(w, key.as_ref(), value.as_ref(), Mode::Upsert)
     }
 
@@ -394,6 +415,7 @@ impl BTree {
         key: impl AsRef<[u8]>,
         mut f: impl FnMut(&mut [u8]),
     ) -> Result<bool, TreeError> {
+        self.check_worker(w)?;
         let key = key.as_ref();
         Self::check_key(key)?;
         no_write_in_own_scan(self.root)?;
@@ -434,6 +456,7 @@ impl BTree {
     /// Remove `key`. Returns whether it existed. A leaf left less than a quarter full is
     /// merged with a neighbour when the two fit in one page (see `merge_underfull`).
     pub fn remove(&self, w: &Worker, key: impl AsRef<[u8]>) -> Result<bool, TreeError> {
+        self.check_worker(w)?;
         let key = key.as_ref();
         Self::check_key(key)?;
         no_write_in_own_scan(self.root)?;
@@ -495,6 +518,7 @@ impl BTree {
 
     /// Number of entries (a full scan).
     pub fn count(&self, w: &Worker) -> Result<u64, TreeError> {
+        self.check_worker(w)?;
         let mut n = 0u64;
         self.scan(w, &[], Direction::Ascending, |_, _| {
             n += 1;
@@ -507,6 +531,7 @@ impl BTree {
     /// inside fences, levels, right links on every level, no page reached twice. Takes shared
     /// latches node by node, so run it while the tree is quiet.
     pub fn verify(&self, w: &Worker) -> Result<TreeReport, String> {
+        self.check_worker(w).map_err(|e| e.to_string())?;
         verify_tree(self.root, |pid| {
             w.run(|w| {
                 let g = w.shared(pid)?;

@@ -75,6 +75,7 @@ impl BTree {
         dir: Direction,
         mut f: impl FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<(), TreeError> {
+        self.check_worker(w)?;
         let (mut k, mut v) = (Vec::new(), Vec::new());
         match dir {
             Direction::Ascending => {

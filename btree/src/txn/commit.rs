@@ -215,7 +215,7 @@ fn commit_writes<'t, 'w>(
                 Op::Put(v) => (Some((Cow::Borrowed(v), 0)), None),
             };
             stored.push(Stored {
-                tree: BTree::at(Pid(wr.root)),
+                tree: BTree::at(Pid(wr.root), w.database()),
                 key,
                 value,
                 patch,

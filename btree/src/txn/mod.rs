@@ -358,6 +358,7 @@ impl<'w> Transaction<'w> {
 
     /// The value of `key` in `tree`, as this transaction sees it.
     pub fn get(&mut self, tree: &BTree, key: impl AsRef<[u8]>) -> Result<Option<Vec<u8>>, TxError> {
+        tree.check_worker(self.w)?;
         let mut v = Vec::new();
         let (found, _) = self.read_into(tree, key.as_ref(), &mut v)?;
         Ok(found.then_some(v))
@@ -451,6 +452,7 @@ impl<'w> Transaction<'w> {
         keys: &[K],
         mut each: impl FnMut(usize, Option<&[u8]>),
     ) -> Result<(), TxError> {
+        tree.check_worker(self.w)?;
         if self.read_committed {
             // nothing to record nor to see of its own (it writes nothing): the committed
             // values straight from the walk, copied once
@@ -521,6 +523,7 @@ impl<'w> Transaction<'w> {
         part: Range<usize>,
         mut each: impl FnMut(usize, Option<&[u8]>),
     ) -> Result<(), TxError> {
+        tree.check_worker(self.w)?;
         if self.read_committed {
             return Ok(tree.lookup_many_part(self.w, keys, part, each)?);
         }
@@ -537,6 +540,7 @@ impl<'w> Transaction<'w> {
         key: impl AsRef<[u8]>,
         value: impl AsRef<[u8]>,
     ) -> Result<Insert, TxError> {
+        tree.check_worker(self.w)?;
         self.writable()?;
         let key = key.as_ref();
         BTree::check_sizes(key, value.as_ref().len())?;
@@ -555,6 +559,7 @@ impl<'w> Transaction<'w> {
         key: impl AsRef<[u8]>,
         value: impl AsRef<[u8]>,
     ) -> Result<(), TxError> {
+        tree.check_worker(self.w)?;
         self.writable()?;
         let key = key.as_ref();
         BTree::check_sizes(key, value.as_ref().len())?;
@@ -572,6 +577,7 @@ impl<'w> Transaction<'w> {
         key: impl AsRef<[u8]>,
         f: impl FnOnce(&mut [u8]),
     ) -> Result<bool, TxError> {
+        tree.check_worker(self.w)?;
         self.writable()?;
         let key = key.as_ref();
         let root = tree.root().raw();
@@ -615,6 +621,7 @@ impl<'w> Transaction<'w> {
         key: impl AsRef<[u8]>,
         part: Range<usize>,
     ) -> Result<Option<Vec<u8>>, TxError> {
+        tree.check_worker(self.w)?;
         Ok(self.read_part(tree, key.as_ref(), &part)?.map(|p| p.bytes))
     }
 
@@ -694,6 +701,7 @@ impl<'w> Transaction<'w> {
         part: Range<usize>,
         f: impl FnOnce(&mut [u8]),
     ) -> Result<bool, TxError> {
+        tree.check_worker(self.w)?;
         self.writable()?;
         let key = key.as_ref();
         if let Some(v) = self.writes.put_value_mut(tree.root().raw(), key) {
@@ -778,6 +786,7 @@ impl<'w> Transaction<'w> {
     }
 
     fn add(&mut self, tree: &BTree, key: &[u8], a: Addend) -> Result<(), TxError> {
+        tree.check_worker(self.w)?;
         self.writable()?;
         BTree::check_key(key)?;
         let root = tree.root().raw();
@@ -818,6 +827,7 @@ impl<'w> Transaction<'w> {
 
     /// Remove `key`. Returns whether it was there.
     pub fn remove(&mut self, tree: &BTree, key: impl AsRef<[u8]>) -> Result<bool, TxError> {
+        tree.check_worker(self.w)?;
         self.writable()?;
         let key = key.as_ref();
         let (now, at) = self.probe(tree, key)?;
@@ -869,6 +879,7 @@ impl<'w> Transaction<'w> {
         limit: usize,
         mut f: impl FnMut(&[u8], &[u8]),
     ) -> Result<(), TxError> {
+        tree.check_worker(self.w)?;
         let own = |b: Bound<&K>| b.map(|k| k.as_ref().to_vec());
         let (lo, hi) = (own(range.start_bound()), own(range.end_bound()));
         if limit == 0 {
@@ -1007,6 +1018,7 @@ impl BTree {
     /// dead node) nothing of it is written. Sizes are checked before anything is written.
     /// Committed as [`Worker::commit`] does.
     pub fn apply(&self, w: &Worker, batch: &Batch) -> Result<(), TreeError> {
+        self.check_worker(w)?;
         for (k, v) in &batch.ops {
             Self::check_sizes(k, v.as_ref().map_or(0, Vec::len))?;
         }

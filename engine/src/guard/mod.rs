@@ -90,6 +90,13 @@ impl Worker {
         Ok(())
     }
 
+    /// The identity of this worker's engine, or of its cluster, in this process: the same
+    /// for every worker of one engine (of one cluster, across node restarts), different for
+    /// any other engine. A tree handle carries it and is refused by workers of another.
+    pub fn database(&self) -> u64 {
+        self.node.database()
+    }
+
     /// Most pages one group of exclusive guards held at once (a transaction's commit) may
     /// change: their changes are logged as one chunk, each page whole at worst, and a chunk
     /// takes at most a quarter of the log. No bound without a log.
