@@ -61,7 +61,28 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (key(), 0..3u8, key(), 0..3u8, prop::collection::vec(any::<bool>(), 0..150))
             .prop_map(|(a, x, b, y, takes)| Op::Range(a, x, b, y, takes)),
         1 => prop::collection::vec((key(), prop::option::of(value())), 0..20).prop_map(Op::Batch),
+        1 => run_batch(),
     ]
+}
+
+/// A batch of many new keys side by side (a key, then 1 to 400 keys that extend it by two
+/// bytes of a count: all in one gap of the tree's keys, up to about 120 KB), with removals
+/// and replacements of some of them: one commit that splits leaves at its own keys.
+fn run_batch() -> impl Strategy<Value = Op> {
+    (key(), 1..400u16, 0..300usize, any::<u64>()).prop_map(|(base, n, len, seed)| {
+        let mut x = seed | 1;
+        let mut ops = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mut k = base.clone();
+            k.extend_from_slice(&i.to_be_bytes());
+            let v = (x % 8 != 0).then(|| vec![(x >> 8) as u8; (x as usize >> 16) % (len + 1)]);
+            ops.push((k, v));
+        }
+        Op::Batch(ops)
+    })
 }
 
 proptest! {

@@ -512,6 +512,41 @@ mod tests {
         e.node.buffer().resident_frame(pid)
     }
 
+    /// A group of changes the log refuses (more pages at once than one chunk holds) leaves
+    /// pages changed that the log does not hold: the log fails for every later change, the
+    /// worker's commit reports it, and the engine closes (with the error) instead of waiting
+    /// for ever for a flush that cannot come.
+    #[test]
+    fn a_group_the_log_refuses_fails_the_log_for_every_later_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = EngineConfig::new(dir.path(), 64 << 20);
+        cfg.wal_bytes = 4 << 20;
+        let e = Engine::open(cfg).unwrap();
+        let w = e.worker();
+        let kept = {
+            let mut g = w.allocate().unwrap();
+            g.page_mut().set_u64(0, 7);
+            g.pid()
+        };
+        w.commit().unwrap();
+        let most = w.most_pages_per_commit();
+        assert!(most > 0 && most < 1000, "{most}");
+        // one group: more pages held at once than a chunk holds
+        let guards: Vec<_> = (0..most + 5).map(|_| w.allocate().unwrap()).collect();
+        drop(guards);
+        assert!(w.commit_later().is_err(), "the refused group is reported");
+        assert!(w.allocate().is_err(), "a failed log takes no new page");
+        let other = e.worker();
+        let r = other.run(|w| w.exclusive(kept).map(drop));
+        assert!(r.is_err(), "a failed log takes no change: {r:?}");
+        // close comes back (with the log's error), it does not wait for ever
+        let (tx, rx) = std::sync::mpsc::channel();
+        drop((w, other));
+        std::thread::spawn(move || tx.send(e.close().is_err()));
+        let closed = rx.recv_timeout(std::time::Duration::from_secs(60));
+        assert_eq!(closed, Ok(true), "close reports the failed log");
+    }
+
     /// The home-frame layout (`FramePool::preferred`): when the pool holds every page, each page
     /// sits in its preferred frame, whatever order pages are created or read back in; when it does
     /// not, pages go wherever a frame is free and stay readable.

@@ -177,6 +177,27 @@ pub(super) enum How<'k> {
     Make { key: &'k [u8], need: usize },
     /// A leaf, right after `sep` (a key inside its fences): `sep` becomes its upper fence.
     At(&'k [u8]),
+    /// In the middle, by bytes.
+    Middle,
+}
+
+/// Whether both halves of leaf page `p` split right after `sep` ([`How::At`]) fit a page: the
+/// left one its keys up to `sep`, its lower fence and `sep`; the right one the rest, `sep` and
+/// its upper fence (each written anew: no dead bytes).
+fn halves_at_fit(p: shoal_engine::PageRef<'_>, sep: &[u8]) -> bool {
+    let n = node::count(p);
+    let (i, exact) = node::lower_bound(p, sep);
+    let m = (i + usize::from(exact)).min(n);
+    let bytes = |r: std::ops::Range<usize>| -> usize {
+        r.map(|j| {
+            let (_, k, v) = node::slot_info(p, j);
+            node::entry_space(k, v)
+        })
+        .sum()
+    };
+    let fence = |upper| node::fence(p, upper).map_or(0, |f| f.len());
+    let room = PAGE_DATA_SIZE - node::HEADER;
+    bytes(0..m) + fence(false) + sep.len() <= room && bytes(m..n) + sep.len() + fence(true) <= room
 }
 
 impl How<'_> {
@@ -200,6 +221,7 @@ impl How<'_> {
                 let m = entries.partition_point(|&(k, _, _)| k <= sep);
                 (&entries[..m], sep.to_vec(), &entries[m..], NO_PAGE)
             }
+            How::Middle => halves(kind, entries, None),
         }
     }
 }
@@ -469,18 +491,26 @@ impl BTree {
         let Some((parent, g)) = self.path_to(w, sep, None)? else {
             return Ok(());
         };
-        let ends_at_sep = node::fence(g.page(), true).is_some_and(|u| u == sep);
+        let p = g.page();
+        let ends_at_sep = node::fence(p, true).is_some_and(|u| u == sep);
+        // (a leaf of fewer than two keys always fits: a key, two fences and `sep` take less
+        // than a page)
+        let fits = node::count(p) < 2 || halves_at_fit(p, sep);
         g.validate()?;
         if ends_at_sep {
             return Ok(());
         }
+        // where a half would not hold its keys with `sep` for a fence (a full leaf whose keys
+        // all lie on one side of a long `sep`), split in the middle first: the caller tries
+        // again, and `sep` then splits a leaf with room
+        let how = if fits { How::At(sep) } else { How::Middle };
         let mut px = match parent {
             Some(pg) => Some(pg.to_exclusive()?),
             None => None,
         };
         let mut x = g.to_exclusive()?;
         match px.as_mut() {
-            None => self.split_root(w, &mut x, How::At(sep)),
+            None => self.split_root(w, &mut x, how),
             Some(pxg) => {
                 let sep_need = node::entry_space(MAX_KEY, 8);
                 if node::free_space(pxg.page()) < sep_need {
@@ -490,7 +520,7 @@ impl BTree {
                     self.try_split(w, sep, ppid, sep_need)?;
                     return Err(Restart::Retry);
                 }
-                split_child(w, pxg, &mut x, How::At(sep))
+                split_child(w, pxg, &mut x, how)
             }
         }
     }
