@@ -37,8 +37,9 @@ pub enum TreeError {
          opened again): open the tree with this engine (BTree::open)"
     )]
     OtherEngine { root: Pid },
-    /// A batch's commit failed for a reason of transactions ([`crate::TxError`]: too large
-    /// for one commit, or applied with its durability unknown).
-    #[error("the batch was not committed: {0}")]
+    /// A batch's commit failed for a reason of transactions ([`crate::TxError`]): too large
+    /// for one commit (nothing written), or applied with its durability unknown
+    /// ([`crate::TxError::DurabilityUnknown`]: written, maybe not durable).
+    #[error("the batch's commit failed: {0}")]
     Commit(Box<crate::TxError>),
 }

@@ -344,3 +344,35 @@ fn a_tree_handle_of_another_engine_is_refused_by_every_operation() {
     e1.close().unwrap();
     e2.close().unwrap();
 }
+
+#[test]
+fn a_commit_into_a_leaf_of_one_large_record_splits_it_and_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(EngineConfig::new(dir.path(), 64 << 20)).unwrap();
+    let w = e.worker();
+    let t = BTree::create(&w, "t").unwrap();
+    // one record of about 1 KB: the leaf has about 3 KB free, and three more need a little more
+    t.upsert(&w, b"m", [1u8; 1000]).unwrap();
+    transact(&w, |tx| {
+        for k in [b"a", b"b", b"c"] {
+            assert!(tx.insert(&t, k, [2u8; 1000])?.inserted());
+        }
+        Ok(())
+    })
+    .unwrap();
+    // and the same after the key of the one record
+    let u = BTree::create(&w, "u").unwrap();
+    u.upsert(&w, b"a", [1u8; 1000]).unwrap();
+    transact(&w, |tx| {
+        for k in [b"x", b"y", b"z"] {
+            assert!(tx.insert(&u, k, [2u8; 1000])?.inserted());
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!((t.count(&w).unwrap(), u.count(&w).unwrap()), (4, 4));
+    t.verify(&w).unwrap();
+    u.verify(&w).unwrap();
+    drop(w);
+    e.close().unwrap();
+}

@@ -421,7 +421,9 @@ pub fn join(file: &ClusterFile, id: u8, cfg: EngineConfig) -> Result<Engine, Eng
             transport,
             mode: WaitMode::Park,
             remote_timeout: file.remote_timeout,
-            database: crate::node::new_database_id(),
+            // (every node of this cluster joined in one process shares it; apart from the
+            // counter's identities, which never reach the top bit)
+            database: (1 << 63) | file.cluster_id,
         },
     )
 }

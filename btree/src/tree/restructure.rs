@@ -211,6 +211,16 @@ impl How<'_> {
         room: usize,
     ) -> (&'e [Entry<'a>], Vec<u8>, &'e [Entry<'a>], u64) {
         match self {
+            How::Make { key, .. } if kind == KIND_LEAF && entries.len() < 2 => {
+                // no cut divides fewer than two entries: the new key goes to one side, the
+                // entry (if any) to the other
+                let sep = match entries.first() {
+                    Some(&(k, _, _)) if k < key => k,
+                    _ => key,
+                };
+                let m = entries.partition_point(|&(k, _, _)| k <= sep);
+                (&entries[..m], sep.to_vec(), &entries[m..], NO_PAGE)
+            }
             How::Make { key, need } => {
                 let cut = sequential_cut(kind, entries, last, key, room)
                     .or_else(|| balanced_cut(kind, entries, key, need));
@@ -458,16 +468,30 @@ impl BTree {
         let Some((parent, g)) = self.path_to(w, key, Some(target))? else {
             return Ok(()); // target is no longer on the path: it was split already
         };
-        let mut px = match parent {
+        let px = match parent {
             Some(pg) => Some(pg.to_exclusive()?),
             None => None,
         };
-        let mut x = g.to_exclusive()?;
+        let x = g.to_exclusive()?;
         if node::free_space(x.page()) >= need {
             return Ok(()); // someone split it meanwhile
         }
+        self.split_latched(w, px, x, key, How::Make { key, need })
+    }
+
+    /// Split `x` (exclusively latched, on `key`'s path) as `how` says, under its parent `px`
+    /// (`None`: `x` is the root). A parent without room for a separator is split first (then
+    /// the caller's operation restarts).
+    fn split_latched(
+        &self,
+        w: &Worker,
+        mut px: Option<ExclusiveGuard<'_>>,
+        mut x: ExclusiveGuard<'_>,
+        key: &[u8],
+        how: How<'_>,
+    ) -> OpResult<()> {
         match px.as_mut() {
-            None => self.split_root(w, &mut x, How::Make { key, need }),
+            None => self.split_root(w, &mut x, how),
             Some(pxg) => {
                 let sep_need = node::entry_space(MAX_KEY, 8);
                 if node::free_space(pxg.page()) < sep_need {
@@ -477,7 +501,7 @@ impl BTree {
                     self.try_split(w, key, ppid, sep_need)?;
                     return Err(Restart::Retry);
                 }
-                split_child(w, pxg, &mut x, How::Make { key, need })
+                split_child(w, pxg, &mut x, how)
             }
         }
     }
@@ -504,25 +528,12 @@ impl BTree {
         // all lie on one side of a long `sep`), split in the middle first: the caller tries
         // again, and `sep` then splits a leaf with room
         let how = if fits { How::At(sep) } else { How::Middle };
-        let mut px = match parent {
+        let px = match parent {
             Some(pg) => Some(pg.to_exclusive()?),
             None => None,
         };
-        let mut x = g.to_exclusive()?;
-        match px.as_mut() {
-            None => self.split_root(w, &mut x, how),
-            Some(pxg) => {
-                let sep_need = node::entry_space(MAX_KEY, 8);
-                if node::free_space(pxg.page()) < sep_need {
-                    let ppid = pxg.pid();
-                    drop(x);
-                    drop(px);
-                    self.try_split(w, sep, ppid, sep_need)?;
-                    return Err(Restart::Retry);
-                }
-                split_child(w, pxg, &mut x, how)
-            }
-        }
+        let x = g.to_exclusive()?;
+        self.split_latched(w, px, x, sep, how)
     }
 
     /// Descend along `key`'s path to the node `target` (`None`: to the leaf). Returns it with

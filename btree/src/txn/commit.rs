@@ -283,10 +283,15 @@ fn attempts<'w>(
             Ok(Attempt::Done(left)) => return Ok(left),
             Ok(Attempt::Conflict) => return Err(TxError::Conflict),
             Ok(Attempt::TooLarge(leaves)) => {
+                // (only if what it read held: a write set built on reads that never held
+                // together is a conflict, run again, not the caller's error)
+                if !reads_hold(tx)? {
+                    return Err(TxError::Conflict);
+                }
                 return Err(TxError::TooLarge {
                     leaves,
                     most: w.most_pages_per_commit(),
-                })
+                });
             }
             Ok(Attempt::AddOutside(i)) => {
                 let s = &stored[i];

@@ -1015,7 +1015,9 @@ impl BTree {
     /// Apply every put and remove of `batch`, in order, as one transaction
     /// ([`crate::Transaction`]): isolated from other transactions, and after a crash all of
     /// it or none (with a write-ahead log; docs/durability.md); if it fails (a full device, a
-    /// dead node) nothing of it is written. Sizes are checked before anything is written.
+    /// dead node, too large for one commit) nothing of it is written, but for a log that
+    /// failed after the batch was applied ([`TreeError::Commit`] holding
+    /// [`TxError::DurabilityUnknown`]). Sizes are checked before anything is written.
     /// Committed as [`Worker::commit`] does.
     pub fn apply(&self, w: &Worker, batch: &Batch) -> Result<(), TreeError> {
         self.check_worker(w)?;
