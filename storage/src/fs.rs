@@ -52,6 +52,7 @@ pub(crate) fn resized(path: &Path, len: u64) {
 /// power loss once this returns.
 pub(crate) fn sync_data(file: &File, path: &Path) -> io::Result<()> {
     let begun = sim::now();
+    sim::sync_fails(path)?;
     file.sync_data()?;
     sim::record(|| Event::Sync {
         path: path.to_path_buf(),

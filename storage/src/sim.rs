@@ -77,6 +77,38 @@ fn recording() -> bool {
     ON.load(Ordering::Relaxed)
 }
 
+/// Files whose `fdatasync` fails from now on (by the end of their path), as a device that
+/// reports a write error at the sync would ([`fail_syncs_of`]).
+#[cfg(feature = "crash-sim")]
+static FAILING_SYNCS: Mutex<Option<String>> = Mutex::new(None);
+
+/// From now on every `fdatasync` of a file whose path ends with `suffix` fails with an I/O
+/// error, before syncing anything (`None`: none fails). For tests of what a failed sync does:
+/// the whole process is affected, so such a test runs in a binary of its own.
+#[cfg(feature = "crash-sim")]
+pub fn fail_syncs_of(suffix: Option<&str>) {
+    *FAILING_SYNCS.lock().unwrap_or_else(|p| p.into_inner()) = suffix.map(str::to_string);
+}
+
+/// An injected failure of the sync of `path` ([`fail_syncs_of`]), if one is due.
+pub(crate) fn sync_fails(path: &Path) -> io::Result<()> {
+    #[cfg(feature = "crash-sim")]
+    if let Some(s) = FAILING_SYNCS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_deref()
+    {
+        if path.to_string_lossy().ends_with(s) {
+            return Err(io::Error::other(format!(
+                "fdatasync of {} failed (injected by the crash simulator)",
+                path.display()
+            )));
+        }
+    }
+    let _ = path;
+    Ok(())
+}
+
 /// Record an event (made only while recording).
 #[inline]
 pub(crate) fn record(make: impl FnOnce() -> Event) {
