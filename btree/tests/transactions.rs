@@ -250,3 +250,41 @@ fn audits_of_registers_whose_values_are_swapped_see_a_permutation_on_one_and_thr
     drop(w);
     c.close().unwrap();
 }
+
+#[test]
+fn transfers_over_many_leaves_keep_the_total_and_audits_by_point_reads_see_it_on_one_and_three_nodes(
+) {
+    // movers pause inside their transfers, so that audits reading every leaf get through
+    let load = Load {
+        audit_by_points: true,
+        pause_inside: Some(Duration::from_micros(50)),
+        ..Load::for_secs(secs() / 2.0)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = EngineConfig::new(dir.path(), 64 << 20);
+    cfg.durability = shoal_engine::Durability::None;
+    let e = shoal_engine::Engine::open(cfg).unwrap();
+    let w = e.worker();
+    let tree = BTree::create(&w, "bank").unwrap();
+    bank::open_wide_accounts(&w, &tree);
+    assert!(tree.verify(&w).unwrap().leaves >= 8);
+    let movers = (0..4).map(|_| e.worker()).collect();
+    let seen = bank::run(movers, vec![e.worker()], tree, load);
+    let total = bank::total_now(&w, &tree);
+    eprintln!("one node, point audits: {seen:?}, total after {total}");
+    isolated(&seen, total);
+    drop(w);
+    e.close().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(3, dir.path());
+    let w = c.node(0).worker();
+    let tree = BTree::create(&w, "bank").unwrap();
+    bank::open_wide_accounts(&w, &tree);
+    let movers = (0..4).map(|i| c.node(i % 3).worker()).collect();
+    let seen = bank::run(movers, vec![c.node(2).worker()], tree, load);
+    let total = bank::total_now(&c.node(1).worker(), &tree);
+    eprintln!("three nodes, point audits: {seen:?}, total after {total}");
+    isolated(&seen, total);
+    drop(w);
+    c.close().unwrap();
+}

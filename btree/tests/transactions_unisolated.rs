@@ -70,3 +70,31 @@ fn the_swaps_checker_catches_transactions_that_are_not_isolated() {
     drop(w);
     e.close().unwrap();
 }
+
+#[test]
+fn the_bank_checker_with_point_audits_over_many_leaves_catches_transactions_that_are_not_isolated()
+{
+    shoal_btree::set_isolation_for_checker_tests(false);
+    let dir = tempfile::tempdir().unwrap();
+    let e =
+        shoal_engine::Engine::open(shoal_engine::EngineConfig::new(dir.path(), 64 << 20)).unwrap();
+    let w = e.worker();
+    let tree = shoal_btree::BTree::create(&w, "bank").unwrap();
+    bank::open_wide_accounts(&w, &tree);
+    let movers = (0..4).map(|_| e.worker()).collect();
+    let load = Load {
+        until_wrong: true,
+        audit_by_points: true,
+        pause_inside: Some(Duration::from_micros(50)),
+        ..Load::for_secs(20.0)
+    };
+    let seen = bank::run(movers, vec![e.worker()], tree, load);
+    let total = bank::total_now(&w, &tree);
+    eprintln!("without isolation, point audits: {seen:?}, total after {total}");
+    assert!(
+        seen.wrong_audits > 0 || total != bank::TOTAL,
+        "the checker saw nothing wrong without isolation: {seen:?}, total {total}"
+    );
+    drop(w);
+    e.close().unwrap();
+}

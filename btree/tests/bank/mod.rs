@@ -113,6 +113,26 @@ pub fn transfer_around_another(outer: &Worker, inner: &Worker, tree: &BTree) -> 
     runs
 }
 
+/// The sum of every account, read in one read-only transaction by a point read of each, in
+/// an order that `seed` shuffles.
+pub fn audit_points(w: &Worker, tree: &BTree, seed: u64) -> Result<i64, TxError> {
+    let mut order: Vec<u64> = (0..ACCOUNTS).collect();
+    let mut x = seed | 1;
+    for i in (1..order.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    transact(w, |tx| {
+        let mut sum = 0;
+        for &a in &order {
+            sum += amount(&tx.get(tree, u64_key(a))?.expect("an account"));
+        }
+        Ok(sum)
+    })
+}
+
 /// The sum of every account, read in one read-only transaction (a range over all of them).
 pub fn audit(w: &Worker, tree: &BTree) -> Result<i64, TxError> {
     transact(w, |tx| {
@@ -159,6 +179,8 @@ pub struct Load {
     /// handle come every few transfers instead of only when the scheduler happens to preempt
     /// a mover in the middle of one.
     pub pause_inside: Option<Duration>,
+    /// Audits read every account by a point read, in a random order, instead of one range.
+    pub audit_by_points: bool,
 }
 
 impl Load {
@@ -169,6 +191,7 @@ impl Load {
             until_wrong: false,
             legs: 1,
             pause_inside: None,
+            audit_by_points: false,
         }
     }
 }
@@ -182,6 +205,7 @@ pub fn run(movers: Vec<Worker>, auditors: Vec<Worker>, tree: BTree, load: Load) 
         until_wrong,
         legs,
         pause_inside,
+        audit_by_points,
     } = load;
     assert!(legs >= 1, "a transfer makes at least one move");
     let stop = AtomicBool::new(false);
@@ -229,8 +253,15 @@ pub fn run(movers: Vec<Worker>, auditors: Vec<Worker>, tree: BTree, load: Load) 
             let (stop, audits, wrong, first_wrong, tree) =
                 (&stop, &audits, &wrong, &first_wrong, &tree);
             s.spawn(move || {
+                let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    let sum = audit(&w, tree).expect("an audit failed");
+                    n += 1;
+                    let sum = if audit_by_points {
+                        audit_points(&w, tree, n)
+                    } else {
+                        audit(&w, tree)
+                    }
+                    .expect("an audit failed");
                     audits.fetch_add(1, Ordering::Relaxed);
                     if sum != TOTAL {
                         wrong.fetch_add(1, Ordering::Relaxed);
