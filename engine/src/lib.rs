@@ -5,10 +5,10 @@
 //! | layer | where | what |
 //! |---|---|---|
 //! | engine | `engine.rs`, `cluster.rs`, `cluster_file.rs` | open, close, threads; [`Engine`], [`Cluster`], [`join`] |
-//! | guards | `guard.rs`, `provider.rs` | [`Worker`] and the page guards (the API); the page provider |
+//! | guards | `guard/`, `provider.rs` | [`Worker`] and the page guards (the API); the page provider |
 //! | node | `node.rs` | a buffer, its log, and the coherence protocol on a cluster: the one place that tells a single node from a cluster node |
+//! | coherence | `coherence/` | the protocol's rules as pure state machines ([`rules`]), and the driver that runs them over a buffer (its logging of page transfers, `coherence/logged.rs`, uses durability) |
 //! | durability | `durability/` | the write-ahead log in memory, log groups, commits, transactions, checkpoints |
-//! | coherence | `coherence/` | the protocol's rules as pure state machines ([`rules`]), and the driver that runs them over a buffer |
 //! | buffer | `buffer/` | frames, hybrid latches, page bytes, translation table, free frames, the page store |
 //! | tasks | [`tasks`] | many tasks per thread: where a worker would wait, a task pauses (used by every layer above) |
 //!
