@@ -23,6 +23,9 @@ pub struct EngineConfig {
     pub cache_bytes: usize,
     pub node_id: u8,
     pub cluster_id: u64,
+    /// Open, create, or open-or-create (the default). A new store is made only in a new or
+    /// empty directory, or one holding nothing but a store's own files (`node*`); a directory
+    /// holding anything else is refused, naming what is there.
     pub mode: OpenMode,
     pub backend: BackendChoice,
     /// Open a store that was not shut down cleanly (see `StoreError::Unclean`).

@@ -453,6 +453,24 @@ fn prepare_data_dir(cfg: &EngineConfig) -> Result<File, EngineError> {
         }
         Err(e) => return Err(err(e.to_string())),
     }
+    if cfg.mode != shoal_storage::OpenMode::Open && !store_there(cfg) {
+        // a store is about to be made here: only among a store's own files (a directory
+        // holding anything else is not a store's, and a typo must not make one among them)
+        let foreign = foreign_entries(dir).map_err(|e| err(format!("cannot list it: {e}")))?;
+        if !foreign.is_empty() {
+            return Err(err(format!(
+                "holds no store, and files that are not a store's ({}{}): a new store is made \
+                 only in a new or empty directory, or one holding Shoal's own files (node*)",
+                foreign
+                    .iter()
+                    .take(5)
+                    .map(String::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if foreign.len() > 5 { ", ..." } else { "" }
+            )));
+        }
+    }
     let path = lock_path(dir, cfg.node_id);
     let f = File::create(&path).map_err(|e| err(format!("cannot create lock file: {e}")))?;
     if !try_flock(&f, libc::LOCK_EX) {
@@ -463,6 +481,33 @@ fn prepare_data_dir(cfg: &EngineConfig) -> Result<File, EngineError> {
         )));
     }
     Ok(f)
+}
+
+/// Whether device 0 of `cfg`'s store holds something (a store, or the start of one): else an
+/// open makes a new store.
+fn store_there(cfg: &EngineConfig) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    cfg.device_list().first().is_some_and(|d| {
+        std::fs::metadata(d).is_ok_and(|m| m.file_type().is_block_device() || m.len() > 0)
+    })
+}
+
+/// The entries of `dir` that are not a store's own: every file a store makes is named after
+/// its node (`node0.lock`, `node0-0.dat`, `node0-0.wal`, their `.creating` and `.carried`
+/// companions), and a file system's root holds `lost+found`.
+fn foreign_entries(dir: &std::path::Path) -> std::io::Result<Vec<String>> {
+    let mut foreign = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let name = e?.file_name().to_string_lossy().into_owned();
+        let own = name
+            .strip_prefix("node")
+            .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()));
+        if !own && name != "lost+found" {
+            foreign.push(name);
+        }
+    }
+    foreign.sort();
+    Ok(foreign)
 }
 
 /// The lock file of node `node`'s store in `dir`: an engine holds it exclusively while open.
@@ -510,6 +555,46 @@ mod tests {
 
     fn frame_of(e: &Engine, pid: Pid) -> Option<crate::buffer::FrameIdx> {
         e.node.buffer().resident_frame(pid)
+    }
+
+    /// A directory holding files that are not a store's is never made into one: the open
+    /// fails naming them and writes nothing; an empty or new directory, or one holding a
+    /// store's own files, takes a new store.
+    #[test]
+    fn a_store_is_made_only_where_nothing_but_a_stores_files_lie() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("docs");
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join("README.txt"), "my notes").unwrap();
+        let e = Engine::open(EngineConfig::new(&d, 8 << 20))
+            .err()
+            .expect("refused");
+        let msg = e.to_string();
+        assert!(msg.contains("README.txt"), "{msg}");
+        let left: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(left, vec!["README.txt".to_string()], "nothing written");
+        // new, empty, or the leftovers of a store's own files: made
+        for sub in ["new/deeper", "empty"] {
+            let p = dir.path().join(sub);
+            if sub == "empty" {
+                std::fs::create_dir(&p).unwrap();
+            }
+            let e = Engine::open(EngineConfig::new(&p, 8 << 20)).unwrap();
+            e.close().unwrap();
+            // and opened again, with its own files there
+            let e = Engine::open(EngineConfig::new(&p, 8 << 20)).unwrap();
+            e.close().unwrap();
+        }
+        let p = dir.path().join("leftover");
+        std::fs::create_dir(&p).unwrap();
+        std::fs::write(p.join("node0.lock"), "").unwrap();
+        Engine::open(EngineConfig::new(&p, 8 << 20))
+            .unwrap()
+            .close()
+            .unwrap();
     }
 
     /// A group of changes the log refuses (more pages at once than one chunk holds) leaves
