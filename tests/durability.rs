@@ -212,7 +212,9 @@ fn configuration_errors_are_clear() {
         "{err}"
     );
     // data dir is a file
-    let file = dir.path().join("plain-file");
+    // (in a directory of its own: a store is not made beside other files)
+    let files = tempfile::tempdir().unwrap();
+    let file = files.path().join("plain-file");
     std::fs::write(&file, b"hello").unwrap();
     let err = Engine::open(config(&file, 256)).err().unwrap();
     assert!(err.to_string().contains("not a directory"), "{err}");
