@@ -456,7 +456,7 @@ fn prepare_data_dir(cfg: &EngineConfig) -> Result<File, EngineError> {
     if cfg.mode != shoal_storage::OpenMode::Open && !store_there(cfg) {
         // a store is about to be made here: only among a store's own files (a directory
         // holding anything else is not a store's, and a typo must not make one among them)
-        let foreign = foreign_entries(dir).map_err(|e| err(format!("cannot list it: {e}")))?;
+        let foreign = foreign_entries(dir, cfg).map_err(|e| err(format!("cannot list it: {e}")))?;
         if !foreign.is_empty() {
             return Err(err(format!(
                 "holds no store, and files that are not a store's ({}{}): a new store is made \
@@ -487,21 +487,32 @@ fn prepare_data_dir(cfg: &EngineConfig) -> Result<File, EngineError> {
 /// open makes a new store.
 fn store_there(cfg: &EngineConfig) -> bool {
     use std::os::unix::fs::FileTypeExt;
-    cfg.device_list().first().is_some_and(|d| {
-        std::fs::metadata(d).is_ok_and(|m| m.file_type().is_block_device() || m.len() > 0)
-    })
+    cfg.device_list()
+        .first()
+        .is_some_and(|d| match std::fs::metadata(d) {
+            Ok(m) => m.file_type().is_block_device() || m.len() > 0,
+            Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+            // (another error: the store's open names it)
+        })
 }
 
 /// The entries of `dir` that are not a store's own: every file a store makes is named after
 /// its node (`node0.lock`, `node0-0.dat`, `node0-0.wal`, their `.creating` and `.carried`
-/// companions), and a file system's root holds `lost+found`.
-fn foreign_entries(dir: &std::path::Path) -> std::io::Result<Vec<String>> {
+/// companions) or after a device `cfg` names (and its companions), and a file system's root
+/// holds `lost+found`.
+fn foreign_entries(dir: &std::path::Path, cfg: &EngineConfig) -> std::io::Result<Vec<String>> {
+    let devices: Vec<String> = cfg
+        .device_list()
+        .iter()
+        .filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect();
     let mut foreign = Vec::new();
     for e in std::fs::read_dir(dir)? {
         let name = e?.file_name().to_string_lossy().into_owned();
         let own = name
             .strip_prefix("node")
-            .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()));
+            .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+            || devices.iter().any(|d| name.starts_with(d.as_str()));
         if !own && name != "lost+found" {
             foreign.push(name);
         }
@@ -595,6 +606,13 @@ mod tests {
             .unwrap()
             .close()
             .unwrap();
+        // a device of its own name, with what an interrupted creation of it left
+        let p = dir.path().join("named");
+        std::fs::create_dir(&p).unwrap();
+        std::fs::write(p.join("pages.img.creating"), "").unwrap();
+        let mut c = EngineConfig::new(&p, 8 << 20);
+        c.device_paths = vec![p.join("pages.img")];
+        Engine::open(c).unwrap().close().unwrap();
     }
 
     /// A group of changes the log refuses (more pages at once than one chunk holds) leaves
