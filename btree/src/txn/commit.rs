@@ -164,9 +164,6 @@ pub(super) fn commit(tx: &mut Transaction<'_>) -> Result<CommitPoint, TxError> {
 /// whatever came after).
 fn commit_reads(tx: &Transaction<'_>) -> Result<CommitPoint, TxError> {
     let w = tx.w;
-    if one_leaf_one_stamp(tx) {
-        return Ok(w.commit_later()?);
-    }
     if !reads_hold(tx)? {
         return Err(TxError::Conflict);
     }
